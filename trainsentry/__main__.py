@@ -1,0 +1,5 @@
+import sys
+
+from trainsentry.cli import main
+
+sys.exit(main())

@@ -1,0 +1,114 @@
+"""Core types shared by every part of trainsentry: priorities, alerts, jobs, notifications."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+# Alertmanager writes this for "no end time" (Go's zero time.Time).
+GO_ZERO_TIME = datetime(1, 1, 1, tzinfo=UTC)
+
+
+class Priority(enum.StrEnum):
+    """P0 = page now, P1 = act within the hour, P2 = act today, P3 = informational."""
+
+    P0 = "P0"
+    P1 = "P1"
+    P2 = "P2"
+    P3 = "P3"
+
+    @property
+    def level(self) -> int:
+        return int(self.value[1])
+
+    def raised(self, steps: int = 1) -> Priority:
+        """The priority `steps` levels more urgent, never above P0."""
+        return Priority(f"P{max(0, self.level - steps)}")
+
+    def at_least(self, other: Priority) -> bool:
+        """True when self is as urgent as `other` or more."""
+        return self.level <= other.level
+
+
+class AlertStatus(enum.StrEnum):
+    FIRING = "firing"
+    RESOLVED = "resolved"
+
+
+@dataclass(frozen=True, slots=True)
+class JobRef:
+    """The training job an alert belongs to, as far as its labels tell."""
+
+    namespace: str
+    name: str
+
+    @classmethod
+    def from_labels(cls, labels: Mapping[str, str]) -> JobRef | None:
+        name = labels.get("trainingjob") or labels.get("job_name")
+        if not name:
+            return None
+        return cls(namespace=labels.get("namespace", ""), name=name)
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """One alert as Alertmanager reports it (one element of a webhook's `alerts[]`)."""
+
+    fingerprint: str
+    status: AlertStatus
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    starts_at: datetime
+    ends_at: datetime | None
+    generator_url: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.labels.get("alertname", "")
+
+    @property
+    def job(self) -> JobRef | None:
+        return JobRef.from_labels(self.labels)
+
+
+class ChangeKind(enum.StrEnum):
+    """What happened to an alert occurrence, as recorded in the store's event log."""
+
+    FIRING = "firing"  # a new occurrence (fingerprint + startsAt) was seen firing
+    RESOLVED = "resolved"  # a firing occurrence was reported resolved
+    EXPIRED = "expired"  # a firing occurrence stopped being sent and its endsAt passed
+
+
+@dataclass(frozen=True, slots=True)
+class AlertChange:
+    """A state change of a stored alert occurrence: the input of the alert policy."""
+
+    alert_id: int
+    kind: ChangeKind
+    alert: Alert
+    at: datetime
+
+
+@dataclass(slots=True)
+class NotificationDraft:
+    """A notification the policy decided to send, before it is written to the outbox."""
+
+    channel: str
+    kind: str
+    priority: Priority
+    idempotency_key: str
+    payload: dict[str, Any]
+    alert_id: int | None = None
+    group_key: str = ""
+    reason: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)

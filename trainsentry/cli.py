@@ -1,0 +1,71 @@
+"""The `trainsentry` command. Each subcommand lives in its own module (see COMMANDS).
+
+A command module provides `HELP` (one line), `DESCRIPTION` (the --help text, with exit
+codes), `add_arguments(parser)` and `run(args) -> int`. Heavy imports belong inside
+`run`, so `trainsentry --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from trainsentry import __version__
+
+COMMANDS: dict[str, str] = {
+    "gateway": "trainsentry.gateway.command",
+    "demo": "trainsentry.demo",
+    "analyze": "trainsentry.diagnostics.command",
+    "operator": "trainsentry.operator.command",
+    "probe": "trainsentry.probe.command",
+    "report": "trainsentry.reports.command",
+}
+
+
+def _load(module_name: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:  # the command is not built yet
+            return None
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trainsentry",
+        description="Monitoring, alerting and fault diagnosis for GPU training jobs.",
+        epilog="Exit codes: 0 success, 1 failure, 2 usage error. Commands document their own.",
+    )
+    parser.add_argument("--version", action="version", version=f"trainsentry {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, module_name in COMMANDS.items():
+        module = _load(module_name)
+        if module is None:
+            continue
+        cmd = sub.add_parser(
+            name,
+            help=module.HELP,
+            description=module.DESCRIPTION,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(cmd)
+        cmd.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result: int = args._run(args)
+    except KeyboardInterrupt:
+        return 130
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Typed settings, one place. Non-secret settings come from a YAML file (TRAINSENTRY_CONFIG or
+--config) and TRAINSENTRY_* environment variables; secrets only from the environment
+(in Kubernetes: env from a Secret), never from the file.
+
+Precedence: command-line flag > environment variable > config file > default.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message says where and why."""
+
+
+class GatewaySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    listen: str = "0.0.0.0:9095"
+    db: str = "sqlite:///trainsentry.db"
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    console_file: Path | None = None
+    alertmanager_url: str | None = None
+    # Secrets: from the environment only.
+    webhook_token: SecretStr | None = Field(default=None, exclude=True)
+    api_token: SecretStr | None = Field(default=None, exclude=True)
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str) -> str:
+        _host, sep, port = value.rpartition(":")
+        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"listen must be HOST:PORT, got {value!r}")
+        return value
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]") or "0.0.0.0"
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+
+class Settings(BaseModel):
+    """All of trainsentry's settings. Sections other parts add are plain dicts until typed."""
+
+    model_config = ConfigDict(extra="allow")
+
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+
+
+# Environment variables that map onto settings (non-secret and secret).
+_ENV_MAP: dict[str, tuple[str, str]] = {
+    "TRAINSENTRY_LISTEN": ("gateway", "listen"),
+    "TRAINSENTRY_DB": ("gateway", "db"),
+    "TRAINSENTRY_CONSOLE_FILE": ("gateway", "console_file"),
+    "TRAINSENTRY_ALERTMANAGER_URL": ("gateway", "alertmanager_url"),
+    "TRAINSENTRY_WEBHOOK_TOKEN": ("gateway", "webhook_token"),
+    "TRAINSENTRY_API_TOKEN": ("gateway", "api_token"),
+}
+_SECRET_KEYS = {("gateway", "webhook_token"), ("gateway", "api_token")}
+
+
+def load_settings(
+    path: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Settings:
+    """Builds Settings from a YAML file, the environment and explicit overrides."""
+    env = os.environ if env is None else env
+    raw: dict[str, Any] = {}
+    path = path or (Path(env["TRAINSENTRY_CONFIG"]) if env.get("TRAINSENTRY_CONFIG") else None)
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top")
+        for section, key in _SECRET_KEYS:
+            if key in (loaded.get(section) or {}):
+                raise ConfigError(
+                    f"{path}: {section}.{key} is a secret; set it through the environment"
+                )
+        raw = loaded
+    for var, (section, key) in _ENV_MAP.items():
+        if env.get(var):
+            raw.setdefault(section, {})[key] = env[var]
+    for section, values in (overrides or {}).items():
+        for key, value in values.items():
+            if value is not None:
+                raw.setdefault(section, {})[key] = value
+    try:
+        return Settings.model_validate(raw)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
