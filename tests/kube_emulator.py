@@ -452,9 +452,9 @@ def _merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
-async def eventually(check: Any, timeout: float = 10.0, interval: float = 0.05) -> None:
+async def eventually(check: Any, within: float = 10.0, interval: float = 0.05) -> None:
     """Polls `check()` until it is truthy; KeyError/TypeError/IndexError count as not yet."""
-    deadline = asyncio.get_running_loop().time() + timeout
+    deadline = asyncio.get_running_loop().time() + within
     last: BaseException | None = None
     while asyncio.get_running_loop().time() < deadline:
         try:
@@ -463,4 +463,4 @@ async def eventually(check: Any, timeout: float = 10.0, interval: float = 0.05) 
         except (KeyError, TypeError, IndexError, ValueError) as exc:
             last = exc
         await asyncio.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s (last error: {last!r})")
+    raise AssertionError(f"timed out after {within}s (last error: {last!r})")

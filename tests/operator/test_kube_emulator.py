@@ -10,7 +10,7 @@ from typing import Any
 import kmock
 import pytest
 
-from tests.kube_emulator import ApiCall, KubeEmulator, eventually, label_selector_matches
+from kube_emulator import ApiCall, KubeEmulator, eventually, label_selector_matches
 
 TJ = "/apis/trainsentry.io/v1alpha1/namespaces/ns1/trainingjobs"
 CM = "/api/v1/namespaces/ns1/configmaps"
@@ -149,7 +149,8 @@ async def test_owner_reference_garbage_collection(emu: KubeEmulator) -> None:
     _, owner = await call(emu, "POST", TJ, {"metadata": {"name": "j", "finalizers": ["x/y"]}})
     ref = {"apiVersion": "trainsentry.io/v1alpha1", "kind": "TrainingJob", "name": "j",
            "uid": owner["metadata"]["uid"], "controller": True}
-    _, child = await call(emu, "POST", CM, {"metadata": {"name": "child", "ownerReferences": [ref]}})
+    child_body = {"metadata": {"name": "child", "ownerReferences": [ref]}}
+    _, child = await call(emu, "POST", CM, child_body)
     grandchild_ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "child",
                       "uid": child["metadata"]["uid"]}
     await call(emu, "POST", CM, {"metadata": {"name": "grandchild",
