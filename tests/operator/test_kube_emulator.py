@@ -9,7 +9,6 @@ from typing import Any
 
 import kmock
 import pytest
-
 from kube_emulator import ApiCall, KubeEmulator, eventually, label_selector_matches
 
 TJ = "/apis/trainsentry.io/v1alpha1/namespaces/ns1/trainingjobs"
