@@ -1,0 +1,302 @@
+"""The gateway's HTTP surface (aiohttp): webhook intake, read API, health and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import SecretStr
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from trainsentry.alerts import utcnow
+from trainsentry.config import GatewaySettings
+from trainsentry.gateway.intake import (
+    IntakeRejected,
+    IntakeWriter,
+    PlanHook,
+    StoreUnavailable,
+    parse_webhook,
+)
+from trainsentry.gateway.metrics import GatewayMetrics
+from trainsentry.gateway.outbox import Outbox
+from trainsentry.gateway.plan import ConsolePlan
+from trainsentry.notifiers.base import Notifier
+from trainsentry.notifiers.console import ConsoleNotifier
+from trainsentry.store import check_reachable, create_engine, migrate
+from trainsentry.store.queries import get_alert, list_alerts, list_notifications, outbox_depth
+from trainsentry.store.writes import ReceiptOutcome
+
+log = logging.getLogger("trainsentry.gateway")
+
+WEBHOOK_PATH = "/api/v1/alertmanager"
+
+
+@dataclass
+class Gateway:
+    """Everything the handlers share; stored in the app under GATEWAY_KEY."""
+
+    settings: GatewaySettings
+    engine: AsyncEngine
+    metrics: GatewayMetrics
+    writer: IntakeWriter
+    outbox: Outbox
+    background: list[asyncio.Task[Any]] = field(default_factory=list)
+
+
+GATEWAY_KEY = web.AppKey("gateway", Gateway)
+
+
+def _error(status: int, reason: str, **extra: Any) -> web.Response:
+    return web.json_response({"error": reason, **extra}, status=status)
+
+
+def _authorized(request: web.Request, token: SecretStr | None) -> bool:
+    if token is None:
+        return True
+    header = request.headers.get("Authorization", "")
+    scheme, _, given = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        given.strip().encode(), token.get_secret_value().encode()
+    )
+
+
+def _unauthorized() -> web.Response:
+    response = _error(401, "missing or wrong bearer token")
+    response.headers["WWW-Authenticate"] = 'Bearer realm="trainsentry"'
+    return response
+
+
+async def receive_webhook(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY_KEY]
+    metrics = gateway.metrics
+    started = time.perf_counter()
+    if not _authorized(request, gateway.settings.webhook_token):
+        metrics.receipts.labels("unauthorized").inc()
+        return _unauthorized()
+    cap = gateway.settings.max_body_bytes
+    if request.content_length is not None and request.content_length > cap:
+        metrics.receipts.labels("too_large").inc()
+        return _error(413, f"body larger than {cap} bytes")
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        metrics.receipts.labels("too_large").inc()
+        return _error(413, f"body larger than {cap} bytes")
+    try:
+        receipt = parse_webhook(body)
+    except IntakeRejected as exc:
+        metrics.receipts.labels("rejected").inc()
+        log.info("webhook rejected reason=%r", exc.reason)
+        return _error(400, exc.reason, details=exc.details)
+    try:
+        outcome = await gateway.writer.submit(receipt)
+    except StoreUnavailable as exc:
+        metrics.receipts.labels("unavailable").inc()
+        return _error(503, f"store unavailable, retry: {exc}")
+    metrics.intake_latency.observe(time.perf_counter() - started)
+    return web.json_response(
+        {
+            "status": "stored",
+            "receipt_id": outcome.receipt_id,
+            "replay": outcome.times_received > 1,
+            "alerts": len(receipt.alerts),
+            "new": outcome.new,
+            "changed": outcome.changed,
+            "unchanged": outcome.unchanged,
+        }
+    )
+
+
+def _query_int(
+    request: web.Request, name: str, default: int | None, lo: int, hi: int
+) -> int | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise web.HTTPBadRequest(reason=f"{name} must be an integer") from None
+    if not lo <= value <= hi:
+        raise web.HTTPBadRequest(reason=f"{name} must be between {lo} and {hi}")
+    return value
+
+
+def _query_choice(request: web.Request, name: str, choices: Sequence[str]) -> str | None:
+    value = request.query.get(name) or None
+    if value is not None and value not in choices:
+        raise web.HTTPBadRequest(reason=f"{name} must be one of {', '.join(choices)}")
+    return value
+
+
+def _read_guard(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        if not _authorized(request, request.app[GATEWAY_KEY].settings.api_token):
+            return _unauthorized()
+        try:
+            return await handler(request)
+        except web.HTTPBadRequest as exc:
+            return _error(400, exc.reason)
+
+    return guarded
+
+
+@_read_guard
+async def get_alerts(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY_KEY]
+    status = _query_choice(request, "status", ("firing", "resolved"))
+    priority = _query_choice(request, "priority", ("P0", "P1", "P2", "P3"))
+    limit = _query_int(request, "limit", 100, 1, 1000)
+    before = _query_int(request, "before", None, 1, 2**62)
+    async with gateway.engine.connect() as conn:
+        page = await list_alerts(
+            conn,
+            status=status,
+            priority=priority,
+            job=request.query.get("job") or None,
+            limit=limit or 100,
+            before=before,
+        )
+    return web.json_response({"items": page.items, "next_before": page.next_before})
+
+
+@_read_guard
+async def get_alert_detail(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY_KEY]
+    try:
+        alert_id = int(request.match_info["alert_id"])
+    except ValueError:
+        return _error(400, "alert id must be an integer")
+    async with gateway.engine.connect() as conn:
+        item = await get_alert(conn, alert_id)
+    if item is None:
+        return _error(404, f"no alert {alert_id}")
+    return web.json_response(item)
+
+
+@_read_guard
+async def get_notifications(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY_KEY]
+    status = _query_choice(request, "status", ("pending", "sending", "sent", "dead"))
+    limit = _query_int(request, "limit", 100, 1, 1000)
+    before = _query_int(request, "before", None, 1, 2**62)
+    alert_id = _query_int(request, "alert_id", None, 1, 2**62)
+    async with gateway.engine.connect() as conn:
+        page = await list_notifications(
+            conn,
+            channel=request.query.get("channel") or None,
+            status=status,
+            alert_id=alert_id,
+            limit=limit or 100,
+            before=before,
+        )
+    return web.json_response({"items": page.items, "next_before": page.next_before})
+
+
+async def healthz(_request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY_KEY]
+    try:
+        await asyncio.wait_for(check_reachable(gateway.engine), timeout=2.0)
+    except Exception as exc:
+        return _error(503, f"store unreachable: {type(exc).__name__}")
+    return web.json_response({"status": "ready"})
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY_KEY]
+    metrics = gateway.metrics
+    try:
+        async with gateway.engine.connect() as conn:
+            depth = await asyncio.wait_for(outbox_depth(conn), timeout=2.0)
+        metrics.outbox_depth.clear()
+        oldest_pending = None
+        for channel, status, count, oldest in depth:
+            metrics.outbox_depth.labels(channel, status).set(count)
+            if status == "pending" and oldest is not None:
+                oldest_pending = min(oldest_pending or oldest, oldest)
+        age = (utcnow() - oldest_pending).total_seconds() if oldest_pending else 0.0
+        metrics.outbox_oldest_age.set(age)
+    except Exception:
+        log.warning("metrics: outbox depth unavailable")
+    return web.Response(
+        body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )
+
+
+@web.middleware
+async def json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            return _error(exc.status, exc.reason)
+        raise
+
+
+def _record_commit(gateway: Gateway, outcomes: Sequence[ReceiptOutcome]) -> None:
+    metrics = gateway.metrics
+    for outcome in outcomes:
+        metrics.receipts.labels("replay" if outcome.times_received > 1 else "stored").inc()
+        metrics.alerts_stored.inc(outcome.new)
+        metrics.duplicates.inc(outcome.unchanged)
+        for change in outcome.changes:
+            metrics.alert_changes.labels(change.kind.value).inc()
+    gateway.outbox.wake()
+
+
+def create_app(
+    settings: GatewaySettings,
+    *,
+    notifiers: Mapping[str, Notifier] | None = None,
+    plan: PlanHook | None = None,
+    metrics: GatewayMetrics | None = None,
+    rate_limits: Mapping[str, list[tuple[int, float]]] | None = None,
+) -> web.Application:
+    """Builds the gateway app; the store is opened (and its schema checked) at startup."""
+    if notifiers is None:
+        notifiers = {"console": ConsoleNotifier(settings.console_file)}
+    plan = plan if plan is not None else ConsolePlan(tuple(notifiers))
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[json_errors])
+
+    async def lifecycle(app: web.Application) -> Any:
+        engine = create_engine(settings.db)
+        await migrate(engine)
+        gateway_metrics = metrics or GatewayMetrics()
+        outbox = Outbox(engine, notifiers, metrics=gateway_metrics, rate_limits=rate_limits)
+        writer = IntakeWriter(
+            engine, plan, on_commit=lambda outcomes: _record_commit(gateway, outcomes)
+        )
+        gateway = Gateway(settings, engine, gateway_metrics, writer, outbox)
+        app[GATEWAY_KEY] = gateway
+        gateway.writer.start()
+        outbox.start()
+        log.info("gateway started db=%s listen=%s", engine.dialect.name, settings.listen)
+        yield
+        await gateway.writer.stop()
+        await outbox.aclose()
+        for task in gateway.background:
+            task.cancel()
+        await engine.dispose()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_post(WEBHOOK_PATH, receive_webhook)
+    app.router.add_get("/api/v1/alerts", get_alerts)
+    app.router.add_get("/api/v1/alerts/{alert_id}", get_alert_detail)
+    app.router.add_get("/api/v1/notifications", get_notifications)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_endpoint)
+    return app

@@ -1,0 +1,63 @@
+"""`trainsentry gateway`: run the alert gateway."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+HELP = "run the alert gateway (Alertmanager webhook intake, policy, outbox, channels)"
+DESCRIPTION = """\
+Runs the alert gateway: POST /api/v1/alertmanager takes Alertmanager webhooks (v4), stores
+every alert before answering, and sends notifications through the durable outbox.
+
+Settings: flags > TRAINSENTRY_* environment > --config FILE > defaults.
+Secrets only from the environment: TRAINSENTRY_WEBHOOK_TOKEN (bearer token Alertmanager
+must send), TRAINSENTRY_API_TOKEN (read and ack API).
+
+Exit codes: 0 stopped cleanly, 1 could not start (store unreachable, schema too new),
+2 bad arguments or configuration.
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--listen", metavar="HOST:PORT", help="address to listen on (0.0.0.0:9095)")
+    parser.add_argument("--db", metavar="URL", help="sqlite:///PATH (default) or postgresql://...")
+    parser.add_argument("--config", metavar="FILE", type=Path, help="YAML settings file")
+    parser.add_argument(
+        "--console-file", metavar="FILE", type=Path, help="append console notifications here"
+    )
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (INFO)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from trainsentry.config import ConfigError, load_settings
+    from trainsentry.gateway.app import create_app
+    from trainsentry.logs import configure_logging
+
+    configure_logging(args.log_level)
+    try:
+        settings = load_settings(
+            args.config,
+            overrides={
+                "gateway": {"listen": args.listen, "db": args.db, "console_file": args.console_file}
+            },
+        ).gateway
+    except ConfigError as exc:
+        logging.getLogger("trainsentry").error("configuration error: %s", exc)
+        return 2
+    try:
+        web.run_app(
+            create_app(settings),
+            host=settings.host,
+            port=settings.port,
+            print=None,
+            access_log=None,
+            handle_signals=True,
+        )
+    except Exception as exc:
+        logging.getLogger("trainsentry").error("gateway failed: %s: %s", type(exc).__name__, exc)
+        return 1
+    return 0

@@ -1,0 +1,274 @@
+"""Durable intake of Alertmanager webhooks (v4): validate, store in one transaction, then answer.
+
+`parse_webhook` is pure (bytes → IncomingReceipt or IntakeRejected with a reason).
+`IntakeWriter` is the single writer: requests queue up and are committed together (group
+commit), each caller's future resolving only after its transaction committed — so a 200 means
+the alerts are on disk. The alert policy runs inside the same transaction, so notifications
+are in the outbox before we answer too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from trainsentry.alerts import GO_ZERO_TIME, Alert, AlertChange, AlertStatus, utcnow
+from trainsentry.store.writes import IncomingReceipt, ReceiptOutcome, record_receipts
+
+log = logging.getLogger("trainsentry.intake")
+
+
+def _reject_nul(value: str) -> str:
+    # PostgreSQL cannot store NUL in text; such an alert is malformed, not storable.
+    if "\x00" in value:
+        raise ValueError("NUL character not allowed")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_reject_nul)]
+LabelName = Annotated[str, Field(min_length=1, max_length=1024), AfterValidator(_reject_nul)]
+
+
+class WebhookAlert(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    status: Literal["firing", "resolved"]
+    labels: dict[LabelName, Text] = Field(min_length=1)
+    annotations: dict[LabelName, Text] = Field(default_factory=dict)
+    startsAt: AwareDatetime
+    endsAt: AwareDatetime | None = None
+    generatorURL: Text = ""
+    fingerprint: Annotated[str, Field(max_length=64, pattern=r"^[0-9A-Za-z_-]*$")] = ""
+
+
+class WebhookPayload(BaseModel):
+    """Alertmanager's webhook body, version 4. Unknown keys are ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    version: Literal["4"]
+    groupKey: Text = ""
+    truncatedAlerts: int = Field(default=0, ge=0)
+    status: Literal["firing", "resolved"]
+    receiver: Text = ""
+    groupLabels: dict[LabelName, Text] = Field(default_factory=dict)
+    commonLabels: dict[LabelName, Text] = Field(default_factory=dict)
+    commonAnnotations: dict[LabelName, Text] = Field(default_factory=dict)
+    externalURL: Text = ""
+    alerts: list[WebhookAlert]
+
+
+class IntakeRejected(ValueError):
+    """The body is not a storable webhook; `reason` is safe to return to the sender."""
+
+    def __init__(self, reason: str, details: list[str] | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.details = details or []
+
+
+def label_fingerprint(labels: dict[str, str]) -> str:
+    """A stable fingerprint for senders that do not provide Alertmanager's."""
+    canonical = json.dumps(sorted(labels.items()), ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _to_alert(item: WebhookAlert) -> Alert:
+    ends_at = item.endsAt
+    if ends_at is not None and ends_at.astimezone(UTC) <= GO_ZERO_TIME:
+        ends_at = None
+    return Alert(
+        fingerprint=item.fingerprint or label_fingerprint(item.labels),
+        status=AlertStatus(item.status),
+        labels=item.labels,
+        annotations=item.annotations,
+        starts_at=item.startsAt.astimezone(UTC),
+        ends_at=ends_at.astimezone(UTC) if ends_at else None,
+        generator_url=item.generatorURL,
+    )
+
+
+def _has_surrogates(value: object) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_has_surrogates(k) or _has_surrogates(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_surrogates(v) for v in value)
+    return False
+
+
+def parse_webhook(body: bytes, received_at: datetime | None = None) -> IncomingReceipt:
+    """Validates a webhook body. Raises IntakeRejected with a reason for anything unstorable."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise IntakeRejected(f"body is not UTF-8: {exc.reason} at byte {exc.start}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise IntakeRejected(
+            f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
+    except RecursionError:
+        raise IntakeRejected("invalid JSON: nested too deeply") from None
+    if not isinstance(data, dict):
+        raise IntakeRejected("body must be a JSON object (Alertmanager webhook v4)")
+    # Escapes are the only way a lone surrogate gets in; they cannot be stored as UTF-8.
+    if "\\u" in text and _has_surrogates(data):
+        raise IntakeRejected("body contains unpaired UTF-16 surrogates")
+    try:
+        payload = WebhookPayload.model_validate(data)
+    except ValidationError as exc:
+        details = [
+            f"{'.'.join(str(p) for p in err['loc']) or '(body)'}: {err['msg']}"
+            for err in exc.errors(include_url=False, include_input=False)[:20]
+        ]
+        raise IntakeRejected("body is not an Alertmanager webhook v4", details) from None
+    return IncomingReceipt(
+        body_sha256=hashlib.sha256(body).hexdigest(),
+        body_text=text,
+        received_at=received_at or utcnow(),
+        receiver=payload.receiver,
+        status=payload.status,
+        group_key=payload.groupKey,
+        truncated_alerts=payload.truncatedAlerts,
+        external_url=payload.externalURL,
+        alerts=[_to_alert(item) for item in payload.alerts],
+    )
+
+
+class StoreUnavailable(RuntimeError):
+    """The store could not commit; the sender should retry (HTTP 503)."""
+
+
+# The policy hook: turns committed-to-be changes into outbox rows inside the same transaction.
+PlanHook = Callable[[AsyncConnection, Sequence[AlertChange], datetime], Awaitable[int]]
+
+
+@dataclass(slots=True)
+class _Pending:
+    receipt: IncomingReceipt
+    future: asyncio.Future[ReceiptOutcome]
+
+
+class IntakeWriter:
+    """One writer task; many requests per transaction (group commit)."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        plan: PlanHook | None = None,
+        *,
+        max_batch_alerts: int = 5000,
+        on_commit: Callable[[Sequence[ReceiptOutcome]], None] | None = None,
+    ) -> None:
+        self._engine = engine
+        self._plan = plan
+        self._max_batch_alerts = max_batch_alerts
+        self._on_commit = on_commit
+        self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="intake-writer")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        while not self._queue.empty():
+            self._queue.get_nowait().future.set_exception(StoreUnavailable("shutting down"))
+
+    @property
+    def queued(self) -> int:
+        return self._queue.qsize()
+
+    async def submit(self, receipt: IncomingReceipt) -> ReceiptOutcome:
+        """Returns once the receipt is committed; raises StoreUnavailable otherwise."""
+        future: asyncio.Future[ReceiptOutcome] = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Pending(receipt, future))
+        return await future
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            alerts = len(batch[0].receipt.alerts)
+            while not self._queue.empty() and alerts < self._max_batch_alerts:
+                item = self._queue.get_nowait()
+                batch.append(item)
+                alerts += len(item.receipt.alerts)
+            live = [item for item in batch if not item.future.cancelled()]
+            if live:
+                await self._commit_batch(live)
+
+    async def _commit_batch(self, batch: list[_Pending]) -> None:
+        try:
+            outcomes = await self._transaction([item.receipt for item in batch])
+        except (OperationalError, DBAPIError, OSError, SQLAlchemyError) as exc:
+            if len(batch) > 1 and not _is_unavailable(exc):
+                # One bad receipt must not fail its neighbours: retry them one by one.
+                for item in batch:
+                    await self._commit_batch([item])
+                return
+            log.warning("intake store_error=%s receipts=%d", type(exc).__name__, len(batch))
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(StoreUnavailable(str(exc).splitlines()[0]))
+            return
+        if self._on_commit is not None:
+            self._on_commit(outcomes)
+        for item, outcome in zip(batch, outcomes, strict=True):
+            if not item.future.done():
+                item.future.set_result(outcome)
+
+    async def _transaction(self, receipts: list[IncomingReceipt]) -> list[ReceiptOutcome]:
+        for attempt in range(3):
+            try:
+                async with self._engine.begin() as conn:
+                    outcomes = await record_receipts(conn, receipts)
+                    changes = [change for outcome in outcomes for change in outcome.changes]
+                    if self._plan is not None and changes:
+                        await self._plan(conn, changes, utcnow())
+                return outcomes
+            except DBAPIError as exc:
+                if attempt < 2 and _is_retryable_conflict(exc):
+                    await asyncio.sleep(0.01 * (attempt + 1))
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+
+def _is_retryable_conflict(exc: DBAPIError) -> bool:
+    text = str(exc.orig).lower() if exc.orig is not None else str(exc).lower()
+    return "deadlock" in text or "could not serialize" in text or "database is locked" in text
+
+
+def _is_unavailable(exc: BaseException) -> bool:
+    if isinstance(exc, OSError):
+        return True
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    text = str(exc).lower()
+    return any(
+        marker in text
+        for marker in ("connection", "could not connect", "database is locked", "disk i/o")
+    )

@@ -1,0 +1,67 @@
+"""The gateway's own Prometheus metrics (one registry per app, so tests can run several)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.receipts = Counter(
+            "trainsentry_webhook_receipts_total",
+            "Webhook requests by outcome (stored, replay, rejected, unauthorized, too_large, "
+            "unavailable)",
+            ["outcome"],
+            registry=r,
+        )
+        self.alerts_stored = Counter(
+            "trainsentry_alerts_stored_total", "New alert occurrences stored", registry=r
+        )
+        self.alert_changes = Counter(
+            "trainsentry_alert_changes_total", "Alert state changes recorded", ["kind"], registry=r
+        )
+        self.duplicates = Counter(
+            "trainsentry_alerts_duplicate_total",
+            "Alerts received again without a change (Alertmanager repeats, retries, HA peers)",
+            registry=r,
+        )
+        self.intake_latency = Histogram(
+            "trainsentry_intake_latency_seconds",
+            "Time from request to committed answer",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.outbox_depth = Gauge(
+            "trainsentry_outbox_depth",
+            "Notifications not yet sent",
+            ["channel", "status"],
+            registry=r,
+        )
+        self.outbox_oldest_age = Gauge(
+            "trainsentry_outbox_oldest_pending_age_seconds",
+            "Age of the oldest pending notification",
+            registry=r,
+        )
+        self.sends = Counter(
+            "trainsentry_notifications_sent_total",
+            "Channel sends by outcome (sent, retry, rate_limited, dead)",
+            ["channel", "outcome"],
+            registry=r,
+        )
+        self.send_latency = Histogram(
+            "trainsentry_channel_send_seconds",
+            "Time a channel took to accept a notification",
+            ["channel"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.notifications_planned = Counter(
+            "trainsentry_notifications_planned_total",
+            "Notifications written to the outbox",
+            ["channel"],
+            registry=r,
+        )

@@ -1,0 +1,307 @@
+"""The durable outbox: rows written by the intake transaction are sent here by channel.
+
+- A row is claimed before it is sent (status `sending`, a lease with our worker id). On
+  PostgreSQL the claim uses `FOR UPDATE SKIP LOCKED`, so with several gateway replicas each
+  row is sent by exactly one of them. A lease that expires (the sender crashed) puts the row
+  back to `pending`.
+- Order is kept per (channel, group_key): a row is only claimed when no older row of its group
+  is still pending or being sent.
+- Failures are retried with exponential backoff and full jitter; `RateLimitedError` waits at
+  least what the provider asked; `PermanentError` and `max_attempts` failures end as `dead`.
+- Delivery is at-least-once: a crash between a provider's answer and our commit resends that
+  one row; the idempotency key travels with it for providers that deduplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Row, and_, exists, func, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from trainsentry.alerts import Priority, utcnow
+from trainsentry.gateway.metrics import GatewayMetrics
+from trainsentry.gateway.ratelimit import SlidingWindowLimiter
+from trainsentry.notifiers.base import (
+    Notifier,
+    NotifierError,
+    OutboundNotification,
+    PermanentError,
+    RateLimitedError,
+)
+from trainsentry.store.schema import notifications
+
+log = logging.getLogger("trainsentry.outbox")
+
+PENDING, SENDING, SENT, DEAD = "pending", "sending", "sent", "dead"
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    max_attempts: int = 8
+    base_delay: float = 1.0
+    max_delay: float = 300.0
+
+    def delay(self, attempts: int, rng: random.Random) -> float:
+        """Full-jitter exponential backoff for the attempt that just failed (1-based)."""
+        ceiling = min(self.max_delay, self.base_delay * (2 ** (attempts - 1)))
+        return rng.uniform(ceiling / 2, ceiling)
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Outbox:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        notifiers: Mapping[str, Notifier],
+        *,
+        metrics: GatewayMetrics | None = None,
+        worker_id: str | None = None,
+        retry: RetryPolicy | None = None,
+        rate_limits: Mapping[str, list[tuple[int, float]]] | None = None,
+        lease_seconds: float = 60.0,
+        claim_batch: int = 200,
+        concurrency: int = 16,
+        clock: Callable[[], datetime] = utcnow,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._engine = engine
+        self._notifiers = dict(notifiers)
+        self._metrics = metrics
+        self.worker_id = worker_id or default_worker_id()
+        self._retry = retry or RetryPolicy()
+        self._limiters = {
+            channel: SlidingWindowLimiter(limits) for channel, limits in (rate_limits or {}).items()
+        }
+        self._lease = timedelta(seconds=lease_seconds)
+        self._claim_batch = claim_batch
+        self._semaphore = asyncio.Semaphore(concurrency)
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self.run(), name="outbox")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def run(self) -> None:
+        while True:
+            try:
+                sent_any = await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the store may be down; keep the loop alive
+                log.exception("outbox cycle failed")
+                sent_any = False
+            if sent_any:
+                continue
+            self._wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), timeout=await self._idle_wait())
+
+    async def _idle_wait(self) -> float:
+        """Seconds until the next row becomes due (bounded), so retries are not late."""
+        try:
+            async with self._engine.connect() as conn:
+                next_due = (
+                    await conn.execute(
+                        select(func.min(notifications.c.next_attempt_at)).where(
+                            notifications.c.status == PENDING
+                        )
+                    )
+                ).scalar()
+        except Exception:
+            return 1.0
+        if not isinstance(next_due, datetime):
+            return 5.0
+        return min(5.0, max(0.01, (next_due - self._clock()).total_seconds()))
+
+    async def run_once(self) -> bool:
+        """Recovers expired leases, claims due rows, sends them. True if any were claimed."""
+        await self.recover_expired_leases()
+        claimed = await self.claim()
+        if not claimed:
+            return False
+        await asyncio.gather(*(self._deliver(row) for row in claimed))
+        return True
+
+    async def recover_expired_leases(self) -> int:
+        now = self._clock()
+        async with self._engine.begin() as conn:
+            result = await conn.execute(
+                update(notifications)
+                .where(notifications.c.status == SENDING, notifications.c.claimed_until < now)
+                .values(status=PENDING, claimed_by=None, claimed_until=None, next_attempt_at=now)
+            )
+        return int(result.rowcount or 0)
+
+    def _claim_limit(self, channel: str) -> int:
+        """How many rows of `channel` to claim now: no more than its rate limits let us send
+        well within one lease, so a claimed row never outlives its lease waiting for a token."""
+        limiter = self._limiters.get(channel)
+        if limiter is None:
+            return self._claim_batch
+        horizon = self._lease.total_seconds() / 2
+        allowed = min(
+            max(1, int(count * max(1.0, horizon / seconds))) for count, seconds in limiter.limits
+        )
+        return min(self._claim_batch, allowed)
+
+    async def claim(self) -> list[OutboundNotification]:
+        """Claims due rows of every channel (see `_claim_limit`), oldest first per group."""
+        now = self._clock()
+        older = notifications.alias("older")
+        blocked_by_older = exists().where(
+            and_(
+                older.c.channel == notifications.c.channel,
+                older.c.group_key == notifications.c.group_key,
+                older.c.id < notifications.c.id,
+                older.c.status.in_((PENDING, SENDING)),
+            )
+        )
+        rows: list[Row[Any]] = []
+        async with self._engine.begin() as conn:
+            for channel in self._notifiers:
+                due = (
+                    select(notifications.c.id)
+                    .where(
+                        notifications.c.status == PENDING,
+                        notifications.c.channel == channel,
+                        notifications.c.next_attempt_at <= now,
+                        ~blocked_by_older,
+                    )
+                    .order_by(notifications.c.id)
+                    .limit(self._claim_limit(channel))
+                )
+                if conn.dialect.name == "postgresql":
+                    due = due.with_for_update(skip_locked=True, of=notifications)
+                stmt = (
+                    update(notifications)
+                    .where(notifications.c.id.in_(due.scalar_subquery()))
+                    .where(notifications.c.status == PENDING)
+                    .values(
+                        status=SENDING, claimed_by=self.worker_id, claimed_until=now + self._lease
+                    )
+                    .returning(*notifications.c)
+                )
+                rows.extend((await conn.execute(stmt)).all())
+        return sorted(
+            (
+                OutboundNotification(
+                    id=int(row.id),
+                    channel=row.channel,
+                    kind=row.kind,
+                    priority=Priority(row.priority),
+                    payload=dict(row.payload),
+                    idempotency_key=row.idempotency_key,
+                    group_key=row.group_key,
+                    created_at=row.created_at,
+                    attempts=int(row.attempts),
+                )
+                for row in rows
+            ),
+            key=lambda n: n.id,
+        )
+
+    async def _deliver(self, row: OutboundNotification) -> None:
+        notifier = self._notifiers[row.channel]
+        limiter = self._limiters.get(row.channel)
+        async with self._semaphore:
+            if limiter is not None:
+                await limiter.acquire()
+            started = self._clock()
+            try:
+                receipt = await notifier.send(row)
+            except NotifierError as exc:
+                await self._failed(row, exc)
+                return
+            except Exception as exc:  # a bug in a channel must not stop the outbox
+                log.exception("channel=%s id=%d unexpected error", row.channel, row.id)
+                await self._failed(row, NotifierError(f"{type(exc).__name__}: {exc}"))
+                return
+        await self._finish(
+            row,
+            status=SENT,
+            values={"sent_at": self._clock(), "provider_id": receipt.provider_id},
+        )
+        if self._metrics is not None:
+            self._metrics.sends.labels(row.channel, "sent").inc()
+            self._metrics.send_latency.labels(row.channel).observe(
+                (self._clock() - started).total_seconds()
+            )
+
+    async def _failed(self, row: OutboundNotification, exc: NotifierError) -> None:
+        attempts = row.attempts + 1
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        if isinstance(exc, PermanentError) or attempts >= self._retry.max_attempts:
+            log.error(
+                "notification dead channel=%s id=%d attempts=%d error=%r",
+                row.channel,
+                row.id,
+                attempts,
+                error,
+            )
+            await self._finish(row, status=DEAD, values={"attempts": attempts, "last_error": error})
+            outcome = "dead"
+        else:
+            delay = self._retry.delay(attempts, self._rng)
+            if isinstance(exc, RateLimitedError) and exc.retry_after is not None:
+                delay = max(delay, exc.retry_after)
+            log.warning(
+                "notification retry channel=%s id=%d attempts=%d in=%.2fs error=%r",
+                row.channel,
+                row.id,
+                attempts,
+                delay,
+                error,
+            )
+            await self._finish(
+                row,
+                status=PENDING,
+                values={
+                    "attempts": attempts,
+                    "last_error": error,
+                    "next_attempt_at": self._clock() + timedelta(seconds=delay),
+                },
+            )
+            outcome = "rate_limited" if isinstance(exc, RateLimitedError) else "retry"
+        if self._metrics is not None:
+            self._metrics.sends.labels(row.channel, outcome).inc()
+
+    async def _finish(
+        self, row: OutboundNotification, *, status: str, values: dict[str, object]
+    ) -> None:
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                update(notifications)
+                .where(notifications.c.id == row.id, notifications.c.claimed_by == self.worker_id)
+                .values(status=status, claimed_by=None, claimed_until=None, **values)
+            )
+
+    async def aclose(self) -> None:
+        await self.stop()
+        for notifier in self._notifiers.values():
+            await notifier.aclose()

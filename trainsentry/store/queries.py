@@ -1,0 +1,144 @@
+"""Reading the store: the read API's listings and the counts the demo and reports show."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import bindparam, func, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from trainsentry.store.schema import alert_events, alerts, notifications, webhook_receipts
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    items: list[dict[str, Any]]
+    next_before: int | None  # pass as `before` to get the next (older) page
+
+
+def _iso(value: Any) -> Any:
+    return value.isoformat() if hasattr(value, "isoformat") else value
+
+
+def _row_dict(row: Any, skip: Sequence[str] = ()) -> dict[str, Any]:
+    return {key: _iso(value) for key, value in row._mapping.items() if key not in skip}
+
+
+async def list_alerts(
+    conn: AsyncConnection,
+    *,
+    status: str | None = None,
+    priority: str | None = None,
+    job: str | None = None,
+    limit: int = 100,
+    before: int | None = None,
+) -> Page:
+    """Alert occurrences, newest first. `job` matches `name` or `namespace/name`."""
+    query = select(alerts).order_by(alerts.c.id.desc()).limit(limit + 1)
+    if status:
+        query = query.where(alerts.c.status == status)
+    if priority:
+        query = query.where(alerts.c.priority == priority)
+    if job:
+        namespace, _, name = job.rpartition("/")
+        query = query.where(alerts.c.job_name == name)
+        if namespace:
+            query = query.where(alerts.c.job_namespace == namespace)
+    if before is not None:
+        query = query.where(alerts.c.id < before)
+    rows = (await conn.execute(query)).all()
+    items = [_row_dict(row) for row in rows[:limit]]
+    return Page(items, int(rows[limit - 1].id) if len(rows) > limit else None)
+
+
+async def list_notifications(
+    conn: AsyncConnection,
+    *,
+    channel: str | None = None,
+    status: str | None = None,
+    alert_id: int | None = None,
+    limit: int = 100,
+    before: int | None = None,
+) -> Page:
+    query = select(notifications).order_by(notifications.c.id.desc()).limit(limit + 1)
+    if channel:
+        query = query.where(notifications.c.channel == channel)
+    if status:
+        query = query.where(notifications.c.status == status)
+    if alert_id is not None:
+        query = query.where(notifications.c.alert_id == alert_id)
+    if before is not None:
+        query = query.where(notifications.c.id < before)
+    rows = (await conn.execute(query)).all()
+    items = [_row_dict(row) for row in rows[:limit]]
+    return Page(items, int(rows[limit - 1].id) if len(rows) > limit else None)
+
+
+async def get_alert(conn: AsyncConnection, alert_id: int) -> dict[str, Any] | None:
+    row = (await conn.execute(select(alerts).where(alerts.c.id == alert_id))).first()
+    if row is None:
+        return None
+    item = _row_dict(row)
+    events = await conn.execute(
+        select(alert_events).where(alert_events.c.alert_id == alert_id).order_by(alert_events.c.id)
+    )
+    item["events"] = [_row_dict(event, skip=("alert_id",)) for event in events]
+    return item
+
+
+async def counts(conn: AsyncConnection) -> dict[str, Any]:
+    """Totals for summaries: receipts, occurrences by status, events, notifications by channel."""
+
+    async def scalar(query: Any) -> int:
+        return int((await conn.execute(query)).scalar() or 0)
+
+    by_status = {
+        row.status: int(row.n)
+        for row in await conn.execute(
+            select(alerts.c.status, func.count().label("n")).group_by(alerts.c.status)
+        )
+    }
+    by_channel: dict[str, dict[str, int]] = {}
+    for row in await conn.execute(
+        select(notifications.c.channel, notifications.c.status, func.count().label("n")).group_by(
+            notifications.c.channel, notifications.c.status
+        )
+    ):
+        by_channel.setdefault(row.channel, {})[row.status] = int(row.n)
+    return {
+        "receipts": await scalar(select(func.count()).select_from(webhook_receipts)),
+        "webhooks_received": await scalar(select(func.sum(webhook_receipts.c.times_received))),
+        "alerts": sum(by_status.values()),
+        "alerts_by_status": by_status,
+        "events": await scalar(select(func.count()).select_from(alert_events)),
+        "notifications": by_channel,
+    }
+
+
+async def outbox_depth(conn: AsyncConnection) -> list[tuple[str, str, int, Any]]:
+    """(channel, status, count, oldest created_at) for rows not yet final."""
+    rows = await conn.execute(
+        select(
+            notifications.c.channel,
+            notifications.c.status,
+            func.count().label("n"),
+            func.min(notifications.c.created_at).label("oldest"),
+        )
+        .where(notifications.c.status.in_(("pending", "sending", "dead")))
+        .group_by(notifications.c.channel, notifications.c.status)
+    )
+    return [(row.channel, row.status, int(row.n), row.oldest) for row in rows]
+
+
+async def set_priorities(conn: AsyncConnection, decided: Sequence[tuple[int, str, str]]) -> None:
+    """Records (alert_id, priority, reason) decided by the policy."""
+    if not decided:
+        return
+    await conn.execute(
+        update(alerts)
+        .where(alerts.c.id == bindparam("b_id"))
+        .values(priority=bindparam("b_priority"), priority_reason=bindparam("b_reason")),
+        [{"b_id": a, "b_priority": p, "b_reason": r} for a, p, r in decided],
+    )

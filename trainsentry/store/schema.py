@@ -1,0 +1,186 @@
+"""The store's schema (SQLAlchemy Core), the same on SQLite and PostgreSQL.
+
+Tables:
+- webhook_receipts: one row per distinct webhook body (replays bump `times_received`).
+- alerts: one row per alert occurrence (fingerprint + startsAt), its labels and current state.
+- alert_events: every state change of an occurrence (firing, resolved, expired, acked, ...).
+- notifications: the durable outbox; a row exists before anything is sent.
+- policy_state: small JSON state the alert policy keeps per fingerprint / job / escalation.
+- report_runs: which report periods were sent (idempotent weekly reports).
+
+Bump SCHEMA_VERSION and add a step to `migrations.MIGRATIONS` for every change.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator
+
+SCHEMA_VERSION = 1
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite keeps no zone of its own)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; use timezone-aware UTC")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):  # SQLite may hand back text
+            value = datetime.fromisoformat(value)
+        assert isinstance(value, datetime)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+Json = JSON().with_variant(JSONB(), "postgresql")
+# SQLite only auto-increments INTEGER PRIMARY KEY; PostgreSQL gets 64-bit ids.
+Id = BigInteger().with_variant(Integer(), "sqlite")
+
+metadata = MetaData()
+
+schema_version = Table(
+    "schema_version",
+    metadata,
+    Column("version", Integer, primary_key=True, autoincrement=False),
+    Column("applied_at", UTCDateTime, nullable=False),
+)
+
+webhook_receipts = Table(
+    "webhook_receipts",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("body_sha256", String(64), nullable=False, unique=True),
+    Column("received_at", UTCDateTime, nullable=False),
+    Column("last_received_at", UTCDateTime, nullable=False),
+    Column("times_received", Integer, nullable=False, default=1),
+    Column("receiver", Text, nullable=False, default=""),
+    Column("status", String(16), nullable=False),
+    Column("group_key", Text, nullable=False, default=""),
+    Column("truncated_alerts", Integer, nullable=False, default=0),
+    Column("alert_count", Integer, nullable=False),
+    Column("external_url", Text, nullable=False, default=""),
+    Column("body", Text, nullable=False),  # the body as received (UTF-8 JSON text)
+)
+
+alerts = Table(
+    "alerts",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("fingerprint", String(64), nullable=False),
+    Column("starts_at", UTCDateTime, nullable=False),
+    Column("alertname", Text, nullable=False, default=""),
+    Column("status", String(16), nullable=False),
+    Column("labels", Json, nullable=False),
+    Column("annotations", Json, nullable=False),
+    Column("ends_at", UTCDateTime, nullable=True),
+    Column("generator_url", Text, nullable=False, default=""),
+    Column("job_namespace", Text, nullable=False, default=""),
+    Column("job_name", Text, nullable=False, default=""),
+    Column("priority", String(2), nullable=True),
+    Column("priority_reason", Text, nullable=True),
+    Column("first_receipt_id", Id, ForeignKey("webhook_receipts.id"), nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("last_received_at", UTCDateTime, nullable=False),
+    Column("resolved_at", UTCDateTime, nullable=True),
+    Column("acked_at", UTCDateTime, nullable=True),
+    Column("acked_by", Text, nullable=True),
+    Column("verdict", Json, nullable=True),
+    UniqueConstraint("fingerprint", "starts_at", name="uq_alerts_occurrence"),
+)
+Index("ix_alerts_status_id", alerts.c.status, alerts.c.id)
+Index("ix_alerts_job", alerts.c.job_name, alerts.c.id)
+Index("ix_alerts_created", alerts.c.created_at)
+
+alert_events = Table(
+    "alert_events",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("alert_id", Id, ForeignKey("alerts.id"), nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("at", UTCDateTime, nullable=False),
+    Column("receipt_id", Id, ForeignKey("webhook_receipts.id"), nullable=True),
+    Column("detail", Json, nullable=True),
+)
+Index("ix_alert_events_alert", alert_events.c.alert_id, alert_events.c.id)
+Index("ix_alert_events_at", alert_events.c.at)
+
+notifications = Table(
+    "notifications",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("idempotency_key", String(200), nullable=False, unique=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("channel", String(64), nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("priority", String(2), nullable=False),
+    Column("alert_id", Id, ForeignKey("alerts.id"), nullable=True),
+    Column("group_key", Text, nullable=False, default=""),
+    Column("reason", Text, nullable=False, default=""),
+    Column("payload", Json, nullable=False),
+    # pending -> sending -> sent | pending (retry) | dead
+    Column("status", String(16), nullable=False, default="pending"),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("next_attempt_at", UTCDateTime, nullable=False),
+    Column("claimed_by", Text, nullable=True),
+    Column("claimed_until", UTCDateTime, nullable=True),
+    Column("sent_at", UTCDateTime, nullable=True),
+    Column("provider_id", Text, nullable=True),
+    Column("last_error", Text, nullable=True),
+)
+Index("ix_notifications_due", notifications.c.status, notifications.c.next_attempt_at)
+Index(
+    "ix_notifications_order",
+    notifications.c.channel,
+    notifications.c.group_key,
+    notifications.c.status,
+    notifications.c.id,
+)
+Index("ix_notifications_alert", notifications.c.alert_id)
+
+policy_state = Table(
+    "policy_state",
+    metadata,
+    Column("scope", String(32), primary_key=True),
+    Column("key", String(300), primary_key=True),
+    Column("state", Json, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Column("due_at", UTCDateTime, nullable=True),
+)
+Index("ix_policy_state_due", policy_state.c.due_at)
+
+report_runs = Table(
+    "report_runs",
+    metadata,
+    Column("period_key", String(100), primary_key=True),
+    Column("sent_at", UTCDateTime, nullable=False),
+    Column("recipients", Json, nullable=False),
+    Column("detail", Json, nullable=True),
+)
