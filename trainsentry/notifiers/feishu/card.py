@@ -1,0 +1,414 @@
+"""Feishu interactive cards (card JSON 2.0) for alerts and storms. Pure: payload in, dict out.
+
+Layout of an alert card: header (priority colour; green when resolved), `<at>` mentions, a
+field block (job, rank, node, GPU, value, since, reason, count), description, diagnosis,
+link buttons (runbook, Grafana, source) and, when a Feishu app receives callbacks, the
+ack / silence buttons. Every card is cut to fit a byte budget (Feishu's custom bot takes at
+most 20 KB per request): lists are trimmed first and always say how many entries were cut.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from trainsentry.notifiers.payload import (
+    NotificationPayload,
+    StormItem,
+    alertname,
+    annotation,
+    gpu_of,
+    job_of,
+    node_of,
+    rank_of,
+)
+
+MAX_BOT_BODY_BYTES = 20 * 1024
+# Room left for the webhook envelope ({"msg_type":..,"timestamp":..,"sign":..,"card":..}).
+ENVELOPE_BYTES = 256
+
+HEADER_TEMPLATE = {"P0": "red", "P1": "orange", "P2": "yellow", "P3": "blue"}
+RESOLVED_TEMPLATE = "green"
+CARD_TEMPLATES = frozenset({*HEADER_TEMPLATE.values(), RESOLVED_TEMPLATE, "grey"})
+
+# Labels shown in their own field; the rest go to the "other labels" line.
+_FIELD_LABELS = frozenset(
+    {
+        "alertname",
+        "priority",
+        "trainingjob",
+        "job_name",
+        "namespace",
+        "node",
+        "instance",
+        "Hostname",
+        "hostname",
+        "gpu",
+        "GPU_I_ID",
+        "UUID",
+        "device",
+        "rank",
+        "global_rank",
+    }
+)
+_DESCRIPTION_CHARS = 1500
+_LABEL_LINE_ITEMS = 12
+
+
+@dataclass(frozen=True, slots=True)
+class CardOptions:
+    """How to render. `actions` adds ack/silence buttons (needs a Feishu app callback)."""
+
+    actions: bool = False
+    silence_durations_s: tuple[int, ...] = (3600, 4 * 3600, 24 * 3600)
+    max_bytes: int = MAX_BOT_BODY_BYTES - ENVELOPE_BYTES
+    product: str = "trainsentry"
+
+
+DEFAULT_OPTIONS = CardOptions()
+
+
+def card_bytes(card: Mapping[str, Any]) -> int:
+    """Size of the card as it goes on the wire (compact UTF-8 JSON)."""
+    return len(compact_json(card).encode())
+
+
+def compact_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def escape_md(text: str) -> str:
+    """Neutralises markup a label value could smuggle into a markdown element."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[: max(0, limit - 1)] + "…"
+
+
+def header_template(payload: NotificationPayload) -> str:
+    if payload["status"] == "resolved":
+        return RESOLVED_TEMPLATE
+    return HEADER_TEMPLATE[payload["priority"]]
+
+
+def duration_words(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes = rest // 60
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes}m"
+    return f"{minutes}m" if minutes else f"{seconds}s"
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _since(payload: NotificationPayload, now: datetime | None) -> str:
+    started = _parse_time(payload.get("starts_at"))
+    if started is None:
+        return ""
+    stamp = started.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    ended = _parse_time(payload.get("ends_at"))
+    if payload["status"] == "resolved" and ended is not None and ended.year > 1:
+        return f"{stamp} (lasted {duration_words((ended - started).total_seconds())})"
+    if now is not None:
+        return f"{stamp} ({duration_words((now - started).total_seconds())} ago)"
+    return stamp
+
+
+def _plain(text: str) -> dict[str, str]:
+    return {"tag": "plain_text", "content": text}
+
+
+def _markdown(text: str) -> dict[str, Any]:
+    return {"tag": "markdown", "content": text}
+
+
+def _link_button(text: str, url: str) -> dict[str, Any]:
+    return {
+        "tag": "button",
+        "text": _plain(text),
+        "type": "default",
+        "behaviors": [{"type": "open_url", "default_url": url}],
+    }
+
+
+def _callback_button(text: str, value: dict[str, Any], kind: str) -> dict[str, Any]:
+    return {
+        "tag": "button",
+        "text": _plain(text),
+        "type": kind,
+        "behaviors": [{"type": "callback", "value": value}],
+    }
+
+
+def _button_row(buttons: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "tag": "column_set",
+        "flex_mode": "flow",
+        "horizontal_spacing": "8px",
+        "columns": [{"tag": "column", "width": "auto", "elements": [button]} for button in buttons],
+    }
+
+
+def mention_markup(open_ids: Sequence[str]) -> str:
+    return " ".join(f"<at id={escape_md(open_id)}></at>" for open_id in open_ids)
+
+
+def _title(payload: NotificationPayload, product: str) -> str:
+    state = "RESOLVED" if payload["status"] == "resolved" else "FIRING"
+    name = alertname(payload) or "alert"
+    job = job_of(payload)
+    return clip(f"[{payload['priority']}] {state}: {name}" + (f" — {job}" if job else ""), 200)
+
+
+def _fields(payload: NotificationPayload, now: datetime | None) -> list[str]:
+    pairs = [
+        ("Job", job_of(payload)),
+        ("Rank", rank_of(payload)),
+        ("Node", node_of(payload)),
+        ("GPU", gpu_of(payload)),
+        ("Value", annotation(payload, "value")),
+        ("Since", _since(payload, now)),
+        ("Reason", payload.get("reason", "")),
+    ]
+    count = payload.get("count")
+    if count and count > 1:
+        pairs.append(("Count", str(count)))
+    return [f"**{name}:** {escape_md(clip(value, 300))}" for name, value in pairs if value]
+
+
+def _other_labels(payload: NotificationPayload, limit: int) -> str:
+    items = sorted(
+        (key, value)
+        for key, value in (payload.get("labels") or {}).items()
+        if key not in _FIELD_LABELS
+    )
+    shown = [f"{escape_md(key)}={escape_md(clip(value, 80))}" for key, value in items[:limit]]
+    if not shown:
+        return ""
+    cut = len(items) - len(shown)
+    suffix = f" … ({cut} more labels not shown)" if cut > 0 else ""
+    return "Labels: " + ", ".join(shown) + suffix
+
+
+def _ack_elements(payload: NotificationPayload) -> list[dict[str, Any]]:
+    lines = []
+    who = payload.get("acked_by")
+    if who:
+        lines.append(f"✅ Acknowledged by {mention_markup([who])}")
+    until = _parse_time(payload.get("silenced_until"))
+    if until is not None:
+        lines.append(f"🔕 Silenced until {until.astimezone(UTC):%Y-%m-%d %H:%M UTC}")
+    return [_markdown("\n".join(lines))] if lines else []
+
+
+def _action_buttons(payload: NotificationPayload, options: CardOptions) -> list[dict[str, Any]]:
+    alert_id = payload.get("alert_id")
+    if not options.actions or alert_id is None or payload["status"] != "firing":
+        return []
+    if payload.get("acked_by"):
+        return []
+    buttons = [_callback_button("Acknowledge", {"action": "ack", "alert_id": alert_id}, "primary")]
+    for seconds in options.silence_durations_s:
+        value = {"action": "silence", "alert_id": alert_id, "duration_s": seconds}
+        buttons.append(_callback_button(f"Silence {duration_words(seconds)}", value, "default"))
+    return [_button_row(buttons)]
+
+
+def _links(payload: NotificationPayload) -> list[dict[str, Any]]:
+    buttons = []
+    runbook = annotation(payload, "runbook_url")
+    if runbook:
+        buttons.append(_link_button("Runbook", runbook))
+    grafana = payload.get("grafana_url") or annotation(payload, "dashboard_url")
+    if grafana:
+        buttons.append(_link_button("Grafana", grafana))
+    source = payload.get("generator_url")
+    if source:
+        buttons.append(_link_button("Source", source))
+    return [_button_row(buttons)] if buttons else []
+
+
+def _card(
+    title: str, template: str, elements: list[dict[str, Any]], summary: str
+) -> dict[str, Any]:
+    return {
+        "schema": "2.0",
+        "config": {"update_multi": True, "summary": {"content": clip(summary, 100)}},
+        "header": {"title": _plain(title), "template": template},
+        "body": {"elements": elements},
+    }
+
+
+def alert_card(
+    payload: NotificationPayload,
+    options: CardOptions = DEFAULT_OPTIONS,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """The card for one alert occurrence (firing, resolved, or acknowledged)."""
+
+    def build(description_chars: int, label_items: int) -> dict[str, Any]:
+        elements: list[dict[str, Any]] = []
+        mentions = payload.get("mentions") or []
+        if mentions and payload["status"] == "firing":
+            elements.append(_markdown(mention_markup(mentions)))
+        summary = annotation(payload, "summary")
+        if summary:
+            elements.append(_markdown(f"**{escape_md(clip(summary, 300))}**"))
+        fields = _fields(payload, now)
+        if fields:
+            elements.append(_markdown("\n".join(fields)))
+        description = annotation(payload, "description")
+        if description and description_chars > 0:
+            elements.append(_markdown(escape_md(clip(description, description_chars))))
+        diagnosis = payload.get("diagnosis")
+        if diagnosis:
+            elements.append(_markdown(f"**Diagnosis:** {escape_md(clip(diagnosis, 600))}"))
+        other = _other_labels(payload, label_items)
+        if other:
+            elements.append(_markdown(other))
+        elements.extend(_ack_elements(payload))
+        elements.extend(_links(payload))
+        elements.extend(_action_buttons(payload, options))
+        footer = f"{options.product} · alert {payload.get('alert_id', '?')}"
+        if payload.get("fingerprint"):
+            footer += f" · {payload.get('fingerprint')}"
+        elements.append({"tag": "hr"})
+        elements.append(_markdown(f"<font color='grey'>{escape_md(footer)}</font>"))
+        title = _title(payload, options.product)
+        return _card(title, header_template(payload), elements, title)
+
+    for description_chars, label_items in (
+        (_DESCRIPTION_CHARS, _LABEL_LINE_ITEMS),
+        (400, 4),
+        (0, 0),
+    ):
+        card = build(description_chars, label_items)
+        if card_bytes(card) <= options.max_bytes:
+            return card
+    raise CardTooLarge(f"alert card is {card_bytes(card)} bytes even trimmed")
+
+
+class CardTooLarge(ValueError):
+    """The card cannot be made to fit the byte budget."""
+
+
+def _storm_item_line(item: StormItem) -> str:
+    parts = [item.get("priority", ""), item.get("alertname", "")]
+    where = [
+        f"node {item['node']}" if item.get("node") else "",
+        f"GPU {item['gpu']}" if item.get("gpu") else "",
+        f"rank {item['rank']}" if item.get("rank") else "",
+        item.get("job", ""),
+    ]
+    text = " ".join(p for p in parts if p) + " " + ", ".join(w for w in where if w)
+    if item.get("summary"):
+        text += f" — {clip(item['summary'], 100)}"
+    return "- " + escape_md(text.strip())
+
+
+def _counts_block(title: str, counts: Mapping[str, int], limit: int) -> str:
+    ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    lines = [f"- {escape_md(clip(name, 80))}: {n}" for name, n in ordered[:limit]]
+    cut = len(ordered) - len(lines)
+    if cut > 0:
+        lines.append(f"- … {cut} more not shown")
+    return f"**{title}**\n" + "\n".join(lines)
+
+
+def storm_card(
+    payload: NotificationPayload,
+    options: CardOptions = DEFAULT_OPTIONS,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """One card summarising an alert storm; lists are trimmed to fit and say what was cut."""
+    storm = payload.get("storm")
+    if storm is None:
+        raise ValueError("storm card needs payload['storm']")
+    items = storm.get("items") or []
+    by_name = storm.get("by_alertname") or {}
+    by_node = storm.get("by_node") or {}
+    total = storm["total"]
+    status = "resolved" if payload["status"] == "resolved" else "storm"
+    title = clip(
+        f"[{payload['priority']}] Alert {status}: {total} alerts"
+        + (f" — {job_of(payload)}" if job_of(payload) else ""),
+        200,
+    )
+
+    def build(limit: int) -> dict[str, Any]:
+        elements: list[dict[str, Any]] = []
+        mentions = payload.get("mentions") or []
+        if mentions and payload["status"] == "firing":
+            elements.append(_markdown(mention_markup(mentions)))
+        head = f"**{total} alerts** folded into this card"
+        if storm.get("window_s"):
+            head += f" over {duration_words(storm.get('window_s', 0))}"
+        if payload.get("reason"):
+            head += f"\n**Reason:** {escape_md(clip(payload.get('reason', ''), 300))}"
+        elements.append(_markdown(head))
+        if by_name:
+            elements.append(_markdown(_counts_block("By alert", by_name, limit)))
+        if by_node:
+            elements.append(_markdown(_counts_block("By node", by_node, limit)))
+        if items:
+            lines = [_storm_item_line(item) for item in items[:limit]]
+            cut = total - min(limit, len(items))
+            if cut > 0:
+                lines.append(f"- … {cut} more alerts not shown")
+            elements.append(_markdown("**Alerts**\n" + "\n".join(lines)))
+        elements.extend(_links(payload))
+        elements.append({"tag": "hr"})
+        elements.append(
+            _markdown(f"<font color='grey'>{escape_md(options.product)} · storm</font>")
+        )
+        return _card(title, header_template(payload), elements, title)
+
+    largest = max(len(items), len(by_name), len(by_node))
+    return _fit(build, largest, options.max_bytes)
+
+
+def _fit(build: Callable[[int], dict[str, Any]], largest: int, max_bytes: int) -> dict[str, Any]:
+    """The card with the most list entries (same cap for every list) that fits `max_bytes`."""
+    card = build(largest)
+    if card_bytes(card) <= max_bytes:
+        return card
+    low, high = 0, largest  # build(low) must fit; build(high) does not
+    if card_bytes(build(0)) > max_bytes:
+        raise CardTooLarge("storm card does not fit even without lists")
+    while high - low > 1:
+        mid = (low + high) // 2
+        if card_bytes(build(mid)) <= max_bytes:
+            low = mid
+        else:
+            high = mid
+    return build(low)
+
+
+def build_card(
+    kind: str,
+    payload: NotificationPayload,
+    options: CardOptions = DEFAULT_OPTIONS,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """The card for a notification of `kind` ("storm" or an alert kind)."""
+    if kind == "storm" or "storm" in payload:
+        return storm_card(payload, options, now)
+    return alert_card(payload, options, now)

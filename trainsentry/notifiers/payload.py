@@ -1,0 +1,124 @@
+"""The payload contract between the alert policy and the channels.
+
+The policy writes `NotificationDraft.payload` as a plain JSON dict; every channel reads it
+through `parse_payload`, which checks it against the TypedDicts below. Only `priority` and
+`status` are required; everything else is optional and a card/row simply leaves it out.
+
+Notification kinds (`OutboundNotification.kind`) the channels understand:
+- ``alert``: one alert occurrence changed (firing or resolved). Uses the alert fields.
+- ``storm``: many alerts collapsed into one summary. Uses ``storm``.
+- ``ack``: an alert was acknowledged / silenced; the card is re-sent or updated. Uses
+  ``acked_by`` / ``silenced_until``.
+- ``call``: a phone call the escalation planned (see `notifiers.phone.notifier`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NotRequired
+
+from pydantic import TypeAdapter, ValidationError
+from typing_extensions import TypedDict
+
+PriorityName = Literal["P0", "P1", "P2", "P3"]
+StatusName = Literal["firing", "resolved"]
+
+
+class StormItem(TypedDict, total=False):
+    """One alert inside a storm summary (all optional: use what is known)."""
+
+    alert_id: int
+    alertname: str
+    priority: PriorityName
+    job: str
+    node: str
+    gpu: str
+    rank: str
+    summary: str
+
+
+class StormSummary(TypedDict):
+    """Many alerts folded into one notification by the storm detector."""
+
+    total: int  # how many alerts the storm holds (may exceed len(items))
+    by_alertname: NotRequired[dict[str, int]]
+    by_node: NotRequired[dict[str, int]]
+    items: NotRequired[list[StormItem]]
+    window_s: NotRequired[int]  # how long the storm has been collected
+
+
+class NotificationPayload(TypedDict):
+    """What the policy puts into `NotificationDraft.payload` (JSON-serialisable)."""
+
+    priority: PriorityName
+    status: StatusName
+    alert_id: NotRequired[int]  # store id of the alert occurrence (ack/silence use it)
+    fingerprint: NotRequired[str]
+    alertname: NotRequired[str]
+    labels: NotRequired[dict[str, str]]
+    annotations: NotRequired[dict[str, str]]  # summary, description, runbook_url, value
+    starts_at: NotRequired[str]  # ISO 8601
+    ends_at: NotRequired[str | None]
+    generator_url: NotRequired[str]
+    grafana_url: NotRequired[str]
+    reason: NotRequired[str]  # why the policy classified it so (human words)
+    rule_id: NotRequired[str]  # which policy rule fired
+    count: NotRequired[int]  # occurrences folded into this notification (flaps, repeats)
+    mentions: NotRequired[list[str]]  # Feishu open_ids to <at>; "all" for everyone
+    acked_by: NotRequired[str]
+    silenced_until: NotRequired[str]  # ISO 8601
+    storm: NotRequired[StormSummary]
+    diagnosis: NotRequired[str]  # one-line verdict of the hang analyzer, if any
+
+
+_ADAPTER: TypeAdapter[NotificationPayload] = TypeAdapter(NotificationPayload)
+
+
+class PayloadError(ValueError):
+    """The payload does not follow `NotificationPayload`."""
+
+
+def parse_payload(raw: dict[str, Any]) -> NotificationPayload:
+    """Checks a raw payload dict against the contract; raises PayloadError with the reason."""
+    try:
+        return _ADAPTER.validate_python(raw)
+    except ValidationError as exc:
+        raise PayloadError(f"notification payload invalid: {exc.errors()[:3]}") from exc
+
+
+def label(payload: NotificationPayload, *names: str) -> str:
+    """The first non-empty label among `names` (exporters name the same thing differently)."""
+    labels = payload.get("labels") or {}
+    for name in names:
+        value = labels.get(name)
+        if value:
+            return value
+    return ""
+
+
+def annotation(payload: NotificationPayload, name: str) -> str:
+    return (payload.get("annotations") or {}).get(name, "")
+
+
+def alertname(payload: NotificationPayload) -> str:
+    return payload.get("alertname") or label(payload, "alertname")
+
+
+def job_of(payload: NotificationPayload) -> str:
+    """`namespace/name` of the training job, or "" when the labels do not say."""
+    name = label(payload, "trainingjob", "job_name")
+    if not name:
+        return ""
+    namespace = label(payload, "namespace")
+    return f"{namespace}/{name}" if namespace else name
+
+
+def node_of(payload: NotificationPayload) -> str:
+    return label(payload, "node", "Hostname", "hostname", "instance")
+
+
+def gpu_of(payload: NotificationPayload) -> str:
+    return label(payload, "gpu", "GPU_I_ID", "UUID", "device")
+
+
+def rank_of(payload: NotificationPayload) -> str:
+    return label(payload, "rank", "global_rank")

@@ -1,0 +1,196 @@
+"""Settings of the channels (the `channels:` section of the YAML config).
+
+Everything here is non-secret. Secrets (webhook URLs, which carry a credential, bot signing
+secrets, the app secret, SMTP passwords, API tokens) are named by the environment variable
+that holds them (`*_env` fields) and read with `read_secret` at start-up; a literal secret in
+the YAML is refused because the models forbid unknown keys.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from trainsentry.alerts import Priority
+from trainsentry.gateway.escalation import Layer, Person, Policy, Roster
+
+
+class SecretMissing(LookupError):
+    """A secret's environment variable is not set."""
+
+
+def read_secret(env_name: str, env: Mapping[str, str] | None = None) -> str:
+    """The value of the secret held in environment variable `env_name`."""
+    env = os.environ if env is None else env
+    value = env.get(env_name, "")
+    if not value:
+        raise SecretMissing(f"environment variable {env_name} (a secret) is not set")
+    return value
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WebhookTarget(_Model):
+    """One Feishu custom bot: its webhook URL and (optional) signing secret, both from env."""
+
+    url_env: str
+    secret_env: str | None = None
+
+
+class BotGroup(WebhookTarget):
+    priorities: list[Priority]
+
+
+class FeishuBotSettings(_Model):
+    """Custom bots: one webhook per priority group, overridable per job (`ns/name`)."""
+
+    groups: dict[str, BotGroup] = Field(default_factory=dict)
+    jobs: dict[str, WebhookTarget] = Field(default_factory=dict)
+    max_wait_s: float = 2.0
+    timeout_s: float = 10.0
+
+    @model_validator(mode="after")
+    def _one_group_per_priority(self) -> FeishuBotSettings:
+        seen: dict[Priority, str] = {}
+        for name, group in self.groups.items():
+            for priority in group.priorities:
+                if priority in seen:
+                    raise ValueError(f"{priority} is in bot groups {seen[priority]} and {name}")
+                seen[priority] = name
+        return self
+
+
+class FeishuCallbackSettings(_Model):
+    """Card action callbacks (request URL configured in the Feishu developer console)."""
+
+    path: str = "/api/v1/feishu/card"
+    verification_token_env: str = "FEISHU_VERIFICATION_TOKEN"
+    encrypt_key_env: str | None = None
+    max_skew_s: int = 300
+
+
+class FeishuAppSettings(_Model):
+    base_url: str = "https://open.feishu.cn"
+    app_id: str
+    app_secret_env: str = "FEISHU_APP_SECRET"
+    # Chats that receive cards via the app, per priority group (like the bot groups).
+    chats: dict[str, list[Priority]] = Field(default_factory=dict)
+    callback: FeishuCallbackSettings | None = None
+    timeout_s: float = 10.0
+
+
+class FeishuSheetSettings(_Model):
+    spreadsheet_token: str
+    sheet_title_format: str = "alerts-%Y-%m"
+    batch_window_s: float = 0.5
+    max_rows_per_call: int = Field(default=500, ge=1, le=5000)
+
+
+class PersonSettings(_Model):
+    name: str
+    phone: str = ""
+    feishu_open_id: str = ""
+    email: str = ""
+
+    def person(self) -> Person:
+        return Person(self.name, self.phone, self.feishu_open_id, self.email)
+
+
+class LayerSettings(_Model):
+    name: str
+    members: list[PersonSettings]
+    rotation_start: datetime | None = None
+    shift_hours: float | None = Field(default=None, gt=0)
+
+    def layer(self) -> Layer:
+        start = self.rotation_start
+        if start is not None and start.tzinfo is None:
+            start = start.replace(tzinfo=UTC)
+        shift = timedelta(hours=self.shift_hours) if self.shift_hours else None
+        return Layer(self.name, tuple(m.person() for m in self.members), start, shift)
+
+
+class EscalationSettings(_Model):
+    min_priority: Priority = Priority.P0
+    ack_timeout_min: float = Field(default=5.0, gt=0)
+    calls_per_layer: int = Field(default=1, ge=1)
+    layers: list[LayerSettings] = Field(default_factory=list)
+
+    def roster(self) -> Roster:
+        return Roster(tuple(layer.layer() for layer in self.layers))
+
+    def policy(self) -> Policy:
+        return Policy(
+            min_priority=self.min_priority,
+            ack_timeout=timedelta(minutes=self.ack_timeout_min),
+            calls_per_layer=self.calls_per_layer,
+        )
+
+
+class TwilioSettings(_Model):
+    base_url: str = "https://api.twilio.com"
+    account_sid: str
+    auth_token_env: str = "TWILIO_AUTH_TOKEN"
+    from_number: str
+    voice_language: str = "en-US"
+
+
+class WebhookPhoneSettings(_Model):
+    """A generic HTTP voice gateway (Aliyun/Tencent style) driven by a JSON body template."""
+
+    url_env: str
+    method: Literal["POST", "PUT"] = "POST"
+    headers: dict[str, str] = Field(default_factory=dict)
+    header_secrets_env: dict[str, str] = Field(default_factory=dict)  # header -> env var
+    body_template: str
+    success_field: str | None = None  # dotted path in the JSON answer, e.g. "Code"
+    success_value: str | None = None
+
+
+class PhoneSettings(_Model):
+    provider: Literal["feishu", "twilio", "webhook"] = "feishu"
+    twilio: TwilioSettings | None = None
+    webhook: WebhookPhoneSettings | None = None
+
+    @model_validator(mode="after")
+    def _provider_configured(self) -> PhoneSettings:
+        if self.provider == "twilio" and self.twilio is None:
+            raise ValueError("phone.provider is twilio but phone.twilio is missing")
+        if self.provider == "webhook" and self.webhook is None:
+            raise ValueError("phone.provider is webhook but phone.webhook is missing")
+        return self
+
+
+class EmailSettings(_Model):
+    host: str
+    port: int = 587
+    security: Literal["starttls", "tls", "none"] = "starttls"
+    username: str | None = None
+    password_env: str | None = None
+    sender: str
+    recipients: dict[str, list[Priority]] = Field(default_factory=dict)  # address -> priorities
+    timeout_s: float = 30.0
+
+
+class AlertmanagerSilenceSettings(_Model):
+    url: str
+    created_by: str = "trainsentry"
+    bearer_token_env: str | None = None
+    match_labels: list[str] | None = None  # None: every label of the alert
+    default_duration_s: int = Field(default=3600, gt=0)
+
+
+class ChannelsSettings(_Model):
+    feishu_bot: FeishuBotSettings | None = None
+    feishu_app: FeishuAppSettings | None = None
+    feishu_sheet: FeishuSheetSettings | None = None
+    phone: PhoneSettings | None = None
+    escalation: EscalationSettings | None = None
+    email: EmailSettings | None = None
+    alertmanager: AlertmanagerSilenceSettings | None = None
