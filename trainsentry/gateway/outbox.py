@@ -119,8 +119,9 @@ class Outbox:
             if sent_any:
                 continue
             self._wakeup.clear()
+            timeout = await self._idle_wait()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), timeout=await self._idle_wait())
+                await asyncio.wait_for(self._wakeup.wait(), timeout=timeout)
 
     async def _idle_wait(self) -> float:
         """Seconds until the next row becomes due (bounded), so retries are not late."""

@@ -1,0 +1,246 @@
+"""The gateway over real HTTP on loopback, on SQLite and the real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import SecretStr
+from webhook_factory import encode, make_alert, make_body
+
+from trainsentry.config import GatewaySettings
+from trainsentry.gateway.app import WEBHOOK_PATH, create_app
+
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture
+async def server(db_url: str, tmp_path: Path) -> AsyncIterator[TestServer]:
+    settings = GatewaySettings(
+        listen="127.0.0.1:0",
+        db=db_url,
+        max_body_bytes=64 * 1024,
+        console_file=tmp_path / "console.jsonl",
+        webhook_token=SecretStr(TOKEN),
+    )
+    test_server = TestServer(create_app(settings), host="127.0.0.1")
+    await test_server.start_server()
+    try:
+        yield test_server
+    finally:
+        await test_server.close()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as session:
+        yield session
+
+
+async def post(http: aiohttp.ClientSession, server: TestServer, raw: bytes) -> tuple[int, dict]:
+    async with http.post(server.make_url(WEBHOOK_PATH), data=raw) as response:
+        return response.status, await response.json()
+
+
+async def test_same_body_three_times_is_one_occurrence_each(
+    server: TestServer, http: aiohttp.ClientSession
+) -> None:
+    raw = encode(make_body([make_alert(i) for i in range(10)]))
+    answers = [await post(http, server, raw) for _ in range(3)]
+    assert [status for status, _ in answers] == [200, 200, 200]
+    assert [a["new"] for _, a in answers] == [10, 0, 0]
+    assert [a["replay"] for _, a in answers] == [False, True, True]
+    async with http.get(server.make_url("/api/v1/alerts?limit=1000")) as response:
+        items = (await response.json())["items"]
+    assert len(items) == 10
+    assert len({item["fingerprint"] for item in items}) == 10
+
+
+async def test_answers_for_bad_requests(server: TestServer, http: aiohttp.ClientSession) -> None:
+    url = server.make_url(WEBHOOK_PATH)
+    body = encode(make_body([make_alert(1)]))
+    async with aiohttp.ClientSession() as anonymous, anonymous.post(url, data=body) as response:
+        assert response.status == 401
+        assert response.headers["WWW-Authenticate"].startswith("Bearer")
+    wrong_token = {"Authorization": "Bearer wrong"}
+    async with aiohttp.ClientSession(headers=wrong_token) as wrong, wrong.post(url, data=body) as r:
+        assert r.status == 401
+    status, answer = await post(http, server, b"not json")
+    assert status == 400 and "invalid JSON" in answer["error"]
+    status, answer = await post(http, server, json.dumps({"version": "4"}).encode())
+    assert status == 400 and any("alerts" in d for d in answer["details"])
+    huge = encode(make_body([make_alert(i) for i in range(1000)]))
+    assert len(huge) > 64 * 1024
+    status, answer = await post(http, server, huge)
+    assert status == 413 and "larger" in answer["error"]
+
+    # chunked upload without Content-Length is capped too
+    async def chunks() -> AsyncIterator[bytes]:
+        for start in range(0, len(huge), 4096):
+            yield huge[start : start + 4096]
+
+    async with http.post(url, data=chunks()) as response:
+        assert response.status == 413
+    # nothing of the rejected bodies was stored
+    async with http.get(server.make_url("/api/v1/alerts")) as response:
+        assert (await response.json())["items"] == []
+
+
+async def test_read_api_filters_and_pages(server: TestServer, http: aiohttp.ClientSession) -> None:
+    alerts = [make_alert(i, labels={"priority": "P0" if i % 3 == 0 else "P2"}) for i in range(1, 8)]
+    alerts.append(make_alert(20, labels={"trainingjob": "other"}))
+    await post(http, server, encode(make_body(alerts)))
+    await post(
+        http,
+        server,
+        encode(make_body([make_alert(1, status="resolved", labels={"priority": "P2"})])),
+    )
+
+    async def get(query: str) -> dict:
+        async with http.get(server.make_url(f"/api/v1/alerts?{query}")) as response:
+            assert response.status == 200, await response.text()
+            return await response.json()
+
+    assert {i["labels"]["node"] for i in (await get("priority=P0"))["items"]} == {
+        "gpu-0003",
+        "gpu-0006",
+    }
+    assert [i["id"] for i in (await get("status=resolved"))["items"]] == [1]
+    assert len((await get("job=other"))["items"]) == 1
+    assert len((await get("job=ml/llama-70b"))["items"]) == 7
+    page1 = await get("limit=3")
+    page2 = await get(f"limit=3&before={page1['next_before']}")
+    ids = [i["id"] for i in page1["items"] + page2["items"]]
+    assert ids == sorted(ids, reverse=True) and len(set(ids)) == 6
+    for bad in ("status=maybe", "priority=P9", "limit=0", "limit=x", "before=-1"):
+        async with http.get(server.make_url(f"/api/v1/alerts?{bad}")) as response:
+            assert response.status == 400, bad
+    async with http.get(server.make_url("/api/v1/alerts/1")) as response:
+        detail = await response.json()
+    assert [e["kind"] for e in detail["events"]] == ["firing", "resolved"]
+    async with http.get(server.make_url("/api/v1/alerts/999")) as response:
+        assert response.status == 404
+
+
+async def test_console_notifications_are_recorded_and_sent(
+    server: TestServer, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    import asyncio
+
+    await post(http, server, encode(make_body([make_alert(1), make_alert(2)])))
+    await post(http, server, encode(make_body([make_alert(1, status="resolved")])))
+    await post(http, server, encode(make_body([make_alert(1, status="resolved")])))  # replay
+    for _ in range(100):
+        async with http.get(server.make_url("/api/v1/notifications?status=sent")) as response:
+            items = (await response.json())["items"]
+        if len(items) == 3:
+            break
+        await asyncio.sleep(0.05)
+    assert sorted(i["kind"] for i in items) == ["firing", "firing", "resolved"]
+    lines = (tmp_path / "console.jsonl").read_text().splitlines()
+    assert len(lines) == 3
+    assert "RESOLVED GPUXidError" in json.loads(lines[-1])["text"]
+
+
+async def test_health_ready_and_metrics(server: TestServer, http: aiohttp.ClientSession) -> None:
+    await post(http, server, encode(make_body([make_alert(1)])))
+    await post(http, server, encode(make_body([make_alert(1)])))
+    await post(http, server, b"[")
+    async with http.get(server.make_url("/healthz")) as response:
+        assert response.status == 200
+    async with http.get(server.make_url("/readyz")) as response:
+        assert response.status == 200
+    async with http.get(server.make_url("/metrics")) as response:
+        text = await response.text()
+        assert response.headers["Content-Type"].startswith("text/plain")
+    assert 'trainsentry_webhook_receipts_total{outcome="stored"} 1.0' in text
+    assert 'trainsentry_webhook_receipts_total{outcome="replay"} 1.0' in text
+    assert 'trainsentry_webhook_receipts_total{outcome="rejected"} 1.0' in text
+    assert "trainsentry_alerts_duplicate_total 1.0" in text
+    assert "trainsentry_intake_latency_seconds_count 2.0" in text
+    assert "trainsentry_outbox_oldest_pending_age_seconds" in text
+
+
+fuzz_bodies = st.one_of(
+    st.binary(max_size=2048),
+    st.builds(
+        lambda alerts, status: json.dumps(
+            {"version": "4", "status": status, "alerts": alerts}
+        ).encode(),
+        st.lists(
+            st.dictionaries(
+                st.sampled_from(["status", "labels", "startsAt", "endsAt", "fingerprint", "x"]),
+                st.one_of(
+                    st.text(max_size=10),
+                    st.integers(),
+                    st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3),
+                    st.sampled_from(["firing", "resolved", "2026-11-20T03:00:00Z"]),
+                ),
+            ),
+            max_size=4,
+        ),
+        st.sampled_from(["firing", "resolved", "x"]),
+    ),
+)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+async def test_fuzzed_bodies_never_get_a_5xx(
+    server: TestServer, http: aiohttp.ClientSession
+) -> None:
+    statuses: list[int] = []
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(fuzz_bodies)
+    def one(raw: bytes) -> None:
+        statuses.append(raw_status(raw))
+
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+
+    def raw_status(raw: bytes) -> int:
+        async def send() -> int:
+            async with http.post(server.make_url(WEBHOOK_PATH), data=raw) as response:
+                await response.read()
+                return response.status
+
+        return asyncio.run_coroutine_threadsafe(send(), loop).result(timeout=30)
+
+    await asyncio.to_thread(one)
+    assert statuses and all(status < 500 for status in statuses), sorted(set(statuses))
+    assert any(status == 400 for status in statuses)
+    async with http.get(server.make_url("/healthz")) as response:
+        assert response.status == 200
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+async def test_store_outage_answers_503_then_recovers(
+    server: TestServer, http: aiohttp.ClientSession, db_url: str
+) -> None:
+    """PostgreSQL stops accepting connections: 503 (Alertmanager retries), never a 500."""
+    import asyncpg
+
+    name = db_url.rsplit("/", 1)[1]
+    admin = await asyncpg.connect(db_url.rsplit("/", 1)[0] + "/test")
+    try:
+        await admin.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
+        await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", name
+        )
+        status, answer = await post(http, server, encode(make_body([make_alert(1)])))
+        assert status == 503 and "retry" in answer["error"]
+        async with http.get(server.make_url("/readyz")) as response:
+            assert response.status == 503
+        await admin.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
+        status, answer = await post(http, server, encode(make_body([make_alert(1)])))
+        assert status == 200 and answer["new"] == 1
+    finally:
+        await admin.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
+        await admin.close()
