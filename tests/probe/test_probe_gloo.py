@@ -1,0 +1,98 @@
+"""A real 4-rank gloo job with the probe: one rank stops before a collective.
+
+The other ranks' probes (scraped over real HTTP) show the collective in flight and growing
+seconds since the last completion; the stalled rank shows the lower enqueued sequence.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from tests.probe.harness import TOKEN, GlooJob, scrape, value
+
+pytestmark = [pytest.mark.torch, pytest.mark.e2e]
+torch = pytest.importorskip("torch")
+
+WORLD = 4
+STALL_RANK = 2
+STALL_STEP = 5
+P = "trainsentry_probe_"
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str, job: GlooJob) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}\n{job.output()}")
+
+
+def test_stalled_rank_shows_in_probe_metrics_and_dump(gloo_job: Callable[..., GlooJob]) -> None:
+    job = gloo_job(WORLD, STALL_RANK=str(STALL_RANK), STALL_STEP=str(STALL_STEP))
+    peers = [r for r in range(WORLD) if r != STALL_RANK]
+
+    def peers_waiting() -> bool:
+        for rank in peers:
+            s = scrape(job.ports[rank])
+            age = value(s, P + "inflight_seconds", rank=str(rank), pg="0")
+            if age is None or age < 2.0:
+                return False
+        return True
+
+    wait_for(peers_waiting, 60, "peers to wait >2 s in a collective", job)
+
+    stalled = scrape(job.ports[STALL_RANK])
+    stalled_enqueued = value(stalled, P + "last_enqueued_seq", pg="0")
+    assert stalled_enqueued is not None
+    # Each step all-reduces 2 gradients on the default group before the stall.
+    assert stalled_enqueued == 2 * STALL_STEP
+    assert value(stalled, P + "inflight_seq", pg="0") == -1
+    assert value(stalled, P + "step") == STALL_STEP
+    assert value(stalled, P + "healthy") == 1
+
+    for rank in peers:
+        s = scrape(job.ports[rank])
+        labels = {"rank": str(rank), "pg": "0", "trainingjob": "llama", "namespace": "team-a"}
+        assert value(s, P + "last_enqueued_seq", **labels) == stalled_enqueued + 1
+        assert value(s, P + "last_completed_seq", **labels) == stalled_enqueued
+        assert value(s, P + "inflight_seq", **labels) == stalled_enqueued + 1
+        assert value(s, P + "inflight_info", op="all_reduce", **labels) == 1
+        since = value(s, P + "seconds_since_last_completion", **labels)
+        assert since is not None and since >= 2.0
+        assert value(s, P + "node", **labels) is None  # node is a label, not a metric
+        assert value(s, P + "info", node=f"node-{rank // 2}", world_size=str(WORLD)) == 1
+        # The named sub-group carries its description.
+        assert value(s, P + "last_completed_seq", pg_desc="tp-0") == STALL_STEP
+        waited = value(s, P + "collective_wait_seconds_total", pg="0", rank=str(rank))
+        assert waited is not None and waited > 1.0
+
+    # /dump: bearer token required, then a valid Flight Recorder JSON.
+    url = f"http://127.0.0.1:{job.ports[0]}/dump"
+    assert httpx.get(url, timeout=5).status_code == 401
+    assert httpx.get(url, headers={"Authorization": "Bearer wrong"}, timeout=5).status_code == 401
+    response = httpx.get(url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
+    assert response.status_code == 200
+    assert response.headers["X-Trainsentry-Rank"] == "0"
+    assert response.headers["X-Trainsentry-Pod"] == "llama-w-0"
+    dump = json.loads(response.content)
+    assert {"entries", "pg_status", "version"} <= set(dump)
+    assert dump["pg_status"]["0"]["last_enqueued_collective"] == str(int(stalled_enqueued + 1))
+    last = max(
+        (e for e in dump["entries"] if e["process_group"][0] == "0"),
+        key=lambda e: e["collective_seq_id"],
+    )
+    assert last["profiling_name"].endswith("all_reduce")
+    assert last["retired"] is False
+
+    status = httpx.get(f"http://127.0.0.1:{job.ports[1]}/status", timeout=5).json()
+    assert status["rank"] == 1 and status["healthy"] is True
+    assert status["process_groups"]["0"]["in_flight"]["seq"] == stalled_enqueued + 1

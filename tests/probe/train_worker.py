@@ -1,0 +1,58 @@
+"""A tiny gloo training loop run by the probe tests (one process per rank).
+
+Run through the launcher hook: `TRAINSENTRY_PROBE=1 python -m trainsentry.probe.launch
+train_worker.py`. Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, plus
+  PORT_DIR     the rank writes its probe port to PORT_DIR/port.<rank>
+  STALL_RANK   this rank stops before the collective of step STALL_STEP (-1: nobody)
+  STALL_STEP   the step at which STALL_RANK stops
+  STEPS        steps to run (default: forever, until killed)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import trainsentry.probe
+
+
+def main() -> None:
+    rank = int(os.environ["RANK"])
+    stall_rank = int(os.environ.get("STALL_RANK", "-1"))
+    stall_step = int(os.environ.get("STALL_STEP", "5"))
+    steps = int(os.environ.get("STEPS", "0")) or 10**9
+    dist.init_process_group("gloo")
+    tp = dist.new_group(list(range(dist.get_world_size())), group_desc="tp-0")
+    probe = trainsentry.probe.current()
+    port_dir = Path(os.environ["PORT_DIR"])
+    tmp = port_dir / f".port.{rank}"
+    tmp.write_text(str(probe.port if probe is not None else -1))
+    tmp.rename(port_dir / f"port.{rank}")
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.randn(8, 16)
+    for step in range(steps):
+        loss = model(data).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        if rank == stall_rank and step == stall_step:
+            while True:  # this rank never enters the collective; the others wait in it
+                time.sleep(1)
+        for param in model.parameters():
+            assert param.grad is not None
+            dist.all_reduce(param.grad)
+        dist.all_reduce(loss.detach(), group=tp)
+        opt.step()
+        trainsentry.probe.step()
+        time.sleep(0.02)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

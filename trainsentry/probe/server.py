@@ -1,0 +1,144 @@
+"""The probe's HTTP endpoint inside a training process.
+
+A stdlib `ThreadingHTTPServer` on a daemon thread: the training process has no event loop
+of ours, and a thread cannot stall the training loop. Endpoints:
+
+    GET /metrics   Prometheus text from the probe's private registry
+    GET /healthz   "ok"
+    GET /status    identity and progress summary as JSON (no secrets)
+    GET /dump      the current Flight Recorder dump (JSON); needs `Authorization: Bearer <token>`
+    GET /ras       the last NCCL RAS snapshot (JSON, rank 0); needs the bearer token
+
+Without a configured token /dump and /ras answer 403: a dump shows tensor shapes and call
+sites, so it is never served unauthenticated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger("trainsentry.probe")
+
+
+@dataclass
+class Endpoints:
+    """What the server serves; callables so the server holds no probe state."""
+
+    registry: CollectorRegistry
+    status: Callable[[], dict[str, Any]]
+    dump: Callable[[], bytes]
+    ras: Callable[[], dict[str, Any] | None]
+    token: str | None
+    identity_headers: dict[str, str]
+
+
+def bearer_ok(header: str | None, token: str | None) -> bool:
+    """True when `header` is `Bearer <token>` for the configured token (constant time)."""
+    if not token or not header:
+        return False
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(value.strip().encode(), token.encode())
+
+
+def _handler(endpoints: Endpoints) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "trainsentry-probe"
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("event=http_request %s", format % args)
+
+        def _send(self, code: int, body: bytes, content_type: str, extra: bool = False) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            if extra:
+                for key, value in endpoints.identity_headers.items():
+                    self.send_header(key, value)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def _json(self, code: int, payload: Any, extra: bool = False) -> None:
+            self._send(code, json.dumps(payload).encode(), "application/json", extra)
+
+        def _authorized(self) -> bool:
+            if not endpoints.token:
+                self._json(403, {"error": "disabled: no probe token configured"})
+                return False
+            if not bearer_ok(self.headers.get("Authorization"), endpoints.token):
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Bearer realm="trainsentry-probe"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return False
+            return True
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            try:
+                if path == "/metrics":
+                    self._send(200, generate_latest(endpoints.registry), CONTENT_TYPE_LATEST)
+                elif path == "/healthz":
+                    self._send(200, b"ok\n", "text/plain; charset=utf-8")
+                elif path == "/status":
+                    self._json(200, endpoints.status(), extra=True)
+                elif path == "/dump":
+                    if self._authorized():
+                        self._send(200, endpoints.dump(), "application/json", extra=True)
+                elif path == "/ras":
+                    if self._authorized():
+                        snapshot = endpoints.ras()
+                        if snapshot is None:
+                            self._json(404, {"error": "no RAS snapshot on this rank"}, True)
+                        else:
+                            self._json(200, snapshot, extra=True)
+                else:
+                    self._json(404, {"error": "not found"})
+            except Exception as exc:  # the probe must never take the process down
+                log.warning("event=probe_http_error path=%s error=%r", path, exc)
+                with contextlib.suppress(OSError):
+                    self._json(500, {"error": type(exc).__name__})
+
+        do_HEAD = do_GET
+
+    return Handler
+
+
+class ProbeServer:
+    """Owns the listening socket and its thread."""
+
+    def __init__(self, endpoints: Endpoints, bind: str, port: int) -> None:
+        self._httpd = ThreadingHTTPServer((bind, port), _handler(endpoints))
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.5},
+            name="trainsentry-probe-http",
+            daemon=True,
+        )
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
