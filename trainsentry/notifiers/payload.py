@@ -3,6 +3,8 @@
 The policy writes `NotificationDraft.payload` as a plain JSON dict; every channel reads it
 through `parse_payload`, which checks it against the TypedDicts below. Only `priority` and
 `status` are required; everything else is optional and a card/row simply leaves it out.
+Keys not listed here are accepted and dropped, so the policy can add fields first and the
+channels pick them up later.
 
 Notification kinds (`OutboundNotification.kind`) the channels understand:
 - ``alert``: one alert occurrence changed (firing or resolved). Uses the alert fields.
@@ -34,6 +36,9 @@ class StormItem(TypedDict, total=False):
     gpu: str
     rank: str
     summary: str
+    status: StatusName
+    fingerprint: str
+    at: str  # ISO 8601
 
 
 class StormSummary(TypedDict):
@@ -44,6 +49,14 @@ class StormSummary(TypedDict):
     by_node: NotRequired[dict[str, int]]
     items: NotRequired[list[StormItem]]
     window_s: NotRequired[int]  # how long the storm has been collected
+    firing: NotRequired[int]
+    resolved: NotRequired[int]
+    by_priority: NotRequired[dict[str, int]]
+    by_gpu: NotRequired[dict[str, int]]
+    job: NotRequired[str]
+    start: NotRequired[str]  # ISO 8601
+    end: NotRequired[str]
+    list_url: NotRequired[str]  # where the full list of the storm's alerts can be seen
 
 
 class NotificationPayload(TypedDict):
@@ -68,6 +81,16 @@ class NotificationPayload(TypedDict):
     silenced_until: NotRequired[str]  # ISO 8601
     storm: NotRequired[StormSummary]
     diagnosis: NotRequired[str]  # one-line verdict of the hang analyzer, if any
+    # Written by the policy (gateway/decide.py); channels may show them.
+    event: NotRequired[str]  # new | recurrence | flapping | resolved | started | summary | ended
+    job: NotRequired[str]  # "namespace/name" of the training job
+    rule_ids: NotRequired[list[str]]
+    route: NotRequired[str]
+    recurrences: NotRequired[int]
+    flap_transitions: NotRequired[int]
+    expired: NotRequired[bool]
+    held_until: NotRequired[str]
+    at: NotRequired[str]  # when the policy decided (ISO 8601)
 
 
 _ADAPTER: TypeAdapter[NotificationPayload] = TypeAdapter(NotificationPayload)
@@ -104,7 +127,9 @@ def alertname(payload: NotificationPayload) -> str:
 
 
 def job_of(payload: NotificationPayload) -> str:
-    """`namespace/name` of the training job, or "" when the labels do not say."""
+    """`namespace/name` of the training job, or "" when the payload does not say."""
+    if payload.get("job"):
+        return payload.get("job", "")
     name = label(payload, "trainingjob", "job_name")
     if not name:
         return ""

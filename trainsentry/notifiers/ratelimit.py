@@ -27,6 +27,11 @@ class RateLimit:
         return RateLimit(self.count, self.per_seconds * factor)
 
 
+def as_pairs(limits: Sequence[RateLimit]) -> list[tuple[int, float]]:
+    """The `(count, seconds)` form the outbox's `rate_limits` mapping takes."""
+    return [(limit.count, limit.per_seconds) for limit in limits]
+
+
 def scale_limits(limits: Sequence[RateLimit], factor: float) -> tuple[RateLimit, ...]:
     return tuple(limit.scaled(factor) for limit in limits)
 

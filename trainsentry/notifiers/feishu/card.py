@@ -361,6 +361,8 @@ def storm_card(
         head = f"**{total} alerts** folded into this card"
         if storm.get("window_s"):
             head += f" over {duration_words(storm.get('window_s', 0))}"
+        if "firing" in storm or "resolved" in storm:
+            head += f" ({storm.get('firing', 0)} firing, {storm.get('resolved', 0)} resolved)"
         if payload.get("reason"):
             head += f"\n**Reason:** {escape_md(clip(payload.get('reason', ''), 300))}"
         elements.append(_markdown(head))
@@ -368,6 +370,9 @@ def storm_card(
             elements.append(_markdown(_counts_block("By alert", by_name, limit)))
         if by_node:
             elements.append(_markdown(_counts_block("By node", by_node, limit)))
+        by_gpu = storm.get("by_gpu") or {}
+        if by_gpu:
+            elements.append(_markdown(_counts_block("By GPU", by_gpu, limit)))
         if items:
             lines = [_storm_item_line(item) for item in items[:limit]]
             cut = total - min(limit, len(items))
@@ -375,13 +380,15 @@ def storm_card(
                 lines.append(f"- … {cut} more alerts not shown")
             elements.append(_markdown("**Alerts**\n" + "\n".join(lines)))
         elements.extend(_links(payload))
+        if storm.get("list_url"):
+            elements.append(_button_row([_link_button("All alerts", storm.get("list_url", ""))]))
         elements.append({"tag": "hr"})
         elements.append(
             _markdown(f"<font color='grey'>{escape_md(options.product)} · storm</font>")
         )
         return _card(title, header_template(payload), elements, title)
 
-    largest = max(len(items), len(by_name), len(by_node))
+    largest = max(len(items), len(by_name), len(by_node), len(storm.get("by_gpu") or {}))
     return _fit(build, largest, options.max_bytes)
 
 
