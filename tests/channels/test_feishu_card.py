@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-
 from contract.feishu_server import card_problems
+
 from trainsentry.alerts import Alert, AlertStatus, Priority
 from trainsentry.gateway.policy import load_policy
 from trainsentry.gateway.storm import StormEntry, build_summary
@@ -75,7 +75,7 @@ def test_alert_card_has_the_fields_people_need() -> None:
         b["behaviors"][0]["value"]
         for b in _buttons(card)
         if b["behaviors"][0]["type"] == "callback"
-    ]  # noqa: E501
+    ]
     assert {"action": "ack", "alert_id": 42} in callbacks
     assert {"action": "silence", "alert_id": 42, "duration_s": 3600} in callbacks
 
@@ -162,12 +162,12 @@ def test_storm_of_2000_from_the_policy_fits_20kb() -> None:
     assert "more alerts not shown" in text
     [by_node] = [
         e["content"] for e in card["body"]["elements"] if "**By node**" in e.get("content", "")
-    ]  # noqa: E501
+    ]
     counts = [int(line.rsplit(": ", 1)[1]) for line in by_node.splitlines()[1:] if ": " in line]
     assert sum(counts) == 2000  # the policy folds the tail into "(other)"; nothing lost
     [listed] = [
         e["content"] for e in card["body"]["elements"] if "**Alerts**" in e.get("content", "")
-    ]  # noqa: E501
+    ]
     shown = listed.count("\n- P0")
     cut = int(listed.rsplit("- … ", 1)[1].split(" ")[0])
     assert shown == len(summary["items"]) and shown + cut == 2000
