@@ -1,0 +1,139 @@
+"""A real Alertmanager posts to the real gateway process: alerts arrive, are stored, resolve."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gateway_process import start_gateway
+from realservers import logs_on_error, start_alertmanager
+
+pytestmark = pytest.mark.e2e
+TOKEN = "am-token-123"
+
+
+def http_json(url: str, data: Any = None, token: str | None = None) -> Any:
+    request = urllib.request.Request(url, method="POST" if data is not None else "GET")
+    request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    body = json.dumps(data).encode() if data is not None else None
+    with urllib.request.urlopen(request, body, timeout=10) as response:
+        raw = response.read()
+    return json.loads(raw) if raw else None
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def am_config(gateway_url: str, group_interval: str = "1s") -> dict[str, Any]:
+    return {
+        "route": {
+            "receiver": "trainsentry",
+            "group_by": ["alertname", "trainingjob"],
+            "group_wait": "0s",
+            "group_interval": group_interval,
+            "repeat_interval": "1s",
+        },
+        "receivers": [
+            {
+                "name": "trainsentry",
+                "webhook_configs": [
+                    {
+                        "url": f"{gateway_url}/api/v1/alertmanager",
+                        "send_resolved": True,
+                        "http_config": {"authorization": {"type": "Bearer", "credentials": TOKEN}},
+                    }
+                ],
+            }
+        ],
+    }
+
+
+def post_am_alerts(am_url: str, alerts: list[dict[str, Any]]) -> None:
+    http_json(f"{am_url}/api/v2/alerts", alerts)
+
+
+def am_alert(node: str, ends_at: datetime | None = None) -> dict[str, Any]:
+    now = datetime.now(UTC)
+    alert: dict[str, Any] = {
+        "labels": {
+            "alertname": "DCGMXidFellOffBus",
+            "priority": "P0",
+            "trainingjob": "llama",
+            "namespace": "ml",
+            "node": node,
+        },
+        "annotations": {"summary": f"GPU fell off the bus on {node}"},
+        "startsAt": (now - timedelta(seconds=30)).isoformat(),
+    }
+    if ends_at is not None:
+        alert["endsAt"] = ends_at.isoformat()
+    return alert
+
+
+def test_alertmanager_delivers_stores_and_resolves(tmp_path: Path, db_url: str) -> None:
+    console = tmp_path / "console.jsonl"
+    with start_gateway(tmp_path, db_url, token=TOKEN, console_file=console) as gateway:
+        with start_alertmanager(tmp_path, am_config(gateway.url)) as am, logs_on_error(am, gateway):
+            post_am_alerts(am.url, [am_alert("gpu-01"), am_alert("gpu-02")])
+
+            def stored(status: str) -> list[dict[str, Any]] | None:
+                items = http_json(f"{gateway.url}/api/v1/alerts?status={status}", token=TOKEN)[
+                    "items"
+                ]
+                return items if len(items) == 2 else None
+
+            firing = wait_for(lambda: stored("firing"), 20, "two firing alerts")
+            assert {a["labels"]["node"] for a in firing} == {"gpu-01", "gpu-02"}
+            assert {a["priority"] for a in firing} == {"P0"}
+            now = datetime.now(UTC)
+            post_am_alerts(am.url, [am_alert(n, ends_at=now) for n in ("gpu-01", "gpu-02")])
+            resolved = wait_for(lambda: stored("resolved"), 20, "two resolved alerts")
+            assert all(a["resolved_at"] for a in resolved)
+            ids = {a["id"] for a in resolved}
+            assert ids == {a["id"] for a in firing}  # the same occurrences, now resolved
+            lines = wait_for(
+                lambda: (lambda ls: ls if len(ls) == 4 else None)(
+                    console.read_text().splitlines() if console.exists() else []
+                ),
+                10,
+                "four console notifications",
+            )
+            kinds = sorted(json.loads(line)["kind"] for line in lines)
+            assert kinds == ["firing", "firing", "resolved", "resolved"]
+
+
+def test_unchanged_alert_repeated_by_alertmanager_notifies_once(tmp_path: Path) -> None:
+    """group_interval 1s + repeat_interval 1s: Alertmanager re-sends the same firing alert
+    every second; the gateway stores one occurrence and sends one notification."""
+    db_url = f"sqlite:///{tmp_path / 'store.db'}"
+    with start_gateway(tmp_path, db_url, token=TOKEN) as gateway:
+        with start_alertmanager(tmp_path, am_config(gateway.url)) as am, logs_on_error(am, gateway):
+            post_am_alerts(am.url, [am_alert("gpu-07")])
+
+            def receipts() -> float:
+                text = urllib.request.urlopen(f"{gateway.url}/metrics", timeout=5).read().decode()
+                total = 0.0
+                for line in text.splitlines():
+                    if line.startswith("trainsentry_webhook_receipts_total{"):
+                        total += float(line.rsplit(" ", 1)[1])
+                return total
+
+            wait_for(lambda: receipts() >= 4, 30, "Alertmanager to repeat the notification")
+            items = http_json(f"{gateway.url}/api/v1/alerts", token=TOKEN)["items"]
+            assert len(items) == 1
+            sent = http_json(f"{gateway.url}/api/v1/notifications", token=TOKEN)["items"]
+            assert [n["kind"] for n in sent] == ["firing"]
