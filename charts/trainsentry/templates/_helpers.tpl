@@ -1,0 +1,179 @@
+{{/* Names, labels, image and shared pod settings. */}}
+
+{{- define "trainsentry.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* <release>-<chart>, or the release name alone when it already contains the chart name. */}}
+{{- define "trainsentry.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "trainsentry.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Resource name of a component: (dict "ctx" $ "component" "gateway") */}}
+{{- define "trainsentry.componentName" -}}
+{{- printf "%s-%s" (include "trainsentry.fullname" .ctx) .component | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "trainsentry.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "trainsentry.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Labels of every object: (dict "ctx" $ "component" "gateway") */}}
+{{- define "trainsentry.labels" -}}
+{{ include "trainsentry.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: trainsentry
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+" "_" }}
+{{- with .ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "trainsentry.image" -}}
+{{- $image := .Values.image -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $image.repository $image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $image.repository (default .Chart.AppVersion $image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "trainsentry.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ if kindIs "string" . }}{{ . }}{{ else }}{{ .name }}{{ end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Pod security context of our own (non-exporter) pods. */}}
+{{- define "trainsentry.podSecurityContext" -}}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 10001
+  runAsGroup: 10001
+  fsGroup: 10001
+  fsGroupChangePolicy: OnRootMismatch
+  seccompProfile:
+    type: RuntimeDefault
+{{- end -}}
+
+{{/* Container security context: nothing to escalate, nothing to write, no capabilities. */}}
+{{- define "trainsentry.containerSecurityContext" -}}
+securityContext:
+  allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: true
+  runAsNonRoot: true
+  privileged: false
+  capabilities:
+    drop: [ALL]
+  seccompProfile:
+    type: RuntimeDefault
+{{- end -}}
+
+{{/* Scheduling settings shared by the component pods: pass the component's values. */}}
+{{- define "trainsentry.scheduling" -}}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* Environment every trainsentry container gets (python on a read-only root). */}}
+{{- define "trainsentry.baseEnv" -}}
+- name: HOME
+  value: /tmp
+- name: PYTHONDONTWRITEBYTECODE
+  value: "1"
+- name: PYTHONUNBUFFERED
+  value: "1"
+- name: MPLCONFIGDIR
+  value: /tmp/matplotlib
+{{- end -}}
+
+{{/* Secret names. */}}
+{{- define "trainsentry.authSecretName" -}}
+{{- default (include "trainsentry.componentName" (dict "ctx" . "component" "gateway-auth")) .Values.gateway.auth.existingSecret -}}
+{{- end -}}
+
+{{- define "trainsentry.databaseSecretName" -}}
+{{- default (include "trainsentry.componentName" (dict "ctx" . "component" "database")) .Values.gateway.database.postgresql.existingSecret -}}
+{{- end -}}
+
+{{- define "trainsentry.channelsSecretName" -}}
+{{- default (include "trainsentry.componentName" (dict "ctx" . "component" "channels")) .Values.channels.existingSecret -}}
+{{- end -}}
+
+{{- define "trainsentry.sqliteClaimName" -}}
+{{- default (include "trainsentry.componentName" (dict "ctx" . "component" "gateway-data")) .Values.gateway.database.sqlite.existingClaim -}}
+{{- end -}}
+
+{{/* The store: env TRAINSENTRY_DB (a value for SQLite, a Secret reference for PostgreSQL). */}}
+{{- define "trainsentry.databaseEnv" -}}
+- name: TRAINSENTRY_DB
+{{- if eq .Values.gateway.database.type "postgresql" }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "trainsentry.databaseSecretName" . }}
+      key: {{ if .Values.gateway.database.postgresql.existingSecret }}{{ .Values.gateway.database.postgresql.existingSecretKey }}{{ else }}url{{ end }}
+{{- else }}
+  value: sqlite:////var/lib/trainsentry/trainsentry.db
+{{- end }}
+{{- end -}}
+
+{{/* Secrets, config file and channel secrets shared by gateway and report pods. */}}
+{{- define "trainsentry.appEnv" -}}
+{{ include "trainsentry.baseEnv" . }}
+- name: TRAINSENTRY_CONFIG
+  value: /etc/trainsentry/config.yaml
+{{ include "trainsentry.databaseEnv" . }}
+- name: TRAINSENTRY_WEBHOOK_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "trainsentry.authSecretName" . }}
+      key: {{ .Values.gateway.auth.webhookTokenKey }}
+- name: TRAINSENTRY_API_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "trainsentry.authSecretName" . }}
+      key: {{ .Values.gateway.auth.apiTokenKey }}
+{{- end -}}
+
+{{- define "trainsentry.hasChannelSecrets" -}}
+{{- if or .Values.channels.existingSecret .Values.channels.secretEnv }}true{{ end -}}
+{{- end -}}
+
+{{/* Refuse combinations the schema cannot express well; message says what to change. */}}
+{{- define "trainsentry.validate" -}}
+{{- $g := .Values.gateway -}}
+{{- if and (gt (int $g.replicas) 1) (eq $g.database.type "sqlite") -}}
+{{- fail "gateway.replicas > 1 needs gateway.database.type=postgresql: one SQLite file on a ReadWriteOnce volume cannot be shared by several gateways" -}}
+{{- end -}}
+{{- if and (eq $g.database.type "postgresql") (not $g.database.postgresql.existingSecret) (not $g.database.postgresql.url) -}}
+{{- fail "gateway.database.type=postgresql needs gateway.database.postgresql.existingSecret (or .url)" -}}
+{{- end -}}
+{{- end -}}
