@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.probe.harness import GlooJob, launch_job
+from probe.probe_harness import GlooJob, launch_job
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from tests.probe.harness import TOKEN, GlooJob, scrape, value
+from probe.probe_harness import TOKEN, GlooJob, scrape, value
 
 pytestmark = [pytest.mark.torch, pytest.mark.e2e]
 torch = pytest.importorskip("torch")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from tests.probe.harness import free_port
-from tests.probe.ras_server import JSON_REPORT, TEXT_REPORT, FakeRasServer
+from probe.fake_ras_server import JSON_REPORT, TEXT_REPORT, FakeRasServer
+from probe.probe_harness import free_port
 from trainsentry.probe import ras
 
 

@@ -1,0 +1,1 @@
+"""Tests for the training-side probe (trainsentry.probe)."""
