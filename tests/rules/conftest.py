@@ -1,8 +1,0 @@
-"""Makes `tests/realservers.py` importable as `realservers` from this directory's tests."""
-
-import sys
-from pathlib import Path
-
-_TESTS_DIR = str(Path(__file__).resolve().parents[1])
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
