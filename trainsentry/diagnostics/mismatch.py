@@ -1,0 +1,147 @@
+"""Mismatches: ranks of one communicator that disagree about the same sequence number.
+
+For each collective sequence number every member's signature (op, sizes, dtypes; a
+coalesced group as a whole) must be equal. Where they differ, the ranks outside the
+largest agreeing group are the culprits (with two equal-sized groups we cannot tell and
+say so). all_gather / reduce_scatter also need output = input x group size (resp. the
+reverse) on each rank. A state mismatch is an entry left incomplete on a rank while a later
+entry of the same communicator completed there.
+
+Only the first `max_per_comm` mismatching sequence numbers of each communicator are
+detailed (after the first one, the ranks are out of step and later ones follow from it);
+`total` counts all of them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from math import prod
+
+import numpy as np
+
+from trainsentry.diagnostics.model import OpSignature, State, Trace
+
+_GATHER_OPS = frozenset({"all_gather", "_all_gather_base", "all_gather_into_tensor",
+                         "all_gather_single"})
+_SCATTER_OPS = frozenset({"reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor",
+                          "reduce_scatter_single"})
+
+
+@dataclass(frozen=True, slots=True)
+class Mismatch:
+    comm: str
+    seq: int
+    kind: str  # op | size | dtype | state
+    culprit_ranks: tuple[int, ...]
+    expected: str
+    found: str
+    ambiguous: bool = False
+
+
+@dataclass
+class MismatchAnalysis:
+    mismatches: list[Mismatch] = field(default_factory=list)
+    total: int = 0
+
+
+def _numel(sizes: tuple[tuple[int, ...], ...]) -> int:
+    return sum(prod(s) for s in sizes)
+
+
+def size_consistent(sig: OpSignature, group_size: int) -> bool:
+    """all_gather: out = in x n; reduce_scatter: in = out x n (when both sides are known)."""
+    if not sig.input_sizes or not sig.output_sizes:
+        return True
+    n_in, n_out = _numel(sig.input_sizes), _numel(sig.output_sizes)
+    if sig.op in _GATHER_OPS:
+        return n_out == n_in * group_size
+    if sig.op in _SCATTER_OPS:
+        return n_in == n_out * group_size
+    return True
+
+
+def _kind(expected: OpSignature, found: OpSignature) -> str:
+    if expected.op != found.op or len(expected.parts) != len(found.parts):
+        return "op"
+    if expected.parts:
+        for a, b in zip(expected.parts, found.parts, strict=True):
+            if a != b:
+                return _kind(a, b)
+    if expected.input_dtypes != found.input_dtypes or expected.output_dtypes != found.output_dtypes:
+        return "dtype"
+    return "size"
+
+
+def _comm_mismatch_seqs(trace: Trace, comm_id: str) -> np.ndarray:
+    streams = [s for s in trace.streams_of(comm_id) if len(s.seq)]
+    if len(streams) < 2:
+        return np.empty(0, dtype=np.int64)
+    seqs = np.concatenate([s.seq for s in streams])
+    sigs = np.concatenate([s.signature for s in streams])
+    order = np.lexsort((sigs, seqs))
+    seqs, sigs = seqs[order], sigs[order]
+    differs = (seqs[1:] == seqs[:-1]) & (sigs[1:] != sigs[:-1])
+    return np.unique(seqs[1:][differs])
+
+
+def analyze_mismatches(trace: Trace, max_per_comm: int = 3) -> MismatchAnalysis:
+    analysis = MismatchAnalysis()
+    for comm_id, comm in trace.communicators.items():
+        streams = trace.streams_of(comm_id)
+        if len(comm.ranks) < 2 or not streams or any(s.is_p2p for s in streams):
+            continue
+        group_size = len(comm.ranks)
+        bad_seqs = _comm_mismatch_seqs(trace, comm_id)
+        analysis.total += len(bad_seqs)
+        for seq in bad_seqs[:max_per_comm]:
+            per_rank: dict[int, int] = {}
+            for stream in streams:
+                i = int(np.searchsorted(stream.seq, seq))
+                if i < len(stream.seq) and int(stream.seq[i]) == int(seq):
+                    per_rank[stream.rank] = int(stream.signature[i])
+            counts = Counter(per_rank.values()).most_common()
+            majority_id = counts[0][0]
+            tie = len(counts) > 1 and counts[0][1] == counts[1][1]
+            if tie:
+                # Prefer the signature that is internally consistent as the expected one.
+                consistent = [c for c, _ in counts
+                              if size_consistent(trace.signatures[c], group_size)]
+                if len(consistent) == 1:
+                    majority_id, tie = consistent[0], False
+            expected = trace.signatures[majority_id]
+            for sig_id, _count in counts:
+                if sig_id == majority_id:
+                    continue
+                found = trace.signatures[sig_id]
+                culprits = tuple(sorted(r for r, s in per_rank.items() if s == sig_id))
+                analysis.mismatches.append(Mismatch(
+                    comm_id, int(seq), _kind(expected, found), culprits,
+                    expected.describe(), found.describe(), tie,
+                ))
+        # Per-rank size rule, even where all ranks agree on a broken all_gather.
+        for stream in streams:
+            for sig_id in np.unique(stream.signature):
+                sig = trace.signatures[int(sig_id)]
+                if size_consistent(sig, group_size):
+                    continue
+                first = int(stream.seq[np.nonzero(stream.signature == sig_id)[0][0]])
+                if any(m.comm == comm_id and m.seq == first for m in analysis.mismatches):
+                    continue
+                analysis.total += 1
+                analysis.mismatches.append(Mismatch(
+                    comm_id, first, "size", (stream.rank,),
+                    f"{sig.op} with output = input x {group_size}", sig.describe(),
+                ))
+            if len(stream.state) and int(stream.state[0]) != State.UNKNOWN:
+                done = np.nonzero(stream.state == State.COMPLETED)[0]
+                if len(done):
+                    stuck = np.nonzero(stream.state[: done[-1]] != State.COMPLETED)[0]
+                    if len(stuck):
+                        analysis.total += 1
+                        analysis.mismatches.append(Mismatch(
+                            comm_id, int(stream.seq[stuck[0]]), "state", (stream.rank,),
+                            "completed", "incomplete before a completed entry",
+                        ))
+    analysis.mismatches.sort(key=lambda m: (m.kind == "state", m.comm, m.seq))
+    return analysis

@@ -1,0 +1,268 @@
+"""One event model for every trace format the analyzer reads.
+
+Readers turn Flight Recorder dumps, Megatrace logs and NCCL RAS snapshots into a `Trace`.
+Per (communicator, rank) the events are kept as numpy columns (`Stream`), because a
+1,024-rank job with 2,000 entries per rank is two million events: one Python object per
+event would cost gigabytes. `Trace.events()` still yields plain `Event` objects for callers
+that want them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+import numpy.typing as npt
+
+from trainsentry.diagnostics.topology import Topology
+
+IntArray = npt.NDArray[np.int64]
+SmallIntArray = npt.NDArray[np.int8]
+
+
+class State(IntEnum):
+    """How far an operation got, as far as the trace knows."""
+
+    UNKNOWN = -1  # the format records enqueue only (Megatrace)
+    SCHEDULED = 0
+    STARTED = 1
+    COMPLETED = 2
+
+
+P2P_OPS = frozenset({"send", "recv"})
+
+
+@dataclass(frozen=True, slots=True)
+class OpSignature:
+    """What a rank said it was doing at one sequence number; equal signatures match.
+
+    A coalesced group is one signature whose `parts` are the member operations.
+    """
+
+    op: str
+    input_sizes: tuple[tuple[int, ...], ...] = ()
+    output_sizes: tuple[tuple[int, ...], ...] = ()
+    input_dtypes: tuple[str, ...] = ()
+    output_dtypes: tuple[str, ...] = ()
+    parts: tuple[OpSignature, ...] = ()
+
+    def describe(self) -> str:
+        if self.parts:
+            return "coalesced[" + ", ".join(p.describe() for p in self.parts) + "]"
+        sizes = ",".join("x".join(map(str, s)) for s in self.input_sizes)
+        dtypes = ",".join(self.input_dtypes)
+        extra = f" {sizes}" if sizes else ""
+        return f"{self.op}{extra}{' ' + dtypes if dtypes else ''}"
+
+
+class SignatureTable:
+    """Interns signatures so streams can store a small integer per event."""
+
+    def __init__(self) -> None:
+        self._ids: dict[OpSignature, int] = {}
+        self._items: list[OpSignature] = []
+
+    def intern(self, signature: OpSignature) -> int:
+        found = self._ids.get(signature)
+        if found is not None:
+            return found
+        new_id = len(self._items)
+        self._ids[signature] = new_id
+        self._items.append(signature)
+        return new_id
+
+    def __getitem__(self, signature_id: int) -> OpSignature:
+        return self._items[signature_id]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+@dataclass(slots=True)
+class Stream:
+    """All events of one rank on one communicator, sorted by sequence number."""
+
+    rank: int
+    comm: str
+    seq: IntArray
+    time_ns: IntArray
+    signature: IntArray
+    state: SmallIntArray
+    is_p2p: bool = False
+    #: Highest sequence number the rank says it enqueued, even if the entry left the ring
+    #: buffer (Flight Recorder `pg_status.last_enqueued_collective`); -1 if unknown.
+    last_enqueued: int = -1
+    #: For p2p streams: the global peer rank of each event (-1 if unknown).
+    peer: IntArray | None = None
+
+    @property
+    def reached(self) -> int:
+        """The highest sequence number this rank reached on this communicator."""
+        last = int(self.seq[-1]) if len(self.seq) else -1
+        return max(last, self.last_enqueued)
+
+
+@dataclass(frozen=True, slots=True)
+class Communicator:
+    id: str
+    ranks: tuple[int, ...]  # global ranks, sorted
+    desc: str = ""
+    #: True when the membership came from the trace itself (pg_config, groupHash, RAS);
+    #: False when it was reconstructed from timing or from the ranks that showed up.
+    declared: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """Sequence numbers missing from one rank's record (a ring buffer that wrapped)."""
+
+    rank: int
+    comm: str
+    after_seq: int
+    before_seq: int
+
+    @property
+    def missing(self) -> int:
+        return self.before_seq - self.after_seq - 1
+
+
+@dataclass(frozen=True, slots=True)
+class InputError:
+    path: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    rank: int
+    comm: str
+    seq: int
+    op: str
+    input_sizes: tuple[tuple[int, ...], ...]
+    output_sizes: tuple[tuple[int, ...], ...]
+    input_dtypes: tuple[str, ...]
+    output_dtypes: tuple[str, ...]
+    state: State
+    time_ns: int
+    is_p2p: bool
+
+
+@dataclass
+class RasCommunicator:
+    """One communicator as NCCL RAS saw it: operation counts per rank, not operations.
+
+    Ranks are communicator ranks (RAS does not know global ranks). `counts` may be partial
+    (the text output lists only outliers); `majority` is the count most ranks reported.
+    """
+
+    hash: str
+    size: int
+    counts: dict[str, dict[int, int]] = field(default_factory=dict)
+    majority: dict[str, int] = field(default_factory=dict)
+    missing_ranks: tuple[int, ...] = ()
+    dead_ranks: tuple[int, ...] = ()
+    error_ranks: tuple[int, ...] = ()
+
+
+@dataclass
+class Trace:
+    format: str
+    signatures: SignatureTable = field(default_factory=SignatureTable)
+    streams: dict[tuple[str, int], Stream] = field(default_factory=dict)
+    communicators: dict[str, Communicator] = field(default_factory=dict)
+    gaps: list[Gap] = field(default_factory=list)
+    errors: list[InputError] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)
+    ranks_with_data: set[int] = field(default_factory=set)
+    #: When the capture ended: the latest timestamp seen (or the dump files' mtime).
+    capture_end_ns: int = 0
+    topology: Topology | None = None
+    ras: list[RasCommunicator] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def streams_of(self, comm: str) -> list[Stream]:
+        members = self.communicators[comm].ranks
+        return [self.streams[(comm, r)] for r in members if (comm, r) in self.streams]
+
+    def last_activity_ns(self) -> dict[int, int]:
+        """Per rank, the timestamp of its latest event on any communicator."""
+        latest: dict[int, int] = {}
+        for stream in self.streams.values():
+            if len(stream.time_ns):
+                t = int(stream.time_ns.max())
+                if t > latest.get(stream.rank, 0):
+                    latest[stream.rank] = t
+        return latest
+
+    def events(self) -> Iterator[Event]:
+        for stream in self.streams.values():
+            for i in range(len(stream.seq)):
+                sig = self.signatures[int(stream.signature[i])]
+                yield Event(
+                    rank=stream.rank,
+                    comm=stream.comm,
+                    seq=int(stream.seq[i]),
+                    op=sig.op,
+                    input_sizes=sig.input_sizes,
+                    output_sizes=sig.output_sizes,
+                    input_dtypes=sig.input_dtypes,
+                    output_dtypes=sig.output_dtypes,
+                    state=State(int(stream.state[i])),
+                    time_ns=int(stream.time_ns[i]),
+                    is_p2p=stream.is_p2p,
+                )
+
+
+class StreamBuilder:
+    """Collects one stream's events in plain lists, then freezes them into numpy columns."""
+
+    __slots__ = ("comm", "is_p2p", "peer", "rank", "seq", "signature", "state", "time_ns")
+
+    def __init__(self, rank: int, comm: str, is_p2p: bool = False) -> None:
+        self.rank = rank
+        self.comm = comm
+        self.is_p2p = is_p2p
+        self.seq: list[int] = []
+        self.time_ns: list[int] = []
+        self.signature: list[int] = []
+        self.state: list[int] = []
+        self.peer: list[int] = []
+
+    def add(self, seq: int, time_ns: int, signature: int, state: int, peer: int = -1) -> None:
+        self.seq.append(seq)
+        self.time_ns.append(time_ns)
+        self.signature.append(signature)
+        self.state.append(state)
+        self.peer.append(peer)
+
+    def build(self, last_enqueued: int = -1) -> Stream:
+        seq = np.asarray(self.seq, dtype=np.int64)
+        order = np.argsort(seq, kind="stable")
+        if len(order) and not np.all(order[:-1] < order[1:]):
+            seq = seq[order]
+        else:
+            order = np.arange(len(seq))
+        return Stream(
+            rank=self.rank,
+            comm=self.comm,
+            seq=seq,
+            time_ns=np.asarray(self.time_ns, dtype=np.int64)[order],
+            signature=np.asarray(self.signature, dtype=np.int64)[order],
+            state=np.asarray(self.state, dtype=np.int8)[order],
+            is_p2p=self.is_p2p,
+            last_enqueued=last_enqueued,
+            peer=np.asarray(self.peer, dtype=np.int64)[order] if self.is_p2p else None,
+        )
+
+
+def find_gaps(stream: Stream) -> list[Gap]:
+    """Jumps of more than one in a stream's sequence numbers (repeats are coalesced ops)."""
+    if len(stream.seq) < 2:
+        return []
+    diffs = np.diff(stream.seq)
+    where = np.nonzero(diffs > 1)[0]
+    return [
+        Gap(stream.rank, stream.comm, int(stream.seq[i]), int(stream.seq[i + 1])) for i in where
+    ]

@@ -1,0 +1,124 @@
+"""The analyzer's result: one verdict plus the evidence, as data and as JSON."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainsentry.diagnostics.hang import CommHang, HangAnalysis
+from trainsentry.diagnostics.mismatch import MismatchAnalysis
+from trainsentry.diagnostics.model import Gap, InputError
+from trainsentry.diagnostics.slow import SlowAnalysis, SlowRank
+from trainsentry.diagnostics.topology import Topology
+
+VERDICTS = ("ok", "hang", "mismatch", "slow")
+MAX_GAPS_LISTED = 100
+
+
+def _hang_dict(hang: CommHang, analysis: HangAnalysis | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "communicator": hang.comm,
+        "description": hang.desc,
+        "op": hang.op,
+        "seq": hang.seq,
+        "missing_ranks": list(hang.missing_ranks),
+        "ranks_without_dump": list(hang.no_dump_ranks),
+        "arrived_count": len(hang.arrived_ranks),
+        "arrived_ranks": list(hang.arrived_ranks),
+        "waited_s": None if hang.waited_s is None else round(hang.waited_s, 3),
+    }
+    if analysis is not None:
+        out["root_cause_ranks"] = list(analysis.root_cause_ranks)
+        out["victim_ranks"] = list(analysis.victim_ranks)
+    return out
+
+
+def _slow_dict(slow: SlowRank) -> dict[str, Any]:
+    return {
+        "rank": slow.rank,
+        "p_value": slow.p_value,
+        "lag_ms": round(slow.lag_ms, 3),
+        "mean_lag_ms": round(slow.mean_lag_ms, 3),
+        "communicators": list(slow.communicators),
+        "last_count": slow.last_count,
+        "ops": slow.ops,
+        "victim_of": slow.victim_of,
+    }
+
+
+@dataclass
+class Report:
+    verdict: str
+    format: str
+    hang: HangAnalysis
+    mismatch: MismatchAnalysis
+    slow: SlowAnalysis
+    gaps: list[Gap] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)
+    errors: list[InputError] = field(default_factory=list)
+    topology: Topology | None = None
+    communicators: int = 0
+    ranks: int = 0
+    notes: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def primary_hang(self) -> CommHang | None:
+        return self.hang.primary
+
+    @property
+    def blocking_mismatches(self) -> list[Any]:
+        return [m for m in self.mismatch.mismatches if m.kind != "state"]
+
+    def to_dict(self) -> dict[str, Any]:
+        primary = self.primary_hang
+        failed = {e.path: e.message for e in self.errors}
+        return {
+            "verdict": self.verdict,
+            "format": self.format,
+            "topology": (
+                {"tp": self.topology.tp, "pp": self.topology.pp, "dp": self.topology.dp}
+                if self.topology else None
+            ),
+            "ranks": self.ranks,
+            "communicators": self.communicators,
+            "hang": _hang_dict(primary, self.hang) if primary else None,
+            "hangs": [_hang_dict(h) for h in self.hang.hangs],
+            "p2p_waits": [
+                {"rank": w.rank, "peer": w.peer, "communicator": w.comm, "op": w.op,
+                 "seq": w.seq, "waited_s": round(w.waited_s, 3)}
+                for w in self.hang.p2p_waits
+            ],
+            "mismatches": [
+                {"communicator": m.comm, "seq": m.seq, "kind": m.kind,
+                 "culprit_ranks": list(m.culprit_ranks), "expected": m.expected,
+                 "found": m.found, "ambiguous": m.ambiguous}
+                for m in self.mismatch.mismatches
+            ],
+            "mismatch_total": self.mismatch.total,
+            "slow_ranks": [_slow_dict(s) for s in self.slow.slow_ranks],
+            "slow_victims": [_slow_dict(s) for s in self.slow.victims],
+            "gaps": [
+                {"rank": g.rank, "communicator": g.comm, "after_seq": g.after_seq,
+                 "before_seq": g.before_seq, "missing": g.missing}
+                for g in self.gaps[:MAX_GAPS_LISTED]
+            ],
+            "gaps_total": len(self.gaps),
+            "inputs": [
+                {"path": p, "ok": p not in failed, "error": failed.get(p)} for p in self.inputs
+            ],
+            "errors": [{"path": e.path, "error": e.message} for e in self.errors],
+            "notes": list(self.notes),
+            "elapsed_s": round(self.elapsed_s, 3),
+        }
+
+
+def decide_verdict(hang: HangAnalysis, mismatch: MismatchAnalysis, slow: SlowAnalysis) -> str:
+    """A mismatch explains a hang, so it wins; then a hang; then slow ranks."""
+    if any(m.kind != "state" for m in mismatch.mismatches):
+        return "mismatch"
+    if hang.hangs:
+        return "hang"
+    if slow.slow_ranks:
+        return "slow"
+    return "ok"
