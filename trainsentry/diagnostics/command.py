@@ -1,0 +1,178 @@
+"""`trainsentry analyze`: name the hung collective, the missing rank and the slow ranks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainsentry.diagnostics.report import Report
+
+HELP = "diagnose a hang, mismatch or slow rank from Flight Recorder / Megatrace / NCCL RAS"
+
+EXIT_OK = 0
+EXIT_UNREADABLE = 1
+EXIT_USAGE = 2
+EXIT_HANG = 3
+EXIT_MISMATCH = 4
+EXIT_SLOW = 5
+_VERDICT_EXIT = {"ok": EXIT_OK, "hang": EXIT_HANG, "mismatch": EXIT_MISMATCH, "slow": EXIT_SLOW}
+
+DESCRIPTION = f"""\
+Read what a training job left behind and say which collective hung, which rank(s) never
+arrived (root cause vs. victims), which ranks disagree about a collective, and which
+ranks are slow, with a p-value.
+
+PATH is one or more files or directories:
+  - PyTorch Flight Recorder dumps (one file per rank, pickle or JSON, rank = trailing
+    number of the file name),
+  - Megatrace NCCL logs (rank_N.log; a config.yaml beside them gives TP/PP/DP),
+  - NCCL RAS output (`ncclras` text or `ncclras -f json`).
+Files that cannot be read are reported by name; the others are still analysed.
+
+Exit codes:
+  {EXIT_OK}  analysed, nothing wrong found (verdict ok)
+  {EXIT_UNREADABLE}  nothing could be analysed (no readable input)
+  {EXIT_USAGE}  usage error
+  {EXIT_HANG}  verdict hang
+  {EXIT_MISMATCH}  verdict mismatch
+  {EXIT_SLOW}  verdict slow
+"""
+
+PROGRESS_MIN_FILES = 32
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="trace files or directories")
+    parser.add_argument("--format", choices=("auto", "fr", "megatrace", "ras"), default="auto",
+                        help="input format (default: detect from the files)")
+    parser.add_argument("--topology", metavar="TP,PP,DP",
+                        help="parallel layout, e.g. 2,4,1 (default: config.yaml if present)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--min-idle", type=float, default=None, metavar="SECONDS",
+                        help="how long ranks must have waited before a hang is called "
+                             "(default: 2)")
+    parser.add_argument("--alpha", type=float, default=None,
+                        help="significance level for slow ranks after Holm correction "
+                             "(default: 1e-3)")
+    parser.add_argument("--min-lag-ms", type=float, default=None,
+                        help="smallest median lag that counts as slow (default: 1 ms)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainsentry.diagnostics.api import AnalyzeError, analyze
+    from trainsentry.diagnostics.hang import DEFAULT_MIN_IDLE_S
+    from trainsentry.diagnostics.slow import DEFAULT_ALPHA, DEFAULT_MIN_LAG_MS
+    from trainsentry.diagnostics.topology import TopologyError, parse_topology
+
+    try:
+        topology = parse_topology(args.topology) if args.topology else None
+    except TopologyError as exc:
+        print(f"trainsentry analyze: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    options = {
+        "format": args.format,
+        "topology": topology,
+        "min_idle_s": DEFAULT_MIN_IDLE_S if args.min_idle is None else args.min_idle,
+        "alpha": DEFAULT_ALPHA if args.alpha is None else args.alpha,
+        "min_lag_ms": DEFAULT_MIN_LAG_MS if args.min_lag_ms is None else args.min_lag_ms,
+    }
+    try:
+        report = _analyze_with_progress(analyze, args.paths, options)
+    except (AnalyzeError, TopologyError) as exc:
+        if args.json:
+            print(json.dumps({"verdict": None, "error": str(exc)}))
+        print(f"trainsentry analyze: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print_summary(report)
+    return _VERDICT_EXIT[report.verdict]
+
+
+def _analyze_with_progress(analyze: object, paths: list[str], options: dict[str, object]) -> Report:
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from trainsentry.diagnostics.api import analyze as analyze_fn
+
+    count = sum(
+        sum(1 for p in Path(path).rglob("*") if p.is_file()) if Path(path).is_dir() else 1
+        for path in paths
+    )
+    if count < PROGRESS_MIN_FILES:
+        return analyze_fn(paths, **options)  # type: ignore[arg-type]
+    console = Console(stderr=True)
+    with Progress("[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                  transient=True) as bar:
+        task = bar.add_task("reading traces", total=count)
+
+        def advance(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return analyze_fn(paths, progress=advance, **options)  # type: ignore[arg-type]
+
+
+def _ranks(ranks: list[int] | tuple[int, ...], limit: int = 16) -> str:
+    shown = ", ".join(str(r) for r in list(ranks)[:limit])
+    more = len(ranks) - limit
+    return shown + (f", ... (+{more})" if more > 0 else "") if ranks else "none"
+
+
+def print_summary(report: Report) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    colour = {"ok": "green", "hang": "red", "mismatch": "red", "slow": "yellow"}[report.verdict]
+    topo = f", {report.topology.describe()}" if report.topology else ""
+    console.print(f"[bold {colour}]verdict: {report.verdict}[/]  "
+                  f"({report.format}, {report.ranks} ranks, {report.communicators} "
+                  f"communicators{topo}, {report.elapsed_s:.2f} s)")
+    primary = report.primary_hang
+    if primary is not None:
+        waited = "unknown" if primary.waited_s is None else f"{primary.waited_s:.1f} s"
+        console.print(f"[bold]hang[/] on {primary.comm} ({primary.desc}) at seq {primary.seq}: "
+                      f"{primary.op}")
+        console.print(f"  missing ranks: {_ranks(primary.missing_ranks)}; "
+                      f"{len(primary.arrived_ranks)} ranks arrived and waited {waited}")
+        console.print(f"  root cause rank(s): [bold red]{_ranks(report.hang.root_cause_ranks)}"
+                      f"[/]; victims: {_ranks(report.hang.victim_ranks)}")
+        if primary.no_dump_ranks:
+            console.print(f"  no dump from rank(s): {_ranks(primary.no_dump_ranks)}")
+        others = [h for h in report.hang.hangs if h is not primary]
+        if others:
+            console.print(f"  {len(others)} other communicator(s) stuck as a consequence")
+    if report.mismatch.mismatches:
+        table = Table(title=f"mismatches ({report.mismatch.total} sequence numbers)")
+        for column in ("communicator", "seq", "kind", "culprit ranks", "expected", "found"):
+            table.add_column(column)
+        for m in report.mismatch.mismatches[:10]:
+            culprits = _ranks(m.culprit_ranks) + (" (ambiguous)" if m.ambiguous else "")
+            table.add_row(m.comm, str(m.seq), m.kind, culprits, m.expected, m.found)
+        console.print(table)
+    if report.slow.slow_ranks:
+        table = Table(title="slow ranks (last to arrive more often than chance)")
+        for column in ("rank", "p-value (Holm)", "median lag ms", "last / ops", "communicators"):
+            table.add_column(column)
+        for s in report.slow.slow_ranks[:10]:
+            table.add_row(str(s.rank), f"{s.p_value:.2g}", f"{s.lag_ms:.2f}",
+                          f"{s.last_count}/{s.ops}", ", ".join(s.communicators))
+        console.print(table)
+        for v in report.slow.victims[:10]:
+            console.print(f"  rank {v.rank} is late too ({v.lag_ms:.2f} ms) but sits in slow "
+                          f"rank {v.victim_of}'s pipeline: a victim, not a cause")
+    if report.gaps:
+        ranks = sorted({g.rank for g in report.gaps})
+        console.print(f"ring-buffer gaps: {len(report.gaps)} on rank(s) {_ranks(ranks)} "
+                      "(history lost, not a hang)")
+    for note in report.notes[:10]:
+        console.print(f"note: {note}")
+    for error in report.errors:
+        console.print(f"[red]error[/]: {error.path}: {error.message}")
