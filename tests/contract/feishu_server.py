@@ -242,6 +242,11 @@ class FeishuContractServer:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    def revoke_tokens(self) -> None:
+        """Invalidates every issued token early (Feishu may do so, e.g. on secret reset)."""
+        for tok in self.tokens:
+            self.tokens[tok] = 0.0
+
     def hook_url(self, token: str) -> str:
         return f"{self.base_url}/open-apis/bot/v2/hook/{token}"
 

@@ -81,6 +81,7 @@ class NotificationPayload(TypedDict):
     silenced_until: NotRequired[str]  # ISO 8601
     storm: NotRequired[StormSummary]
     diagnosis: NotRequired[str]  # one-line verdict of the hang analyzer, if any
+    message_id: NotRequired[str]  # kind "ack": the Feishu card to update in place
     # Written by the policy (gateway/decide.py); channels may show them.
     event: NotRequired[str]  # new | recurrence | flapping | resolved | started | summary | ended
     job: NotRequired[str]  # "namespace/name" of the training job

@@ -1,0 +1,285 @@
+"""Feishu app API client (httpx) and the `feishu_app` channel.
+
+`FeishuAppClient` holds the tenant_access_token (cached, refreshed before it expires, and
+refreshed once more if Feishu says it is invalid) and wraps the calls trainsentry uses:
+send a message to a chat or user, update a card, and the urgent_phone buzz. The Sheets
+archive and the Feishu phone provider share one client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from trainsentry.alerts import Priority
+from trainsentry.notifiers.base import (
+    OutboundNotification,
+    PermanentError,
+    RateLimitedError,
+    Receipt,
+    RetryableError,
+)
+from trainsentry.notifiers.feishu.card import CardOptions, CardTooLarge, build_card, compact_json
+from trainsentry.notifiers.payload import PayloadError, parse_payload
+from trainsentry.notifiers.ratelimit import RateLimit
+from trainsentry.notifiers.settings import FeishuAppSettings, read_secret
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "feishu_app"
+TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
+# Feishu documents im/v1/messages at 1000/min and 50/s per app.
+RATE_LIMITS: tuple[RateLimit, ...] = (RateLimit(50, 1.0), RateLimit(1000, 60.0))
+TOKEN_INVALID_CODES = frozenset({99991661, 99991663, 99991668, 99991677})
+RATE_LIMITED_CODES = frozenset({99991400, 11232})
+UUID_MAX = 50
+
+
+class FeishuAppClient:
+    """Authenticated calls to the Feishu open API for one app."""
+
+    def __init__(
+        self,
+        base_url: str,
+        app_id: str,
+        app_secret: str,
+        *,
+        client: httpx.AsyncClient | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        refresh_margin_s: float = 300.0,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.app_id = app_id
+        self._app_secret = app_secret
+        self._client = client or httpx.AsyncClient(timeout=timeout_s)
+        self._owns_client = client is None
+        self._clock = clock
+        self._refresh_margin_s = refresh_margin_s
+        self._token: str | None = None
+        self._refresh_at = 0.0
+        self._lock = asyncio.Lock()
+        self.tokens_fetched = 0
+
+    @classmethod
+    def from_settings(
+        cls, settings: FeishuAppSettings, env: Mapping[str, str] | None = None
+    ) -> FeishuAppClient:
+        return cls(
+            settings.base_url,
+            settings.app_id,
+            read_secret(settings.app_secret_env, env),
+            timeout_s=settings.timeout_s,
+        )
+
+    def __repr__(self) -> str:
+        return f"FeishuAppClient(base_url={self.base_url!r}, app_id={self.app_id!r})"
+
+    async def tenant_token(self) -> str:
+        """The cached token, fetched anew when it is within the refresh margin of expiring."""
+        async with self._lock:
+            if self._token is not None and self._clock() < self._refresh_at:
+                return self._token
+            try:
+                response = await self._client.post(
+                    self.base_url + TOKEN_PATH,
+                    json={"app_id": self.app_id, "app_secret": self._app_secret},
+                )
+            except httpx.HTTPError as exc:
+                raise RetryableError(f"Feishu token request failed: {type(exc).__name__}") from exc
+            answer = _json(response)
+            code = answer.get("code", response.status_code)
+            if response.status_code >= 500:
+                raise RetryableError(f"Feishu token HTTP {response.status_code}")
+            if code != 0 or "tenant_access_token" not in answer:
+                log.error("event=feishu_token_refused app_id=%s code=%s", self.app_id, code)
+                raise PermanentError(f"Feishu refused the app credentials (code {code})", code=code)
+            expire = float(answer.get("expire", 7200))
+            # Refresh with a margin, but never later than half-way through a short lifetime.
+            margin = min(self._refresh_margin_s, expire / 2)
+            self._token = str(answer["tenant_access_token"])
+            self._refresh_at = self._clock() + expire - margin
+            self.tokens_fetched += 1
+            log.info("event=feishu_token_refreshed app_id=%s expire_s=%s", self.app_id, expire)
+            return self._token
+
+    def invalidate_token(self) -> None:
+        self._token = None
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Any = None,
+    ) -> dict[str, Any]:
+        """One API call; returns `data`. Retries once with a fresh token if Feishu says so."""
+        for attempt in (1, 2):
+            token = await self.tenant_token()
+            try:
+                response = await self._client.request(
+                    method,
+                    self.base_url + path,
+                    params=params,
+                    json=body,
+                    headers={
+                        "Authorization": f"Bearer {token}",
+                        "Content-Type": "application/json; charset=utf-8",
+                    },
+                )
+            except httpx.HTTPError as exc:
+                raise RetryableError(f"Feishu {path}: {type(exc).__name__}") from exc
+            answer = _json(response)
+            code = answer.get("code", 0 if response.status_code < 400 else response.status_code)
+            if code in TOKEN_INVALID_CODES:
+                self.invalidate_token()
+                if attempt == 1:
+                    continue
+                raise RetryableError(f"Feishu {path}: token still invalid", code=code)
+            _raise_for(response.status_code, code, answer, path)
+            data = answer.get("data")
+            return data if isinstance(data, dict) else {}
+        raise AssertionError("unreachable")
+
+    async def send_message(
+        self,
+        receive_id: str,
+        msg_type: str,
+        content: Mapping[str, Any],
+        *,
+        receive_id_type: str = "chat_id",
+        uuid: str | None = None,
+    ) -> str:
+        """Sends a message; returns its message_id. `uuid` makes a retry a no-op (1 hour)."""
+        body: dict[str, Any] = {
+            "receive_id": receive_id,
+            "msg_type": msg_type,
+            "content": compact_json(content),
+        }
+        if uuid:
+            body["uuid"] = dedup_uuid(uuid)
+        data = await self.call(
+            "POST", "/open-apis/im/v1/messages", params={"receive_id_type": receive_id_type},
+            body=body,
+        )  # fmt: skip
+        message_id = data.get("message_id")
+        if not message_id:
+            raise RetryableError("Feishu answered without a message_id")
+        return str(message_id)
+
+    async def update_card(self, message_id: str, card: Mapping[str, Any]) -> None:
+        await self.call(
+            "PATCH", f"/open-apis/im/v1/messages/{message_id}", body={"content": compact_json(card)}
+        )
+
+    async def urgent_phone(
+        self, message_id: str, user_ids: Sequence[str], *, user_id_type: str = "open_id"
+    ) -> list[str]:
+        """Rings the users' phones about `message_id`; returns the ids Feishu could not ring."""
+        data = await self.call(
+            "PATCH",
+            f"/open-apis/im/v1/messages/{message_id}/urgent_phone",
+            params={"user_id_type": user_id_type},
+            body={"user_id_list": list(user_ids)},
+        )
+        return [str(u) for u in data.get("invalid_user_id_list") or []]
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+
+def dedup_uuid(key: str) -> str:
+    """Feishu's message `uuid` is at most 50 characters; longer keys are hashed."""
+    return key if len(key) <= UUID_MAX else hashlib.sha256(key.encode()).hexdigest()[:40]
+
+
+def _json(response: httpx.Response) -> dict[str, Any]:
+    try:
+        value = response.json()
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _raise_for(status: int, code: Any, answer: Mapping[str, Any], path: str) -> None:
+    if status == 429 or code in RATE_LIMITED_CODES:
+        raise RateLimitedError(f"Feishu {path} rate limited", code=code, retry_after=1.0)
+    if status >= 500:
+        raise RetryableError(f"Feishu {path} HTTP {status}", code=code)
+    if code not in (0, None) or status >= 400:
+        message = answer.get("msg", "")
+        log.error(
+            "event=feishu_api_refused path=%s http=%s code=%s msg=%r", path, status, code, message
+        )
+        raise PermanentError(f"Feishu {path} refused: code {code} {message}", code=code)
+
+
+class FeishuAppNotifier:
+    """The `feishu_app` channel: cards to chats through the app, with ack/silence buttons.
+
+    Custom bots cannot receive card callbacks, so the interactive card goes through the app
+    when one is configured. An `ack` notification whose payload carries the `message_id`
+    of the original card updates that card in place instead of posting a new one.
+    """
+
+    rate_limits: tuple[RateLimit, ...] = RATE_LIMITS
+
+    def __init__(
+        self,
+        client: FeishuAppClient,
+        chats: Mapping[Priority, str],
+        *,
+        name: str = CHANNEL,
+        card_options: CardOptions | None = None,
+        receive_id_type: str = "chat_id",
+    ) -> None:
+        self.name = name
+        self.client = client
+        self.chats = dict(chats)
+        self.card_options = card_options or CardOptions(actions=True)
+        self.receive_id_type = receive_id_type
+
+    @classmethod
+    def from_settings(
+        cls, settings: FeishuAppSettings, client: FeishuAppClient
+    ) -> FeishuAppNotifier:
+        chats = {p: chat for chat, priorities in settings.chats.items() for p in priorities}
+        options = CardOptions(actions=settings.callback is not None)
+        return cls(client, chats, card_options=options)
+
+    async def send(self, notification: OutboundNotification) -> Receipt:
+        try:
+            payload = parse_payload(notification.payload)
+            card = build_card(notification.kind, payload, self.card_options)
+        except (PayloadError, CardTooLarge, ValueError) as exc:
+            raise PermanentError(str(exc)) from exc
+        existing = notification.payload.get("message_id")
+        if notification.kind == "ack" and isinstance(existing, str) and existing:
+            await self.client.update_card(existing, card)
+            return Receipt(channel=self.name, provider_id=existing, detail={"updated": True})
+        chat = self.chats.get(notification.priority)
+        if chat is None:
+            raise PermanentError(f"no Feishu chat configured for {notification.priority}")
+        message_id = await self.client.send_message(
+            chat,
+            "interactive",
+            card,
+            receive_id_type=self.receive_id_type,
+            uuid=notification.idempotency_key,
+        )
+        log.info(
+            "event=feishu_app_sent notification=%s message_id=%s priority=%s",
+            notification.id, message_id, notification.priority,
+        )  # fmt: skip
+        return Receipt(channel=self.name, provider_id=message_id, detail={"chat": chat})
+
+    async def aclose(self) -> None:
+        await self.client.aclose()

@@ -1,0 +1,264 @@
+"""Feishu card action callbacks: authenticate, decode, and turn a button press into a typed action.
+
+Feishu's scheme, both supported:
+- card callbacks (`card.action.trigger`, schema 2.0) carry the app's *verification token*
+  in `header.token`; it must match. With an *encrypt key* configured, Feishu encrypts the
+  body (AES-256-CBC, key = SHA-256 of the encrypt key) and signs the request:
+  `X-Lark-Signature = sha256(timestamp + nonce + encrypt_key + raw body)` (hex); then the
+  signature is required and the timestamp must be fresh (replays are refused).
+- legacy card callbacks (no schema) are signed with the verification token instead:
+  `X-Lark-Signature = sha1(timestamp + nonce + verification_token + raw body)`.
+The URL-verification handshake (`type: url_verification`) is answered with the challenge
+after its token is checked.
+
+`parse_callback` is pure; `card_action_handler` wraps it as an aiohttp handler that the
+gateway mounts (path in `FeishuCallbackSettings.path`) and that calls back into the gateway
+with the `CardAction` (ack the alert, create a silence, stop escalation).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from aiohttp import web
+
+from trainsentry.notifiers.feishu.sign import event_signature_ok
+
+log = logging.getLogger(__name__)
+
+ActionName = Literal["ack", "silence"]
+MAX_SILENCE_S = 7 * 24 * 3600
+
+
+@dataclass(frozen=True, slots=True)
+class CardAction:
+    """A button press on one of our cards."""
+
+    alert_id: int
+    action: ActionName
+    who: str  # open_id of the person who pressed
+    duration_s: int | None = None  # for "silence"
+    message_id: str | None = None  # the card's message, to update it
+    event_id: str | None = None  # Feishu's id, for de-duplicating redeliveries
+    update_token: str | None = None  # lets the card be updated later (30 min)
+
+
+@dataclass(frozen=True, slots=True)
+class Challenge:
+    challenge: str
+
+
+class CallbackRejected(Exception):
+    """The request is not an authentic, well-formed card callback."""
+
+    def __init__(self, message: str, status: int = 401) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def decrypt_body(encrypted: str, encrypt_key: str) -> dict[str, Any]:
+    """Feishu's encrypted body: base64(iv + AES-256-CBC(PKCS#7(json))), key = sha256(key)."""
+    try:
+        from cryptography.hazmat.primitives import padding
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise CallbackRejected(
+            "encrypted callbacks need the 'cryptography' package", status=501
+        ) from exc
+    try:
+        raw = base64.b64decode(encrypted, validate=True)
+        key = hashlib.sha256(encrypt_key.encode()).digest()
+        decryptor = Cipher(algorithms.AES(key), modes.CBC(raw[:16])).decryptor()
+        padded = decryptor.update(raw[16:]) + decryptor.finalize()
+        unpadder = padding.PKCS7(128).unpadder()
+        plain = unpadder.update(padded) + unpadder.finalize()
+        value = json.loads(plain)
+    except (ValueError, TypeError) as exc:
+        raise CallbackRejected("cannot decrypt the callback body", status=400) from exc
+    if not isinstance(value, dict):
+        raise CallbackRejected("decrypted body is not an object", status=400)
+    return value
+
+
+def _legacy_signature_ok(headers: Mapping[str, str], body: bytes, token: str) -> bool:
+    ts = headers.get("X-Lark-Request-Timestamp", "")
+    nonce = headers.get("X-Lark-Request-Nonce", "")
+    signature = headers.get("X-Lark-Signature", "")
+    digest = hashlib.sha1((ts + nonce + token).encode() + body).hexdigest()
+    return bool(signature) and hmac.compare_digest(digest, signature.lower())
+
+
+def _check_fresh(headers: Mapping[str, str], now: float, max_skew_s: float) -> None:
+    ts = headers.get("X-Lark-Request-Timestamp", "")
+    if not ts.isdigit():
+        raise CallbackRejected("missing request timestamp")
+    if abs(now - int(ts)) > max_skew_s:
+        raise CallbackRejected("request timestamp too old or in the future (replay?)")
+
+
+def parse_callback(
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    verification_token: str,
+    encrypt_key: str | None = None,
+    now: float,
+    max_skew_s: float = 300.0,
+) -> CardAction | Challenge:
+    """Authenticates a callback request and decodes it (pure; `now` is Unix seconds)."""
+    try:
+        outer = json.loads(body)
+    except ValueError as exc:
+        raise CallbackRejected("body is not JSON", status=400) from exc
+    if not isinstance(outer, dict):
+        raise CallbackRejected("body is not an object", status=400)
+    signed = False
+    if encrypt_key:
+        sig = headers.get("X-Lark-Signature", "")
+        ts = headers.get("X-Lark-Request-Timestamp", "")
+        nonce = headers.get("X-Lark-Request-Nonce", "")
+        # Feishu signs every request once an encrypt key is set, except the URL check.
+        if sig:
+            if not event_signature_ok(ts, nonce, encrypt_key, body, sig):
+                raise CallbackRejected("bad X-Lark-Signature")
+            _check_fresh(headers, now, max_skew_s)
+            signed = True
+        if "encrypt" in outer:
+            outer = decrypt_body(str(outer["encrypt"]), encrypt_key)
+    elif "encrypt" in outer:
+        raise CallbackRejected("encrypted body but no encrypt key configured", status=400)
+
+    if outer.get("type") == "url_verification":
+        if not hmac.compare_digest(str(outer.get("token", "")), verification_token):
+            raise CallbackRejected("verification token mismatch")
+        return Challenge(str(outer.get("challenge", "")))
+
+    if outer.get("schema") == "2.0":
+        header = outer.get("header") or {}
+        if not hmac.compare_digest(str(header.get("token", "")), verification_token):
+            raise CallbackRejected("verification token mismatch")
+        if encrypt_key and not signed:
+            raise CallbackRejected("unsigned callback although an encrypt key is configured")
+        event = outer.get("event") or {}
+        operator = event.get("operator") or {}
+        context = event.get("context") or {}
+        return _action(
+            (event.get("action") or {}).get("value"),
+            who=str(operator.get("open_id") or operator.get("user_id") or ""),
+            message_id=context.get("open_message_id"),
+            event_id=header.get("event_id"),
+            update_token=event.get("token"),
+        )
+
+    # Legacy card callback: signed with the verification token.
+    if not _legacy_signature_ok(headers, body, verification_token):
+        raise CallbackRejected("bad legacy X-Lark-Signature")
+    _check_fresh(headers, now, max_skew_s)
+    return _action(
+        (outer.get("action") or {}).get("value"),
+        who=str(outer.get("open_id") or outer.get("user_id") or ""),
+        message_id=outer.get("open_message_id"),
+        event_id=None,
+        update_token=outer.get("token"),
+    )
+
+
+def _action(
+    value: Any,
+    *,
+    who: str,
+    message_id: Any,
+    event_id: Any,
+    update_token: Any,
+) -> CardAction:
+    if not isinstance(value, dict):
+        raise CallbackRejected("action.value missing", status=400)
+    name = value.get("action")
+    if name not in ("ack", "silence"):
+        raise CallbackRejected(f"unknown action {name!r}", status=400)
+    try:
+        alert_id = int(value["alert_id"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CallbackRejected("action.value.alert_id missing", status=400) from exc
+    duration: int | None = None
+    if name == "silence":
+        try:
+            duration = int(value["duration_s"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CallbackRejected("silence without duration_s", status=400) from exc
+        if not 0 < duration <= MAX_SILENCE_S:
+            raise CallbackRejected("silence duration out of range", status=400)
+    if not who:
+        raise CallbackRejected("callback names no operator", status=400)
+    return CardAction(
+        alert_id=alert_id,
+        action=name,
+        who=who,
+        duration_s=duration,
+        message_id=str(message_id) if message_id else None,
+        event_id=str(event_id) if event_id else None,
+        update_token=str(update_token) if update_token else None,
+    )
+
+
+ActionHandler = Callable[[CardAction], Awaitable[Mapping[str, Any] | None]]
+
+
+def card_action_handler(
+    on_action: ActionHandler,
+    *,
+    verification_token: str,
+    encrypt_key: str | None = None,
+    max_skew_s: float = 300.0,
+    clock: Callable[[], float] = time.time,
+    max_body_bytes: int = 64 * 1024,
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """An aiohttp handler for Feishu card callbacks.
+
+    `on_action` does the work (ack / silence / stop escalation) and may return a response
+    body for Feishu (e.g. `{"toast": ..., "card": ...}`); by default a success toast.
+    Unauthentic requests get 401 and are logged without their body.
+    """
+
+    async def handle(request: web.Request) -> web.Response:
+        if request.content_length is not None and request.content_length > max_body_bytes:
+            return web.json_response({"error": "body too large"}, status=413)
+        body = await request.read()
+        if len(body) > max_body_bytes:
+            return web.json_response({"error": "body too large"}, status=413)
+        try:
+            parsed = parse_callback(
+                request.headers,
+                body,
+                verification_token=verification_token,
+                encrypt_key=encrypt_key,
+                now=clock(),
+                max_skew_s=max_skew_s,
+            )
+        except CallbackRejected as exc:
+            log.warning(
+                "event=feishu_callback_rejected status=%s reason=%r remote=%s",
+                exc.status, str(exc), request.remote,
+            )  # fmt: skip
+            return web.json_response({"error": str(exc)}, status=exc.status)
+        if isinstance(parsed, Challenge):
+            return web.json_response({"challenge": parsed.challenge})
+        log.info(
+            "event=feishu_card_action action=%s alert_id=%s who=%s duration_s=%s",
+            parsed.action, parsed.alert_id, parsed.who, parsed.duration_s,
+        )  # fmt: skip
+        answer = await on_action(parsed)
+        if answer is None:
+            words = "Acknowledged" if parsed.action == "ack" else "Silenced"
+            answer = {"toast": {"type": "success", "content": f"{words} alert {parsed.alert_id}"}}
+        return web.json_response(dict(answer))
+
+    return handle
