@@ -1,0 +1,132 @@
+"""Flight Recorder dump -> progress numbers (pure), with dumps shaped like torch 2.13's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainsentry.probe.progress import ProgressTracker, op_name, parse_dump
+
+T0 = 1_795_312_280_000_000_000  # ns since the epoch
+
+
+def entry(
+    seq: int, pg: str = "0", desc: str = "default_pg", op: str = "gloo:all_reduce", **kw: Any
+) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "collective_seq_id": seq,
+        "is_p2p": False,
+        "p2p_seq_id": 0,
+        "pg_id": int(pg),
+        "process_group": [pg, desc],
+        "profiling_name": op,
+        "record_id": seq,
+        "retired": True,
+        "state": "scheduled",
+        "time_created_ns": T0 + seq * 1_000_000,
+        "time_discovered_completed_ns": 0,
+        "time_discovered_started_ns": 0,
+    }
+    base.update(kw)
+    return base
+
+
+def status(enq: int, done: int, started: int = -1) -> dict[str, str]:
+    return {
+        "last_enqueued_collective": str(enq),
+        "last_completed_collective": str(done),
+        "last_started_collective": str(started),
+    }
+
+
+def test_waiting_gloo_rank_has_oldest_unretired_collective_in_flight() -> None:
+    dump = {
+        "version": "2.10",
+        "entries": [entry(1), entry(2), entry(3, retired=False), entry(1, pg="1", desc="tp-0")],
+        "pg_status": {"0": status(3, 2), "1": status(1, 1)},
+    }
+    snap = parse_dump(dump, now_ns=T0 + 3_000_000 + 5 * 10**9)
+    g0 = snap.groups["0"]
+    assert (g0.last_enqueued, g0.last_completed, g0.desc) == (3, 2, "default_pg")
+    assert g0.in_flight is not None
+    assert (g0.in_flight.op, g0.in_flight.seq) == ("all_reduce", 3)
+    assert abs(g0.in_flight.age_seconds - 5.0) < 1e-6
+    assert snap.groups["1"].in_flight is None
+    assert snap.groups["1"].desc == "tp-0"
+    assert snap.entries == 4
+
+
+def test_nccl_style_states_and_durations() -> None:
+    dump = {
+        "entries": [
+            entry(7, op="nccl:reduce_scatter", state="completed", duration_ms=12.5),
+            entry(8, op="nccl:all_gather", state="started", retired=False),
+        ],
+        "pg_status": {"0": status(8, 7, started=8)},
+    }
+    g = parse_dump(dump, now_ns=T0 + 10**10).groups["0"]
+    assert g.last_started == 8
+    assert g.in_flight is not None and g.in_flight.op == "all_gather"
+    assert g.durations == ((7, 0.0125),)
+
+
+def test_enqueued_beyond_buffer_still_counts_as_in_flight() -> None:
+    g = parse_dump({"entries": [], "pg_status": {"0": status(10, 9)}}, T0).groups["0"]
+    assert g.in_flight is not None and g.in_flight.seq == 10 and g.in_flight.op == "unknown"
+
+
+def test_no_status_block_falls_back_to_entries_and_skips_p2p() -> None:
+    dump = {"entries": [entry(1), entry(2, retired=False), entry(0, is_p2p=True)]}
+    g = parse_dump(dump, T0).groups["0"]
+    assert (g.last_enqueued, g.last_completed) == (2, 1)
+    assert g.in_flight is not None and g.in_flight.seq == 2
+
+
+def test_garbage_is_tolerated() -> None:
+    snap = parse_dump({"entries": ["x", None, {"process_group": "weird"}], "pg_status": None}, T0)
+    assert snap.entries == 1
+
+
+def test_tracker_seconds_since_completion_and_wait_time() -> None:
+    tracker = ProgressTracker(started_s=0.0)
+    moving = {"entries": [entry(1)], "pg_status": {"0": status(1, 1)}}
+    stuck = {"entries": [entry(1), entry(2, retired=False)], "pg_status": {"0": status(2, 1)}}
+
+    r = tracker.update(parse_dump(moving, T0 + 10**9), now_s=100.0)["0"]
+    assert r.seconds_since_completion == 0.0 and r.wait_seconds_total == 0.0
+    # Stuck from t=100 on: the age of the in-flight op bounds the sampled wait.
+    r = tracker.update(parse_dump(stuck, T0 + 2_000_000 + 3 * 10**9), now_s=104.0)["0"]
+    assert r.seconds_since_completion == 4.0
+    assert abs(r.wait_seconds_total - 3.0) < 1e-6
+    r = tracker.update(parse_dump(stuck, T0 + 2_000_000 + 13 * 10**9), now_s=114.0)["0"]
+    assert r.seconds_since_completion == 14.0
+    assert abs(r.wait_seconds_total - 13.0) < 1e-6
+    done = {"entries": [entry(1), entry(2)], "pg_status": {"0": status(2, 2)}}
+    r = tracker.update(parse_dump(done, T0 + 14 * 10**9), now_s=115.0)["0"]
+    assert r.seconds_since_completion == 0.0
+
+
+def test_tracker_first_sight_of_a_stuck_group_uses_its_age() -> None:
+    tracker = ProgressTracker(started_s=0.0)
+    stuck = {"entries": [entry(5, retired=False)], "pg_status": {"0": status(5, 4)}}
+    r = tracker.update(parse_dump(stuck, T0 + 5_000_000 + 60 * 10**9), now_s=500.0)["0"]
+    assert abs(r.seconds_since_completion - 60.0) < 1e-6
+
+
+def test_tracker_reports_each_duration_once() -> None:
+    tracker = ProgressTracker(started_s=0.0)
+    first = {"entries": [entry(1, state="completed", duration_ms=5.0)]}
+    second = {
+        "entries": [
+            entry(1, state="completed", duration_ms=5.0),
+            entry(2, state="completed", duration_ms=7.0),
+        ]
+    }
+    assert tracker.update(parse_dump(first, T0), 1.0)["0"].new_durations == (0.005,)
+    assert tracker.update(parse_dump(second, T0), 2.0)["0"].new_durations == (0.007,)
+    assert tracker.update(parse_dump(second, T0), 3.0)["0"].new_durations == ()
+
+
+def test_op_name() -> None:
+    assert op_name("nccl:all_reduce") == "all_reduce"
+    assert op_name("barrier") == "barrier"
+    assert op_name("") == "unknown"
