@@ -1,0 +1,143 @@
+"""The `phone` channel: places the calls the escalation timeline plans.
+
+The gateway turns each `CallDue` from `gateway.escalation.plan` into an outbox row with
+`call_payload(...)` (kind "call", idempotency key = the call's), and the outbox hands it
+here; the configured provider (Feishu urgent_phone by default, Twilio, or an HTTP voice
+gateway) places the call.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, NotRequired
+
+from typing_extensions import TypedDict
+
+from trainsentry.gateway.escalation import CallDue, Person
+from trainsentry.notifiers.base import OutboundNotification, PermanentError, Receipt
+from trainsentry.notifiers.feishu.app import FeishuAppClient
+from trainsentry.notifiers.phone.base import PhoneCall, PhoneProvider
+from trainsentry.notifiers.phone.feishu import FeishuUrgentPhoneProvider
+from trainsentry.notifiers.phone.twilio import TwilioProvider
+from trainsentry.notifiers.phone.webhook import WebhookPhoneProvider
+from trainsentry.notifiers.ratelimit import RateLimit
+from trainsentry.notifiers.settings import PhoneSettings
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "phone"
+CALL_KIND = "call"
+# A cap of our own (Twilio queues calls at about 1 per second per number by default).
+RATE_LIMITS: tuple[RateLimit, ...] = (RateLimit(1, 1.0),)
+
+
+class PersonPayload(TypedDict):
+    name: str
+    phone: NotRequired[str]
+    feishu_open_id: NotRequired[str]
+
+
+class CallPayload(TypedDict):
+    """Payload of a kind="call" notification."""
+
+    priority: str
+    status: str  # always "firing": resolved alerts are never called
+    alert_id: int
+    step: int
+    layer: str
+    person: PersonPayload
+    text: str
+    message_id: NotRequired[str]
+
+
+def call_text(priority: str, alertname: str, job: str, summary: str) -> str:
+    """What the voice says: short, speakable, no URLs."""
+    where = f" on job {job}" if job else ""
+    words = f"trainsentry {priority} alert {alertname}{where}."
+    if summary:
+        words += f" {summary}."
+    return words + " Acknowledge it in Feishu to stop the calls."
+
+
+def call_payload(call: CallDue, text: str, message_id: str | None = None) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "priority": call.priority.value,
+        "status": "firing",
+        "alert_id": call.alert_id,
+        "step": call.step,
+        "layer": call.layer,
+        "person": {
+            "name": call.person.name,
+            "phone": call.person.phone,
+            "feishu_open_id": call.person.feishu_open_id,
+        },
+        "text": text,
+    }
+    if message_id:
+        payload["message_id"] = message_id
+    return payload
+
+
+def phone_call_from(notification: OutboundNotification) -> PhoneCall:
+    payload = notification.payload
+    try:
+        person = payload["person"]
+        return PhoneCall(
+            person=Person(
+                name=str(person["name"]),
+                phone=str(person.get("phone") or ""),
+                feishu_open_id=str(person.get("feishu_open_id") or ""),
+            ),
+            text=str(payload["text"]),
+            alert_id=int(payload["alert_id"]),
+            idempotency_key=notification.idempotency_key,
+            message_id=payload.get("message_id") or None,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PermanentError(f"call payload invalid: {exc!r}") from exc
+
+
+class PhoneNotifier:
+    rate_limits: tuple[RateLimit, ...] = RATE_LIMITS
+
+    def __init__(self, provider: PhoneProvider, *, name: str = CHANNEL) -> None:
+        self.name = name
+        self.provider = provider
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: PhoneSettings,
+        *,
+        feishu: FeishuAppClient | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> PhoneNotifier:
+        provider: PhoneProvider
+        if settings.provider == "twilio" and settings.twilio is not None:
+            provider = TwilioProvider.from_settings(settings.twilio, env)
+        elif settings.provider == "webhook" and settings.webhook is not None:
+            provider = WebhookPhoneProvider.from_settings(settings.webhook, env)
+        else:
+            if feishu is None:
+                raise ValueError("phone provider feishu needs the Feishu app (channels.feishu_app)")
+            provider = FeishuUrgentPhoneProvider(feishu)
+        return cls(provider)
+
+    async def send(self, notification: OutboundNotification) -> Receipt:
+        if notification.payload.get("status") == "resolved":
+            raise PermanentError("refusing to call about a resolved alert")
+        call = phone_call_from(notification)
+        receipt = await self.provider.call(call)
+        log.info(
+            "event=phone_call_placed provider=%s alert_id=%s person=%s step=%s",
+            receipt.provider, call.alert_id, call.person.name, notification.payload.get("step"),
+        )  # fmt: skip
+        return Receipt(
+            channel=self.name,
+            provider_id=receipt.call_id,
+            detail={"provider": receipt.provider, **receipt.detail},
+        )
+
+    async def aclose(self) -> None:
+        await self.provider.aclose()
