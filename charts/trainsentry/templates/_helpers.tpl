@@ -177,3 +177,24 @@ priorityClassName: {{ . }}
 {{- fail "gateway.database.type=postgresql needs gateway.database.postgresql.existingSecret (or .url)" -}}
 {{- end -}}
 {{- end -}}
+
+{{/* Alertmanager matchers in text form (name="v", name=~"re", and the older match /
+     match_re maps) as the CRD's [{name, value, matchType}], in flow-style JSON.
+     (dict "matchers" LIST "match" MAP "matchRe" MAP "where" "inhibit_rules") */}}
+{{- define "trainsentry.amMatchers" -}}
+{{- $re := `^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"?(.*?)"?\s*$` -}}
+{{- $out := list -}}
+{{- range (.matchers | default list) -}}
+{{- if not (regexMatch $re .) -}}
+{{- fail (printf "rules/alertmanager-inhibit.yaml %s: cannot parse matcher %q" $.where .) -}}
+{{- end -}}
+{{- $out = append $out (dict "name" (regexReplaceAll $re . "${1}") "matchType" (regexReplaceAll $re . "${2}") "value" (regexReplaceAll $re . "${3}")) -}}
+{{- end -}}
+{{- range $k, $v := (.match | default dict) -}}
+{{- $out = append $out (dict "name" $k "matchType" "=" "value" (toString $v)) -}}
+{{- end -}}
+{{- range $k, $v := (.matchRe | default dict) -}}
+{{- $out = append $out (dict "name" $k "matchType" "=~" "value" (toString $v)) -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}

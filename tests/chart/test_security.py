@@ -1,0 +1,146 @@
+"""Security defaults on every pod, and NetworkPolicies that leave only the intended paths."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from chart.chart_helm import VALUES_SETS, find, one, pod_specs, rendered
+
+# dcgm-exporter runs as root to reach the kubelet's root-owned pod-resources socket
+# (docs/deploy.md); it still gets no capabilities, no privilege escalation, no host namespaces.
+ROOT_ALLOWED = ("-dcgm-exporter",)
+
+
+def _workloads(values: str) -> list[tuple[str, dict[str, Any]]]:
+    specs = list(pod_specs(rendered(values)))
+    assert specs
+    return specs
+
+
+@pytest.mark.parametrize("values", VALUES_SETS)
+def test_every_container_is_locked_down(values: str) -> None:
+    for name, pod in _workloads(values):
+        pod_ctx = pod.get("securityContext", {})
+        assert pod_ctx.get("seccompProfile", {}).get("type") == "RuntimeDefault", name
+        assert not pod.get("hostPID") and not pod.get("hostIPC"), name
+        as_root = name.endswith(ROOT_ALLOWED)
+        if not as_root:
+            assert pod_ctx.get("runAsNonRoot") is True and pod_ctx.get("runAsUser", 0) > 0, name
+        for container in pod.get("initContainers", []) + pod["containers"]:
+            ctx = container["securityContext"]
+            where = f"{name}/{container['name']}"
+            assert ctx["allowPrivilegeEscalation"] is False, where
+            assert ctx["readOnlyRootFilesystem"] is True, where
+            assert ctx.get("privileged", False) is False, where
+            assert ctx["capabilities"]["drop"] == ["ALL"], where
+            added = set(ctx["capabilities"].get("add", []))
+            assert added <= ({"SYS_ADMIN"} if as_root else set()), where
+            resources = container["resources"]
+            assert {"cpu", "memory"} <= set(resources["requests"]), where
+            assert "memory" in resources["limits"], where
+
+
+@pytest.mark.parametrize("values", VALUES_SETS)
+def test_host_paths_are_read_only_and_few(values: str) -> None:
+    for name, pod in _workloads(values):
+        host_volumes = {
+            v["name"]: v["hostPath"]["path"] for v in pod.get("volumes", []) if "hostPath" in v
+        }
+        if "exporter" not in name:
+            assert not host_volumes, name
+            assert not pod.get("hostNetwork"), name
+            continue
+        for container in pod["containers"]:
+            for mount in container.get("volumeMounts", []):
+                if mount["name"] in host_volumes:
+                    assert mount.get("readOnly") is True, f"{name}: {mount}"
+
+
+def test_capabilities_are_added_only_on_request() -> None:
+    dcgm = one(rendered("defaults"), "DaemonSet", "-dcgm-exporter")
+    assert (
+        "add"
+        not in dcgm["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]
+    )
+
+
+def _selects(policy: dict[str, Any], labels: dict[str, str]) -> bool:
+    wanted = policy["spec"]["podSelector"].get("matchLabels", {})
+    return all(labels.get(k) == v for k, v in wanted.items())
+
+
+def _policies_for(objs: Any, labels: dict[str, str]) -> list[dict[str, Any]]:
+    return [p for p in find(objs, "NetworkPolicy") if _selects(p, labels)]
+
+
+@pytest.mark.parametrize("values", ["defaults", "ha-postgres", "everything-on"])
+def test_every_pod_off_the_host_network_is_covered_by_a_network_policy(values: str) -> None:
+    objs = rendered(values)
+    for obj in objs:
+        if obj["kind"] not in ("Deployment", "DaemonSet", "CronJob"):
+            continue
+        spec = obj["spec"]["jobTemplate"]["spec"] if obj["kind"] == "CronJob" else obj["spec"]
+        if spec["template"]["spec"].get("hostNetwork"):
+            continue
+        labels = spec["template"]["metadata"]["labels"]
+        assert _policies_for(objs, labels), f"no NetworkPolicy selects {obj['metadata']['name']}"
+
+
+def _peers(policy: dict[str, Any]) -> list[dict[str, Any]]:
+    return [peer for rule in policy["spec"].get("ingress", []) for peer in rule["from"]]
+
+
+def test_gateway_admits_only_alertmanager_and_prometheus() -> None:
+    objs = rendered("defaults")
+    gateway = one(objs, "Deployment", "-gateway")
+    policies = _policies_for(objs, gateway["spec"]["template"]["metadata"]["labels"])
+    assert len(policies) == 1
+    peers = _peers(policies[0])
+    apps = sorted(p["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for p in peers)
+    assert apps == ["alertmanager", "prometheus"]
+    assert all("namespaceSelector" in p for p in peers)  # not "any namespace"
+    ports = [port for rule in policies[0]["spec"]["ingress"] for port in rule["ports"]]
+    assert ports == [{"port": "http", "protocol": "TCP"}]
+
+
+def test_operator_and_report_admit_nothing() -> None:
+    objs = rendered("defaults")
+    for suffix, kind in (("-operator", "Deployment"), ("-report", "CronJob")):
+        obj = one(objs, kind, suffix)
+        spec = obj["spec"]["jobTemplate"]["spec"] if kind == "CronJob" else obj["spec"]
+        (policy,) = _policies_for(objs, spec["template"]["metadata"]["labels"])
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        assert not policy["spec"].get("ingress")
+
+
+def test_exporters_admit_only_prometheus() -> None:
+    objs = rendered("everything-on")  # node-exporter off the host network there
+    for suffix in ("-dcgm-exporter", "-node-exporter"):
+        ds = one(objs, "DaemonSet", suffix)
+        (policy,) = _policies_for(objs, ds["spec"]["template"]["metadata"]["labels"])
+        apps = [p["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for p in _peers(policy)]
+        assert apps == ["prometheus"]
+
+
+def test_secrets_stay_out_of_config_maps_and_env_values() -> None:
+    objs = rendered("everything-on")
+    secret_values = [
+        "s3cret",
+        "app-s3cret",
+        "mail-s3cret",
+        "given-webhook-token",
+        "trainsentry:secret@",
+    ]
+    for cm in find(objs, "ConfigMap"):
+        text = str(cm["data"])
+        assert not [s for s in secret_values if s in text], cm["metadata"]["name"]
+    for name, pod in pod_specs(objs):
+        for container in pod["containers"]:
+            env = {e["name"]: e for e in container.get("env", [])}
+            for var in ("TRAINSENTRY_WEBHOOK_TOKEN", "TRAINSENTRY_API_TOKEN", "TRAINSENTRY_DB"):
+                if var in env:  # the DB URL of PostgreSQL holds a password
+                    assert "secretKeyRef" in env[var].get("valueFrom", {}), f"{name}: {var}"
+            values = " ".join(str(e.get("value", "")) for e in env.values())
+            assert not [s for s in secret_values if s in values], name

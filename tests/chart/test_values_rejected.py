@@ -1,0 +1,76 @@
+"""Invalid values make helm lint and helm template fail, saying what is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chart.chart_helm import CHART, NAMESPACE, RELEASE, HelmFailed, helm, lint, template
+
+# (case, values overriding the defaults, text the error must contain)
+REJECTED: list[tuple[str, dict[str, Any], str]] = [
+    ("wrong type", {"gateway": {"replicas": "two"}}, "Expected: integer, given: string"),
+    ("wrong type nested", {"exporters": {"dcgm": {"enabled": "yes"}}}, "Expected: boolean"),
+    ("unknown top-level key", {"gatway": {"replicas": 1}}, "Additional property gatway"),
+    ("unknown nested key", {"gateway": {"replica": 2}}, "Additional property replica"),
+    ("replicas > 1 with SQLite", {"gateway": {"replicas": 2}}, "gateway.database.type"),
+    ("bad enum", {"gateway": {"database": {"type": "mysql"}}}, "gateway.database.type"),
+    ("unknown channel", {"channels": {"config": {"slack": {}}}}, "channels.config"),
+    ("bad duration", {"alertmanager": {"config": {"route": {"groupWait": "soon"}}}}, "groupWait"),
+    ("resources without limits", {"gateway": {"resources": {"limits": None}}}, "limits"),
+    ("memory limit removed", {"operator": {"resources": {"limits": {"memory": None}}}}, "memory"),
+    ("bad digest", {"image": {"digest": "latest"}}, "image.digest"),
+]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"), [c[1:] for c in REJECTED], ids=[c[0] for c in REJECTED]
+)
+def test_helm_lint_and_template_refuse(
+    values: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    with pytest.raises(HelmFailed) as linted:
+        lint(overrides=values, tmp=tmp_path)
+    assert message in linted.value.stdout + linted.value.stderr
+    with pytest.raises(HelmFailed) as templated:
+        template(overrides=values, tmp=tmp_path)
+    assert message in templated.value.stderr
+
+
+def test_template_guard_refuses_sqlite_replicas_even_without_the_schema() -> None:
+    """The template's own check backs the schema (e.g. for --skip-schema-validation)."""
+    with pytest.raises(HelmFailed) as failed:
+        helm(
+            "template",
+            RELEASE,
+            str(CHART),
+            "--namespace",
+            NAMESPACE,
+            "--skip-schema-validation",
+            "--set",
+            "gateway.replicas=3",
+        )
+    assert "gateway.replicas > 1 needs gateway.database.type=postgresql" in failed.value.stderr
+
+
+def test_postgresql_without_a_url_is_refused(tmp_path: Path) -> None:
+    values = {"gateway": {"database": {"type": "postgresql"}}}
+    with pytest.raises(HelmFailed) as failed:
+        template(overrides=values, tmp=tmp_path)
+    assert "needs gateway.database.postgresql.existingSecret" in failed.value.stderr
+
+
+def test_replicas_above_one_with_postgresql_are_accepted(tmp_path: Path) -> None:
+    values = {
+        "gateway": {
+            "replicas": 2,
+            "database": {"type": "postgresql", "postgresql": {"existingSecret": "db"}},
+        }
+    }
+    objs = template(overrides=values, tmp=tmp_path)
+    gateway = [
+        o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-gateway")
+    ]
+    assert gateway[0]["spec"]["replicas"] == 2

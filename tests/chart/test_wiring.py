@@ -1,0 +1,187 @@
+"""The rendered parts fit together and fit the code: config.yaml loads with trainsentry's
+own settings loader, Alertmanager reaches the gateway with the token the gateway expects."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from chart.chart_helm import VALUES_SETS, find, one, rendered
+from trainsentry.config import _ENV_MAP, load_settings
+from trainsentry.notifiers.settings import ChannelsSettings
+
+
+def _container(obj: dict[str, Any]) -> dict[str, Any]:
+    spec = obj["spec"]["jobTemplate"]["spec"] if obj["kind"] == "CronJob" else obj["spec"]
+    containers: list[dict[str, Any]] = spec["template"]["spec"]["containers"]
+    return containers[0]
+
+
+def _secret_value(objs: Any, ref: dict[str, str]) -> str:
+    secret = one(objs, "Secret", ref["name"])
+    return base64.b64decode(secret["data"][ref["key"]]).decode()
+
+
+def _env_for(objs: Any, container: dict[str, Any], fake_secret: str = "x") -> dict[str, str]:
+    """The container's environment as the pod would see it (Secrets the chart does not create
+    replaced by `fake_secret`)."""
+    env: dict[str, str] = {}
+    for item in container["env"]:
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        elif "secretKeyRef" in item["valueFrom"]:
+            ref = item["valueFrom"]["secretKeyRef"]
+            found = find(objs, "Secret", ref["name"])
+            env[item["name"]] = _secret_value(objs, ref) if found else fake_secret
+    for source in container.get("envFrom", []):
+        found = find(objs, "Secret", source["secretRef"]["name"])
+        for key, value in (found[0]["data"] if found else {}).items():
+            env[key] = base64.b64decode(value).decode()
+    return env
+
+
+@pytest.mark.parametrize("values", VALUES_SETS)
+@pytest.mark.parametrize("component", ["-gateway", "-report"])
+def test_config_and_env_load_with_the_settings_loader(
+    values: str, component: str, tmp_path: Path
+) -> None:
+    objs = rendered(values)
+    workloads = find(objs, "Deployment", component) + find(objs, "CronJob", component)
+    if not workloads:
+        pytest.skip(f"no {component} in {values}")
+    container = _container(workloads[0])
+    config_map = one(objs, "ConfigMap", "-config")
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(config_map["data"]["config.yaml"], encoding="utf-8")
+    env = _env_for(objs, container, fake_secret="postgresql://u:p@db/ts")
+    mount = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}["config"]
+    assert env["TRAINSENTRY_CONFIG"] == f"{mount}/config.yaml"
+    env["TRAINSENTRY_CONFIG"] = str(config_file)
+
+    settings = load_settings(env=env)
+
+    port = _container(one(objs, "Deployment", "-gateway"))["ports"][0]["containerPort"]
+    assert settings.gateway.port == port
+    assert settings.gateway.webhook_token is not None
+    assert settings.gateway.api_token is not None
+    assert settings.gateway.db.startswith(("sqlite:////", "postgresql"))
+    channels = (settings.model_extra or {}).get("channels")
+    if channels is not None:
+        parsed = ChannelsSettings.model_validate(channels)
+        # Every secret the channels name by environment variable is in the pod's environment.
+        named = _env_names(parsed.model_dump())
+        assert named and named <= set(env), named - set(env)
+
+
+def _env_names(node: Any) -> set[str]:
+    names: set[str] = set()
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key.endswith("_env") and isinstance(value, str):
+                names.add(value)
+            else:
+                names |= _env_names(value)
+    elif isinstance(node, list):
+        for item in node:
+            names |= _env_names(item)
+    return names
+
+
+def test_only_known_settings_variables_are_set() -> None:
+    known = set(_ENV_MAP) | {"TRAINSENTRY_CONFIG"}
+    for obj in find(rendered("everything-on"), "Deployment") + find(
+        rendered("everything-on"), "CronJob"
+    ):
+        for item in _container(obj).get("env", []):
+            if item["name"].startswith("TRAINSENTRY_"):
+                assert item["name"] in known, item["name"]
+
+
+def test_sqlite_lives_on_the_claim_mounted_at_its_path() -> None:
+    objs = rendered("defaults")
+    gateway = one(objs, "Deployment", "-gateway")
+    container = _container(gateway)
+    db = {e["name"]: e for e in container["env"]}["TRAINSENTRY_DB"]["value"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert db == f"sqlite:///{mounts['data']}/trainsentry.db"
+    volumes = {v["name"]: v for v in gateway["spec"]["template"]["spec"]["volumes"]}
+    claim = one(objs, "PersistentVolumeClaim")
+    assert volumes["data"]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    # The report job reads the same file and is scheduled next to the gateway.
+    report = one(objs, "CronJob")
+    pod = report["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert {v["name"]: v for v in pod["volumes"]}["data"] == volumes["data"]
+    term = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert (
+        term["labelSelector"]["matchLabels"].items()
+        <= gateway["spec"]["selector"]["matchLabels"].items()
+    )
+
+
+def test_gateway_probes_use_the_health_endpoints() -> None:
+    container = _container(one(rendered("defaults"), "Deployment", "-gateway"))
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["args"][0] == "gateway"
+
+
+@pytest.mark.parametrize("values", ["defaults", "everything-on"])
+def test_alertmanager_reaches_the_gateway_with_its_token(values: str) -> None:
+    objs = rendered(values)
+    amc = one(objs, "AlertmanagerConfig")
+    (receiver,) = amc["spec"]["receivers"]
+    assert amc["spec"]["route"]["receiver"] == receiver["name"]
+    (webhook,) = receiver["webhookConfigs"]
+    service = one(objs, "Service", "-gateway")
+    port = service["spec"]["ports"][0]["port"]
+    name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
+    assert webhook["url"] == f"http://{name}.{namespace}.svc:{port}/api/v1/alertmanager"
+    assert webhook["sendResolved"] is True
+    credentials = webhook["httpConfig"]["authorization"]["credentials"]
+    gateway_env = {e["name"]: e for e in _container(one(objs, "Deployment", "-gateway"))["env"]}
+    assert credentials == gateway_env["TRAINSENTRY_WEBHOOK_TOKEN"]["valueFrom"]["secretKeyRef"]
+    token = _secret_value(objs, credentials)
+    if values == "everything-on":
+        assert token == "given-webhook-token"
+    else:
+        assert len(token) == 48 and token.isalnum()
+
+
+def test_generated_tokens_differ() -> None:
+    objs = rendered("defaults")
+    secret = one(objs, "Secret", "-gateway-auth")
+    assert len(set(secret["data"].values())) == 2
+
+
+def test_existing_secrets_are_used_and_not_created() -> None:
+    objs = rendered("ha-postgres")
+    assert not find(objs, "Secret")
+    env = {e["name"]: e for e in _container(one(objs, "Deployment", "-gateway"))["env"]}
+    assert env["TRAINSENTRY_DB"]["valueFrom"]["secretKeyRef"] == {
+        "name": "trainsentry-db",
+        "key": "dsn",
+    }
+    assert (
+        env["TRAINSENTRY_WEBHOOK_TOKEN"]["valueFrom"]["secretKeyRef"]["name"]
+        == "trainsentry-tokens"
+    )
+
+
+def test_config_change_rolls_the_gateway() -> None:
+    def checksum(values: str) -> str:
+        gateway = one(rendered(values), "Deployment", "-gateway")
+        return str(gateway["spec"]["template"]["metadata"]["annotations"]["checksum/config"])
+
+    assert checksum("defaults") != checksum("everything-on")
+
+
+def test_config_yaml_is_plain_yaml_without_secrets() -> None:
+    config = yaml.safe_load(
+        one(rendered("everything-on"), "ConfigMap", "-config")["data"]["config.yaml"]
+    )
+    assert config["gateway"]["alertmanager_url"] == "http://alertmanager-operated.monitoring:9093"
+    assert "webhook_token" not in config["gateway"] and "db" not in config["gateway"]
