@@ -20,6 +20,8 @@ Added on top of kmock:
   ownerReferences: a dependent is deleted when none of its owners (by uid) exists any more.
 - fault injection: `inject_fault("create", "prometheusrules", 500, times=2)` answers the next
   two matching calls with that status, without touching state.
+- a `validator` hook: every object about to be stored by a create or patch is passed to it;
+  a ValueError answers 422 (the operator tests plug in strict schema validation).
 - call recording: every resource call is kept in `calls` as `ApiCall(verb, group, resource,
   subresource)`, where verb is the RBAC verb (get, list, watch, create, patch, delete).
 
@@ -34,7 +36,7 @@ import copy
 import datetime
 import re
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,8 +155,12 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         super().__attrs_post_init__()
         self.rv = 0
         self.calls: list[ApiCall] = []
+        self.agents: list[str] = []  # the User-Agent of each call, parallel to `calls`
         self.faults: list[Fault] = []
         self.history_limit = _HISTORY_LIMIT
+        # Called with every object as it would be stored after a create or patch; a raised
+        # ValueError rejects the write with 422 (tests plug schema validation in here).
+        self.validator: Callable[[dict[str, Any]], None] | None = None
 
     # --- public helpers for tests ---------------------------------------------------------
 
@@ -180,8 +186,11 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     ) -> None:
         self.faults.append(Fault(verb, resource, status, times, subresource))
 
-    def recorded_calls(self) -> set[ApiCall]:
-        return set(self.calls)
+    def recorded_calls(self, exclude_agent: str | None = None) -> set[ApiCall]:
+        """The distinct calls made, optionally without those of one client (by User-Agent
+        prefix; the tests' own kmock client sends `kmock/...`)."""
+        return {call for call, agent in zip(self.calls, self.agents, strict=True)
+                if exclude_agent is None or not agent.startswith(exclude_agent)}
 
     def live(self, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:
         """The raw objects of `resource` (e.g. "v1/configmaps") that currently exist."""
@@ -208,6 +217,7 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         verb = _verb(request)
         group = resource.group or ""
         self.calls.append(ApiCall(verb, group, resource.plural, request.subresource or ""))
+        self.agents.append(str(request.headers.get("User-Agent", "")))
         if not any(resource == known for known in self._get_resources()):
             raise kmock.KubernetesResourceNotFoundError()
         self._raise_injected_fault(verb, resource.plural, request.subresource)
@@ -244,6 +254,14 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         if verb == "delete":
             return 200, await self._delete(request)
         raise kmock.KubernetesError(status=405, reason="MethodNotAllowed", message=verb)
+
+    def _validate(self, raw: dict[str, Any]) -> None:
+        if self.validator is None:
+            return
+        try:
+            self.validator(raw)
+        except ValueError as exc:
+            raise kmock.KubernetesError(status=422, reason="Invalid", message=str(exc)) from exc
 
     def _has_status_subresource(self, resource: kmock.resource) -> bool:
         return "status" in (self.resources[resource].subresources if resource in self.resources
@@ -292,6 +310,11 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     async def _create(self, request: rendering.Request) -> dict[str, Any]:
         data = copy.deepcopy(request.data) if isinstance(request.data, dict) else {}
         meta = data.setdefault("metadata", {})
+        resource = request.resource
+        if resource in self.resources:  # the server knows what it stores, as a real one does
+            data.setdefault("kind", self.resources[resource].kind)
+            data.setdefault("apiVersion",
+                            f"{resource.group}/{resource.version}".lstrip("/"))
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         if not meta.get("name"):
@@ -306,6 +329,7 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             )
         if self._has_status_subresource(request.resource):
             data.pop("status", None)
+        self._validate(data)
         meta.update(uid=str(uuid.uuid4()), resourceVersion=self._next_rv(), generation=1,
                     creationTimestamp=_now())
         if key in self.objects:
@@ -353,6 +377,7 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                 meta[immutable] = old["metadata"][immutable]
         if _spec_part(new) != _spec_part(old):
             meta["generation"] = int(old["metadata"].get("generation", 1)) + 1
+        self._validate(new)
         meta["resourceVersion"] = self._next_rv()
         key = (request.resource, self._namespace(request), request.name)
         self._store(key, new)

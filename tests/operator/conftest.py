@@ -1,8 +1,44 @@
-"""Makes `tests/kube_emulator.py` importable as `kube_emulator` from the operator's tests."""
+"""Fixtures for the operator tests. Makes `tests/kube_emulator.py` and this directory's
+`operator_harness.py` importable by their plain names."""
+
+from __future__ import annotations
 
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
-_TESTS_DIR = str(Path(__file__).resolve().parents[1])
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
+import pytest
+
+for _path in (Path(__file__).resolve().parents[1], Path(__file__).resolve().parent):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+import kmock  # noqa: E402
+from kube_emulator import ApiCall, KubeEmulator  # noqa: E402
+from operator_harness import Validator, declare_cluster  # noqa: E402
+
+from trainsentry.operator.reconcile import Sources, load_sources  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data"
+# Calls the operator made, across every test that used the `cluster` fixture (see
+# test_zz_api_calls.py).
+OPERATOR_CALLS: set[ApiCall] = set()
+TESTS_RECORDED: set[str] = set()
+
+
+@pytest.fixture
+def sources() -> Sources:
+    return load_sources(DATA / "rules", DATA / "dashboards")
+
+
+@pytest.fixture
+async def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[KubeEmulator]:
+    validator = Validator()
+    async with KubeEmulator() as emu, kmock.Server(emu):
+        declare_cluster(emu)
+        emu.validator = validator
+        emu.validation = validator  # for assertions on what was checked
+        yield emu
+    validator.promtool_check(tmp_path)
+    OPERATOR_CALLS.update(emu.recorded_calls(exclude_agent="kmock/"))
+    TESTS_RECORDED.add(request.node.nodeid)

@@ -1,0 +1,147 @@
+"""Thin kopf handlers: each one hands the object to reconcile.py and maps errors to retries.
+
+Handlers are registered into a fresh `kopf.OperatorRegistry` by `build_registry()`, not at
+import time, so an operator process (or a test) decides what it runs: discovery on or off,
+the resync interval, how to log in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from kubernetes_asyncio.client import ApiClient, Configuration
+
+from trainsentry.operator import reconcile as rec
+from trainsentry.operator.kube import Kube, KubeError, RetryPolicy
+from trainsentry.operator.spec import GROUP, MONITOR_ANNOTATION, PLURAL, VERSION
+
+log = logging.getLogger(__name__)
+
+FINALIZER = "trainsentry.io/finalizer"
+# kind → (group, version, plural) of the workloads that can opt in to discovery.
+DISCOVERABLE = {
+    "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
+    "Job": ("batch.volcano.sh", "v1alpha1", "jobs"),
+}
+
+
+@dataclass(frozen=True)
+class OperatorOptions:
+    resync_seconds: float = 60.0  # every job is fully reconciled at least this often
+    retry_delay: float = 5.0  # a failed reconcile is retried after this many seconds
+    discovery: bool = True
+    api_config: Configuration | None = None  # for our own client; None: the default config
+    login: Callable[..., Any] | None = None  # a kopf login handler; None: kopf's built-ins
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+
+def _emitter(body: kopf.Body) -> rec.Emit:
+    def emit(kind: str, reason: str, message: str) -> None:
+        kopf.event(body, type=kind, reason=reason, message=message[:1000])
+
+    return emit
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """Our names for kopf's bookkeeping, and no status clutter."""
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration")
+    settings.posting.level = logging.INFO
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 30
+    # A resync timer must stop before the finalizer goes; check often (kopf's default: 60 s).
+    settings.background.cancellation_polling = 1
+
+
+def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    locks: dict[str, asyncio.Lock] = {}
+    deleted: set[str] = set()  # uids cleaned up; a late resync must not re-claim their nodes
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+        configure(settings)
+        memo.api = ApiClient(configuration=options.api_config)
+        memo.kube = Kube(memo.api, options.retry)
+        log.info("event=operator_started rule_files=%d dashboards=%d discovery=%s",
+                 len(sources.rule_files), len(sources.dashboards), options.discovery)
+
+    @kopf.on.cleanup(registry=registry)
+    async def shutdown(memo: kopf.Memo, **_: Any) -> None:
+        if getattr(memo, "api", None) is not None:
+            await memo.api.close()
+
+    if options.login is not None:
+        kopf.on.login(registry=registry)(options.login)
+
+    async def run_reconcile(body: kopf.Body, memo: kopf.Memo) -> None:
+        uid = str(body.metadata.uid)
+        lock = locks.setdefault(uid, asyncio.Lock())
+        async with lock:
+            if uid in deleted or body.metadata.get("deletionTimestamp"):
+                return
+            try:
+                await rec.reconcile(memo.kube, body, sources, _emitter(body))
+            except KubeError as exc:
+                kopf.warn(body, reason="ReconcileFailed", message=str(exc)[:1000])
+                raise kopf.TemporaryError(str(exc), delay=options.retry_delay) from exc
+
+    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry)
+    async def reconcile_job(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        await run_reconcile(body, memo)
+
+    @kopf.timer(GROUP, VERSION, PLURAL, interval=options.resync_seconds,
+                initial_delay=options.resync_seconds, registry=registry)
+    async def resync_job(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        try:
+            await run_reconcile(body, memo)
+        except kopf.TemporaryError as exc:
+            log.warning("event=resync_failed job=%s/%s error=%r",
+                        body.metadata.namespace, body.metadata.name, str(exc))
+
+    @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
+    async def delete_job(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        uid = str(body.metadata.uid)
+        async with locks.setdefault(uid, asyncio.Lock()):
+            deleted.add(uid)
+            try:
+                await rec.cleanup(memo.kube, body, _emitter(body))
+            except KubeError as exc:
+                raise kopf.TemporaryError(str(exc), delay=options.retry_delay) from exc
+        locks.pop(uid, None)
+
+    if options.discovery:
+        for kind, (group, version, plural) in DISCOVERABLE.items():
+            _register_discovery(registry, kind, group, version, plural, options)
+    return registry
+
+
+def _register_discovery(registry: kopf.OperatorRegistry, kind: str, group: str, version: str,
+                        plural: str, options: OperatorOptions) -> None:
+    # on.event, not on.create: it stores nothing on the user's workload (no finalizer, no
+    # annotations), so the operator needs only read access to workloads.
+    @kopf.on.event(group, version, plural, annotations={MONITOR_ANNOTATION: "true"},
+                   registry=registry, id=f"discover-{plural}")
+    async def discover_workload(type: str | None, body: kopf.Body, memo: kopf.Memo,
+                                **_: Any) -> None:
+        if type == "DELETED" or body.metadata.get("deletionTimestamp"):
+            return
+        try:
+            created = await rec.discover(memo.kube, kind, body)
+        except KubeError as exc:
+            log.warning("event=discovery_failed kind=%s name=%s/%s error=%r", kind,
+                        body.metadata.namespace, body.metadata.name, str(exc))
+            return
+        if created:
+            kopf.info(body, reason="TrainingJobCreated",
+                      message=f"trainsentry watches this job as TrainingJob "
+                              f"{body.metadata.name}")

@@ -1,0 +1,270 @@
+"""Reconcile one TrainingJob: observe pods, apply children, claim nodes, write status.
+
+Idempotent: every step reads what exists and changes only what differs, so running it again
+(a resync, a restart, a retry after an API error) converges without duplicates. Pure decisions
+live in render.py, nodes.py and status.py; this module only moves data through the API.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from trainsentry.operator import discovery, nodes, status
+from trainsentry.operator.kube import BY_KIND, NODES, PODS, TRAININGJOBS, Kube, KubeError
+from trainsentry.operator.render import (
+    DashboardFile,
+    RuleFile,
+    child_names,
+    hang_alert_names,
+    render_children,
+)
+from trainsentry.operator.spec import JobIdentity, TrainingJobSpec
+
+log = logging.getLogger(__name__)
+
+# (type "Normal" | "Warning", reason, message) → posts a Kubernetes Event on the TrainingJob.
+Emit = Callable[[str, str, str], None]
+NODE_CONFLICT_RETRIES = 8
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Rule files and dashboards, loaded once at startup."""
+
+    rule_files: tuple[RuleFile, ...]
+    dashboards: tuple[DashboardFile, ...]
+
+    @property
+    def hang_alerts(self) -> frozenset[str]:
+        return hang_alert_names(self.rule_files)
+
+
+def load_sources(rules_dir: Path, dashboards_dir: Path) -> Sources:
+    rule_files = []
+    for path in sorted(rules_dir.glob("*.yaml")) if rules_dir.is_dir() else []:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        if isinstance(loaded, dict) and isinstance(loaded.get("groups"), list):
+            rule_files.append(RuleFile(path.name, loaded["groups"]))
+    dashboards = []
+    for path in sorted(dashboards_dir.glob("*.json")) if dashboards_dir.is_dir() else []:
+        dashboards.append(DashboardFile(path.stem, json.loads(path.read_text(encoding="utf-8"))))
+    return Sources(tuple(rule_files), tuple(dashboards))
+
+
+# --- children -------------------------------------------------------------------------------
+
+
+def merge_diff(old: Any, new: Any) -> Any:
+    """The JSON merge patch turning `old` into `new`."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        if old.get(key) != value:
+            patch[key] = merge_diff(old.get(key), value)
+    return patch
+
+
+def child_patch(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
+    """What to patch so `existing` matches `desired` (foreign labels/annotations are kept)."""
+    patch: dict[str, Any] = {}
+    for key, value in desired.items():
+        if key in ("apiVersion", "kind", "metadata"):
+            continue
+        if existing.get(key) != value:
+            patch[key] = merge_diff(existing.get(key), value)
+    old_meta, new_meta = existing.get("metadata") or {}, desired.get("metadata") or {}
+    meta_patch: dict[str, Any] = {}
+    for field in ("labels", "annotations"):
+        changed = {k: v for k, v in (new_meta.get(field) or {}).items()
+                   if (old_meta.get(field) or {}).get(k) != v}
+        if changed:
+            meta_patch[field] = changed
+    if old_meta.get("ownerReferences") != new_meta.get("ownerReferences"):
+        meta_patch["ownerReferences"] = new_meta.get("ownerReferences")
+    if meta_patch:
+        patch["metadata"] = meta_patch
+    return patch
+
+
+async def apply_child(kube: Kube, manifest: dict[str, Any]) -> str:
+    """Creates or patches one child; returns "created", "updated" or "unchanged"."""
+    res = BY_KIND[manifest["kind"]]
+    namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+    existing = await kube.get(res, namespace, name)
+    if existing is None:
+        try:
+            await kube.create(res, namespace, manifest)
+            return "created"
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
+            existing = await kube.get(res, namespace, name)  # raced with another writer
+            if existing is None:
+                raise
+    patch = child_patch(existing, manifest)
+    if not patch:
+        return "unchanged"
+    await kube.patch(res, namespace, name, patch)
+    return "updated"
+
+
+# --- nodes ----------------------------------------------------------------------------------
+
+
+async def sync_node(kube: Kube, node_name: str, job_uid: str, claim: nodes.Claim | None) -> bool:
+    """Sets or drops this job's claim on a node; True if the node changed."""
+    for _ in range(NODE_CONFLICT_RETRIES):
+        node = await kube.get(NODES, None, node_name)
+        if node is None:
+            return False
+        patch = nodes.node_patch(node, job_uid, claim)
+        if patch is None:
+            return False
+        try:
+            await kube.patch(NODES, None, node_name, patch)
+            return True
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
+            log.info("event=node_conflict node=%s job_uid=%s", node_name, job_uid)
+    raise KubeError(409, f"node {node_name}: too many conflicting writers")
+
+
+async def release_all_nodes(kube: Kube, job_uid: str) -> list[str]:
+    """Drops this job's claims from every node carrying one (for deletion)."""
+    released = []
+    for node in await kube.list(NODES, None, f"{nodes.MONITORED_LABEL}=true"):
+        name = node["metadata"]["name"]
+        if nodes.claimed_by(node, job_uid) and await sync_node(kube, name, job_uid, None):
+            released.append(name)
+    return released
+
+
+# --- the reconcile --------------------------------------------------------------------------
+
+
+async def _write_status(kube: Kube, job: JobIdentity, old: Mapping[str, Any],
+                        new: Mapping[str, Any]) -> None:
+    patch = status.status_patch(old, new)
+    if patch:
+        await kube.patch(TRAININGJOBS, job.namespace, job.name, {"status": patch},
+                         subresource="status")
+
+
+async def reconcile(kube: Kube, body: Mapping[str, Any], sources: Sources, emit: Emit) -> str:
+    """Brings one TrainingJob's children, node claims and status up to date; returns phase."""
+    job = JobIdentity.from_body(body)
+    old_status: Mapping[str, Any] = body.get("status") or {}
+    generation = int(body["metadata"].get("generation") or 1)
+    try:
+        spec = TrainingJobSpec.model_validate(body.get("spec") or {})
+    except ValidationError as exc:
+        message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        emit("Warning", "InvalidSpec", message)
+        bad = [status.Condition(kind, False, "InvalidSpec", message)
+               for kind in status.CONDITION_TYPES]
+        await _write_status(kube, job, old_status, {
+            "phase": "Pending", "observedGeneration": generation,
+            "conditions": status.merge_conditions(old_status.get("conditions") or [], bad,
+                                                  status.now_iso(), generation)})
+        return "Pending"
+
+    pods = await kube.list(PODS, job.namespace, spec.pod_selector().as_string())
+    summary = status.PodSummary.of(pods)
+    rendered = render_children(job, spec, sources.rule_files, sources.dashboards,
+                               [pod["metadata"]["name"] for pod in pods])
+    if rendered.unknown_thresholds:
+        emit("Warning", "UnknownThreshold",
+             f"no rule declares thresholds: {', '.join(rendered.unknown_thresholds)}")
+    children = []
+    for manifest in rendered.manifests:
+        outcome = await apply_child(kube, manifest)
+        kind, name = manifest["kind"], manifest["metadata"]["name"]
+        children.append({"apiVersion": manifest["apiVersion"], "kind": kind, "name": name})
+        if outcome != "unchanged":
+            emit("Normal", f"Child{outcome.capitalize()}", f"{outcome} {kind} {name}")
+    if not any(child["kind"] == "ConfigMap" for child in children):
+        dashboards_name = child_names(job.name)["ConfigMap"]
+        if await kube.delete(BY_KIND["ConfigMap"], job.namespace, dashboards_name):
+            emit("Normal", "ChildDeleted", f"deleted ConfigMap {dashboards_name}")
+
+    exporters = tuple(spec.exporters.enabled())
+    claim = nodes.Claim(job.uid, job.key, exporters) if exporters else None
+    wanted = set(summary.nodes) if claim else set()
+    before = set(old_status.get("nodes") or [])
+    changed = [node for node in sorted(wanted)
+               if await sync_node(kube, node, job.uid, claim)]
+    released = [node for node in sorted(before - wanted)
+                if await sync_node(kube, node, job.uid, None)]
+    if changed or released:
+        emit("Normal", "NodesLabelled",
+             f"claimed {changed or '[]'}, released {released or '[]'}")
+
+    conditions = _conditions(spec, rendered.alert_count, rendered.unknown_thresholds,
+                             summary, exporters)
+    new_status = status.build_status(
+        old_status, spec=spec, generation=generation, pods=summary, conditions=conditions,
+        children=children, hang_alerts=sources.hang_alerts, now=status.now_iso(),
+    )
+    await _write_status(kube, job, old_status, new_status)
+    if old_status.get("phase") != new_status["phase"]:
+        emit("Normal", "PhaseChanged",
+             f"{old_status.get('phase', 'None')} -> {new_status['phase']}")
+    return str(new_status["phase"])
+
+
+def _conditions(spec: TrainingJobSpec, alerts: int, unknown: Sequence[str],
+                pods: status.PodSummary, exporters: Sequence[str]) -> list[status.Condition]:
+    rules = (status.Condition("RulesReady", False, "UnknownThreshold",
+                              f"unknown thresholds: {', '.join(unknown)}")
+             if unknown else
+             status.Condition("RulesReady", True, "Applied", f"{alerts} alerting rules"))
+    scrape = (status.Condition("ScrapeReady", True, "Applied",
+                               f"{pods.running} pods on port {spec.probe.port}")
+              if pods.running else
+              status.Condition("ScrapeReady", False, "NoRunningPods",
+                               f"PodMonitor applied; no running pod matches "
+                               f"{spec.pod_selector().as_string()!r}"))
+    if not exporters:
+        nodes_cond = status.Condition("ExportersReady", True, "Disabled", "no exporters wanted")
+    elif pods.nodes:
+        nodes_cond = status.Condition("ExportersReady", True, "NodesLabelled",
+                                      f"{len(pods.nodes)} nodes labelled for "
+                                      f"{', '.join(exporters)}")
+    else:
+        nodes_cond = status.Condition("ExportersReady", False, "NoNodes",
+                                      "no pod is scheduled yet")
+    return [rules, scrape, nodes_cond]
+
+
+async def cleanup(kube: Kube, body: Mapping[str, Any], emit: Emit) -> list[str]:
+    """On deletion: drop node claims (children go by ownerReference garbage collection)."""
+    job = JobIdentity.from_body(body)
+    released = await release_all_nodes(kube, job.uid)
+    if released:
+        emit("Normal", "NodesReleased", f"released {released}")
+    return released
+
+
+async def discover(kube: Kube, kind: str, workload: Mapping[str, Any]) -> bool:
+    """Creates the TrainingJob for an opted-in workload if it has none; True if created."""
+    manifest = discovery.trainingjob_for(kind, workload)
+    meta = manifest["metadata"]
+    if await kube.get(TRAININGJOBS, meta["namespace"], meta["name"]) is not None:
+        return False
+    try:
+        await kube.create(TRAININGJOBS, meta["namespace"], manifest)
+    except KubeError as exc:
+        if exc.status == 409:
+            return False
+        raise
+    return True

@@ -1,0 +1,340 @@
+"""TrainingJob → child manifests. Pure: no I/O, no clock, same input → same output.
+
+Children (all namespaced next to the TrainingJob and owned by it):
+- PrometheusRule `<job>-trainsentry`: two membership recording rules naming the job's pods and
+  nodes, plus every alerting rule of `rules/*.yaml` scoped to this job and with its thresholds
+  (contract: docs/alerts.md, section 1);
+- PodMonitor `<job>-trainsentry-probe`: scrapes the probe port of the job's pods;
+- ConfigMap `<job>-trainsentry-dashboards` (label `grafana_dashboard: "1"`): the dashboards of
+  `dashboards/*.json`, pinned to this job.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainsentry.operator.spec import (
+    JOB_LABEL,
+    MANAGED_BY,
+    JobIdentity,
+    TrainingJobSpec,
+)
+
+JOB_POD_SERIES = "trainsentry:job_pod:info"
+JOB_NODE_SERIES = "trainsentry:job_node:info"
+HANG_NAME = re.compile(r"hang|hung|stuck|stall", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class RuleFile:
+    """One parsed Prometheus rule file (`groups:` format)."""
+
+    name: str
+    groups: Sequence[Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class DashboardFile:
+    name: str  # file stem
+    dashboard: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Rendered:
+    manifests: list[dict[str, Any]]
+    alert_count: int
+    unknown_thresholds: list[str] = field(default_factory=list)
+    skipped_rules: list[str] = field(default_factory=list)
+
+
+def child_names(job_name: str) -> dict[str, str]:
+    return {
+        "PrometheusRule": f"{job_name}-trainsentry",
+        "PodMonitor": f"{job_name}-trainsentry-probe",
+        "ConfigMap": f"{job_name}-trainsentry-dashboards",
+    }
+
+
+# --- thresholds ----------------------------------------------------------------------------
+
+
+def parse_thresholds(annotation: str) -> dict[str, str]:
+    """`"a=85, b=0.5"` → `{"a": "85", "b": "0.5"}` (defaults kept as written)."""
+    result: dict[str, str] = {}
+    for item in annotation.split(","):
+        name, sep, default = item.strip().partition("=")
+        if sep and name.strip():
+            result[name.strip()] = default.strip()
+    return result
+
+
+def known_thresholds(rule_files: Iterable[RuleFile]) -> dict[str, str]:
+    """Every tunable threshold of the rule files: name → default as written."""
+    result: dict[str, str] = {}
+    for rule in _all_rules(rule_files):
+        result.update(parse_thresholds(str(rule.get("annotations", {}).get("thresholds", ""))))
+    return result
+
+
+def format_number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _literal(default: str) -> re.Pattern[str]:
+    return re.compile(r'(?<![\w."])' + re.escape(default) + r'(?![\w."])')
+
+
+def apply_thresholds(rule: Mapping[str, Any], overrides: Mapping[str, float]) -> dict[str, Any]:
+    """The rule with each overridden threshold literal replaced in `expr` and the annotation."""
+    result = copy.deepcopy(dict(rule))
+    annotations = result.get("annotations") or {}
+    declared = parse_thresholds(str(annotations.get("thresholds", "")))
+    wanted = {name: default for name, default in declared.items() if name in overrides}
+    if not wanted:
+        return result
+    expr = str(result["expr"])
+    for name, default in wanted.items():
+        expr, count = _literal(default).subn(format_number(overrides[name]), expr, count=1)
+        if count != 1:
+            raise ValueError(f"rule {rule.get('alert')}: threshold {name}={default} not in expr")
+    result["expr"] = expr
+    annotations["thresholds"] = ", ".join(
+        f"{name}={format_number(overrides[name]) if name in overrides else default}"
+        for name, default in declared.items()
+    )
+    result["annotations"] = annotations
+    return result
+
+
+# --- job scope ------------------------------------------------------------------------------
+
+
+def _promql_string(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def pod_name_regex(spec: TrainingJobSpec, pod_names: Iterable[str]) -> str:
+    """A regex for the job's pod names: a name prefix for workloads, else the names seen."""
+    if spec.workloadRef is not None:
+        return re.escape(spec.workloadRef.name) + "-.*"
+    return "|".join(re.escape(name) for name in sorted(set(pod_names)))
+
+
+def membership_rules(job: JobIdentity, pod_regex: str) -> list[dict[str, Any]]:
+    selector = (
+        f'kube_pod_info{{namespace="{_promql_string(job.namespace)}", '
+        f'pod=~"{_promql_string(pod_regex)}"}}'
+    )
+    return [
+        {
+            "record": JOB_POD_SERIES,
+            "expr": f"max by (namespace, pod, node) ({selector})",
+            "labels": {"trainingjob": job.name},
+        },
+        {
+            "record": JOB_NODE_SERIES,
+            "expr": f"max by (node) ({selector})",
+            "labels": {"namespace": job.namespace, "trainingjob": job.name},
+        },
+    ]
+
+
+def _job_matcher(job: JobIdentity) -> str:
+    return (
+        f'{{namespace="{_promql_string(job.namespace)}", '
+        f'trainingjob="{_promql_string(job.name)}"}}'
+    )
+
+
+def scope_expr(expr: str, scope: str, job: JobIdentity) -> str | None:
+    """The expr limited to the job, or None when the rule is not rendered per job."""
+    if scope == "node":
+        return (
+            f"({expr.strip()}) * on(node) group_left(namespace, trainingjob) "
+            f"{JOB_NODE_SERIES}{_job_matcher(job)}"
+        )
+    if scope == "pod":
+        token = re.compile(re.escape(JOB_POD_SERIES) + r"(?![\w:{])")
+        scoped, count = token.subn(lambda _: JOB_POD_SERIES + _job_matcher(job), expr, count=1)
+        return scoped if count == 1 else None
+    return None
+
+
+def _all_rules(rule_files: Iterable[RuleFile]) -> Iterable[Mapping[str, Any]]:
+    for rule_file in rule_files:
+        for group in rule_file.groups:
+            yield from group.get("rules") or []
+
+
+def hang_alert_names(rule_files: Iterable[RuleFile]) -> frozenset[str]:
+    """Alerts that mean "the job is hung" (component training, name says hang/stuck/stall)."""
+    return frozenset(
+        str(rule["alert"])
+        for rule in _all_rules(rule_files)
+        if "alert" in rule
+        and (rule.get("labels") or {}).get("component") == "training"
+        and HANG_NAME.search(str(rule["alert"]))
+    )
+
+
+def _dns_safe(value: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", value.lower()).strip("-")
+
+
+def render_rule_groups(
+    job: JobIdentity,
+    spec: TrainingJobSpec,
+    rule_files: Sequence[RuleFile],
+    pod_regex: str,
+) -> tuple[list[dict[str, Any]], int, list[str]]:
+    """(groups, number of alerts, skipped alert names) for the job's PrometheusRule."""
+    suffix = f"{job.namespace}-{job.name}"
+    groups: list[dict[str, Any]] = [
+        {"name": f"trainsentry-membership-{suffix}", "rules": membership_rules(job, pod_regex)}
+    ]
+    alerts, skipped = 0, []
+    for rule_file in rule_files:
+        for group in rule_file.groups:
+            rendered: list[dict[str, Any]] = []
+            for rule in group.get("rules") or []:
+                if "alert" not in rule:
+                    continue  # recording rules are installed once, cluster-wide, by the chart
+                scope = str((rule.get("annotations") or {}).get("job_scope", ""))
+                tuned = apply_thresholds(rule, spec.thresholds)
+                expr = scope_expr(str(tuned["expr"]), scope, job)
+                if expr is None:
+                    skipped.append(str(rule["alert"]))
+                    continue
+                tuned["expr"] = expr
+                labels = dict(tuned.get("labels") or {})
+                labels["trainingjob"] = job.name
+                override = spec.alerting.priorityOverrides.get(str(rule["alert"]))
+                if override is not None:
+                    labels["priority"] = override
+                tuned["labels"] = labels
+                rendered.append(tuned)
+            if rendered:
+                groups.append({**_group_fields(group), "name": f"{group['name']}-{suffix}",
+                               "rules": rendered})
+                alerts += len(rendered)
+    return groups, alerts, skipped
+
+
+def _group_fields(group: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: copy.deepcopy(value) for key, value in group.items()
+            if key in ("interval", "limit", "labels")}
+
+
+# --- manifests ------------------------------------------------------------------------------
+
+
+def _metadata(job: JobIdentity, name: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": {**labels, **MANAGED_BY, JOB_LABEL: job.name},
+        "ownerReferences": [job.owner_reference()],
+    }
+
+
+def render_prometheus_rule(
+    job: JobIdentity, spec: TrainingJobSpec, rule_files: Sequence[RuleFile], pod_regex: str
+) -> tuple[dict[str, Any], int, list[str]]:
+    groups, alerts, skipped = render_rule_groups(job, spec, rule_files, pod_regex)
+    manifest = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": _metadata(job, child_names(job.name)["PrometheusRule"],
+                              spec.prometheus.ruleLabels),
+        "spec": {"groups": groups},
+    }
+    return manifest, alerts, skipped
+
+
+def render_pod_monitor(job: JobIdentity, spec: TrainingJobSpec) -> dict[str, Any]:
+    labels = spec.prometheus.monitorLabels
+    if labels is None:
+        labels = spec.prometheus.ruleLabels
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": _metadata(job, child_names(job.name)["PodMonitor"], labels),
+        "spec": {
+            "selector": spec.pod_selector().as_dict(),
+            "namespaceSelector": {"matchNames": [job.namespace]},
+            "podMetricsEndpoints": [
+                {
+                    "portNumber": spec.probe.port,
+                    "path": spec.probe.path,
+                    "interval": spec.probe.interval,
+                    "relabelings": [
+                        {
+                            "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+                            "targetLabel": "node",
+                            "action": "replace",
+                        },
+                        {
+                            "targetLabel": "trainingjob",
+                            "replacement": job.name,
+                            "action": "replace",
+                        },
+                    ],
+                }
+            ],
+        },
+    }
+
+
+def pin_dashboard(dashboard: Mapping[str, Any], job: JobIdentity, stem: str) -> dict[str, Any]:
+    """A copy of the dashboard with its own uid and title, variables set to this job."""
+    pinned = copy.deepcopy(dict(dashboard))
+    digest = hashlib.sha256(f"{job.namespace}/{job.name}/{stem}".encode()).hexdigest()[:16]
+    pinned["uid"] = f"ts-{digest}"
+    pinned["title"] = f"{pinned.get('title', stem)} · {job.key}"
+    pinned.pop("id", None)
+    values = {"namespace": job.namespace, "trainingjob": job.name}
+    for variable in (pinned.get("templating") or {}).get("list") or []:
+        value = values.get(str(variable.get("name")))
+        if value is None:
+            continue
+        variable["current"] = {"selected": True, "text": value, "value": value}
+        if variable.get("type") in ("custom", "textbox", "constant"):
+            variable["query"] = value
+            variable["options"] = [{"selected": True, "text": value, "value": value}]
+    return pinned
+
+
+def render_dashboards(job: JobIdentity, dashboards: Sequence[DashboardFile]) -> dict[str, Any]:
+    """The dashboard ConfigMap, one key per dashboard file."""
+    metadata = _metadata(job, child_names(job.name)["ConfigMap"], {"grafana_dashboard": "1"})
+    data = {
+        f"{_dns_safe(item.name)}-{_dns_safe(job.namespace)}-{_dns_safe(job.name)}.json":
+            json.dumps(pin_dashboard(item.dashboard, job, item.name), indent=1, sort_keys=True)
+        for item in dashboards
+    }
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
+
+
+def render_children(
+    job: JobIdentity,
+    spec: TrainingJobSpec,
+    rule_files: Sequence[RuleFile],
+    dashboards: Sequence[DashboardFile],
+    pod_names: Iterable[str],
+) -> Rendered:
+    """All children of one TrainingJob."""
+    known = known_thresholds(rule_files)
+    unknown = sorted(name for name in spec.thresholds if name not in known)
+    rule, alerts, skipped = render_prometheus_rule(
+        job, spec, rule_files, pod_name_regex(spec, pod_names)
+    )
+    manifests = [rule, render_pod_monitor(job, spec)]
+    if spec.dashboard.enabled and dashboards:
+        manifests.append(render_dashboards(job, dashboards))
+    return Rendered(manifests, alerts, unknown, skipped)

@@ -1,0 +1,182 @@
+"""The TrainingJob resource: names, labels and the typed spec (defaults mirror the CRD).
+
+The API server applies the CRD's defaults, but the operator must not depend on that (older
+objects, emulators, hand-written bodies), so the same defaults live here and a test checks
+that both agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+GROUP = "trainsentry.io"
+VERSION = "v1alpha1"
+PLURAL = "trainingjobs"
+KIND = "TrainingJob"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+MANAGED_BY = {"app.kubernetes.io/managed-by": "trainsentry-operator"}
+JOB_LABEL = "trainsentry.io/trainingjob"
+MONITOR_ANNOTATION = "trainsentry.io/monitor"  # opt-in discovery on PyTorchJob / Volcano Job
+
+DEFAULT_PROBE_PORT = 9464
+DEFAULT_PROBE_PATH = "/metrics"
+
+# How a workload's pods are labelled, by workload kind.
+WORKLOAD_POD_LABEL = {
+    "PyTorchJob": "training.kubeflow.org/job-name",
+    "Job": "volcano.sh/job-name",  # Volcano's batch.volcano.sh Job
+}
+WORKLOAD_API_VERSION = {"PyTorchJob": "kubeflow.org/v1", "Job": "batch.volcano.sh/v1alpha1"}
+
+PriorityName = Literal["P0", "P1", "P2", "P3"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class SelectorRequirement(_Model):
+    key: str
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] = Field(default_factory=list)
+
+
+class LabelSelector(_Model):
+    matchLabels: dict[str, str] = Field(default_factory=dict)
+    matchExpressions: list[SelectorRequirement] = Field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        if self.matchLabels:
+            result["matchLabels"] = dict(self.matchLabels)
+        if self.matchExpressions:
+            result["matchExpressions"] = [
+                req.model_dump(exclude_defaults=req.operator in ("Exists", "DoesNotExist"))
+                for req in self.matchExpressions
+            ]
+        return result
+
+    def as_string(self) -> str:
+        """The selector in the `?labelSelector=` syntax."""
+        terms = [f"{key}={value}" for key, value in sorted(self.matchLabels.items())]
+        for req in self.matchExpressions:
+            if req.operator == "Exists":
+                terms.append(req.key)
+            elif req.operator == "DoesNotExist":
+                terms.append(f"!{req.key}")
+            else:
+                op = "in" if req.operator == "In" else "notin"
+                terms.append(f"{req.key} {op} ({','.join(req.values)})")
+        return ",".join(terms)
+
+
+class WorkloadRef(_Model):
+    kind: Literal["PyTorchJob", "Job"]
+    name: str
+    apiVersion: str | None = None
+
+
+class Parallelism(_Model):
+    tensor: int = Field(default=1, ge=1)
+    pipeline: int = Field(default=1, ge=1)
+    data: int = Field(default=1, ge=1)
+
+
+class Probe(_Model):
+    port: int = Field(default=DEFAULT_PROBE_PORT, ge=1, le=65535)
+    path: str = DEFAULT_PROBE_PATH
+    interval: str = "15s"
+
+
+class Exporters(_Model):
+    dcgm: bool = True
+    infiniband: bool = True
+    node: bool = True
+
+    def enabled(self) -> list[str]:
+        return [name for name in ("dcgm", "infiniband", "node") if getattr(self, name)]
+
+
+class SecretKeyRef(_Model):
+    name: str
+    key: str
+
+
+class Feishu(_Model):
+    chatId: str | None = None
+    webhookSecretRef: SecretKeyRef | None = None
+    appSecretRef: SecretKeyRef | None = None
+
+
+class Alerting(_Model):
+    owners: list[str] = Field(default_factory=list)
+    feishu: Feishu | None = None
+    onCallRosterRef: SecretKeyRef | None = None  # a ConfigMap key holding the roster
+    priorityOverrides: dict[str, PriorityName] = Field(default_factory=dict)
+
+
+class PrometheusOptions(_Model):
+    ruleLabels: dict[str, str] = Field(default_factory=dict)
+    monitorLabels: dict[str, str] | None = None  # default: ruleLabels
+
+
+class Dashboard(_Model):
+    enabled: bool = True
+
+
+class TrainingJobSpec(_Model):
+    selector: LabelSelector | None = None
+    workloadRef: WorkloadRef | None = None
+    worldSize: int | None = Field(default=None, ge=1)
+    ranksPerPod: int = Field(default=1, ge=1)
+    parallelism: Parallelism = Field(default_factory=Parallelism)
+    probe: Probe = Field(default_factory=Probe)
+    exporters: Exporters = Field(default_factory=Exporters)
+    thresholds: dict[str, float] = Field(default_factory=dict)
+    alerting: Alerting = Field(default_factory=Alerting)
+    prometheus: PrometheusOptions = Field(default_factory=PrometheusOptions)
+    dashboard: Dashboard = Field(default_factory=Dashboard)
+
+    @model_validator(mode="after")
+    def _one_way_to_find_pods(self) -> TrainingJobSpec:
+        if (self.selector is None) == (self.workloadRef is None):
+            raise ValueError("set exactly one of spec.selector and spec.workloadRef")
+        return self
+
+    def pod_selector(self) -> LabelSelector:
+        """The selector of the job's pods, given or derived from the workload."""
+        if self.selector is not None:
+            return self.selector
+        assert self.workloadRef is not None
+        label = WORKLOAD_POD_LABEL[self.workloadRef.kind]
+        return LabelSelector(matchLabels={label: self.workloadRef.name})
+
+
+class JobIdentity(_Model):
+    """What render needs to know about the TrainingJob object itself."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    @classmethod
+    def from_body(cls, body: Any) -> JobIdentity:
+        meta = body["metadata"]
+        return cls(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+
+    def owner_reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"

@@ -1,0 +1,185 @@
+"""TrainingJob status: pure computation from what the operator observed, plus the one call the
+gateway uses to record the last alert (`patch_last_alert`).
+
+The operator owns `phase`, `conditions`, `observedGeneration`, `ranks`, `nodes`, `pods` and
+`children`; the gateway owns `lastAlert`. Each writer patches only its own keys (JSON merge
+patch on the status subresource), so neither clobbers the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from trainsentry.alerts import Priority
+from trainsentry.operator.spec import TrainingJobSpec
+
+PHASES = ("Pending", "Monitoring", "Degraded", "Hung", "Completed")
+CONDITION_TYPES = ("RulesReady", "ScrapeReady", "ExportersReady")
+OWNED_KEYS = ("phase", "conditions", "observedGeneration", "ranks", "nodes", "pods", "children")
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    ok: bool
+    reason: str
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class PodSummary:
+    total: int
+    running: int
+    succeeded: int
+    failed: int
+    nodes: tuple[str, ...]  # nodes of pods that are scheduled and not finished
+
+    @classmethod
+    def of(cls, pods: Iterable[Mapping[str, Any]]) -> PodSummary:
+        phases: list[str] = []
+        nodes: set[str] = set()
+        for pod in pods:
+            phase = str((pod.get("status") or {}).get("phase") or "Pending")
+            phases.append(phase)
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node and phase in ("Pending", "Running", "Unknown"):
+                nodes.add(str(node))
+        return cls(
+            total=len(phases),
+            running=phases.count("Running"),
+            succeeded=phases.count("Succeeded"),
+            failed=phases.count("Failed"),
+            nodes=tuple(sorted(nodes)),
+        )
+
+
+def ranks(spec: TrainingJobSpec, pods: PodSummary) -> dict[str, int]:
+    expected = spec.worldSize if spec.worldSize is not None else pods.total * spec.ranksPerPod
+    return {"expected": expected, "running": min(expected, pods.running * spec.ranksPerPod)}
+
+
+def compute_phase(
+    pods: PodSummary,
+    rank_counts: Mapping[str, int],
+    children_ready: bool,
+    last_alert: Mapping[str, Any] | None,
+    hang_alerts: frozenset[str],
+) -> str:
+    """Completed > Hung > Degraded > Pending > Monitoring, first that applies."""
+    if pods.total and pods.succeeded == pods.total:
+        return "Completed"
+    firing = last_alert is not None and last_alert.get("status", "firing") == "firing"
+    if firing and last_alert is not None and last_alert.get("name") in hang_alerts:
+        return "Hung"
+    if pods.running == 0 or not children_ready:
+        return "Degraded" if pods.failed else "Pending"
+    if pods.failed or rank_counts["running"] < rank_counts["expected"]:
+        return "Degraded"
+    if firing and last_alert is not None and last_alert.get("priority") in ("P0", "P1"):
+        return "Degraded"
+    return "Monitoring"
+
+
+def merge_conditions(
+    old: Sequence[Mapping[str, Any]], new: Iterable[Condition], now: str, generation: int
+) -> list[dict[str, Any]]:
+    """Kubernetes-style conditions; lastTransitionTime moves only when the status flips."""
+    previous = {str(item.get("type")): item for item in old}
+    result = []
+    for cond in new:
+        status = "True" if cond.ok else "False"
+        before = previous.get(cond.type)
+        changed = before is None or before.get("status") != status
+        result.append({
+            "type": cond.type,
+            "status": status,
+            "reason": cond.reason,
+            "message": cond.message,
+            "observedGeneration": generation,
+            "lastTransitionTime": now if changed or before is None
+            else before.get("lastTransitionTime", now),
+        })
+    return result
+
+
+def build_status(
+    old_status: Mapping[str, Any],
+    *,
+    spec: TrainingJobSpec,
+    generation: int,
+    pods: PodSummary,
+    conditions: Sequence[Condition],
+    children: Sequence[Mapping[str, str]],
+    hang_alerts: frozenset[str],
+    now: str,
+) -> dict[str, Any]:
+    rank_counts = ranks(spec, pods)
+    ready = all(cond.ok for cond in conditions if cond.type == "RulesReady")
+    return {
+        "phase": compute_phase(pods, rank_counts, ready, old_status.get("lastAlert"),
+                               hang_alerts),
+        "conditions": merge_conditions(old_status.get("conditions") or [], conditions, now,
+                                       generation),
+        "observedGeneration": generation,
+        "ranks": rank_counts,
+        "pods": {"total": pods.total, "running": pods.running, "succeeded": pods.succeeded,
+                 "failed": pods.failed},
+        "nodes": list(pods.nodes),
+        "children": [dict(child) for child in children],
+    }
+
+
+def status_patch(old_status: Mapping[str, Any], new_status: Mapping[str, Any]) -> dict[str, Any]:
+    """The owned keys that differ (empty: nothing to write)."""
+    return {key: new_status[key] for key in OWNED_KEYS
+            if key in new_status and old_status.get(key) != new_status[key]}
+
+
+def now_iso(clock: datetime | None = None) -> str:
+    return (clock or datetime.now(tz=UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def last_alert_patch(alertname: str, priority: str | Priority, at: datetime,
+                     status: str = "firing") -> dict[str, Any]:
+    if status not in ("firing", "resolved"):
+        raise ValueError(f"status must be firing or resolved, got {status!r}")
+    if at.tzinfo is None:
+        raise ValueError("at must be timezone-aware")
+    return {"status": {"lastAlert": {
+        "name": alertname,
+        "priority": Priority(priority).value,
+        "at": now_iso(at.astimezone(UTC)),
+        "status": status,
+    }}}
+
+
+async def patch_last_alert(
+    api: Any,
+    namespace: str,
+    name: str,
+    alertname: str,
+    priority: str | Priority,
+    at: datetime,
+    *,
+    status: str = "firing",
+) -> bool:
+    """Records the job's latest alert in `status.lastAlert` (for the gateway).
+
+    `api` is a `kubernetes_asyncio.client.ApiClient`. Retries 429/5xx with backoff. Returns
+    False when the TrainingJob does not exist (alerts for unknown jobs are not an error).
+    The operator folds `lastAlert` into `phase` (Hung, Degraded) on its next reconcile.
+    Needs RBAC `patch` on `trainingjobs/status`.
+    """
+    from trainsentry.operator.kube import TRAININGJOBS, Kube, KubeError
+
+    body = last_alert_patch(alertname, priority, at, status)
+    try:
+        await Kube(api).patch(TRAININGJOBS, namespace, name, body, subresource="status")
+    except KubeError as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
