@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Row, and_, exists, func, select, update
+from sqlalchemy import Row, and_, bindparam, exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from trainsentry.alerts import Priority, utcnow
@@ -43,6 +43,19 @@ from trainsentry.store.schema import notifications
 log = logging.getLogger("trainsentry.outbox")
 
 PENDING, SENDING, SENT, DEAD = "pending", "sending", "sent", "dead"
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """What happened to one claimed row; written back in bulk by `_record`."""
+
+    id: int
+    status: str
+    attempts: int
+    sent_at: datetime | None = None
+    provider_id: str | None = None
+    last_error: str | None = None
+    next_attempt_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +159,8 @@ class Outbox:
         claimed = await self.claim()
         if not claimed:
             return False
-        await asyncio.gather(*(self._deliver(row) for row in claimed))
+        outcomes = await asyncio.gather(*(self._deliver(row) for row in claimed))
+        await self._record(list(outcomes))
         return True
 
     async def recover_expired_leases(self) -> int:
@@ -227,7 +241,7 @@ class Outbox:
             key=lambda n: n.id,
         )
 
-    async def _deliver(self, row: OutboundNotification) -> None:
+    async def _deliver(self, row: OutboundNotification) -> _Outcome:
         notifier = self._notifiers[row.channel]
         limiter = self._limiters.get(row.channel)
         async with self._semaphore:
@@ -237,24 +251,24 @@ class Outbox:
             try:
                 receipt = await notifier.send(row)
             except NotifierError as exc:
-                await self._failed(row, exc)
-                return
+                return self._failed(row, exc)
             except Exception as exc:  # a bug in a channel must not stop the outbox
                 log.exception("channel=%s id=%d unexpected error", row.channel, row.id)
-                await self._failed(row, NotifierError(f"{type(exc).__name__}: {exc}"))
-                return
-        await self._finish(
-            row,
-            status=SENT,
-            values={"sent_at": self._clock(), "provider_id": receipt.provider_id},
-        )
+                return self._failed(row, NotifierError(f"{type(exc).__name__}: {exc}"))
         if self._metrics is not None:
             self._metrics.sends.labels(row.channel, "sent").inc()
             self._metrics.send_latency.labels(row.channel).observe(
                 (self._clock() - started).total_seconds()
             )
+        return _Outcome(
+            row.id,
+            SENT,
+            row.attempts + 1,
+            sent_at=self._clock(),
+            provider_id=receipt.provider_id,
+        )
 
-    async def _failed(self, row: OutboundNotification, exc: NotifierError) -> None:
+    def _failed(self, row: OutboundNotification, exc: NotifierError) -> _Outcome:
         attempts = row.attempts + 1
         error = f"{type(exc).__name__}: {exc}"[:2000]
         if isinstance(exc, PermanentError) or attempts >= self._retry.max_attempts:
@@ -265,8 +279,8 @@ class Outbox:
                 attempts,
                 error,
             )
-            await self._finish(row, status=DEAD, values={"attempts": attempts, "last_error": error})
-            outcome = "dead"
+            outcome = _Outcome(row.id, DEAD, attempts, last_error=error)
+            label = "dead"
         else:
             delay = self._retry.delay(attempts, self._rng)
             if isinstance(exc, RateLimitedError) and exc.retry_after is not None:
@@ -279,28 +293,54 @@ class Outbox:
                 delay,
                 error,
             )
-            await self._finish(
-                row,
-                status=PENDING,
-                values={
-                    "attempts": attempts,
-                    "last_error": error,
-                    "next_attempt_at": self._clock() + timedelta(seconds=delay),
-                },
+            outcome = _Outcome(
+                row.id,
+                PENDING,
+                attempts,
+                last_error=error,
+                next_attempt_at=self._clock() + timedelta(seconds=delay),
             )
-            outcome = "rate_limited" if isinstance(exc, RateLimitedError) else "retry"
+            label = "rate_limited" if isinstance(exc, RateLimitedError) else "retry"
         if self._metrics is not None:
-            self._metrics.sends.labels(row.channel, outcome).inc()
+            self._metrics.sends.labels(row.channel, label).inc()
+        return outcome
 
-    async def _finish(
-        self, row: OutboundNotification, *, status: str, values: dict[str, object]
-    ) -> None:
-        async with self._engine.begin() as conn:
-            await conn.execute(
-                update(notifications)
-                .where(notifications.c.id == row.id, notifications.c.claimed_by == self.worker_id)
-                .values(status=status, claimed_by=None, claimed_until=None, **values)
+    async def _record(self, outcomes: list[_Outcome]) -> None:
+        """Writes the outcomes of one claimed batch in one transaction (only rows we still own)."""
+        if not outcomes:
+            return
+        now = self._clock()
+        stmt = (
+            update(notifications)
+            .where(
+                notifications.c.id == bindparam("b_id"),
+                notifications.c.claimed_by == self.worker_id,
             )
+            .values(
+                status=bindparam("b_status"),
+                attempts=bindparam("b_attempts"),
+                sent_at=bindparam("b_sent_at"),
+                provider_id=bindparam("b_provider_id"),
+                last_error=bindparam("b_last_error"),
+                next_attempt_at=bindparam("b_next"),
+                claimed_by=None,
+                claimed_until=None,
+            )
+        )
+        params = [
+            {
+                "b_id": o.id,
+                "b_status": o.status,
+                "b_attempts": o.attempts,
+                "b_sent_at": o.sent_at,
+                "b_provider_id": o.provider_id,
+                "b_last_error": o.last_error,
+                "b_next": o.next_attempt_at or now,
+            }
+            for o in outcomes
+        ]
+        async with self._engine.begin() as conn:
+            await conn.execute(stmt, params)
 
     async def aclose(self) -> None:
         await self.stop()

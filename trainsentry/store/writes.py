@@ -9,7 +9,7 @@ occurrence is detected by `ON CONFLICT DO NOTHING` and re-read, so each change i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -20,10 +20,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trainsentry.alerts import Alert, AlertChange, AlertStatus, ChangeKind, NotificationDraft
 from trainsentry.store.schema import alert_events, alerts, notifications, webhook_receipts
-
-# SQLite allows 32766 bound parameters per statement; stay well below on every backend.
-_MAX_PARAMS = 30000
-
 
 @dataclass(slots=True)
 class IncomingReceipt:
@@ -55,12 +51,6 @@ def dialect_insert(conn: AsyncConnection, table: Table) -> Any:
     if conn.dialect.name == "postgresql":
         return postgresql.insert(table)
     return sqlite.insert(table)
-
-
-def _chunks(rows: Sequence[dict[str, Any]], columns: int) -> Iterable[Sequence[dict[str, Any]]]:
-    size = max(1, _MAX_PARAMS // max(1, columns))
-    for start in range(0, len(rows), size):
-        yield rows[start : start + size]
 
 
 async def _insert_receipt(conn: AsyncConnection, receipt: IncomingReceipt) -> tuple[int, int]:
@@ -141,17 +131,15 @@ def _occurrence_row(alert: Alert, receipt_id: int, at: datetime, status: str) ->
 async def _insert_new(
     conn: AsyncConnection, rows: list[dict[str, Any]]
 ) -> dict[tuple[str, datetime], int]:
-    inserted: dict[tuple[str, datetime], int] = {}
-    for chunk in _chunks(rows, len(rows[0]) if rows else 1):
-        stmt = (
-            dialect_insert(conn, alerts)
-            .values(list(chunk))
-            .on_conflict_do_nothing(index_elements=[alerts.c.fingerprint, alerts.c.starts_at])
-            .returning(alerts.c.id, alerts.c.fingerprint, alerts.c.starts_at)
-        )
-        for row in await conn.execute(stmt):
-            inserted[(row.fingerprint, row.starts_at)] = int(row.id)
-    return inserted
+    # executemany + RETURNING: SQLAlchemy batches it into multi-row INSERTs ("insertmanyvalues")
+    # with one cached statement, instead of compiling a new statement per batch size.
+    stmt = (
+        dialect_insert(conn, alerts)
+        .on_conflict_do_nothing(index_elements=[alerts.c.fingerprint, alerts.c.starts_at])
+        .returning(alerts.c.id, alerts.c.fingerprint, alerts.c.starts_at)
+    )
+    result = await conn.execute(stmt, rows)
+    return {(row.fingerprint, row.starts_at): int(row.id) for row in result}
 
 
 async def record_receipts(
@@ -263,8 +251,7 @@ async def record_receipts(
             status_changes,
         )
     if events:
-        for chunk in _chunks(events, 5):
-            await conn.execute(alert_events.insert().values(list(chunk)))
+        await conn.execute(alert_events.insert(), events)
     return outcomes
 
 
@@ -291,13 +278,10 @@ async def insert_notifications(
         }
         for draft in drafts
     ]
-    written = 0
-    for chunk in _chunks(rows, len(rows[0])):
-        stmt = (
-            dialect_insert(conn, notifications)
-            .values(list(chunk))
-            .on_conflict_do_nothing(index_elements=[notifications.c.idempotency_key])
-            .returning(notifications.c.id)
-        )
-        written += len((await conn.execute(stmt)).all())
+    stmt = (
+        dialect_insert(conn, notifications)
+        .on_conflict_do_nothing(index_elements=[notifications.c.idempotency_key])
+        .returning(notifications.c.id)
+    )
+    written = len((await conn.execute(stmt, rows)).all())
     return written
