@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from trainsentry.alerts import Alert, AlertChange, AlertStatus, ChangeKind, NotificationDraft
 from trainsentry.store.schema import alert_events, alerts, notifications, webhook_receipts
 
+
 @dataclass(slots=True)
 class IncomingReceipt:
     """A validated webhook body, ready to be stored."""
