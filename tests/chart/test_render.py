@@ -110,7 +110,7 @@ def test_ha_runs_two_peered_operators_and_postgres_gateways() -> None:
     assert operator["spec"]["replicas"] == 2
     args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
     peering = one(objs, "ClusterKopfPeering")
-    assert args[args.index("--peering") + 1] == peering["metadata"]["name"]
+    assert f"--peering={peering['metadata']['name']}" in args
     gateway = one(objs, "Deployment", "-gateway")
     assert gateway["spec"]["replicas"] == 3
     assert gateway["spec"]["strategy"]["type"] == "RollingUpdate"
