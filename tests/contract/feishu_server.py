@@ -200,6 +200,7 @@ class FeishuContractServer:
         self.urgent_calls: list[tuple[str, list[str]]] = []
         self.sheets: dict[str, dict[str, Sheet]] = {t: {} for t in (spreadsheets or set())}
         self.sheet_calls: list[str] = []
+        self.lose_append_answers = 0  # apply the next N appends, then answer 500 (lost reply)
         self._ids = itertools.count(1)
         self._runner: web.AppRunner | None = None
         self.base_url = ""
@@ -491,6 +492,9 @@ class FeishuContractServer:
             sheet.rows.append(list(row))
         width = max(len(r) for r in vr["values"])
         last = len(sheet.rows)
+        if self.lose_append_answers > 0:
+            self.lose_append_answers -= 1
+            return web.json_response({"code": 500, "msg": "reply lost"}, status=500)
         updated = f"{sheet.sheet_id}!A{first}:{col_letters(width)}{last}"
         return web.json_response({"code": 0, "msg": "success", "data": {
             "spreadsheetToken": request.match_info["st"],
