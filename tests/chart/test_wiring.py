@@ -185,3 +185,30 @@ def test_config_yaml_is_plain_yaml_without_secrets() -> None:
     )
     assert config["gateway"]["alertmanager_url"] == "http://alertmanager-operated.monitoring:9093"
     assert "webhook_token" not in config["gateway"] and "db" not in config["gateway"]
+
+
+@pytest.mark.parametrize(
+    ("suffix", "job_pattern"),
+    [("-dcgm-exporter", ".*dcgm-exporter.*"), ("-node-exporter", ".*node-exporter.*")],
+)
+def test_exporter_scrapes_give_the_labels_the_rules_expect(suffix: str, job_pattern: str) -> None:
+    """docs/alerts.md: series carry `node`; `up` has a job matching the exporter's name."""
+    import re
+
+    objs = rendered("defaults")
+    monitor = one(objs, "ServiceMonitor", suffix)
+    service = one(objs, "Service", suffix)
+    job = service["metadata"]["labels"][monitor["spec"]["jobLabel"]]
+    assert re.fullmatch(job_pattern, job)
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == service["spec"]["ports"][0]["name"]
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in endpoint[
+        "relabelings"
+    ]
+    daemonset = one(objs, "DaemonSet", suffix)
+    assert daemonset["spec"]["template"]["spec"]["nodeSelector"] == {
+        "trainsentry.io/monitored": "true"
+    }
