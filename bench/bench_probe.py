@@ -1,0 +1,152 @@
+"""Step time of a gloo training loop with and without the trainsentry probe.
+
+One process group of WORLD ranks (CPU, gloo) runs a small MLP with gradient all-reduce.
+Rounds alternate "off" (no probe) and "on" (probe polling the Flight Recorder every
+INTERVAL seconds, its /metrics scraped every second) inside the same process group, so
+both modes see the same machine state. Prints per-mode medians and the median of the
+per-round on/off ratios (target: overhead < 1%).
+
+    .venv/bin/python bench/bench_probe.py [--world 2] [--rounds 10] [--steps 200]
+                                          [--interval 2.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import threading
+import time
+import urllib.request
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _scraper(port: int, stop: threading.Event) -> None:
+    while not stop.wait(1.0):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                r.read()
+        except OSError:
+            pass
+
+
+def _worker(rank: int, world: int, master_port: int, args: argparse.Namespace, out: object) -> None:
+    os.environ.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(master_port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank),
+            "TORCH_FR_BUFFER_SIZE": "2000",
+        }
+    )
+    import torch
+    import torch.distributed as dist
+
+    from trainsentry.probe.identity import config_from_env
+    from trainsentry.probe.runtime import Probe
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    torch.manual_seed(rank)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    data = torch.randn(64, 256)
+
+    def run_steps(n: int) -> list[float]:
+        times = []
+        for _ in range(n):
+            start = time.perf_counter()
+            loss = model(data).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            for p in model.parameters():
+                assert p.grad is not None
+                dist.all_reduce(p.grad)
+            opt.step()
+            times.append(time.perf_counter() - start)
+        return times
+
+    run_steps(args.warmup)
+    results: dict[str, list[list[float]]] = {"off": [], "on": []}
+    config = config_from_env(
+        {
+            **os.environ,
+            "TRAINSENTRY_PROBE_PORT": "0",
+            "TRAINSENTRY_PROBE_BIND": "127.0.0.1",
+            "TRAINSENTRY_PROBE_INTERVAL": str(args.interval),
+            "TRAINSENTRY_PROBE_RAS": "0",
+        }
+    )
+    for round_index in range(args.rounds):
+        order = ("off", "on") if round_index % 2 == 0 else ("on", "off")
+        for mode in order:
+            dist.barrier()
+            probe = None
+            stop = threading.Event()
+            if mode == "on":
+                probe = Probe(config)
+                probe.start()
+                threading.Thread(target=_scraper, args=(probe.port, stop), daemon=True).start()
+                time.sleep(0.05)
+            results[mode].append(run_steps(args.steps))
+            stop.set()
+            if probe is not None:
+                probe.stop()
+    dist.barrier()
+    if rank == 0:
+        out.put(results)  # type: ignore[attr-defined]
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--interval", type=float, default=2.0, help="probe poll interval (s)")
+    args = parser.parse_args()
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    mp.spawn(_worker, args=(args.world, _free_port(), args, queue), nprocs=args.world)
+    results = queue.get()
+
+    def median_ms(runs: list[list[float]]) -> float:
+        return statistics.median(t for run in runs for t in run) * 1000
+
+    ratios = [
+        statistics.median(on) / statistics.median(off)
+        for on, off in zip(results["on"], results["off"], strict=True)
+    ]
+    off_ms, on_ms = median_ms(results["off"]), median_ms(results["on"])
+    overhead = (statistics.median(ratios) - 1) * 100
+    print(
+        f"gloo ranks={args.world} rounds={args.rounds} steps/round={args.steps} "
+        f"probe interval={args.interval}s (rank 0 timings)"
+    )
+    print(f"  without probe: median step {off_ms:.3f} ms")
+    print(f"  with probe:    median step {on_ms:.3f} ms")
+    print(f"  ratio of medians (on/off):        {on_ms / off_ms:.4f}")
+    print(
+        f"  median per-round ratio (on/off): {statistics.median(ratios):.4f} "
+        f"(min {min(ratios):.4f}, max {max(ratios):.4f}) -> overhead {overhead:+.2f}%"
+    )
+    print(f"  target < 1%: {'MET' if overhead < 1.0 else 'NOT MET'}")
+
+
+if __name__ == "__main__":
+    main()
