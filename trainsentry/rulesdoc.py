@@ -179,12 +179,12 @@ def render_generated(rules: Sequence[AlertRule]) -> str:
     return "\n\n".join(
         [
             BEGIN_MARKER,
-            "## 4. All alerts",
+            "## All alerts",
             render_summary(rules),
             render_table(rules),
-            "## 5. Threshold parameters",
+            "## Threshold parameters",
             render_thresholds(rules),
-            "## 6. Runbooks",
+            "## Runbooks",
             render_runbooks(rules),
             END_MARKER,
         ]
