@@ -33,6 +33,20 @@ class Priority(enum.StrEnum):
         return self.level <= other.level
 
 
+# Labels that name the node an alert is about, most specific first (dcgm-exporter uses
+# Hostname, node_exporter series carry instance).
+NODE_LABELS: tuple[str, ...] = ("node", "Hostname", "hostname", "instance")
+
+
+def node_of(labels: Mapping[str, str], names: tuple[str, ...] = NODE_LABELS) -> str:
+    """The node an alert's labels point at, or "" when none does."""
+    for name in names:
+        value = labels.get(name)
+        if value:
+            return value
+    return ""
+
+
 class AlertStatus(enum.StrEnum):
     FIRING = "firing"
     RESOLVED = "resolved"
@@ -75,6 +89,10 @@ class Alert:
     @property
     def job(self) -> JobRef | None:
         return JobRef.from_labels(self.labels)
+
+    @property
+    def node(self) -> str:
+        return node_of(self.labels)
 
 
 class ChangeKind(enum.StrEnum):

@@ -28,6 +28,10 @@ class GatewaySettings(BaseModel):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     console_file: Path | None = None
     alertmanager_url: str | None = None
+    policy_file: Path | None = None
+    # A firing alert whose endsAt passed and that no webhook mentioned for this long is
+    # resolved as expired. Keep it above Alertmanager's repeat_interval (default 4h).
+    stale_after_seconds: float = Field(default=4.5 * 3600, gt=0)
     # Secrets: from the environment only.
     webhook_token: SecretStr | None = Field(default=None, exclude=True)
     api_token: SecretStr | None = Field(default=None, exclude=True)
@@ -63,6 +67,7 @@ _ENV_MAP: dict[str, tuple[str, str]] = {
     "TRAINSENTRY_DB": ("gateway", "db"),
     "TRAINSENTRY_CONSOLE_FILE": ("gateway", "console_file"),
     "TRAINSENTRY_ALERTMANAGER_URL": ("gateway", "alertmanager_url"),
+    "TRAINSENTRY_POLICY_FILE": ("gateway", "policy_file"),
     "TRAINSENTRY_WEBHOOK_TOKEN": ("gateway", "webhook_token"),
     "TRAINSENTRY_API_TOKEN": ("gateway", "api_token"),
 }

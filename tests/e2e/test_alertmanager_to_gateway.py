@@ -112,7 +112,7 @@ def test_alertmanager_delivers_stores_and_resolves(tmp_path: Path, db_url: str) 
                 10,
                 "four console notifications",
             )
-            kinds = sorted(json.loads(line)["kind"] for line in lines)
+            kinds = sorted(json.loads(line)["payload"]["event"] for line in lines)
             assert kinds == ["firing", "firing", "resolved", "resolved"]
 
 
@@ -136,4 +136,4 @@ def test_unchanged_alert_repeated_by_alertmanager_notifies_once(tmp_path: Path) 
             items = http_json(f"{gateway.url}/api/v1/alerts", token=TOKEN)["items"]
             assert len(items) == 1
             sent = http_json(f"{gateway.url}/api/v1/notifications", token=TOKEN)["items"]
-            assert [n["kind"] for n in sent] == ["firing"]
+            assert [n["payload"]["event"] for n in sent] == ["firing"]

@@ -142,7 +142,7 @@ async def test_console_notifications_are_recorded_and_sent(
         if len(items) == 3:
             break
         await asyncio.sleep(0.05)
-    assert sorted(i["kind"] for i in items) == ["firing", "firing", "resolved"]
+    assert sorted(i["payload"]["event"] for i in items) == ["firing", "firing", "resolved"]
     lines = (tmp_path / "console.jsonl").read_text().splitlines()
     assert len(lines) == 3
     assert "RESOLVED GPUXidError" in json.loads(lines[-1])["text"]

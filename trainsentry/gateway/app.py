@@ -26,7 +26,8 @@ from trainsentry.gateway.intake import (
 )
 from trainsentry.gateway.metrics import GatewayMetrics
 from trainsentry.gateway.outbox import Outbox
-from trainsentry.gateway.plan import ConsolePlan
+from trainsentry.gateway.policy import load_policy
+from trainsentry.gateway.policy_plan import PolicyPlan, Ticker
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.store import check_reachable, create_engine, migrate
@@ -47,6 +48,7 @@ class Gateway:
     metrics: GatewayMetrics
     writer: IntakeWriter
     outbox: Outbox
+    ticker: Ticker | None = None
     background: list[asyncio.Task[Any]] = field(default_factory=list)
 
 
@@ -263,12 +265,14 @@ def create_app(
     notifiers: Mapping[str, Notifier] | None = None,
     plan: PlanHook | None = None,
     metrics: GatewayMetrics | None = None,
+    tick_interval: float = 1.0,
     rate_limits: Mapping[str, list[tuple[int, float]]] | None = None,
 ) -> web.Application:
     """Builds the gateway app; the store is opened (and its schema checked) at startup."""
     if notifiers is None:
         notifiers = {"console": ConsoleNotifier(settings.console_file)}
-    plan = plan if plan is not None else ConsolePlan(tuple(notifiers))
+    if plan is None:
+        plan = PolicyPlan(load_policy(settings.policy_file), channels=tuple(notifiers))
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[json_errors])
 
     async def lifecycle(app: web.Application) -> Any:
@@ -280,12 +284,23 @@ def create_app(
             engine, plan, on_commit=lambda outcomes: _record_commit(gateway, outcomes)
         )
         gateway = Gateway(settings, engine, gateway_metrics, writer, outbox)
+        if isinstance(plan, PolicyPlan):
+            gateway.ticker = Ticker(
+                engine,
+                plan,
+                interval=tick_interval,
+                stale_after=settings.stale_after_seconds,
+                on_drafts=outbox.wake,
+            )
+            gateway.ticker.start()
         app[GATEWAY_KEY] = gateway
         gateway.writer.start()
         outbox.start()
         log.info("gateway started db=%s listen=%s", engine.dialect.name, settings.listen)
         yield
         await gateway.writer.stop()
+        if gateway.ticker is not None:
+            await gateway.ticker.stop()
         await outbox.aclose()
         for task in gateway.background:
             task.cancel()

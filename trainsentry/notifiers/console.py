@@ -23,7 +23,11 @@ def summary_line(notification: OutboundNotification) -> str:
     job = payload.get("job") or labels.get("trainingjob") or labels.get("namespace") or "-"
     name = payload.get("alertname") or labels.get("alertname") or notification.kind
     text = payload.get("summary") or annotations.get("summary") or ""
-    return f"[{notification.priority}] {notification.kind.upper()} {name} job={job} {text}".strip()
+    if notification.kind == "storm":
+        storm = payload.get("storm") or {}
+        text = f"{storm.get('total', '?')} alerts collapsed"
+    event = str(payload.get("event") or notification.kind).upper()
+    return f"[{notification.priority}] {event} {name} job={job} {text}".strip()
 
 
 class ConsoleNotifier:

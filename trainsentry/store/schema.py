@@ -104,6 +104,7 @@ alerts = Table(
     Column("generator_url", Text, nullable=False, default=""),
     Column("job_namespace", Text, nullable=False, default=""),
     Column("job_name", Text, nullable=False, default=""),
+    Column("node", Text, nullable=False, default=""),
     Column("priority", String(2), nullable=True),
     Column("priority_reason", Text, nullable=True),
     Column("first_receipt_id", Id, ForeignKey("webhook_receipts.id"), nullable=True),
@@ -117,6 +118,7 @@ alerts = Table(
 )
 Index("ix_alerts_status_id", alerts.c.status, alerts.c.id)
 Index("ix_alerts_job", alerts.c.job_name, alerts.c.id)
+Index("ix_alerts_blast", alerts.c.job_name, alerts.c.alertname, alerts.c.starts_at)
 Index("ix_alerts_created", alerts.c.created_at)
 
 alert_events = Table(

@@ -122,6 +122,7 @@ def _occurrence_row(alert: Alert, receipt_id: int, at: datetime, status: str) ->
         "generator_url": alert.generator_url,
         "job_namespace": job.namespace if job else alert.labels.get("namespace", ""),
         "job_name": job.name if job else "",
+        "node": alert.node,
         "first_receipt_id": receipt_id,
         "created_at": at,
         "last_received_at": at,
@@ -286,3 +287,65 @@ async def insert_notifications(
     )
     written = len((await conn.execute(stmt, rows)).all())
     return written
+
+
+async def expire_stale(
+    conn: AsyncConnection, now: datetime, quiet_for: float, limit: int = 1000
+) -> list[AlertChange]:
+    """Firing occurrences whose endsAt has passed and that no webhook mentioned for `quiet_for`
+    seconds become resolved with an `expired` event (Alertmanager stopped sending them)."""
+    from datetime import timedelta
+
+    query = (
+        select(alerts)
+        .where(
+            alerts.c.status == AlertStatus.FIRING.value,
+            alerts.c.ends_at.is_not(None),
+            alerts.c.ends_at < now,
+            alerts.c.last_received_at < now - timedelta(seconds=quiet_for),
+        )
+        .order_by(alerts.c.id)
+        .limit(limit)
+    )
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update(skip_locked=True)
+    rows = (await conn.execute(query)).all()
+    if not rows:
+        return []
+    await conn.execute(
+        update(alerts)
+        .where(alerts.c.id == bindparam("b_id"))
+        .values(status=AlertStatus.RESOLVED.value, resolved_at=bindparam("b_resolved")),
+        [{"b_id": row.id, "b_resolved": row.ends_at} for row in rows],
+    )
+    changes = [
+        AlertChange(
+            alert_id=int(row.id),
+            kind=ChangeKind.EXPIRED,
+            alert=Alert(
+                fingerprint=row.fingerprint,
+                status=AlertStatus.RESOLVED,
+                labels=dict(row.labels),
+                annotations=dict(row.annotations),
+                starts_at=row.starts_at,
+                ends_at=row.ends_at,
+                generator_url=row.generator_url,
+            ),
+            at=now,
+        )
+        for row in rows
+    ]
+    await conn.execute(
+        alert_events.insert(),
+        [
+            {
+                "alert_id": c.alert_id,
+                "kind": c.kind.value,
+                "at": now,
+                "receipt_id": None,
+                "detail": {"reason": "endsAt passed, no webhook since"},
+            }
+            for c in changes
+        ],
+    )
+    return changes

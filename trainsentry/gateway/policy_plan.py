@@ -1,0 +1,202 @@
+"""The alert policy wired to the store: the PlanHook the intake calls inside its transaction,
+and the ticker that fires the policy's timers and expires stale alerts.
+
+The decisions themselves are pure (`decide.decide`, `decide.decide_tick`); this module only
+loads their states, counts the blast radius, and writes states, priorities and outbox rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Collection, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from trainsentry.alerts import AlertChange, ChangeKind, NotificationDraft, utcnow
+from trainsentry.gateway.decide import decide, decide_tick
+from trainsentry.gateway.dedup import FingerprintState
+from trainsentry.gateway.policy import Policy
+from trainsentry.gateway.storm import StormState, job_key
+from trainsentry.store.policy_state import (
+    claim_due,
+    distinct_nodes,
+    load_states,
+    save_states,
+    window_start,
+)
+from trainsentry.store.queries import set_priorities
+from trainsentry.store.writes import expire_stale, insert_notifications
+
+log = logging.getLogger("trainsentry.policy")
+
+FINGERPRINT_SCOPE = "fingerprint"
+STORM_SCOPE = "storm"
+
+
+def _fp_row(state: FingerprintState) -> tuple[dict[str, Any], datetime | None]:
+    return state.to_json(), state.hold_until
+
+
+def _storm_row(state: StormState, policy: Policy) -> tuple[dict[str, Any], datetime | None]:
+    return state.to_json(), state.next_due(policy)
+
+
+class PolicyPlan:
+    """Changes in, states + priorities + outbox rows written, in the caller's transaction."""
+
+    def __init__(self, policy: Policy, channels: Collection[str]) -> None:
+        self.policy = policy
+        self.channels = frozenset(channels)
+        self.drafted = 0
+
+    async def __call__(
+        self, conn: AsyncConnection, changes: Sequence[AlertChange], now: datetime
+    ) -> int:
+        fingerprints = {change.alert.fingerprint for change in changes}
+        jobs = {job_key(change.alert.labels) for change in changes}
+        fp_states = {
+            key: FingerprintState.from_json(data)
+            for key, data in (await load_states(conn, FINGERPRINT_SCOPE, fingerprints)).items()
+        }
+        storm_states = {
+            key: StormState.from_json(data)
+            for key, data in (await load_states(conn, STORM_SCOPE, jobs)).items()
+        }
+        blast = await distinct_nodes(
+            conn,
+            [
+                (
+                    c.alert.job.namespace if c.alert.job else "",
+                    c.alert.job.name if c.alert.job else "",
+                    c.alert.name,
+                )
+                for c in changes
+                if c.kind is ChangeKind.FIRING
+            ],
+            window_start(now, self.policy.blast_radius.window),
+        )
+        drafts: list[NotificationDraft] = []
+        priorities: list[tuple[int, str, str]] = []
+        for change in changes:
+            alert = change.alert
+            job = alert.job
+            result = decide(
+                change,
+                fingerprint_state=fp_states.get(alert.fingerprint),
+                storm_state=storm_states.get(job_key(alert.labels)),
+                distinct_nodes_in_window=blast.get(
+                    (job.namespace if job else "", job.name if job else "", alert.name), 1
+                ),
+                policy=self.policy,
+                now=now,
+                channels=self.channels,
+            )
+            fp_states[alert.fingerprint] = result.fingerprint_state
+            storm_states[result.storm_state.job] = result.storm_state
+            drafts.extend(result.drafts)
+            if change.kind is ChangeKind.FIRING:
+                c = result.classification
+                priorities.append((change.alert_id, c.priority.value, f"{c.rule_id}: {c.reason}"))
+        await save_states(
+            conn, FINGERPRINT_SCOPE, {k: _fp_row(v) for k, v in fp_states.items()}, now
+        )
+        await save_states(
+            conn, STORM_SCOPE, {k: _storm_row(v, self.policy) for k, v in storm_states.items()}, now
+        )
+        await set_priorities(conn, priorities)
+        written = await insert_notifications(conn, drafts, now)
+        self.drafted += written
+        return written
+
+    async def tick(self, conn: AsyncConnection, now: datetime) -> int:
+        """Fires due timers (held resolutions, storm summaries, calm storms)."""
+        due_fps = await claim_due(conn, FINGERPRINT_SCOPE, now)
+        due_storms = await claim_due(conn, STORM_SCOPE, now)
+        if not due_fps and not due_storms:
+            return 0
+        fp_states = [FingerprintState.from_json(data) for data in due_fps.values()]
+        # A released resolution may touch a storm that is not itself due: load those too.
+        extra_jobs = {
+            job_key(dict(fp.context.get("alert", {}).get("labels", {}))) for fp in fp_states
+        } - set(due_storms)
+        storms = {**due_storms, **(await load_states(conn, STORM_SCOPE, extra_jobs))}
+        result = decide_tick(
+            fp_states,
+            [StormState.from_json(data) for data in storms.values()],
+            policy=self.policy,
+            now=now,
+            channels=self.channels,
+        )
+        fp_rows = {k: _fp_row(v) for k, v in result.fingerprint_states.items()}
+        # States that were due but did not change must not stay due forever.
+        for fp in fp_states:
+            if fp.fingerprint not in fp_rows and fp.hold_until is not None and fp.hold_until <= now:
+                fp_rows[fp.fingerprint] = (fp.to_json(), None)
+        storm_rows = {k: _storm_row(v, self.policy) for k, v in result.storm_states.items()}
+        for key, data in due_storms.items():
+            if key not in storm_rows:
+                state = StormState.from_json(data)
+                due_at = state.next_due(self.policy)
+                storm_rows[key] = (data, due_at if due_at is not None and due_at > now else None)
+        await save_states(conn, FINGERPRINT_SCOPE, fp_rows, now)
+        await save_states(conn, STORM_SCOPE, storm_rows, now)
+        written = await insert_notifications(conn, result.drafts, now)
+        self.drafted += written
+        return written
+
+
+class Ticker:
+    """Runs the policy's timers and the stale-alert sweep every `interval` seconds."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        plan: PolicyPlan,
+        *,
+        interval: float = 1.0,
+        stale_after: float = 4.5 * 3600,
+        on_drafts: Any = None,
+    ) -> None:
+        self._engine = engine
+        self._plan = plan
+        self._interval = interval
+        self._stale_after = stale_after
+        self._on_drafts = on_drafts
+        self._task: asyncio.Task[None] | None = None
+
+    async def run_once(self, now: datetime | None = None) -> int:
+        now = now or utcnow()
+        async with self._engine.begin() as conn:
+            written = await self._plan.tick(conn, now)
+            expired = await expire_stale(conn, now, self._stale_after)
+            if expired:
+                log.info("expired stale alerts count=%d", len(expired))
+                written += await self._plan(conn, expired, now)
+        if written and self._on_drafts is not None:
+            self._on_drafts()
+        return written
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("policy tick failed")
+            await asyncio.sleep(self._interval)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="policy-ticker")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
