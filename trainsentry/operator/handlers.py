@@ -47,6 +47,12 @@ def _emitter(body: kopf.Body) -> rec.Emit:
     return emit
 
 
+def default_login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """In a pod: the service account; elsewhere: $KUBECONFIG or ~/.kube/config."""
+    info: kopf.ConnectionInfo | None = kopf.login_with_service_account(**kwargs)
+    return info or kopf.login_with_kubeconfig(**kwargs)
+
+
 def configure(settings: kopf.OperatorSettings) -> None:
     """Our names for kopf's bookkeeping, and no status clutter."""
     settings.persistence.finalizer = FINALIZER
@@ -78,8 +84,7 @@ def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.Opera
         if getattr(memo, "api", None) is not None:
             await memo.api.close()
 
-    if options.login is not None:
-        kopf.on.login(registry=registry)(options.login)
+    kopf.on.login(registry=registry)(options.login or default_login)
 
     async def run_reconcile(body: kopf.Body, memo: kopf.Memo) -> None:
         uid = str(body.metadata.uid)

@@ -6,7 +6,7 @@ Children (all namespaced next to the TrainingJob and owned by it):
   (contract: docs/alerts.md, section 1);
 - PodMonitor `<job>-trainsentry-probe`: scrapes the probe port of the job's pods;
 - ConfigMap `<job>-trainsentry-dashboards` (label `grafana_dashboard: "1"`): the dashboards of
-  `dashboards/*.json`, pinned to this job.
+  `dashboards/*.json` that have a job variable (`trainingjob` or `job`), pinned to this job.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from trainsentry.operator.spec import (
 
 JOB_POD_SERIES = "trainsentry:job_pod:info"
 JOB_NODE_SERIES = "trainsentry:job_node:info"
+JOB_VARIABLES = ("trainingjob", "job")  # dashboard variables that name the TrainingJob
 HANG_NAME = re.compile(r"hang|hung|stuck|stall", re.IGNORECASE)
 
 
@@ -291,6 +292,12 @@ def render_pod_monitor(job: JobIdentity, spec: TrainingJobSpec) -> dict[str, Any
     }
 
 
+def is_job_dashboard(dashboard: Mapping[str, Any]) -> bool:
+    """Per-job copies only make sense for dashboards with a job variable."""
+    variables = (dashboard.get("templating") or {}).get("list") or []
+    return any(str(variable.get("name")) in JOB_VARIABLES for variable in variables)
+
+
 def pin_dashboard(dashboard: Mapping[str, Any], job: JobIdentity, stem: str) -> dict[str, Any]:
     """A copy of the dashboard with its own uid and title, variables set to this job."""
     pinned = copy.deepcopy(dict(dashboard))
@@ -298,7 +305,7 @@ def pin_dashboard(dashboard: Mapping[str, Any], job: JobIdentity, stem: str) -> 
     pinned["uid"] = f"ts-{digest}"
     pinned["title"] = f"{pinned.get('title', stem)} · {job.key}"
     pinned.pop("id", None)
-    values = {"namespace": job.namespace, "trainingjob": job.name}
+    values = {"namespace": job.namespace, **dict.fromkeys(JOB_VARIABLES, job.name)}
     for variable in (pinned.get("templating") or {}).get("list") or []:
         value = values.get(str(variable.get("name")))
         if value is None:
@@ -335,6 +342,7 @@ def render_children(
         job, spec, rule_files, pod_name_regex(spec, pod_names)
     )
     manifests = [rule, render_pod_monitor(job, spec)]
-    if spec.dashboard.enabled and dashboards:
-        manifests.append(render_dashboards(job, dashboards))
+    job_dashboards = [item for item in dashboards if is_job_dashboard(item.dashboard)]
+    if spec.dashboard.enabled and job_dashboards:
+        manifests.append(render_dashboards(job, job_dashboards))
     return Rendered(manifests, alerts, unknown, skipped)

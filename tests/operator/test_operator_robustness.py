@@ -1,0 +1,230 @@
+"""Idempotence and recovery: API faults, hand-deleted children, restarts, discovery, lastAlert."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kube_emulator import KubeEmulator, eventually
+from kubernetes_asyncio.client import ApiClient, Configuration
+from operator_harness import (
+    MONITORS,
+    NS,
+    ROOT,
+    RULES,
+    TJ,
+    OperatorThread,
+    delete,
+    node,
+    patch,
+    pod,
+    post,
+    trainingjob,
+)
+
+from trainsentry.operator.reconcile import Sources
+from trainsentry.operator.status import patch_last_alert
+
+TJ_PATH = f"/apis/trainsentry.io/v1alpha1/namespaces/{NS}/trainingjobs"
+POD_PATH = f"/api/v1/namespaces/{NS}/pods"
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def status_of(emu: KubeEmulator, name: str) -> dict[str, Any]:
+    obj = emu.get_live(TJ, NS, name)
+    return (obj or {}).get("status") or {}
+
+
+def labels_of(emu: KubeEmulator, name: str) -> dict[str, str]:
+    obj = emu.get_live("v1/nodes", None, name) or {}
+    return (obj.get("metadata") or {}).get("labels") or {}
+
+
+async def seed(emu: KubeEmulator, job: str, nodes: list[str],
+               labels: dict[str, str] | None = None) -> None:
+    for index, node_name in enumerate(nodes):
+        if emu.get_live("v1/nodes", None, node_name) is None:
+            await post(emu, "/api/v1/nodes", node(node_name))
+        await post(emu, POD_PATH, pod(f"{job}-{index}", job, node_name, labels=labels))
+
+
+@pytest.fixture
+async def operator(cluster: KubeEmulator, sources: Sources) -> AsyncIterator[OperatorThread]:
+    running = OperatorThread(str(cluster.url).rstrip("/"), sources)
+    await running.start(cluster)
+    yield running
+    await running.stop()
+
+
+async def test_api_errors_are_retried(cluster: KubeEmulator, operator: OperatorThread) -> None:
+    await seed(cluster, "f", ["gpu-1", "gpu-2"])
+    cluster.inject_fault("create", "prometheusrules", 500, times=3)
+    cluster.inject_fault("create", "podmonitors", 429, times=2)
+    cluster.inject_fault("patch", "nodes", 409, times=2)
+    cluster.inject_fault("patch", "trainingjobs", 500, times=2, subresource="status")
+    await post(cluster, TJ_PATH, trainingjob("f"))
+    await eventually(lambda: status_of(cluster, "f").get("phase") == "Monitoring")
+    assert all(fault.times == 0 for fault in cluster.faults)
+    assert len(cluster.live(RULES, NS)) == 1 and len(cluster.live(MONITORS, NS)) == 1
+    assert labels_of(cluster, "gpu-2")["trainsentry.io/monitored"] == "true"
+
+    cluster.inject_fault("get", "prometheusrules", 500, times=50)  # outlasts one reconcile
+    await eventually(lambda: any(e["reason"] == "ReconcileFailed"
+                                 for e in cluster.live("v1/events", NS)))
+    cluster.faults.clear()
+
+
+async def test_hand_deleted_child_comes_back(cluster: KubeEmulator,
+                                             operator: OperatorThread) -> None:
+    await seed(cluster, "h", ["gpu-1", "gpu-2"])
+    await post(cluster, TJ_PATH, trainingjob("h"))
+    await eventually(lambda: status_of(cluster, "h").get("phase") == "Monitoring")
+    old = cluster.get_live(MONITORS, NS, "h-trainsentry-probe")
+    assert old is not None
+    await delete(cluster, f"/apis/monitoring.coreos.com/v1/namespaces/{NS}/podmonitors/"
+                          "h-trainsentry-probe")
+    await eventually(lambda: cluster.get_live(MONITORS, NS, "h-trainsentry-probe") is not None)
+    new = cluster.get_live(MONITORS, NS, "h-trainsentry-probe")
+    assert new is not None and new["metadata"]["uid"] != old["metadata"]["uid"]
+    await patch(cluster, f"/apis/monitoring.coreos.com/v1/namespaces/{NS}/prometheusrules/"
+                         "h-trainsentry", {"spec": {"groups": []}})  # hand-edited
+    await eventually(lambda: len(cluster.get_live(RULES, NS, "h-trainsentry")["spec"]["groups"])
+                     == 4)
+
+
+def _kubeconfig(tmp_path: Path, url: str) -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: emu\n"
+        f"clusters: [{{name: emu, cluster: {{server: '{url}'}}}}]\n"
+        "users: [{name: tester, user: {token: not-a-secret}}]\n"
+        "contexts: [{name: emu, context: {cluster: emu, user: tester}}]\n")
+    return path
+
+
+def _start_cli(kubeconfig: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainsentry", "operator", "--kubeconfig", str(kubeconfig),
+         "--resync", "0.5", "--rules-dir", str(DATA / "rules"),
+         "--dashboards-dir", str(DATA / "dashboards")],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+async def test_restart_mid_reconcile_readopts_without_duplicates(
+    cluster: KubeEmulator, tmp_path: Path
+) -> None:
+    """The real CLI process is killed while a reconcile is stuck half-way, then restarted."""
+    kubeconfig = _kubeconfig(tmp_path, str(cluster.url).rstrip("/"))
+    await seed(cluster, "r", ["gpu-1", "gpu-2"])
+    cluster.inject_fault("create", "podmonitors", 500, times=10_000)  # stuck after the rule
+    first = _start_cli(kubeconfig)
+    try:
+        await post(cluster, TJ_PATH, trainingjob("r"))
+        await eventually(lambda: cluster.get_live(RULES, NS, "r-trainsentry") is not None,
+                         within=20)
+        await eventually(lambda: cluster.faults[0].times < 10_000 - 2)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(first.wait, 10)
+    rule_uid = cluster.get_live(RULES, NS, "r-trainsentry")["metadata"]["uid"]
+    assert cluster.get_live(MONITORS, NS, "r-trainsentry-probe") is None
+    assert not status_of(cluster, "r")
+
+    cluster.faults.clear()
+    second = _start_cli(kubeconfig)
+    try:
+        await eventually(lambda: status_of(cluster, "r").get("phase") == "Monitoring", within=20)
+    finally:
+        second.send_signal(signal.SIGINT)
+        _, stderr = await asyncio.to_thread(second.communicate, None, 15)
+    assert second.returncode == 0, stderr.decode()[-2000:]
+    assert cluster.get_live(RULES, NS, "r-trainsentry")["metadata"]["uid"] == rule_uid
+    assert len(cluster.live(RULES, NS)) == 1 and len(cluster.live(MONITORS, NS)) == 1
+    assert labels_of(cluster, "gpu-1")["trainsentry.io/monitored"] == "true"
+
+
+async def test_restart_of_the_operator_thread_changes_nothing(
+    cluster: KubeEmulator, sources: Sources
+) -> None:
+    await seed(cluster, "s", ["gpu-1", "gpu-2"])
+    first = OperatorThread(str(cluster.url).rstrip("/"), sources, resync=30)
+    await first.start(cluster)
+    await post(cluster, TJ_PATH, trainingjob("s"))
+    await eventually(lambda: status_of(cluster, "s").get("phase") == "Monitoring")
+    await first.stop()
+    versions = {res: cluster.get_live(res, NS, name)["metadata"]["resourceVersion"]
+                for res, name in [(RULES, "s-trainsentry"), (MONITORS, "s-trainsentry-probe"),
+                                  ("v1/configmaps", "s-trainsentry-dashboards")]}
+    node_version = cluster.get_live("v1/nodes", None, "gpu-1")["metadata"]["resourceVersion"]
+    second = OperatorThread(str(cluster.url).rstrip("/"), sources, resync=30)
+    writes_before = len(cluster.calls)
+    await second.start(cluster)
+    await eventually(lambda: any(c.verb == "get" and c.resource == "configmaps"
+                                 for c in cluster.calls[writes_before:]))
+    await asyncio.sleep(0.5)
+    await second.stop()
+    for res, version in versions.items():
+        name = {RULES: "s-trainsentry", MONITORS: "s-trainsentry-probe"}.get(
+            res, "s-trainsentry-dashboards")
+        assert cluster.get_live(res, NS, name)["metadata"]["resourceVersion"] == version
+    assert cluster.get_live("v1/nodes", None, "gpu-1")["metadata"]["resourceVersion"] == \
+        node_version
+
+
+async def test_discovery_of_annotated_pytorchjob(cluster: KubeEmulator,
+                                                 operator: OperatorThread) -> None:
+    label = "training.kubeflow.org/job-name"
+    await seed(cluster, "ptj", ["gpu-1", "gpu-2"], labels={label: "ptj"})
+    base = f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs"
+    replicas = {"Master": {"replicas": 1}, "Worker": {"replicas": 1}}
+    await post(cluster, base, {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                               "metadata": {"name": "plain"},
+                               "spec": {"pytorchReplicaSpecs": replicas}})
+    ptj = await post(cluster, base, {
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+        "metadata": {"name": "ptj", "annotations": {"trainsentry.io/monitor": "true"}},
+        "spec": {"nprocPerNode": "4", "pytorchReplicaSpecs": replicas}})
+    await eventually(lambda: status_of(cluster, "ptj").get("phase") == "Monitoring")
+    job = cluster.get_live(TJ, NS, "ptj")
+    assert job is not None and job["spec"]["worldSize"] == 8
+    assert job["spec"]["workloadRef"] == {"kind": "PyTorchJob", "name": "ptj",
+                                          "apiVersion": "kubeflow.org/v1"}
+    assert job["metadata"]["ownerReferences"][0]["uid"] == ptj["metadata"]["uid"]
+    assert status_of(cluster, "ptj")["ranks"] == {"expected": 8, "running": 8}  # 2 pods x 4
+    assert cluster.get_live(TJ, NS, "plain") is None
+    monitor = cluster.get_live(MONITORS, NS, "ptj-trainsentry-probe")
+    assert monitor is not None and monitor["spec"]["selector"] == {"matchLabels": {label: "ptj"}}
+
+    await delete(cluster, f"{base}/ptj")  # the TrainingJob goes by garbage collection
+    await eventually(lambda: cluster.get_live(TJ, NS, "ptj") is None)
+    await eventually(lambda: "trainsentry.io/monitored" not in labels_of(cluster, "gpu-1"))
+
+
+async def test_last_alert_from_the_gateway_sets_the_phase(
+    cluster: KubeEmulator, operator: OperatorThread
+) -> None:
+    await seed(cluster, "g", ["gpu-1", "gpu-2"])
+    await post(cluster, TJ_PATH, trainingjob("g"))
+    await eventually(lambda: status_of(cluster, "g").get("phase") == "Monitoring")
+    at = datetime(2026, 11, 22, 3, 0, tzinfo=UTC)
+    async with ApiClient(Configuration(host=str(cluster.url).rstrip("/"))) as api:
+        assert await patch_last_alert(api, NS, "g", "CollectiveHang", "P0", at) is True
+        await eventually(lambda: status_of(cluster, "g").get("phase") == "Hung")
+        assert status_of(cluster, "g")["lastAlert"] == {
+            "name": "CollectiveHang", "priority": "P0", "at": "2026-11-22T03:00:00Z",
+            "status": "firing"}
+        await patch_last_alert(api, NS, "g", "CollectiveHang", "P0", at, status="resolved")
+        await eventually(lambda: status_of(cluster, "g").get("phase") == "Monitoring")
+        await patch_last_alert(api, NS, "g", "GPUXidCritical", "P1", at)
+        await eventually(lambda: status_of(cluster, "g").get("phase") == "Degraded")
+        assert await patch_last_alert(api, NS, "nope", "X", "P3", at) is False
+    assert status_of(cluster, "g")["ranks"] == {"expected": 2, "running": 2}

@@ -1,0 +1,108 @@
+"""`trainsentry operator`: run the TrainingJob operator (kopf)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from typing import Any
+
+HELP = "run the TrainingJob operator"
+DESCRIPTION = """\
+Run the TrainingJob operator: for every TrainingJob it renders a PrometheusRule, a
+PodMonitor and a dashboard ConfigMap, labels the job's nodes for the shared exporters and
+keeps the job's status; opted-in PyTorchJobs / Volcano Jobs get a TrainingJob.
+
+Connects in-cluster when run in a pod (service account), else with the kubeconfig
+(--kubeconfig, $KUBECONFIG or ~/.kube/config).
+
+Exit codes:
+  0  stopped cleanly (SIGINT/SIGTERM)
+  1  failed (cannot connect, cannot load rules, operator crashed)
+  2  usage error
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", default=[], metavar="NS",
+                       help="watch only this namespace (repeatable; globs like team-* work)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true",
+                       help="watch all namespaces (the default when no --namespace is given)")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then "
+                                             "$KUBECONFIG / ~/.kube/config)")
+    parser.add_argument("--context", help="kubeconfig context")
+    parser.add_argument("--peering", metavar="NAME", default=None,
+                        help="enable kopf peering under this name for HA (several replicas, "
+                             "one active); needs the kopf peering CRDs")
+    parser.add_argument("--priority", type=int, default=0,
+                        help="peering priority of this replica (higher wins)")
+    parser.add_argument("--resync", type=float, default=60.0, metavar="SECONDS",
+                        help="re-reconcile every job this often (default: 60)")
+    parser.add_argument("--no-discovery", action="store_true",
+                        help="do not create TrainingJobs for annotated PyTorchJobs/Volcano Jobs")
+    parser.add_argument("--rules-dir", help="rule files to render (default: bundled rules/)")
+    parser.add_argument("--dashboards-dir", help="dashboards (default: bundled dashboards/)")
+    parser.add_argument("--liveness", metavar="URL", default=None,
+                        help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+async def _load_api_config(args: argparse.Namespace) -> Any:
+    from kubernetes_asyncio import config
+    from kubernetes_asyncio.client import Configuration
+
+    configuration = Configuration()
+    if args.kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        await config.load_kube_config(config_file=args.kubeconfig, context=args.context,
+                                      client_configuration=configuration)
+    return configuration
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    from pathlib import Path
+
+    import kopf
+
+    from trainsentry import assets
+    from trainsentry.operator.handlers import OperatorOptions, build_registry
+    from trainsentry.operator.reconcile import load_sources
+
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    log = logging.getLogger("trainsentry.operator")
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig  # for kopf's own login
+    try:
+        sources = load_sources(Path(args.rules_dir or assets.rules_dir()),
+                               Path(args.dashboards_dir or assets.dashboards_dir()))
+    except (OSError, ValueError) as exc:
+        log.error("event=load_failed error=%r", str(exc))
+        return 1
+
+    async def main() -> None:
+        api_config = await _load_api_config(args)
+        options = OperatorOptions(resync_seconds=args.resync, discovery=not args.no_discovery,
+                                  api_config=api_config)
+        registry = build_registry(sources, options)
+        await kopf.operator(
+            registry=registry,
+            namespaces=list(args.namespace),
+            clusterwide=not args.namespace,
+            standalone=args.peering is None,
+            peering_name=args.peering,
+            priority=args.priority,
+            liveness_endpoint=args.liveness,
+        )
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        return 0
+    except Exception as exc:  # the exit code and one log line are the interface
+        log.error("event=operator_failed error=%r", str(exc))
+        return 1
+    return 0
