@@ -37,7 +37,7 @@ CARD_TEMPLATES = {
 INVALID_TOKEN = 99991663
 APP_RATE_LIMITED = 99991400
 RANGE_ERROR = 90202
-BAD_PARAMS = 9499
+BAD_PARAMS = 19002  # our stand-in for "params error" (Feishu does not document one code)
 
 
 @dataclass
