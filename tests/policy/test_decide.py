@@ -158,6 +158,7 @@ def test_flapping_notice_then_held_resolution_released_by_tick() -> None:
     flapping = gw.send(resolve(180, 120))
     assert [d.payload["event"] for d in flapping.drafts] == ["flapping"] * 3
     assert flapping.drafts[0].payload["count"] == 4
+    assert flapping.drafts[0].payload["status"] == "firing"  # not resolved until the hold ends
     assert flapping.drafts[0].payload["held_until"] == at(180 + 600).isoformat()
     assert gw.tick(700) == []
     released = gw.tick(800)

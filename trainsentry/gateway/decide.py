@@ -195,7 +195,8 @@ def alert_payload(
 ) -> dict[str, Any]:
     """What a channel needs to render one alert notice (see notifiers/payload.py)."""
     notice = decision.notice
-    resolved = decision.transition is AlertStatus.RESOLVED or notice is Notice.RESOLVED
+    # A flapping notice is not a resolution (that is held), whichever change triggered it.
+    resolved = notice is Notice.RESOLVED
     payload: dict[str, Any] = {
         "priority": classification.priority.value,
         "status": (AlertStatus.RESOLVED if resolved else AlertStatus.FIRING).value,
