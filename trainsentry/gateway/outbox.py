@@ -321,7 +321,8 @@ class Outbox:
                 attempts=bindparam("b_attempts"),
                 sent_at=bindparam("b_sent_at"),
                 provider_id=bindparam("b_provider_id"),
-                last_error=bindparam("b_last_error"),
+                # a success keeps the last error, for the record of why it took several tries
+                last_error=func.coalesce(bindparam("b_last_error"), notifications.c.last_error),
                 next_attempt_at=bindparam("b_next"),
                 claimed_by=None,
                 claimed_until=None,

@@ -1,0 +1,208 @@
+"""The durable outbox against a real local HTTP receiver, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from receiver import Receiver
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from trainsentry.alerts import NotificationDraft, Priority, utcnow
+from trainsentry.gateway.outbox import Outbox, RetryPolicy
+from trainsentry.gateway.ratelimit import SlidingWindowLimiter
+from trainsentry.notifiers.webhook import WebhookNotifier
+from trainsentry.store import create_engine
+from trainsentry.store.schema import notifications
+from trainsentry.store.writes import insert_notifications
+
+FAST_RETRY = RetryPolicy(max_attempts=4, base_delay=0.01, max_delay=0.05)
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    r = Receiver()
+    await r.start()
+    yield r
+    await r.stop()
+
+
+def drafts(count: int, group: str = "g", prefix: str = "n") -> list[NotificationDraft]:
+    return [
+        NotificationDraft(
+            channel="webhook",
+            kind="alert",
+            priority=Priority.P1,
+            idempotency_key=f"{prefix}-{i}",
+            payload={"priority": "P1", "status": "firing", "seq": i, "group": group},
+            group_key=group,
+        )
+        for i in range(count)
+    ]
+
+
+async def enqueue(engine: AsyncEngine, items: list[NotificationDraft]) -> None:
+    async with engine.begin() as conn:
+        await insert_notifications(conn, items, utcnow())
+
+
+async def statuses(engine: AsyncEngine) -> dict[str, int]:
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(notifications.c.status))).all()
+    out: dict[str, int] = {}
+    for (status,) in rows:
+        out[status] = out.get(status, 0) + 1
+    return out
+
+
+async def drain(outbox: Outbox, rounds: int = 200) -> None:
+    for _ in range(rounds):
+        if not await outbox.run_once():
+            async with outbox._engine.connect() as conn:
+                pending = (
+                    await conn.execute(
+                        select(notifications.c.id).where(notifications.c.status == "pending")
+                    )
+                ).first()
+            if pending is None:
+                return
+            await asyncio.sleep(0.02)
+    raise AssertionError("outbox did not drain")
+
+
+async def test_retries_then_sends_once(engine: AsyncEngine, receiver: Receiver) -> None:
+    receiver.fail_first = 2
+    await enqueue(engine, drafts(1))
+    outbox = Outbox(engine, {"webhook": WebhookNotifier(receiver.url)}, retry=FAST_RETRY)
+    await drain(outbox)
+    await outbox.aclose()
+    assert receiver.requests == 3 and receiver.unique == 1
+    async with engine.connect() as conn:
+        row = (await conn.execute(select(notifications))).one()
+    assert row.status == "sent" and row.attempts == 3 and "500" in row.last_error
+
+
+async def test_permanent_error_and_exhausted_retries_end_dead(
+    engine: AsyncEngine, receiver: Receiver
+) -> None:
+    receiver.fail_first = 10**6
+    await enqueue(engine, drafts(2))
+    notifier = WebhookNotifier(receiver.url.replace("/hook", "/missing"))  # 404: permanent
+    outbox = Outbox(engine, {"webhook": notifier}, retry=FAST_RETRY)
+    await drain(outbox)
+    assert await statuses(engine) == {"dead": 2}
+    assert receiver.requests == 0
+
+    await enqueue(engine, drafts(1, group="h", prefix="m"))
+    outbox2 = Outbox(engine, {"webhook": WebhookNotifier(receiver.url)}, retry=FAST_RETRY)
+    await drain(outbox2)
+    assert receiver.requests == FAST_RETRY.max_attempts  # 500 every time, then dead
+    assert await statuses(engine) == {"dead": 3}
+    await outbox.aclose()
+    await outbox2.aclose()
+
+
+async def test_order_is_kept_per_group_across_retries(
+    engine: AsyncEngine, receiver: Receiver
+) -> None:
+    receiver.rate_limit_every = 3  # every third request is told to slow down
+    await enqueue(engine, drafts(6, group="a", prefix="a") + drafts(6, group="b", prefix="b"))
+    outbox = Outbox(engine, {"webhook": WebhookNotifier(receiver.url)}, retry=FAST_RETRY)
+    await drain(outbox)
+    await outbox.aclose()
+    for group in ("a", "b"):
+        seen = [b["payload"]["seq"] for b in receiver.bodies if b["payload"]["group"] == group]
+        assert seen == list(range(6)), group
+    assert receiver.duplicates == 0
+
+
+async def test_rate_limits_are_never_exceeded(engine: AsyncEngine, receiver: Receiver) -> None:
+    items = [d for i in range(8) for d in drafts(1, group=f"g{i}", prefix=f"r{i}")]
+    await enqueue(engine, items)
+    outbox = Outbox(
+        engine,
+        {"webhook": WebhookNotifier(receiver.url)},
+        retry=FAST_RETRY,
+        rate_limits={"webhook": [(3, 0.5)]},
+    )
+    await drain(outbox)
+    await outbox.aclose()
+    stamps = receiver.times
+    assert len(stamps) == 8
+    for i in range(len(stamps) - 3):
+        assert stamps[i + 3] - stamps[i] >= 0.5 - 0.02  # never 4 inside half a second
+
+
+async def test_expired_lease_is_taken_over(engine: AsyncEngine, receiver: Receiver) -> None:
+    await enqueue(engine, drafts(3))
+    now = datetime.now(UTC)
+    crashed = Outbox(
+        engine,
+        {"webhook": WebhookNotifier(receiver.url)},
+        worker_id="crashed",
+        lease_seconds=30,
+        clock=lambda: now,
+    )
+    claimed = await crashed.claim()  # claimed, then the worker "dies" before sending
+    assert len(claimed) == 1  # one group: only the oldest row may be in flight
+    later = now + timedelta(seconds=31)
+    survivor = Outbox(
+        engine,
+        {"webhook": WebhookNotifier(receiver.url)},
+        worker_id="survivor",
+        clock=lambda: later,
+    )
+    assert await survivor.claim() == []  # the group is blocked while the lease holds
+    await drain(survivor)
+    assert receiver.unique == 3 and await statuses(engine) == {"sent": 3}
+    await crashed.aclose()
+    await survivor.aclose()
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+async def test_two_replicas_send_each_notification_exactly_once(
+    db_url: str, engine: AsyncEngine, receiver: Receiver
+) -> None:
+    receiver.delay = 0.002
+    items = [d for g in range(40) for d in drafts(10, group=f"g{g}", prefix=f"p{g}")]
+    await enqueue(engine, items)
+    second_engine = create_engine(db_url)
+    outboxes = [
+        Outbox(
+            eng,
+            {"webhook": WebhookNotifier(receiver.url)},
+            worker_id=f"replica-{i}",
+            claim_batch=25,
+            rng=random.Random(i),
+        )
+        for i, eng in enumerate((engine, second_engine))
+    ]
+    await asyncio.gather(*(drain(o, rounds=2000) for o in outboxes))
+    for outbox in outboxes:
+        await outbox.aclose()
+    await second_engine.dispose()
+    assert receiver.unique == 400 and receiver.duplicates == 0
+    async with engine.connect() as conn:
+        workers = {row.claimed_by for row in await conn.execute(select(notifications.c.claimed_by))}
+    assert workers == {None}
+
+
+def test_limiter_math() -> None:
+    clock = [0.0]
+    limiter = SlidingWindowLimiter([(5, 1.0), (100, 60.0)], clock=lambda: clock[0])
+    for _ in range(5):
+        assert limiter.delay() == 0
+        limiter.record()
+    assert limiter.delay() == pytest.approx(1.0)
+    clock[0] = 1.0
+    assert limiter.delay() == 0
+    for second in range(1, 20):
+        clock[0] = float(second)
+        for _ in range(5):
+            limiter.record()
+    clock[0] = 20.0
+    assert limiter.delay() == pytest.approx(40.0)  # 100 in the last minute: wait for the oldest
