@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from tests.policy.factory import make_alert
 from trainsentry.alerts import Priority
+from trainsentry.assets import rules_dir
 from trainsentry.gateway.classify import Classification, classify, parse_priority
 from trainsentry.gateway.policy import Policy, load_policy, merge_policy
 
@@ -173,3 +175,40 @@ def test_default_priority_is_policy_data() -> None:
     policy: Policy = merge_policy(POLICY, {"classification": {"default_priority": "P3"}})
     result = classify(make_alert({"alertname": "X"}), policy, distinct_nodes_in_window=1)
     assert (result.priority, result.rule_id) == (Priority.P3, "default")
+
+
+def test_names_that_merely_contain_dbe_are_not_hardware() -> None:
+    alert = make_alert({"alertname": "MySQLDBErrors", "severity": "warning"})
+    assert classify(alert, POLICY, distinct_nodes_in_window=1).priority == Priority.P2
+    dbe = make_alert({"alertname": "GPUDBEErrors", "severity": "warning"})
+    assert classify(dbe, POLICY, distinct_nodes_in_window=1).priority == Priority.P0
+
+
+def _shipped_rules() -> list[tuple[str, dict[str, str]]]:
+    rules: list[tuple[str, dict[str, str]]] = []
+    for path in sorted(rules_dir().glob("*.yaml")):
+        loaded = yaml.safe_load(path.read_text()) or {}
+        for group in loaded.get("groups", []) if isinstance(loaded, dict) else []:
+            for rule in group.get("rules", []):
+                if "alert" in rule:
+                    labels = {
+                        k: str(v)
+                        for k, v in (rule.get("labels") or {}).items()
+                        if "{{" not in str(v)
+                    }
+                    rules.append((rule["alert"], labels))
+    return rules
+
+
+def test_the_policy_keeps_the_priority_of_our_own_rules() -> None:
+    """The policy may raise foreign alerts; it must not re-prioritise the shipped rules."""
+    shipped = _shipped_rules()
+    if not shipped:
+        pytest.skip("no rule files yet")
+    changed = []
+    for alertname, labels in shipped:
+        alert = make_alert({**labels, "alertname": alertname})
+        result = classify(alert, POLICY, distinct_nodes_in_window=1)
+        if "priority" in labels and result.priority != Priority(labels["priority"]):
+            changed.append((alertname, labels["priority"], result.priority.value, result.rule_id))
+    assert changed == []

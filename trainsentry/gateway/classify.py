@@ -65,7 +65,7 @@ class Classification:
 
 @lru_cache(maxsize=1024)
 def _compiled(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern, re.IGNORECASE)
+    return re.compile(pattern)
 
 
 def _rule_matches(rule: AlertnameRule, labels: Mapping[str, str]) -> bool:
