@@ -20,8 +20,9 @@ HERE = Path(__file__).resolve().parent
 WANTED = ("alertmanagerconfigs", "servicemonitors", "podmonitors", "prometheusrules")
 
 
-class _CRDLoader(yaml.SafeLoader):
-    """SafeLoader that reads the YAML `=` value tag (used in the CRDs' enums) as a string."""
+class _CRDLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """Safe loader (libyaml when present: 10x faster on the 800 KB AlertmanagerConfig CRD)
+    that reads the YAML `=` value tag (used in the CRDs' enums) as a string."""
 
 
 _CRDLoader.add_constructor(
