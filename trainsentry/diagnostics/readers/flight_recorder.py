@@ -17,13 +17,14 @@ Notes on the format (checked against torch 2.13):
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import json
 import os
 import pickle
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,10 @@ from trainsentry.diagnostics.model import (
     OpSignature,
     SignatureTable,
     State,
-    StreamBuilder,
+    Stream,
     Trace,
     find_gaps,
+    make_stream,
 )
 
 SUPPORTED_MAJOR = 2
@@ -112,12 +114,24 @@ def infer_rank_names(paths: list[Path]) -> dict[Path, int]:
     return best
 
 
-def _parse_ranks(value: Any) -> tuple[int, ...]:
-    if isinstance(value, str):
+@functools.lru_cache(maxsize=1024)
+def _parse_rank_text(text: str) -> tuple[int, ...]:
+    try:
+        value = json.loads(text) if text.strip() else []
+    except ValueError:
         try:
-            value = ast.literal_eval(value) if value.strip() else []
+            value = ast.literal_eval(text)
         except (ValueError, SyntaxError):
             return ()
+    if isinstance(value, list | tuple) and all(isinstance(v, int) for v in value):
+        return tuple(sorted(value))
+    return ()
+
+
+def _parse_ranks(value: Any) -> tuple[int, ...]:
+    """pg_config ranks: a list, or (every dump since 2.x) its string form, often huge."""
+    if isinstance(value, str):
+        return _parse_rank_text(value)
     if isinstance(value, list | tuple) and all(isinstance(v, int) for v in value):
         return tuple(sorted(value))
     return ()
@@ -159,67 +173,110 @@ def _peer_local(op: str, meta: str | None) -> int | None:
 
 
 @dataclass
+class PgColumns:
+    """One rank's entries of one process group, as columns (signature ids interned)."""
+
+    seq: list[int] = field(default_factory=list)
+    time_ns: list[int] = field(default_factory=list)
+    signature: list[int] = field(default_factory=list)
+    state: list[int] = field(default_factory=list)
+    is_p2p: list[bool] = field(default_factory=list)
+    peer_local: list[int] = field(default_factory=list)
+
+
+@dataclass
 class RankDump:
     """What one rank's file contributes, before ranks are joined."""
 
     rank: int
     path: str
     version: tuple[int, int]
-    #: (pg name) -> list of (seq, time_ns, signature, state, is_p2p, peer_local)
-    by_pg: dict[str, list[tuple[int, int, OpSignature, int, bool, int | None]]]
+    by_pg: dict[str, PgColumns]
     pg_desc: dict[str, str]
     pg_ranks: dict[str, tuple[int, ...]]
     last_enqueued: dict[str, int]
     latest_ns: int
 
 
-def parse_dump(dump: dict[str, Any], rank: int, source: str) -> RankDump:
-    version = parse_version(dump.get("version", "2.0"))
-    if version[0] != SUPPORTED_MAJOR:
-        raise FlightRecorderError(f"{source}: unsupported Flight Recorder version {version}")
-    by_pg: dict[str, list[tuple[int, int, OpSignature, int, bool, int | None]]] = {}
-    pg_desc: dict[str, str] = {}
-    pg_id_to_name: dict[str, str] = {}
-    latest = 0
-    sig_cache: dict[tuple[Any, ...], OpSignature] = {}
-    for entry in dump["entries"]:
-        if not isinstance(entry, dict):
-            raise FlightRecorderError(f"{source}: entry is {type(entry).__name__}, not a dict")
-        pg = entry.get("process_group") or ("", "")
-        pg_name = str(pg[0]) if len(pg) > 0 else ""
-        if len(pg) > 1:
-            pg_desc[pg_name] = str(pg[1])
-        if "pg_id" in entry:
-            pg_id_to_name[str(entry["pg_id"])] = pg_name
-        op, meta = _op_and_peer(str(entry.get("profiling_name", "")))
-        is_p2p = bool(entry.get("is_p2p", op in P2P_OPS))
-        if "collective_seq_id" in entry:
-            seq = entry.get("p2p_seq_id") if is_p2p else entry.get("collective_seq_id")
-        else:  # version 2.0/2.1 had one counter
-            seq = entry.get("seq_id")
-        if not isinstance(seq, int):
-            raise FlightRecorderError(f"{source}: entry without a sequence number")
-        created = int(entry.get("time_created_ns") or 0)
-        for key in ("time_discovered_completed_ns", "time_discovered_started_ns"):
-            t = entry.get(key)
-            if isinstance(t, int) and t > latest:
-                latest = t
-        latest = max(latest, created)
-        state = _STATES.get(str(entry.get("state", "")), State.SCHEDULED)
-        if entry.get("retired") is True:
-            state = State.COMPLETED
-        raw_key = (op, repr(entry.get("input_sizes")), repr(entry.get("output_sizes")),
-                   repr(entry.get("input_dtypes")), repr(entry.get("output_dtypes")))
-        sig = sig_cache.get(raw_key)
-        if sig is None:
+class SignatureCache:
+    """Shared across files: the raw text of an entry's op and shapes -> signature id."""
+
+    def __init__(self, table: SignatureTable) -> None:
+        self.table = table
+        self.ids: dict[str, int] = {}
+        self.names: dict[str, tuple[str, int]] = {}
+
+    def name(self, profiling_name: str) -> tuple[str, int]:
+        found = self.names.get(profiling_name)
+        if found is None:
+            op, meta = _op_and_peer(profiling_name)
+            peer = _peer_local(op, meta)
+            found = self.names[profiling_name] = (op, -1 if peer is None else peer)
+        return found
+
+    def signature(self, entry: dict[str, Any], op: str) -> int:
+        key = repr((op, entry.get("input_sizes"), entry.get("output_sizes"),
+                    entry.get("input_dtypes"), entry.get("output_dtypes")))
+        found = self.ids.get(key)
+        if found is None:
             sig = OpSignature(op, _sizes(entry.get("input_sizes")),
                               _sizes(entry.get("output_sizes")),
                               _strings(entry.get("input_dtypes")),
                               _strings(entry.get("output_dtypes")))
-            sig_cache[raw_key] = sig
-        by_pg.setdefault(pg_name, []).append(
-            (seq, created, sig, int(state), is_p2p, _peer_local(op, meta))
-        )
+            found = self.ids[key] = self.table.intern(sig)
+        return found
+
+
+def parse_dump(
+    dump: dict[str, Any], rank: int, source: str, cache: SignatureCache | None = None
+) -> RankDump:
+    version = parse_version(dump.get("version", "2.0"))
+    if version[0] != SUPPORTED_MAJOR:
+        raise FlightRecorderError(f"{source}: unsupported Flight Recorder version {version}")
+    cache = cache if cache is not None else SignatureCache(SignatureTable())
+    by_pg: dict[str, PgColumns] = {}
+    pg_desc: dict[str, str] = {}
+    pg_id_to_name: dict[str, str] = {}
+    states = _STATES
+    completed = int(State.COMPLETED)
+    scheduled = State.SCHEDULED
+    latest = 0
+    entries = dump["entries"]
+    for entry in entries:
+        if not isinstance(entry, dict):
+            raise FlightRecorderError(f"{source}: entry is {type(entry).__name__}, not a dict")
+        pg = entry.get("process_group") or ("", "")
+        pg_name = str(pg[0])
+        columns = by_pg.get(pg_name)
+        if columns is None:
+            columns = by_pg[pg_name] = PgColumns()
+            pg_desc[pg_name] = str(pg[1]) if len(pg) > 1 else ""
+            if "pg_id" in entry:
+                pg_id_to_name[str(entry["pg_id"])] = pg_name
+        op, peer = cache.name(str(entry.get("profiling_name", "")))
+        is_p2p = entry.get("is_p2p")
+        if is_p2p is None:
+            is_p2p = op in P2P_OPS
+        seq = entry.get("p2p_seq_id" if is_p2p else "collective_seq_id")
+        if seq is None:  # version 2.0/2.1 had one counter
+            seq = entry.get("seq_id")
+        if not isinstance(seq, int):
+            raise FlightRecorderError(f"{source}: entry without a sequence number")
+        columns.seq.append(seq)
+        columns.time_ns.append(entry.get("time_created_ns") or 0)
+        columns.signature.append(cache.signature(entry, op))
+        columns.state.append(completed if entry.get("retired") is True
+                             else int(states.get(str(entry.get("state")), scheduled)))
+        columns.is_p2p.append(bool(is_p2p))
+        columns.peer_local.append(peer)
+    for columns in by_pg.values():
+        if columns.time_ns:
+            latest = max(latest, max(columns.time_ns))
+    for entry in entries[-32:]:
+        for key in ("time_discovered_completed_ns", "time_discovered_started_ns"):
+            t = entry.get(key)
+            if isinstance(t, int) and t > latest:
+                latest = t
     pg_ranks: dict[str, tuple[int, ...]] = {}
     config = dump.get("pg_config")
     if isinstance(config, dict):
@@ -244,32 +301,40 @@ def parse_dump(dump: dict[str, Any], rank: int, source: str) -> RankDump:
     return RankDump(rank, source, version, by_pg, pg_desc, pg_ranks, last_enqueued, latest)
 
 
-def _coalesce(
-    events: list[tuple[int, int, OpSignature, int, bool, int | None]],
-) -> list[tuple[int, int, OpSignature, int, bool, int | None]]:
-    """Merge collectives that share a sequence number (a coalesced group) into one event."""
-    out: list[tuple[int, int, OpSignature, int, bool, int | None]] = []
-    group: list[tuple[int, int, OpSignature, int, bool, int | None]] = []
+def _coalesced_signature(table: SignatureTable, ids: list[int]) -> int:
+    parts = tuple(table[i] for i in ids if table[i].op != "coalesced")
+    return table.intern(OpSignature("coalesced", parts=parts))
 
-    def flush() -> None:
-        if len(group) == 1:
-            out.append(group[0])
-        elif group:
-            parts = tuple(g[2] for g in group if g[2].op != "coalesced")
-            sig = OpSignature("coalesced", parts=parts)
-            out.append((group[0][0], group[0][1], sig, min(g[3] for g in group), False, None))
-        group.clear()
 
-    for event in events:
-        if event[4]:
-            flush()
-            out.append(event)
-            continue
-        if group and group[-1][0] != event[0]:
-            flush()
-        group.append(event)
-    flush()
-    return out
+def _build_stream(
+    rank: int, comm_id: str, columns: PgColumns, picks: list[int], is_p2p: bool,
+    comm_ranks: tuple[int, ...], table: SignatureTable, last_enqueued: int,
+) -> Stream:
+    seq = [columns.seq[i] for i in picks]
+    if not is_p2p and len(set(seq)) != len(seq):
+        # A coalesced group: entries sharing one sequence number become one event.
+        merged: dict[int, list[int]] = {}
+        for i in picks:
+            merged.setdefault(columns.seq[i], []).append(i)
+        picks = [group[0] for group in merged.values()]
+        sigs = [columns.signature[g[0]] if len(g) == 1
+                else _coalesced_signature(table, [columns.signature[i] for i in g])
+                for g in merged.values()]
+        states = [min(columns.state[i] for i in g) for g in merged.values()]
+        seq = list(merged)
+    else:
+        sigs = [columns.signature[i] for i in picks]
+        states = [columns.state[i] for i in picks]
+    peers: list[int] = []
+    if is_p2p:
+        for i in picks:
+            local = columns.peer_local[i]
+            peers.append(comm_ranks[local] if 0 <= local < len(comm_ranks) else -1)
+    stream = make_stream(rank, comm_id, seq, [columns.time_ns[i] for i in picks], sigs,
+                         State.SCHEDULED, is_p2p, states=states,
+                         peers=peers if is_p2p else None)
+    stream.last_enqueued = last_enqueued
+    return stream
 
 
 def join_dumps(dumps: list[RankDump], trace: Trace) -> Trace:
@@ -280,16 +345,20 @@ def join_dumps(dumps: list[RankDump], trace: Trace) -> Trace:
     for d in dumps:
         trace.ranks_with_data.add(d.rank)
         trace.capture_end_ns = max(trace.capture_end_ns, d.latest_ns)
-        for pg, events in d.by_pg.items():
+        for pg in d.by_pg:
             members.setdefault(pg, set()).add(d.rank)
             descs.setdefault(pg, d.pg_desc.get(pg, ""))
-            del events  # only membership here
         for pg, ranks in d.pg_ranks.items():
             if d.rank in ranks:
                 declared.setdefault(pg, ranks)
                 members.setdefault(pg, set()).add(d.rank)
+    world = tuple(range(max(trace.ranks_with_data) + 1)) if trace.ranks_with_data else ()
     for pg, seen in members.items():
         declared_ranks = declared.get(pg)
+        if declared_ranks is None and descs.get(pg) == "default_pg":
+            # gloo dumps may lack a usable pg_config; the default group is the whole world,
+            # which is at least every rank a file was named after.
+            declared_ranks = world
         is_declared = declared_ranks is not None and seen <= set(declared_ranks)
         trace.communicators[pg] = Communicator(
             pg, declared_ranks if is_declared and declared_ranks else tuple(sorted(seen)),
@@ -297,35 +366,31 @@ def join_dumps(dumps: list[RankDump], trace: Trace) -> Trace:
         )
     table: SignatureTable = trace.signatures
     for d in dumps:
-        for pg, events in d.by_pg.items():
+        for pg, columns in d.by_pg.items():
             comm_ranks = trace.communicators[pg].ranks
-            collectives = _coalesce([e for e in events if not e[4]])
-            p2p = [e for e in events if e[4]]
-            for kind, chosen in (("c", collectives), ("p", p2p)):
-                if not chosen:
-                    continue
-                is_p2p = kind == "p"
-                comm_id = pg if not is_p2p else f"{pg}/p2p"
-                if is_p2p and comm_id not in trace.communicators:
+            if any(columns.is_p2p):
+                collective_picks = [i for i, p in enumerate(columns.is_p2p) if not p]
+                p2p_picks = [i for i, p in enumerate(columns.is_p2p) if p]
+            else:
+                collective_picks, p2p_picks = list(range(len(columns.seq))), []
+            if collective_picks:
+                stream = _build_stream(d.rank, pg, columns, collective_picks, False, comm_ranks,
+                                       table, d.last_enqueued.get(pg, -1))
+                trace.streams[(pg, d.rank)] = stream
+                trace.gaps.extend(find_gaps(stream))
+            if p2p_picks:
+                comm_id = f"{pg}/p2p"
+                if comm_id not in trace.communicators:
                     base = trace.communicators[pg]
                     trace.communicators[comm_id] = Communicator(
                         comm_id, base.ranks, base.desc, base.declared
                     )
-                builder = StreamBuilder(d.rank, comm_id, is_p2p=is_p2p)
-                for seq, t_ns, sig, state, _p2p, peer_local in chosen:
-                    peer = -1
-                    if peer_local is not None and 0 <= peer_local < len(comm_ranks):
-                        peer = comm_ranks[peer_local]
-                    builder.add(seq, t_ns, table.intern(sig), state, peer)
-                stream = builder.build(
-                    last_enqueued=-1 if is_p2p else d.last_enqueued.get(pg, -1)
-                )
-                trace.streams[(comm_id, d.rank)] = stream
-                if not is_p2p:
-                    trace.gaps.extend(find_gaps(stream))
+                trace.streams[(comm_id, d.rank)] = _build_stream(
+                    d.rank, comm_id, columns, p2p_picks, True, comm_ranks, table, -1)
         for pg, last in d.last_enqueued.items():
             if pg in trace.communicators and (pg, d.rank) not in trace.streams and last > 0:
-                empty = StreamBuilder(d.rank, pg).build(last_enqueued=last)
+                empty = make_stream(d.rank, pg, [], [], [], State.SCHEDULED)
+                empty.last_enqueued = last
                 trace.streams[(pg, d.rank)] = empty
     return trace
 
@@ -345,6 +410,7 @@ def read_flight_recorder(
     trace = Trace(format="fr")
     ranks = infer_rank_names(paths)
     dumps: list[RankDump] = []
+    cache = SignatureCache(trace.signatures)
     seen_ranks: dict[int, str] = {}
     for path in paths:
         trace.inputs.append(str(path))
@@ -356,7 +422,7 @@ def read_flight_recorder(
                 raise FlightRecorderError(f"{path}: rank {rank} already read from "
                                           f"{seen_ranks[rank]}")
             data = path.read_bytes()
-            dump = parse_dump(decode_dump(data, str(path)), rank, str(path))
+            dump = parse_dump(decode_dump(data, str(path)), rank, str(path), cache)
             mtime = os.stat(path).st_mtime_ns
             dump.latest_ns = max(dump.latest_ns, mtime)
             dumps.append(dump)

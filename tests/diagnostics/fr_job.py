@@ -1,0 +1,96 @@
+"""A small gloo job that leaves Flight Recorder dumps behind, one scenario per run.
+
+`launch(scenario, outdir, port)` (or `python fr_job.py SCENARIO OUTDIR PORT`) starts 4 ranks. Each of the 4 ranks runs a few
+collectives, the scenario's fault happens on the last one, and every rank writes its dump
+to OUTDIR (`fr_rank_<r>.json`, or `.pkl` for the size scenario) and exits without waiting.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+WORLD_SIZE = 4
+ROUNDS = 30
+HANG_SKIPPER = 3
+SIZE_CULPRIT = 2
+SLOW_RANK = 1
+SLOW_SLEEP_S = 0.03
+IDLE_BEFORE_DUMP_S = 3.0
+
+
+def worker(rank: int, scenario: str, outdir: str, port: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE
+    )
+    tensor = torch.ones(16)
+    rounds = ROUNDS if scenario == "slow" else 10
+    for _ in range(rounds):
+        if scenario == "slow" and rank == SLOW_RANK:
+            time.sleep(SLOW_SLEEP_S)
+        dist.all_reduce(tensor)
+    if scenario == "hang":
+        if rank != HANG_SKIPPER:
+            dist.all_reduce(tensor, async_op=True)
+        time.sleep(IDLE_BEFORE_DUMP_S)
+    c10d = torch._C._distributed_c10d
+    if scenario == "size":
+        # gloo aborts the process once it sees the bad size, so the other ranks enqueue and
+        # dump first; the culprit enqueues its differently sized tensor and dumps last.
+        store = dist.distributed_c10d._get_default_store()
+        if rank != SIZE_CULPRIT:
+            dist.all_reduce(torch.ones(16), async_op=True)
+        else:
+            while store.add("dumped", 0) < WORLD_SIZE - 1:
+                time.sleep(0.01)
+            dist.all_reduce(torch.ones(24), async_op=True)
+        data = c10d._dump_fr_trace(True, True)
+        Path(outdir, f"fr_rank_{rank}.pkl").write_bytes(data)
+        store.add("dumped", 1)
+        time.sleep(IDLE_BEFORE_DUMP_S)
+    else:
+        text = c10d._dump_fr_trace_json(True, True)
+        mode = "wb" if isinstance(text, bytes) else "w"
+        with open(Path(outdir, f"fr_rank_{rank}.json"), mode) as handle:
+            handle.write(text)
+    sys.stdout.flush()
+    os._exit(0)  # a hung collective must not block process-group teardown
+
+
+def launch(scenario: str, outdir: str, port: int, timeout_s: float = 120.0) -> list[int]:
+    """Start the 4 ranks as separate processes (one rank's abort must not kill the others)."""
+    import subprocess
+
+    env = dict(os.environ, TORCH_FR_BUFFER_SIZE="2000", OMP_NUM_THREADS="1")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--rank", str(rank), scenario, outdir, str(port)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+        for rank in range(WORLD_SIZE)
+    ]
+    codes = []
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        codes.append(proc.returncode)
+    return codes
+
+
+def main() -> None:
+    if sys.argv[1] == "--rank":
+        worker(int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]))
+    else:
+        print(launch(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+
+
+if __name__ == "__main__":
+    main()
