@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import json
+import re
 import subprocess
 import threading
 from collections.abc import Callable
@@ -19,6 +21,7 @@ import kubernetes_validate
 import yaml
 from kube_emulator import KubeEmulator, eventually
 from kubernetes_asyncio.client import Configuration
+from referencing import Registry, Resource
 
 from trainsentry.operator.handlers import OperatorOptions, build_registry
 from trainsentry.operator.kube import RetryPolicy
@@ -73,6 +76,7 @@ def trainingjob_schema() -> dict[str, Any]:
     return schema
 
 
+@functools.cache
 def _custom_schemas() -> dict[str, jsonschema.Draft202012Validator]:
     schemas = {}
     for path in SCHEMAS.glob("*.schema.json"):
@@ -84,6 +88,22 @@ def _custom_schemas() -> dict[str, jsonschema.Draft202012Validator]:
         jsonschema.Draft202012Validator.check_schema(schema)
         validators[kind] = jsonschema.Draft202012Validator(schema)
     return validators
+
+
+@functools.cache
+def _builtin_validator(kind: str, api_version: str, version: str) -> Any:
+    """kubernetes_validate's strict schema for a built-in kind, built once (its `validate()`
+    re-reads the multi-megabyte definitions on every call, too slow for every write)."""
+    utils = kubernetes_validate.utils
+    wanted = utils.major_minor(version)
+    schema_version = [v for v in utils.all_versions() if utils.major_minor(v) <= wanted][-1]
+    group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    schema_dir = f"kubernetes-json-schema/v{schema_version}-local-strict"
+    schema = utils.schema_contents(f"{schema_dir}/{kind.lower()}-{group_version}.json", version)
+    definitions = utils.schema_contents(f"{schema_dir}/_definitions.json", version)
+    registry = Resource.from_contents(definitions) @ Registry()
+    registry = Resource.from_contents(schema) @ registry
+    return jsonschema.Draft202012Validator(schema, registry=registry)
 
 
 def _is_third_party(obj: dict[str, Any]) -> bool:
@@ -110,8 +130,8 @@ class Validator:
                 return  # workloads the tests create (PyTorchJob, Volcano Job): no schema here
             else:
                 for version in KUBE_VERSIONS:
-                    kubernetes_validate.validate(obj, version, strict=True)
-        except (jsonschema.ValidationError, kubernetes_validate.ValidationError) as exc:
+                    _builtin_validator(kind, str(obj["apiVersion"]), version).validate(obj)
+        except jsonschema.ValidationError as exc:
             raise ValueError(f"{kind} {obj.get('metadata', {}).get('name')}: "
                              f"{str(exc).splitlines()[0]}") from exc
         self.checked[kind] = self.checked.get(kind, 0) + 1
