@@ -12,16 +12,19 @@ from typing import Any
 import httpx
 import pytest
 from aiohttp import web
-from cryptography.hazmat.primitives import padding
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from trainsentry.notifiers.feishu.callback import (
     CallbackRejected,
     CardAction,
     Challenge,
+    action_response,
     card_action_handler,
     parse_callback,
 )
+from trainsentry.notifiers.feishu.card import alert_card
+from trainsentry.notifiers.payload import parse_payload
+
+from .helpers import alert_payload
 
 TOKEN = "v-token-123"
 ENCRYPT_KEY = "enc-key-456"
@@ -51,6 +54,10 @@ def v2_body(value: dict[str, Any], token: str = TOKEN) -> dict[str, Any]:
 
 def encrypt(plain: dict[str, Any], key: str) -> dict[str, str]:
     """Feishu's encryption, written from its description (independent of the code)."""
+    pytest.importorskip("cryptography")  # an optional dependency of encrypted callbacks
+    from cryptography.hazmat.primitives import padding
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
     aes_key = hashlib.sha256(key.encode()).digest()
     iv = os.urandom(16)
     padder = padding.PKCS7(128).padder()
@@ -197,3 +204,13 @@ async def test_aiohttp_handler_over_http() -> None:
     assert [(a.action, a.alert_id, a.duration_s, a.who) for a in received] == [
         ("silence", 5, 14400, "ou_alice")
     ]
+
+
+def test_action_response_redraws_the_card_with_who_acted() -> None:
+    action = CardAction(alert_id=42, action="ack", who="ou_alice")
+    card = alert_card(parse_payload(alert_payload(acked_by=action.who)))
+    answer = action_response(action, card)
+    assert answer["toast"] == {"type": "success", "content": "Acknowledged alert 42"}
+    assert answer["card"]["type"] == "raw"
+    assert "Acknowledged by <at id=ou_alice>" in json.dumps(answer["card"]["data"])
+    assert action_response(action, ok=False)["toast"]["type"] == "error"

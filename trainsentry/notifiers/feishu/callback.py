@@ -209,6 +209,22 @@ def _action(
     )
 
 
+def action_response(
+    action: CardAction, card: Mapping[str, Any] | None = None, *, ok: bool = True
+) -> dict[str, Any]:
+    """What `on_action` can return: a toast and, optionally, the card redrawn in place
+    (e.g. `alert_card(payload with acked_by / silenced_until)`) so everyone sees who acted."""
+    if ok:
+        words = "Acknowledged" if action.action == "ack" else "Silenced"
+        toast = {"type": "success", "content": f"{words} alert {action.alert_id}"}
+    else:
+        toast = {"type": "error", "content": f"Could not update alert {action.alert_id}"}
+    answer: dict[str, Any] = {"toast": toast}
+    if card is not None:
+        answer["card"] = {"type": "raw", "data": dict(card)}
+    return answer
+
+
 ActionHandler = Callable[[CardAction], Awaitable[Mapping[str, Any] | None]]
 
 
@@ -256,9 +272,6 @@ def card_action_handler(
             parsed.action, parsed.alert_id, parsed.who, parsed.duration_s,
         )  # fmt: skip
         answer = await on_action(parsed)
-        if answer is None:
-            words = "Acknowledged" if parsed.action == "ack" else "Silenced"
-            answer = {"toast": {"type": "success", "content": f"{words} alert {parsed.alert_id}"}}
-        return web.json_response(dict(answer))
+        return web.json_response(dict(answer) if answer is not None else action_response(parsed))
 
     return handle
