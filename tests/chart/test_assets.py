@@ -6,6 +6,8 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import shutil
+import subprocess
 import tarfile
 import tomllib
 from pathlib import Path
@@ -179,3 +181,36 @@ def test_vendored_crd_schemas_are_current() -> None:
             gzip.decompress((VENDORED_CRDS / vendor.vendored_name(plural)).read_bytes())
         )
         assert vendored == json.loads(json.dumps(source)), plural
+
+
+def _rule_files() -> list[Path]:
+    files = []
+    for path in sorted((REPO / "rules").glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if isinstance(doc, dict) and "groups" in doc:
+            files.append(path)
+    if not files:
+        pytest.fail("rules/ holds no rule files")
+    return files
+
+
+def test_rule_files_become_prometheus_rules_unchanged() -> None:
+    rules = find(rendered("defaults"), "PrometheusRule")
+    by_source = {r["metadata"]["name"].rpartition("-rules-")[2]: r for r in rules}
+    assert len(by_source) == len(rules) == len(_rule_files())
+    for path in _rule_files():
+        rule = by_source[path.stem.lower().replace("_", "-")]
+        assert rule["spec"] == yaml.safe_load(path.read_text(encoding="utf-8")), path.name
+    assert not find(rendered("everything-on"), "PrometheusRule", "-rules-xid-catalogue")
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (prometheus) missing")
+def test_rendered_prometheus_rules_pass_promtool(tmp_path: Path) -> None:
+    files = []
+    for rule in find(rendered("defaults"), "PrometheusRule"):
+        path = tmp_path / f"{rule['metadata']['name']}.yaml"
+        path.write_text(yaml.safe_dump(rule["spec"]), encoding="utf-8")
+        files.append(str(path))
+    assert files
+    proc = subprocess.run(["promtool", "check", "rules", *files], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
