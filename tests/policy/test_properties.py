@@ -105,7 +105,7 @@ def run(stream: list[TrueChange | None], policy: Policy) -> list[NotificationDra
     return drafts + final.drafts
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(deliveries())
 def test_at_most_one_notification_per_status_change(
     case: tuple[list[TrueChange | None], str],
@@ -158,7 +158,7 @@ def test_at_most_one_notification_per_status_change(
                 ) in per_change  # fmt: skip
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(deliveries())
 def test_replaying_the_whole_stream_adds_nothing(case: tuple[list[TrueChange | None], str]) -> None:
     stream, policy_name = case
