@@ -112,6 +112,7 @@ def test_deep_merge() -> None:
         ),
         ({"routing": {"routes": [{"id": "r", "labels": {"a": "["}, "channels": ["x"]}]}}, "regex"),
         ({"routing": {"defaults": {"P9": ["x"]}}}, "P9"),
+        ({"storm": {"list_url": "https://x/{jobs}"}}, "list_url"),
     ],
 )
 def test_invalid_policies_are_rejected_with_a_reason(

@@ -119,7 +119,16 @@ class StormPolicy(_Strict):
     calm_after: Seconds = 120
     top_lines: int = Field(default=10, ge=0, le=100)
     max_keys: int = Field(default=50, ge=1, le=1000)
-    list_url: str = ""
+    list_url: str = ""  # placeholders: {job}, {start}, {end}
+
+    @field_validator("list_url")
+    @classmethod
+    def _known_placeholders(cls, value: str) -> str:
+        try:
+            value.format(job="j", start="s", end="e")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"list_url may use only {{job}}, {{start}}, {{end}}: {exc}") from exc
+        return value
 
 
 class Route(_Strict):
