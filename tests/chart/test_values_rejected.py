@@ -55,11 +55,47 @@ def test_template_guard_refuses_sqlite_replicas_even_without_the_schema() -> Non
     assert "gateway.replicas > 1 needs gateway.database.type=postgresql" in failed.value.stderr
 
 
-def test_postgresql_without_a_url_is_refused(tmp_path: Path) -> None:
-    values = {"gateway": {"database": {"type": "postgresql"}}}
+# Contradictions the templates refuse: (case, values, message)
+CONTRADICTIONS: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "postgresql without a URL",
+        {"gateway": {"database": {"type": "postgresql"}}},
+        "needs gateway.database.postgresql.existingSecret",
+    ),
+    (
+        "postgresql URL twice",
+        {
+            "gateway": {
+                "database": {
+                    "type": "postgresql",
+                    "postgresql": {"existingSecret": "db", "url": "postgresql://h/db"},
+                }
+            }
+        },
+        "existingSecret or .url, not both",
+    ),
+    (
+        "channel secrets twice",
+        {"channels": {"existingSecret": "ch", "secretEnv": {"A": "b"}}},
+        "channels.existingSecret or channels.secretEnv, not both",
+    ),
+    (
+        "tokens twice",
+        {"gateway": {"auth": {"existingSecret": "t", "webhookToken": "x"}}},
+        "leave gateway.auth.webhookToken/apiToken empty",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"), [c[1:] for c in CONTRADICTIONS], ids=[c[0] for c in CONTRADICTIONS]
+)
+def test_contradicting_values_are_refused(
+    values: dict[str, Any], message: str, tmp_path: Path
+) -> None:
     with pytest.raises(HelmFailed) as failed:
         template(overrides=values, tmp=tmp_path)
-    assert "needs gateway.database.postgresql.existingSecret" in failed.value.stderr
+    assert message in failed.value.stderr
 
 
 def test_replicas_above_one_with_postgresql_are_accepted(tmp_path: Path) -> None:

@@ -176,6 +176,15 @@ priorityClassName: {{ . }}
 {{- if and (eq $g.database.type "postgresql") (not $g.database.postgresql.existingSecret) (not $g.database.postgresql.url) -}}
 {{- fail "gateway.database.type=postgresql needs gateway.database.postgresql.existingSecret (or .url)" -}}
 {{- end -}}
+{{- if and $g.database.postgresql.existingSecret $g.database.postgresql.url -}}
+{{- fail "set gateway.database.postgresql.existingSecret or .url, not both" -}}
+{{- end -}}
+{{- if and .Values.channels.existingSecret .Values.channels.secretEnv -}}
+{{- fail "set channels.existingSecret or channels.secretEnv, not both" -}}
+{{- end -}}
+{{- if and $g.auth.existingSecret (or $g.auth.webhookToken $g.auth.apiToken) -}}
+{{- fail "gateway.auth.existingSecret holds the tokens: leave gateway.auth.webhookToken/apiToken empty" -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Alertmanager matchers in text form (name="v", name=~"re", and the older match /
