@@ -155,3 +155,18 @@ def test_renders_for_each_kubernetes_version() -> None:
     """kubeVersion in Chart.yaml admits both versions we validate against."""
     for version in KUBE_VERSIONS:
         assert template("defaults", kube_version=version)
+
+
+def test_notes_example_is_a_valid_training_job() -> None:
+    import textwrap
+
+    import yaml
+
+    from chart.chart_helm import CHART
+
+    notes = (CHART / "templates" / "NOTES.txt").read_text(encoding="utf-8")
+    block = notes.split("<<'YAML'\n", 1)[1].split("YAML\n", 1)[0]
+    job = yaml.safe_load(textwrap.dedent(block))
+    validator = crd_validator(crd_schemas()[(job["apiVersion"], job["kind"])])
+    assert not [e.message for e in validator.iter_errors(job)]
+    assert "{{" not in block  # plain YAML the admin can paste
