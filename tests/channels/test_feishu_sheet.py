@@ -76,6 +76,29 @@ async def test_rows_batched_into_few_calls_then_updated_on_resolve(
     assert resolved.provider_id == receipts[7].provider_id  # same cell, updated in place
 
 
+async def test_rows_arriving_during_a_write_are_not_stranded(
+    server: FeishuContractServer,
+) -> None:
+    archive = _archive(server)
+    try:
+        first = [
+            asyncio.create_task(archive.send(notification(i, _row(i), channel="feishu_sheet")))
+            for i in range(30)
+        ]
+        for _ in range(2000):  # wait until the first batch is being written
+            if "query" in server.sheet_calls:
+                break
+            await asyncio.sleep(0.005)
+        second = [
+            asyncio.create_task(archive.send(notification(i, _row(i), channel="feishu_sheet")))
+            for i in range(30, 60)
+        ]
+        await asyncio.wait_for(asyncio.gather(*first, *second), timeout=10)
+    finally:
+        await archive.aclose()
+    assert len(_sheet(server, "alerts-2026-11")) == 61
+
+
 async def test_new_sheet_per_month(server: FeishuContractServer) -> None:
     archive = _archive(server)
     try:

@@ -129,7 +129,9 @@ class FeishuSheetArchive:
 
     async def _flush_after_window(self) -> None:
         await asyncio.sleep(self.batch_window_s)
-        await self.flush()
+        # Rows that arrive while a batch is being written go out right after it.
+        while self._pending:
+            await self.flush()
 
     async def aclose(self) -> None:
         if self._flusher is not None and not self._flusher.done():
