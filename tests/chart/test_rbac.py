@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from chart.chart_helm import REPO, one, rendered
+from chart.chart_helm import REPO, find, one, rendered
 
 API_CALLS = REPO / "tests" / "operator" / "api_calls.json"
 # What kopf peering adds with operator.ha=true (kopf lists, watches and patches the
@@ -76,3 +76,16 @@ def test_cluster_role_is_bound_to_the_operator_only() -> None:
     for obj in objs:
         if obj["kind"] == "Deployment" and obj is not operator:
             assert obj["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def test_gateway_may_only_patch_training_job_status_and_only_when_asked() -> None:
+    assert not find(rendered("defaults"), "ClusterRole", "-gateway")
+    objs = rendered("everything-on")
+    role = one(objs, "ClusterRole", "-gateway")
+    assert role["rules"] == [
+        {"apiGroups": ["trainsentry.io"], "resources": ["trainingjobs/status"], "verbs": ["patch"]}
+    ]
+    binding = one(objs, "ClusterRoleBinding", "-gateway")
+    gateway = one(objs, "Deployment", "-gateway")["spec"]["template"]["spec"]
+    assert binding["subjects"][0]["name"] == gateway["serviceAccountName"]
+    assert gateway["automountServiceAccountToken"] is True
