@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
 
-from probe.probe_harness import TOKEN, GlooJob, scrape, value
+from probe.probe_harness import TOKEN, GlooJob, free_port, launch_job, scrape, value
+from trainsentry.gateway.hang_enrichment import RankEndpoint, enrich_hang
 
 pytestmark = [pytest.mark.torch, pytest.mark.e2e]
 torch = pytest.importorskip("torch")
@@ -21,6 +22,7 @@ torch = pytest.importorskip("torch")
 WORLD = 4
 STALL_RANK = 2
 STALL_STEP = 5
+PEERS = [r for r in range(WORLD) if r != STALL_RANK]
 P = "trainsentry_probe_"
 
 
@@ -36,19 +38,33 @@ def wait_for(check: Callable[[], bool], timeout: float, what: str, job: GlooJob)
     raise AssertionError(f"timed out waiting for {what}\n{job.output()}")
 
 
-def test_stalled_rank_shows_in_probe_metrics_and_dump(gloo_job: Callable[..., GlooJob]) -> None:
-    job = gloo_job(WORLD, STALL_RANK=str(STALL_RANK), STALL_STEP=str(STALL_STEP))
-    peers = [r for r in range(WORLD) if r != STALL_RANK]
+@pytest.fixture(scope="module")
+def stalled_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GlooJob]:
+    """One 4-rank job for the module: rank 2 stops before an all_reduce; peers wait > 2 s."""
+    job = launch_job(
+        tmp_path_factory.mktemp("stalled"),
+        WORLD,
+        {"STALL_RANK": str(STALL_RANK), "STALL_STEP": str(STALL_STEP)},
+    )
+    try:
+        wait_for(lambda: _peers_waiting(job), 60, "peers to wait >2 s in a collective", job)
+        yield job
+    finally:
+        job.stop()
 
-    def peers_waiting() -> bool:
-        for rank in peers:
-            s = scrape(job.ports[rank])
-            age = value(s, P + "inflight_seconds", rank=str(rank), pg="0")
-            if age is None or age < 2.0:
-                return False
-        return True
 
-    wait_for(peers_waiting, 60, "peers to wait >2 s in a collective", job)
+def _peers_waiting(job: GlooJob) -> bool:
+    for rank in PEERS:
+        s = scrape(job.ports[rank])
+        age = value(s, P + "inflight_seconds", rank=str(rank), pg="0")
+        if age is None or age < 2.0:
+            return False
+    return True
+
+
+def test_stalled_rank_shows_in_probe_metrics_and_dump(stalled_job: GlooJob) -> None:
+    job = stalled_job
+    peers = PEERS
 
     stalled = scrape(job.ports[STALL_RANK])
     stalled_enqueued = value(stalled, P + "last_enqueued_seq", pg="0")
@@ -96,3 +112,34 @@ def test_stalled_rank_shows_in_probe_metrics_and_dump(gloo_job: Callable[..., Gl
     status = httpx.get(f"http://127.0.0.1:{job.ports[1]}/status", timeout=5).json()
     assert status["rank"] == 1 and status["healthy"] is True
     assert status["process_groups"]["0"]["in_flight"]["seq"] == stalled_enqueued + 1
+
+
+async def test_hang_enrichment_names_the_rank_that_never_arrived(stalled_job: GlooJob) -> None:
+    endpoints = [
+        RankEndpoint(f"127.0.0.1:{stalled_job.ports[rank]}", pod="hint-ignored", rank=rank)
+        for rank in range(WORLD)
+    ]
+    # A fifth "rank" whose pod is gone: the verdict comes from the others, promptly.
+    endpoints.append(RankEndpoint(f"127.0.0.1:{free_port()}", pod="llama-w-9", rank=9))
+    started = time.monotonic()
+    verdict = await enrich_hang("team-a/llama", endpoints, TOKEN, timeout_s=3, deadline_s=5)
+    assert time.monotonic() - started < 8
+    assert verdict.verdict == "hang", verdict.to_dict()
+    assert verdict.culprit_ranks == (STALL_RANK,)
+    assert verdict.ranks_answered == WORLD
+    assert len(verdict.ranks_failed) == 1 and "llama-w-9" in verdict.ranks_failed[0]
+    expected_seq = 2 * STALL_STEP + 1
+    assert verdict.summary.startswith(
+        f"rank {STALL_RANK} (pod llama-w-{STALL_RANK}, node node-{STALL_RANK // 2}) "
+        f"never entered all_reduce #{expected_seq} of pg default_pg; 3 ranks waiting "
+    ), verdict.summary
+    assert verdict.summary.endswith("(1 of 5 ranks did not answer)")
+    assert verdict.report is not None and verdict.report["hang"]["seq"] == expected_seq
+
+
+async def test_hang_enrichment_with_a_wrong_token_says_so(stalled_job: GlooJob) -> None:
+    endpoints = [RankEndpoint(f"127.0.0.1:{stalled_job.ports[r]}", rank=r) for r in range(WORLD)]
+    verdict = await enrich_hang("team-a/llama", endpoints, "wrong", timeout_s=3, deadline_s=5)
+    assert verdict.verdict == "unknown"
+    assert verdict.ranks_answered == 0
+    assert all("HTTP 401" in failure for failure in verdict.ranks_failed)
