@@ -14,16 +14,12 @@ for _path in (Path(__file__).resolve().parents[1], Path(__file__).resolve().pare
         sys.path.insert(0, str(_path))
 
 import kmock  # noqa: E402
-from kube_emulator import ApiCall, KubeEmulator  # noqa: E402
-from operator_harness import Validator, declare_cluster  # noqa: E402
+from kube_emulator import KubeEmulator  # noqa: E402
+from operator_harness import OPERATOR_CALLS, TESTS_RECORDED, Validator, declare_cluster  # noqa: E402
 
 from trainsentry.operator.reconcile import Sources, load_sources  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
-# Calls the operator made, across every test that used the `cluster` fixture (see
-# test_zz_api_calls.py).
-OPERATOR_CALLS: set[ApiCall] = set()
-TESTS_RECORDED: set[str] = set()
 
 
 @pytest.fixture

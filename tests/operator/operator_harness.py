@@ -19,7 +19,7 @@ import jsonschema
 import kopf
 import kubernetes_validate
 import yaml
-from kube_emulator import KubeEmulator, eventually
+from kube_emulator import ApiCall, KubeEmulator, eventually
 from kubernetes_asyncio.client import Configuration
 from referencing import Registry, Resource
 
@@ -35,6 +35,10 @@ TJ = "trainsentry.io/v1alpha1/trainingjobs"
 RULES = "monitoring.coreos.com/v1/prometheusrules"
 MONITORS = "monitoring.coreos.com/v1/podmonitors"
 KUBE_VERSIONS = ("1.30.0", "1.37.0")
+# Calls the operator made, across every test that used the `cluster` fixture (filled by
+# conftest.py, checked by test_zz_api_calls.py).
+OPERATOR_CALLS: set[ApiCall] = set()
+TESTS_RECORDED: set[str] = set()
 
 
 def declare_cluster(emu: KubeEmulator, workloads: bool = True) -> None:

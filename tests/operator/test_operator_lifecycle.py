@@ -125,6 +125,15 @@ async def test_update_thresholds_changes_the_rule(
     assert gpu_rule()["labels"]["priority"] == "P1"
     await eventually(lambda: live(cluster, TJ, "llm")["status"]["observedGeneration"] == 2)
 
+    await patch(cluster, f"{TJ_PATH}/llm", {"spec": {"probe": {"port": 9500},
+                                                     "dashboard": {"enabled": False}}})
+    await eventually(lambda: live(cluster, MONITORS, "llm-trainsentry-probe")["spec"][
+        "podMetricsEndpoints"][0]["portNumber"] == 9500)
+    await eventually(lambda: cluster.get_live("v1/configmaps", NS,
+                                              "llm-trainsentry-dashboards") is None)
+    await eventually(lambda: [c["kind"] for c in live(cluster, TJ, "llm")["status"]["children"]]
+                     == ["PrometheusRule", "PodMonitor"])
+
     await patch(cluster, f"{TJ_PATH}/llm", {"spec": {"thresholds": {"no_such_threshold": 1}}})
     await eventually(lambda: {c["type"]: c["reason"] for c in
                               live(cluster, TJ, "llm")["status"]["conditions"]}["RulesReady"]
