@@ -120,11 +120,16 @@ def analyze_mismatches(trace: Trace, max_per_comm: int = 3) -> MismatchAnalysis:
                     expected.describe(), found.describe(), tie,
                 ))
         # Per-rank size rule, even where all ranks agree on a broken all_gather.
+        size_ok: dict[int, bool] = {}
         for stream in streams:
             for sig_id in np.unique(stream.signature):
-                sig = trace.signatures[int(sig_id)]
-                if size_consistent(sig, group_size):
+                ok = size_ok.get(int(sig_id))
+                if ok is None:
+                    ok = size_ok[int(sig_id)] = size_consistent(
+                        trace.signatures[int(sig_id)], group_size)
+                if ok:
                     continue
+                sig = trace.signatures[int(sig_id)]
                 first = int(stream.seq[np.nonzero(stream.signature == sig_id)[0][0]])
                 if any(m.comm == comm_id and m.seq == first for m in analysis.mismatches):
                     continue

@@ -129,7 +129,7 @@ def parse_lines(lines: Iterable[str], source: str) -> list[RawStream]:
                 continue
             raise MegatraceFormatError(f"{source}:{number}: not a Megatrace line: {line[:80]!r}")
         rank, t_ns, op, count, pointer, seq, group_hash = parsed
-        key = f"g{group_hash}" if group_hash is not None else f"{rank}:{pointer}"
+        key = f"{rank}:g{group_hash}" if group_hash is not None else f"{rank}:{pointer}"
         raw = streams.get(key)
         if raw is None:
             raw = streams[key] = RawStream(rank=rank, key=key, group_hash=group_hash)
@@ -223,7 +223,7 @@ def build_trace(
         if raw.time_ns:
             trace.capture_end_ns = max(trace.capture_end_ns, max(raw.time_ns))
         if raw.group_hash is not None:
-            by_hash.setdefault(raw.key, []).append(raw)
+            by_hash.setdefault(f"g{raw.group_hash}", []).append(raw)
         elif raw.single_rank:
             groups.append((f"local{raw.rank}:{raw.key.split(':', 1)[1]}", [raw], False, True))
         elif raw.is_p2p:
