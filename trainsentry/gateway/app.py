@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from aiohttp import web
@@ -17,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from trainsentry.alerts import utcnow
 from trainsentry.config import GatewaySettings
+from trainsentry.gateway.decide import PolicyMetrics
 from trainsentry.gateway.intake import (
     IntakeRejected,
     IntakeWriter,
@@ -49,6 +51,7 @@ class Gateway:
     writer: IntakeWriter
     outbox: Outbox
     ticker: Ticker | None = None
+    clock: Callable[[], datetime] = utcnow
     background: list[asyncio.Task[Any]] = field(default_factory=list)
 
 
@@ -92,7 +95,7 @@ async def receive_webhook(request: web.Request) -> web.Response:
         metrics.receipts.labels("too_large").inc()
         return _error(413, f"body larger than {cap} bytes")
     try:
-        receipt = parse_webhook(body)
+        receipt = parse_webhook(body, received_at=gateway.clock())
     except IntakeRejected as exc:
         metrics.receipts.labels("rejected").inc()
         log.info("webhook rejected reason=%r", exc.reason)
@@ -266,24 +269,34 @@ def create_app(
     plan: PlanHook | None = None,
     metrics: GatewayMetrics | None = None,
     tick_interval: float = 1.0,
+    clock: Callable[[], datetime] = utcnow,
     rate_limits: Mapping[str, list[tuple[int, float]]] | None = None,
 ) -> web.Application:
     """Builds the gateway app; the store is opened (and its schema checked) at startup."""
     if notifiers is None:
         notifiers = {"console": ConsoleNotifier(settings.console_file)}
+    gateway_metrics = metrics or GatewayMetrics()
     if plan is None:
-        plan = PolicyPlan(load_policy(settings.policy_file), channels=tuple(notifiers))
+        plan = PolicyPlan(
+            load_policy(settings.policy_file),
+            channels=tuple(notifiers),
+            metrics=PolicyMetrics(gateway_metrics.registry),
+        )
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[json_errors])
 
     async def lifecycle(app: web.Application) -> Any:
         engine = create_engine(settings.db)
         await migrate(engine)
-        gateway_metrics = metrics or GatewayMetrics()
-        outbox = Outbox(engine, notifiers, metrics=gateway_metrics, rate_limits=rate_limits)
-        writer = IntakeWriter(
-            engine, plan, on_commit=lambda outcomes: _record_commit(gateway, outcomes)
+        outbox = Outbox(
+            engine, notifiers, metrics=gateway_metrics, rate_limits=rate_limits, clock=clock
         )
-        gateway = Gateway(settings, engine, gateway_metrics, writer, outbox)
+        writer = IntakeWriter(
+            engine,
+            plan,
+            on_commit=lambda outcomes: _record_commit(gateway, outcomes),
+            clock=clock,
+        )
+        gateway = Gateway(settings, engine, gateway_metrics, writer, outbox, clock=clock)
         if isinstance(plan, PolicyPlan):
             gateway.ticker = Ticker(
                 engine,
@@ -291,6 +304,7 @@ def create_app(
                 interval=tick_interval,
                 stale_after=settings.stale_after_seconds,
                 on_drafts=outbox.wake,
+                clock=clock,
             )
             gateway.ticker.start()
         app[GATEWAY_KEY] = gateway

@@ -10,14 +10,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from trainsentry.alerts import AlertChange, ChangeKind, NotificationDraft, utcnow
-from trainsentry.gateway.decide import decide, decide_tick
+from trainsentry.gateway.classify import Classification
+from trainsentry.gateway.decide import (
+    ALERT_KIND,
+    PolicyMetrics,
+    decide,
+    decide_tick,
+    idempotency_key,
+)
 from trainsentry.gateway.dedup import FingerprintState
 from trainsentry.gateway.policy import Policy
 from trainsentry.gateway.storm import StormState, job_key
@@ -45,12 +52,64 @@ def _storm_row(state: StormState, policy: Policy) -> tuple[dict[str, Any], datet
     return state.to_json(), state.next_due(policy)
 
 
+# Channels that archive every occurrence (one row, updated on resolve), whatever dedup and
+# storm collapse decide for the chat and phone channels: "every alert is still archived".
+ARCHIVE_CHANNELS = frozenset({"sheet"})
+
+
+def archive_draft(
+    channel: str, change: AlertChange, classification: Classification
+) -> NotificationDraft:
+    """The archive row notification for one state change of an occurrence."""
+    alert = change.alert
+    resolved = change.kind is not ChangeKind.FIRING
+    payload: dict[str, Any] = {
+        "priority": classification.priority.value,
+        "status": "resolved" if resolved else "firing",
+        "event": change.kind.value,
+        "fingerprint": alert.fingerprint,
+        "alertname": alert.name,
+        "labels": dict(alert.labels),
+        "annotations": dict(alert.annotations),
+        "starts_at": alert.starts_at.isoformat(),
+        "ends_at": alert.ends_at.isoformat() if alert.ends_at else None,
+        "generator_url": alert.generator_url,
+        "reason": classification.reason,
+        "rule_id": classification.rule_id,
+        "expired": change.kind is ChangeKind.EXPIRED,
+        "at": change.at.isoformat(),
+        "alert_id": change.alert_id,
+    }
+    if alert.job is not None:
+        payload["job"] = str(alert.job)
+    return NotificationDraft(
+        channel=channel,
+        kind=ALERT_KIND,
+        priority=classification.priority,
+        idempotency_key=idempotency_key(
+            "archive", channel, str(change.alert_id), change.kind.value, change.at.isoformat()
+        ),
+        payload=payload,
+        alert_id=change.alert_id,
+        group_key=f"occurrence:{change.alert_id}",  # the resolve update follows the append
+        reason=f"{classification.rule_id}: {classification.reason}",
+    )
+
+
 class PolicyPlan:
     """Changes in, states + priorities + outbox rows written, in the caller's transaction."""
 
-    def __init__(self, policy: Policy, channels: Collection[str]) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        channels: Collection[str],
+        *,
+        metrics: PolicyMetrics | None = None,
+    ) -> None:
         self.policy = policy
-        self.channels = frozenset(channels)
+        self.archive_channels = frozenset(channels) & ARCHIVE_CHANNELS
+        self.channels = frozenset(channels) - self.archive_channels
+        self.metrics = metrics
         self.drafted = 0
 
     async def __call__(
@@ -98,6 +157,10 @@ class PolicyPlan:
             fp_states[alert.fingerprint] = result.fingerprint_state
             storm_states[result.storm_state.job] = result.storm_state
             drafts.extend(result.drafts)
+            for channel in sorted(self.archive_channels):
+                drafts.append(archive_draft(channel, change, result.classification))
+            if self.metrics is not None:
+                self.metrics.observe(result)
             if change.kind is ChangeKind.FIRING:
                 c = result.classification
                 priorities.append((change.alert_id, c.priority.value, f"{c.rule_id}: {c.reason}"))
@@ -131,6 +194,8 @@ class PolicyPlan:
             now=now,
             channels=self.channels,
         )
+        if self.metrics is not None:
+            self.metrics.observe(result)
         fp_rows = {k: _fp_row(v) for k, v in result.fingerprint_states.items()}
         # States that were due but did not change must not stay due forever.
         for fp in fp_states:
@@ -160,8 +225,10 @@ class Ticker:
         interval: float = 1.0,
         stale_after: float = 4.5 * 3600,
         on_drafts: Any = None,
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self._engine = engine
+        self._clock = clock
         self._plan = plan
         self._interval = interval
         self._stale_after = stale_after
@@ -169,7 +236,7 @@ class Ticker:
         self._task: asyncio.Task[None] | None = None
 
     async def run_once(self, now: datetime | None = None) -> int:
-        now = now or utcnow()
+        now = now or self._clock()
         async with self._engine.begin() as conn:
             written = await self._plan.tick(conn, now)
             expired = await expire_stale(conn, now, self._stale_after)

@@ -1,0 +1,61 @@
+"""`trainsentry demo` end to end: the CLI replays the incident through the real gateway."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def test_demo_replays_the_incident_and_writes_what_would_be_sent(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    result = subprocess.run(
+        [sys.executable, "-m", "trainsentry", "demo", "--out", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads(result.stdout)
+    # 1 XID 79 + 5 occurrences of the flapping port + 200 disk/OOM alerts, each fired and resolved
+    assert summary["alert occurrences stored"] == 206
+    assert summary["state changes"] == 412
+    assert summary["repeats ignored (duplicates)"] == 1
+    sent = summary["notifications by channel"]
+    assert sent["sheet"] == 412  # every change archived, storm or not
+    assert sent["feishu"] < 100  # the 200-alert burst collapsed into storm summaries
+
+    with (out / "sheet.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 206 and all(row["status"] == "resolved" for row in rows)
+
+    calls = [json.loads(line) for line in (out / "calls.jsonl").read_text().splitlines()]
+    assert calls[0]["alertname"] == "GPUFellOffBus"
+    assert len({c["alertname"] for c in calls}) == len(calls)  # the flapping port paged once
+
+    cards = sorted((out / "cards").glob("*.json"))
+    assert len(cards) == sent["feishu"]
+    assert all(path.stat().st_size <= 20 * 1024 for path in cards)
+    bodies = [json.loads(path.read_text())["card"] for path in cards]
+    titles = [card["header"]["title"]["content"] for card in bodies]
+    assert any("GPUFellOffBus" in t for t in titles)
+    assert any("storm" in json.dumps(card).lower() for card in bodies)
+    assert any("FLAPPING" in t.upper() for t in titles)
+
+    html = (out / "index.html").read_text()
+    assert "GPUFellOffBus" in html and "<script" not in html
+    console = (out / "console.jsonl").read_text().splitlines()
+    assert len(console) == sent["console"]
+
+
+def test_demo_help_lists_exit_codes() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "trainsentry", "demo", "--help"], capture_output=True, text=True
+    )
+    assert result.returncode == 0 and "Exit codes" in result.stdout
