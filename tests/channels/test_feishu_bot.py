@@ -170,6 +170,8 @@ async def test_burst_of_300_all_delivered_within_limits(server: FeishuContractSe
     rejected = [code for what, code in server.rejections if what == "bot"]
     assert set(rejected) <= {11232}
     assert handled >= len(rejected)
+    # Our own gate keeps us under the limit: at most a jitter straggler, not a flood of 11232.
+    assert len(rejected) <= 3, rejected
 
 
 async def test_gate_backs_off_instead_of_blocking_long(server: FeishuContractServer) -> None:
