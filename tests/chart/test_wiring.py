@@ -4,11 +4,16 @@ own settings loader, Alertmanager reaches the gateway with the token the gateway
 from __future__ import annotations
 
 import base64
+import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from realservers import start_server
+from webhook_factory import encode, make_alert, make_body
 
 from chart.chart_helm import VALUES_SETS, find, one, rendered
 from trainsentry.config import _ENV_MAP, load_settings
@@ -212,3 +217,64 @@ def test_exporter_scrapes_give_the_labels_the_rules_expect(suffix: str, job_patt
     assert daemonset["spec"]["template"]["spec"]["nodeSelector"] == {
         "trainsentry.io/monitored": "true"
     }
+
+
+def _post(url: str, body: bytes, token: str | None) -> int:
+    request = urllib.request.Request(url, data=body, method="POST")
+    request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("values", ["defaults", "everything-on"])
+def test_real_gateway_runs_with_the_rendered_config_and_token(values: str, tmp_path: Path) -> None:
+    """The gateway process, started with the rendered config.yaml, environment and command
+    line, becomes ready and takes Alertmanager's webhook with the token the chart wired."""
+    objs = rendered(values)
+    container = _container(one(objs, "Deployment", "-gateway"))
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(
+        one(objs, "ConfigMap", "-config")["data"]["config.yaml"], encoding="utf-8"
+    )
+    env = _env_for(objs, container)
+    env["TRAINSENTRY_CONFIG"] = str(config_file)
+    # Loopback and a local SQLite file instead of the pod's address and volume.
+    env["TRAINSENTRY_DB"] = f"sqlite:///{tmp_path / 'gateway.db'}"
+    amc = one(objs, "AlertmanagerConfig")
+    token = _secret_value(
+        objs,
+        amc["spec"]["receivers"][0]["webhookConfigs"][0]["httpConfig"]["authorization"][
+            "credentials"
+        ],
+    )
+
+    def argv(port: int, _workdir: Path) -> list[str]:
+        # start_server builds the command line before it starts the process with `env`.
+        env["TRAINSENTRY_LISTEN"] = f"127.0.0.1:{port}"
+        return [sys.executable, "-m", "trainsentry", *container["args"]]
+
+    probe_paths = {
+        container["readinessProbe"]["httpGet"]["path"],
+        container["livenessProbe"]["httpGet"]["path"],
+    }
+    with start_server(
+        tmp_path,
+        "gateway",
+        argv,
+        ready_path=container["readinessProbe"]["httpGet"]["path"],
+        env=env,
+    ) as gateway:
+        url = f"{gateway.url}/api/v1/alertmanager"
+        body = encode(make_body([make_alert(1)]))
+        assert _post(url, body, None) == 401
+        assert _post(url, body, "wrong") == 401
+        assert 200 <= _post(url, body, token) < 300
+        for path in [*probe_paths, "/metrics"]:
+            with urllib.request.urlopen(f"{gateway.url}{path}", timeout=10) as response:
+                assert response.status == 200, path
