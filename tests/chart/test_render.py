@@ -170,3 +170,30 @@ def test_notes_example_is_a_valid_training_job() -> None:
     validator = crd_validator(crd_schemas()[(job["apiVersion"], job["kind"])])
     assert not [e.message for e in validator.iter_errors(job)]
     assert "{{" not in block  # plain YAML the admin can paste
+
+
+def test_every_value_is_documented() -> None:
+    """Each value in values.yaml has a `# --` comment on itself or on an enclosing key."""
+    import re
+
+    from chart.chart_helm import CHART
+
+    stack: list[tuple[int, str, bool]] = []  # (indent, key, documented)
+    undocumented, documented_above = [], False
+    for line in (CHART / "values.yaml").read_text(encoding="utf-8").splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            documented_above = documented_above or stripped.startswith("# --")
+            continue
+        match = re.match(r"^(\s*)([A-Za-z_][\w./-]*):(.*)$", line)
+        if not stripped or not match:
+            documented_above = False
+            continue
+        indent, key, rest = len(match[1]), match[2], match[3].strip()
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        if rest and not documented_above and not any(doc for _, _, doc in stack):
+            undocumented.append(".".join([k for _, k, _ in stack] + [key]))
+        stack.append((indent, key, documented_above))
+        documented_above = False
+    assert not undocumented
