@@ -1,0 +1,313 @@
+"""Pure parts of the operator: rendering, thresholds, scoping, node claims, status, the CRD."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from operator_harness import CRD_FILE, Validator
+
+from trainsentry import assets
+from trainsentry.operator import discovery, nodes, status
+from trainsentry.operator.reconcile import Sources, child_patch, load_sources, merge_diff
+from trainsentry.operator.render import (
+    apply_thresholds,
+    known_thresholds,
+    pin_dashboard,
+    render_children,
+    scope_expr,
+)
+from trainsentry.operator.spec import JobIdentity, LabelSelector, TrainingJobSpec
+
+JOB = JobIdentity(name="llm", namespace="team-a", uid="0b5e6c1e-1111-4222-8333-944445555666")
+
+
+def spec(**fields: Any) -> TrainingJobSpec:
+    return TrainingJobSpec.model_validate({"selector": {"matchLabels": {"job": "llm"}}, **fields})
+
+
+def test_threshold_override_replaces_exactly_the_literal() -> None:
+    rule = {"alert": "A", "expr": "x > 85 and y{le=\"85\"} < 850 and z > 0.85",
+            "annotations": {"thresholds": "t=85"}}
+    out = apply_thresholds(rule, {"t": 90.5})
+    assert out["expr"] == "x > 90.5 and y{le=\"85\"} < 850 and z > 0.85"
+    assert out["annotations"]["thresholds"] == "t=90.5"
+    assert rule["expr"].startswith("x > 85")  # input untouched
+    assert apply_thresholds(rule, {"other": 1}) == rule
+    with pytest.raises(ValueError, match="not in expr"):
+        apply_thresholds({"alert": "B", "expr": "x > 1", "annotations": {"thresholds": "t=2"}},
+                         {"t": 3})
+
+
+def test_scope_by_node_and_pod() -> None:
+    node_expr = scope_expr("DCGM_FI_DEV_GPU_TEMP > 85", "node", JOB)
+    assert node_expr == ('(DCGM_FI_DEV_GPU_TEMP > 85) * on(node) group_left(namespace, '
+                         'trainingjob) trainsentry:job_node:info{namespace="team-a", '
+                         'trainingjob="llm"}')
+    pod_expr = scope_expr("up * on(namespace, pod) group_left(trainingjob) "
+                          "trainsentry:job_pod:info > 0", "pod", JOB)
+    assert pod_expr is not None and pod_expr.endswith(
+        'trainsentry:job_pod:info{namespace="team-a", trainingjob="llm"} > 0')
+    assert scope_expr("up == 0", "cluster", JOB) is None
+    assert scope_expr("up == 0", "pod", JOB) is None  # no membership join to narrow
+
+
+def _promtool(tmp_path: Path, groups: list[dict[str, Any]]) -> None:
+    path = tmp_path / "rendered.yaml"
+    path.write_text(yaml.safe_dump({"groups": groups}))
+    result = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_shipped_rules_render_per_job_and_pass_promtool(tmp_path: Path) -> None:
+    sources = load_sources(assets.rules_dir(), assets.dashboards_dir())
+    if not sources.rule_files:
+        pytest.skip("rules/ has no rule files yet")
+    thresholds = known_thresholds(sources.rule_files)
+    overrides = {name: float(default) * 2 + 1 for name, default in thresholds.items()}
+    rendered = render_children(JOB, spec(thresholds=overrides), sources.rule_files,
+                               sources.dashboards, ["llm-0", "llm-1"])
+    assert not rendered.unknown_thresholds and rendered.alert_count > 0
+    rule = rendered.manifests[0]
+    _promtool(tmp_path, rule["spec"]["groups"])
+    text = json.dumps(rule)
+    for name, value in overrides.items():
+        assert f"{name}={value:g}" in text or f"{name}={int(value)}" in text, name
+    validator = Validator()
+    for manifest in rendered.manifests:
+        validator(manifest)
+    assert set(validator.checked) >= {"PrometheusRule", "PodMonitor"}
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert all(r["labels"]["trainingjob"] == "llm" for r in alerts)
+    assert all("trainsentry:job_" in r["expr"] for r in alerts)
+
+
+def test_render_is_deterministic_and_owned(sources: Sources) -> None:
+    first = render_children(JOB, spec(), sources.rule_files, sources.dashboards, ["b", "a"])
+    second = render_children(JOB, spec(), sources.rule_files, sources.dashboards, ["a", "b"])
+    assert first == second
+    for manifest in first.manifests:
+        assert manifest["metadata"]["ownerReferences"][0]["uid"] == JOB.uid
+        assert manifest["metadata"]["labels"]["trainsentry.io/trainingjob"] == "llm"
+    assert first.skipped_rules == ["ExporterDown"]  # job_scope: cluster
+
+
+def test_workload_jobs_use_a_name_prefix(sources: Sources) -> None:
+    workload = TrainingJobSpec.model_validate({"workloadRef": {"kind": "Job", "name": "vc"}})
+    rendered = render_children(JOB, workload, sources.rule_files, sources.dashboards, ["x"])
+    membership = rendered.manifests[0]["spec"]["groups"][0]["rules"][0]["expr"]
+    assert 'pod=~"vc-.*"' in membership
+    assert rendered.manifests[1]["spec"]["selector"] == {
+        "matchLabels": {"volcano.sh/job-name": "vc"}}
+
+
+def test_dashboard_is_pinned_to_the_job(sources: Sources) -> None:
+    [board] = sources.dashboards
+    pinned = pin_dashboard(board.dashboard, JOB, board.name)
+    other = pin_dashboard(board.dashboard, JobIdentity(name="x", namespace="team-a", uid="u"),
+                          board.name)
+    assert pinned["uid"] != other["uid"] and len(pinned["uid"]) <= 40
+    assert "id" not in pinned and pinned["title"].endswith("team-a/llm")
+    values = {v["name"]: v["current"].get("value") for v in pinned["templating"]["list"]}
+    assert values == {"namespace": "team-a", "trainingjob": "llm", "node": None}
+
+
+def test_label_selector_string() -> None:
+    selector = LabelSelector.model_validate({
+        "matchLabels": {"b": "2", "a": "1"},
+        "matchExpressions": [{"key": "r", "operator": "In", "values": ["x", "y"]},
+                             {"key": "s", "operator": "DoesNotExist"}]})
+    assert selector.as_string() == "a=1,b=2,r in (x,y),!s"
+
+
+def test_spec_requires_exactly_one_pod_source() -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        TrainingJobSpec.model_validate({})
+    with pytest.raises(ValueError, match="exactly one"):
+        TrainingJobSpec.model_validate({"selector": {}, "workloadRef": {"kind": "Job",
+                                                                         "name": "x"}})
+
+
+# --- node claims ----------------------------------------------------------------------------
+
+
+def _node(annotations: dict[str, str] | None = None,
+          labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": "n", "resourceVersion": "7",
+                         "annotations": annotations or {}, "labels": labels or {"zone": "a"}}}
+
+
+def _apply(node: dict[str, Any], patch: dict[str, Any] | None) -> dict[str, Any]:
+    assert patch is not None
+    meta = dict(node["metadata"])
+    for field in ("annotations", "labels"):
+        merged = dict(meta.get(field) or {})
+        for key, value in (patch["metadata"].get(field) or {}).items():
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = value
+        meta[field] = merged
+    return {"metadata": meta}
+
+
+def test_claims_share_nodes_and_release_labels_last() -> None:
+    a = nodes.Claim("uid-a", "ns/a", ("dcgm", "node"))
+    b = nodes.Claim("uid-b", "ns/b", ("infiniband",))
+    node = _apply(_node(), nodes.node_patch(_node(), "uid-a", a))
+    assert node["metadata"]["labels"] == {"zone": "a", "trainsentry.io/monitored": "true",
+                                          "trainsentry.io/exporter-dcgm": "true",
+                                          "trainsentry.io/exporter-node": "true"}
+    assert nodes.node_patch(node, "uid-a", a) is None  # idempotent
+    node = _apply(node, nodes.node_patch(node, "uid-b", b))
+    assert node["metadata"]["labels"]["trainsentry.io/exporter-infiniband"] == "true"
+    patch = nodes.node_patch(node, "uid-a", None)
+    assert patch is not None and patch["metadata"]["resourceVersion"] == "7"
+    node = _apply(node, patch)
+    assert node["metadata"]["labels"] == {"zone": "a", "trainsentry.io/monitored": "true",
+                                          "trainsentry.io/exporter-infiniband": "true"}
+    node = _apply(node, nodes.node_patch(node, "uid-b", None))
+    assert node["metadata"]["labels"] == {"zone": "a"}
+    assert node["metadata"]["annotations"] == {}
+    assert nodes.node_patch(node, "uid-b", None) is None
+
+
+def test_malformed_claim_still_keeps_the_node_monitored() -> None:
+    node = _node(annotations={"claims.trainsentry.io/x": "not json"})
+    assert nodes.labels_for(nodes.claims_on(node["metadata"]["annotations"])) == {
+        "trainsentry.io/monitored": "true"}
+
+
+# --- status ---------------------------------------------------------------------------------
+
+
+def _pods(*phases: str) -> status.PodSummary:
+    return status.PodSummary.of([{"status": {"phase": p}, "spec": {"nodeName": f"n{i}"}}
+                                 for i, p in enumerate(phases)])
+
+
+@pytest.mark.parametrize(
+    ("phases", "alert", "expected"),
+    [
+        ((), None, "Pending"),
+        (("Pending", "Pending"), None, "Pending"),
+        (("Running", "Running"), None, "Monitoring"),
+        (("Running", "Pending"), None, "Degraded"),
+        (("Running", "Failed"), None, "Degraded"),
+        (("Succeeded", "Succeeded"), None, "Completed"),
+        (("Running", "Running"), {"name": "Hang", "priority": "P0"}, "Hung"),
+        (("Running", "Running"), {"name": "Hang", "priority": "P0", "status": "resolved"},
+         "Monitoring"),
+        (("Running", "Running"), {"name": "GPUHot", "priority": "P1"}, "Degraded"),
+        (("Running", "Running"), {"name": "GPUHot", "priority": "P3"}, "Monitoring"),
+    ],
+)
+def test_phase(phases: tuple[str, ...], alert: dict[str, str] | None, expected: str) -> None:
+    pods = _pods(*phases)
+    ranks = status.ranks(spec(worldSize=2), pods)
+    assert status.compute_phase(pods, ranks, True, alert, frozenset({"Hang"})) == expected
+
+
+def test_conditions_keep_transition_time_until_they_flip() -> None:
+    first = status.merge_conditions([], [status.Condition("RulesReady", True, "Applied")],
+                                    "t1", 1)
+    same = status.merge_conditions(first, [status.Condition("RulesReady", True, "Applied")],
+                                   "t2", 2)
+    flipped = status.merge_conditions(same, [status.Condition("RulesReady", False, "X")],
+                                      "t3", 2)
+    assert [c["lastTransitionTime"] for c in (first[0], same[0], flipped[0])] == [
+        "t1", "t1", "t3"]
+    assert same[0]["observedGeneration"] == 2
+
+
+def test_status_patch_leaves_last_alert_alone() -> None:
+    old = {"phase": "Pending", "lastAlert": {"name": "A"}, "nodes": ["n0"]}
+    new = {"phase": "Monitoring", "nodes": ["n0"], "ranks": {"expected": 1, "running": 1}}
+    assert status.status_patch(old, new) == {"phase": "Monitoring",
+                                            "ranks": {"expected": 1, "running": 1}}
+
+
+def test_last_alert_patch_validates() -> None:
+    from datetime import UTC, datetime
+    with pytest.raises(ValueError):
+        status.last_alert_patch("A", "P9", datetime.now(tz=UTC))
+    with pytest.raises(ValueError):
+        status.last_alert_patch("A", "P1", datetime(2026, 1, 1))
+    with pytest.raises(ValueError):
+        status.last_alert_patch("A", "P1", datetime.now(tz=UTC), status="maybe")
+
+
+# --- children diff, discovery ---------------------------------------------------------------
+
+
+def test_merge_diff_and_child_patch() -> None:
+    assert merge_diff({"a": 1, "b": {"c": 1, "d": 2}}, {"b": {"c": 1}}) == {"a": None,
+                                                                              "b": {"d": None}}
+    existing = {"metadata": {"labels": {"x": "1", "mine": "old"}, "ownerReferences": []},
+                "data": {"k": "v", "stale": "s"}}
+    desired = {"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"labels": {"mine": "new"}, "ownerReferences": [{"uid": "u"}]},
+               "data": {"k": "v"}}
+    assert child_patch(existing, desired) == {
+        "data": {"stale": None},
+        "metadata": {"labels": {"mine": "new"}, "ownerReferences": [{"uid": "u"}]}}
+    assert child_patch({**desired, "status": {}}, desired) == {}
+
+
+def test_discovery_derives_ranks() -> None:
+    ptj = {"apiVersion": "kubeflow.org/v1", "metadata": {"name": "p", "namespace": "n",
+                                                         "uid": "u"},
+           "spec": {"elasticPolicy": {"nProcPerNode": 8},
+                    "pytorchReplicaSpecs": {"Master": {}, "Worker": {"replicas": 3}}}}
+    manifest = discovery.trainingjob_for("PyTorchJob", ptj)
+    assert manifest["spec"]["worldSize"] == 32 and manifest["spec"]["ranksPerPod"] == 8
+    vc = {"metadata": {"name": "v", "namespace": "n", "uid": "u"},
+          "spec": {"tasks": [{"replicas": 2}, {"replicas": 2}]}}
+    assert discovery.trainingjob_for("Job", vc)["spec"]["worldSize"] == 4
+    Validator()(manifest)
+
+
+# --- the CRD --------------------------------------------------------------------------------
+
+
+def _crd() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(CRD_FILE.read_text())
+    return loaded
+
+
+@pytest.mark.parametrize("version", ["1.30.0", "1.37.0"])
+def test_crd_is_a_valid_custom_resource_definition(version: str) -> None:
+    kubernetes_validate.validate(_crd(), version, strict=True)
+    crd = _crd()
+    assert crd["spec"]["names"]["shortNames"] == ["tj"]
+    assert crd["spec"]["versions"][0]["subresources"] == {"status": {}}
+    columns = [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
+    assert columns == ["Phase", "Ranks", "Expected", "Last-Alert", "Age"]
+
+
+def _defaults(schema: dict[str, Any], path: str = "") -> dict[str, Any]:
+    found = {}
+    for name, prop in (schema.get("properties") or {}).items():
+        here = f"{path}.{name}" if path else name
+        if "default" in prop and prop["default"] != {}:
+            found[here] = prop["default"]
+        found.update(_defaults(prop, here))
+    return found
+
+
+def test_crd_defaults_match_the_spec_model() -> None:
+    schema = _crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    model = spec().model_dump()
+    defaults = _defaults(schema)
+    assert len(defaults) >= 10
+    for dotted, value in defaults.items():
+        current: Any = model
+        for part in dotted.split("."):
+            current = current[part]
+        assert current == value, dotted
