@@ -121,23 +121,31 @@ def analyze_mismatches(trace: Trace, max_per_comm: int = 3) -> MismatchAnalysis:
                 ))
         # Per-rank size rule, even where all ranks agree on a broken all_gather.
         size_ok: dict[int, bool] = {}
+        broken: dict[int, tuple[int, list[int]]] = {}  # sig id -> (first seq, ranks)
         for stream in streams:
             for sig_id in np.unique(stream.signature):
-                ok = size_ok.get(int(sig_id))
+                key = int(sig_id)
+                ok = size_ok.get(key)
                 if ok is None:
-                    ok = size_ok[int(sig_id)] = size_consistent(
-                        trace.signatures[int(sig_id)], group_size)
+                    ok = size_ok[key] = size_consistent(trace.signatures[key], group_size)
                 if ok:
                     continue
-                sig = trace.signatures[int(sig_id)]
                 first = int(stream.seq[np.nonzero(stream.signature == sig_id)[0][0]])
-                if any(m.comm == comm_id and m.seq == first for m in analysis.mismatches):
-                    continue
-                analysis.total += 1
-                analysis.mismatches.append(Mismatch(
-                    comm_id, first, "size", (stream.rank,),
-                    f"{sig.op} with output = input x {group_size}", sig.describe(),
-                ))
+                seen_first, ranks = broken.setdefault(key, (first, []))
+                broken[key] = (min(seen_first, first), ranks)
+                ranks.append(stream.rank)
+        for key, (first, ranks) in broken.items():
+            sig = trace.signatures[key]
+            culprits = tuple(sorted(ranks))
+            if any(m.comm == comm_id and m.seq == first and m.culprit_ranks == culprits
+                   for m in analysis.mismatches):
+                continue
+            analysis.total += 1
+            analysis.mismatches.append(Mismatch(
+                comm_id, first, "size", culprits,
+                f"{sig.op} with output = input x {group_size}", sig.describe(),
+            ))
+        for stream in streams:
             if len(stream.state) and int(stream.state[0]) != State.UNKNOWN:
                 done = np.nonzero(stream.state == State.COMPLETED)[0]
                 if len(done):

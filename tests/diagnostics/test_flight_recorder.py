@@ -1,0 +1,227 @@
+"""Flight Recorder reader and the hang / mismatch / slow analyses on synthetic dumps."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainsentry.diagnostics import AnalyzeError, analyze, analyze_trace
+from trainsentry.diagnostics.model import Trace
+from trainsentry.diagnostics.readers.flight_recorder import (
+    FlightRecorderError,
+    SignatureCache,
+    decode_dump,
+    infer_rank_names,
+    join_dumps,
+    load_plain_pickle,
+    parse_dump,
+)
+from trainsentry.diagnostics.synthetic import make_dump, write_dumps
+
+WORLD = 1024
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One 1,024-rank dump directory per scenario (pickle, and JSON for one of them)."""
+    out = {}
+    for scenario, culprit, fmt in (("hang", 517, "pickle"), ("size", 33, "json"),
+                                   ("slow", 700, "pickle"), ("ok", 0, "pickle")):
+        directory = tmp_path_factory.mktemp(scenario)
+        write_dumps(directory, WORLD, 30, scenario, culprit, fmt=fmt)
+        out[scenario] = directory
+    return out
+
+
+def test_1024_rank_hang_names_the_missing_rank(big: dict[str, Path]) -> None:
+    report = analyze([big["hang"]])
+    assert report.verdict == "hang"
+    hang = report.to_dict()["hang"]
+    assert hang["missing_ranks"] == [517]
+    assert hang["root_cause_ranks"] == [517]
+    assert hang["seq"] == 30
+    assert hang["arrived_count"] == WORLD - 1
+    assert hang["waited_s"] >= 599
+
+
+def test_1024_rank_size_mismatch_names_the_culprit(big: dict[str, Path]) -> None:
+    report = analyze([big["size"]])
+    assert report.verdict == "mismatch"
+    (mismatch,) = report.blocking_mismatches
+    assert (mismatch.kind, mismatch.culprit_ranks, mismatch.seq) == ("size", (33,), 30)
+
+
+def test_1024_rank_slow_rank(big: dict[str, Path]) -> None:
+    report = analyze([big["slow"]])
+    assert report.verdict == "slow"
+    assert [s.rank for s in report.slow.slow_ranks] == [700]
+    assert report.slow.slow_ranks[0].p_value < 1e-6
+    assert 4.0 < report.slow.slow_ranks[0].lag_ms < 5.5
+
+
+def test_1024_rank_healthy_job_is_ok(big: dict[str, Path]) -> None:
+    report = analyze([big["ok"]])
+    assert report.verdict == "ok"
+    assert report.hang.hangs == [] and report.slow.slow_ranks == []
+    assert report.blocking_mismatches == []
+
+
+def test_bad_files_are_named_and_the_rest_analysed(tmp_path: Path) -> None:
+    paths = write_dumps(tmp_path, 8, 20, "hang", 5)
+    paths[1].write_bytes(os.urandom(300))  # corrupt
+    paths[2].write_bytes(paths[2].read_bytes()[:200])  # truncated pickle
+    paths[3].write_text(json.dumps({"version": "2.10", "pg_config": {}}))  # no entries
+    result = analyze([tmp_path])
+    errors = {Path(e.path).name: e.message for e in result.errors}
+    assert set(errors) == {paths[1].name, paths[2].name, paths[3].name}
+    assert "entries" in errors[paths[3].name]
+    assert paths[2].name in errors[paths[2].name]
+    hang = result.to_dict()["hang"]
+    # rank 5 skipped the collective; ranks 1-3 have no readable dump, so they are
+    # missing too, reported as such rather than silently dropped.
+    assert 5 in hang["missing_ranks"]
+    assert hang["ranks_without_dump"] == [1, 2, 3]
+    assert {i["path"]: i["ok"] for i in result.to_dict()["inputs"]}[str(paths[0])] is True
+
+
+def test_nothing_readable_raises(tmp_path: Path) -> None:
+    (tmp_path / "rank_0").write_bytes(b"\x00garbage")
+    with pytest.raises(AnalyzeError, match="rank_0"):
+        analyze([tmp_path])
+
+
+class Boom:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, ("echo pwned",))
+
+
+def test_restricted_unpickler_refuses_globals() -> None:
+    payload = pickle.dumps({"version": "2.10", "entries": [Boom()]})
+    with pytest.raises(pickle.UnpicklingError, match="posix.system|os.system"):
+        load_plain_pickle(payload)
+    with pytest.raises(FlightRecorderError, match="evil_3"):
+        decode_dump(payload, "evil_3")
+    # Plain containers, tuples included, still load.
+    assert load_plain_pickle(pickle.dumps({"a": (1, [2.5, "x"]), "b": None})) == {
+        "a": (1, [2.5, "x"]), "b": None}
+
+
+def test_prefix_is_inferred_from_file_names(tmp_path: Path) -> None:
+    names = ["nccl_trace_rank_0", "nccl_trace_rank_1", "nccl_trace_rank_10", "README", "x.json"]
+    paths = [tmp_path / n for n in names]
+    ranks = infer_rank_names(paths)
+    assert ranks == {paths[0]: 0, paths[1]: 1, paths[2]: 10}
+    assert infer_rank_names([tmp_path / "rank_3.json"]) == {tmp_path / "rank_3.json": 3}
+
+
+def _trace(dumps: dict[int, dict[str, Any]]) -> Trace:
+    trace = Trace(format="fr")
+    cache = SignatureCache(trace.signatures)
+    parsed = [parse_dump(d, r, f"rank_{r}", cache) for r, d in dumps.items()]
+    trace = join_dumps(parsed, trace)
+    # In files the dump time is the file's mtime; in memory, the synthetic dump's end.
+    trace.capture_end_ns = max(int(d["dump_time_ns"]) for d in dumps.values())
+    return trace
+
+
+def test_old_versions_and_unknown_keys() -> None:
+    dumps = {}
+    for rank in range(4):
+        dump = make_dump(rank, 4, 12, "hang", culprit=2)
+        dump["version"] = "2.1"
+        dump["brand_new_key"] = {"ignored": True}
+        for entry in dump["entries"]:
+            entry["seq_id"] = entry.pop("collective_seq_id")
+            del entry["is_p2p"], entry["p2p_seq_id"], entry["input_dtypes"]
+            entry["future_field"] = [1, 2, 3]
+        del dump["pg_status"]
+        dumps[rank] = dump
+    report = analyze_trace(_trace(dumps))
+    assert report.verdict == "hang"
+    assert report.primary_hang is not None
+    assert report.primary_hang.missing_ranks == (2,)
+
+
+def test_ring_buffer_wrap_uses_pg_status_not_a_false_missing_rank() -> None:
+    dumps = {r: make_dump(r, 4, 40, "hang", culprit=1) for r in range(4)}
+    # Rank 3's buffer kept only its first 10 entries' worth of history... but pg_status says
+    # it enqueued up to 40: it reached the stuck collective, it is not missing.
+    dumps[3]["entries"] = dumps[3]["entries"][:10]
+    trace = _trace(dumps)
+    report = analyze_trace(trace)
+    assert report.primary_hang is not None
+    assert report.primary_hang.missing_ranks == (1,)
+    assert report.gaps == []  # truncation at the end is not a gap inside the record
+
+
+def test_coalesced_group_compared_as_a_whole() -> None:
+    dumps = {r: make_dump(r, 4, 6, "ok") for r in range(4)}
+    for rank, dump in dumps.items():
+        template = dict(dump["entries"][-1])
+        extra = []
+        for k, numel in enumerate((8, 16 if rank != 3 else 32)):
+            e = dict(template, collective_seq_id=7, op_id=100 + k,
+                     profiling_name="nccl:all_reduce", input_sizes=[[numel]],
+                     output_sizes=[[numel]])
+            extra.append(e)
+        extra.append(dict(template, collective_seq_id=7, profiling_name="nccl:coalesced",
+                          input_sizes=[], output_sizes=[]))
+        dump["entries"].extend(extra)
+    report = analyze_trace(_trace(dumps))
+    (mismatch,) = report.blocking_mismatches
+    assert mismatch.seq == 7 and mismatch.culprit_ranks == (3,) and mismatch.kind == "size"
+    assert mismatch.found.startswith("coalesced[")
+
+
+def test_dtype_and_op_mismatch_kinds() -> None:
+    dumps = {r: make_dump(r, 4, 8, "ok") for r in range(4)}
+    dumps[1]["entries"][3]["input_dtypes"] = ["BFloat16"]
+    dumps[2]["entries"][5]["profiling_name"] = "nccl:broadcast_other"
+    report = analyze_trace(_trace(dumps))
+    kinds = {(m.seq, m.kind, m.culprit_ranks) for m in report.blocking_mismatches}
+    assert (4, "dtype", (1,)) in kinds
+    assert (6, "op", (2,)) in kinds
+
+
+def test_all_gather_output_must_be_input_times_group_size() -> None:
+    dumps = {r: make_dump(r, 4, 10, "ok") for r in range(4)}
+    ag = next(i for i, e in enumerate(dumps[0]["entries"])
+              if e["profiling_name"] == "nccl:all_gather")
+    for rank in range(4):  # every rank agrees, but the output is only 2x the input
+        entry = dumps[rank]["entries"][ag]
+        entry["output_sizes"] = [[entry["input_sizes"][0][0] * 2]]
+    report = analyze_trace(_trace(dumps))
+    assert {m.kind for m in report.blocking_mismatches} == {"size"}
+    assert sorted(r for m in report.blocking_mismatches for r in m.culprit_ranks) == [0, 1, 2, 3]
+
+
+def test_p2p_victim_points_to_the_root_cause() -> None:
+    """Rank 1 waits in recv from rank 0; rank 0 waits in a collective rank 3 never joined."""
+    dumps = {r: make_dump(r, 4, 10, "hang", culprit=3) for r in range(4)}
+    # Rank 1 is not in the stuck collective: it is blocked in a recv from rank 0 instead.
+    last = dumps[1]["entries"].pop()
+    dumps[1]["entries"].append(dict(
+        last, profiling_name="nccl:recv 1<-0", is_p2p=True, p2p_seq_id=1,
+        collective_seq_id=0, state="started", retired=False))
+    dumps[1]["pg_status"]["0"]["last_enqueued_collective"] = 9
+    report = analyze_trace(_trace(dumps))
+    assert report.hang.root_cause_ranks == [3]
+    assert 1 in report.primary_hang.missing_ranks  # type: ignore[union-attr]
+    assert 1 in report.hang.victim_ranks
+    assert any(w.rank == 1 and w.peer == 0 for w in report.hang.p2p_waits)
+
+
+def test_recent_tail_is_not_a_hang() -> None:
+    dumps = {r: make_dump(r, 4, 10, "hang", culprit=0) for r in range(4)}
+    trace = _trace(dumps)
+    stuck_since = max(int(s.time_ns.max()) for s in trace.streams.values())
+    trace.capture_end_ns = stuck_since + 500_000_000  # dumped 0.5 s after
+    report = analyze_trace(trace)
+    assert report.verdict == "ok"
+    assert report.hang.too_recent and report.hang.too_recent[0].missing_ranks == (0,)
+    assert analyze_trace(trace, min_idle_s=0.1).verdict == "hang"
