@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from trainsentry.notifiers.email import SmtpConfig, send_email
 from trainsentry.reports.digest import digest_card, post_digest
-from trainsentry.reports.period import Period, due_weeks, parse_period
+from trainsentry.reports.period import Period, due_weeks, last_full_week, parse_period
 from trainsentry.reports.settings import ReportSettings
 from trainsentry.reports.stats import StatsOptions, WeeklyStats, collect
 from trainsentry.reports.weekly import RenderedReport, RenderOptions, render, to_message
@@ -166,7 +166,9 @@ def periods_to_send(
 ) -> list[Period]:
     tz, week_start = settings.timezone, settings.week_start
     if spec == "last-week" and not force:
-        return due_weeks(last_sent, now, tz, week_start, settings.catch_up_weeks)
+        # Nothing due still yields the last week, so the run reports it as already sent.
+        due = due_weeks(last_sent, now, tz, week_start, settings.catch_up_weeks)
+        return due or [last_full_week(now, tz, week_start)]
     return [parse_period(spec, now, tz, week_start)]
 
 

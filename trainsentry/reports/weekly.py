@@ -19,11 +19,11 @@ from __future__ import annotations
 import base64
 import csv
 import io
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from email.message import EmailMessage, MIMEPart
-from email.utils import make_msgid
 from functools import cache
 from typing import Any
 
@@ -259,7 +259,8 @@ def make_charts(stats: WeeklyStats, cid_domain: str = "trainsentry.report") -> t
         "nodes": charts.top_nodes(stats.hot_nodes),
     }
     return tuple(
-        Chart(name, make_msgid(idstring=name, domain=cid_domain)[1:-1], png)
+        # Short ids: a folded Content-ID header trips up some mail clients.
+        Chart(name, f"{name}.{secrets.token_hex(6)}@{cid_domain}", png)
         for name, png in images.items()
     )
 
