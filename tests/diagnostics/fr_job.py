@@ -1,6 +1,7 @@
 """A small gloo job that leaves Flight Recorder dumps behind, one scenario per run.
 
-`launch(scenario, outdir, port)` (or `python fr_job.py SCENARIO OUTDIR PORT`) starts 4 ranks. Each of the 4 ranks runs a few
+`launch(scenario, outdir, port)` (or `python fr_job.py SCENARIO OUTDIR PORT`) starts the
+4 ranks. Each of the 4 ranks runs a few
 collectives, the scenario's fault happens on the last one, and every rank writes its dump
 to OUTDIR (`fr_rank_<r>.json`, or `.pkl` for the size scenario) and exits without waiting.
 """

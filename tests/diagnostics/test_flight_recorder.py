@@ -102,7 +102,7 @@ class Boom:
 
 def test_restricted_unpickler_refuses_globals() -> None:
     payload = pickle.dumps({"version": "2.10", "entries": [Boom()]})
-    with pytest.raises(pickle.UnpicklingError, match="posix.system|os.system"):
+    with pytest.raises(pickle.UnpicklingError, match=r"(posix|os)\.system"):
         load_plain_pickle(payload)
     with pytest.raises(FlightRecorderError, match="evil_3"):
         decode_dump(payload, "evil_3")
