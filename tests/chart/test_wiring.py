@@ -278,3 +278,24 @@ def test_real_gateway_runs_with_the_rendered_config_and_token(values: str, tmp_p
         for path in [*probe_paths, "/metrics"]:
             with urllib.request.urlopen(f"{gateway.url}{path}", timeout=10) as response:
                 assert response.status == 200, path
+
+
+def test_channels_example_of_docs_channels_md_installs(tmp_path: Path) -> None:
+    """The `channels:` example in docs/channels.md, given as chart values, renders into a
+    config.yaml the settings model accepts, with every named secret in the environment."""
+    import re
+
+    from chart.chart_helm import REPO, template
+
+    text = (REPO / "docs" / "channels.md").read_text(encoding="utf-8")
+    match = re.search(r"```yaml\n(channels:\n.*?)```", text, re.S)
+    assert match, "docs/channels.md has no `channels:` example"
+    example = yaml.safe_load(match.group(1))["channels"]
+    secrets = {name: f"value-of-{name}" for name in _env_names(example)}
+    objs = template(overrides={"channels": {"config": example, "secretEnv": secrets}}, tmp=tmp_path)
+    container = _container(one(objs, "Deployment", "-gateway"))
+    env = _env_for(objs, container)
+    config = yaml.safe_load(one(objs, "ConfigMap", "-config")["data"]["config.yaml"])
+    assert config["channels"] == example
+    ChannelsSettings.model_validate(config["channels"])
+    assert {name: env[name] for name in secrets} == secrets
