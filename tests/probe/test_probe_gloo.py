@@ -9,11 +9,17 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import yaml
+from realservers import start_prometheus
+from rules.jobscope import render_for_job
 
 from probe.probe_harness import TOKEN, GlooJob, free_port, launch_job, scrape, value
+from trainsentry.assets import rules_dir
 from trainsentry.gateway.hang_enrichment import RankEndpoint, enrich_hang
 
 pytestmark = [pytest.mark.torch, pytest.mark.e2e]
@@ -143,3 +149,66 @@ async def test_hang_enrichment_with_a_wrong_token_says_so(stalled_job: GlooJob) 
     assert verdict.verdict == "unknown"
     assert verdict.ranks_answered == 0
     assert all("HTTP 401" in failure for failure in verdict.ranks_failed)
+
+
+def test_real_prometheus_fires_hang_and_names_the_stalled_rank(
+    stalled_job: GlooJob, tmp_path: Path
+) -> None:
+    """The shipped rules, rendered for the job with short thresholds, on a real Prometheus."""
+    document = yaml.safe_load((rules_dir() / "training.yaml").read_text())
+    rendered = render_for_job(
+        document,
+        "team-a",
+        "llama",
+        thresholds={"hang_seconds": "3", "rank_stall_seconds": "2"},
+        for_override="0s",
+    )
+    # Stand-in for the operator's membership rule (kube_pod_info is not there outside k8s).
+    membership = {
+        "groups": [
+            {
+                "name": "membership",
+                "rules": [
+                    {
+                        "record": "trainsentry:job_pod:info",
+                        "expr": "max by (namespace, pod) (trainsentry_probe_info) * 0 + 1",
+                        "labels": {"trainingjob": "llama"},
+                    }
+                ],
+            }
+        ]
+    }
+    rule_files = [tmp_path / "training.yaml", tmp_path / "membership.yaml"]
+    rule_files[0].write_text(yaml.safe_dump(rendered, sort_keys=False))
+    rule_files[1].write_text(yaml.safe_dump(membership, sort_keys=False))
+    targets = [
+        {
+            "targets": [f"127.0.0.1:{stalled_job.ports[rank]}"],
+            "labels": {"namespace": "team-a", "pod": f"llama-w-{rank}"},
+        }
+        for rank in range(WORLD)
+    ]
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [
+            {"job_name": "team-a/llama-trainsentry-probe", "static_configs": targets}
+        ],
+    }
+    with start_prometheus(tmp_path, config, rule_files) as prom:
+        alerts: list[dict[str, Any]] = []
+
+        def firing() -> bool:
+            nonlocal alerts
+            data = httpx.get(f"{prom.url}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+            alerts = [a for a in data if a["state"] == "firing"]
+            names = {a["labels"]["alertname"] for a in alerts}
+            return {"TrainingJobHang", "TrainingRankStalledBehindPeers"} <= names
+
+        wait_for(firing, 30, "hang and stalled-rank alerts to fire", stalled_job)
+    stalled = [a for a in alerts if a["labels"]["alertname"] == "TrainingRankStalledBehindPeers"]
+    assert [a["labels"]["rank"] for a in stalled] == [str(STALL_RANK)]
+    assert stalled[0]["labels"]["pod"] == f"llama-w-{STALL_RANK}"
+    assert stalled[0]["labels"]["trainingjob"] == "llama"
+    hang = next(a for a in alerts if a["labels"]["alertname"] == "TrainingJobHang")
+    assert hang["labels"]["pg"] == "0" and hang["labels"]["priority"] == "P0"
+    assert hang["annotations"]["thresholds"] == "hang_seconds=3"
