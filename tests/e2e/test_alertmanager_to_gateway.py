@@ -137,3 +137,33 @@ def test_unchanged_alert_repeated_by_alertmanager_notifies_once(tmp_path: Path) 
             assert len(items) == 1
             sent = http_json(f"{gateway.url}/api/v1/notifications", token=TOKEN)["items"]
             assert [n["payload"]["event"] for n in sent] == ["firing"]
+
+
+def test_truncated_webhook_is_completed_from_alertmanager_api(tmp_path: Path) -> None:
+    """`max_alerts: 3` makes Alertmanager cut the list; the gateway fetches the rest."""
+    import yaml
+
+    db_url = f"sqlite:///{tmp_path / 'store.db'}"
+    config = am_config("http://127.0.0.1:9")  # placeholder until the gateway's port is known
+    with start_alertmanager(tmp_path, config) as am:
+        env = {"TRAINSENTRY_ALERTMANAGER_URL": am.url}
+        with start_gateway(tmp_path, db_url, token=TOKEN, env=env) as gateway:
+            real = am_config(gateway.url)
+            real["receivers"][0]["webhook_configs"][0]["max_alerts"] = 3
+            (am.workdir / "alertmanager.yml").write_text(yaml.safe_dump(real))
+            urllib.request.urlopen(
+                urllib.request.Request(f"{am.url}/-/reload", method="POST"), timeout=5
+            ).close()
+            with logs_on_error(am, gateway):
+                post_am_alerts(am.url, [am_alert(f"gpu-{n:02d}") for n in range(10)])
+
+                def stored() -> list[dict[str, Any]] | None:
+                    items = http_json(f"{gateway.url}/api/v1/alerts?limit=100", token=TOKEN)[
+                        "items"
+                    ]
+                    return items if len(items) == 10 else None
+
+                items = wait_for(stored, 30, "all 10 alerts, 7 of them fetched from the API")
+                assert {a["labels"]["node"] for a in items} == {f"gpu-{n:02d}" for n in range(10)}
+                metrics = urllib.request.urlopen(f"{gateway.url}/metrics", timeout=5).read()
+                assert b"trainsentry_webhook_truncated_alerts_total 7.0" in metrics

@@ -30,11 +30,12 @@ from trainsentry.gateway.metrics import GatewayMetrics
 from trainsentry.gateway.outbox import Outbox
 from trainsentry.gateway.policy import load_policy
 from trainsentry.gateway.policy_plan import PolicyPlan, Ticker
+from trainsentry.gateway.truncated import fetch_group
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.store import check_reachable, create_engine, migrate
 from trainsentry.store.queries import get_alert, list_alerts, list_notifications, outbox_depth
-from trainsentry.store.writes import ReceiptOutcome
+from trainsentry.store.writes import IncomingReceipt, ReceiptOutcome
 
 log = logging.getLogger("trainsentry.gateway")
 
@@ -106,6 +107,8 @@ async def receive_webhook(request: web.Request) -> web.Response:
         metrics.receipts.labels("unavailable").inc()
         return _error(503, f"store unavailable, retry: {exc}")
     metrics.intake_latency.observe(time.perf_counter() - started)
+    if receipt.truncated_alerts > 0:
+        _complete_truncated(gateway, receipt)
     return web.json_response(
         {
             "status": "stored",
@@ -117,6 +120,38 @@ async def receive_webhook(request: web.Request) -> web.Response:
             "unchanged": outcome.unchanged,
         }
     )
+
+
+def _complete_truncated(gateway: Gateway, receipt: IncomingReceipt) -> None:
+    """Alertmanager cut the list (`max_alerts`): fetch the rest from its API, in the background,
+    so the answer to Alertmanager is not delayed."""
+    gateway.metrics.truncated.inc(receipt.truncated_alerts)
+    url = gateway.settings.alertmanager_url
+    log.warning(
+        "webhook truncated alerts_cut=%d group=%r fetching=%s",
+        receipt.truncated_alerts,
+        receipt.group_key,
+        bool(url),
+    )
+    if not url:
+        return
+
+    async def complete() -> None:
+        try:
+            full = await fetch_group(url, receipt, gateway.clock())
+            if full is not None:
+                outcome = await gateway.writer.submit(full)
+                log.info(
+                    "truncated webhook completed alerts=%d new=%d", len(full.alerts), outcome.new
+                )
+        except StoreUnavailable:
+            log.warning("truncated webhook: store unavailable for the fetched alerts")
+        except Exception:
+            log.exception("truncated webhook: completing failed")
+
+    task = asyncio.create_task(complete())
+    gateway.background.append(task)
+    task.add_done_callback(gateway.background.remove)
 
 
 def _query_int(
@@ -316,7 +351,7 @@ def create_app(
         if gateway.ticker is not None:
             await gateway.ticker.stop()
         await outbox.aclose()
-        for task in gateway.background:
+        for task in list(gateway.background):
             task.cancel()
         await engine.dispose()
 

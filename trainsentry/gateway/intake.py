@@ -84,6 +84,13 @@ def label_fingerprint(labels: dict[str, str]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
+def to_milliseconds(value: datetime) -> datetime:
+    """UTC, cut to milliseconds: Alertmanager's API v2 reports times in milliseconds while its
+    webhooks carry nanoseconds, and an occurrence must be the same from either source."""
+    value = value.astimezone(UTC)
+    return value.replace(microsecond=value.microsecond // 1000 * 1000)
+
+
 def _to_alert(item: WebhookAlert) -> Alert:
     ends_at = item.endsAt
     if ends_at is not None and ends_at.astimezone(UTC) <= GO_ZERO_TIME:
@@ -93,8 +100,8 @@ def _to_alert(item: WebhookAlert) -> Alert:
         status=AlertStatus(item.status),
         labels=item.labels,
         annotations=item.annotations,
-        starts_at=item.startsAt.astimezone(UTC),
-        ends_at=ends_at.astimezone(UTC) if ends_at else None,
+        starts_at=to_milliseconds(item.startsAt),
+        ends_at=to_milliseconds(ends_at) if ends_at else None,
         generator_url=item.generatorURL,
     )
 
@@ -150,6 +157,7 @@ def parse_webhook(body: bytes, received_at: datetime | None = None) -> IncomingR
         truncated_alerts=payload.truncatedAlerts,
         external_url=payload.externalURL,
         alerts=[_to_alert(item) for item in payload.alerts],
+        group_labels=dict(payload.groupLabels),
     )
 
 
@@ -177,8 +185,10 @@ class IntakeWriter:
         *,
         max_batch_alerts: int = 5000,
         on_commit: Callable[[Sequence[ReceiptOutcome]], None] | None = None,
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self._engine = engine
+        self._clock = clock
         self._plan = plan
         self._max_batch_alerts = max_batch_alerts
         self._on_commit = on_commit
@@ -247,7 +257,7 @@ class IntakeWriter:
                     outcomes = await record_receipts(conn, receipts)
                     changes = [change for outcome in outcomes for change in outcome.changes]
                     if self._plan is not None and changes:
-                        await self._plan(conn, changes, utcnow())
+                        await self._plan(conn, changes, self._clock())
                 return outcomes
             except DBAPIError as exc:
                 if attempt < 2 and _is_retryable_conflict(exc):

@@ -29,6 +29,12 @@ class GatewayMetrics:
             "Alerts received again without a change (Alertmanager repeats, retries, HA peers)",
             registry=r,
         )
+        self.truncated = Counter(
+            "trainsentry_webhook_truncated_alerts_total",
+            "Alerts Alertmanager left out of webhooks (max_alerts); fetched from its API when "
+            "TRAINSENTRY_ALERTMANAGER_URL is set",
+            registry=r,
+        )
         self.intake_latency = Histogram(
             "trainsentry_intake_latency_seconds",
             "Time from request to committed answer",

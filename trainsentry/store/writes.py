@@ -35,6 +35,7 @@ class IncomingReceipt:
     truncated_alerts: int
     external_url: str
     alerts: list[Alert]
+    group_labels: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
