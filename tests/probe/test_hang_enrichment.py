@@ -12,8 +12,10 @@ from aiohttp import web
 
 from probe.probe_harness import free_port
 from trainsentry.gateway.hang_enrichment import (
+    PodAddress,
     RankEndpoint,
     culprit_ranks,
+    endpoints_for_pods,
     enrich_hang,
     fetch_dumps,
     summarize,
@@ -142,3 +144,12 @@ async def test_enrich_with_no_usable_dump_is_unknown_not_an_error(
     assert verdict.verdict == "unknown"
     assert verdict.ranks_failed == tuple(f"rank {r}: HTTP 401" for r in range(3))
     assert (await enrich_hang("ns/job", [], "t")).summary.startswith("no rank answered")
+
+
+def test_endpoints_for_pods() -> None:
+    pods = [PodAddress("w-0", "10.0.0.1", "gpu-01"), PodAddress("w-1", "", "gpu-02")]
+    endpoints = endpoints_for_pods(pods, base_port=9401, ranks_per_pod=2)
+    assert [(e.base_url, e.pod, e.node, e.rank) for e in endpoints] == [
+        ("http://10.0.0.1:9401", "w-0", "gpu-01", None),
+        ("http://10.0.0.1:9402", "w-0", "gpu-01", None),
+    ]  # a pod without an IP (not scheduled yet) has no probe to ask

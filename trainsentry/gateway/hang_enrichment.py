@@ -54,6 +54,31 @@ class RankEndpoint:
 
 
 @dataclass(frozen=True)
+class PodAddress:
+    """A running pod of the job as the Kubernetes API (or a demo's static list) gives it."""
+
+    name: str
+    ip: str
+    node: str = ""
+
+
+def endpoints_for_pods(
+    pods: Sequence[PodAddress], *, base_port: int = 9401, ranks_per_pod: int = 1
+) -> list[RankEndpoint]:
+    """One endpoint per rank: each pod's ranks listen on base_port + LOCAL_RANK.
+
+    Global ranks are not known from the pod list; each probe says its own in the
+    `X-Trainsentry-Rank` header of `/dump`.
+    """
+    return [
+        RankEndpoint(f"{pod.ip}:{base_port + local}", pod=pod.name, node=pod.node)
+        for pod in pods
+        if pod.ip
+        for local in range(max(1, ranks_per_pod))
+    ]
+
+
+@dataclass(frozen=True)
 class FetchResult:
     endpoint: RankEndpoint
     rank: int | None
