@@ -162,7 +162,8 @@ class Probe:
         ras_started = False
         while not self._stop.is_set():
             self.poll_once()
-            if not ras_started and self.config.ras_enabled(_nccl_in_use()):
+            wants_ras = self.config.rank == 0 and self.config.ras != "0"
+            if wants_ras and not ras_started and self.config.ras_enabled(_nccl_in_use()):
                 ras_started = True
                 self._spawn("trainsentry-probe-ras", self._ras_loop)
             self._stop.wait(self.config.interval_s)

@@ -19,6 +19,7 @@ import contextlib
 import hmac
 import json
 import logging
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -118,11 +119,16 @@ def _handler(endpoints: Endpoints) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _ThreadingHTTPServerV6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
 class ProbeServer:
     """Owns the listening socket and its thread."""
 
     def __init__(self, endpoints: Endpoints, bind: str, port: int) -> None:
-        self._httpd = ThreadingHTTPServer((bind, port), _handler(endpoints))
+        server_class = _ThreadingHTTPServerV6 if ":" in bind else ThreadingHTTPServer
+        self._httpd = server_class((bind.strip("[]"), port), _handler(endpoints))
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(
             target=self._httpd.serve_forever,
