@@ -44,9 +44,12 @@ def analyze(
     if format not in FORMATS:
         raise AnalyzeError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     started = time.perf_counter()
-    files, config_files = list_inputs([Path(p) for p in paths])
+    given = [Path(p) for p in paths]
+    absent = [p for p in given if not p.exists()]
+    files, config_files = list_inputs([p for p in given if p.exists()])
     if not files:
-        raise AnalyzeError("no input files found")
+        why = f": {', '.join(map(str, absent))} does not exist" if absent else ""
+        raise AnalyzeError(f"no input files found{why}")
     if topology is None:
         for config in config_files:
             topology = load_topology_file(config)
@@ -55,7 +58,7 @@ def analyze(
     chosen, rejected = (format, []) if format != "auto" else detect_format(files)
     readable = [f for f in files if f not in {r for r, _ in rejected}]
     trace = read_trace(chosen, readable, topology, progress, total=len(files))
-    for path, reason in rejected:
+    for path, reason in [*rejected, *((p, "no such file or directory") for p in absent)]:
         trace.inputs.append(str(path))
         trace.errors.append(InputError(str(path), reason))
     if trace.topology is None:

@@ -1,0 +1,72 @@
+"""`trainsentry analyze`: arguments, exit codes, JSON and the human summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainsentry.cli import main
+from trainsentry.diagnostics import analyze
+from trainsentry.diagnostics.command import DESCRIPTION, EXIT_HANG, EXIT_OK, EXIT_SLOW
+from trainsentry.diagnostics.synthetic import write_dumps
+
+
+def test_help_documents_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["analyze", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "Exit codes" in out and "verdict hang" in out
+    assert "3  verdict hang" in DESCRIPTION
+
+
+def test_bad_topology_is_a_usage_error(tmp_path: Path) -> None:
+    write_dumps(tmp_path, 4, 10)
+    assert main(["analyze", str(tmp_path), "--topology", "2,x"]) == 2
+
+
+def test_missing_input_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", str(tmp_path / "nope"), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] is None and "no input files" in out["error"]
+
+
+def test_json_report_for_a_hang(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_dumps(tmp_path, 16, 12, "hang", culprit=9)
+    assert main(["analyze", str(tmp_path), "--json", "--format", "fr"]) == EXIT_HANG
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] == "hang"
+    assert out["hang"]["missing_ranks"] == [9]
+    assert out["hang"]["root_cause_ranks"] == [9]
+    assert out["hang"]["communicator"] == "0"
+    assert out["mismatches"] == [] and out["slow_ranks"] == [] and out["gaps"] == []
+    assert len(out["inputs"]) == 16 and all(i["ok"] for i in out["inputs"])
+
+
+def test_human_summary_for_slow_and_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_dumps(tmp_path / "slow", 8, 40, "slow", culprit=5)
+    assert main(["analyze", str(tmp_path / "slow")]) == EXIT_SLOW
+    out = capsys.readouterr().out
+    assert "verdict: slow" in out and "slow ranks" in out
+    write_dumps(tmp_path / "ok", 8, 40, "ok")
+    assert main(["analyze", str(tmp_path / "ok")]) == EXIT_OK
+    assert "verdict: ok" in capsys.readouterr().out
+
+
+def test_progress_callback_counts_files(tmp_path: Path) -> None:
+    write_dumps(tmp_path, 40, 5)
+    (tmp_path / "notes.txt").write_text("not a trace")
+    calls: list[tuple[int, int]] = []
+    report = analyze([tmp_path], progress=lambda done, total: calls.append((done, total)))
+    assert calls[-1] == (40, 41)  # the unrecognised file is counted in the total
+    assert [e.path for e in report.errors] == [str(tmp_path / "notes.txt")]
+
+
+def test_large_input_shows_progress_without_breaking_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_dumps(tmp_path, 40, 5)
+    assert main(["analyze", str(tmp_path), "--json"]) == EXIT_OK
+    assert json.loads(capsys.readouterr().out)["verdict"] == "ok"

@@ -1,0 +1,88 @@
+"""Real Flight Recorder dumps from a 4-rank gloo job on CPU (torch.distributed).
+
+The three jobs run concurrently from one module fixture (most of their time is process
+start-up and the idle wait before dumping), each in its own directory and port.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from diagnostics import fr_job
+from trainsentry.cli import main as cli_main
+from trainsentry.diagnostics import analyze
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+SCENARIOS = ("hang", "size", "slow")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    dirs = {name: tmp_path_factory.mktemp(f"fr_{name}") for name in SCENARIOS}
+    with ThreadPoolExecutor(len(SCENARIOS)) as pool:
+        futures = {
+            name: pool.submit(fr_job.launch, name, str(path), _free_port())
+            for name, path in dirs.items()
+        }
+        for future in futures.values():
+            future.result()
+    return dirs
+
+
+def _dump_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.name.startswith("fr_rank_"))
+
+
+def test_skipped_collective_is_a_hang_naming_the_rank(dumps: dict[str, Path]) -> None:
+    assert len(_dump_files(dumps["hang"])) == fr_job.WORLD_SIZE
+    report = analyze([dumps["hang"]])
+    assert report.verdict == "hang"
+    hang = report.to_dict()["hang"]
+    assert hang["missing_ranks"] == [fr_job.HANG_SKIPPER]
+    assert hang["root_cause_ranks"] == [fr_job.HANG_SKIPPER]
+    assert hang["seq"] == 11  # ten good all_reduces, then the one rank 3 skipped
+    assert hang["op"].startswith("all_reduce")
+    assert hang["waited_s"] >= 2.0
+
+
+def test_different_size_is_a_size_mismatch_naming_the_rank(dumps: dict[str, Path]) -> None:
+    files = _dump_files(dumps["size"])
+    assert all(p.suffix == ".pkl" for p in files)
+    assert fr_job.SIZE_CULPRIT in {int(p.stem.rsplit("_", 1)[1]) for p in files}
+    report = analyze([dumps["size"]])
+    assert report.verdict == "mismatch"
+    (mismatch,) = report.blocking_mismatches
+    assert mismatch.kind == "size"
+    assert mismatch.culprit_ranks == (fr_job.SIZE_CULPRIT,)
+    assert mismatch.seq == 11
+
+
+def test_sleeping_rank_is_slow(dumps: dict[str, Path]) -> None:
+    report = analyze([dumps["slow"]])
+    assert report.verdict == "slow"
+    top = report.slow.slow_ranks[0]
+    assert top.rank == fr_job.SLOW_RANK
+    assert top.p_value < 1e-3
+    assert top.lag_ms >= fr_job.SLOW_SLEEP_S * 1000 * 0.5
+
+
+def test_cli_json_and_exit_code(dumps: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli_main(["analyze", str(dumps["hang"]), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 3
+    assert out["verdict"] == "hang"
+    assert out["hang"]["missing_ranks"] == [fr_job.HANG_SKIPPER]
+    assert {"verdict", "hang", "mismatches", "slow_ranks", "gaps", "inputs"} <= set(out)
