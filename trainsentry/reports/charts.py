@@ -20,7 +20,7 @@ from matplotlib.ticker import MaxNLocator
 from trainsentry.reports.stats import PRIORITIES, Hotspot
 
 PRIORITY_COLOURS = {"P0": "#d83931", "P1": "#de7802", "P2": "#d4a106", "P3": "#245bdb"}
-_SIZE = (6.4, 2.8)  # inches; at 100 dpi a 640 px wide image, fits a mail column
+_SIZE = (6.3, 2.8)  # inches; at 100 dpi 630 px: the mail column (680 - border - padding), 1:1
 _DPI = 100
 
 
@@ -93,6 +93,7 @@ def mttr_trend(
     if not points and previous_median_s is None:
         ax.text(0.5, 0.5, "nothing resolved", ha="center", va="center", transform=ax.transAxes)
     ax.set_xticks(xs, labels)
+    ax.set_xlim(-0.5, len(xs) - 0.5)  # room for the first and last day's labels
     ax.set_ylim(bottom=0)
     ax.set_ylabel(unit, fontsize=8)
     if points or previous_median_s is not None:

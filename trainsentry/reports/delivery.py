@@ -13,10 +13,12 @@ already sent for the audience, up to the last full week (at most `catch_up_weeks
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import delete, insert, select, update
@@ -277,3 +279,21 @@ def feishu_digest_poster(url: str, secret: str | None, timeout_s: float) -> Dige
         )
 
     return post
+
+
+async def write_preview(
+    engine: AsyncEngine,
+    out: Path,
+    *,
+    now: datetime,
+    spec: str = "this-week",
+    settings: ReportSettings | None = None,
+    audience: str = "cluster",
+    opts: StatsOptions | None = None,
+) -> RenderedReport:
+    """Writes the report's preview HTML (images embedded) to `out`; for the demo and `render`."""
+    settings = settings or ReportSettings()
+    period = parse_period(spec, now, settings.timezone, settings.week_start)
+    _, report = await build(engine, settings, period, audience, opts or StatsOptions())
+    await asyncio.to_thread(out.write_text, report.preview_html, encoding="utf-8")
+    return report
