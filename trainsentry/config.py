@@ -53,12 +53,34 @@ class GatewaySettings(BaseModel):
         return int(self.listen.rpartition(":")[2])
 
 
-class Settings(BaseModel):
-    """All of trainsentry's settings. Sections other parts add are plain dicts until typed."""
+class WebhookChannelSettings(BaseModel):
+    """A generic JSON webhook channel (notifiers/webhook.py). The URL can carry a credential,
+    so it may be given by environment variable name instead (`url_env`)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
+
+    url: str | None = None
+    url_env: str | None = None
+    bearer_token_env: str | None = None
+    timeout_s: float = Field(default=10.0, gt=0)
+    rate_limits: list[tuple[int, float]] = Field(default_factory=list)
+
+    @field_validator("url")
+    @classmethod
+    def _no_credentials_in_url(cls, value: str | None) -> str | None:
+        if value and "@" in value.split("//", 1)[-1].split("/", 1)[0]:
+            raise ValueError("the URL carries credentials: give it through url_env instead")
+        return value
+
+
+class Settings(BaseModel):
+    """All of trainsentry's settings. `channels` is validated by notifiers/settings.py."""
+
+    model_config = ConfigDict(extra="forbid")
 
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    webhooks: dict[str, WebhookChannelSettings] = Field(default_factory=dict)
+    channels: dict[str, Any] = Field(default_factory=dict)
 
 
 # Environment variables that map onto settings (non-secret and secret).

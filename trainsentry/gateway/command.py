@@ -38,21 +38,25 @@ def run(args: argparse.Namespace) -> int:
     from trainsentry.logs import configure_logging
 
     configure_logging(args.log_level)
+    from trainsentry.gateway.channels import build
+
     try:
         settings = load_settings(
             args.config,
             overrides={
                 "gateway": {"listen": args.listen, "db": args.db, "console_file": args.console_file}
             },
-        ).gateway
+        )
+        channels = build(settings)
     except ConfigError as exc:
         logging.getLogger("trainsentry").error("configuration error: %s", exc)
         return 2
+    gateway = settings.gateway
     try:
         web.run_app(
-            create_app(settings),
-            host=settings.host,
-            port=settings.port,
+            create_app(gateway, notifiers=channels.notifiers, rate_limits=channels.rate_limits),
+            host=gateway.host,
+            port=gateway.port,
             print=None,
             access_log=None,
             handle_signals=True,

@@ -121,6 +121,10 @@ class Outbox:
             self._task = None
 
     async def run(self) -> None:
+        try:
+            await self.release_leases_of_earlier_runs()
+        except Exception:
+            log.exception("outbox: releasing earlier leases failed")
         while True:
             try:
                 sent_any = await self.run_once()
@@ -162,6 +166,29 @@ class Outbox:
         outcomes = await asyncio.gather(*(self._deliver(row) for row in claimed))
         await self._record(list(outcomes))
         return True
+
+    async def release_leases_of_earlier_runs(self) -> int:
+        """At start: rows a previous run of this gateway left `sending` are pending again.
+
+        With SQLite there is one gateway, so every `sending` row is ours. On PostgreSQL only
+        rows claimed from this host (a restarted container keeps its pod's hostname) are
+        released; a vanished replica's rows wait for their lease to expire.
+        """
+        query = update(notifications).where(notifications.c.status == SENDING)
+        if self._engine.dialect.name != "sqlite":
+            host = self.worker_id.rsplit(":", 1)[0]
+            query = query.where(
+                notifications.c.claimed_by.like(f"{host}:%"),
+                notifications.c.claimed_by != self.worker_id,
+            )
+        async with self._engine.begin() as conn:
+            result = await conn.execute(
+                query.values(status=PENDING, claimed_by=None, claimed_until=None)
+            )
+        released = int(result.rowcount or 0)
+        if released:
+            log.warning("released notifications left sending by an earlier run count=%d", released)
+        return released
 
     async def recover_expired_leases(self) -> int:
         now = self._clock()
