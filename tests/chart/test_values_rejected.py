@@ -18,7 +18,7 @@ REJECTED: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("unknown nested key", {"gateway": {"replica": 2}}, ("replica",)),
     ("replicas > 1 with SQLite", {"gateway": {"replicas": 2}}, ("database", "type", "postgresql")),
     ("bad enum", {"gateway": {"database": {"type": "mysql"}}}, ("database", "type")),
-    ("unknown channel", {"channels": {"config": {"slack": {}}}}, ("channels", "config")),
+    ("unknown channel", {"channels": {"config": {"slack": {}}}}, ("slack",)),
     (
         "bad duration",
         {"alertmanager": {"config": {"route": {"groupWait": "soon"}}}},
