@@ -1,9 +1,9 @@
 """A small gloo job that leaves Flight Recorder dumps behind, one scenario per run.
 
 `launch(scenario, outdir, port)` (or `python fr_job.py SCENARIO OUTDIR PORT`) starts the
-4 ranks. Each of the 4 ranks runs a few
-collectives, the scenario's fault happens on the last one, and every rank writes its dump
-to OUTDIR (`fr_rank_<r>.json`, or `.pkl` for the size scenario) and exits without waiting.
+4 ranks as separate processes. Each runs a few all_reduces, the scenario's fault happens on
+the last one, and every rank writes its dump to OUTDIR (`fr_rank_<r>.json`, or `.pkl` for
+the size scenario) and exits without waiting for the stuck collective.
 """
 
 from __future__ import annotations

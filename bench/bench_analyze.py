@@ -1,0 +1,140 @@
+"""Benchmark: `trainsentry analyze` vs PyTorch's `fr_trace` on the same Flight Recorder dumps.
+
+Synthetic NCCL-style dumps (default 1,024 ranks x 2,000 entries, pickle, torch 2.13's
+format) in which one rank never issued the last collective. Each tool runs as its own
+process; we report both verdicts, wall time, CPU time and peak RSS (median of --repeats
+runs) and the ratios. Then the real Megatrace sample (target < 2 s).
+
+    .venv/bin/python bench/bench_analyze.py [--ranks 1024] [--entries 2000] [--repeats 3]
+
+Not run by the test suite. Needs torch (for fr_trace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+MEGATRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "megatrace" / "log_rank2_slow"
+if not MEGATRACE.is_dir():
+    MEGATRACE = Path("/work/shared/data/megatrace/log_rank2_slow")
+
+OURS = """
+import json, sys
+from trainsentry.diagnostics import analyze
+report = analyze([sys.argv[1]])
+hang = report.to_dict()["hang"]
+print(json.dumps({"verdict": report.verdict,
+                  "missing_ranks": hang["missing_ranks"] if hang else []}))
+"""
+
+
+@dataclass
+class Run:
+    wall_s: float
+    cpu_s: float
+    peak_rss_mb: float
+    stdout: str
+
+
+def run_measured(argv: list[str]) -> Run:
+    """Run a child process; wall time, its own CPU time and peak RSS from wait4."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv[:3]} failed ({proc.returncode}):\n{out[-2000:]}")
+    return Run(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, out)
+
+
+def fr_trace_missing(output: str) -> list[int]:
+    found = re.search(r"missing ranks: \{([\d, ]+)\}", output)
+    return sorted(int(x) for x in found.group(1).split(",")) if found else []
+
+
+def median(runs: list[Run], attr: str) -> float:
+    return float(statistics.median(getattr(r, attr) for r in runs))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, default=1024)
+    parser.add_argument("--entries", type=int, default=2000)
+    parser.add_argument("--missing-rank", type=int, default=517,
+                        help="taken modulo --ranks")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--fr-repeats", type=int, default=1,
+                        help="fr_trace runs (each takes minutes at full size)")
+    args = parser.parse_args()
+    args.missing_rank %= args.ranks
+
+    from trainsentry.diagnostics.synthetic import write_dumps
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench_analyze_"))
+    try:
+        t0 = time.perf_counter()
+        write_dumps(workdir, args.ranks, args.entries, "hang", args.missing_rank)
+        size_mb = sum(p.stat().st_size for p in workdir.iterdir()) / 2**20
+        print(f"dumps: {args.ranks} ranks x {args.entries} entries, rank {args.missing_rank} "
+              f"skips the last collective ({size_mb:.0f} MB pickle, written in "
+              f"{time.perf_counter() - t0:.1f} s)")
+        print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+
+        ours = [run_measured([sys.executable, "-c", OURS, str(workdir)])
+                for _ in range(args.repeats)]
+        theirs = [run_measured([sys.executable, "-m",
+                                "torch.distributed.flight_recorder.fr_trace", str(workdir)])
+                  for _ in range(args.fr_repeats)]
+        our_result = json.loads(ours[-1].stdout.strip().splitlines()[-1])
+        their_missing = fr_trace_missing(theirs[-1].stdout)
+        print()
+        print(f"{'':24}{'trainsentry':>14}{'fr_trace':>14}{'ratio':>10}")
+        print(f"{'verdict':24}{our_result['verdict']:>14}{'missing ranks':>14}")
+        print(f"{'missing ranks':24}{our_result['missing_ranks']!s:>14}"
+              f"{their_missing!s:>14}")
+        for label, attr in (("wall time (s, median)", "wall_s"), ("CPU time (s, median)", "cpu_s"),
+                            ("peak RSS (MB, median)", "peak_rss_mb")):
+            a, b = median(ours, attr), median(theirs, attr)
+            print(f"{label:24}{a:>14.2f}{b:>14.2f}{b / a:>9.1f}x")
+        same = our_result["missing_ranks"] == their_missing == [args.missing_rank]
+        speedup = median(theirs, "wall_s") / median(ours, "wall_s")
+        cpu_speedup = median(theirs, "cpu_s") / median(ours, "cpu_s")
+        rss_ok = median(ours, "peak_rss_mb") < 2048
+        print(f"\nsame missing rank: {same}; >= 10x faster: wall {speedup:.1f}x, "
+              f"CPU {cpu_speedup:.1f}x; < 2 GB: {rss_ok}")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    if MEGATRACE.is_dir():
+        from trainsentry.diagnostics import analyze
+
+        walls, cpus = [], []
+        for _ in range(args.repeats):
+            c0, w0 = time.process_time(), time.perf_counter()
+            report = analyze([MEGATRACE])
+            walls.append(time.perf_counter() - w0)
+            cpus.append(time.process_time() - c0)
+        top = report.slow.slow_ranks[0] if report.slow.slow_ranks else None
+        print(f"\nMegatrace sample: verdict {report.verdict}, top slow rank "
+              f"{top.rank if top else None} (p={top.p_value if top else None}), "
+              f"wall median {statistics.median(walls):.2f} s, CPU median "
+              f"{statistics.median(cpus):.2f} s (target < 2 s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
