@@ -257,3 +257,34 @@ def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["report", "send", "--config", str(empty), "--db", url]) == 2  # no SMTP
     err = capsys.readouterr().err
     assert "cannot read period" in err and "unknown team" in err and "no SMTP" in err
+
+
+async def test_gateway_loop_sends_once(tmp_path: Path, smtp: tuple[Inbox, int]) -> None:
+    """The scheduler loop (for the gateway): first round sends, later rounds skip."""
+    from trainsentry.notifiers.email import SmtpConfig
+    from trainsentry.reports.schedule import report_loop
+    from trainsentry.reports.settings import ReportSettings
+
+    inbox, port = smtp
+    engine = create_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    await migrate(engine)
+    await seed_week(engine)
+    settings = ReportSettings(timezone=TZ, recipients=SRE)
+    rounds: list[list[str]] = []
+    stop = asyncio.Event()
+
+    def seen(outcomes: list[Any]) -> None:
+        rounds.append([o.status for o in outcomes])
+        if len(rounds) == 3:
+            stop.set()
+
+    try:
+        await asyncio.wait_for(
+            report_loop(engine, settings, SmtpConfig("127.0.0.1", port, SENDER, "none"),
+                        stop=stop, interval_s=0.01, clock=lambda: AFTER, on_result=seen),
+            timeout=60,
+        )  # fmt: skip
+    finally:
+        await engine.dispose()
+    assert rounds == [["sent"], ["skipped"], ["skipped"]]
+    assert len(inbox.mails) == 1
