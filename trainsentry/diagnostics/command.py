@@ -162,7 +162,8 @@ def print_summary(report: Report) -> None:
         for column in ("rank", "p-value (Holm)", "median lag ms", "last / ops", "communicators"):
             table.add_column(column)
         for s in report.slow.slow_ranks[:10]:
-            table.add_row(str(s.rank), f"{s.p_value:.2g}", f"{s.lag_ms:.2f}",
+            p_text = f"{s.p_value:.2g}" if s.p_value > 0 else f"<= 1e{s.log10_p_bound:.0f}"
+            table.add_row(str(s.rank), p_text, f"{s.lag_ms:.2f}",
                           f"{s.last_count}/{s.ops}", ", ".join(s.communicators))
         console.print(table)
         for v in report.slow.victims[:10]:

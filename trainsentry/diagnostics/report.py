@@ -37,6 +37,7 @@ def _slow_dict(slow: SlowRank) -> dict[str, Any]:
     return {
         "rank": slow.rank,
         "p_value": slow.p_value,
+        "log10_p_value_bound": round(slow.log10_p_bound, 2),
         "lag_ms": round(slow.lag_ms, 3),
         "mean_lag_ms": round(slow.mean_lag_ms, 3),
         "communicators": list(slow.communicators),

@@ -17,6 +17,7 @@ fewer communicators, is reported as its victim, not as a cause.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,6 +42,8 @@ class SlowTest:
     p_adjusted: float
     median_lag_ms: float
     mean_lag_ms: float
+    #: log10 of the Bonferroni bound m * p, which does not underflow to 0 like p itself.
+    log10_p_bound: float = 0.0
 
     @property
     def expected(self) -> float:
@@ -57,6 +60,7 @@ class SlowRank:
     last_count: int
     ops: int
     victim_of: int | None = None
+    log10_p_bound: float = 0.0
 
 
 @dataclass
@@ -138,7 +142,7 @@ def analyze_slow(
     trace: Trace, alpha: float = DEFAULT_ALPHA, min_lag_ms: float = DEFAULT_MIN_LAG_MS
 ) -> SlowAnalysis:
     stages = stage_map(trace)
-    raw: list[tuple[str, tuple[int, ...], int, int, int, float, float, float]] = []
+    raw: list[tuple[str, tuple[int, ...], int, int, int, float, float, float, float]] = []
     for comm_id, comm in trace.communicators.items():
         if len(comm.ranks) < 2:
             continue
@@ -159,14 +163,17 @@ def analyze_slow(
             mine = (last == position) & ~tied
             k = int(mine.sum())
             p = float(stats.binom.sf(k - 1, ops, 1.0 / len(peers))) if k else 1.0
+            log10_p = (float(stats.binom.logsf(k - 1, ops, 1.0 / len(peers))) / math.log(10)
+                       if k else 0.0)
             lags = lag_ms[mine]
             median = float(np.median(lags)) if k else 0.0
             mean = float(lags.mean()) if k else 0.0
-            raw.append((comm_id, peers, rank, k, ops, p, median, mean))
+            raw.append((comm_id, peers, rank, k, ops, p, median, mean, log10_p))
     adjusted = _holm([r[5] for r in raw])
+    log10_tests = math.log10(max(1, len(raw)))
     tests = [
-        SlowTest(c, peers, rank, k, ops, p, adj, median, mean)
-        for (c, peers, rank, k, ops, p, median, mean), adj in zip(raw, adjusted, strict=True)
+        SlowTest(c, peers, rank, k, ops, p, adj, median, mean, min(0.0, lp + log10_tests))
+        for (c, peers, rank, k, ops, p, median, mean, lp), adj in zip(raw, adjusted, strict=True)
     ]
     flagged: dict[int, list[SlowTest]] = {}
     for test in tests:
@@ -195,6 +202,7 @@ def analyze_slow(
             last_count=sum(t.last_count for t in rank_tests),
             ops=sum(t.ops for t in rank_tests),
             victim_of=victim_of,
+            log10_p_bound=min(t.log10_p_bound for t in rank_tests),
         )
         (analysis.victims if victim_of is not None else analysis.slow_ranks).append(result)
     return analysis
