@@ -51,7 +51,7 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+
 {{- end -}}
 
 {{- define "trainsentry.imagePullSecrets" -}}
-{{- with .Values.imagePullSecrets }}
+{{- with .Values.imagePullSecrets -}}
 imagePullSecrets:
 {{- range . }}
   - name: {{ if kindIs "string" . }}{{ . }}{{ else }}{{ .name }}{{ end }}
