@@ -225,3 +225,26 @@ def test_recent_tail_is_not_a_hang() -> None:
     assert report.verdict == "ok"
     assert report.hang.too_recent and report.hang.too_recent[0].missing_ranks == (0,)
     assert analyze_trace(trace, min_idle_s=0.1).verdict == "hang"
+
+
+def test_pipeline_stage_offsets_are_not_slowness() -> None:
+    """Stage s always reaches the world collective s x 20 ms late (pipeline schedule); rank 2
+    is 5 ms late on top of its stage. Only with the topology is rank 2 found, and the late
+    last stage is never called slow."""
+    from trainsentry.diagnostics.topology import Topology
+
+    topology = Topology(tp=1, pp=4, dp=2)  # stages {0,1} {2,3} {4,5} {6,7}
+    dumps = {}
+    for rank in range(8):
+        dump = make_dump(rank, 8, 60, "slow" if rank == 2 else "ok", culprit=2, slow_ms=5.0)
+        for entry in dump["entries"]:
+            entry["time_created_ns"] += topology.stage_of(rank) * 20_000_000
+        dumps[rank] = dump
+    trace = _trace(dumps)
+    trace.topology = topology
+    report = analyze_trace(trace)
+    assert [s.rank for s in report.slow.slow_ranks] == [2]
+    assert report.verdict == "slow"
+    trace.topology = None
+    blind = analyze_trace(trace)
+    assert 2 not in [s.rank for s in blind.slow.slow_ranks]  # hidden behind stage 3's skew

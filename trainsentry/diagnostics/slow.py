@@ -152,7 +152,10 @@ def analyze_slow(
         if matrix is None:
             continue
         ranks, times = matrix
-        times = _remove_stage_offsets(times, [stages.get(r, 0) for r in ranks])
+        member_stages = [stages.get(r, 0) for r in ranks]
+        if len(set(member_stages)) == len(ranks):
+            continue  # one rank per stage: its lateness cannot be told from pipeline skew
+        times = _remove_stage_offsets(times, member_stages)
         ops = times.shape[0]
         ordered = np.sort(times, axis=1)
         lag_ms = (ordered[:, -1] - ordered[:, -2]) / 1e6
