@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import datetime
+import functools
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -98,9 +99,14 @@ def _split_selector(selector: str) -> list[str]:
     return [part.strip() for part in parts if part.strip()]
 
 
+@functools.lru_cache(maxsize=4096)
+def _terms(selector: str) -> tuple[str, ...]:
+    return tuple(_split_selector(selector))
+
+
 def label_selector_matches(selector: str, labels: Mapping[str, str]) -> bool:
     """True when `labels` satisfy the Kubernetes label selector string `selector`."""
-    for term in _split_selector(selector):
+    for term in _terms(selector):
         set_match = _SET_RE.match(term)
         if set_match:
             key, op, raw_values = set_match.groups()
@@ -161,6 +167,7 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         # Called with every object as it would be stored after a create or patch; a raised
         # ValueError rejects the write with 422 (tests plug schema validation in here).
         self.validator: Callable[[dict[str, Any]], None] | None = None
+        self._keys_by_resource: dict[Any, list[tuple[Any, Any, str]]] = {}
 
     # --- public helpers for tests ---------------------------------------------------------
 
@@ -207,6 +214,11 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             return None
         raw: dict[str, Any] = self.objects[key].raw
         return raw
+
+    def _get_resources(self) -> list[Any]:
+        # kmock derives resources from every stored object on every request (O(objects));
+        # ours are all declared, which keeps large runs (the benchmark) linear.
+        return list(self.resources)
 
     # --- request handling -----------------------------------------------------------------
 
@@ -284,15 +296,24 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     def _list(self, request: rendering.Request) -> dict[str, Any]:
         selector = request.params.get("labelSelector", "")
         namespace = self._namespace(request)
-        items = [
-            obj.raw
-            for (res, ns, _), obj in self.objects.items()
-            if res == request.resource and not obj.deleted
-            and (namespace is None or ns == namespace)
-            and label_selector_matches(selector, obj.raw.get("metadata", {}).get("labels") or {})
-        ]
+        items = []
+        for key in self._keys(request.resource):
+            obj = self.objects[key]
+            if obj.deleted or (namespace is not None and key[1] != namespace):
+                continue
+            raw = obj.raw
+            if label_selector_matches(selector, raw.get("metadata", {}).get("labels") or {}):
+                items.append(raw)
         return {"kind": "List", "apiVersion": "v1",
                 "metadata": {"resourceVersion": str(self.rv)}, "items": items}
+
+    def _keys(self, resource: Any) -> list[tuple[Any, Any, str]]:
+        """Object keys of one resource, in creation order (an index; kmock has none)."""
+        keys = self._keys_by_resource.get(resource)
+        if keys is None:  # objects placed directly into `objects` by a test
+            keys = [key for key in self.objects if key[0] == resource]
+            self._keys_by_resource[resource] = keys
+        return keys
 
     def _next_rv(self) -> str:
         self.rv += 1
@@ -335,7 +356,9 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         if key in self.objects:
             self._store(key, data)
         else:
+            self._keys(request.resource)
             self.objects[key] = data
+            self._keys_by_resource[request.resource].append(key)
         await self._emit(request.resource, "ADDED", data)
         return data
 
@@ -445,9 +468,9 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         async with self._lock:
             marker = await bus.mark()
             snapshot = [
-                copy.deepcopy(obj.raw)
-                for (res, _, _), obj in self.objects.items()
-                if res == request.resource and not obj.deleted
+                copy.deepcopy(self.objects[key].raw)
+                for key in self._keys(request.resource)
+                if not self.objects[key].deleted
             ]
         try:
             for raw in snapshot:

@@ -76,6 +76,7 @@ def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.Opera
         configure(settings)
         memo.api = ApiClient(configuration=options.api_config)
         memo.kube = Kube(memo.api, options.retry)
+        memo.node_locks = rec.NodeLocks()
         log.info("event=operator_started rule_files=%d dashboards=%d discovery=%s",
                  len(sources.rule_files), len(sources.dashboards), options.discovery)
 
@@ -93,7 +94,7 @@ def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.Opera
             if uid in deleted or body.metadata.get("deletionTimestamp"):
                 return
             try:
-                await rec.reconcile(memo.kube, body, sources, _emitter(body))
+                await rec.reconcile(memo.kube, body, sources, _emitter(body), memo.node_locks)
             except KubeError as exc:
                 kopf.warn(body, reason="ReconcileFailed", message=str(exc)[:1000])
                 raise kopf.TemporaryError(str(exc), delay=options.retry_delay) from exc
@@ -113,13 +114,36 @@ def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.Opera
             log.warning("event=resync_failed job=%s/%s error=%r",
                         body.metadata.namespace, body.metadata.name, str(exc))
 
+    seen_alerts: dict[str, Any] = {}
+
+    # The gateway writes status.lastAlert; fold it into the phase now, not at the next resync.
+    # (kopf's change handlers ignore status, so this watches raw events and compares.)
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="last-alert")
+    async def last_alert_changed(type: str | None, body: kopf.Body, memo: kopf.Memo,
+                                 **_: Any) -> None:
+        uid = str(body.metadata.uid)
+        if type == "DELETED":
+            seen_alerts.pop(uid, None)
+            return
+        alert = (body.get("status") or {}).get("lastAlert")
+        first_sight = uid not in seen_alerts
+        previous = seen_alerts.get(uid)
+        seen_alerts[uid] = dict(alert) if alert else None
+        if first_sight or previous == seen_alerts[uid]:
+            return  # create/resume handlers cover the first sight
+        try:
+            await run_reconcile(body, memo)
+        except kopf.TemporaryError as exc:
+            log.warning("event=last_alert_reconcile_failed job=%s/%s error=%r",
+                        body.metadata.namespace, body.metadata.name, str(exc))
+
     @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
     async def delete_job(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         uid = str(body.metadata.uid)
         async with locks.setdefault(uid, asyncio.Lock()):
             deleted.add(uid)
             try:
-                await rec.cleanup(memo.kube, body, _emitter(body))
+                await rec.cleanup(memo.kube, body, _emitter(body), memo.node_locks)
             except KubeError as exc:
                 raise kopf.TemporaryError(str(exc), delay=options.retry_delay) from exc
         locks.pop(uid, None)

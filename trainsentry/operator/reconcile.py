@@ -7,6 +7,7 @@ live in render.py, nodes.py and status.py; this module only moves data through t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -95,11 +96,15 @@ def child_patch(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> dict
     return patch
 
 
-async def apply_child(kube: Kube, manifest: dict[str, Any]) -> str:
-    """Creates or patches one child; returns "created", "updated" or "unchanged"."""
+async def apply_child(kube: Kube, manifest: dict[str, Any], known: bool = True) -> str:
+    """Creates or patches one child; returns "created", "updated" or "unchanged".
+
+    `known=False` (the child is not in the job's status yet) tries the create first, which
+    saves a read for new jobs; an existing child then answers 409 and is read and patched.
+    """
     res = BY_KIND[manifest["kind"]]
     namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
-    existing = await kube.get(res, namespace, name)
+    existing = await kube.get(res, namespace, name) if known else None
     if existing is None:
         try:
             await kube.create(res, namespace, manifest)
@@ -120,8 +125,27 @@ async def apply_child(kube: Kube, manifest: dict[str, Any]) -> str:
 # --- nodes ----------------------------------------------------------------------------------
 
 
-async def sync_node(kube: Kube, node_name: str, job_uid: str, claim: nodes.Claim | None) -> bool:
+class NodeLocks:
+    """One lock per node, so this process's jobs queue for a shared node instead of
+    conflicting (409) on it. Other writers are still caught by the resourceVersion check."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def __call__(self, node_name: str) -> asyncio.Lock:
+        return self._locks.setdefault(node_name, asyncio.Lock())
+
+
+async def sync_node(kube: Kube, node_name: str, job_uid: str, claim: nodes.Claim | None,
+                    locks: NodeLocks | None = None) -> bool:
     """Sets or drops this job's claim on a node; True if the node changed."""
+    if locks is None:
+        return await _sync_node(kube, node_name, job_uid, claim)
+    async with locks(node_name):
+        return await _sync_node(kube, node_name, job_uid, claim)
+
+
+async def _sync_node(kube: Kube, node_name: str, job_uid: str, claim: nodes.Claim | None) -> bool:
     for _ in range(NODE_CONFLICT_RETRIES):
         node = await kube.get(NODES, None, node_name)
         if node is None:
@@ -139,12 +163,13 @@ async def sync_node(kube: Kube, node_name: str, job_uid: str, claim: nodes.Claim
     raise KubeError(409, f"node {node_name}: too many conflicting writers")
 
 
-async def release_all_nodes(kube: Kube, job_uid: str) -> list[str]:
+async def release_all_nodes(kube: Kube, job_uid: str, locks: NodeLocks | None = None
+                            ) -> list[str]:
     """Drops this job's claims from every node carrying one (for deletion)."""
     released = []
     for node in await kube.list(NODES, None, f"{nodes.MONITORED_LABEL}=true"):
         name = node["metadata"]["name"]
-        if nodes.claimed_by(node, job_uid) and await sync_node(kube, name, job_uid, None):
+        if nodes.claimed_by(node, job_uid) and await sync_node(kube, name, job_uid, None, locks):
             released.append(name)
     return released
 
@@ -160,7 +185,8 @@ async def _write_status(kube: Kube, job: JobIdentity, old: Mapping[str, Any],
                          subresource="status")
 
 
-async def reconcile(kube: Kube, body: Mapping[str, Any], sources: Sources, emit: Emit) -> str:
+async def reconcile(kube: Kube, body: Mapping[str, Any], sources: Sources, emit: Emit,
+                    node_locks: NodeLocks | None = None) -> str:
     """Brings one TrainingJob's children, node claims and status up to date; returns phase."""
     job = JobIdentity.from_body(body)
     old_status: Mapping[str, Any] = body.get("status") or {}
@@ -186,12 +212,16 @@ async def reconcile(kube: Kube, body: Mapping[str, Any], sources: Sources, emit:
         emit("Warning", "UnknownThreshold",
              f"no rule declares thresholds: {', '.join(rendered.unknown_thresholds)}")
     children = []
+    known = {(child.get("kind"), child.get("name")) for child in old_status.get("children") or []}
+    changes: dict[str, list[str]] = {}
     for manifest in rendered.manifests:
-        outcome = await apply_child(kube, manifest)
         kind, name = manifest["kind"], manifest["metadata"]["name"]
+        outcome = await apply_child(kube, manifest, known=(kind, name) in known)
         children.append({"apiVersion": manifest["apiVersion"], "kind": kind, "name": name})
         if outcome != "unchanged":
-            emit("Normal", f"Child{outcome.capitalize()}", f"{outcome} {kind} {name}")
+            changes.setdefault(outcome, []).append(f"{kind} {name}")
+    for outcome, items in changes.items():  # one event per kind of change, not per child
+        emit("Normal", f"Children{outcome.capitalize()}", f"{outcome} {', '.join(items)}")
     if not any(child["kind"] == "ConfigMap" for child in children):
         dashboards_name = child_names(job.name)["ConfigMap"]
         if await kube.delete(BY_KIND["ConfigMap"], job.namespace, dashboards_name):
@@ -202,9 +232,9 @@ async def reconcile(kube: Kube, body: Mapping[str, Any], sources: Sources, emit:
     wanted = set(summary.nodes) if claim else set()
     before = set(old_status.get("nodes") or [])
     changed = [node for node in sorted(wanted)
-               if await sync_node(kube, node, job.uid, claim)]
+               if await sync_node(kube, node, job.uid, claim, node_locks)]
     released = [node for node in sorted(before - wanted)
-                if await sync_node(kube, node, job.uid, None)]
+                if await sync_node(kube, node, job.uid, None, node_locks)]
     if changed or released:
         emit("Normal", "NodesLabelled",
              f"claimed {changed or '[]'}, released {released or '[]'}")
@@ -246,10 +276,11 @@ def _conditions(spec: TrainingJobSpec, alerts: int, unknown: Sequence[str],
     return [rules, scrape, nodes_cond]
 
 
-async def cleanup(kube: Kube, body: Mapping[str, Any], emit: Emit) -> list[str]:
+async def cleanup(kube: Kube, body: Mapping[str, Any], emit: Emit,
+                  node_locks: NodeLocks | None = None) -> list[str]:
     """On deletion: drop node claims (children go by ownerReference garbage collection)."""
     job = JobIdentity.from_body(body)
-    released = await release_all_nodes(kube, job.uid)
+    released = await release_all_nodes(kube, job.uid, node_locks)
     if released:
         emit("Normal", "NodesReleased", f"released {released}")
     return released
