@@ -98,7 +98,7 @@ async def test_create_renders_valid_owned_children_and_status(
             "trainsentry.io/exporter-dcgm": "true", "trainsentry.io/exporter-infiniband": "true",
             "trainsentry.io/exporter-node": "true"}
     await eventually(lambda: {e["reason"] for e in cluster.live("v1/events", NS)} >= {
-        "ChildCreated", "NodesLabelled", "PhaseChanged"})
+        "ChildrenCreated", "NodesLabelled", "PhaseChanged"})
     assert cluster.validation.checked["PrometheusRule"] >= 1
 
 
