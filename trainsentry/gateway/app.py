@@ -8,17 +8,20 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import SecretStr
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from trainsentry.alerts import utcnow
 from trainsentry.config import GatewaySettings
+from trainsentry.gateway.ack import AckService
 from trainsentry.gateway.decide import PolicyMetrics
+from trainsentry.gateway.escalation import Escalator
 from trainsentry.gateway.intake import (
     IntakeRejected,
     IntakeWriter,
@@ -28,9 +31,11 @@ from trainsentry.gateway.intake import (
 )
 from trainsentry.gateway.metrics import GatewayMetrics
 from trainsentry.gateway.outbox import Outbox
+from trainsentry.gateway.paging import Paging
 from trainsentry.gateway.policy import load_policy
 from trainsentry.gateway.policy_plan import PolicyPlan, Ticker
 from trainsentry.gateway.truncated import fetch_group
+from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.store import check_reachable, create_engine, migrate
@@ -40,6 +45,15 @@ from trainsentry.store.writes import IncomingReceipt, ReceiptOutcome
 log = logging.getLogger("trainsentry.gateway")
 
 WEBHOOK_PATH = "/api/v1/alertmanager"
+
+
+@dataclass(frozen=True)
+class CardCallbackSettings:
+    """Where Feishu posts card button presses, and the secrets that authenticate them."""
+
+    path: str
+    verification_token: str = field(repr=False)
+    encrypt_key: str | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -52,6 +66,7 @@ class Gateway:
     writer: IntakeWriter
     outbox: Outbox
     ticker: Ticker | None = None
+    ack: AckService | None = None
     clock: Callable[[], datetime] = utcnow
     background: list[asyncio.Task[Any]] = field(default_factory=list)
 
@@ -240,6 +255,71 @@ async def get_notifications(request: web.Request) -> web.StreamResponse:
     return web.json_response({"items": page.items, "next_before": page.next_before})
 
 
+def _ack_token(settings: GatewaySettings) -> SecretStr | None:
+    return settings.api_token or settings.webhook_token
+
+
+async def post_ack(request: web.Request) -> web.Response:
+    """POST /api/v1/alerts/{id}/ack {"by": "...", "silence_minutes": 60}: authenticated."""
+    gateway = request.app[GATEWAY_KEY]
+    token = _ack_token(gateway.settings)
+    if token is None:
+        return _error(403, "acks need TRAINSENTRY_API_TOKEN set on the gateway")
+    if not _authorized(request, token):
+        return _unauthorized()
+    try:
+        alert_id = int(request.match_info["alert_id"])
+    except ValueError:
+        return _error(400, "alert id must be an integer")
+    try:
+        body = await request.json() if request.can_read_body else {}
+    except ValueError:
+        return _error(400, "body must be JSON")
+    if not isinstance(body, dict):
+        return _error(400, "body must be a JSON object")
+    who = body.get("by")
+    minutes = body.get("silence_minutes")
+    if not isinstance(who, str) or not who.strip() or len(who) > 200:
+        return _error(400, "'by' (who acknowledges) is required, up to 200 characters")
+    if minutes is not None and (
+        isinstance(minutes, bool)
+        or not isinstance(minutes, int | float)
+        or not 0 < minutes <= 43200
+    ):
+        return _error(400, "'silence_minutes' must be a number of minutes, up to 30 days")
+    assert gateway.ack is not None
+    silence = timedelta(minutes=minutes) if minutes else None
+    try:
+        result = await gateway.ack.acknowledge(alert_id, who.strip(), silence)
+    except (OSError, SQLAlchemyError) as exc:
+        return _error(503, f"store unavailable, retry: {type(exc).__name__}")
+    if result is None:
+        return _error(404, f"no alert {alert_id}")
+    return web.json_response(result.to_json())
+
+
+def _card_handler(
+    app: web.Application, callback: CardCallbackSettings
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The Feishu card button: ack (and silence) through the same AckService."""
+    from trainsentry.notifiers.feishu.callback import CardAction, card_action_handler
+
+    async def on_action(action: CardAction) -> dict[str, Any] | None:
+        gateway = app[GATEWAY_KEY]
+        assert gateway.ack is not None
+        silence = timedelta(seconds=action.duration_s) if action.duration_s else None
+        result = await gateway.ack.acknowledge(action.alert_id, action.who, silence)
+        if result is None:
+            return {"toast": {"type": "error", "content": f"no alert {action.alert_id}"}}
+        return None
+
+    return card_action_handler(
+        on_action,
+        verification_token=callback.verification_token,
+        encrypt_key=callback.encrypt_key,
+    )
+
+
 async def healthz(_request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -306,16 +386,21 @@ def create_app(
     tick_interval: float = 1.0,
     clock: Callable[[], datetime] = utcnow,
     rate_limits: Mapping[str, list[tuple[int, float]]] | None = None,
+    escalator: Escalator | None = None,
+    silences: SilenceClient | None = None,
+    card_callback: CardCallbackSettings | None = None,
 ) -> web.Application:
     """Builds the gateway app; the store is opened (and its schema checked) at startup."""
     if notifiers is None:
         notifiers = {"console": ConsoleNotifier(settings.console_file)}
     gateway_metrics = metrics or GatewayMetrics()
+    paging = Paging(escalator) if escalator is not None else None
     if plan is None:
         plan = PolicyPlan(
             load_policy(settings.policy_file),
             channels=tuple(notifiers),
             metrics=PolicyMetrics(gateway_metrics.registry),
+            paging=paging,
         )
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[json_errors])
 
@@ -328,10 +413,13 @@ def create_app(
         writer = IntakeWriter(
             engine,
             plan,
-            on_commit=lambda outcomes: _record_commit(gateway, outcomes),
+            on_commit=lambda outcomes: _record_commit(app[GATEWAY_KEY], outcomes),
             clock=clock,
         )
         gateway = Gateway(settings, engine, gateway_metrics, writer, outbox, clock=clock)
+        gateway.ack = AckService(
+            engine, channels=tuple(notifiers), clock=clock, paging=paging, silences=silences
+        )
         if isinstance(plan, PolicyPlan):
             gateway.ticker = Ticker(
                 engine,
@@ -360,6 +448,9 @@ def create_app(
     app.router.add_get("/api/v1/alerts", get_alerts)
     app.router.add_get("/api/v1/alerts/{alert_id}", get_alert_detail)
     app.router.add_get("/api/v1/notifications", get_notifications)
+    app.router.add_post("/api/v1/alerts/{alert_id}/ack", post_ack)
+    if card_callback is not None:
+        app.router.add_post(card_callback.path, _card_handler(app, card_callback))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)

@@ -60,5 +60,9 @@ def build(settings: Settings, env: Mapping[str, str] | None = None) -> Channels:
         if clash:
             raise ConfigError(f"channel names used twice: {sorted(clash)}")
         notifiers.update(built.notifiers)
+        if "phone" in built.notifiers and built.escalator is None:
+            raise ConfigError(
+                "channels.phone needs channels.escalation (who is called, in which order)"
+            )
         rate_limits.update(built.outbox_rate_limits)
     return Channels(notifiers=notifiers, rate_limits=rate_limits, built=built)

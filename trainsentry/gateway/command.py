@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from trainsentry.config import ConfigError, load_settings
-    from trainsentry.gateway.app import create_app
+    from trainsentry.gateway.app import CardCallbackSettings, create_app
     from trainsentry.logs import configure_logging
 
     configure_logging(args.log_level)
@@ -52,9 +52,23 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("trainsentry").error("configuration error: %s", exc)
         return 2
     gateway = settings.gateway
+    built = channels.built
+    card_callback = None
+    if built is not None and built.callback_path and built.verification_token:
+        card_callback = CardCallbackSettings(
+            built.callback_path, built.verification_token, built.encrypt_key
+        )
+    app = create_app(
+        gateway,
+        notifiers=channels.notifiers,
+        rate_limits=channels.rate_limits,
+        escalator=built.escalator if built is not None else None,
+        silences=built.silences if built is not None else None,
+        card_callback=card_callback,
+    )
     try:
         web.run_app(
-            create_app(gateway, notifiers=channels.notifiers, rate_limits=channels.rate_limits),
+            app,
             host=gateway.host,
             port=gateway.port,
             print=None,

@@ -26,6 +26,7 @@ from trainsentry.gateway.decide import (
     idempotency_key,
 )
 from trainsentry.gateway.dedup import FingerprintState
+from trainsentry.gateway.paging import Paging
 from trainsentry.gateway.policy import Policy
 from trainsentry.gateway.storm import StormState, job_key
 from trainsentry.store.policy_state import (
@@ -105,8 +106,10 @@ class PolicyPlan:
         channels: Collection[str],
         *,
         metrics: PolicyMetrics | None = None,
+        paging: Paging | None = None,
     ) -> None:
         self.policy = policy
+        self.paging = paging
         self.archive_channels = frozenset(channels) & ARCHIVE_CHANNELS
         self.channels = frozenset(channels) - self.archive_channels
         self.metrics = metrics
@@ -171,16 +174,34 @@ class PolicyPlan:
             conn, STORM_SCOPE, {k: _storm_row(v, self.policy) for k, v in storm_states.items()}, now
         )
         await set_priorities(conn, priorities)
+        if self.paging is not None:
+            resolved = [c.alert_id for c in changes if c.kind is not ChangeKind.FIRING]
+            drafts = await self._escalate(conn, drafts, resolved, now)
         written = await insert_notifications(conn, drafts, now)
         self.drafted += written
         return written
 
+    async def _escalate(
+        self,
+        conn: AsyncConnection,
+        drafts: list[NotificationDraft],
+        resolved_alert_ids: list[int],
+        now: datetime,
+    ) -> list[NotificationDraft]:
+        """Page drafts open escalations instead of calling once; calls due now are returned."""
+        assert self.paging is not None
+        pages = [d for d in drafts if self.paging.is_page(d)]
+        others = [d for d in drafts if not self.paging.is_page(d)]
+        return others + await self.paging.page(conn, pages, resolved_alert_ids, now)
+
     async def tick(self, conn: AsyncConnection, now: datetime) -> int:
         """Fires due timers (held resolutions, storm summaries, calm storms)."""
+        calls = await self.paging.tick(conn, now) if self.paging is not None else []
+        calls_written = await insert_notifications(conn, calls, now)
         due_fps = await claim_due(conn, FINGERPRINT_SCOPE, now)
         due_storms = await claim_due(conn, STORM_SCOPE, now)
         if not due_fps and not due_storms:
-            return 0
+            return calls_written
         fp_states = [FingerprintState.from_json(data) for data in due_fps.values()]
         # A released resolution may touch a storm that is not itself due: load those too.
         extra_jobs = {
@@ -209,7 +230,10 @@ class PolicyPlan:
                 storm_rows[key] = (data, due_at if due_at is not None and due_at > now else None)
         await save_states(conn, FINGERPRINT_SCOPE, fp_rows, now)
         await save_states(conn, STORM_SCOPE, storm_rows, now)
-        written = await insert_notifications(conn, result.drafts, now)
+        drafts = list(result.drafts)
+        if self.paging is not None:
+            drafts = await self._escalate(conn, drafts, [], now)
+        written = await insert_notifications(conn, drafts, now) + calls_written
         self.drafted += written
         return written
 

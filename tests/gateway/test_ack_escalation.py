@@ -1,0 +1,216 @@
+"""Phone escalation and acknowledgement through the real gateway on virtual time.
+
+The "phone" channel here is the generic webhook channel pointed at a local receiver, so every
+call the escalation places is counted there (provider request shapes are tested in
+tests/channels). A real Alertmanager receives the silence an ack can create.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+from pydantic import SecretStr
+from realservers import start_alertmanager
+from receiver import Receiver
+from webhook_factory import encode, make_alert, make_body
+
+from trainsentry.config import GatewaySettings
+from trainsentry.gateway.app import GATEWAY_KEY, WEBHOOK_PATH, create_app
+from trainsentry.gateway.escalation import Escalator, Layer, Person, Roster
+from trainsentry.gateway.escalation import Policy as EscalationPolicy
+from trainsentry.notifiers.alertmanager import SilenceClient
+from trainsentry.notifiers.console import ConsoleNotifier
+from trainsentry.notifiers.webhook import WebhookNotifier
+
+TOKEN = "api-token"
+START = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
+ESCALATOR = Escalator(
+    Roster(
+        (
+            Layer("primary", (Person("alice", phone="+8613800000001"),)),
+            Layer("secondary", (Person("bob", phone="+8613800000002"),)),
+        )
+    ),
+    EscalationPolicy(ack_timeout=timedelta(minutes=5)),
+)
+
+
+class Clock:
+    def __init__(self, start: datetime = START) -> None:
+        self.now = start
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    r = Receiver()
+    await r.start()
+    yield r
+    await r.stop()
+
+
+async def start(db_url: str, receiver: Receiver, clock: Clock, **extra: Any) -> TestServer:
+    settings = GatewaySettings(
+        listen="127.0.0.1:0", db=db_url, webhook_token=SecretStr(TOKEN), api_token=SecretStr(TOKEN)
+    )
+    notifiers = {"console": ConsoleNotifier(), "phone": WebhookNotifier(receiver.url, name="phone")}
+    app = create_app(
+        settings, notifiers=notifiers, clock=clock, tick_interval=3600, escalator=ESCALATOR, **extra
+    )
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    return server
+
+
+async def settle(server: TestServer) -> None:
+    gateway = server.app[GATEWAY_KEY]
+    assert gateway.ticker is not None
+    await gateway.ticker.run_once()
+    while await gateway.outbox.run_once():
+        pass
+
+
+async def post(server: TestServer, body: dict[str, Any]) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession(headers=headers) as session:
+        async with session.post(server.make_url(WEBHOOK_PATH), data=encode(body)) as response:
+            assert response.status == 200
+
+
+async def ack(
+    server: TestServer, alert_id: int, token: str | None = TOKEN, **body: Any
+) -> tuple[int, dict[str, Any]]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession(headers=headers) as session:
+        url = server.make_url(f"/api/v1/alerts/{alert_id}/ack")
+        async with session.post(url, json=body) as response:
+            return response.status, await response.json()
+
+
+def called(receiver: Receiver) -> list[tuple[int, str]]:
+    return [(b["payload"]["alert_id"], b["payload"]["person"]["name"]) for b in receiver.bodies]
+
+
+P0 = {"priority": "P0"}
+
+
+async def test_escalates_until_acknowledged_then_stops(
+    db_url: str, receiver: Receiver, tmp_path: Path
+) -> None:
+    clock = Clock()
+    server = await start(db_url, receiver, clock)
+    try:
+        await post(server, make_body([make_alert(1, labels=P0)]))
+        await settle(server)
+        assert called(receiver) == [(1, "alice")]
+        clock.now += timedelta(minutes=4)
+        await settle(server)
+        assert called(receiver) == [(1, "alice")]  # not yet
+        clock.now += timedelta(minutes=1)
+        await settle(server)
+        assert called(receiver) == [(1, "alice"), (1, "bob")]
+        status, answer = await ack(server, 1, by="bob")
+        assert status == 200 and answer["escalation_stopped"] and not answer["already_acked"]
+        status, again = await ack(server, 1, by="carol")
+        assert status == 200 and again["already_acked"] and again["acked_by"] == "bob"
+        clock.now += timedelta(minutes=30)
+        await settle(server)
+        assert len(called(receiver)) == 2
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as s:
+            async with s.get(server.make_url("/api/v1/alerts/1")) as response:
+                detail = await response.json()
+        assert detail["acked_by"] == "bob"
+        assert [e["kind"] for e in detail["events"]] == ["firing", "acked"]
+    finally:
+        await server.close()
+
+
+async def test_resolve_stops_escalation_and_low_priorities_never_call(
+    db_url: str, receiver: Receiver
+) -> None:
+    clock = Clock()
+    server = await start(db_url, receiver, clock)
+    try:
+        await post(
+            server, make_body([make_alert(1, labels=P0), make_alert(2, labels={"priority": "P2"})])
+        )
+        await settle(server)
+        assert called(receiver) == [(1, "alice")]
+        clock.now += timedelta(minutes=2)
+        await post(server, make_body([make_alert(1, status="resolved", labels=P0)]))
+        await settle(server)
+        clock.now += timedelta(minutes=20)
+        await settle(server)
+        assert called(receiver) == [(1, "alice")]
+    finally:
+        await server.close()
+
+
+async def test_restart_mid_escalation_resumes_without_a_duplicate_call(
+    db_url: str, receiver: Receiver
+) -> None:
+    clock = Clock()
+    server = await start(db_url, receiver, clock)
+    try:
+        await post(server, make_body([make_alert(1, labels=P0)]))
+        await settle(server)
+    finally:
+        await server.close()
+    clock.now += timedelta(minutes=5)
+    server = await start(db_url, receiver, clock)
+    try:
+        await settle(server)
+        await settle(server)
+        assert called(receiver) == [(1, "alice"), (1, "bob")]
+        assert receiver.duplicates == 0
+    finally:
+        await server.close()
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+async def test_ack_api_is_authenticated_and_validated(db_url: str, receiver: Receiver) -> None:
+    server = await start(db_url, receiver, Clock())
+    try:
+        await post(server, make_body([make_alert(1)]))
+        assert (await ack(server, 1, token=None, by="x"))[0] == 401
+        assert (await ack(server, 1, token="wrong", by="x"))[0] == 401
+        assert (await ack(server, 1))[0] == 400  # no "by"
+        assert (await ack(server, 1, by="x", silence_minutes=-5))[0] == 400
+        assert (await ack(server, 999, by="x"))[0] == 404
+        status, answer = await ack(server, 1, by="x", silence_minutes=10)
+        assert status == 200 and answer["silence_error"]  # no Alertmanager configured
+    finally:
+        await server.close()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+async def test_ack_with_silence_creates_it_in_a_real_alertmanager(
+    db_url: str, receiver: Receiver, tmp_path: Path
+) -> None:
+    am_config = {"route": {"receiver": "null"}, "receivers": [{"name": "null"}]}
+    with start_alertmanager(tmp_path, am_config) as am:
+        silences = SilenceClient(am.url)
+        # Alertmanager refuses silences that end in the past: use the real time here
+        server = await start(db_url, receiver, Clock(datetime.now(UTC)), silences=silences)
+        try:
+            await post(server, make_body([make_alert(1, labels=P0)]))
+            status, answer = await ack(server, 1, by="alice", silence_minutes=120)
+            assert status == 200 and answer["silence_id"], answer
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"{am.url}/api/v2/silence/{answer['silence_id']}") as r:
+                    silence = await r.json()
+            matchers = {m["name"]: m["value"] for m in silence["matchers"]}
+            assert matchers["alertname"] == "GPUXidError" and matchers["node"] == "gpu-0001"
+            assert "alice" in silence["createdBy"] + silence["comment"]
+        finally:
+            await server.close()
+            await silences.aclose()

@@ -1,0 +1,184 @@
+"""Acknowledging an alert: one behaviour behind the API, the CLI and the Feishu card button.
+
+An ack records who and when (once; a second ack changes nothing), stops the phone
+escalation everywhere, and queues an `ack` notification so the chat cards show who took it.
+With a duration and an Alertmanager configured, it also creates a silence matching the
+alert's labels (after the ack is committed: a slow Alertmanager never delays the ack).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from trainsentry.alerts import NotificationDraft, Priority
+from trainsentry.gateway.decide import idempotency_key
+from trainsentry.gateway.paging import Paging
+from trainsentry.notifiers.alertmanager import SilenceClient
+from trainsentry.notifiers.base import NotifierError
+from trainsentry.store.schema import alert_events, alerts
+from trainsentry.store.writes import insert_notifications
+
+log = logging.getLogger("trainsentry.ack")
+
+# Channels whose message about an alert is updated to show the ack.
+CHAT_CHANNELS = frozenset({"feishu", "feishu_app", "console"})
+
+
+@dataclass(frozen=True, slots=True)
+class AckResult:
+    alert_id: int
+    acked_by: str
+    acked_at: datetime
+    already_acked: bool
+    escalation_stopped: bool
+    status: str
+    silence_id: str | None = None
+    silence_error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "alert_id": self.alert_id,
+            "acked_by": self.acked_by,
+            "acked_at": self.acked_at.isoformat(),
+            "already_acked": self.already_acked,
+            "escalation_stopped": self.escalation_stopped,
+            "status": self.status,
+            "silence_id": self.silence_id,
+            "silence_error": self.silence_error,
+        }
+
+
+class AckService:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        channels: Collection[str],
+        clock: Callable[[], datetime],
+        paging: Paging | None = None,
+        silences: SilenceClient | None = None,
+    ) -> None:
+        self._engine = engine
+        self._chat_channels = sorted(CHAT_CHANNELS & set(channels))
+        self._clock = clock
+        self._paging = paging
+        self._silences = silences
+
+    async def acknowledge(
+        self, alert_id: int, who: str, silence: timedelta | None = None
+    ) -> AckResult | None:
+        """None when there is no such alert."""
+        now = self._clock()
+        async with self._engine.begin() as conn:
+            query = select(alerts).where(alerts.c.id == alert_id)
+            if conn.dialect.name == "postgresql":
+                query = query.with_for_update()
+            row = (await conn.execute(query)).first()
+            if row is None:
+                return None
+            already = row.acked_at is not None
+            acked_by, acked_at = (row.acked_by, row.acked_at) if already else (who, now)
+            if not already:
+                await conn.execute(
+                    update(alerts).where(alerts.c.id == alert_id).values(acked_at=now, acked_by=who)
+                )
+                await conn.execute(
+                    alert_events.insert().values(
+                        alert_id=alert_id, kind="acked", at=now, detail={"by": who}
+                    )
+                )
+            stopped = False
+            if self._paging is not None:
+                stopped = await self._paging.acknowledge(conn, alert_id, who, now)
+            if not already:
+                await insert_notifications(conn, self._drafts(row, who, now, silence), now)
+        result = AckResult(alert_id, str(acked_by), acked_at, already, stopped, str(row.status))
+        if silence is not None:
+            result = await self._silence(result, dict(row.labels), who, silence, now)
+        log.info(
+            "alert acknowledged alert_id=%d by=%s already=%s escalation_stopped=%s",
+            alert_id,
+            who,
+            already,
+            stopped,
+        )
+        return result
+
+    def _drafts(
+        self, row: Any, who: str, now: datetime, silence: timedelta | None
+    ) -> list[NotificationDraft]:
+        payload: dict[str, Any] = {
+            "priority": row.priority or "P3",
+            "status": row.status,
+            "event": "acked",
+            "alert_id": row.id,
+            "alertname": row.alertname,
+            "fingerprint": row.fingerprint,
+            "labels": dict(row.labels),
+            "annotations": dict(row.annotations),
+            "starts_at": row.starts_at.isoformat(),
+            "acked_by": who,
+            "at": now.isoformat(),
+        }
+        if row.job_name:
+            payload["job"] = (
+                f"{row.job_namespace}/{row.job_name}" if row.job_namespace else row.job_name
+            )
+        if silence is not None:
+            payload["silenced_until"] = (now + silence).isoformat()
+        return [
+            NotificationDraft(
+                channel=channel,
+                kind="ack",
+                priority=Priority(payload["priority"]),
+                idempotency_key=idempotency_key("ack", channel, str(row.id)),
+                payload=payload,
+                alert_id=row.id,
+                group_key=row.fingerprint,
+                reason=f"acknowledged by {who}",
+            )
+            for channel in self._chat_channels
+        ]
+
+    async def _silence(
+        self,
+        result: AckResult,
+        labels: dict[str, str],
+        who: str,
+        duration: timedelta,
+        now: datetime,
+    ) -> AckResult:
+        if self._silences is None:
+            return _replace(result, silence_error="no Alertmanager configured for silences")
+        try:
+            silence_id = await self._silences.create_silence(labels, duration, who=who, now=now)
+        except NotifierError as exc:
+            log.warning("silence failed alert_id=%d error=%r", result.alert_id, str(exc))
+            return _replace(result, silence_error=str(exc))
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                alert_events.insert().values(
+                    alert_id=result.alert_id,
+                    kind="silenced",
+                    at=now,
+                    detail={
+                        "by": who,
+                        "silence_id": silence_id,
+                        "seconds": duration.total_seconds(),
+                    },
+                )
+            )
+        return _replace(result, silence_id=silence_id)
+
+
+def _replace(result: AckResult, **changes: Any) -> AckResult:
+    from dataclasses import replace
+
+    return replace(result, **changes)
