@@ -486,7 +486,13 @@ def _read_flight_recorder(paths: list[Path], on_file: Callable[[], None] | None)
                 raise FlightRecorderError(f"{path}: rank {rank} already read from "
                                           f"{seen_ranks[rank]}")
             data = path.read_bytes()
-            dump = parse_dump(decode_dump(data, str(path)), rank, str(path), cache)
+            decoded = decode_dump(data, str(path))
+            try:
+                dump = parse_dump(decoded, rank, str(path), cache)
+            except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+                if isinstance(exc, FlightRecorderError):
+                    raise
+                raise FlightRecorderError(f"{path}: unexpected entry structure ({exc!r})") from exc
             mtime = os.stat(path).st_mtime_ns
             dump.latest_ns = max(dump.latest_ns, mtime)
             dumps.append(dump)

@@ -28,6 +28,15 @@ class RasFormatError(ValueError):
 
 
 def parse_ras_json(doc: Any, source: str) -> list[RasCommunicator]:
+    try:
+        return _parse_ras_json(doc, source)
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
+        if isinstance(exc, RasFormatError):
+            raise
+        raise RasFormatError(f"{source}: unexpected structure ({exc!r})") from exc
+
+
+def _parse_ras_json(doc: Any, source: str) -> list[RasCommunicator]:
     if not isinstance(doc, dict) or not isinstance(doc.get("communicators"), list):
         raise RasFormatError(f"{source}: no 'communicators' list (is this `ncclras -f json`?)")
     out = []
