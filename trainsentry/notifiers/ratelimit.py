@@ -36,8 +36,23 @@ def scale_limits(limits: Sequence[RateLimit], factor: float) -> tuple[RateLimit,
     return tuple(limit.scaled(factor) for limit in limits)
 
 
+class Slot:
+    """One request in a `SlidingWindow`: pending until `done` records when it finished."""
+
+    __slots__ = ("finished_at",)
+
+    def __init__(self) -> None:
+        self.finished_at: float | None = None
+
+
 class SlidingWindow:
-    """Exact sliding-window log over several limits (pure bookkeeping; no sleeping)."""
+    """Sliding-window log over several limits (pure bookkeeping; no sleeping).
+
+    The provider sees a request at some moment between our sending it and its answer. To
+    stay under its limit whatever the network does, a request counts from the moment its
+    answer arrived (`Slot.finished_at`), and one still in flight counts as "now": then for
+    any `count` consecutive requests the provider saw them at least a window apart.
+    """
 
     def __init__(
         self, limits: Sequence[RateLimit], margin: float = 0.02, slack_s: float = 0.05
@@ -45,11 +60,10 @@ class SlidingWindow:
         if not limits:
             raise ValueError("at least one limit is needed")
         self.limits = tuple(limits)
-        # Requests reach the provider a little later or earlier than we send them; keep
-        # every window a bit longer than the provider's so jitter cannot break the limit.
+        # Clocks differ a little: keep every window a bit longer than the provider's.
         self.margin = margin
         self.slack_s = slack_s
-        self._sent: deque[float] = deque()
+        self._slots: deque[Slot] = deque()
         self._horizon = max(self._window(limit) for limit in self.limits)
 
     def _window(self, limit: RateLimit) -> float:
@@ -57,18 +71,27 @@ class SlidingWindow:
 
     def delay(self, now: float) -> float:
         """Seconds to wait from `now` before one more request fits every limit."""
-        while self._sent and self._sent[0] <= now - self._horizon:
-            self._sent.popleft()
+        while self._slots:
+            first = self._slots[0].finished_at
+            if first is None or first > now - self._horizon:
+                break
+            self._slots.popleft()
         wait = 0.0
         for limit in self.limits:
-            window = self._window(limit)
-            if len(self._sent) >= limit.count:
-                oldest_in_window = self._sent[-limit.count]
-                wait = max(wait, oldest_in_window + window - now)
+            if len(self._slots) >= limit.count:
+                at = self._slots[-limit.count].finished_at
+                ended = now if at is None else at
+                wait = max(wait, ended + self._window(limit) - now)
         return max(0.0, wait)
 
+    def start(self) -> Slot:
+        slot = Slot()
+        self._slots.append(slot)
+        return slot
+
     def record(self, at: float) -> None:
-        self._sent.append(at)
+        """A request that is already answered at `at` (for callers without slots)."""
+        self.start().finished_at = at
 
 
 class RateGate:
@@ -76,6 +99,11 @@ class RateGate:
 
     The outbox's workers should not sit blocked for a minute, so a wait longer than
     `max_wait` is returned to the caller (who raises RateLimitedError with it).
+
+        slot = await gate.acquire()
+        if isinstance(slot, float): raise RateLimitedError(..., retry_after=slot)
+        try: ... send ...
+        finally: gate.done(slot)
     """
 
     def __init__(
@@ -92,13 +120,19 @@ class RateGate:
         self._clock = clock
         self.max_wait = max_wait
 
-    async def acquire(self) -> float | None:
-        """Takes one slot (sleeping if needed); returns None, or the backoff if too long."""
+    async def acquire(self) -> Slot | float:
+        """Takes a slot (sleeping if needed), or returns the backoff if it is too far away."""
         async with self._lock:
-            wait = self._window.delay(self._clock())
-            if wait > self.max_wait:
-                return wait
-            if wait > 0:
+            while True:
+                wait = self._window.delay(self._clock())
+                if wait > self.max_wait:
+                    return wait
+                if wait <= 0:
+                    return self._window.start()
+                # A request in flight may finish later than assumed: look again after.
                 await asyncio.sleep(wait)
-            self._window.record(self._clock())
-            return None
+
+    def done(self, slot: Slot) -> None:
+        """The request of `slot` was answered (or failed) now."""
+        if slot.finished_at is None:
+            slot.finished_at = self._clock()

@@ -220,10 +220,11 @@ class FeishuBotNotifier:
         body = compact_json(signed_body(card, webhook.secret, int(self._wall_clock())))
         if len(body.encode()) > MAX_BOT_BODY_BYTES:
             raise PermanentError(f"card body is {len(body.encode())} bytes, over Feishu's 20 KB")
-        backoff = await self._gate(webhook).acquire()
-        if backoff is not None:
+        gate = self._gate(webhook)
+        slot = await gate.acquire()
+        if isinstance(slot, float):
             raise RateLimitedError(
-                f"webhook {webhook.name} at its rate limit", code="local", retry_after=backoff
+                f"webhook {webhook.name} at its rate limit", code="local", retry_after=slot
             )
         try:
             response = await self._client.post(
@@ -233,6 +234,8 @@ class FeishuBotNotifier:
             )
         except httpx.HTTPError as exc:
             raise RetryableError(f"Feishu bot {webhook.name}: {type(exc).__name__}") from exc
+        finally:
+            gate.done(slot)
         # Feishu gives no Retry-After: wait one shortest window, after which a slot is free.
         shortest = min(limit.per_seconds for limit in self.rate_limits)
         classify_response(

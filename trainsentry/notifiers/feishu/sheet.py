@@ -194,11 +194,15 @@ class FeishuSheetArchive:
     async def _api(
         self, method: str, path: str, *, params: dict[str, str] | None = None, body: Any = None
     ) -> dict[str, Any]:
-        backoff = await self._gate.acquire()
-        if backoff is not None:
-            await asyncio.sleep(backoff)
+        slot = await self._gate.acquire()
+        while isinstance(slot, float):  # over the per-app limit: a batch may simply wait
+            await asyncio.sleep(slot)
+            slot = await self._gate.acquire()
         self.api_calls += 1
-        return await self.client.call(method, path, params=params, body=body)
+        try:
+            return await self.client.call(method, path, params=params, body=body)
+        finally:
+            self._gate.done(slot)
 
     def _path(self, version: str, tail: str) -> str:
         return f"/open-apis/sheets/{version}/spreadsheets/{self.spreadsheet_token}/{tail}"
