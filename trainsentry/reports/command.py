@@ -39,7 +39,11 @@ log = logging.getLogger("trainsentry.reports")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--period", default="last-week", help="which period (last-week)")
+    parser.add_argument(
+        "--period",
+        default="last-week",
+        help="last-week (default), this-week, N-weeks-ago, YYYY-Www or YYYY-MM-DD..YYYY-MM-DD",
+    )
     parser.add_argument("--db", metavar="URL", help="store: sqlite:///PATH or postgresql://...")
     parser.add_argument("--config", metavar="FILE", type=Path, help="YAML settings file")
     parser.add_argument("--tz", metavar="ZONE", help="timezone (reports.timezone, else UTC)")

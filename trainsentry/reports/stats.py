@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from bisect import bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -472,7 +473,7 @@ def classify_occurrences(
         for occ in occs:
             if occ.id in current_ids:
                 t = occ.starts_at
-                recent = sum(1 for x in transitions if t - window < x <= t)
+                recent = bisect_right(transitions, t) - bisect_right(transitions, t - window)
                 resolved = _before(previous.resolved_at, end) if previous else None
                 if recent >= opts.flap_transitions:
                     classes[occ.id] = "flapping"
