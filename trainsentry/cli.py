@@ -17,6 +17,8 @@ from trainsentry import __version__
 
 COMMANDS: dict[str, str] = {
     "gateway": "trainsentry.gateway.command",
+    "ack": "trainsentry.gateway.ack_command",
+    "export": "trainsentry.gateway.export_command",
     "demo": "trainsentry.demo",
     "analyze": "trainsentry.diagnostics.command",
     "operator": "trainsentry.operator.command",

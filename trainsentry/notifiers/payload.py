@@ -83,7 +83,9 @@ class NotificationPayload(TypedDict):
     diagnosis: NotRequired[str]  # one-line verdict of the hang analyzer, if any
     message_id: NotRequired[str]  # kind "ack": the Feishu card to update in place
     # Written by the policy (gateway/decide.py); channels may show them.
-    event: NotRequired[str]  # new | recurrence | flapping | resolved | started | summary | ended
+    # firing | recurrence | flapping | resolved | expired | acked | storm_started |
+    # storm_summary | storm_ended (what the policy decided; see gateway/decide.py)
+    event: NotRequired[str]
     job: NotRequired[str]  # "namespace/name" of the training job
     rule_ids: NotRequired[list[str]]
     route: NotRequired[str]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import bindparam, func, select, update
@@ -142,3 +144,43 @@ async def set_priorities(conn: AsyncConnection, decided: Sequence[tuple[int, str
         .values(priority=bindparam("b_priority"), priority_reason=bindparam("b_reason")),
         [{"b_id": a, "b_priority": p, "b_reason": r} for a, p, r in decided],
     )
+
+
+async def export_alert_rows(db_url: str, out: Path, since: datetime | None = None) -> int:
+    """Writes every stored occurrence (optionally since a time) as archive rows; returns the
+    number of rows."""
+    from trainsentry.alerts import Alert, AlertStatus
+    from trainsentry.notifiers.export import export_rows
+    from trainsentry.notifiers.rows import row_from_alert
+    from trainsentry.store.engine import create_engine
+
+    engine = create_engine(db_url)
+    try:
+        async with engine.connect() as conn:
+            query = select(alerts).order_by(alerts.c.id)
+            if since is not None:
+                query = query.where(alerts.c.starts_at >= since)
+            rows: list[list[str]] = []  # export_rows writes the header
+            for row in await conn.execute(query):
+                alert = Alert(
+                    fingerprint=row.fingerprint,
+                    status=AlertStatus(row.status),
+                    labels=dict(row.labels),
+                    annotations=dict(row.annotations),
+                    starts_at=row.starts_at,
+                    ends_at=row.resolved_at if row.status == "resolved" else None,
+                    generator_url=row.generator_url,
+                )
+                rows.append(
+                    row_from_alert(
+                        alert,
+                        alert_id=int(row.id),
+                        priority=row.priority,
+                        reason=row.priority_reason or "",
+                        acked_by=row.acked_by or "",
+                    )
+                )
+    finally:
+        await engine.dispose()
+    export_rows(rows, out)
+    return len(rows)

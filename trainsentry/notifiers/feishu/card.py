@@ -171,8 +171,21 @@ def mention_markup(open_ids: Sequence[str]) -> str:
     return " ".join(f"<at id={escape_md(open_id)}></at>" for open_id in open_ids)
 
 
+def _state_words(payload: NotificationPayload) -> str:
+    """FIRING / RESOLVED, or what the policy made of it: a recurrence, flapping, an ack."""
+    event = payload.get("event", "")
+    count = payload.get("count")
+    if event == "recurrence":
+        return f"FIRING AGAIN (×{count})" if count else "FIRING AGAIN"
+    if event == "flapping":
+        return f"FLAPPING ({count} changes)" if count else "FLAPPING"
+    if event == "expired":
+        return "RESOLVED (no longer reported)"
+    return "RESOLVED" if payload["status"] == "resolved" else "FIRING"
+
+
 def _title(payload: NotificationPayload, product: str) -> str:
-    state = "RESOLVED" if payload["status"] == "resolved" else "FIRING"
+    state = _state_words(payload)
     name = alertname(payload) or "alert"
     job = job_of(payload)
     return clip(f"[{payload['priority']}] {state}: {name}" + (f" — {job}" if job else ""), 200)

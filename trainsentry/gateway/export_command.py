@@ -1,0 +1,44 @@
+"""`trainsentry export`: the archive rows (the Feishu sheet's columns) as CSV or XLSX."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "export stored alert occurrences as CSV/XLSX rows (the sheet archive's columns)"
+DESCRIPTION = """\
+Writes one row per stored alert occurrence, with the same columns as the Feishu spreadsheet
+archive (see docs/channels.md), for places without Feishu. The format follows the file suffix
+(.csv or .xlsx).
+
+Exit codes: 0 written, 1 the store could not be read, 2 bad arguments.
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db", required=True, metavar="URL", help="the gateway's store URL")
+    parser.add_argument("--out", required=True, type=Path, help="file to write (.csv or .xlsx)")
+    parser.add_argument("--since", metavar="ISO8601", help="only occurrences started since then")
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    from datetime import UTC, datetime
+
+    from trainsentry.store.queries import export_alert_rows
+
+    since = None
+    if args.since:
+        try:
+            since = datetime.fromisoformat(args.since)
+        except ValueError:
+            print(f"--since is not an ISO 8601 time: {args.since!r}")
+            return 2
+        since = since if since.tzinfo else since.replace(tzinfo=UTC)
+    try:
+        count = asyncio.run(export_alert_rows(args.db, args.out, since))
+    except Exception as exc:
+        print(f"export failed: {type(exc).__name__}: {exc}")
+        return 1
+    print(f"wrote {count} rows to {args.out}")
+    return 0
