@@ -288,3 +288,26 @@ async def test_gateway_loop_sends_once(tmp_path: Path, smtp: tuple[Inbox, int]) 
         await engine.dispose()
     assert rounds == [["sent"], ["skipped"], ["skipped"]]
     assert len(inbox.mails) == 1
+
+
+async def test_two_concurrent_runs_send_once(db_url: str, smtp: tuple[Inbox, int]) -> None:
+    """Two CronJob pods (or gateway replicas) at the same moment: one mail, one skip."""
+    from trainsentry.notifiers.email import SmtpConfig
+    from trainsentry.reports.delivery import send_reports
+    from trainsentry.reports.settings import ReportSettings
+
+    inbox, port = smtp
+    engines = [create_engine(db_url), create_engine(db_url)]
+    try:
+        await migrate(engines[0])
+        await seed_week(engines[0])
+        settings = ReportSettings(timezone=TZ, recipients=SRE)
+        config = SmtpConfig("127.0.0.1", port, SENDER, "none")
+        results = await asyncio.gather(
+            *(send_reports(engine, settings, config, now=AFTER) for engine in engines)
+        )
+    finally:
+        for engine in engines:
+            await engine.dispose()
+    assert sorted(outcome.status for [outcome] in results) == ["sent", "skipped"]
+    assert len(inbox.mails) == 1

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import delete, insert, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from trainsentry.notifiers.email import SmtpConfig, send_email
@@ -94,6 +94,18 @@ async def claim(
     engine: AsyncEngine, key: str, now: datetime, recipients: Sequence[str], *, force: bool
 ) -> tuple[bool, dict[str, Any] | None, str]:
     """(claimed, previous row to restore on failure, why not)."""
+    try:
+        return await _claim(engine, key, now, recipients, force=force)
+    except OperationalError as exc:
+        # SQLite: a concurrent run wrote first and our snapshot is stale (SQLITE_BUSY).
+        if engine.dialect.name == "sqlite" and "locked" in str(exc):
+            return False, None, "another run is sending it"
+        raise
+
+
+async def _claim(
+    engine: AsyncEngine, key: str, now: datetime, recipients: Sequence[str], *, force: bool
+) -> tuple[bool, dict[str, Any] | None, str]:
     async with engine.begin() as conn:
         row = (
             await conn.execute(select(report_runs).where(report_runs.c.period_key == key))
