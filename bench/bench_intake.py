@@ -186,10 +186,14 @@ def main() -> int:
     }
     ratio = med["gateway"][0] / med["bare"][0]
     backend = (args.db or "sqlite").split(":", 1)[0]
-    print(f"\nmedian of {args.rounds} rounds, {args.concurrency} concurrent clients, backend {backend}")
+    print(
+        f"\nmedian of {args.rounds} rounds, {args.concurrency} concurrent clients, backend {backend}"
+    )
     for kind in ("bare", "gateway"):
         rate, p50, p99 = med[kind]
-        print(f"  {kind:8s} {rate:10.0f} alerts/s  p50 {p50 * 1000:6.1f} ms  p99 {p99 * 1000:6.1f} ms")
+        print(
+            f"  {kind:8s} {rate:10.0f} alerts/s  p50 {p50 * 1000:6.1f} ms  p99 {p99 * 1000:6.1f} ms"
+        )
     print(f"  ratio gateway/bare = {ratio:.2f}  (cpu count {os.cpu_count()})")
     return 0
 

@@ -6,12 +6,14 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 export PATH="$PWD/.venv/bin:$PWD/.cache/bin:$PATH"
 export HELM_BIN="$(scripts/get-helm.sh)"
-echo "== ruff"; ruff check .
-echo "== mypy"; mypy
+# Run every check even when one fails, so one CI run shows every problem; fail at the end.
+failed=()
+echo "== ruff"; ruff check . || failed+=(ruff)
+echo "== mypy"; mypy || failed+=(mypy)
 echo "== pytest"
-set +e
-pytest -q -p no:cacheprovider "$@"
-rc=$?
-set -e
-# 5 = no tests collected: treat as failure, a green run must have run tests.
-exit $rc
+# pytest's exit 5 (no tests collected) counts as a failure too: a green run must run tests.
+pytest -q -p no:cacheprovider --durations=15 "$@" || failed+=(pytest)
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "FAILED: ${failed[*]}"
+  exit 1
+fi
