@@ -17,7 +17,9 @@ import pytest
 import yaml
 
 from chart.chart_helm import CHART, REPO, VENDORED_CRDS, find, helm, one, rendered, template
+from trainsentry.config import WebhookChannelSettings
 from trainsentry.notifiers.settings import ChannelsSettings
+from trainsentry.reports.settings import ReportSettings
 
 SHARED_CRDS = REPO.parent / "shared" / "data" / "crds"
 MATCHER = re.compile(r'^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"?(.*?)"?\s*$')
@@ -159,10 +161,15 @@ def test_chart_version_follows_the_package() -> None:
     assert chart["appVersion"] == project["version"]
 
 
-def test_channel_sections_in_the_values_schema_match_the_settings_model() -> None:
+def test_settings_sections_in_the_values_schema_match_the_settings_models() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
-    sections = schema["properties"]["channels"]["properties"]["config"]["propertyNames"]["enum"]
-    assert set(sections) == set(ChannelsSettings.model_fields)
+    props = schema["properties"]
+    channels = props["channels"]["properties"]["config"]["propertyNames"]["enum"]
+    assert set(channels) == set(ChannelsSettings.model_fields)
+    reports = props["report"]["properties"]["config"]["propertyNames"]["enum"]
+    assert set(reports) == set(ReportSettings.model_fields)
+    webhook = props["webhooks"]["additionalProperties"]["properties"]
+    assert set(webhook) == set(WebhookChannelSettings.model_fields)
 
 
 @pytest.mark.skipif(not SHARED_CRDS.is_dir(), reason="../shared/data/crds is not next to the repo")

@@ -4,6 +4,7 @@ own settings loader, Alertmanager reaches the gateway with the token the gateway
 from __future__ import annotations
 
 import base64
+import re
 import sys
 import urllib.error
 import urllib.request
@@ -15,9 +16,10 @@ import yaml
 from realservers import start_server
 from webhook_factory import encode, make_alert, make_body
 
-from chart.chart_helm import VALUES_SETS, find, one, rendered
+from chart.chart_helm import REPO, VALUES_SETS, find, one, rendered, template
 from trainsentry.config import _ENV_MAP, load_settings
 from trainsentry.notifiers.settings import ChannelsSettings
+from trainsentry.reports.settings import report_settings
 
 
 def _container(obj: dict[str, Any]) -> dict[str, Any]:
@@ -60,11 +62,18 @@ def test_config_and_env_load_with_the_settings_loader(
         pytest.skip(f"no {component} in {values}")
     container = _container(workloads[0])
     config_map = one(objs, "ConfigMap", "-config")
-    config_file = tmp_path / "config.yaml"
-    config_file.write_text(config_map["data"]["config.yaml"], encoding="utf-8")
     env = _env_for(objs, container, fake_secret="postgresql://u:p@db/ts")
     mount = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}["config"]
-    assert env["TRAINSENTRY_CONFIG"] == f"{mount}/config.yaml"
+    directory, _, file_name = env["TRAINSENTRY_CONFIG"].rpartition("/")
+    assert directory == mount
+    assert file_name == ("report.yaml" if component == "-report" else "config.yaml")
+    document = yaml.safe_load(config_map["data"][file_name])
+    # The report command takes its `reports:` section off before the common loader, which
+    # (like the gateway) refuses sections it does not know.
+    reports = document.pop("reports", None)
+    assert reports is None or component == "-report"
+    config_file = tmp_path / file_name
+    config_file.write_text(yaml.safe_dump(document), encoding="utf-8")
     env["TRAINSENTRY_CONFIG"] = str(config_file)
 
     settings = load_settings(env=env)
@@ -74,12 +83,54 @@ def test_config_and_env_load_with_the_settings_loader(
     assert settings.gateway.webhook_token is not None
     assert settings.gateway.api_token is not None
     assert settings.gateway.db.startswith(("sqlite:////", "postgresql"))
-    channels = (settings.model_extra or {}).get("channels")
-    if channels is not None:
-        parsed = ChannelsSettings.model_validate(channels)
-        # Every secret the channels name by environment variable is in the pod's environment.
-        named = _env_names(parsed.model_dump())
-        assert named and named <= set(env), named - set(env)
+    named = _env_names(ChannelsSettings.model_validate(settings.channels).model_dump())
+    named |= _env_names({k: v.model_dump() for k, v in settings.webhooks.items()})
+    if reports is not None:
+        named |= _env_names(report_settings(reports).model_dump())
+    # Every secret the settings name by environment variable is in the pod's environment.
+    assert named <= set(env), named - set(env)
+    if values == "everything-on":
+        assert named
+        if component == "-report":
+            assert reports is not None and reports["timezone"] == "Asia/Shanghai"
+
+
+def _duration_seconds(text: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+    parts = re.findall(r"(\d+)(ms|s|m|h|d|w|y)", text)
+    assert parts and "".join(n + u for n, u in parts) == text, text
+    return sum(int(n) * units[u] for n, u in parts)
+
+
+@pytest.mark.parametrize("values", VALUES_SETS)
+def test_stale_expiry_outlasts_every_alertmanager_repeat(values: str) -> None:
+    """The gateway expires a firing alert Alertmanager has not repeated for
+    stale_after_seconds: that must be longer than any repeat interval of the route."""
+    objs = rendered(values)
+    config = yaml.safe_load(one(objs, "ConfigMap", "-config")["data"]["config.yaml"])
+    stale = config["gateway"]["stale_after_seconds"]
+    amcs = find(objs, "AlertmanagerConfig")
+    source = yaml.safe_load(
+        (REPO / "rules" / "alertmanager-inhibit.yaml").read_text(encoding="utf-8")
+    )
+    if amcs:
+        route = amcs[0]["spec"]["route"]
+        repeats = [route["repeatInterval"]] + [
+            r["repeatInterval"] for r in route.get("routes", []) if "repeatInterval" in r
+        ]
+    else:
+        route = source["route"]
+        repeats = [route["repeat_interval"]] + [
+            r["repeat_interval"] for r in route.get("routes", []) if "repeat_interval" in r
+        ]
+    longest = max(_duration_seconds(r) for r in repeats)
+    assert stale == max(longest + 1800, 4.5 * 3600)
+
+
+def test_stale_expiry_can_be_set(tmp_path: Path) -> None:
+    objs = template(overrides={"gateway": {"staleAfterSeconds": 7200}}, tmp=tmp_path)
+    config = yaml.safe_load(one(objs, "ConfigMap", "-config")["data"]["config.yaml"])
+    assert config["gateway"]["stale_after_seconds"] == 7200
 
 
 def _env_names(node: Any) -> set[str]:
@@ -198,8 +249,6 @@ def test_config_yaml_is_plain_yaml_without_secrets() -> None:
 )
 def test_exporter_scrapes_give_the_labels_the_rules_expect(suffix: str, job_pattern: str) -> None:
     """docs/alerts.md: series carry `node`; `up` has a job matching the exporter's name."""
-    import re
-
     objs = rendered("defaults")
     monitor = one(objs, "ServiceMonitor", suffix)
     service = one(objs, "Service", suffix)
@@ -283,10 +332,6 @@ def test_real_gateway_runs_with_the_rendered_config_and_token(values: str, tmp_p
 def test_channels_example_of_docs_channels_md_installs(tmp_path: Path) -> None:
     """The `channels:` example in docs/channels.md, given as chart values, renders into a
     config.yaml the settings model accepts, with every named secret in the environment."""
-    import re
-
-    from chart.chart_helm import REPO, template
-
     text = (REPO / "docs" / "channels.md").read_text(encoding="utf-8")
     match = re.search(r"```yaml\n(channels:\n.*?)```", text, re.S)
     assert match, "docs/channels.md has no `channels:` example"

@@ -145,22 +145,61 @@ priorityClassName: {{ . }}
 {{- end }}
 {{- end -}}
 
-{{/* Secrets, config file and channel secrets shared by gateway and report pods. */}}
+{{/* Secrets and the config file of the gateway and report pods:
+     (dict "ctx" $ "configFile" "config.yaml") */}}
 {{- define "trainsentry.appEnv" -}}
-{{ include "trainsentry.baseEnv" . }}
+{{ include "trainsentry.baseEnv" .ctx }}
 - name: TRAINSENTRY_CONFIG
-  value: /etc/trainsentry/config.yaml
-{{ include "trainsentry.databaseEnv" . }}
+  value: /etc/trainsentry/{{ .configFile }}
+{{ include "trainsentry.databaseEnv" .ctx }}
 - name: TRAINSENTRY_WEBHOOK_TOKEN
   valueFrom:
     secretKeyRef:
-      name: {{ include "trainsentry.authSecretName" . }}
-      key: {{ .Values.gateway.auth.webhookTokenKey }}
+      name: {{ include "trainsentry.authSecretName" .ctx }}
+      key: {{ .ctx.Values.gateway.auth.webhookTokenKey }}
 - name: TRAINSENTRY_API_TOKEN
   valueFrom:
     secretKeyRef:
-      name: {{ include "trainsentry.authSecretName" . }}
-      key: {{ .Values.gateway.auth.apiTokenKey }}
+      name: {{ include "trainsentry.authSecretName" .ctx }}
+      key: {{ .ctx.Values.gateway.auth.apiTokenKey }}
+{{- end -}}
+
+{{/* Seconds in a Prometheus duration ("4h", "1h30m", "90s"). */}}
+{{- define "trainsentry.durationSeconds" -}}
+{{- $units := dict "ms" 0.001 "s" 1 "m" 60 "h" 3600 "d" 86400 "w" 604800 "y" 31536000 -}}
+{{- $total := 0.0 -}}
+{{- range regexFindAll "[0-9]+(ms|s|m|h|d|w|y)" (toString .) -1 -}}
+{{- $unit := regexReplaceAll "^[0-9]+" . "" -}}
+{{- $total = addf $total (mulf (regexReplaceAll "[a-z]+$" . "" | float64) (get $units $unit)) -}}
+{{- end -}}
+{{- $total -}}
+{{- end -}}
+
+{{/* gateway.stale_after_seconds: an alert Alertmanager has not repeated for this long is
+     expired, so it must outlast the longest repeat interval of the route (the file's route,
+     its child routes, the values override) by half an hour; never below the gateway's
+     default of 4.5 h. gateway.staleAfterSeconds > 0 sets it outright. */}}
+{{- define "trainsentry.staleAfterSeconds" -}}
+{{- if gt (.Values.gateway.staleAfterSeconds | int) 0 -}}
+{{- .Values.gateway.staleAfterSeconds | int -}}
+{{- else -}}
+{{- $route := dict -}}
+{{- with .Files.Get "files/rules/alertmanager-inhibit.yaml" -}}
+{{- $route = (fromYaml .).route | default dict -}}
+{{- end -}}
+{{- $intervals := list (.Values.alertmanager.config.route.repeatInterval | default $route.repeat_interval | default "4h") -}}
+{{- if .Values.alertmanager.config.route.childRoutes -}}
+{{- range ($route.routes | default list) -}}
+{{- with .repeat_interval }}{{ $intervals = append $intervals . }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- $longest := 16200.0 -}}
+{{- range $intervals -}}
+{{- $seconds := addf (include "trainsentry.durationSeconds" . | float64) 1800 -}}
+{{- if gt $seconds $longest }}{{ $longest = $seconds }}{{ end -}}
+{{- end -}}
+{{- $longest | int -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "trainsentry.hasChannelSecrets" -}}
