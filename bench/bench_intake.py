@@ -175,9 +175,10 @@ def main() -> int:
                     proc.wait(timeout=20)
                 rate = (len(payloads) - 20) * ALERTS_PER_POST / elapsed
                 results[kind].append((rate, percentile(lat, 0.5), percentile(lat, 0.99)))
+                p50, p99 = percentile(lat, 0.5) * 1000, percentile(lat, 0.99) * 1000
                 print(
                     f"round {round_no} {kind:8s} {rate:10.0f} alerts/s "
-                    f"p50 {percentile(lat, 0.5) * 1000:6.1f} ms p99 {percentile(lat, 0.99) * 1000:6.1f} ms",
+                    f"p50 {p50:6.1f} ms p99 {p99:6.1f} ms",
                     flush=True,
                 )
     med = {
@@ -187,7 +188,8 @@ def main() -> int:
     ratio = med["gateway"][0] / med["bare"][0]
     backend = (args.db or "sqlite").split(":", 1)[0]
     print(
-        f"\nmedian of {args.rounds} rounds, {args.concurrency} concurrent clients, backend {backend}"
+        f"\nmedian of {args.rounds} rounds, {args.concurrency} concurrent clients, "
+        f"backend {backend}"
     )
     for kind in ("bare", "gateway"):
         rate, p50, p99 = med[kind]
