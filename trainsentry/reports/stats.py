@@ -26,7 +26,7 @@ import statistics
 from bisect import bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
 from typing import Any
 
@@ -513,37 +513,31 @@ def _hotspots(keys: Iterable[tuple[str, str]], top: int) -> tuple[Hotspot, ...]:
     )
 
 
-def _storms(rows: Sequence[StormRow], end: datetime) -> tuple[Storm, ...]:
+def _storms(rows: Sequence[StormRow]) -> tuple[Storm, ...]:
+    """Storm episodes from their messages: one per job and `started` time (a start sent on
+    several channels is one storm). Messages of a storm that started earlier are ignored."""
     by_job: dict[str, list[StormRow]] = defaultdict(list)
     for row in rows:
         by_job[row.job].append(row)
     storms: list[Storm] = []
     for job, job_rows in by_job.items():
         job_rows.sort(key=lambda r: (r.at, r.event != "started"))
-        current: dict[str, Any] | None = None
+        current: Storm | None = None
         for row in job_rows:
-            if row.event == "started":
-                if current is not None and current["started_at"] == row.at:
-                    pass  # the same start, announced on another channel
-                else:
-                    if current is not None:
-                        storms.append(Storm(**current))
-                    current = {
-                        "job": job,
-                        "started_at": row.at,
-                        "alerts": 0,
-                        "peak": row.priority,
-                        "ended_at": None,
-                    }
+            if row.event == "started" and (current is None or current.started_at != row.at):
+                if current is not None:
+                    storms.append(current)
+                current = Storm(job, row.at, 0, row.priority, None)
             if current is None:
-                continue  # a storm that started before the period: not counted
-            current["alerts"] = max(current["alerts"], row.total)
-            if PRIORITIES.index(row.priority) < PRIORITIES.index(current["peak"]):
-                current["peak"] = row.priority
-            if row.event == "ended":
-                current["ended_at"] = row.at
+                continue
+            current = replace(
+                current,
+                alerts=max(current.alerts, row.total),
+                peak=min(current.peak, row.priority, key=PRIORITIES.index),
+                ended_at=row.at if row.event == "ended" else current.ended_at,
+            )
         if current is not None:
-            storms.append(Storm(**current))
+            storms.append(current)
     return tuple(sorted(storms, key=lambda s: (s.started_at, s.job)))
 
 
@@ -591,6 +585,60 @@ def _rule_noise(
     return tuple(noise[: opts.top])
 
 
+def _hardware(
+    occs: Sequence[Occurrence], top: int
+) -> tuple[tuple[Hotspot, ...], tuple[Hotspot, ...], tuple[Hotspot, ...], tuple[XidSeen, ...]]:
+    """Hot nodes, GPUs and IB ports (hardware components only), and the XID codes seen."""
+    hardware = [o for o in occs if o.hardware]
+    hot_nodes = _hotspots(((o.node, o.alertname) for o in hardware), top)
+    hot_gpus = _hotspots(
+        (
+            (f"{o.node} GPU {gpu}", o.alertname)
+            for o in hardware
+            if o.component == "gpu" and (gpu := first_label(o.labels, GPU_LABELS))
+        ),
+        top,
+    )
+    hot_ports = _hotspots(
+        (
+            (f"{o.node} {o.labels['device']}:{o.labels.get('port', '?')}", o.alertname)
+            for o in hardware
+            if o.component == "fabric" and o.labels.get("device")
+        ),
+        top,
+    )
+    xid_counts: Counter[str] = Counter()
+    xid_gpus: dict[str, set[str]] = defaultdict(set)
+    for occ in occs:
+        xid = occ.labels.get("xid")
+        if xid:
+            xid_counts[xid] += 1
+            xid_gpus[xid].add(f"{occ.node}/{first_label(occ.labels, GPU_LABELS)}")
+    xids = tuple(
+        XidSeen(code, n, len(xid_gpus[code]))
+        for code, n in sorted(xid_counts.items(), key=lambda kv: (-kv[1], _xid_order(kv[0])))
+    )
+    return hot_nodes, hot_gpus, hot_ports, xids
+
+
+def _per_day(
+    period: Period, occs: Sequence[Occurrence]
+) -> tuple[tuple[tuple[date, Mapping[str, int]], ...], tuple[tuple[date, float | None], ...]]:
+    """Occurrences per local day by priority, and the median time to resolve per day."""
+    days = period.day_list()
+    counts: dict[date, Counter[str]] = {d: Counter() for d in days}
+    ttr: dict[date, list[float]] = {d: [] for d in days}
+    for occ in occs:
+        day = period.local_day(occ.starts_at)
+        counts[day][occ.priority] += 1
+        resolved = _before(occ.resolved_at, period.end)
+        if resolved is not None:
+            ttr[day].append((resolved - occ.starts_at).total_seconds())
+    per_day = tuple((d, {p: counts[d].get(p, 0) for p in PRIORITIES}) for d in days)
+    medians = tuple((d, float(statistics.median(v)) if v else None) for d, v in ttr.items())
+    return per_day, medians
+
+
 def compute(
     period: Period,
     occurrences: Sequence[Occurrence],
@@ -633,49 +681,8 @@ def compute(
         1 for o in occs if o.priority in ("P0", "P1") and _before(o.acked_at, end) is None
     )
 
-    hardware = [o for o in occs if o.hardware]
-    hot_nodes = _hotspots(((o.node, o.alertname) for o in hardware), opts.top)
-    hot_gpus = _hotspots(
-        (
-            (f"{o.node} GPU {gpu}", o.alertname)
-            for o in hardware
-            if o.component == "gpu" and (gpu := first_label(o.labels, GPU_LABELS))
-        ),
-        opts.top,
-    )
-    hot_ports = _hotspots(
-        (
-            (f"{o.node} {o.labels['device']}:{o.labels.get('port', '?')}", o.alertname)
-            for o in hardware
-            if o.component == "fabric" and o.labels.get("device")
-        ),
-        opts.top,
-    )
-    xid_counts: Counter[str] = Counter()
-    xid_gpus: dict[str, set[str]] = defaultdict(set)
-    for occ in occs:
-        xid = occ.labels.get("xid")
-        if xid:
-            xid_counts[xid] += 1
-            xid_gpus[xid].add(f"{occ.node}/{first_label(occ.labels, GPU_LABELS)}")
-    xids = tuple(
-        XidSeen(code, n, len(xid_gpus[code]))
-        for code, n in sorted(xid_counts.items(), key=lambda kv: (-kv[1], _xid_order(kv[0])))
-    )
-
-    days = period.day_list()
-    per_day_counts: dict[date, Counter[str]] = {d: Counter() for d in days}
-    per_day_ttr: dict[date, list[float]] = {d: [] for d in days}
-    for occ in occs:
-        day = period.local_day(occ.starts_at)
-        per_day_counts[day][occ.priority] += 1
-        resolved = _before(occ.resolved_at, end)
-        if resolved is not None:
-            per_day_ttr[day].append((resolved - occ.starts_at).total_seconds())
-    per_day = tuple((d, {p: per_day_counts[d].get(p, 0) for p in PRIORITIES}) for d in days)
-    mttr_per_day = tuple(
-        (d, float(statistics.median(v)) if v else None) for d, v in per_day_ttr.items()
-    )
+    hot_nodes, hot_gpus, hot_ports, xids = _hardware(occs, opts.top)
+    per_day, mttr_per_day = _per_day(period, occs)
 
     return WeeklyStats(
         period=period,
@@ -686,7 +693,7 @@ def compute(
         by_component=by_component,
         by_job=by_job,
         flapping_fingerprints=len({o.fingerprint for o in occs if classes[o.id] == "flapping"}),
-        storms=_storms(storms, end),
+        storms=_storms(storms),
         mtta=_durations_by_priority(tta),
         mttr=_durations_by_priority(ttr),
         open_at_end=open_at_end,
@@ -723,13 +730,7 @@ def compare(current: WeeklyStats, previous: Headline) -> WeeklyStats:
         Change("MTTA median", now.mtta_median_s, previous.mtta_median_s, "seconds"),
         Change("MTTR median", now.mttr_median_s, previous.mttr_median_s, "seconds"),
     ]
-    return _replace(current, previous=previous, changes=tuple(changes))
-
-
-def _replace(stats: WeeklyStats, **changes: Any) -> WeeklyStats:
-    from dataclasses import replace
-
-    return replace(stats, **changes)
+    return replace(current, previous=previous, changes=tuple(changes))
 
 
 async def collect_period(
