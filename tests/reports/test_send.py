@@ -26,7 +26,7 @@ from trainsentry.reports import command
 from trainsentry.store import create_engine, migrate
 from trainsentry.store.schema import report_runs
 
-from .seed import AFTER, TZ, seed_week
+from .seed import AFTER, T0, TZ, seed_week
 
 pytestmark = pytest.mark.e2e
 
@@ -270,8 +270,15 @@ async def test_gateway_loop_sends_once(tmp_path: Path, smtp: tuple[Inbox, int]) 
     await migrate(engine)
     await seed_week(engine)
     settings = ReportSettings(timezone=TZ, recipients=SRE)
+    settings = ReportSettings(
+        timezone=TZ, recipients=SRE, link_url="https://g.example/?from={start_ms}"
+    )
     rounds: list[list[str]] = []
+    digests: list[tuple[int, str]] = []
     stop = asyncio.Event()
+
+    async def digest(stats: Any, report: Any, link: str) -> None:
+        digests.append((stats.total, link))
 
     def seen(outcomes: list[Any]) -> None:
         rounds.append([o.status for o in outcomes])
@@ -281,13 +288,16 @@ async def test_gateway_loop_sends_once(tmp_path: Path, smtp: tuple[Inbox, int]) 
     try:
         await asyncio.wait_for(
             report_loop(engine, settings, SmtpConfig("127.0.0.1", port, SENDER, "none"),
-                        stop=stop, interval_s=0.01, clock=lambda: AFTER, on_result=seen),
+                        stop=stop, interval_s=0.01, clock=lambda: AFTER, on_result=seen,
+                        digest=digest),
             timeout=60,
         )  # fmt: skip
     finally:
         await engine.dispose()
     assert rounds == [["sent"], ["skipped"], ["skipped"]]
     assert len(inbox.mails) == 1
+    start_ms = int(T0.timestamp() * 1000)
+    assert digests == [(8, f"https://g.example/?from={start_ms}")]  # once, with the link
 
 
 async def test_two_concurrent_runs_send_once(db_url: str, smtp: tuple[Inbox, int]) -> None:

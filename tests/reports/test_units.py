@@ -4,6 +4,7 @@ the MIME assembly and the Feishu digest (posted to a real HTTP server on loopbac
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -132,6 +133,9 @@ def _stats_with_text() -> Any:
 def test_html_is_escaped_and_message_parts() -> None:
     report = render(_stats_with_text())
     assert "<script>" not in report.html and "&lt;script&gt;" in report.html
+    # mail-client safe: inline styles only, nothing fetched from the network
+    assert "<style" not in report.html and "<link" not in report.html
+    assert not re.search(r'src="(?!cid:)', report.html)
     assert "<script>alert(1)</script>" in report.text  # plain text stays plain
     assert b'"quote "" and, comma"' in report.csv  # CSV quoting
     message = to_message(report, "ts@example.com", ["a@example.com"])
