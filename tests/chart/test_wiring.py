@@ -344,3 +344,8 @@ def test_channels_example_of_docs_channels_md_installs(tmp_path: Path) -> None:
     assert config["channels"] == example
     ChannelsSettings.model_validate(config["channels"])
     assert {name: env[name] for name in secrets} == secrets
+
+
+def test_report_is_suspended_until_it_has_a_way_to_send() -> None:
+    assert one(rendered("defaults"), "CronJob")["spec"]["suspend"] is True
+    assert one(rendered("everything-on"), "CronJob")["spec"]["suspend"] is False
