@@ -46,12 +46,13 @@ def is_sqlite(engine: AsyncEngine) -> bool:
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-    # WAL + synchronous=NORMAL: a committed transaction survives a crash of our process
-    # (the kill -9 tests); only a power loss may drop the last commits. busy_timeout lets
-    # a second process (CLI ack, report) wait for the writer instead of failing.
+    # WAL + synchronous=FULL: a transaction is on disk when COMMIT returns, so a 200 means
+    # the alerts survive a crash of the process (the kill -9 tests) and of the machine.
+    # Group commit keeps this cheap: one fsync per batch of webhooks, not per alert.
+    # busy_timeout lets a second process (CLI export, report) wait instead of failing.
     cursor = dbapi_conn.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA synchronous=FULL")
     cursor.execute("PRAGMA busy_timeout=10000")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
