@@ -213,7 +213,7 @@ def pod(name: str, job: str, node: str, phase: str = "Running",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": NS, "labels": labels or {"job": job}},
         "spec": {"nodeName": node, "containers": [
-            {"name": "trainer", "image": "trainer:1", "ports": [{"containerPort": 9464}]}]},
+            {"name": "trainer", "image": "trainer:1", "ports": [{"containerPort": 9401}]}]},
         "status": {"phase": phase},
     }
 

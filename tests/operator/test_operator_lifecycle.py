@@ -82,7 +82,7 @@ async def test_create_renders_valid_owned_children_and_status(
     pod_regex = groups["trainsentry-membership-team-a-llm"]["rules"][0]["expr"]
     assert 'pod=~"llm\\\\-0|llm\\\\-1"' in pod_regex
     assert monitor["spec"]["selector"] == {"matchLabels": {"job": "llm"}}
-    assert monitor["spec"]["podMetricsEndpoints"][0]["portNumber"] == 9464
+    assert [e["portNumber"] for e in monitor["spec"]["podMetricsEndpoints"]] == [9401]
 
     status = live(cluster, TJ, "llm")["status"]
     assert status["ranks"] == {"expected": 2, "running": 2}

@@ -118,6 +118,15 @@ def test_dashboard_is_pinned_to_the_job(sources: Sources) -> None:
     assert values == {"namespace": "team-a", "trainingjob": "llm", "node": None}
 
 
+def test_one_scrape_endpoint_per_local_rank(sources: Sources) -> None:
+    rendered = render_children(JOB, spec(ranksPerPod=8), sources.rule_files, (), ["a"])
+    endpoints = rendered.manifests[1]["spec"]["podMetricsEndpoints"]
+    assert [e["portNumber"] for e in endpoints] == list(range(9401, 9409))
+    assert all(e["relabelings"][1]["replacement"] == "llm" for e in endpoints)
+    with pytest.raises(ValueError, match="port"):
+        spec(ranksPerPod=8, probe={"port": 65530})
+
+
 def test_label_selector_string() -> None:
     selector = LabelSelector.model_validate({
         "matchLabels": {"b": "2", "a": "1"},

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from trainsentry.operator import discovery, nodes, status
 from trainsentry.operator.kube import BY_KIND, NODES, PODS, TRAININGJOBS, Kube, KubeError
 from trainsentry.operator.render import (
     DashboardFile,
+    Rendered,
     RuleFile,
     child_names,
     hang_alert_names,
@@ -34,18 +36,35 @@ log = logging.getLogger(__name__)
 # (type "Normal" | "Warning", reason, message) → posts a Kubernetes Event on the TrainingJob.
 Emit = Callable[[str, str, str], None]
 NODE_CONFLICT_RETRIES = 8
+RENDER_CACHE_SIZE = 2048  # renders kept (one per job and spec/pods version)
 
 
 @dataclass(frozen=True)
 class Sources:
-    """Rule files and dashboards, loaded once at startup."""
+    """Rule files and dashboards, loaded once at startup, and the renders made from them."""
 
     rule_files: tuple[RuleFile, ...]
     dashboards: tuple[DashboardFile, ...]
+    _cache: OrderedDict[Hashable, Rendered] = field(default_factory=OrderedDict, repr=False,
+                                                    compare=False)
 
     @property
     def hang_alerts(self) -> frozenset[str]:
         return hang_alert_names(self.rule_files)
+
+    def render(self, job: JobIdentity, spec: TrainingJobSpec, pod_names: list[str]) -> Rendered:
+        """render_children, remembered: a resync of an unchanged job renders nothing."""
+        pods = () if spec.workloadRef is not None else tuple(sorted(pod_names))
+        key = (job.uid, job.name, job.namespace, spec.model_dump_json(), pods)
+        cached = self._cache.get(key)
+        if cached is None:
+            cached = render_children(job, spec, self.rule_files, self.dashboards, pod_names)
+            self._cache[key] = cached
+            if len(self._cache) > RENDER_CACHE_SIZE:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return cached
 
 
 def load_sources(rules_dir: Path, dashboards_dir: Path) -> Sources:
@@ -84,11 +103,11 @@ def child_patch(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> dict
             patch[key] = merge_diff(existing.get(key), value)
     old_meta, new_meta = existing.get("metadata") or {}, desired.get("metadata") or {}
     meta_patch: dict[str, Any] = {}
-    for field in ("labels", "annotations"):
-        changed = {k: v for k, v in (new_meta.get(field) or {}).items()
-                   if (old_meta.get(field) or {}).get(k) != v}
+    for section in ("labels", "annotations"):
+        changed = {k: v for k, v in (new_meta.get(section) or {}).items()
+                   if (old_meta.get(section) or {}).get(k) != v}
         if changed:
-            meta_patch[field] = changed
+            meta_patch[section] = changed
     if old_meta.get("ownerReferences") != new_meta.get("ownerReferences"):
         meta_patch["ownerReferences"] = new_meta.get("ownerReferences")
     if meta_patch:
@@ -206,8 +225,7 @@ async def reconcile(kube: Kube, body: Mapping[str, Any], sources: Sources, emit:
 
     pods = await kube.list(PODS, job.namespace, spec.pod_selector().as_string())
     summary = status.PodSummary.of(pods)
-    rendered = render_children(job, spec, sources.rule_files, sources.dashboards,
-                               [pod["metadata"]["name"] for pod in pods])
+    rendered = sources.render(job, spec, [pod["metadata"]["name"] for pod in pods])
     if rendered.unknown_thresholds:
         emit("Warning", "UnknownThreshold",
              f"no rule declares thresholds: {', '.join(rendered.unknown_thresholds)}")

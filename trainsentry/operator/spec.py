@@ -21,7 +21,7 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "trainsentry-operator"}
 JOB_LABEL = "trainsentry.io/trainingjob"
 MONITOR_ANNOTATION = "trainsentry.io/monitor"  # opt-in discovery on PyTorchJob / Volcano Job
 
-DEFAULT_PROBE_PORT = 9464
+DEFAULT_PROBE_PORT = 9401  # the probe: base port, a rank listens on base + LOCAL_RANK
 DEFAULT_PROBE_PATH = "/metrics"
 
 # How a workload's pods are labelled, by workload kind.
@@ -144,6 +144,8 @@ class TrainingJobSpec(_Model):
     def _one_way_to_find_pods(self) -> TrainingJobSpec:
         if (self.selector is None) == (self.workloadRef is None):
             raise ValueError("set exactly one of spec.selector and spec.workloadRef")
+        if self.probe.port + self.ranksPerPod - 1 > 65535:
+            raise ValueError("probe.port + ranksPerPod - 1 must be a port (<= 65535)")
         return self
 
     def pod_selector(self) -> LabelSelector:
