@@ -48,9 +48,13 @@ def helm_binary() -> str:
 
 @functools.cache
 def _helm_home() -> Path:
+    import atexit
+    import shutil
     import tempfile
 
-    return Path(tempfile.mkdtemp(prefix="trainsentry-helm-"))
+    home = Path(tempfile.mkdtemp(prefix="trainsentry-helm-"))
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    return home
 
 
 def helm(*args: str) -> str:
