@@ -188,3 +188,32 @@ async def test_unknown_resources_and_objects_are_404(emu: KubeEmulator) -> None:
     assert (await call(emu, "GET", "/apis/kubeflow.org/v1/namespaces/ns1/pytorchjobs"))[0] == 404
     assert (await call(emu, "GET", f"{CM}/missing"))[0] == 404
     assert (await call(emu, "DELETE", f"{CM}/missing"))[0] == 404
+
+
+async def test_validator_hook_rejects_with_422(emu: KubeEmulator) -> None:
+    seen: list[str] = []
+
+    def validator(raw: dict[str, Any]) -> None:
+        seen.append(f"{raw['apiVersion']}/{raw['kind']}")
+        if "bad" in raw.get("data", {}):
+            raise ValueError("bad data")
+
+    emu.validator = validator
+    status, _ = await call(emu, "POST", CM, {"metadata": {"name": "ok"}, "data": {}})
+    assert status == 201 and seen == ["v1/ConfigMap"]  # kind/apiVersion filled in, as a server
+    status, err = await call(emu, "POST", CM, {"metadata": {"name": "no"}, "data": {"bad": "1"}})
+    assert status == 422 and "bad data" in err["message"]
+    status, _ = await call(emu, "PATCH", f"{CM}/ok", {"data": {"bad": "1"}})
+    assert status == 422
+    assert emu.get_live("v1/configmaps", "ns1", "ok")["data"] == {}
+    assert emu.get_live("v1/configmaps", "ns1", "no") is None
+
+
+async def test_calls_can_be_told_apart_by_user_agent(emu: KubeEmulator) -> None:
+    await call(emu, "GET", CM)  # the tests' own client: kmock/...
+    async with emu.get("/api/v1/nodes", headers={"User-Agent": "operator/1"}):
+        pass
+    assert emu.recorded_calls() == {ApiCall("list", "", "configmaps"),
+                                    ApiCall("list", "", "nodes")}
+    assert emu.recorded_calls(exclude_agent="kmock/") == {ApiCall("list", "", "nodes")}
+    assert emu.agents[1] == "operator/1"
