@@ -74,13 +74,15 @@ class WebhookChannelSettings(BaseModel):
 
 
 class Settings(BaseModel):
-    """All of trainsentry's settings. `channels` is validated by notifiers/settings.py."""
+    """All of trainsentry's settings. `channels` and `reports` are validated by their own
+    modules (notifiers/settings.py, reports/settings.py) when those parts start."""
 
     model_config = ConfigDict(extra="forbid")
 
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     webhooks: dict[str, WebhookChannelSettings] = Field(default_factory=dict)
     channels: dict[str, Any] = Field(default_factory=dict)
+    reports: dict[str, Any] = Field(default_factory=dict)  # validated by reports/settings.py
 
 
 # Environment variables that map onto settings (non-secret and secret).

@@ -20,6 +20,7 @@ from trainsentry.demo.previews import CallPreview, CardPreview, PreviewLog, Shee
 from trainsentry.gateway.app import GATEWAY_KEY, WEBHOOK_PATH, Gateway, create_app
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
+from trainsentry.reports.delivery import write_preview as write_report_preview
 from trainsentry.store.queries import counts
 
 ON_CALL = "+86 138-0000-0000 (demo on-call, layer 1)"
@@ -46,7 +47,9 @@ def _prepare(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name in ("cards",):
         shutil.rmtree(out / name, ignore_errors=True)
-    for name in ("demo.db", "demo.db-wal", "demo.db-shm", "console.jsonl", "index.html"):
+    for name in (
+        "demo.db", "demo.db-wal", "demo.db-shm", "console.jsonl", "index.html", "report.html"
+    ):  # fmt: skip
         (out / name).unlink(missing_ok=True)
 
 
@@ -92,6 +95,7 @@ async def run_demo(out: Path) -> dict[str, Any]:
         await _settle(gateway)
         async with gateway.engine.connect() as conn:
             totals = await counts(conn)
+        await write_report_preview(gateway.engine, out / "report.html", now=clock())
     finally:
         await runner.cleanup()
 
@@ -115,6 +119,7 @@ async def run_demo(out: Path) -> dict[str, Any]:
         "sheet": str(out / "sheet.csv"),
         "calls": str(out / "calls.jsonl"),
         "console": str(out / "console.jsonl"),
+        "report": str(out / "report.html"),
         "store": str(out / "demo.db"),
     }
     return summary

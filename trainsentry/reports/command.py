@@ -89,34 +89,11 @@ def _now(text: str | None) -> datetime:
 
 
 def _settings_and_reports(config: Path | None, db: str | None) -> tuple[Any, dict[str, Any]]:
-    """(Settings, the raw `reports:` section). Until config.Settings has a `reports` field,
-    the section is read here and the rest of the file goes through load_settings as usual."""
-    import os
-    import tempfile
+    """(Settings, the raw `reports:` section)."""
+    from trainsentry.config import load_settings
 
-    import yaml
-
-    from trainsentry.config import ConfigError, Settings, load_settings
-
-    overrides = {"gateway": {"db": db}}
-    env_path = os.environ.get("TRAINSENTRY_CONFIG")
-    path = config or (Path(env_path) if env_path else None)
-    if path is None or "reports" in Settings.model_fields:
-        settings = load_settings(path, overrides=overrides)
-        return settings, dict(getattr(settings, "reports", None) or {})
-    try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"config file {path} must hold a mapping at the top")
-    reports = loaded.pop("reports", None) or {}
-    if not isinstance(reports, dict):
-        raise ConfigError(f"{path}: reports must be a mapping")
-    with tempfile.TemporaryDirectory(prefix="trainsentry-report-") as folder:
-        rest = Path(folder) / path.name
-        rest.write_text(yaml.safe_dump(loaded), encoding="utf-8")
-        return load_settings(rest, overrides=overrides), reports
+    settings = load_settings(config, overrides={"gateway": {"db": db}})
+    return settings, dict(settings.reports)
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
