@@ -30,8 +30,9 @@ class GatewaySettings(BaseModel):
     alertmanager_url: str | None = None
     policy_file: Path | None = None
     # A firing alert whose endsAt passed and that no webhook mentioned for this long is
-    # resolved as expired. Keep it above Alertmanager's repeat_interval (default 4h).
-    stale_after_seconds: float = Field(default=4.5 * 3600, gt=0)
+    # resolved as expired. Keep it above the longest Alertmanager repeat_interval of the routes
+    # that reach the gateway (the shipped routes repeat P3 every 24 h).
+    stale_after_seconds: float = Field(default=24.5 * 3600, gt=0)
     # Secrets: from the environment only.
     webhook_token: SecretStr | None = Field(default=None, exclude=True)
     api_token: SecretStr | None = Field(default=None, exclude=True)

@@ -247,7 +247,7 @@ class Ticker:
         plan: PolicyPlan,
         *,
         interval: float = 1.0,
-        stale_after: float = 4.5 * 3600,
+        stale_after: float = 24.5 * 3600,
         on_drafts: Any = None,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
