@@ -74,6 +74,7 @@ def read_trace(
     topology: Topology | None = None,
     progress: Callable[[int, int], None] | None = None,
     total: int | None = None,
+    workers: int | None = None,
 ) -> Trace:
     done = 0
     count = total if total is not None else len(files)
@@ -95,6 +96,6 @@ def read_trace(
     else:
         from trainsentry.diagnostics.readers.flight_recorder import read_flight_recorder
 
-        trace = read_flight_recorder(files, on_file=tick)
+        trace = read_flight_recorder(files, on_file=tick, workers=workers)
     trace.topology = topology
     return trace

@@ -25,10 +25,13 @@ import operator
 import os
 import pickle
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from trainsentry.diagnostics.model import (
     P2P_OPS,
@@ -177,14 +180,37 @@ def _peer_local(op: str, meta: str | None) -> int | None:
 
 @dataclass
 class PgColumns:
-    """One rank's entries of one process group, as columns (signature ids interned)."""
+    """One rank's entries of one process group as rows
+    (seq, time_ns, signature id, state, is_p2p, group-local peer)."""
 
-    seq: list[int] = field(default_factory=list)
-    time_ns: list[int] = field(default_factory=list)
-    signature: list[int] = field(default_factory=list)
-    state: list[int] = field(default_factory=list)
-    is_p2p: list[bool] = field(default_factory=list)
-    peer_local: list[int] = field(default_factory=list)
+    rows: list[tuple[int, int, int, int, bool, int]] = field(default_factory=list)
+
+    def to_arrays(self) -> PgArrays:
+        if not self.rows:
+            empty = np.empty(0, dtype=np.int64)
+            return PgArrays(empty, empty, empty, empty.astype(np.int8), empty.astype(bool),
+                            empty)
+        seq, time_ns, signature, state, is_p2p, peer = zip(*self.rows, strict=True)
+        return PgArrays(
+            seq=np.asarray(seq, dtype=np.int64),
+            time_ns=np.asarray(time_ns, dtype=np.int64),
+            signature=np.asarray(signature, dtype=np.int64),
+            state=np.asarray(state, dtype=np.int8),
+            is_p2p=np.asarray(is_p2p, dtype=bool),
+            peer_local=np.asarray(peer, dtype=np.int64),
+        )
+
+
+@dataclass
+class PgArrays:
+    """The same columns frozen into numpy arrays (cheap to keep and to send between processes)."""
+
+    seq: np.ndarray
+    time_ns: np.ndarray
+    signature: np.ndarray
+    state: np.ndarray
+    is_p2p: np.ndarray
+    peer_local: np.ndarray
 
 
 @dataclass
@@ -194,11 +220,12 @@ class RankDump:
     rank: int
     path: str
     version: tuple[int, int]
-    by_pg: dict[str, PgColumns]
+    by_pg: dict[str, PgArrays]
     pg_desc: dict[str, str]
     pg_ranks: dict[str, tuple[int, ...]]
     last_enqueued: dict[str, int]
     latest_ns: int
+    index: int = -1  # position in the caller's input list
 
 
 class SignatureCache:
@@ -208,6 +235,8 @@ class SignatureCache:
         self.table = table
         self.ids: dict[str, int] = {}
         self.names: dict[str, tuple[str, int]] = {}
+        #: repr of (profiling_name, sizes, dtypes) -> (signature id, group-local peer)
+        self.by_raw: dict[str, tuple[int, int]] = {}
 
     def name(self, profiling_name: str) -> tuple[str, int]:
         found = self.names.get(profiling_name)
@@ -265,15 +294,11 @@ def _parse_entry_slowly(
         seq = entry.get("seq_id")
     if not isinstance(seq, int):
         raise FlightRecorderError(f"{source}: entry without a sequence number")
-    columns.seq.append(seq)
     created = entry.get("time_created_ns")
-    columns.time_ns.append(created if isinstance(created, int) else 0)
-    columns.signature.append(cache.signature(entry, op))
     state = State.COMPLETED if entry.get("retired") is True else _STATES.get(
         str(entry.get("state")), State.SCHEDULED)
-    columns.state.append(int(state))
-    columns.is_p2p.append(bool(is_p2p))
-    columns.peer_local.append(peer)
+    columns.rows.append((seq, created if isinstance(created, int) else 0,
+                         cache.signature(entry, op), int(state), bool(is_p2p), peer))
 
 
 def parse_dump(
@@ -292,38 +317,42 @@ def parse_dump(
     latest = 0
     entries = dump["entries"]
     fast = _FAST_FIELDS
+    known = cache.by_raw
+    last_name: Any = None
+    rows: list[tuple[int, int, int, int, bool, int]] = []
     for entry in entries:
         try:
             (pg, profiling_name, is_p2p, collective_seq, p2p_seq, created, state, retired,
              inputs, outputs, in_dtypes, out_dtypes) = fast(entry)
         except (KeyError, TypeError):
             _parse_entry_slowly(entry, source, cache, by_pg, pg_desc, pg_id_to_name)
+            last_name = None
             continue
         seq = p2p_seq if is_p2p else collective_seq
         if seq.__class__ is not int:
             _parse_entry_slowly(entry, source, cache, by_pg, pg_desc, pg_id_to_name)
+            last_name = None
             continue
-        pg_name = pg[0]
-        columns = by_pg.get(pg_name)
-        if columns is None:
-            pg_name = str(pg_name)
-            columns = by_pg[pg_name] = PgColumns()
-            pg_desc[pg_name] = str(pg[1]) if len(pg) > 1 else ""
-            pg_id_to_name[str(entry.get("pg_id"))] = pg_name
-        op, peer = cache.name(profiling_name)
-        columns.seq.append(seq)
-        columns.time_ns.append(created or 0)
-        key = repr((op, inputs, outputs, in_dtypes, out_dtypes))
-        sig_id = cache.ids.get(key)
-        if sig_id is None:
-            sig_id = cache.signature(entry, op)
-        columns.signature.append(sig_id)
-        columns.state.append(completed if retired is True else states.get(state, scheduled))
-        columns.is_p2p.append(is_p2p)
-        columns.peer_local.append(peer)
+        if pg[0] != last_name:
+            last_name = pg[0]
+            columns = by_pg.get(str(last_name))
+            if columns is None:
+                pg_name = str(last_name)
+                columns = by_pg[pg_name] = PgColumns()
+                pg_desc[pg_name] = str(pg[1]) if len(pg) > 1 else ""
+                pg_id_to_name[str(entry.get("pg_id"))] = pg_name
+            rows = columns.rows
+        raw = repr((profiling_name, inputs, outputs, in_dtypes, out_dtypes))
+        found = known.get(raw)
+        if found is None:
+            op, peer = cache.name(str(profiling_name))
+            found = known[raw] = (cache.signature(entry, op), peer)
+        rows.append((seq, created or 0, found[0],
+                     completed if retired is True else states.get(state, scheduled),
+                     bool(is_p2p), found[1]))
     for columns in by_pg.values():
-        if columns.time_ns:
-            latest = max(latest, max(columns.time_ns))
+        if columns.rows:
+            latest = max(latest, max(row[1] for row in columns.rows))
     for entry in entries[-32:]:
         for key in ("time_discovered_completed_ns", "time_discovered_started_ns"):
             t = entry.get(key)
@@ -350,7 +379,8 @@ def parse_dump(
                 last_enqueued[name] = int(value.get("last_enqueued_collective", -1))
             except (TypeError, ValueError):
                 continue
-    return RankDump(rank, source, version, by_pg, pg_desc, pg_ranks, last_enqueued, latest)
+    arrays = {name: columns.to_arrays() for name, columns in by_pg.items()}
+    return RankDump(rank, source, version, arrays, pg_desc, pg_ranks, last_enqueued, latest)
 
 
 def _coalesced_signature(table: SignatureTable, ids: list[int]) -> int:
@@ -359,32 +389,35 @@ def _coalesced_signature(table: SignatureTable, ids: list[int]) -> int:
 
 
 def _build_stream(
-    rank: int, comm_id: str, columns: PgColumns, picks: list[int], is_p2p: bool,
+    rank: int, comm_id: str, columns: PgArrays, picks: np.ndarray, is_p2p: bool,
     comm_ranks: tuple[int, ...], table: SignatureTable, last_enqueued: int,
 ) -> Stream:
-    seq = [columns.seq[i] for i in picks]
-    if not is_p2p and len(set(seq)) != len(seq):
+    seq = columns.seq[picks]
+    sigs = columns.signature[picks]
+    states = columns.state[picks]
+    times = columns.time_ns[picks]
+    if not is_p2p and len(np.unique(seq)) != len(seq):
         # A coalesced group: entries sharing one sequence number become one event.
         merged: dict[int, list[int]] = {}
-        for i in picks:
-            merged.setdefault(columns.seq[i], []).append(i)
-        picks = [group[0] for group in merged.values()]
-        sigs = [columns.signature[g[0]] if len(g) == 1
-                else _coalesced_signature(table, [columns.signature[i] for i in g])
-                for g in merged.values()]
-        states = [min(columns.state[i] for i in g) for g in merged.values()]
-        seq = list(merged)
-    else:
-        sigs = [columns.signature[i] for i in picks]
-        states = [columns.state[i] for i in picks]
-    peers: list[int] = []
+        for i, value in enumerate(seq.tolist()):
+            merged.setdefault(value, []).append(i)
+        firsts = [group[0] for group in merged.values()]
+        sigs = np.asarray([int(sigs[g[0]]) if len(g) == 1
+                           else _coalesced_signature(table, [int(sigs[i]) for i in g])
+                           for g in merged.values()], dtype=np.int64)
+        states = np.asarray([min(int(states[i]) for i in g) for g in merged.values()],
+                            dtype=np.int8)
+        times = times[firsts]
+        seq = np.asarray(list(merged), dtype=np.int64)
+    peers = None
     if is_p2p:
-        for i in picks:
-            local = columns.peer_local[i]
-            peers.append(comm_ranks[local] if 0 <= local < len(comm_ranks) else -1)
-    stream = make_stream(rank, comm_id, seq, [columns.time_ns[i] for i in picks], sigs,
-                         State.SCHEDULED, is_p2p, states=states,
-                         peers=peers if is_p2p else None)
+        lookup = np.asarray(comm_ranks, dtype=np.int64)
+        local = columns.peer_local[picks]
+        valid = (local >= 0) & (local < len(lookup))
+        peers = np.where(valid, lookup[np.clip(local, 0, max(len(lookup) - 1, 0))]
+                         if len(lookup) else -1, -1).tolist()
+    stream = make_stream(rank, comm_id, seq.tolist(), times.tolist(), sigs.tolist(),
+                         State.SCHEDULED, is_p2p, states=states.tolist(), peers=peers)
     stream.last_enqueued = last_enqueued
     return stream
 
@@ -420,17 +453,14 @@ def join_dumps(dumps: list[RankDump], trace: Trace) -> Trace:
     for d in dumps:
         for pg, columns in d.by_pg.items():
             comm_ranks = trace.communicators[pg].ranks
-            if any(columns.is_p2p):
-                collective_picks = [i for i, p in enumerate(columns.is_p2p) if not p]
-                p2p_picks = [i for i, p in enumerate(columns.is_p2p) if p]
-            else:
-                collective_picks, p2p_picks = list(range(len(columns.seq))), []
-            if collective_picks:
+            collective_picks = np.nonzero(~columns.is_p2p)[0]
+            p2p_picks = np.nonzero(columns.is_p2p)[0]
+            if len(collective_picks):
                 stream = _build_stream(d.rank, pg, columns, collective_picks, False, comm_ranks,
                                        table, d.last_enqueued.get(pg, -1))
                 trace.streams[(pg, d.rank)] = stream
                 trace.gaps.extend(find_gaps(stream))
-            if p2p_picks:
+            if len(p2p_picks):
                 comm_id = f"{pg}/p2p"
                 if comm_id not in trace.communicators:
                     base = trace.communicators[pg]
@@ -455,53 +485,157 @@ def looks_like_flight_recorder(head: bytes) -> bool:
                                    or b"version" in head)
 
 
-def read_flight_recorder(
-    paths: list[Path], on_file: Callable[[], None] | None = None
-) -> Trace:
-    """Read one dump per rank; a bad file becomes an `InputError`, the others are analysed."""
+PARALLEL_MIN_FILES = 64
+PARALLEL_MIN_BYTES = 32 * 2**20
+_CHUNKS_PER_WORKER = 4
+
+
+@dataclass
+class _ChunkResult:
+    dumps: list[RankDump]
+    signatures: list[OpSignature]
+    errors: list[tuple[int, str]]  # (index in the input list, message)
+    notes: list[str]
+    done: int
+
+
+def _read_one(path: Path, rank: int, cache: SignatureCache) -> RankDump:
+    data = path.read_bytes()
+    decoded = decode_dump(data, str(path))
+    try:
+        dump = parse_dump(decoded, rank, str(path), cache)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        if isinstance(exc, FlightRecorderError):
+            raise
+        raise FlightRecorderError(f"{path}: unexpected entry structure ({exc!r})") from exc
+    dump.latest_ns = max(dump.latest_ns, os.stat(path).st_mtime_ns)
+    return dump
+
+
+def _read_chunk(
+    items: list[tuple[int, str, int]], on_file: Callable[[], None] | None = None
+) -> _ChunkResult:
+    """Read (index, path, rank) items with a private signature table (runs in workers too)."""
     # Dumps are millions of small containers that die by refcount right after parsing;
     # letting the cyclic GC rescan them every few thousand allocations costs ~40 %.
     was_enabled = gc.isenabled()
     gc.disable()
+    table = SignatureTable()
+    cache = SignatureCache(table)
+    result = _ChunkResult([], [], [], [], 0)
     try:
-        return _read_flight_recorder(paths, on_file)
+        for index, name, rank in items:
+            path = Path(name)
+            try:
+                dump = _read_one(path, rank, cache)
+                dump.index = index
+                result.dumps.append(dump)
+                if dump.version[1] > MAX_KNOWN_MINOR:
+                    result.notes.append(
+                        f"{path}: version {dump.version[0]}.{dump.version[1]} is newer than "
+                        f"{SUPPORTED_MAJOR}.{MAX_KNOWN_MINOR}; read anyway")
+            except (OSError, FlightRecorderError) as exc:
+                result.errors.append((index, str(exc)))
+            result.done += 1
+            if on_file is not None:
+                on_file()
     finally:
         if was_enabled:
             gc.enable()
+    result.signatures = [table[i] for i in range(len(table))]
+    return result
 
 
-def _read_flight_recorder(paths: list[Path], on_file: Callable[[], None] | None) -> Trace:
+def _worker_count(paths: list[Path], requested: int | None) -> int:
+    if requested is not None:
+        return max(1, requested)
+    if len(paths) < PARALLEL_MIN_FILES:
+        return 1
+    try:
+        total = sum(p.stat().st_size for p in paths)
+    except OSError:
+        return 1
+    if total < PARALLEL_MIN_BYTES:
+        return 1
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+def _read_in_workers(
+    items: list[tuple[int, str, int]], count: int, on_file: Callable[[], None] | None
+) -> list[_ChunkResult]:
+    """Fork workers (only from a single-threaded caller: forking a threaded server is unsafe,
+    and spawn would re-import the caller's __main__)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    size = max(1, -(-len(items) // (count * _CHUNKS_PER_WORKER)))
+    chunks = [items[i:i + size] for i in range(0, len(items), size)]
+    results: list[_ChunkResult] = []
+    try:
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=count, mp_context=context) as pool:
+            for future in as_completed([pool.submit(_read_chunk, chunk) for chunk in chunks]):
+                result = future.result()
+                results.append(result)
+                if on_file is not None:
+                    for _ in range(result.done):
+                        on_file()
+    except (BrokenProcessPool, OSError):
+        done = {index for result in results for index in _indices(result)}
+        rest = [item for item in items if item[0] not in done]
+        results.append(_read_chunk(rest, on_file))
+    return results
+
+
+def _indices(result: _ChunkResult) -> set[int]:
+    return {index for index, _ in result.errors} | {d.index for d in result.dumps}
+
+
+def read_flight_recorder(
+    paths: list[Path], on_file: Callable[[], None] | None = None, workers: int | None = None
+) -> Trace:
+    """Read one dump per rank; a bad file becomes an `InputError`, the others are analysed.
+
+    Large inputs are parsed in `workers` processes (default: one per CPU, up to 8, from 64
+    files and 32 MB on); each returns numpy columns and its own signature table, which we
+    merge here.
+    """
     trace = Trace(format="fr")
     ranks = infer_rank_names(paths)
-    dumps: list[RankDump] = []
-    cache = SignatureCache(trace.signatures)
     seen_ranks: dict[int, str] = {}
-    for path in paths:
+    items: list[tuple[int, str, int]] = []
+    messages: dict[int, str] = {}
+    for index, path in enumerate(paths):
         trace.inputs.append(str(path))
-        try:
-            rank = ranks.get(path)
-            if rank is None:
-                raise FlightRecorderError(f"{path}: cannot tell the rank from the file name")
-            if rank in seen_ranks:
-                raise FlightRecorderError(f"{path}: rank {rank} already read from "
-                                          f"{seen_ranks[rank]}")
-            data = path.read_bytes()
-            decoded = decode_dump(data, str(path))
-            try:
-                dump = parse_dump(decoded, rank, str(path), cache)
-            except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
-                if isinstance(exc, FlightRecorderError):
-                    raise
-                raise FlightRecorderError(f"{path}: unexpected entry structure ({exc!r})") from exc
-            mtime = os.stat(path).st_mtime_ns
-            dump.latest_ns = max(dump.latest_ns, mtime)
-            dumps.append(dump)
+        rank = ranks.get(path)
+        if rank is None:
+            messages[index] = f"{path}: cannot tell the rank from the file name"
+        elif rank in seen_ranks:
+            messages[index] = f"{path}: rank {rank} already read from {seen_ranks[rank]}"
+        else:
             seen_ranks[rank] = str(path)
-            if dump.version[1] > MAX_KNOWN_MINOR:
-                trace.notes.append(f"{path}: version {dump.version[0]}.{dump.version[1]} is "
-                                   f"newer than {SUPPORTED_MAJOR}.{MAX_KNOWN_MINOR}; read anyway")
-        except (OSError, FlightRecorderError) as exc:
-            trace.errors.append(InputError(str(path), str(exc)))
+            items.append((index, str(path), rank))
+            continue
         if on_file is not None:
             on_file()
+    count = _worker_count([Path(p) for _, p, _ in items], workers)
+    results: list[_ChunkResult] = []
+    if count > 1 and threading.active_count() == 1:
+        results = _read_in_workers(items, count, on_file)
+    else:
+        results.append(_read_chunk(items, on_file))
+    dumps: list[RankDump] = []
+    for chunk_result in results:
+        remap = np.asarray([trace.signatures.intern(sig) for sig in chunk_result.signatures]
+                           or [0], dtype=np.int64)
+        for dump in chunk_result.dumps:
+            for columns in dump.by_pg.values():
+                columns.signature = remap[columns.signature]
+            dumps.append(dump)
+        messages.update(dict(chunk_result.errors))
+        trace.notes.extend(chunk_result.notes)
+    for index in sorted(messages):
+        trace.errors.append(InputError(str(paths[index]), messages[index]))
+    dumps.sort(key=lambda d: d.rank)
     return join_dumps(dumps, trace)
