@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainsentry.probe.progress import ProgressTracker, op_name, parse_dump
+from trainsentry.probe.progress import (
+    FrSnapshot,
+    InFlight,
+    ProgressTracker,
+    merge,
+    op_name,
+    parse_dump,
+)
 
 T0 = 1_795_312_280_000_000_000  # ns since the epoch
 
@@ -86,22 +93,57 @@ def test_garbage_is_tolerated() -> None:
     assert snap.entries == 1
 
 
-def test_tracker_seconds_since_completion_and_wait_time() -> None:
+def test_tracker_seconds_since_completion_and_sampled_wait_time() -> None:
     tracker = ProgressTracker(started_s=0.0)
     moving = {"entries": [entry(1)], "pg_status": {"0": status(1, 1)}}
     stuck = {"entries": [entry(1), entry(2, retired=False)], "pg_status": {"0": status(2, 1)}}
 
     r = tracker.update(parse_dump(moving, T0 + 10**9), now_s=100.0)["0"]
     assert r.seconds_since_completion == 0.0 and r.wait_seconds_total == 0.0
-    # Stuck from t=100 on: the age of the in-flight op bounds the sampled wait.
+    # A poll that finds a collective in flight counts the whole gap as waiting.
     r = tracker.update(parse_dump(stuck, T0 + 2_000_000 + 3 * 10**9), now_s=104.0)["0"]
     assert r.seconds_since_completion == 4.0
-    assert abs(r.wait_seconds_total - 3.0) < 1e-6
+    assert r.wait_seconds_total == 4.0
     r = tracker.update(parse_dump(stuck, T0 + 2_000_000 + 13 * 10**9), now_s=114.0)["0"]
     assert r.seconds_since_completion == 14.0
-    assert abs(r.wait_seconds_total - 13.0) < 1e-6
+    assert r.wait_seconds_total == 14.0
+    assert r.progress.in_flight is not None and r.progress.in_flight.op == "all_reduce"
     done = {"entries": [entry(1), entry(2)], "pg_status": {"0": status(2, 2)}}
     r = tracker.update(parse_dump(done, T0 + 14 * 10**9), now_s=115.0)["0"]
+    assert r.seconds_since_completion == 0.0 and r.wait_seconds_total == 14.0
+    assert r.progress.in_flight is None
+
+
+def test_status_only_polls_ask_for_one_full_dump_when_stuck() -> None:
+    tracker = ProgressTracker(started_s=0.0)
+
+    def status_only(enq: int, done: int) -> FrSnapshot:
+        return parse_dump({"pg_status": {"0": status(enq, done)}}, T0, {"0": "tp-3"})
+
+    snap = status_only(5, 4)
+    assert snap.entries == -1 and snap.groups["0"].desc == "tp-3"
+    assert tracker.stuck(snap) == []  # first sight: may finish within ms
+    r = tracker.update(snap, now_s=10.0)["0"]
+    assert r.progress.in_flight == InFlight("unknown", 5, 0.0)
+    snap = status_only(5, 4)
+    assert tracker.stuck(snap) == ["0"]  # same collective a poll later: worth a full dump
+    full = parse_dump(
+        {"entries": [entry(5, retired=False, desc="tp-3")], "pg_status": {"0": status(5, 4)}},
+        T0 + 5_000_000 + 7 * 10**9,
+    )
+    r = tracker.update(merge(snap, full, ["0"]), now_s=12.0)["0"]
+    assert r.progress.in_flight is not None
+    assert r.progress.in_flight.op == "all_reduce"
+    assert abs(r.progress.in_flight.age_seconds - 7.0) < 1e-6
+    # Later status-only polls keep the op and keep ageing, without more full dumps.
+    snap = status_only(5, 4)
+    assert tracker.stuck(snap) == []
+    r = tracker.update(snap, now_s=14.0)["0"]
+    assert r.progress.in_flight is not None and r.progress.in_flight.op == "all_reduce"
+    assert abs(r.progress.in_flight.age_seconds - 9.0) < 1e-6
+    # A different collective in flight starts over.
+    r = tracker.update(status_only(6, 5), now_s=16.0)["0"]
+    assert r.progress.in_flight == InFlight("unknown", 6, 0.0)
     assert r.seconds_since_completion == 0.0
 
 

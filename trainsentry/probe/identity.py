@@ -42,6 +42,9 @@ class ProbeConfig:
     bind: str = "0.0.0.0"
     port: int = DEFAULT_PORT  # this rank's port (base + LOCAL_RANK unless the base is 0)
     interval_s: float = DEFAULT_INTERVAL_S
+    # Full Flight Recorder dump on every poll (for collective durations). The dump holds
+    # the GIL for tens of ms with a full buffer, so it is off by default.
+    full_dumps: bool = False
     ras: str = "auto"  # "auto" (rank 0 with NCCL), "1" (rank 0 always), "0" (never)
     ras_addr: str = "127.0.0.1:28028"
     ras_interval_s: float = DEFAULT_RAS_INTERVAL_S
@@ -81,6 +84,8 @@ def config_from_env(env: Mapping[str, str] | None = None) -> ProbeConfig:
         bind=env.get("TRAINSENTRY_PROBE_BIND", "0.0.0.0") or "0.0.0.0",
         port=base_port + local_rank if base_port > 0 else 0,
         interval_s=_float(env, "TRAINSENTRY_PROBE_INTERVAL", DEFAULT_INTERVAL_S),
+        full_dumps=env.get("TRAINSENTRY_PROBE_FULL_DUMPS", "").strip().lower()
+        in {"1", "true", "yes", "on"},
         ras=ras if ras in {"auto", "0", "1"} else "auto",
         ras_addr=env.get("NCCL_RAS_ADDR", "127.0.0.1:28028") or "127.0.0.1:28028",
         ras_interval_s=_float(env, "TRAINSENTRY_PROBE_RAS_INTERVAL", DEFAULT_RAS_INTERVAL_S),

@@ -100,7 +100,8 @@ class ProbeMetrics:
         now = time.time()
         self.healthy.labels(**self._base).set(1)
         self.last_poll.labels(**self._base).set(now)
-        self.fr_entries.labels(**self._base).set(entries)
+        if entries >= 0:
+            self.fr_entries.labels(**self._base).set(entries)
         for name, report in reports.items():
             labels = self._pg(report)
             p = report.progress

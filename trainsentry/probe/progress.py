@@ -11,7 +11,7 @@ progress, and how long the rank spent waiting in collectives.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 NS_PER_S = 1_000_000_000
@@ -78,18 +78,25 @@ def _is_done(entry: Mapping[str, Any], last_completed: int) -> bool:
     return bool(entry.get("retired")) and seq <= last_completed
 
 
-def parse_dump(dump: Mapping[str, Any], now_ns: int) -> FrSnapshot:
-    """Progress per process group from a decoded Flight Recorder JSON dump."""
+def parse_dump(
+    dump: Mapping[str, Any], now_ns: int, descs: Mapping[str, str] | None = None
+) -> FrSnapshot:
+    """Progress per process group from a decoded Flight Recorder JSON dump.
+
+    Works on a full dump and on a status-only one (`includeCollectives=False`): without
+    entries an in-flight collective has op "unknown" and age 0, which the tracker refines.
+    `descs` (pg name -> description) fills in descriptions the entries cannot give.
+    """
     raw_entries = dump.get("entries") or []
     entries = [e for e in raw_entries if isinstance(e, Mapping)]
     status = dump.get("pg_status") or {}
-    descs: dict[str, str] = {}
+    descs = dict(descs or {})
     by_pg: dict[str, list[Mapping[str, Any]]] = {}
     for entry in entries:
         if entry.get("is_p2p"):
             continue  # p2p ops have their own sequence; pg_status counts collectives
         name, desc = _entry_pg(entry)
-        if desc:
+        if desc and not descs.get(name):
             descs[name] = desc
         by_pg.setdefault(name, []).append(entry)
 
@@ -137,17 +144,22 @@ def parse_dump(dump: Mapping[str, Any], now_ns: int) -> FrSnapshot:
             in_flight=in_flight,
             durations=durations,
         )
-    return FrSnapshot(version=str(dump.get("version", "")), entries=len(entries), groups=groups)
+    # -1: a status-only dump (no "entries" key) says nothing about the ring buffer.
+    count = len(entries) if "entries" in dump else -1
+    return FrSnapshot(version=str(dump.get("version", "")), entries=count, groups=groups)
 
 
 @dataclass
 class PgState:
-    """What the tracker remembers about one process group between dumps."""
+    """What the tracker remembers about one process group between polls."""
 
     last_completed: int
     last_completion_s: float
     wait_seconds_total: float = 0.0
     last_duration_record: int = -1
+    inflight_seq: int = -1
+    inflight_since_s: float = 0.0
+    inflight_op: str = "unknown"
 
 
 @dataclass(frozen=True)
@@ -165,11 +177,32 @@ class ProgressTracker:
     """Turns successive snapshots into 'seconds since last completion' and wait time.
 
     Time is passed in (monotonic seconds), so the tracker is deterministic under test.
+    Wait time is sampled: a poll that finds a collective in flight counts the whole gap
+    since the previous poll as waiting, an unbiased estimate of the time spent waiting.
     """
 
     started_s: float
     _state: dict[str, PgState] = field(default_factory=dict)
     _last_update_s: float | None = None
+
+    def stuck(self, snapshot: FrSnapshot) -> list[str]:
+        """Groups in flight on the same collective as at the previous poll, op not known yet.
+
+        Only for these is a full (GIL-holding) Flight Recorder dump worth taking.
+        """
+        names = []
+        for name, progress in snapshot.groups.items():
+            state = self._state.get(name)
+            flight = progress.in_flight
+            if (
+                flight is not None
+                and flight.op == "unknown"
+                and state is not None
+                and state.inflight_seq == flight.seq
+                and state.inflight_op == "unknown"
+            ):
+                names.append(name)
+        return names
 
     def update(self, snapshot: FrSnapshot, now_s: float) -> dict[str, PgReport]:
         elapsed = 0.0 if self._last_update_s is None else max(0.0, now_s - self._last_update_s)
@@ -177,18 +210,35 @@ class ProgressTracker:
         reports: dict[str, PgReport] = {}
         for name, progress in snapshot.groups.items():
             state = self._state.get(name)
+            flight = progress.in_flight
             if state is None:
                 state = PgState(last_completed=progress.last_completed, last_completion_s=now_s)
-                if progress.in_flight is not None:
+                if flight is not None:
                     # It may have been waiting since before we looked: trust the dump's age.
-                    state.last_completion_s = now_s - progress.in_flight.age_seconds
+                    state.last_completion_s = now_s - flight.age_seconds
                 self._state[name] = state
             elif progress.last_completed != state.last_completed:
                 state.last_completed = progress.last_completed
                 state.last_completion_s = now_s
-            if progress.in_flight is not None:
-                # Sampled: the rank waited at most `elapsed`, and no longer than the op's age.
-                state.wait_seconds_total += min(elapsed, progress.in_flight.age_seconds)
+            if flight is None:
+                state.inflight_seq, state.inflight_op = -1, "unknown"
+            else:
+                state.wait_seconds_total += elapsed
+                if flight.seq != state.inflight_seq:
+                    state.inflight_seq = flight.seq
+                    state.inflight_since_s = now_s - flight.age_seconds
+                    state.inflight_op = flight.op
+                elif flight.op != "unknown":
+                    state.inflight_op = flight.op
+                    state.inflight_since_s = min(
+                        state.inflight_since_s, now_s - flight.age_seconds
+                    )
+                flight = InFlight(
+                    op=state.inflight_op,
+                    seq=flight.seq,
+                    age_seconds=max(flight.age_seconds, now_s - state.inflight_since_s),
+                )
+                progress = replace(progress, in_flight=flight)
             fresh = tuple(
                 seconds
                 for record, seconds in progress.durations
@@ -205,3 +255,18 @@ class ProgressTracker:
                 new_durations=fresh,
             )
         return reports
+
+
+def merge(status: FrSnapshot, full: FrSnapshot, names: list[str]) -> FrSnapshot:
+    """`status` with the in-flight details and durations of `names` taken from `full`."""
+    groups = dict(status.groups)
+    for name in names:
+        detailed = full.groups.get(name)
+        if detailed is not None and name in groups:
+            groups[name] = replace(
+                groups[name],
+                in_flight=detailed.in_flight or groups[name].in_flight,
+                desc=groups[name].desc or detailed.desc,
+                durations=detailed.durations,
+            )
+    return FrSnapshot(version=status.version, entries=full.entries, groups=groups)

@@ -294,6 +294,8 @@ def query(
         raw = conn.read_to_eof()
     except TimeoutError as exc:
         return failed(str(exc) or "RAS query timed out")
+    except (ConnectionResetError, BrokenPipeError):
+        return failed("server closed the connection early (reset)")
     except OSError as exc:
         return failed(f"RAS connection error: {exc.strerror or exc}")
     finally:
