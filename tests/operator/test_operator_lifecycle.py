@@ -100,6 +100,10 @@ async def test_create_renders_valid_owned_children_and_status(
     await eventually(lambda: {e["reason"] for e in cluster.live("v1/events", NS)} >= {
         "ChildrenCreated", "NodesLabelled", "PhaseChanged"})
     assert cluster.validation.checked["PrometheusRule"] >= 1
+    annotations = live(cluster, TJ, "llm")["metadata"]["annotations"]
+    assert set(annotations) <= {"trainsentry.io/last-handled-configuration",  # kopf's own
+                                "trainsentry.io/kopf-managed"}
+    assert live(cluster, TJ, "llm")["metadata"]["finalizers"] == ["trainsentry.io/finalizer"]
 
 
 async def test_update_thresholds_changes_the_rule(

@@ -56,9 +56,9 @@ def default_login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 def configure(settings: kopf.OperatorSettings) -> None:
     """Our names for kopf's bookkeeping, and no status clutter."""
     settings.persistence.finalizer = FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP, v1=False)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration")
+        prefix=GROUP, key="last-handled-configuration", v1=False)
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 30
@@ -99,14 +99,14 @@ def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.Opera
                 kopf.warn(body, reason="ReconcileFailed", message=str(exc)[:1000])
                 raise kopf.TemporaryError(str(exc), delay=options.retry_delay) from exc
 
-    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
-    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
-    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry)
+    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry, id="reconcile")
+    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry, id="reconcile")
+    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry, id="reconcile")
     async def reconcile_job(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await run_reconcile(body, memo)
 
     @kopf.timer(GROUP, VERSION, PLURAL, interval=options.resync_seconds,
-                initial_delay=options.resync_seconds, registry=registry)
+                initial_delay=options.resync_seconds, registry=registry, id="resync")
     async def resync_job(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         try:
             await run_reconcile(body, memo)
@@ -137,7 +137,7 @@ def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.Opera
             log.warning("event=last_alert_reconcile_failed job=%s/%s error=%r",
                         body.metadata.namespace, body.metadata.name, str(exc))
 
-    @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry, id="cleanup")
     async def delete_job(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         uid = str(body.metadata.uid)
         async with locks.setdefault(uid, asyncio.Lock()):
