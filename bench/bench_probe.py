@@ -13,12 +13,15 @@ per-round on/off ratios (target: overhead < 1%).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import statistics
+import tempfile
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 
 def _free_port() -> int:
@@ -37,7 +40,7 @@ def _scraper(port: int, stop: threading.Event) -> None:
             pass
 
 
-def _worker(rank: int, world: int, master_port: int, args: argparse.Namespace, out: object) -> None:
+def _worker(rank: int, world: int, master_port: int, args: argparse.Namespace, out: str) -> None:
     os.environ.update(
         {
             "MASTER_ADDR": "127.0.0.1",
@@ -105,8 +108,9 @@ def _worker(rank: int, world: int, master_port: int, args: argparse.Namespace, o
                 probe.stop()
     dist.barrier()
     if rank == 0:
-        # Direct cost of the probe's work, independent of step-time noise: one poll
-        # (Flight Recorder dump with a full ring buffer + parse + metrics) and one scrape.
+        # Direct cost of the probe's work, independent of step-time noise: one poll (with
+        # the ring buffer full and nothing stuck) and one scrape; plus the full dump that
+        # /dump and a stuck collective cost, for reference.
         from prometheus_client import generate_latest
 
         probe = Probe(config)
@@ -119,9 +123,25 @@ def _worker(rank: int, world: int, master_port: int, args: argparse.Namespace, o
             generate_latest(probe.metrics.registry)
             scrape_s.append(time.perf_counter() - start)
         entries = probe.status()["process_groups"]
+        from trainsentry.probe.runtime import read_flight_recorder
+
+        full_s = []
+        for _ in range(5):
+            start = time.perf_counter()
+            read_flight_recorder()
+            full_s.append(time.perf_counter() - start)
         probe.server.stop()
-        out.put(  # type: ignore[attr-defined]
-            {"results": results, "poll_s": poll_s, "scrape_s": scrape_s, "groups": entries}
+        # A file, not a queue: a large payload would block a pipe nobody reads until join.
+        Path(str(out)).write_text(
+            json.dumps(
+                {
+                    "results": results,
+                    "poll_s": poll_s,
+                    "scrape_s": scrape_s,
+                    "full_s": full_s,
+                    "groups": entries,
+                }
+            )
         )
     dist.destroy_process_group()
 
@@ -137,10 +157,10 @@ def main() -> None:
 
     import torch.multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    mp.spawn(_worker, args=(args.world, _free_port(), args, queue), nprocs=args.world)
-    payload = queue.get()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "results.json"
+        mp.spawn(_worker, args=(args.world, _free_port(), args, str(out)), nprocs=args.world)
+        payload = json.loads(out.read_text())
     results = payload["results"]
 
     def median_ms(runs: list[list[float]]) -> float:
@@ -168,8 +188,10 @@ def main() -> None:
     scrape_ms = statistics.median(payload["scrape_s"]) * 1000
     # Work per second of training: one poll per interval, one scrape per second.
     busy = (poll_ms / args.interval + scrape_ms) / 1000
-    print(f"  direct cost: poll (FR dump of a full buffer + parse) median {poll_ms:.3f} ms, ")
+    print(f"  direct cost: one poll (status dump, parse, metrics) median {poll_ms:.3f} ms,")
     print(f"               scrape median {scrape_ms:.3f} ms")
+    full_ms = statistics.median(payload["full_s"]) * 1000
+    print(f"  full Flight Recorder dump (/dump, or once per stuck collective): {full_ms:.1f} ms")
     print(
         f"  -> probe busy {busy * 100:.3f}% of one core at interval {args.interval}s "
         f"with a 1 s scrape (upper bound on the step-time overhead)"
