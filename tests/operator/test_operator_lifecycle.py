@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -142,6 +143,10 @@ async def test_update_thresholds_changes_the_rule(
     await eventually(lambda: {c["type"]: c["reason"] for c in
                               live(cluster, TJ, "llm")["status"]["conditions"]}["RulesReady"]
                      == "UnknownThreshold")
+    await eventually(lambda: any(e["reason"] == "UnknownThreshold"
+                                 for e in cluster.live("v1/events", NS)))
+    await asyncio.sleep(1.5)  # three resyncs: still one warning
+    assert sum(e["reason"] == "UnknownThreshold" for e in cluster.live("v1/events", NS)) == 1
 
 
 async def test_delete_cleans_up_and_keeps_labels_of_shared_nodes(

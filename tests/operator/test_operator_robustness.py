@@ -127,6 +127,7 @@ def _start_cli(kubeconfig: Path) -> subprocess.Popen[bytes]:
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+@pytest.mark.e2e  # runs the operator as a process
 async def test_restart_mid_reconcile_readopts_without_duplicates(
     cluster: KubeEmulator, tmp_path: Path
 ) -> None:
@@ -236,3 +237,22 @@ async def test_last_alert_from_the_gateway_sets_the_phase(
         await eventually(lambda: status_of(cluster, "g").get("phase") == "Degraded")
         assert await patch_last_alert(api, NS, "nope", "X", "P3", at) is False
     assert status_of(cluster, "g")["ranks"] == {"expected": 2, "running": 2}
+
+
+async def test_invalid_spec_is_reported_not_retried(cluster: KubeEmulator,
+                                                    operator: OperatorThread) -> None:
+    # The API server's CEL rule would refuse this; the operator must cope if it gets one.
+    await post(cluster, TJ_PATH, trainingjob("bad", {
+        "selector": {"matchLabels": {"job": "bad"}},
+        "workloadRef": {"kind": "PyTorchJob", "name": "bad"}}))
+    await eventually(lambda: status_of(cluster, "bad").get("conditions"))
+    conditions = {c["type"]: (c["status"], c["reason"])
+                  for c in status_of(cluster, "bad")["conditions"]}
+    assert conditions == {kind: ("False", "InvalidSpec")
+                          for kind in ("RulesReady", "ScrapeReady", "ExportersReady")}
+    assert status_of(cluster, "bad")["phase"] == "Pending"
+    assert cluster.get_live(RULES, NS, "bad-trainsentry") is None
+    await eventually(lambda: any(e["reason"] == "InvalidSpec"
+                                 for e in cluster.live("v1/events", NS)))
+    await asyncio.sleep(1.5)  # three resyncs
+    assert sum(e["reason"] == "InvalidSpec" for e in cluster.live("v1/events", NS)) == 1

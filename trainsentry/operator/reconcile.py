@@ -214,7 +214,10 @@ async def reconcile(kube: Kube, body: Mapping[str, Any], sources: Sources, emit:
         spec = TrainingJobSpec.model_validate(body.get("spec") or {})
     except ValidationError as exc:
         message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        emit("Warning", "InvalidSpec", message)
+        reported = any(c.get("reason") == "InvalidSpec" and c.get("message") == message
+                       for c in old_status.get("conditions") or [])
+        if not reported:  # once per distinct problem, not on every resync
+            emit("Warning", "InvalidSpec", message)
         bad = [status.Condition(kind, False, "InvalidSpec", message)
                for kind in status.CONDITION_TYPES]
         await _write_status(kube, job, old_status, {
@@ -227,8 +230,10 @@ async def reconcile(kube: Kube, body: Mapping[str, Any], sources: Sources, emit:
     summary = status.PodSummary.of(pods)
     rendered = sources.render(job, spec, [pod["metadata"]["name"] for pod in pods])
     if rendered.unknown_thresholds:
-        emit("Warning", "UnknownThreshold",
-             f"no rule declares thresholds: {', '.join(rendered.unknown_thresholds)}")
+        message = f"unknown thresholds: {', '.join(rendered.unknown_thresholds)}"
+        if not any(c.get("reason") == "UnknownThreshold" and c.get("message") == message
+                   for c in old_status.get("conditions") or []):
+            emit("Warning", "UnknownThreshold", message)
     children = []
     known = {(child.get("kind"), child.get("name")) for child in old_status.get("children") or []}
     changes: dict[str, list[str]] = {}
