@@ -2,15 +2,17 @@
 
 kmock 0.8 stores objects and serves list/watch/get/create/patch/delete over real HTTP, but
 it lacks much of what a real API server does. This module is the ONE place where we add it;
-`tests/operator/test_emulator.py` tests every extension on its own.
+`tests/operator/test_kube_emulator.py` tests every extension on its own.
 
 Added on top of kmock:
 - metadata: `uid`, a cluster-wide increasing `resourceVersion`, `generation` (bumped when
   anything outside metadata/status changes), `creationTimestamp`; `generateName`.
-- 201 on create; 409 AlreadyExists; 404 for unknown resources and objects; 405 for PUT.
+- 201 on create; 409 AlreadyExists; 404 for unknown resources and objects; 405 for PUT;
+  `apiVersion`/`kind` filled in on create when the client left them out (kopf's Events).
 - label selectors (`?labelSelector=`) on list and watch: `k=v`, `k==v`, `k!=v`, `k in (..)`,
-  `k notin (..)`, `k`, `!k`. A watch filters by the object's current labels (an object that
-  leaves the selector yields no DELETED event; real servers do the same for label watches).
+  `k notin (..)`, `k`, `!k`. A watch filters by the object's current labels; unlike a real
+  server it sends no DELETED when an object stops matching (the operator's watches use no
+  selector, only its lists do).
 - watch: subscribes before the snapshot (no lost events) and honours `?resourceVersion=`.
 - status subresource separation: for resources declared with `subresources=['status']`,
   create and main-endpoint patches ignore `status`; `/status` patches change only `status`.
@@ -23,7 +25,11 @@ Added on top of kmock:
 - a `validator` hook: every object about to be stored by a create or patch is passed to it;
   a ValueError answers 422 (the operator tests plug in strict schema validation).
 - call recording: every resource call is kept in `calls` as `ApiCall(verb, group, resource,
-  subresource)`, where verb is the RBAC verb (get, list, watch, create, patch, delete).
+  subresource)`, where verb is the RBAC verb (get, list, watch, create, patch, delete), with
+  its User-Agent in `agents`; `recorded_calls(exclude_agent="kmock/")` leaves out the
+  tests' own requests.
+- an index of object keys per resource, so lists stay linear in large runs (kmock scans
+  every stored object on every request).
 
 Not emulated (the operator does not use them): field selectors, paging, server-side apply,
 strategic merge (treated as a JSON merge patch), PUT, admission, RBAC, schema validation.
