@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import importlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -21,6 +22,7 @@ from trainsentry.alerts import utcnow
 from trainsentry.config import GatewaySettings
 from trainsentry.gateway.ack import AckService
 from trainsentry.gateway.decide import PolicyMetrics
+from trainsentry.gateway.diagnosis import DiagnosisSettings, EndpointResolver, HangDiagnoser
 from trainsentry.gateway.escalation import Escalator
 from trainsentry.gateway.intake import (
     IntakeRejected,
@@ -48,6 +50,15 @@ WEBHOOK_PATH = "/api/v1/alertmanager"
 
 
 @dataclass(frozen=True)
+class Diagnosis:
+    """Hang diagnosis: its settings, how ranks are found, and the probes' bearer token."""
+
+    settings: DiagnosisSettings
+    resolver: EndpointResolver
+    probe_token: str = field(repr=False)
+
+
+@dataclass(frozen=True)
 class CardCallbackSettings:
     """Where Feishu posts card button presses, and the secrets that authenticate them."""
 
@@ -67,6 +78,7 @@ class Gateway:
     outbox: Outbox
     ticker: Ticker | None = None
     ack: AckService | None = None
+    diagnoser: HangDiagnoser | None = None
     clock: Callable[[], datetime] = utcnow
     background: list[asyncio.Task[Any]] = field(default_factory=list)
 
@@ -374,6 +386,8 @@ def _record_commit(gateway: Gateway, outcomes: Sequence[ReceiptOutcome]) -> None
         metrics.duplicates.inc(outcome.unchanged)
         for change in outcome.changes:
             metrics.alert_changes.labels(change.kind.value).inc()
+        if gateway.diagnoser is not None:
+            gateway.diagnoser.start(outcome.changes)
     gateway.outbox.wake()
 
 
@@ -389,6 +403,7 @@ def create_app(
     escalator: Escalator | None = None,
     silences: SilenceClient | None = None,
     card_callback: CardCallbackSettings | None = None,
+    diagnosis: Diagnosis | None = None,
 ) -> web.Application:
     """Builds the gateway app; the store is opened (and its schema checked) at startup."""
     if notifiers is None:
@@ -420,6 +435,18 @@ def create_app(
         gateway.ack = AckService(
             engine, channels=tuple(notifiers), clock=clock, paging=paging, silences=silences
         )
+        if diagnosis is not None and diagnosis.settings.enabled and isinstance(plan, PolicyPlan):
+            gateway.diagnoser = HangDiagnoser(
+                engine,
+                diagnosis.settings,
+                diagnosis.resolver,
+                diagnosis.probe_token,
+                clock=clock,
+                on_release=outbox.wake,
+            )
+            plan.hold = gateway.diagnoser.hold
+            # Import the analyzer (numpy, scipy) now, not while the first hang page is held.
+            await asyncio.to_thread(importlib.import_module, "trainsentry.diagnostics")
         if isinstance(plan, PolicyPlan):
             gateway.ticker = Ticker(
                 engine,
@@ -436,6 +463,8 @@ def create_app(
         log.info("gateway started db=%s listen=%s", engine.dialect.name, settings.listen)
         yield
         await gateway.writer.stop()
+        if gateway.diagnoser is not None:
+            await gateway.diagnoser.stop()
         if gateway.ticker is not None:
             await gateway.ticker.stop()
         await outbox.aclose()

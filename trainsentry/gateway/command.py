@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 
 HELP = "run the alert gateway (Alertmanager webhook intake, policy, outbox, channels)"
@@ -34,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from trainsentry.config import ConfigError, load_settings
-    from trainsentry.gateway.app import CardCallbackSettings, create_app
+    from trainsentry.gateway.app import CardCallbackSettings, Diagnosis, create_app
+    from trainsentry.gateway.diagnosis import build_diagnosis_parts
     from trainsentry.logs import configure_logging
 
     configure_logging(args.log_level)
@@ -48,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
             },
         )
         channels = build(settings)
-    except ConfigError as exc:
+        diagnosis_parts = build_diagnosis_parts(settings.diagnosis, os.environ)
+    except (ConfigError, ValueError) as exc:
         logging.getLogger("trainsentry").error("configuration error: %s", exc)
         return 2
     gateway = settings.gateway
@@ -65,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         escalator=built.escalator if built is not None else None,
         silences=built.silences if built is not None else None,
         card_callback=card_callback,
+        diagnosis=Diagnosis(*diagnosis_parts) if diagnosis_parts is not None else None,
     )
     try:
         web.run_app(

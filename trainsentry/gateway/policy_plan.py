@@ -114,6 +114,10 @@ class PolicyPlan:
         self.channels = frozenset(channels) - self.archive_channels
         self.metrics = metrics
         self.drafted = 0
+        # Set by the app when hang diagnosis is on: holds drafts of alerts being diagnosed.
+        self.hold: (
+            Callable[[Sequence[AlertChange], Sequence[NotificationDraft], datetime], None] | None
+        ) = None
 
     async def __call__(
         self, conn: AsyncConnection, changes: Sequence[AlertChange], now: datetime
@@ -177,6 +181,8 @@ class PolicyPlan:
         if self.paging is not None:
             resolved = [c.alert_id for c in changes if c.kind is not ChangeKind.FIRING]
             drafts = await self._escalate(conn, drafts, resolved, now)
+        if self.hold is not None:
+            self.hold(changes, drafts, now)
         written = await insert_notifications(conn, drafts, now)
         self.drafted += written
         return written

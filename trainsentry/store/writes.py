@@ -277,7 +277,8 @@ async def insert_notifications(
             "payload": draft.payload,
             "status": "pending",
             "attempts": 0,
-            "next_attempt_at": now,
+            # a held notification (e.g. a hang alert awaiting its diagnosis) waits until then
+            "next_attempt_at": draft.extra.get("not_before", now),
         }
         for draft in drafts
     ]

@@ -1,0 +1,234 @@
+"""Diagnosed hang alerts: the page names the rank that never arrived.
+
+When a hang alert of a TrainingJob fires, its notifications are written to the outbox held
+for `hold_seconds` (inside the intake transaction). Right after the commit the gateway finds
+the job's ranks (a static list, or the Kubernetes API by the TrainingJob's pod selector),
+fetches every rank's Flight Recorder dump (`hang_enrichment.enrich_hang`: bounded
+concurrency, per-request timeouts, an overall deadline below the hold), runs the analyzer,
+stores the verdict with the alert and releases the held notifications with the verdict in
+their payload (`diagnosis`). If anything fails or takes too long, the notifications go out
+at the end of the hold without a verdict: the page is never lost and never late by more
+than the hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Collection, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from trainsentry.alerts import Alert, AlertChange, ChangeKind, JobRef, NotificationDraft
+from trainsentry.gateway.hang_enrichment import (
+    HangVerdict,
+    PodAddress,
+    RankEndpoint,
+    endpoints_for_pods,
+    enrich_hang,
+)
+from trainsentry.store.schema import alerts, notifications
+
+log = logging.getLogger("trainsentry.diagnosis")
+
+DEFAULT_HANG_ALERTS = ("TrainingJobHang", "TrainingRankStalledBehindPeers")
+
+
+class DiagnosisSettings(BaseModel):
+    """The `diagnosis:` section of the config file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    alertnames: list[str] = Field(default_factory=lambda: list(DEFAULT_HANG_ALERTS))
+    hold_seconds: float = Field(default=6.0, gt=0, le=60)
+    deadline_seconds: float = Field(default=4.0, gt=0, le=60)
+    request_timeout_seconds: float = Field(default=2.0, gt=0, le=60)
+    concurrency: int = Field(default=32, ge=1, le=512)
+    probe_token_env: str = "TRAINSENTRY_PROBE_TOKEN"
+    # "namespace/name" (or "name") -> probe addresses "ip:port", for clusters without API access
+    # and for the demo; otherwise the Kubernetes API is asked (needs RBAC: get trainingjobs,
+    # list pods).
+    static_endpoints: dict[str, list[str]] = Field(default_factory=dict)
+    kubernetes: bool = False
+
+
+class EndpointResolver(Protocol):
+    async def __call__(self, job: JobRef) -> list[RankEndpoint]: ...
+
+
+class StaticEndpoints:
+    def __init__(self, table: Mapping[str, Sequence[str]]) -> None:
+        self._table = {key: list(value) for key, value in table.items()}
+
+    async def __call__(self, job: JobRef) -> list[RankEndpoint]:
+        addresses = self._table.get(str(job)) or self._table.get(job.name) or []
+        return [RankEndpoint(address) for address in addresses]
+
+
+class KubernetesEndpoints:
+    """The job's running pods, found by the TrainingJob's selector; one endpoint per rank."""
+
+    def __init__(self, api_client: Any | None = None) -> None:
+        self._api_client = api_client
+
+    async def _client(self) -> Any:
+        if self._api_client is None:  # in-cluster service account, else ~/.kube/config
+            from kubernetes_asyncio import client, config
+
+            try:
+                config.load_incluster_config()  # type: ignore[no-untyped-call]
+            except config.ConfigException:
+                await config.load_kube_config()
+            self._api_client = client.ApiClient()
+        return self._api_client
+
+    async def __call__(self, job: JobRef) -> list[RankEndpoint]:
+        from kubernetes_asyncio import client
+
+        from trainsentry.operator.spec import TrainingJobSpec
+
+        api_client = await self._client()
+        custom = client.CustomObjectsApi(api_client)
+        body = await custom.get_namespaced_custom_object(
+            "trainsentry.io", "v1alpha1", job.namespace, "trainingjobs", job.name
+        )
+        spec = TrainingJobSpec.model_validate(body.get("spec") or {})
+        core = client.CoreV1Api(api_client)
+        pods = await core.list_namespaced_pod(
+            job.namespace, label_selector=spec.pod_selector().as_string()
+        )
+        running = [
+            PodAddress(pod.metadata.name, pod.status.pod_ip or "", pod.spec.node_name or "")
+            for pod in pods.items
+            if pod.status is not None and pod.status.phase == "Running"
+        ]
+        return endpoints_for_pods(
+            running, base_port=spec.probe.port, ranks_per_pod=spec.ranksPerPod
+        )
+
+
+def build_diagnosis_parts(
+    raw: Mapping[str, Any], env: Mapping[str, str]
+) -> tuple[DiagnosisSettings, EndpointResolver, str] | None:
+    """From the `diagnosis:` config section: None when there is no way to find ranks."""
+    settings = DiagnosisSettings.model_validate(dict(raw))
+    if not settings.enabled or not (settings.static_endpoints or settings.kubernetes):
+        return None
+    token = env.get(settings.probe_token_env, "")
+    if not token:
+        raise ValueError(f"diagnosis needs the probes' token in {settings.probe_token_env}")
+    resolver: EndpointResolver = (
+        KubernetesEndpoints() if settings.kubernetes else StaticEndpoints(settings.static_endpoints)
+    )
+    return settings, resolver, token
+
+
+class HangDiagnoser:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        settings: DiagnosisSettings,
+        resolver: EndpointResolver,
+        probe_token: str,
+        *,
+        clock: Callable[[], datetime],
+        on_release: Callable[[], None] | None = None,
+    ) -> None:
+        self._engine = engine
+        self.settings = settings
+        self._alertnames = frozenset(settings.alertnames)
+        self._resolver = resolver
+        self._token = probe_token
+        self._clock = clock
+        self._on_release = on_release
+        self._tasks: set[asyncio.Task[HangVerdict | None]] = set()
+
+    def is_hang(self, alert: Alert) -> bool:
+        return alert.name in self._alertnames and alert.job is not None
+
+    def hold(
+        self, changes: Sequence[AlertChange], drafts: Sequence[NotificationDraft], now: datetime
+    ) -> None:
+        """Holds the notifications of newly firing hang alerts until their diagnosis."""
+        held = {
+            c.alert_id for c in changes if c.kind is ChangeKind.FIRING and self.is_hang(c.alert)
+        }
+        until = now + timedelta(seconds=self.settings.hold_seconds)
+        for draft in drafts:
+            if draft.alert_id in held:
+                draft.extra["not_before"] = until
+
+    def start(self, changes: Collection[AlertChange]) -> None:
+        """After the commit: diagnose each newly firing hang alert in the background."""
+        for change in changes:
+            if change.kind is ChangeKind.FIRING and self.is_hang(change.alert):
+                task = asyncio.create_task(self.diagnose(change))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def diagnose(self, change: AlertChange) -> HangVerdict | None:
+        job = change.alert.job
+        assert job is not None
+        try:
+            endpoints = await asyncio.wait_for(
+                self._resolver(job), timeout=self.settings.request_timeout_seconds
+            )
+            if not endpoints:
+                log.warning("diagnosis: no rank endpoints for job=%s", job)
+                return None
+            verdict = await enrich_hang(
+                job,
+                endpoints,
+                self._token,
+                timeout_s=self.settings.request_timeout_seconds,
+                deadline_s=self.settings.deadline_seconds,
+                concurrency=self.settings.concurrency,
+            )
+            await self._store(change.alert_id, verdict)
+            return verdict
+        except Exception as exc:  # a failed diagnosis must never lose the page
+            log.warning("diagnosis failed job=%s error=%s: %s", job, type(exc).__name__, exc)
+            return None
+
+    async def _store(self, alert_id: int, verdict: HangVerdict) -> None:
+        now = self._clock()
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                update(alerts).where(alerts.c.id == alert_id).values(verdict=verdict.to_dict())
+            )
+            rows = (
+                await conn.execute(
+                    select(notifications.c.id, notifications.c.payload).where(
+                        notifications.c.alert_id == alert_id,
+                        notifications.c.status == "pending",
+                    )
+                )
+            ).all()
+            for row in rows:
+                payload = dict(row.payload)
+                payload["diagnosis"] = verdict.summary
+                payload["culprit_ranks"] = list(verdict.culprit_ranks)
+                await conn.execute(
+                    update(notifications)
+                    .where(notifications.c.id == row.id, notifications.c.status == "pending")
+                    .values(payload=payload, next_attempt_at=now)
+                )
+        log.info(
+            "diagnosis stored alert_id=%d verdict=%s culprits=%s released=%d",
+            alert_id,
+            verdict.verdict,
+            list(verdict.culprit_ranks),
+            len(rows),
+        )
+        if self._on_release is not None:
+            self._on_release()
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
