@@ -245,10 +245,12 @@ async def reconcile(kube: Kube, body: Mapping[str, Any], sources: Sources, emit:
             changes.setdefault(outcome, []).append(f"{kind} {name}")
     for outcome, items in changes.items():  # one event per kind of change, not per child
         emit("Normal", f"Children{outcome.capitalize()}", f"{outcome} {', '.join(items)}")
-    if not any(child["kind"] == "ConfigMap" for child in children):
-        dashboards_name = child_names(job.name)["ConfigMap"]
-        if await kube.delete(BY_KIND["ConfigMap"], job.namespace, dashboards_name):
-            emit("Normal", "ChildDeleted", f"deleted ConfigMap {dashboards_name}")
+    dashboards_name = child_names(job.name)["ConfigMap"]
+    dashboards_off = ("ConfigMap", dashboards_name) in known and not any(
+        child["kind"] == "ConfigMap" for child in children)
+    if dashboards_off and await kube.delete(BY_KIND["ConfigMap"], job.namespace,
+                                            dashboards_name):
+        emit("Normal", "ChildDeleted", f"deleted ConfigMap {dashboards_name}")
 
     exporters = tuple(spec.exporters.enabled())
     claim = nodes.Claim(job.uid, job.key, exporters) if exporters else None
@@ -281,8 +283,11 @@ def _conditions(spec: TrainingJobSpec, alerts: int, unknown: Sequence[str],
                               f"unknown thresholds: {', '.join(unknown)}")
              if unknown else
              status.Condition("RulesReady", True, "Applied", f"{alerts} alerting rules"))
+    last_port = spec.probe.port + spec.ranksPerPod - 1
+    ports = str(spec.probe.port) if last_port == spec.probe.port else \
+        f"{spec.probe.port}-{last_port}"
     scrape = (status.Condition("ScrapeReady", True, "Applied",
-                               f"{pods.running} pods on port {spec.probe.port}")
+                               f"{pods.running} pods, ports {ports}")
               if pods.running else
               status.Condition("ScrapeReady", False, "NoRunningPods",
                                f"PodMonitor applied; no running pod matches "
