@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from probe.probe_harness import REPO, scrape, value
 from trainsentry.probe.server import bearer_ok
@@ -98,7 +99,9 @@ def test_without_torch_probe_serves_unhealthy_and_training_continues(tmp_path: P
         proc.kill()
 
 
+@pytest.mark.torch
 def test_dump_and_ras_are_disabled_without_a_token(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
     proc, port = run_script(tmp_path, "torch")
     try:
         for path in ("/dump", "/ras"):
