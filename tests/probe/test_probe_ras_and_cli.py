@@ -18,6 +18,8 @@ from trainsentry.probe.runtime import Probe
 
 TOKEN = "cli-test-token"
 
+pytestmark = pytest.mark.e2e  # starts probe HTTP servers (and processes)
+
 
 @pytest.fixture
 def ras_server() -> Iterator[FakeRasServer]:

@@ -15,6 +15,8 @@ import pytest
 from probe.probe_harness import REPO, scrape, value
 from trainsentry.probe.server import bearer_ok
 
+pytestmark = pytest.mark.e2e  # starts probe HTTP servers (and processes)
+
 
 def test_bearer_ok() -> None:
     assert bearer_ok("Bearer s3cret", "s3cret")
