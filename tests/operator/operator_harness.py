@@ -163,8 +163,9 @@ class OperatorThread:
     """The real operator (kopf + our handlers) in its own thread and event loop."""
 
     def __init__(self, url: str, sources: Sources, resync: float = 0.5,
-                 discovery: bool = True) -> None:
+                 discovery: bool = True, peering: str | None = None) -> None:
         self.url = url
+        self.peering = peering
         self.stop_flag = threading.Event()
         options = OperatorOptions(
             resync_seconds=resync,
@@ -181,7 +182,8 @@ class OperatorThread:
         return kopf.ConnectionInfo(server=self.url)
 
     def _run(self) -> None:
-        coro = kopf.operator(registry=self.registry, clusterwide=True, standalone=True,
+        coro = kopf.operator(registry=self.registry, clusterwide=True,
+                             standalone=self.peering is None, peering_name=self.peering,
                              stop_flag=self.stop_flag, memo=kopf.Memo())
         asyncio.run(coro)
 

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import kmock
 import pytest
 from kube_emulator import KubeEmulator, eventually
 from kubernetes_asyncio.client import ApiClient, Configuration
@@ -22,6 +23,7 @@ from operator_harness import (
     RULES,
     TJ,
     OperatorThread,
+    declare_cluster,
     delete,
     node,
     patch,
@@ -256,3 +258,28 @@ async def test_invalid_spec_is_reported_not_retried(cluster: KubeEmulator,
                                  for e in cluster.live("v1/events", NS)))
     await asyncio.sleep(1.5)  # three resyncs
     assert sum(e["reason"] == "InvalidSpec" for e in cluster.live("v1/events", NS)) == 1
+
+
+async def test_peering_mode_reconciles_and_needs_only_peering_calls(sources: Sources) -> None:
+    """HA (`--peering`): kopf's peering works with our registry; it adds exactly list, watch
+    and patch on clusterkopfpeerings (what the chart grants with operator.ha=true)."""
+    async with KubeEmulator() as emu, kmock.Server(emu):
+        declare_cluster(emu)
+        emu.declare("kopf.dev/v1/clusterkopfpeerings", "ClusterKopfPeering", namespaced=False)
+        await post(emu, "/apis/kopf.dev/v1/clusterkopfpeerings", {
+            "apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
+            "metadata": {"name": "trainsentry"}})
+        running = OperatorThread(str(emu.url).rstrip("/"), sources, peering="trainsentry")
+        await running.start(emu)
+        try:
+            await seed(emu, "p", ["gpu-1", "gpu-2"])
+            await post(emu, TJ_PATH, trainingjob("p"))
+            await eventually(lambda: status_of(emu, "p").get("phase") == "Monitoring")
+            await eventually(lambda: any(c.verb == "patch" and c.group == "kopf.dev"
+                                         for c in emu.calls))
+        finally:
+            await running.stop()
+        peering = {(c.verb, c.resource) for c in emu.recorded_calls(exclude_agent="kmock/")
+                   if c.group == "kopf.dev"}
+        assert peering == {("list", "clusterkopfpeerings"), ("watch", "clusterkopfpeerings"),
+                           ("patch", "clusterkopfpeerings")}
