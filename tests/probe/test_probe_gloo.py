@@ -151,10 +151,11 @@ async def test_hang_enrichment_with_a_wrong_token_says_so(stalled_job: GlooJob) 
     assert all("HTTP 401" in failure for failure in verdict.ranks_failed)
 
 
-def test_real_prometheus_fires_hang_and_names_the_stalled_rank(
-    stalled_job: GlooJob, tmp_path: Path
-) -> None:
-    """The shipped rules, rendered for the job with short thresholds, on a real Prometheus."""
+def prometheus_for_job(
+    job: GlooJob, tmp_path: Path, alertmanager: str | None = None
+) -> tuple[dict[str, Any], list[Path]]:
+    """Prometheus config and rule files: the shipped training rules rendered for the job with
+    short thresholds, scraping every rank's probe."""
     document = yaml.safe_load((rules_dir() / "training.yaml").read_text())
     rendered = render_for_job(
         document,
@@ -183,17 +184,27 @@ def test_real_prometheus_fires_hang_and_names_the_stalled_rank(
     rule_files[1].write_text(yaml.safe_dump(membership, sort_keys=False))
     targets = [
         {
-            "targets": [f"127.0.0.1:{stalled_job.ports[rank]}"],
+            "targets": [f"127.0.0.1:{job.ports[rank]}"],
             "labels": {"namespace": "team-a", "pod": f"llama-w-{rank}"},
         }
         for rank in range(WORLD)
     ]
-    config = {
+    config: dict[str, Any] = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "scrape_configs": [
             {"job_name": "team-a/llama-trainsentry-probe", "static_configs": targets}
         ],
     }
+    if alertmanager is not None:
+        config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
+    return config, rule_files
+
+
+def test_real_prometheus_fires_hang_and_names_the_stalled_rank(
+    stalled_job: GlooJob, tmp_path: Path
+) -> None:
+    """The shipped rules, rendered for the job with short thresholds, on a real Prometheus."""
+    config, rule_files = prometheus_for_job(stalled_job, tmp_path)
     with start_prometheus(tmp_path, config, rule_files) as prom:
         alerts: list[dict[str, Any]] = []
 
@@ -212,3 +223,78 @@ def test_real_prometheus_fires_hang_and_names_the_stalled_rank(
     hang = next(a for a in alerts if a["labels"]["alertname"] == "TrainingJobHang")
     assert hang["labels"]["pg"] == "0" and hang["labels"]["priority"] == "P0"
     assert hang["annotations"]["thresholds"] == "hang_seconds=3"
+
+
+def test_hang_page_through_alertmanager_and_gateway_names_the_stalled_rank(
+    stalled_job: GlooJob, tmp_path: Path
+) -> None:
+    """The whole loop: probes → Prometheus (hang fires) → Alertmanager → gateway, which
+    fetches every rank's dump, stores the verdict and sends the page naming rank 2."""
+    from gateway_process import start_gateway
+    from realservers import start_alertmanager
+    from receiver import ThreadedReceiver
+
+    gateway_token = "gw-token"
+    with ThreadedReceiver() as chat:
+        config_file = tmp_path / "gateway.yaml"
+        config_file.write_text(
+            yaml.safe_dump(
+                {
+                    "webhooks": {"feishu": {"url": chat.url}},
+                    "diagnosis": {
+                        "static_endpoints": {
+                            "team-a/llama": [
+                                f"127.0.0.1:{stalled_job.ports[r]}" for r in range(WORLD)
+                            ]
+                        },
+                    },
+                }
+            )
+        )
+        db_url = f"sqlite:///{tmp_path / 'gateway.db'}"
+        env = {"TRAINSENTRY_PROBE_TOKEN": TOKEN}
+        with start_gateway(
+            tmp_path, db_url, token=gateway_token, config=config_file, env=env
+        ) as gw:
+            am_config = {
+                "route": {
+                    "receiver": "gateway",
+                    "group_by": ["alertname", "trainingjob"],
+                    "group_wait": "0s",
+                    "group_interval": "1s",
+                    "repeat_interval": "1h",
+                },
+                "receivers": [
+                    {
+                        "name": "gateway",
+                        "webhook_configs": [
+                            {
+                                "url": f"{gw.url}/api/v1/alertmanager",
+                                "send_resolved": True,
+                                "http_config": {"authorization": {"credentials": gateway_token}},
+                            }
+                        ],
+                    }
+                ],
+            }
+            with start_alertmanager(tmp_path, am_config) as am:
+                config, rule_files = prometheus_for_job(stalled_job, tmp_path, am.address)
+                with start_prometheus(tmp_path, config, rule_files):
+
+                    def paged() -> bool:
+                        return any(
+                            b["payload"].get("alertname") == "TrainingJobHang" for b in chat.bodies
+                        )
+
+                    wait_for(paged, 60, "the hang page at the chat channel", stalled_job)
+            page = next(b for b in chat.bodies if b["payload"]["alertname"] == "TrainingJobHang")
+            headers = {"Authorization": f"Bearer {gateway_token}"}
+            stored = httpx.get(
+                f"{gw.url}/api/v1/alerts?priority=P0", headers=headers, timeout=5
+            ).json()["items"]
+    diagnosis = page["payload"].get("diagnosis", "")
+    assert f"rank {STALL_RANK}" in diagnosis, page["payload"]
+    assert page["payload"]["culprit_ranks"] == [STALL_RANK]
+    hang = next(a for a in stored if a["alertname"] == "TrainingJobHang")
+    assert hang["verdict"]["verdict"] == "hang"
+    assert hang["verdict"]["culprit_ranks"] == [STALL_RANK]
