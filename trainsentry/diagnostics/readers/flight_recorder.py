@@ -21,6 +21,7 @@ import functools
 import gc
 import io
 import json
+import marshal
 import operator
 import os
 import pickle
@@ -235,8 +236,8 @@ class SignatureCache:
         self.table = table
         self.ids: dict[str, int] = {}
         self.names: dict[str, tuple[str, int]] = {}
-        #: repr of (profiling_name, sizes, dtypes) -> (signature id, group-local peer)
-        self.by_raw: dict[str, tuple[int, int]] = {}
+        #: marshal (or repr) of (profiling_name, sizes, dtypes) -> (signature id, local peer)
+        self.by_raw: dict[bytes | str, tuple[int, int]] = {}
 
     def name(self, profiling_name: str) -> tuple[str, int]:
         found = self.names.get(profiling_name)
@@ -317,6 +318,7 @@ def parse_dump(
     latest = 0
     entries = dump["entries"]
     fast = _FAST_FIELDS
+    dumps = marshal.dumps
     known = cache.by_raw
     last_name: Any = None
     rows: list[tuple[int, int, int, int, bool, int]] = []
@@ -342,7 +344,10 @@ def parse_dump(
                 pg_desc[pg_name] = str(pg[1]) if len(pg) > 1 else ""
                 pg_id_to_name[str(entry.get("pg_id"))] = pg_name
             rows = columns.rows
-        raw = repr((profiling_name, inputs, outputs, in_dtypes, out_dtypes))
+        try:  # marshal is an exact, 3x cheaper key than repr for these plain values
+            raw: bytes | str = dumps((profiling_name, inputs, outputs, in_dtypes, out_dtypes))
+        except ValueError:
+            raw = repr((profiling_name, inputs, outputs, in_dtypes, out_dtypes))
         found = known.get(raw)
         if found is None:
             op, peer = cache.name(str(profiling_name))
