@@ -94,8 +94,6 @@ def _comm_hang(trace: Trace, comm_id: str, min_idle_s: float) -> tuple[CommHang 
             reached[rank] = 0  # has a dump, never used this communicator
     top = max(reached.values())
     candidates = [reached[r] + 1 for r in reached if reached[r] < top]
-    if no_dump:
-        candidates.append(min(reached.values()) + 1 if candidates else top + 1)
     states_known = False
     for stream in streams.values():
         pending = _first_incomplete(stream)
@@ -112,16 +110,13 @@ def _comm_hang(trace: Trace, comm_id: str, min_idle_s: float) -> tuple[CommHang 
     op = "?"
     incomplete_on_arrived = True
     for rank in arrived:
-        arrived_stream = streams.get(rank)
-        if arrived_stream is None:
-            continue
-        stream = arrived_stream
-        i = _event_at(stream, seq)
-        if i is None:
-            continue
-        arrival_times.append(int(stream.time_ns[i]))
-        op = trace.signatures[int(stream.signature[i])].describe()
-        if states_known and int(stream.state[i]) == State.COMPLETED:
+        mine = streams.get(rank)
+        i = _event_at(mine, seq) if mine is not None else None
+        if mine is None or i is None:
+            continue  # reached it per pg_status, but the entry left the ring buffer
+        arrival_times.append(int(mine.time_ns[i]))
+        op = trace.signatures[int(mine.signature[i])].describe()
+        if states_known and int(mine.state[i]) == State.COMPLETED:
             incomplete_on_arrived = False
     if not arrival_times:
         return None, False

@@ -186,16 +186,6 @@ class Trace:
         members = self.communicators[comm].ranks
         return [self.streams[(comm, r)] for r in members if (comm, r) in self.streams]
 
-    def last_activity_ns(self) -> dict[int, int]:
-        """Per rank, the timestamp of its latest event on any communicator."""
-        latest: dict[int, int] = {}
-        for stream in self.streams.values():
-            if len(stream.time_ns):
-                t = int(stream.time_ns.max())
-                if t > latest.get(stream.rank, 0):
-                    latest[stream.rank] = t
-        return latest
-
     def events(self) -> Iterator[Event]:
         for stream in self.streams.values():
             for i in range(len(stream.seq)):
@@ -213,48 +203,6 @@ class Trace:
                     time_ns=int(stream.time_ns[i]),
                     is_p2p=stream.is_p2p,
                 )
-
-
-class StreamBuilder:
-    """Collects one stream's events in plain lists, then freezes them into numpy columns."""
-
-    __slots__ = ("comm", "is_p2p", "peer", "rank", "seq", "signature", "state", "time_ns")
-
-    def __init__(self, rank: int, comm: str, is_p2p: bool = False) -> None:
-        self.rank = rank
-        self.comm = comm
-        self.is_p2p = is_p2p
-        self.seq: list[int] = []
-        self.time_ns: list[int] = []
-        self.signature: list[int] = []
-        self.state: list[int] = []
-        self.peer: list[int] = []
-
-    def add(self, seq: int, time_ns: int, signature: int, state: int, peer: int = -1) -> None:
-        self.seq.append(seq)
-        self.time_ns.append(time_ns)
-        self.signature.append(signature)
-        self.state.append(state)
-        self.peer.append(peer)
-
-    def build(self, last_enqueued: int = -1) -> Stream:
-        seq = np.asarray(self.seq, dtype=np.int64)
-        order = np.argsort(seq, kind="stable")
-        if len(order) and not np.all(order[:-1] < order[1:]):
-            seq = seq[order]
-        else:
-            order = np.arange(len(seq))
-        return Stream(
-            rank=self.rank,
-            comm=self.comm,
-            seq=seq,
-            time_ns=np.asarray(self.time_ns, dtype=np.int64)[order],
-            signature=np.asarray(self.signature, dtype=np.int64)[order],
-            state=np.asarray(self.state, dtype=np.int8)[order],
-            is_p2p=self.is_p2p,
-            last_enqueued=last_enqueued,
-            peer=np.asarray(self.peer, dtype=np.int64)[order] if self.is_p2p else None,
-        )
 
 
 def make_stream(

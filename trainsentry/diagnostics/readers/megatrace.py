@@ -25,7 +25,6 @@ from trainsentry.diagnostics.model import (
     InputError,
     OpSignature,
     State,
-    Stream,
     Trace,
     find_gaps,
     make_stream,
@@ -293,9 +292,3 @@ def read_megatrace(
         if on_file is not None:
             on_file()
     return build_trace(raws, topology, tolerance_ms, trace)
-
-
-def stream_first_times(stream: Stream) -> tuple[np.ndarray, np.ndarray]:
-    """Per unique sequence number, the time of its first event."""
-    uniq, idx = np.unique(stream.seq, return_index=True)
-    return uniq, stream.time_ns[idx]
