@@ -248,3 +248,20 @@ def test_pipeline_stage_offsets_are_not_slowness() -> None:
     trace.topology = None
     blind = analyze_trace(trace)
     assert 2 not in [s.rank for s in blind.slow.slow_ranks]  # hidden behind stage 3's skew
+
+
+def test_parallel_parsing_matches_in_process(tmp_path: Path) -> None:
+    from trainsentry.diagnostics.readers import flight_recorder as fr
+
+    paths = write_dumps(tmp_path, 24, 30, "size", culprit=7)
+    paths[4].write_bytes(b"\x80garbage")
+    items = [(i, str(p), r) for i, (p, r) in enumerate(fr.infer_rank_names(paths).items())]
+    chunks = fr._read_in_workers(items, 2, None)  # the fork path, whatever the caller
+    assert len(chunks) > 1
+    assert sorted(d.rank for c in chunks for d in c.dumps) == [r for r in range(24) if r != 4]
+    one = analyze([tmp_path], workers=1).to_dict()
+    two = analyze([tmp_path], workers=2).to_dict()
+    for report in (one, two):
+        report.pop("elapsed_s")
+    assert one == two
+    assert one["mismatches"][0]["culprit_ranks"] == [7]
