@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -35,6 +36,7 @@ def test_rank_2_is_the_top_slow_rank_with_tiny_p(report: Report) -> None:
     assert top.p_value < 1e-6
     assert top.log10_p_bound < -6  # the same, without float underflow
     assert report.to_dict()["slow_ranks"][0]["log10_p_value_bound"] < -6
+    json.dumps(report.to_dict(), allow_nan=False)  # strict JSON: no inf/nan anywhere
     assert top.lag_ms >= 1.0
     assert "tp1" in top.communicators  # its tensor-parallel pair with rank 3
 

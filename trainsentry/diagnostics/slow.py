@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import stats
+from scipy import special, stats
 
 from trainsentry.diagnostics.model import Trace
 from trainsentry.diagnostics.topology import Topology
@@ -118,6 +118,15 @@ def _holm(p_values: list[float]) -> list[float]:
     return adjusted
 
 
+def _log10_binom_tail(k: int, n: int, p: float) -> float:
+    """log10 P(X >= k) for X ~ Binomial(n, p), finite even where the tail underflows."""
+    value = float(stats.binom.logsf(k - 1, n, p))
+    if math.isfinite(value):
+        return value / math.log(10)
+    terms = stats.binom.logpmf(np.arange(k, n + 1), n, p)
+    return float(special.logsumexp(terms)) / math.log(10)
+
+
 def _remove_stage_offsets(times: np.ndarray, stages: list[int]) -> np.ndarray:
     """Shift each pipeline stage by its typical (median) distance from the whole group.
 
@@ -166,8 +175,7 @@ def analyze_slow(
             mine = (last == position) & ~tied
             k = int(mine.sum())
             p = float(stats.binom.sf(k - 1, ops, 1.0 / len(peers))) if k else 1.0
-            log10_p = (float(stats.binom.logsf(k - 1, ops, 1.0 / len(peers))) / math.log(10)
-                       if k else 0.0)
+            log10_p = _log10_binom_tail(k, ops, 1.0 / len(peers)) if k else 0.0
             lags = lag_ms[mine]
             median = float(np.median(lags)) if k else 0.0
             mean = float(lags.mean()) if k else 0.0
