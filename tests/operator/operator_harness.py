@@ -163,9 +163,11 @@ class OperatorThread:
     """The real operator (kopf + our handlers) in its own thread and event loop."""
 
     def __init__(self, url: str, sources: Sources, resync: float = 0.5,
-                 discovery: bool = True, peering: str | None = None) -> None:
+                 discovery: bool = True, peering: str | None = None,
+                 namespaces: list[str] | None = None) -> None:
         self.url = url
         self.peering = peering
+        self.namespaces = namespaces or []
         self.stop_flag = threading.Event()
         options = OperatorOptions(
             resync_seconds=resync,
@@ -174,6 +176,7 @@ class OperatorThread:
             api_config=Configuration(host=url),
             login=self._login,
             retry=RetryPolicy(attempts=6, base_delay=0.02, max_delay=0.2),
+            scan_cluster=not namespaces,
         )
         self.registry = build_registry(sources, options)
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -182,7 +185,8 @@ class OperatorThread:
         return kopf.ConnectionInfo(server=self.url)
 
     def _run(self) -> None:
-        coro = kopf.operator(registry=self.registry, clusterwide=True,
+        coro = kopf.operator(registry=self.registry, clusterwide=not self.namespaces,
+                             namespaces=self.namespaces,
                              standalone=self.peering is None, peering_name=self.peering,
                              stop_flag=self.stop_flag, memo=kopf.Memo())
         asyncio.run(coro)

@@ -283,3 +283,26 @@ async def test_peering_mode_reconciles_and_needs_only_peering_calls(sources: Sou
                    if c.group == "kopf.dev"}
         assert peering == {("list", "clusterkopfpeerings"), ("watch", "clusterkopfpeerings"),
                            ("patch", "clusterkopfpeerings")}
+
+
+async def test_namespace_restricted_operator_ignores_other_namespaces(sources: Sources) -> None:
+    """`--namespace team-a`: jobs elsewhere are not touched."""
+    async with KubeEmulator() as emu, kmock.Server(emu):
+        declare_cluster(emu, workloads=False)
+        running = OperatorThread(str(emu.url).rstrip("/"), sources, namespaces=[NS])
+        await running.start(emu)
+        try:
+            await seed(emu, "in", ["gpu-1", "gpu-2"])
+            await post(emu, TJ_PATH, trainingjob("in"))
+            other = trainingjob("out")
+            other["metadata"]["namespace"] = "team-b"
+            await post(emu, "/apis/trainsentry.io/v1alpha1/namespaces/team-b/trainingjobs", other)
+            await eventually(lambda: status_of(emu, "in").get("phase") == "Monitoring")
+            await asyncio.sleep(1)  # two resyncs
+        finally:
+            await running.stop()
+        assert emu.get_live(TJ, "team-b", "out").get("status") is None
+        assert not emu.live(RULES, "team-b")
+        namespaced = {c for c in emu.recorded_calls(exclude_agent="kmock/")
+                      if c.resource == "namespaces"}
+        assert not namespaced  # exact names need no namespace scanning (no extra RBAC)

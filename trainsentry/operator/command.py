@@ -85,8 +85,10 @@ def run(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         api_config = await _load_api_config(args)
+        exact = bool(args.namespace) and not any(
+            char in name for name in args.namespace for char in "*?[]!")
         options = OperatorOptions(resync_seconds=args.resync, discovery=not args.no_discovery,
-                                  api_config=api_config)
+                                  api_config=api_config, scan_cluster=not exact)
         registry = build_registry(sources, options)
         await kopf.operator(
             registry=registry,

@@ -38,6 +38,9 @@ class OperatorOptions:
     api_config: Configuration | None = None  # for our own client; None: the default config
     login: Callable[..., Any] | None = None  # a kopf login handler; None: kopf's built-ins
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    # kopf watches namespaces (and CRDs) to follow glob patterns; with exact namespace names
+    # that is not needed, and turning it off spares the cluster-wide list/watch permission.
+    scan_cluster: bool = True
 
 
 def _emitter(body: kopf.Body) -> rec.Emit:
@@ -74,6 +77,7 @@ def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.Opera
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         configure(settings)
+        settings.scanning.disabled = not options.scan_cluster
         memo.api = ApiClient(configuration=options.api_config)
         memo.kube = Kube(memo.api, options.retry)
         memo.node_locks = rec.NodeLocks()

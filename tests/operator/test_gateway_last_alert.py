@@ -1,0 +1,87 @@
+"""The gateway writes status.lastAlert of TrainingJobs through the (emulated) Kubernetes API:
+once per job per batch, resolved when that alert resolves, a storm costs a few calls."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+from aiohttp.test_utils import TestServer
+from kube_emulator import KubeEmulator
+from kubernetes_asyncio.client import ApiClient, Configuration
+from operator_harness import NS, TJ, post, trainingjob
+from pydantic import SecretStr
+from webhook_factory import encode, make_alert, make_body
+
+from trainsentry.config import GatewaySettings
+from trainsentry.gateway.app import WEBHOOK_PATH, create_app
+
+TJ_PATH = f"/apis/trainsentry.io/v1alpha1/namespaces/{NS}/trainingjobs"
+TOKEN = "t"
+
+
+async def eventually(check: Callable[[], bool], within: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "condition never became true"
+        await asyncio.sleep(0.05)
+
+
+def last_alert(emu: KubeEmulator, name: str) -> dict[str, Any]:
+    obj = emu.get_live(TJ, NS, name) or {}
+    return (obj.get("status") or {}).get("lastAlert") or {}
+
+
+def status_patches(emu: KubeEmulator) -> int:
+    return sum(
+        1
+        for call in emu.calls
+        if call.verb == "patch" and call.resource == "trainingjobs" and call.subresource == "status"
+    )
+
+
+async def test_gateway_feeds_last_alert(cluster: KubeEmulator, tmp_path: Any) -> None:
+    await post(cluster, TJ_PATH, trainingjob("llama"))
+    settings = GatewaySettings(
+        listen="127.0.0.1:0",
+        db=f"sqlite:///{tmp_path / 'gw.db'}",
+        webhook_token=SecretStr(TOKEN),
+        trainingjob_status=True,
+    )
+
+    async def api() -> ApiClient:
+        return ApiClient(Configuration(host=str(cluster.url).rstrip("/")))
+
+    server = TestServer(create_app(settings, kube_api=api), host="127.0.0.1")
+    await server.start_server()
+    labels = {"trainingjob": "llama", "namespace": NS}
+    try:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+
+            async def send(alerts: list[dict[str, Any]]) -> None:
+                body = encode(make_body(alerts))
+                async with http.post(server.make_url(WEBHOOK_PATH), data=body) as response:
+                    assert response.status == 200
+
+            hang = {**labels, "priority": "P0"}
+            await send([make_alert(1, name="TrainingJobHang", labels=hang)])
+            await eventually(lambda: last_alert(cluster, "llama").get("name") == "TrainingJobHang")
+            assert last_alert(cluster, "llama")["priority"] == "P0"
+            assert last_alert(cluster, "llama")["status"] == "firing"
+
+            before = status_patches(cluster)
+            for batch in range(4):  # a 200-alert storm of lesser alerts
+                await send([make_alert(100 + batch * 50 + i, labels={**labels, "priority": "P2"})
+                            for i in range(50)])  # fmt: skip
+            await asyncio.sleep(0.5)
+            assert status_patches(cluster) - before <= 4  # at most one per batch, not per alert
+
+            await send([make_alert(1, name="TrainingJobHang", labels=hang, status="resolved")])
+            await eventually(lambda: last_alert(cluster, "llama").get("status") == "resolved")
+            # an alert of a job without a TrainingJob is not an error
+            await send([make_alert(2, labels={"trainingjob": "ghost", "namespace": NS})])
+            await asyncio.sleep(0.3)
+    finally:
+        await server.close()
