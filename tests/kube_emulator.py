@@ -506,7 +506,7 @@ def _merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
-async def eventually(check: Any, within: float = 10.0, interval: float = 0.05) -> None:
+async def eventually(check: Any, within: float = 20.0, interval: float = 0.05) -> None:
     """Polls `check()` until it is truthy; KeyError/TypeError/IndexError count as not yet."""
     deadline = asyncio.get_running_loop().time() + within
     last: BaseException | None = None
