@@ -29,6 +29,8 @@ class GatewaySettings(BaseModel):
     console_file: Path | None = None
     alertmanager_url: str | None = None
     policy_file: Path | None = None
+    # Write status.lastAlert of TrainingJobs (needs RBAC patch on trainingjobs/status).
+    trainingjob_status: bool = False
     # A firing alert whose endsAt passed and that no webhook mentioned for this long is
     # resolved as expired. Keep it above the longest Alertmanager repeat_interval of the routes
     # that reach the gateway (the shipped routes repeat P3 every 24 h).
@@ -94,6 +96,7 @@ _ENV_MAP: dict[str, tuple[str, str]] = {
     "TRAINSENTRY_CONSOLE_FILE": ("gateway", "console_file"),
     "TRAINSENTRY_ALERTMANAGER_URL": ("gateway", "alertmanager_url"),
     "TRAINSENTRY_POLICY_FILE": ("gateway", "policy_file"),
+    "TRAINSENTRY_TRAININGJOB_STATUS": ("gateway", "trainingjob_status"),
     "TRAINSENTRY_WEBHOOK_TOKEN": ("gateway", "webhook_token"),
     "TRAINSENTRY_API_TOKEN": ("gateway", "api_token"),
 }

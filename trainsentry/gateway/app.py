@@ -31,12 +31,14 @@ from trainsentry.gateway.intake import (
     StoreUnavailable,
     parse_webhook,
 )
+from trainsentry.gateway.job_status import JobStatusFeeder
 from trainsentry.gateway.metrics import GatewayMetrics
 from trainsentry.gateway.outbox import Outbox
 from trainsentry.gateway.paging import Paging
 from trainsentry.gateway.policy import load_policy
 from trainsentry.gateway.policy_plan import PolicyPlan, Ticker
 from trainsentry.gateway.truncated import fetch_group
+from trainsentry.kubeclient import default_api_client
 from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
@@ -79,6 +81,8 @@ class Gateway:
     ticker: Ticker | None = None
     ack: AckService | None = None
     diagnoser: HangDiagnoser | None = None
+    job_status: JobStatusFeeder | None = None
+    classified: Callable[[], Mapping[int, str]] = dict
     clock: Callable[[], datetime] = utcnow
     background: list[asyncio.Task[Any]] = field(default_factory=list)
 
@@ -388,6 +392,8 @@ def _record_commit(gateway: Gateway, outcomes: Sequence[ReceiptOutcome]) -> None
             metrics.alert_changes.labels(change.kind.value).inc()
         if gateway.diagnoser is not None:
             gateway.diagnoser.start(outcome.changes)
+        if gateway.job_status is not None:
+            gateway.job_status.feed(outcome.changes, gateway.classified())
     gateway.outbox.wake()
 
 
@@ -404,6 +410,7 @@ def create_app(
     silences: SilenceClient | None = None,
     card_callback: CardCallbackSettings | None = None,
     diagnosis: Diagnosis | None = None,
+    kube_api: Callable[[], Awaitable[Any]] | None = None,
 ) -> web.Application:
     """Builds the gateway app; the store is opened (and its schema checked) at startup."""
     if notifiers is None:
@@ -435,6 +442,11 @@ def create_app(
         gateway.ack = AckService(
             engine, channels=tuple(notifiers), clock=clock, paging=paging, silences=silences
         )
+        if isinstance(plan, PolicyPlan):
+            policy_plan = plan
+            gateway.classified = lambda: policy_plan.classified
+        if settings.trainingjob_status:
+            gateway.job_status = JobStatusFeeder(kube_api or default_api_client)
         if diagnosis is not None and diagnosis.settings.enabled and isinstance(plan, PolicyPlan):
             gateway.diagnoser = HangDiagnoser(
                 engine,
@@ -465,6 +477,8 @@ def create_app(
         await gateway.writer.stop()
         if gateway.diagnoser is not None:
             await gateway.diagnoser.stop()
+        if gateway.job_status is not None:
+            await gateway.job_status.stop()
         if gateway.ticker is not None:
             await gateway.ticker.stop()
         await outbox.aclose()

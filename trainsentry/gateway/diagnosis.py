@@ -31,6 +31,7 @@ from trainsentry.gateway.hang_enrichment import (
     endpoints_for_pods,
     enrich_hang,
 )
+from trainsentry.kubeclient import default_api_client
 from trainsentry.store.schema import alerts, notifications
 
 log = logging.getLogger("trainsentry.diagnosis")
@@ -77,14 +78,8 @@ class KubernetesEndpoints:
         self._api_client = api_client
 
     async def _client(self) -> Any:
-        if self._api_client is None:  # in-cluster service account, else ~/.kube/config
-            from kubernetes_asyncio import client, config
-
-            try:
-                config.load_incluster_config()  # type: ignore[no-untyped-call]
-            except config.ConfigException:
-                await config.load_kube_config()
-            self._api_client = client.ApiClient()
+        if self._api_client is None:
+            self._api_client = await default_api_client()
         return self._api_client
 
     async def __call__(self, job: JobRef) -> list[RankEndpoint]:

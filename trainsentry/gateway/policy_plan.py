@@ -114,6 +114,8 @@ class PolicyPlan:
         self.channels = frozenset(channels) - self.archive_channels
         self.metrics = metrics
         self.drafted = 0
+        # alert id -> classified priority of the last batch (read after its commit)
+        self.classified: dict[int, str] = {}
         # Set by the app when hang diagnosis is on: holds drafts of alerts being diagnosed.
         self.hold: (
             Callable[[Sequence[AlertChange], Sequence[NotificationDraft], datetime], None] | None
@@ -147,6 +149,7 @@ class PolicyPlan:
         )
         drafts: list[NotificationDraft] = []
         priorities: list[tuple[int, str, str]] = []
+        self.classified = {}
         for change in changes:
             alert = change.alert
             job = alert.job
@@ -171,6 +174,7 @@ class PolicyPlan:
             if change.kind is ChangeKind.FIRING:
                 c = result.classification
                 priorities.append((change.alert_id, c.priority.value, f"{c.rule_id}: {c.reason}"))
+                self.classified[change.alert_id] = c.priority.value
         await save_states(
             conn, FINGERPRINT_SCOPE, {k: _fp_row(v) for k, v in fp_states.items()}, now
         )
