@@ -79,10 +79,11 @@ def test_kill_9_with_pending_notifications_sends_all_once(tmp_path: Path) -> Non
             time.sleep(0.5)
         finally:
             restarted.stop()
-        # Every notification arrived; a resend can only be one that was in flight at the kill
-        # (at-least-once), and the idempotency key lets the receiver drop it.
+        # Every notification arrived; a resend can only be one that was in flight or whose
+        # outcome was not written yet at the kill (at-least-once: 2 x the send concurrency of
+        # 16), and the idempotency key lets the receiver drop it.
         assert receiver.unique == 500
-        assert receiver.duplicates <= 16  # the outbox's send concurrency
+        assert receiver.duplicates <= 32
 
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)

@@ -8,8 +8,9 @@
   is still pending or being sent.
 - Failures are retried with exponential backoff and full jitter; `RateLimitedError` waits at
   least what the provider asked; `PermanentError` and `max_attempts` failures end as `dead`.
-- Delivery is at-least-once: a crash between a provider's answer and our commit resends that
-  one row; the idempotency key travels with it for providers that deduplicate.
+- Delivery is at-least-once: a crash between a provider's answer and our commit resends the
+  rows whose outcome was not written yet (those in flight or waiting for the current write);
+  the idempotency key travels with them for providers that deduplicate.
 """
 
 from __future__ import annotations
@@ -163,8 +164,22 @@ class Outbox:
         claimed = await self.claim()
         if not claimed:
             return False
-        outcomes = await asyncio.gather(*(self._deliver(row) for row in claimed))
-        await self._record(list(outcomes))
+        # Each outcome is written as soon as its send finishes; outcomes that finish while a
+        # write is under way are written together by the next one (group commit). So a crash
+        # resends only rows in flight or waiting for that one write, and a burst of fast
+        # sends does not cost one transaction each.
+        unwritten: list[_Outcome] = []
+        writing = asyncio.Lock()
+
+        async def send_and_record(row: OutboundNotification) -> None:
+            unwritten.append(await self._deliver(row))
+            async with writing:
+                if unwritten:
+                    batch = unwritten[:]
+                    unwritten.clear()
+                    await self._record(batch)
+
+        await asyncio.gather(*(send_and_record(row) for row in claimed))
         return True
 
     async def release_leases_of_earlier_runs(self) -> int:
