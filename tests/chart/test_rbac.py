@@ -89,3 +89,18 @@ def test_gateway_may_only_patch_training_job_status_and_only_when_asked() -> Non
     gateway = one(objs, "Deployment", "-gateway")["spec"]["template"]["spec"]
     assert binding["subjects"][0]["name"] == gateway["serviceAccountName"]
     assert gateway["automountServiceAccountToken"] is True
+
+
+def test_gateway_is_told_to_write_last_alert_when_allowed() -> None:
+    import yaml
+
+    from trainsentry.config import Settings
+
+    for values, expected in (("defaults", False), ("everything-on", True)):
+        config_map = next(
+            o
+            for o in rendered(values)
+            if o["kind"] == "ConfigMap" and "config.yaml" in o.get("data", {})
+        )
+        settings = Settings.model_validate(yaml.safe_load(config_map["data"]["config.yaml"]))
+        assert settings.gateway.trainingjob_status is expected, values
