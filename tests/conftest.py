@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from receiver import Receiver
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from trainsentry.store import create_engine, migrate
@@ -77,3 +78,12 @@ async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
         yield eng
     finally:
         await eng.dispose()
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    """A local HTTP server counting what a webhook channel sends (tests/receiver.py)."""
+    r = Receiver()
+    await r.start()
+    yield r
+    await r.stop()

@@ -7,7 +7,6 @@ tests/channels). A real Alertmanager receives the silence an ack can create.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -49,14 +48,6 @@ class Clock:
         return self.now
 
 
-@pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
-    r = Receiver()
-    await r.start()
-    yield r
-    await r.stop()
-
-
 async def start(db_url: str, receiver: Receiver, clock: Clock, **extra: Any) -> TestServer:
     settings = GatewaySettings(
         listen="127.0.0.1:0", db=db_url, webhook_token=SecretStr(TOKEN), api_token=SecretStr(TOKEN)
@@ -74,8 +65,7 @@ async def settle(server: TestServer) -> None:
     gateway = server.app[GATEWAY_KEY]
     assert gateway.ticker is not None
     await gateway.ticker.run_once()
-    while await gateway.outbox.run_once():
-        pass
+    await gateway.outbox.drain()
 
 
 async def post(server: TestServer, body: dict[str, Any]) -> None:

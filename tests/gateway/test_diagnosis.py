@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -62,14 +61,6 @@ async def start_probe(rank: int, *, silent: bool = False) -> web.AppRunner:
 def address(runner: web.AppRunner) -> str:
     port = runner.addresses[0][1]
     return f"127.0.0.1:{port}"
-
-
-@pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
-    r = Receiver()
-    await r.start()
-    yield r
-    await r.stop()
 
 
 async def gateway(db_url: str, receiver: Receiver, endpoints: list[str]) -> TestServer:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -21,14 +20,6 @@ from trainsentry.store.schema import notifications
 from trainsentry.store.writes import insert_notifications
 
 FAST_RETRY = RetryPolicy(max_attempts=4, base_delay=0.01, max_delay=0.05)
-
-
-@pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
-    r = Receiver()
-    await r.start()
-    yield r
-    await r.stop()
 
 
 def drafts(count: int, group: str = "g", prefix: str = "n") -> list[NotificationDraft]:

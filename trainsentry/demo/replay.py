@@ -39,8 +39,7 @@ async def _settle(gateway: Gateway) -> None:
     """Fires due timers and sends everything pending, at the current virtual time."""
     assert gateway.ticker is not None
     await gateway.ticker.run_once()
-    while await gateway.outbox.run_once():
-        pass
+    await gateway.outbox.drain()
 
 
 def _prepare(out: Path) -> None:

@@ -10,7 +10,6 @@ are in the outbox before we answer too.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -25,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from trainsentry.alerts import GO_ZERO_TIME, Alert, AlertChange, AlertStatus, utcnow
 from trainsentry.store.writes import IncomingReceipt, ReceiptOutcome, record_receipts
+from trainsentry.tasks import OwnedTask
 
 log = logging.getLogger("trainsentry.intake")
 
@@ -193,18 +193,13 @@ class IntakeWriter:
         self._max_batch_alerts = max_batch_alerts
         self._on_commit = on_commit
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
-        self._task: asyncio.Task[None] | None = None
+        self._task = OwnedTask("intake-writer", self._run)
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="intake-writer")
+        self._task.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._task.stop()
         while not self._queue.empty():
             self._queue.get_nowait().future.set_exception(StoreUnavailable("shutting down"))
 

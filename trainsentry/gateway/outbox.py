@@ -40,6 +40,7 @@ from trainsentry.notifiers.base import (
     RateLimitedError,
 )
 from trainsentry.store.schema import notifications
+from trainsentry.tasks import OwnedTask
 
 log = logging.getLogger("trainsentry.outbox")
 
@@ -105,21 +106,16 @@ class Outbox:
         self._clock = clock
         self._rng = rng or random.Random()
         self._wakeup = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._task = OwnedTask("outbox", self.run)
 
     def wake(self) -> None:
         self._wakeup.set()
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self.run(), name="outbox")
+        self._task.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._task.stop()
 
     async def run(self) -> None:
         try:
@@ -181,6 +177,31 @@ class Outbox:
 
         await asyncio.gather(*(send_and_record(row) for row in claimed))
         return True
+
+    async def drain(self, within: float = 30.0) -> None:
+        """Sends until nothing is due and nothing is in flight, also in the background worker
+        (for the demo and tests, which drive time themselves)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while loop.time() < deadline:
+            if await self.run_once():
+                continue
+            async with self._engine.connect() as conn:
+                busy = (
+                    await conn.execute(
+                        select(func.count()).where(
+                            (notifications.c.status == SENDING)
+                            | (
+                                (notifications.c.status == PENDING)
+                                & (notifications.c.next_attempt_at <= self._clock())
+                            )
+                        )
+                    )
+                ).scalar()
+            if not busy:
+                return
+            await asyncio.sleep(0.02)
+        raise TimeoutError(f"the outbox did not drain within {within} s")
 
     async def release_leases_of_earlier_runs(self) -> int:
         """At start: rows a previous run of this gateway left `sending` are pending again.

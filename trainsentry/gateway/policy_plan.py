@@ -8,7 +8,6 @@ loads their states, counts the blast radius, and writes states, priorities and o
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
@@ -38,6 +37,7 @@ from trainsentry.store.policy_state import (
 )
 from trainsentry.store.queries import set_priorities
 from trainsentry.store.writes import expire_stale, insert_notifications
+from trainsentry.tasks import OwnedTask
 
 log = logging.getLogger("trainsentry.policy")
 
@@ -267,7 +267,7 @@ class Ticker:
         self._interval = interval
         self._stale_after = stale_after
         self._on_drafts = on_drafts
-        self._task: asyncio.Task[None] | None = None
+        self._task = OwnedTask("policy-ticker", self._run)
 
     async def run_once(self, now: datetime | None = None) -> int:
         now = now or self._clock()
@@ -292,12 +292,7 @@ class Ticker:
             await asyncio.sleep(self._interval)
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="policy-ticker")
+        self._task.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._task.stop()
