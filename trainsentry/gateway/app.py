@@ -471,6 +471,8 @@ def create_app(
             gateway.ticker.start()
         app[GATEWAY_KEY] = gateway
         gateway.writer.start()
+        # Before the worker and anything else can claim: rows an earlier run left in flight.
+        await outbox.release_leases_of_earlier_runs()
         outbox.start()
         log.info("gateway started db=%s listen=%s", engine.dialect.name, settings.listen)
         yield

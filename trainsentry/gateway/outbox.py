@@ -118,10 +118,6 @@ class Outbox:
         await self._task.stop()
 
     async def run(self) -> None:
-        try:
-            await self.release_leases_of_earlier_runs()
-        except Exception:
-            log.exception("outbox: releasing earlier leases failed")
         while True:
             try:
                 sent_any = await self.run_once()
@@ -210,13 +206,12 @@ class Outbox:
         rows claimed from this host (a restarted container keeps its pod's hostname) are
         released; a vanished replica's rows wait for their lease to expire.
         """
-        query = update(notifications).where(notifications.c.status == SENDING)
+        query = update(notifications).where(
+            notifications.c.status == SENDING, notifications.c.claimed_by != self.worker_id
+        )
         if self._engine.dialect.name != "sqlite":
             host = self.worker_id.rsplit(":", 1)[0]
-            query = query.where(
-                notifications.c.claimed_by.like(f"{host}:%"),
-                notifications.c.claimed_by != self.worker_id,
-            )
+            query = query.where(notifications.c.claimed_by.like(f"{host}:%"))
         async with self._engine.begin() as conn:
             result = await conn.execute(
                 query.values(status=PENDING, claimed_by=None, claimed_until=None)
