@@ -7,6 +7,7 @@ tests/channels). A real Alertmanager receives the silence an ack can create.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -204,3 +205,49 @@ async def test_ack_with_silence_creates_it_in_a_real_alertmanager(
         finally:
             await server.close()
             await silences.aclose()
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+async def test_feishu_card_button_acks_and_redraws_the_card(
+    db_url: str, receiver: Receiver
+) -> None:
+    """The card's Acknowledge button (a Feishu card callback) goes through the same ack path:
+    the escalation stops and the pressed card comes back showing who took it."""
+    import time as wall
+
+    from trainsentry.gateway.app import CardCallbackSettings
+
+    clock = Clock()
+    callback = CardCallbackSettings("/api/v1/feishu/card", "verify-token")
+    server = await start(db_url, receiver, clock, card_callback=callback)
+    try:
+        await post(server, make_body([make_alert(1, labels=P0)]))
+        await settle(server)
+        assert called(receiver) == [(1, "alice")]
+        press = {
+            "schema": "2.0",
+            "header": {
+                "event_id": "ev-1", "token": "verify-token",
+                "create_time": str(int(wall.time() * 1000)),
+                "event_type": "card.action.trigger", "tenant_key": "tk", "app_id": "cli_x",
+            },
+            "event": {
+                "operator": {"open_id": "ou_bob"},
+                "action": {"value": {"action": "ack", "alert_id": 1}, "tag": "button"},
+                "context": {"open_message_id": "om_1", "open_chat_id": "oc_1"},
+            },
+        }  # fmt: skip
+        async with aiohttp.ClientSession() as session:
+            async with session.post(server.make_url(callback.path), json=press) as response:
+                assert response.status == 200, await response.text()
+                answer = await response.json()
+            forged = {**press, "header": {**press["header"], "token": "wrong"}}
+            async with session.post(server.make_url(callback.path), json=forged) as response:
+                assert response.status == 401
+        assert answer["toast"]["type"] == "success"
+        assert "ou_bob" in json.dumps(answer["card"])  # the redrawn card names who acked
+        clock.now += timedelta(minutes=10)
+        await settle(server)
+        assert called(receiver) == [(1, "alice")]  # bob (layer 2) is never called
+    finally:
+        await server.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -41,6 +41,8 @@ class AckResult:
     status: str
     silence_id: str | None = None
     silence_error: str | None = None
+    # what the chat channels render for the ack (the card redrawn with who acknowledged)
+    payload: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -97,9 +99,12 @@ class AckService:
             stopped = False
             if self._paging is not None:
                 stopped = await self._paging.acknowledge(conn, alert_id, who, now)
+            payload = self._payload(row, str(acked_by), now, silence)
             if not already:
-                await insert_notifications(conn, self._drafts(row, who, now, silence), now)
-        result = AckResult(alert_id, str(acked_by), acked_at, already, stopped, str(row.status))
+                await insert_notifications(conn, self._drafts(row, payload), now)
+        result = AckResult(
+            alert_id, str(acked_by), acked_at, already, stopped, str(row.status), payload=payload
+        )
         if silence is not None:
             result = await self._silence(result, dict(row.labels), who, silence, now)
         log.info(
@@ -111,9 +116,8 @@ class AckService:
         )
         return result
 
-    def _drafts(
-        self, row: Any, who: str, now: datetime, silence: timedelta | None
-    ) -> list[NotificationDraft]:
+    @staticmethod
+    def _payload(row: Any, who: str, now: datetime, silence: timedelta | None) -> dict[str, Any]:
         payload: dict[str, Any] = {
             "priority": row.priority or "P3",
             "status": row.status,
@@ -133,6 +137,10 @@ class AckService:
             )
         if silence is not None:
             payload["silenced_until"] = (now + silence).isoformat()
+        return payload
+
+    def _drafts(self, row: Any, payload: dict[str, Any]) -> list[NotificationDraft]:
+        who = payload["acked_by"]
         return [
             NotificationDraft(
                 channel=channel,

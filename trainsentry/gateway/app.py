@@ -318,7 +318,13 @@ def _card_handler(
     app: web.Application, callback: CardCallbackSettings
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """The Feishu card button: ack (and silence) through the same AckService."""
-    from trainsentry.notifiers.feishu.callback import CardAction, card_action_handler
+    from trainsentry.notifiers.feishu.callback import (
+        CardAction,
+        action_response,
+        card_action_handler,
+    )
+    from trainsentry.notifiers.feishu.card import alert_card
+    from trainsentry.notifiers.payload import parse_payload
 
     async def on_action(action: CardAction) -> dict[str, Any] | None:
         gateway = app[GATEWAY_KEY]
@@ -327,7 +333,8 @@ def _card_handler(
         result = await gateway.ack.acknowledge(action.alert_id, action.who, silence)
         if result is None:
             return {"toast": {"type": "error", "content": f"no alert {action.alert_id}"}}
-        return None
+        # the pressed card is redrawn in place, showing who acknowledged (and the silence)
+        return action_response(action, alert_card(parse_payload(result.payload)))
 
     return card_action_handler(
         on_action,
