@@ -52,6 +52,7 @@ def test_demo_replays_the_incident_and_writes_what_would_be_sent(tmp_path: Path)
     assert "GPUFellOffBus" in html and "<script" not in html
     report = (out / "report.html").read_text()
     assert "GPUFellOffBus" in report or "gpu-node-17" in report
+    assert "Storms: 1" in report  # the report reads the policy's storm messages
     console = (out / "console.jsonl").read_text().splitlines()
     assert len(console) == sent["console"]
 

@@ -143,10 +143,10 @@ def week_notifications(ids: dict[str, int]) -> list[dict[str, Any]]:
         # not a page: a Feishu card for A1
         _notification("c1", "feishu_bot", "alert", "P0", T0 + HOUR + MIN, "sent", a1),
         # storm on team-b/vit: started on two channels, a summary (peak P0), ended
-        _storm("s1", "feishu_bot", job_b, "started", storm_at, 25, "P1"),
-        _storm("s2", "console", job_b, "started", storm_at, 25, "P1"),
-        _storm("s3", "feishu_bot", job_b, "summary", storm_at + MIN, 40, "P0"),
-        _storm("s4", "feishu_bot", job_b, "ended", storm_at + 5 * MIN, 41, "P1"),
+        _storm("s1", "feishu_bot", job_b, "storm_started", storm_at, 25, "P1"),
+        _storm("s2", "console", job_b, "storm_started", storm_at, 25, "P1"),
+        _storm("s3", "feishu_bot", job_b, "storm_summary", storm_at + MIN, 40, "P0"),
+        _storm("s4", "feishu_bot", job_b, "storm_ended", storm_at + 5 * MIN, 41, "P1"),
         # previous week: a storm on team-a/llm
         _storm("s0", "feishu_bot", job_a, "started", T0 - DAY, 30, "P2"),
     ]  # fmt: skip

@@ -270,7 +270,9 @@ async def load_storms(
         except (KeyError, ValueError):
             continue
         total = int((payload.get("storm") or {}).get("total", 0) or 0)
-        rows.append(StormRow(job, str(payload.get("event", "")), at, total, row.priority))
+        # the policy names them storm_started / storm_summary / storm_ended
+        event = str(payload.get("event", "")).removeprefix("storm_")
+        rows.append(StormRow(job, event, at, total, row.priority))
     return rows
 
 
