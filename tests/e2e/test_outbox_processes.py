@@ -82,6 +82,8 @@ def test_kill_9_with_pending_notifications_sends_all_once(tmp_path: Path) -> Non
             gateway.process.wait(timeout=10)
         finally:
             gateway.stop()
+        # requests that reached the receiver just before the kill finish being counted
+        time.sleep(0.5)
         delivered_before = receiver.unique
         assert delivered_before < 500, "the kill should leave notifications pending"
         recorded_sent = sent_keys(tmp_path / "store.db")

@@ -7,6 +7,7 @@ tests/channels). A real Alertmanager receives the silence an ack can create.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -60,6 +61,14 @@ async def start(db_url: str, receiver: Receiver, clock: Clock, **extra: Any) -> 
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     return server
+
+
+async def close(server: TestServer) -> None:
+    """Closes the gateway, then lets the loop run briefly: a connection close still in
+    progress when pytest-asyncio tears the loop down has hung that teardown (about 1 run in
+    10 of the silence test; cause not found yet, see the closing note)."""
+    await server.close()
+    await asyncio.sleep(0.2)
 
 
 async def settle(server: TestServer) -> None:
@@ -121,7 +130,7 @@ async def test_escalates_until_acknowledged_then_stops(
         assert detail["acked_by"] == "bob"
         assert [e["kind"] for e in detail["events"]] == ["firing", "acked"]
     finally:
-        await server.close()
+        await close(server)
 
 
 async def test_resolve_stops_escalation_and_low_priorities_never_call(
@@ -142,7 +151,7 @@ async def test_resolve_stops_escalation_and_low_priorities_never_call(
         await settle(server)
         assert called(receiver) == [(1, "alice")]
     finally:
-        await server.close()
+        await close(server)
 
 
 async def test_restart_mid_escalation_resumes_without_a_duplicate_call(
@@ -154,7 +163,7 @@ async def test_restart_mid_escalation_resumes_without_a_duplicate_call(
         await post(server, make_body([make_alert(1, labels=P0)]))
         await settle(server)
     finally:
-        await server.close()
+        await close(server)
     clock.now += timedelta(minutes=5)
     server = await start(db_url, receiver, clock)
     try:
@@ -163,7 +172,7 @@ async def test_restart_mid_escalation_resumes_without_a_duplicate_call(
         assert called(receiver) == [(1, "alice"), (1, "bob")]
         assert receiver.duplicates == 0
     finally:
-        await server.close()
+        await close(server)
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
@@ -179,7 +188,7 @@ async def test_ack_api_is_authenticated_and_validated(db_url: str, receiver: Rec
         status, answer = await ack(server, 1, by="x", silence_minutes=10)
         assert status == 200 and answer["silence_error"]  # no Alertmanager configured
     finally:
-        await server.close()
+        await close(server)
 
 
 @pytest.mark.e2e
@@ -203,7 +212,7 @@ async def test_ack_with_silence_creates_it_in_a_real_alertmanager(
             assert matchers["alertname"] == "GPUXidError" and matchers["node"] == "gpu-0001"
             assert "alice" in silence["createdBy"] + silence["comment"]
         finally:
-            await server.close()
+            await close(server)
             await silences.aclose()
 
 
@@ -250,4 +259,4 @@ async def test_feishu_card_button_acks_and_redraws_the_card(
         await settle(server)
         assert called(receiver) == [(1, "alice")]  # bob (layer 2) is never called
     finally:
-        await server.close()
+        await close(server)
