@@ -1,11 +1,14 @@
-"""Runs the real gateway (`trainsentry gateway`) as a subprocess on a free loopback port."""
+"""Runs the real gateway (`trainsentry gateway`) as a subprocess on a free loopback port;
+`close_in_process` closes one started in-process with aiohttp's TestServer."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from aiohttp.test_utils import TestServer
 from realservers import RunningServer, start_server
 
 
@@ -33,3 +36,11 @@ def start_gateway(
         return args
 
     return start_server(tmp_path, "gateway", argv, ready_path="/readyz", env=full_env)
+
+
+async def close_in_process(server: TestServer) -> None:
+    """Closes an in-process gateway, then lets the loop run briefly: a connection close still
+    in progress when pytest-asyncio tears the loop down has hung that teardown (about 1 run in
+    10 of the ack-with-silence test; the cause is not found yet)."""
+    await server.close()
+    await asyncio.sleep(0.2)

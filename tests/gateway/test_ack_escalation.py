@@ -7,7 +7,6 @@ tests/channels). A real Alertmanager receives the silence an ack can create.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
+from gateway_process import close_in_process
 from pydantic import SecretStr
 from realservers import start_alertmanager
 from receiver import Receiver
@@ -61,14 +61,6 @@ async def start(db_url: str, receiver: Receiver, clock: Clock, **extra: Any) -> 
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     return server
-
-
-async def close(server: TestServer) -> None:
-    """Closes the gateway, then lets the loop run briefly: a connection close still in
-    progress when pytest-asyncio tears the loop down has hung that teardown (about 1 run in
-    10 of the silence test; cause not found yet, see the closing note)."""
-    await server.close()
-    await asyncio.sleep(0.2)
 
 
 async def settle(server: TestServer) -> None:
@@ -130,7 +122,7 @@ async def test_escalates_until_acknowledged_then_stops(
         assert detail["acked_by"] == "bob"
         assert [e["kind"] for e in detail["events"]] == ["firing", "acked"]
     finally:
-        await close(server)
+        await close_in_process(server)
 
 
 async def test_resolve_stops_escalation_and_low_priorities_never_call(
@@ -151,7 +143,7 @@ async def test_resolve_stops_escalation_and_low_priorities_never_call(
         await settle(server)
         assert called(receiver) == [(1, "alice")]
     finally:
-        await close(server)
+        await close_in_process(server)
 
 
 async def test_restart_mid_escalation_resumes_without_a_duplicate_call(
@@ -163,7 +155,7 @@ async def test_restart_mid_escalation_resumes_without_a_duplicate_call(
         await post(server, make_body([make_alert(1, labels=P0)]))
         await settle(server)
     finally:
-        await close(server)
+        await close_in_process(server)
     clock.now += timedelta(minutes=5)
     server = await start(db_url, receiver, clock)
     try:
@@ -172,7 +164,7 @@ async def test_restart_mid_escalation_resumes_without_a_duplicate_call(
         assert called(receiver) == [(1, "alice"), (1, "bob")]
         assert receiver.duplicates == 0
     finally:
-        await close(server)
+        await close_in_process(server)
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
@@ -188,7 +180,7 @@ async def test_ack_api_is_authenticated_and_validated(db_url: str, receiver: Rec
         status, answer = await ack(server, 1, by="x", silence_minutes=10)
         assert status == 200 and answer["silence_error"]  # no Alertmanager configured
     finally:
-        await close(server)
+        await close_in_process(server)
 
 
 @pytest.mark.e2e
@@ -212,7 +204,7 @@ async def test_ack_with_silence_creates_it_in_a_real_alertmanager(
             assert matchers["alertname"] == "GPUXidError" and matchers["node"] == "gpu-0001"
             assert "alice" in silence["createdBy"] + silence["comment"]
         finally:
-            await close(server)
+            await close_in_process(server)
             await silences.aclose()
 
 
@@ -259,4 +251,4 @@ async def test_feishu_card_button_acks_and_redraws_the_card(
         await settle(server)
         assert called(receiver) == [(1, "alice")]  # bob (layer 2) is never called
     finally:
-        await close(server)
+        await close_in_process(server)

@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from gateway_process import close_in_process
 from pydantic import SecretStr
 from receiver import Receiver
 from webhook_factory import encode, make_alert, make_body
@@ -122,7 +123,7 @@ async def test_hang_page_names_the_rank_that_never_arrived(db_url: str, receiver
         assert verdict["verdict"] == "hang" and verdict["culprit_ranks"][0] == CULPRIT
         assert any("7" in failed for failed in verdict["ranks_failed"])  # the silent rank
     finally:
-        await server.close()
+        await close_in_process(server)
         for probe in probes:
             await probe.cleanup()
 
@@ -140,4 +141,4 @@ async def test_page_goes_out_at_the_end_of_the_hold_when_no_rank_answers(
         assert not page["payload"].get("culprit_ranks")
         assert time.monotonic() - posted < 6 + 2.0
     finally:
-        await server.close()
+        await close_in_process(server)
