@@ -20,6 +20,7 @@ from trainsentry.gateway.classify import Classification
 from trainsentry.gateway.decide import (
     ALERT_KIND,
     PolicyMetrics,
+    alert_to_json,
     decide,
     decide_tick,
     idempotency_key,
@@ -63,18 +64,12 @@ def archive_draft(
 ) -> NotificationDraft:
     """The archive row notification for one state change of an occurrence."""
     alert = change.alert
-    resolved = change.kind is not ChangeKind.FIRING
+    # the alert as stored: its status is already resolved for resolved and expired changes
     payload: dict[str, Any] = {
-        "priority": classification.priority.value,
-        "status": "resolved" if resolved else "firing",
+        **alert_to_json(alert),
         "event": change.kind.value,
-        "fingerprint": alert.fingerprint,
         "alertname": alert.name,
-        "labels": dict(alert.labels),
-        "annotations": dict(alert.annotations),
-        "starts_at": alert.starts_at.isoformat(),
-        "ends_at": alert.ends_at.isoformat() if alert.ends_at else None,
-        "generator_url": alert.generator_url,
+        "priority": classification.priority.value,
         "reason": classification.reason,
         "rule_id": classification.rule_id,
         "expired": change.kind is ChangeKind.EXPIRED,

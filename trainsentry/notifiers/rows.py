@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from trainsentry.alerts import GO_ZERO_TIME, Alert
-from trainsentry.notifiers.feishu.card import duration_words
+from trainsentry.notifiers.feishu.card import duration_words, parse_time
 from trainsentry.notifiers.payload import (
     NotificationPayload,
     alertname,
@@ -49,14 +49,8 @@ MAX_CELL_CHARS = 40_000  # Feishu allows 50,000 per cell and adds control charac
 
 
 def _time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    value = value if value.tzinfo else value.replace(tzinfo=UTC)
-    return None if value <= GO_ZERO_TIME else value.astimezone(UTC)
+    value = parse_time(text)
+    return None if value is None or value <= GO_ZERO_TIME else value.astimezone(UTC)
 
 
 def _iso(value: datetime | None) -> str:

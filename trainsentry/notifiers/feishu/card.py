@@ -109,7 +109,8 @@ def duration_words(seconds: float) -> str:
     return f"{minutes}m" if minutes else f"{seconds}s"
 
 
-def _parse_time(text: str | None) -> datetime | None:
+def parse_time(text: str | None) -> datetime | None:
+    """An ISO 8601 time from a payload (Z or offset; naive means UTC), or None."""
     if not text:
         return None
     try:
@@ -120,11 +121,11 @@ def _parse_time(text: str | None) -> datetime | None:
 
 
 def _since(payload: NotificationPayload, now: datetime | None) -> str:
-    started = _parse_time(payload.get("starts_at"))
+    started = parse_time(payload.get("starts_at"))
     if started is None:
         return ""
     stamp = started.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    ended = _parse_time(payload.get("ends_at"))
+    ended = parse_time(payload.get("ends_at"))
     if payload["status"] == "resolved" and ended is not None and ended.year > 1:
         return f"{stamp} (lasted {duration_words((ended - started).total_seconds())})"
     if now is not None:
@@ -226,7 +227,7 @@ def _ack_elements(payload: NotificationPayload) -> list[dict[str, Any]]:
     who = payload.get("acked_by")
     if who:
         lines.append(f"✅ Acknowledged by {mention_markup([who])}")
-    until = _parse_time(payload.get("silenced_until"))
+    until = parse_time(payload.get("silenced_until"))
     if until is not None:
         lines.append(f"🔕 Silenced until {until.astimezone(UTC):%Y-%m-%d %H:%M UTC}")
     return [_markdown("\n".join(lines))] if lines else []
