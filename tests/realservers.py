@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import shutil
 import socket
@@ -31,7 +32,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -258,3 +259,29 @@ def logs_on_error(*servers: RunningServer) -> Iterator[None]:
         for server in servers:
             server.print_logs()
         raise
+
+
+T = TypeVar("T")
+
+
+def wait_for(probe: Callable[[], T | None], timeout: float, what: str) -> T:
+    """Polls `probe` until it returns something truthy; fails naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def http_json(url: str, data: Any = None, token: str | None = None) -> Any:
+    """GET (or POST `data` as JSON) with an optional bearer token; the JSON answer or None."""
+    request = urllib.request.Request(url, method="POST" if data is not None else "GET")
+    request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    body = json.dumps(data).encode() if data is not None else None
+    with urllib.request.urlopen(request, body, timeout=10) as response:
+        raw = response.read()
+    return json.loads(raw) if raw else None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -11,31 +10,10 @@ from typing import Any
 
 import pytest
 from gateway_process import start_gateway
-from realservers import logs_on_error, start_alertmanager
+from realservers import http_json, logs_on_error, start_alertmanager, wait_for
 
 pytestmark = pytest.mark.e2e
 TOKEN = "am-token-123"
-
-
-def http_json(url: str, data: Any = None, token: str | None = None) -> Any:
-    request = urllib.request.Request(url, method="POST" if data is not None else "GET")
-    request.add_header("Content-Type", "application/json")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    body = json.dumps(data).encode() if data is not None else None
-    with urllib.request.urlopen(request, body, timeout=10) as response:
-        raw = response.read()
-    return json.loads(raw) if raw else None
-
-
-def wait_for(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def am_config(gateway_url: str, group_interval: str = "1s") -> dict[str, Any]:

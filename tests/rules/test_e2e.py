@@ -14,20 +14,22 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
 from gateway_process import start_gateway
 from realservers import (
     RunningServer,
+    http_json,
     logs_on_error,
     start_alertmanager,
     start_prometheus,
     start_server,
+    wait_for,
 )
 
 from rules import fixture_exporter as fx
@@ -54,28 +56,6 @@ EXPECTED = {
 SLOW_FOR = {"DCGMExporterDown": "5m", "NodeExporterDown": "5m"}
 # Firing in Prometheus, suppressed by rules/alertmanager-inhibit.yaml.
 INHIBITED = {"IBPortNotActive", "GPUTemperatureHigh"}
-
-T = TypeVar("T")
-
-
-def wait_for(probe: Callable[[], T | None], timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def http_json(url: str, data: Any = None, token: str | None = None) -> Any:
-    request = urllib.request.Request(url, method="POST" if data is not None else "GET")
-    request.add_header("Content-Type", "application/json")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    body = json.dumps(data).encode() if data is not None else None
-    with urllib.request.urlopen(request, body, timeout=10) as response:
-        return json.loads(response.read() or b"null")
 
 
 @dataclass
