@@ -64,10 +64,7 @@ async def start(db_url: str, receiver: Receiver, clock: Clock, **extra: Any) -> 
 
 
 async def settle(server: TestServer) -> None:
-    gateway = server.app[GATEWAY_KEY]
-    assert gateway.ticker is not None
-    await gateway.ticker.run_once()
-    await gateway.outbox.drain()
+    await server.app[GATEWAY_KEY].settle()
 
 
 async def post(server: TestServer, body: dict[str, Any]) -> None:

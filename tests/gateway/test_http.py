@@ -15,7 +15,7 @@ from pydantic import SecretStr
 from webhook_factory import encode, make_alert, make_body
 
 from trainsentry.config import GatewaySettings
-from trainsentry.gateway.app import WEBHOOK_PATH, create_app
+from trainsentry.gateway.app import GATEWAY_KEY, WEBHOOK_PATH, create_app
 
 TOKEN = "s3cret-token"
 
@@ -101,6 +101,7 @@ async def test_read_api_filters_and_pages(server: TestServer, http: aiohttp.Clie
         server,
         encode(make_body([make_alert(1, status="resolved", labels={"priority": "P2"})])),
     )
+    await server.app[GATEWAY_KEY].settle()  # priorities are the policy's, set after the answer
 
     async def get(query: str) -> dict:
         async with http.get(server.make_url(f"/api/v1/alerts?{query}")) as response:

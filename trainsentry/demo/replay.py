@@ -17,7 +17,7 @@ from trainsentry.config import GatewaySettings
 from trainsentry.demo.html import write_preview
 from trainsentry.demo.incident import load_incident
 from trainsentry.demo.previews import CallPreview, CardPreview, PreviewLog, SheetPreview
-from trainsentry.gateway.app import GATEWAY_KEY, WEBHOOK_PATH, Gateway, create_app
+from trainsentry.gateway.app import GATEWAY_KEY, WEBHOOK_PATH, create_app
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.reports.delivery import write_preview as write_report_preview
@@ -33,13 +33,6 @@ class VirtualClock:
 
     def __call__(self) -> datetime:
         return self.current
-
-
-async def _settle(gateway: Gateway) -> None:
-    """Fires due timers and sends everything pending, at the current virtual time."""
-    assert gateway.ticker is not None
-    await gateway.ticker.run_once()
-    await gateway.outbox.drain()
 
 
 def _prepare(out: Path) -> None:
@@ -87,11 +80,11 @@ async def run_demo(out: Path) -> dict[str, Any]:
                         if response.status != 200:
                             raise RuntimeError(f"gateway answered {response.status}: {answer}")
                         answers.append(answer)
-                await _settle(gateway)
+                await gateway.settle()
         clock.current = base + timedelta(seconds=incident.steps[-1].at + SETTLE_AFTER_S)
-        await _settle(gateway)
+        await gateway.settle()
         clock.current += timedelta(seconds=SETTLE_AFTER_S)
-        await _settle(gateway)
+        await gateway.settle()
         async with gateway.engine.connect() as conn:
             totals = await counts(conn)
         await write_report_preview(gateway.engine, out / "report.html", now=clock())

@@ -18,7 +18,7 @@ from pydantic import SecretStr
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from trainsentry.alerts import utcnow
+from trainsentry.alerts import AlertChange, utcnow
 from trainsentry.config import GatewaySettings
 from trainsentry.gateway.ack import AckService
 from trainsentry.gateway.decide import PolicyMetrics
@@ -37,12 +37,14 @@ from trainsentry.gateway.outbox import Outbox
 from trainsentry.gateway.paging import Paging
 from trainsentry.gateway.policy import load_policy
 from trainsentry.gateway.policy_plan import PolicyPlan, Ticker
+from trainsentry.gateway.policy_worker import PolicyWorker
 from trainsentry.gateway.truncated import fetch_group
 from trainsentry.kubeclient import default_api_client
 from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.store import check_reachable, create_engine, migrate
+from trainsentry.store.inbox import inbox_depth
 from trainsentry.store.queries import get_alert, list_alerts, list_notifications, outbox_depth
 from trainsentry.store.writes import IncomingReceipt, ReceiptOutcome
 
@@ -78,6 +80,7 @@ class Gateway:
     metrics: GatewayMetrics
     writer: IntakeWriter
     outbox: Outbox
+    policy_worker: PolicyWorker | None = None
     ticker: Ticker | None = None
     ack: AckService | None = None
     diagnoser: HangDiagnoser | None = None
@@ -85,6 +88,15 @@ class Gateway:
     classified: Callable[[], Mapping[int, str]] = dict
     clock: Callable[[], datetime] = utcnow
     background: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    async def settle(self) -> None:
+        """Plans every stored change, fires due timers and sends everything pending, now
+        (the demo and tests drive a gateway on virtual time with this)."""
+        if self.policy_worker is not None:
+            await self.policy_worker.drain()
+        if self.ticker is not None:
+            await self.ticker.run_once()
+        await self.outbox.drain()
 
 
 GATEWAY_KEY = web.AppKey("gateway", Gateway)
@@ -362,6 +374,8 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
     try:
         async with gateway.engine.connect() as conn:
             depth = await asyncio.wait_for(outbox_depth(conn), timeout=2.0)
+            waiting = await asyncio.wait_for(inbox_depth(conn), timeout=2.0)
+        metrics.policy_inbox_depth.set(waiting)
         metrics.outbox_depth.clear()
         oldest_pending = None
         for channel, status, count, oldest in depth:
@@ -397,11 +411,19 @@ def _record_commit(gateway: Gateway, outcomes: Sequence[ReceiptOutcome]) -> None
         metrics.duplicates.inc(outcome.unchanged)
         for change in outcome.changes:
             metrics.alert_changes.labels(change.kind.value).inc()
-        if gateway.diagnoser is not None:
-            gateway.diagnoser.start(outcome.changes)
-        if gateway.job_status is not None:
-            gateway.job_status.feed(outcome.changes, gateway.classified())
-    gateway.outbox.wake()
+    if gateway.policy_worker is not None:
+        gateway.policy_worker.wake()
+
+
+def _record_planned(gateway: Gateway, changes: Sequence[AlertChange], written: int) -> None:
+    """After the policy's commit: what follows a decided change, then wake the outbox."""
+    gateway.metrics.policy_planned.inc(len(changes))
+    if gateway.diagnoser is not None:
+        gateway.diagnoser.start(changes)
+    if gateway.job_status is not None:
+        gateway.job_status.feed(changes, gateway.classified())
+    if written:
+        gateway.outbox.wake()
 
 
 def create_app(
@@ -440,12 +462,17 @@ def create_app(
             engine, notifiers, metrics=gateway_metrics, rate_limits=rate_limits, clock=clock
         )
         writer = IntakeWriter(
-            engine,
-            plan,
-            on_commit=lambda outcomes: _record_commit(app[GATEWAY_KEY], outcomes),
-            clock=clock,
+            engine, on_commit=lambda outcomes: _record_commit(app[GATEWAY_KEY], outcomes)
         )
         gateway = Gateway(settings, engine, gateway_metrics, writer, outbox, clock=clock)
+        policy_lock = asyncio.Lock()
+        gateway.policy_worker = PolicyWorker(
+            engine,
+            plan,
+            on_planned=lambda changes, written: _record_planned(gateway, changes, written),
+            clock=clock,
+            lock=policy_lock,
+        )
         gateway.ack = AckService(
             engine, channels=tuple(notifiers), clock=clock, paging=paging, silences=silences
         )
@@ -474,16 +501,19 @@ def create_app(
                 stale_after=settings.stale_after_seconds,
                 on_drafts=outbox.wake,
                 clock=clock,
+                lock=policy_lock,
             )
             gateway.ticker.start()
         app[GATEWAY_KEY] = gateway
         gateway.writer.start()
+        gateway.policy_worker.start()
         # Before the worker and anything else can claim: rows an earlier run left in flight.
         await outbox.release_leases_of_earlier_runs()
         outbox.start()
         log.info("gateway started db=%s listen=%s", engine.dialect.name, settings.listen)
         yield
         await gateway.writer.stop()
+        await gateway.policy_worker.stop()
         if gateway.diagnoser is not None:
             await gateway.diagnoser.stop()
         if gateway.job_status is not None:

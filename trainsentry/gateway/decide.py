@@ -464,6 +464,7 @@ class PolicyMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         kwargs: dict[str, Any] = {} if registry is None else {"registry": registry}
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.classified = Counter(
             "trainsentry_alerts_classified_total",
             "Alert changes classified, by priority.",
@@ -507,21 +508,30 @@ class PolicyMetrics:
             **kwargs,
         )
 
+    def _child(self, counter: Counter, *values: str) -> Any:
+        # prometheus_client's labels() costs more than the policy's own work per alert
+        key = (id(counter), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = counter.labels(*values)
+        return child
+
     def observe(self, result: DecideResult | TickResult) -> None:
+        child = self._child
         if isinstance(result, DecideResult):
-            self.classified.labels(priority=result.classification.priority.value).inc()
+            child(self.classified, result.classification.priority.value).inc()
         for decision in result.decisions:
             if decision.notice is not None:
-                self.notices.labels(notice=decision.notice.value).inc()
+                child(self.notices, decision.notice.value).inc()
             elif decision.suppressed is not None:
-                self.suppressed.labels(reason=decision.suppressed.value).inc()
+                child(self.suppressed, decision.suppressed.value).inc()
         if result.collapsed:
-            self.suppressed.labels(reason="storm").inc(result.collapsed)
+            child(self.suppressed, "storm").inc(result.collapsed)
         for message in result.storm_messages:
-            self.storm_messages.labels(kind=message.kind.value).inc()
+            child(self.storm_messages, message.kind.value).inc()
             if message.kind is StormMessageKind.STARTED:
                 self.storms.inc()
         for draft in result.drafts:
-            self.drafts.labels(channel=draft.channel, kind=draft.kind).inc()
+            child(self.drafts, draft.channel, draft.kind).inc()
         for channel in result.unconfigured:
-            self.unconfigured.labels(channel=channel).inc()
+            child(self.unconfigured, channel).inc()

@@ -47,6 +47,16 @@ class GatewayMetrics:
             ["channel", "status"],
             registry=r,
         )
+        self.policy_inbox_depth = Gauge(
+            "trainsentry_policy_inbox_depth",
+            "Alert changes stored but not yet handled by the alert policy",
+            registry=r,
+        )
+        self.policy_planned = Counter(
+            "trainsentry_policy_planned_total",
+            "Alert changes handled by the alert policy (classified, deduplicated, routed)",
+            registry=r,
+        )
         self.outbox_oldest_age = Gauge(
             "trainsentry_outbox_oldest_pending_age_seconds",
             "Age of the oldest pending notification",

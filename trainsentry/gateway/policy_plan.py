@@ -255,8 +255,12 @@ class Ticker:
         stale_after: float = 24.5 * 3600,
         on_drafts: Any = None,
         clock: Callable[[], datetime] = utcnow,
+        lock: asyncio.Lock | None = None,
     ) -> None:
         self._engine = engine
+        # Shared with the policy worker: on SQLite reads run before the write lock is taken,
+        # so two policy transactions of one process must not interleave.
+        self._lock = lock or asyncio.Lock()
         self._clock = clock
         self._plan = plan
         self._interval = interval
@@ -266,7 +270,7 @@ class Ticker:
 
     async def run_once(self, now: datetime | None = None) -> int:
         now = now or self._clock()
-        async with self._engine.begin() as conn:
+        async with self._lock, self._engine.begin() as conn:
             written = await self._plan.tick(conn, now)
             expired = await expire_stale(conn, now, self._stale_after)
             if expired:

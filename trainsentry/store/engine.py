@@ -107,8 +107,11 @@ async def migrate(engine: AsyncEngine) -> int:
                 f"understands ({SCHEMA_VERSION}); upgrade trainsentry"
             )
         for version in range(current + 1, SCHEMA_VERSION + 1):
-            for statement in MIGRATIONS[version]:
-                await conn.execute(text(statement))
+            for step in MIGRATIONS[version]:
+                if isinstance(step, str):
+                    await conn.execute(text(step))
+                else:
+                    await conn.run_sync(step)
             await conn.execute(schema_version.insert().values(version=version, applied_at=utcnow()))
         return SCHEMA_VERSION
 

@@ -15,8 +15,8 @@ from typing import Any
 from sqlalchemy import and_, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from trainsentry.store.bulk import encoder, insert_rows
 from trainsentry.store.schema import alerts, policy_state
-from trainsentry.store.writes import dialect_insert
 
 
 async def load_states(
@@ -39,6 +39,13 @@ async def load_states(
     return found
 
 
+_STATE_COLUMNS = ("scope", "key", "state", "updated_at", "due_at")
+_STATE_UPSERT = (
+    "ON CONFLICT (scope, key) DO UPDATE SET state = excluded.state, "
+    "updated_at = excluded.updated_at, due_at = excluded.due_at"
+)
+
+
 async def save_states(
     conn: AsyncConnection,
     scope: str,
@@ -48,20 +55,13 @@ async def save_states(
     """Upserts `key -> (state, due_at)`."""
     if not states:
         return
-    stmt = dialect_insert(conn, policy_state)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[policy_state.c.scope, policy_state.c.key],
-        set_={
-            "state": stmt.excluded.state,
-            "updated_at": stmt.excluded.updated_at,
-            "due_at": stmt.excluded.due_at,
-        },
-    )
+    enc = encoder(conn)
+    updated_at = enc.time(now)
     rows = [
-        {"scope": scope, "key": key, "state": state, "updated_at": now, "due_at": due_at}
+        (scope, key, enc.json(state), updated_at, enc.time(due_at))
         for key, (state, due_at) in sorted(states.items())
     ]
-    await conn.execute(stmt, rows)
+    await insert_rows(conn, policy_state, _STATE_COLUMNS, rows, tail=_STATE_UPSERT)
 
 
 async def claim_due(

@@ -8,9 +8,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from trainsentry.store.bulk import execute_many
 from trainsentry.store.schema import alert_events, alerts, notifications, webhook_receipts
 
 
@@ -138,11 +139,10 @@ async def set_priorities(conn: AsyncConnection, decided: Sequence[tuple[int, str
     """Records (alert_id, priority, reason) decided by the policy."""
     if not decided:
         return
-    await conn.execute(
-        update(alerts)
-        .where(alerts.c.id == bindparam("b_id"))
-        .values(priority=bindparam("b_priority"), priority_reason=bindparam("b_reason")),
-        [{"b_id": a, "b_priority": p, "b_reason": r} for a, p, r in decided],
+    await execute_many(
+        conn,
+        "UPDATE alerts SET priority = ?, priority_reason = ? WHERE id = ?",
+        [(priority, reason, alert_id) for alert_id, priority, reason in decided],
     )
 
 

@@ -4,6 +4,7 @@ Tables:
 - webhook_receipts: one row per distinct webhook body (replays bump `times_received`).
 - alerts: one row per alert occurrence (fingerprint + startsAt), its labels and current state.
 - alert_events: every state change of an occurrence (firing, resolved, expired, acked, ...).
+- policy_inbox: alert events the intake stored and the alert policy has not yet handled.
 - notifications: the durable outbox; a row exists before anything is sent.
 - policy_state: small JSON state the alert policy keeps per fingerprint / job / escalation.
 - report_runs: which report periods were sent (idempotent weekly reports).
@@ -34,7 +35,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -133,6 +134,14 @@ alert_events = Table(
 )
 Index("ix_alert_events_alert", alert_events.c.alert_id, alert_events.c.id)
 Index("ix_alert_events_at", alert_events.c.at)
+
+# Written with the events in the intake's transaction, deleted in the policy's transaction
+# that wrote the event's notifications: an event is planned exactly once, after any crash.
+policy_inbox = Table(
+    "policy_inbox",
+    metadata,
+    Column("event_id", Id, ForeignKey("alert_events.id"), primary_key=True, autoincrement=False),
+)
 
 notifications = Table(
     "notifications",

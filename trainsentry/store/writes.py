@@ -1,5 +1,6 @@
 """Writing webhook receipts and alert occurrences: the one place that turns received alerts into
-stored state changes. Runs inside the caller's transaction.
+stored state changes. Runs inside the caller's transaction. Every change is recorded as an
+event and queued in the policy inbox, which the policy worker empties after the commit.
 
 Replays are harmless: an occurrence is keyed by (fingerprint, startsAt) and only a real status
 change adds an event. With several gateway replicas on PostgreSQL, existing rows are locked
@@ -19,7 +20,13 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trainsentry.alerts import Alert, AlertChange, AlertStatus, ChangeKind, NotificationDraft
-from trainsentry.store.schema import alert_events, alerts, notifications, webhook_receipts
+from trainsentry.store.bulk import Encoder, encoder, execute_many, insert_rows
+from trainsentry.store.schema import (
+    alert_events,
+    alerts,
+    notifications,
+    webhook_receipts,
+)
 
 
 @dataclass(slots=True)
@@ -55,29 +62,48 @@ def dialect_insert(conn: AsyncConnection, table: Table) -> Any:
     return sqlite.insert(table)
 
 
-async def _insert_receipt(conn: AsyncConnection, receipt: IncomingReceipt) -> tuple[int, int]:
-    stmt = dialect_insert(conn, webhook_receipts).values(
-        body_sha256=receipt.body_sha256,
-        received_at=receipt.received_at,
-        last_received_at=receipt.received_at,
-        times_received=1,
-        receiver=receipt.receiver,
-        status=receipt.status,
-        group_key=receipt.group_key,
-        truncated_alerts=receipt.truncated_alerts,
-        alert_count=len(receipt.alerts),
-        external_url=receipt.external_url,
-        body=receipt.body_text,
+_RECEIPT_COLUMNS = (
+    "body_sha256",
+    "received_at",
+    "last_received_at",
+    "times_received",
+    "receiver",
+    "status",
+    "group_key",
+    "truncated_alerts",
+    "alert_count",
+    "external_url",
+    "body",
+)
+_RECEIPT_UPSERT = (
+    "ON CONFLICT (body_sha256) DO UPDATE SET "
+    "times_received = webhook_receipts.times_received + 1, "
+    "last_received_at = excluded.last_received_at "
+    "RETURNING id, times_received"
+)
+
+
+async def _insert_receipt(
+    conn: AsyncConnection, receipt: IncomingReceipt, enc: Encoder
+) -> tuple[int, int]:
+    at = enc.time(receipt.received_at)
+    row = (
+        receipt.body_sha256,
+        at,
+        at,
+        1,
+        receipt.receiver,
+        receipt.status,
+        receipt.group_key,
+        receipt.truncated_alerts,
+        len(receipt.alerts),
+        receipt.external_url,
+        receipt.body_text,
     )
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[webhook_receipts.c.body_sha256],
-        set_={
-            "times_received": webhook_receipts.c.times_received + 1,
-            "last_received_at": stmt.excluded.last_received_at,
-        },
-    ).returning(webhook_receipts.c.id, webhook_receipts.c.times_received)
-    row = (await conn.execute(stmt)).one()
-    return int(row.id), int(row.times_received)
+    ((receipt_id, times),) = await insert_rows(
+        conn, webhook_receipts, _RECEIPT_COLUMNS, [row], tail=_RECEIPT_UPSERT
+    )
+    return int(receipt_id), int(times)
 
 
 @dataclass(slots=True)
@@ -110,49 +136,75 @@ async def _lock_existing(
     return found
 
 
-def _occurrence_row(alert: Alert, receipt_id: int, at: datetime, status: str) -> dict[str, Any]:
-    job = alert.job
-    return {
-        "fingerprint": alert.fingerprint,
-        "starts_at": alert.starts_at,
-        "alertname": alert.name,
-        "status": status,
-        "labels": dict(alert.labels),
-        "annotations": dict(alert.annotations),
-        "ends_at": alert.ends_at,
-        "generator_url": alert.generator_url,
-        "job_namespace": job.namespace if job else alert.labels.get("namespace", ""),
-        "job_name": job.name if job else "",
-        "node": alert.node,
-        "first_receipt_id": receipt_id,
-        "created_at": at,
-        "last_received_at": at,
-        "resolved_at": (alert.ends_at or at) if status == AlertStatus.RESOLVED else None,
-    }
+_ALERT_COLUMNS = (
+    "fingerprint",
+    "starts_at",
+    "alertname",
+    "status",
+    "labels",
+    "annotations",
+    "ends_at",
+    "generator_url",
+    "job_namespace",
+    "job_name",
+    "node",
+    "first_receipt_id",
+    "created_at",
+    "last_received_at",
+    "resolved_at",
+)
+_ALERT_INSERT_TAIL = (
+    "ON CONFLICT (fingerprint, starts_at) DO NOTHING RETURNING id, fingerprint, starts_at"
+)
+
+
+def _occurrence_row(
+    alert: Alert, receipt_id: int, at: datetime, status: str, enc: Encoder
+) -> tuple[Any, ...]:
+    labels = alert.labels
+    job_name = labels.get("trainingjob") or labels.get("job_name") or ""
+    received = enc.time(at)
+    resolved = enc.time(alert.ends_at or at) if status == AlertStatus.RESOLVED else None
+    return (
+        alert.fingerprint,
+        enc.time(alert.starts_at),
+        labels.get("alertname", ""),
+        status,
+        enc.json(labels),
+        enc.json(alert.annotations),
+        enc.time(alert.ends_at),
+        alert.generator_url,
+        labels.get("namespace", ""),
+        job_name,
+        alert.node,
+        receipt_id,
+        received,
+        received,
+        resolved,
+    )
 
 
 async def _insert_new(
-    conn: AsyncConnection, rows: list[dict[str, Any]]
+    conn: AsyncConnection,
+    keys: Sequence[tuple[str, datetime]],
+    rows: list[tuple[Any, ...]],
+    enc: Encoder,
 ) -> dict[tuple[str, datetime], int]:
-    # executemany + RETURNING: SQLAlchemy batches it into multi-row INSERTs ("insertmanyvalues")
-    # with one cached statement, instead of compiling a new statement per batch size.
-    stmt = (
-        dialect_insert(conn, alerts)
-        .on_conflict_do_nothing(index_elements=[alerts.c.fingerprint, alerts.c.starts_at])
-        .returning(alerts.c.id, alerts.c.fingerprint, alerts.c.starts_at)
-    )
-    result = await conn.execute(stmt, rows)
-    return {(row.fingerprint, row.starts_at): int(row.id) for row in result}
+    """Inserts occurrence rows (in `keys` order); returns the ids of those not already there."""
+    by_stored_key = {(fp, enc.time(starts_at)): (fp, starts_at) for fp, starts_at in keys}
+    returned = await insert_rows(conn, alerts, _ALERT_COLUMNS, rows, tail=_ALERT_INSERT_TAIL)
+    return {by_stored_key[(fp, starts_at)]: int(alert_id) for alert_id, fp, starts_at in returned}
 
 
 async def record_receipts(
     conn: AsyncConnection, receipts: Sequence[IncomingReceipt]
 ) -> list[ReceiptOutcome]:
     """Stores receipts and their alerts; returns per receipt what changed. Caller commits."""
+    enc = encoder(conn)
     outcomes: list[ReceiptOutcome] = []
     seen: dict[tuple[str, datetime], _Seen] = {}
     for index, receipt in enumerate(receipts):
-        receipt_id, times = await _insert_receipt(conn, receipt)
+        receipt_id, times = await _insert_receipt(conn, receipt, enc)
         outcomes.append(ReceiptOutcome(receipt_id=receipt_id, times_received=times))
         for alert in receipt.alerts:
             key = (alert.fingerprint, alert.starts_at)
@@ -173,9 +225,11 @@ async def record_receipts(
         for key in new_keys:
             entry = seen[key]
             status, index, at = entry.statuses[0]
-            rows.append(_occurrence_row(entry.alert, outcomes[index].receipt_id, at, status))
+            rows.append(
+                _occurrence_row(entry.alert, outcomes[index].receipt_id, at, status, enc)
+            )
             # the row is created with the first status; later statuses are applied below
-        inserted = await _insert_new(conn, rows)
+        inserted = await _insert_new(conn, new_keys, rows, enc)
         lost_race = [key for key in new_keys if key not in inserted]
         if lost_race:  # another replica inserted them concurrently
             existing.update(await _lock_existing(conn, lost_race))
@@ -189,9 +243,9 @@ async def record_receipts(
     else:
         inserted = {}
 
-    events: list[dict[str, Any]] = []
-    seen_again: list[dict[str, Any]] = []
-    status_changes: list[dict[str, Any]] = []
+    events: list[tuple[Any, ...]] = []
+    seen_again: list[tuple[Any, ...]] = []
+    status_changes: list[tuple[Any, ...]] = []
     for key, entry in seen.items():
         alert_id, current = existing[key]
         just_inserted = key in inserted
@@ -210,52 +264,55 @@ async def record_receipts(
         if just_inserted and len(entry.statuses) == 1:
             continue
         seen_again.append(
-            {
-                "b_id": alert_id,
-                "b_ends_at": entry.alert.ends_at,
-                "b_last": entry.statuses[-1][2],
-                "b_annotations": dict(entry.alert.annotations),
-            }
+            (
+                enc.time(entry.alert.ends_at),
+                enc.time(entry.statuses[-1][2]),
+                enc.json(entry.alert.annotations),
+                alert_id,
+            )
         )
         if changed_at is not None:
             resolved_at = (
                 (entry.alert.ends_at or changed_at) if current == AlertStatus.RESOLVED else None
             )
-            status_changes.append(
-                {"b_id": alert_id, "b_status": current, "b_resolved": resolved_at}
-            )
+            status_changes.append((current, enc.time(resolved_at), alert_id))
     for outcome in outcomes:
         for change in outcome.changes:
             events.append(
-                {
-                    "alert_id": change.alert_id,
-                    "kind": change.kind.value,
-                    "at": change.at,
-                    "receipt_id": outcome.receipt_id,
-                    "detail": None,
-                }
+                (change.alert_id, change.kind.value, enc.time(change.at), outcome.receipt_id)
             )
-    if seen_again:
-        await conn.execute(
-            update(alerts)
-            .where(alerts.c.id == bindparam("b_id"))
-            .values(
-                ends_at=bindparam("b_ends_at"),
-                last_received_at=bindparam("b_last"),
-                annotations=bindparam("b_annotations"),
-            ),
-            seen_again,
-        )
-    if status_changes:
-        await conn.execute(
-            update(alerts)
-            .where(alerts.c.id == bindparam("b_id"))
-            .values(status=bindparam("b_status"), resolved_at=bindparam("b_resolved")),
-            status_changes,
-        )
+    await execute_many(
+        conn,
+        "UPDATE alerts SET ends_at = ?, last_received_at = ?, annotations = ? WHERE id = ?",
+        seen_again,
+    )
+    await execute_many(
+        conn, "UPDATE alerts SET status = ?, resolved_at = ? WHERE id = ?", status_changes
+    )
     if events:
-        await conn.execute(alert_events.insert(), events)
+        columns = ("alert_id", "kind", "at", "receipt_id")
+        returned = await insert_rows(conn, alert_events, columns, events, tail="RETURNING id")
+        # every change waits in the inbox until the policy has handled it (gateway/policy_worker)
+        await execute_many(
+            conn, "INSERT INTO policy_inbox (event_id) VALUES (?)", [(row[0],) for row in returned]
+        )
     return outcomes
+
+
+_NOTIFICATION_COLUMNS = (
+    "idempotency_key",
+    "created_at",
+    "channel",
+    "kind",
+    "priority",
+    "alert_id",
+    "group_key",
+    "reason",
+    "payload",
+    "status",
+    "attempts",
+    "next_attempt_at",
+)
 
 
 async def insert_notifications(
@@ -264,30 +321,34 @@ async def insert_notifications(
     """Writes drafts to the outbox; a draft whose idempotency key exists is skipped."""
     if not drafts:
         return 0
+    enc = encoder(conn)
+    created = enc.time(now)
     rows = [
-        {
-            "idempotency_key": draft.idempotency_key,
-            "created_at": now,
-            "channel": draft.channel,
-            "kind": draft.kind,
-            "priority": draft.priority.value,
-            "alert_id": draft.alert_id,
-            "group_key": draft.group_key,
-            "reason": draft.reason,
-            "payload": draft.payload,
-            "status": "pending",
-            "attempts": 0,
+        (
+            draft.idempotency_key,
+            created,
+            draft.channel,
+            draft.kind,
+            draft.priority.value,
+            draft.alert_id,
+            draft.group_key,
+            draft.reason,
+            enc.json(draft.payload),
+            "pending",
+            0,
             # a held notification (e.g. a hang alert awaiting its diagnosis) waits until then
-            "next_attempt_at": draft.extra.get("not_before", now),
-        }
+            enc.time(draft.extra.get("not_before", now)),
+        )
         for draft in drafts
     ]
-    stmt = (
-        dialect_insert(conn, notifications)
-        .on_conflict_do_nothing(index_elements=[notifications.c.idempotency_key])
-        .returning(notifications.c.id)
+    returned = await insert_rows(
+        conn,
+        notifications,
+        _NOTIFICATION_COLUMNS,
+        rows,
+        tail="ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
     )
-    written = len((await conn.execute(stmt, rows)).all())
+    written = len(returned)
     return written
 
 
