@@ -70,6 +70,13 @@ class JobRef:
         return f"{self.namespace}/{self.name}" if self.namespace else self.name
 
 
+class _Unset:
+    """Marks a lazily computed field not computed yet."""
+
+
+_UNSET = _Unset()
+
+
 @dataclass(frozen=True, slots=True)
 class Alert:
     """One alert as Alertmanager reports it (one element of a webhook's `alerts[]`)."""
@@ -81,6 +88,9 @@ class Alert:
     starts_at: datetime
     ends_at: datetime | None
     generator_url: str = ""
+    # JobRef.from_labels, worked out on first use: the policy asks several times per alert.
+    # (init=False: `dataclasses.replace` resets it, so new labels get their own job.)
+    _job: JobRef | _Unset | None = field(default=_UNSET, compare=False, repr=False, init=False)
 
     @property
     def name(self) -> str:
@@ -88,7 +98,11 @@ class Alert:
 
     @property
     def job(self) -> JobRef | None:
-        return JobRef.from_labels(self.labels)
+        job = self._job
+        if isinstance(job, _Unset):
+            job = JobRef.from_labels(self.labels)
+            object.__setattr__(self, "_job", job)
+        return job
 
     @property
     def node(self) -> str:
