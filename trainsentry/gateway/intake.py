@@ -95,13 +95,16 @@ def to_milliseconds(value: datetime) -> datetime:
     return value.replace(microsecond=value.microsecond - extra) if extra else value
 
 
+_STATUS = {status.value: status for status in AlertStatus}
+
+
 def _to_alert(item: WebhookAlert) -> Alert:
     ends_at = item.endsAt
-    if ends_at is not None and ends_at <= GO_ZERO_TIME:
-        ends_at = None
+    if ends_at is not None and ends_at.year <= GO_ZERO_TIME.year:
+        ends_at = None  # Go's zero time: no end time
     return Alert(
         fingerprint=item.fingerprint or label_fingerprint(item.labels),
-        status=AlertStatus(item.status),
+        status=_STATUS[item.status],
         labels=item.labels,
         annotations=item.annotations,
         starts_at=to_milliseconds(item.startsAt),
