@@ -4,11 +4,13 @@ tests record against the emulator (tests/operator/api_calls.json), and nothing m
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from chart.chart_helm import REPO, find, one, rendered
+from chart.chart_helm import REPO, Manifest, find, one, rendered, template
 
 API_CALLS = REPO / "tests" / "operator" / "api_calls.json"
 # What kopf peering adds with operator.ha=true (kopf lists, watches and patches the
@@ -78,29 +80,84 @@ def test_cluster_role_is_bound_to_the_operator_only() -> None:
             assert obj["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
 
 
-def test_gateway_may_only_patch_training_job_status_and_only_when_asked() -> None:
-    assert not find(rendered("defaults"), "ClusterRole", "-gateway")
-    objs = rendered("everything-on")
-    role = one(objs, "ClusterRole", "-gateway")
-    assert role["rules"] == [
-        {"apiGroups": ["trainsentry.io"], "resources": ["trainingjobs/status"], "verbs": ["patch"]}
-    ]
-    binding = one(objs, "ClusterRoleBinding", "-gateway")
+TRAINING_JOB_STATUS = {
+    "apiGroups": ["trainsentry.io"],
+    "resources": ["trainingjobs/status"],
+    "verbs": ["patch"],
+}
+FIND_RANKS = [
+    {"apiGroups": ["trainsentry.io"], "resources": ["trainingjobs"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+]
+
+
+def gateway_access(objs: Sequence[Manifest]) -> tuple[list[Any] | None, bool]:
+    """The gateway ClusterRole's rules (None without one) and whether its token is mounted."""
     gateway = one(objs, "Deployment", "-gateway")["spec"]["template"]["spec"]
+    roles = find(objs, "ClusterRole", "-gateway")
+    if not roles:
+        assert not find(objs, "ClusterRoleBinding", "-gateway")
+        return None, gateway["automountServiceAccountToken"]
+    binding = one(objs, "ClusterRoleBinding", "-gateway")
+    assert binding["roleRef"]["name"] == roles[0]["metadata"]["name"]
     assert binding["subjects"][0]["name"] == gateway["serviceAccountName"]
-    assert gateway["automountServiceAccountToken"] is True
+    return roles[0]["rules"], gateway["automountServiceAccountToken"]
 
 
-def test_gateway_is_told_to_write_last_alert_when_allowed() -> None:
+def test_gateway_gets_api_access_only_for_what_is_turned_on() -> None:
+    assert gateway_access(rendered("defaults")) == (None, False)
+    assert gateway_access(rendered("everything-on")) == ([TRAINING_JOB_STATUS, *FIND_RANKS], True)
+
+
+@pytest.mark.parametrize(
+    ("gateway", "rules"),
+    [
+        ({"trainingJobStatus": True}, [TRAINING_JOB_STATUS]),
+        ({"diagnosis": {"kubernetes": True}}, FIND_RANKS),
+        ({"diagnosis": {"enabled": True, "kubernetes": True}}, FIND_RANKS),
+        # Diagnosis off, or on with static endpoints only: no API access.
+        ({"diagnosis": {"enabled": False, "kubernetes": True}}, None),
+        ({"diagnosis": {"static_endpoints": {"ml/llama": ["10.0.0.1:9402"]}}}, None),
+    ],
+)
+def test_gateway_api_access_follows_its_settings(
+    gateway: dict[str, Any], rules: list[Any] | None, tmp_path: Path
+) -> None:
+    objs = template("defaults", {"gateway": gateway}, tmp_path)
+    assert gateway_access(objs) == (rules, rules is not None)
+    assert diagnosis_settings(objs) == gateway.get("diagnosis")
+
+
+def config_settings(objs: Sequence[Manifest]) -> Any:
     import yaml
 
     from trainsentry.config import Settings
 
+    config_map = next(
+        o for o in objs if o["kind"] == "ConfigMap" and "config.yaml" in o.get("data", {})
+    )
+    return Settings.model_validate(yaml.safe_load(config_map["data"]["config.yaml"]))
+
+
+def diagnosis_settings(objs: Sequence[Manifest]) -> dict[str, Any] | None:
+    """The diagnosis section as the chart wrote it (None when it wrote none)."""
+    from trainsentry.gateway.diagnosis import DiagnosisSettings
+
+    section: dict[str, Any] = config_settings(objs).diagnosis
+    DiagnosisSettings.model_validate(section)
+    return section or None
+
+
+def test_gateway_is_told_to_write_last_alert_when_allowed() -> None:
     for values, expected in (("defaults", False), ("everything-on", True)):
-        config_map = next(
-            o
-            for o in rendered(values)
-            if o["kind"] == "ConfigMap" and "config.yaml" in o.get("data", {})
-        )
-        settings = Settings.model_validate(yaml.safe_load(config_map["data"]["config.yaml"]))
+        settings = config_settings(rendered(values))
         assert settings.gateway.trainingjob_status is expected, values
+
+
+def test_gateway_diagnosis_settings_reach_the_config_file() -> None:
+    from trainsentry.gateway.diagnosis import DiagnosisSettings
+
+    section = config_settings(rendered("everything-on")).diagnosis
+    settings = DiagnosisSettings.model_validate(section)
+    assert (settings.kubernetes, settings.hold_seconds) == (True, 4)
+    assert settings.alertnames == ["TrainingJobHang"]
