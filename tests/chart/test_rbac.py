@@ -123,7 +123,8 @@ def test_gateway_gets_api_access_only_for_what_is_turned_on() -> None:
 def test_gateway_api_access_follows_its_settings(
     gateway: dict[str, Any], rules: list[Any] | None, tmp_path: Path
 ) -> None:
-    objs = template("defaults", {"gateway": gateway}, tmp_path)
+    token = {"TRAINSENTRY_PROBE_TOKEN": "probe-s3cret"} if "diagnosis" in gateway else {}
+    objs = template("defaults", {"gateway": gateway, "channels": {"secretEnv": token}}, tmp_path)
     assert gateway_access(objs) == (rules, rules is not None)
     assert diagnosis_settings(objs) == gateway.get("diagnosis")
 

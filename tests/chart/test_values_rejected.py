@@ -94,6 +94,19 @@ CONTRADICTIONS: list[tuple[str, dict[str, Any], str]] = [
         {"gateway": {"auth": {"existingSecret": "t", "webhookToken": "x"}}},
         "leave gateway.auth.webhookToken/apiToken empty",
     ),
+    (
+        "diagnosis without the probes' token",
+        {"gateway": {"diagnosis": {"kubernetes": True}}},
+        "put TRAINSENTRY_PROBE_TOKEN in channels.secretEnv (or in channels.existingSecret)",
+    ),
+    (
+        "diagnosis with its own token variable, not given",
+        {
+            "gateway": {"diagnosis": {"probe_token_env": "PROBE_TOKEN"}},
+            "channels": {"secretEnv": {"TRAINSENTRY_PROBE_TOKEN": "t"}},
+        },
+        "put PROBE_TOKEN in channels.secretEnv",
+    ),
 ]
 
 
@@ -120,3 +133,24 @@ def test_replicas_above_one_with_postgresql_are_accepted(tmp_path: Path) -> None
         o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-gateway")
     ]
     assert gateway[0]["spec"]["replicas"] == 2
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"gateway": {"diagnosis": {"kubernetes": True}}, "channels": {"existingSecret": "ch"}},
+        {"gateway": {"diagnosis": {"enabled": False, "kubernetes": True}}},
+        {
+            "gateway": {"diagnosis": {"probe_token_env": "PROBE_TOKEN"}},
+            "channels": {"secretEnv": {"PROBE_TOKEN": "t"}},
+        },
+    ],
+    ids=["token in an existing Secret", "diagnosis off", "own token variable"],
+)
+def test_diagnosis_with_its_token_or_turned_off_is_accepted(
+    values: dict[str, Any], tmp_path: Path
+) -> None:
+    objs = template(overrides=values, tmp=tmp_path)
+    assert any(
+        o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-gateway") for o in objs
+    )

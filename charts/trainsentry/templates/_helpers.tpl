@@ -224,6 +224,11 @@ priorityClassName: {{ . }}
 {{- if and $g.auth.existingSecret (or $g.auth.webhookToken $g.auth.apiToken) -}}
 {{- fail "gateway.auth.existingSecret holds the tokens: leave gateway.auth.webhookToken/apiToken empty" -}}
 {{- end -}}
+{{- $diagnosis := $g.diagnosis | default dict -}}
+{{- $probeToken := get $diagnosis "probe_token_env" | default "TRAINSENTRY_PROBE_TOKEN" -}}
+{{- if and $diagnosis (ne (toString (get $diagnosis "enabled")) "false") (not .Values.channels.existingSecret) (not (hasKey (.Values.channels.secretEnv | default dict) $probeToken)) -}}
+{{- fail (printf "gateway.diagnosis needs the probes' bearer token: put %s in channels.secretEnv (or in channels.existingSecret)" $probeToken) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Alertmanager matchers in text form (name="v", name=~"re", and the older match /
