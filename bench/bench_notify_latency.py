@@ -8,6 +8,9 @@ receiver. The baseline is the same client POSTing the same body straight to the 
    the receiver seeing the notification. Target p99 < 200 ms.
 2. Storm: 20,000 alerts for one job across 1,000 nodes (as fast as the gateway takes them);
    how many messages reach the chat channel per minute, and whether all 20,000 are stored.
+   Right after the storm's last webhook, one P0 and one P2 alert of another job arrive
+   together: the P0's latency (claimed first from the policy inbox) against the P2's (behind
+   the storm's backlog, which is P2 too).
 
     .venv/bin/python bench/bench_notify_latency.py [--alerts 200] [--storm 20000]
 """
@@ -53,10 +56,10 @@ class Receiver:
         return web.json_response({"ok": True})
 
 
-def alert(n: int, job: str, node: str, start: datetime) -> dict[str, Any]:
+def alert(n: int, job: str, node: str, start: datetime, priority: str = "P2") -> dict[str, Any]:
     return {
         "status": "firing",
-        "labels": {"alertname": "GPUXidApplicationError", "priority": "P2", "trainingjob": job,
+        "labels": {"alertname": "GPUXidApplicationError", "priority": priority, "trainingjob": job,
                    "namespace": "ml", "node": node, "gpu": str(n % 8)},
         "annotations": {"summary": f"XID 13 on {node}"},
         "startsAt": (start + timedelta(milliseconds=n)).isoformat(),
@@ -88,6 +91,13 @@ def start_gateway(tmp: Path, receiver_url: str) -> tuple[subprocess.Popen[bytes]
         except OSError:
             time.sleep(0.1)
     raise RuntimeError("gateway did not start")
+
+
+def inbox_depth(metrics: str) -> float:
+    for line in metrics.splitlines():
+        if line.startswith("trainsentry_policy_inbox_depth "):
+            return float(line.split()[-1])
+    raise RuntimeError("no trainsentry_policy_inbox_depth in /metrics")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -154,6 +164,16 @@ async def run(args: argparse.Namespace) -> None:
                             assert r.status == 200
                         batch = []
                 posted_s = time.perf_counter() - t_storm
+                # behind the storm: a P0 and a P2 of another job in one webhook
+                urgent = alert(2 * offset, "other-job", "node-p0", start, priority="P0")
+                usual = alert(2 * offset + 1, "other-job", "node-p2", start)
+                t_pair = time.perf_counter()
+                async with session.post(
+                    f"{gateway}/api/v1/alertmanager", data=body([usual, urgent])
+                ) as r:
+                    assert r.status == 200
+                async with session.get(f"{gateway}/metrics") as response:
+                    backlog = inbox_depth(await response.text())
                 await asyncio.sleep(args.settle)
                 per_minute: dict[int, int] = {}
                 for at, _kind in receiver.messages:
@@ -175,6 +195,13 @@ async def run(args: argparse.Namespace) -> None:
                     f"{[per_minute.get(m, 0) for m in range(max(per_minute, default=0) + 1)]}"
                 )
                 print(f"  max per minute {max(per_minute.values(), default=0)} (target <= 100)")
+                print(f"behind the storm ({backlog:.0f} changes waiting for the policy):")
+                for name, item in (("P0", urgent), ("P2", usual)):
+                    arrived = receiver.arrivals.get(item["fingerprint"])
+                    shown = (
+                        "not delivered" if arrived is None else f"{(arrived - t_pair) * 1e3:.0f} ms"
+                    )
+                    print(f"  {name} of another job: webhook -> first channel request {shown}")
         finally:
             proc.terminate()
             proc.wait(30)

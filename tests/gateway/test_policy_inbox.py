@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import Connection, func, inspect, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from webhook_factory import BASE_TIME, encode, make_alert, make_body
 
@@ -21,10 +22,12 @@ from trainsentry.gateway.policy import load_policy
 from trainsentry.gateway.policy_plan import PolicyPlan
 from trainsentry.gateway.policy_worker import PolicyWorker
 from trainsentry.store import create_engine, migrate
-from trainsentry.store.inbox import inbox_depth
+from trainsentry.store.inbox import claim_inbox, inbox_depth, urgency
+from trainsentry.store.migrations import MIGRATIONS
 from trainsentry.store.policy_state import claim_due, load_states, save_states
 from trainsentry.store.schema import (
     SCHEMA_VERSION,
+    alert_events,
     alerts,
     metadata,
     notifications,
@@ -123,19 +126,152 @@ async def test_bulk_times_compare_with_core_bound_times(engine: AsyncEngine) -> 
         assert await load_states(conn, "test", ["a", "b"]) == {"a": {"n": 1}, "b": {"n": 2}}
 
 
-async def test_upgrading_a_version_1_store_adds_the_inbox(db_url: str) -> None:
+async def inbox_shape(
+    conn: AsyncConnection,
+) -> tuple[list[tuple[str, bool]], list[tuple[Any, ...]]]:
+    """policy_inbox's columns (name, nullable) and indexes (name, columns) as the database has
+    them."""
+
+    def read(sync: Connection) -> tuple[list[tuple[str, bool]], list[tuple[Any, ...]]]:
+        found = inspect(sync)
+        columns = [(c["name"], bool(c["nullable"])) for c in found.get_columns("policy_inbox")]
+        indexes = sorted(
+            (i["name"], tuple(i["column_names"])) for i in found.get_indexes("policy_inbox")
+        )
+        return columns, indexes
+
+    return await conn.run_sync(read)
+
+
+async def test_upgrading_a_version_1_store_adds_the_inbox_as_a_new_store_has_it(
+    db_url: str,
+) -> None:
     engine = create_engine(db_url)
     try:
         v1_tables = [t for t in metadata.sorted_tables if t is not policy_inbox]
         async with engine.begin() as conn:
             await conn.run_sync(lambda sync: metadata.create_all(sync, tables=v1_tables))
             await conn.execute(schema_version.insert().values(version=1, applied_at=BASE_TIME))
-        assert await migrate(engine) == SCHEMA_VERSION == 2
+        assert await migrate(engine) == SCHEMA_VERSION
         await intake(engine, [make_alert(1)])
         async with engine.connect() as conn:
             assert await inbox_depth(conn) == 1
+            upgraded = await inbox_shape(conn)
+        async with engine.begin() as conn:
+            await conn.run_sync(lambda sync: metadata.drop_all(sync))
+        assert await migrate(engine) == SCHEMA_VERSION
+        async with engine.connect() as conn:
+            assert upgraded == await inbox_shape(conn)
+        assert upgraded == (
+            [("event_id", False), ("urgency", False)],
+            [("ix_policy_inbox_claim", ("urgency", "event_id"))],
+        )
     finally:
         await engine.dispose()
+
+
+async def test_changes_waiting_in_a_version_2_inbox_survive_the_upgrade(db_url: str) -> None:
+    engine = create_engine(db_url)
+    try:
+        v1_tables = [t for t in metadata.sorted_tables if t is not policy_inbox]
+        async with engine.begin() as conn:
+            await conn.run_sync(lambda sync: metadata.create_all(sync, tables=v1_tables))
+            for step in MIGRATIONS[2]:
+                assert not isinstance(step, str)
+                await conn.run_sync(step)
+            await conn.execute(schema_version.insert().values(version=2, applied_at=BASE_TIME))
+            # a change the version 2 intake stored and its policy had not yet planned
+            alert_id = (
+                await conn.execute(
+                    alerts.insert()
+                    .values(
+                        fingerprint="00000000000000aa",
+                        starts_at=BASE_TIME,
+                        status="firing",
+                        labels={"alertname": "GPUXidError", "priority": "P0"},
+                        annotations={},
+                        created_at=BASE_TIME,
+                        last_received_at=BASE_TIME,
+                    )
+                    .returning(alerts.c.id)
+                )
+            ).scalar_one()
+            event_id = (
+                await conn.execute(
+                    alert_events.insert()
+                    .values(alert_id=alert_id, kind="firing", at=BASE_TIME)
+                    .returning(alert_events.c.id)
+                )
+            ).scalar_one()
+            await conn.execute(
+                text("INSERT INTO policy_inbox (event_id) VALUES (:id)"), {"id": event_id}
+            )
+        assert await migrate(engine) == SCHEMA_VERSION
+        async with engine.begin() as conn:
+            claimed = await claim_inbox(conn, 10)
+        assert claimed.event_ids == [event_id]
+        assert claimed.changes[0].alert.labels["priority"] == "P0"
+    finally:
+        await engine.dispose()
+
+
+def test_urgency_follows_the_priority_label() -> None:
+    assert [urgency({"priority": p}) for p in ("P0", "P1", "P2", "P3")] == [0, 1, 2, 3]
+    assert urgency({"priority": " p1 "}) == 1
+    # without a readable label: behind P0 and P1, ahead of P3
+    assert urgency({}) == urgency({"priority": "P7"}) == urgency({"priority": "high"}) == 2
+
+
+async def test_the_most_urgent_changes_are_claimed_first_each_alert_in_order(
+    engine: AsyncEngine,
+) -> None:
+    def labelled(index: int, priority: str | None, status: str = "firing") -> dict[str, object]:
+        labels = {"priority": priority} if priority else {}
+        return make_alert(index, status=status, labels=labels)
+
+    await intake(engine, [labelled(i, "P3") for i in range(10)], at_s=0)
+    await intake(engine, [labelled(10, None), labelled(11, "P1")], at_s=1)
+    await intake(engine, [labelled(1, "P3", "resolved"), labelled(12, "p0")], at_s=2)
+    await intake(engine, [labelled(12, "p0", "resolved")], at_s=3)
+    order: list[tuple[str, ChangeKind]] = []
+
+    async def record(conn: AsyncConnection, changes: Sequence[AlertChange], now: datetime) -> int:
+        order.extend((c.alert.fingerprint, c.kind) for c in changes)
+        return 0
+
+    assert await PolicyWorker(engine, record, batch=3).drain() == 15
+    firing, resolved = ChangeKind.FIRING, ChangeKind.RESOLVED
+    assert order[:4] == [
+        (f"{12:016x}", firing),  # P0, though it arrived last
+        (f"{12:016x}", resolved),  # then its own resolve, after its firing
+        (f"{11:016x}", firing),  # P1
+        (f"{10:016x}", firing),  # no label
+    ]
+    # then the P3s in the order they happened, alert 1's resolve after its firing
+    assert order[4:] == [(f"{i:016x}", firing) for i in range(10)] + [(f"{1:016x}", resolved)]
+
+
+async def test_a_p0_is_planned_in_the_first_batch_behind_a_storm(engine: AsyncEngine) -> None:
+    storm = [make_alert(i, labels={"priority": "P3"}) for i in range(600)]
+    await intake(engine, storm, at_s=0)
+    page = make_alert(
+        9999, name="GPUFallenOffBus", labels={"priority": "P0", "trainingjob": "other-job"}
+    )
+    await intake(engine, [page], at_s=1)
+    worker = PolicyWorker(engine, console_plan(), clock=lambda: BASE_TIME + timedelta(seconds=1))
+    assert await worker.run_once() == 250
+    async with engine.connect() as conn:
+        planned_p0 = (
+            (
+                await conn.execute(
+                    select(notifications.c.priority).where(notifications.c.priority == "P0")
+                )
+            )
+            .scalars()
+            .all()
+        )
+    assert planned_p0, "the P0 waited behind the storm"
+    assert await count(engine, policy_inbox) == 601 - 250
 
 
 async def test_concurrent_drains_in_one_process_plan_each_change_once(

@@ -1,28 +1,41 @@
 """Versioned DDL steps: MIGRATIONS[n] upgrades a database from version n-1 to n.
 
 Version 1 is created from `schema.metadata` directly, so it has no steps. A step is SQL text
-or a function of the (synchronous) connection, e.g. creating a table from its definition in
-`schema.py` so an upgraded database matches a new one on every backend. Bump
-`schema.SCHEMA_VERSION` with each new entry; a test checks both stay in step.
+or a function of the (synchronous) connection, e.g. creating a table as that version defined
+it (not from `schema.py`, which later versions change), so the same DDL works on every
+backend. Bump `schema.SCHEMA_VERSION` with each new entry; tests check both stay in step and
+that an upgraded database matches a new one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import Connection
+from sqlalchemy import Column, Connection, ForeignKey, MetaData, Table
 
-from trainsentry.store.schema import policy_inbox
+from trainsentry.store.schema import Id, alert_events
 
 Step = str | Callable[[Connection], None]
 
 
-def _create_policy_inbox(conn: Connection) -> None:
-    policy_inbox.create(conn)
+def _create_policy_inbox_v2(conn: Connection) -> None:
+    # The table as version 2 had it; version 3 adds to it.
+    Table(
+        "policy_inbox",
+        MetaData(),
+        Column(
+            "event_id", Id, ForeignKey(alert_events.c.id), primary_key=True, autoincrement=False
+        ),
+    ).create(conn)
 
 
 MIGRATIONS: dict[int, list[Step]] = {
     1: [],
     # 2: the policy runs after the intake's commit, from a durable inbox of events
-    2: [_create_policy_inbox],
+    2: [_create_policy_inbox_v2],
+    # 3: the inbox is claimed most urgent first (a P0 is not planned behind a storm)
+    3: [
+        "ALTER TABLE policy_inbox ADD COLUMN urgency SMALLINT NOT NULL DEFAULT 2",
+        "CREATE INDEX ix_policy_inbox_claim ON policy_inbox (urgency, event_id)",
+    ],
 }

@@ -4,7 +4,8 @@ Tables:
 - webhook_receipts: one row per distinct webhook body (replays bump `times_received`).
 - alerts: one row per alert occurrence (fingerprint + startsAt), its labels and current state.
 - alert_events: every state change of an occurrence (firing, resolved, expired, acked, ...).
-- policy_inbox: alert events the intake stored and the alert policy has not yet handled.
+- policy_inbox: alert events the intake stored and the alert policy has not yet handled,
+  most urgent first.
 - notifications: the durable outbox; a row exists before anything is sent.
 - policy_state: small JSON state the alert policy keeps per fingerprint / job / escalation.
 - report_runs: which report periods were sent (idempotent weekly reports).
@@ -26,6 +27,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    SmallInteger,
     String,
     Table,
     Text,
@@ -35,7 +37,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -137,11 +139,15 @@ Index("ix_alert_events_at", alert_events.c.at)
 
 # Written with the events in the intake's transaction, deleted in the policy's transaction
 # that wrote the event's notifications: an event is planned exactly once, after any crash.
+# `urgency` (0 = the alert is labelled P0; store/inbox.py) orders the claims, so a P0 is not
+# planned behind a backlog of lesser alerts.
 policy_inbox = Table(
     "policy_inbox",
     metadata,
     Column("event_id", Id, ForeignKey("alert_events.id"), primary_key=True, autoincrement=False),
+    Column("urgency", SmallInteger, nullable=False, server_default="2"),
 )
+Index("ix_policy_inbox_claim", policy_inbox.c.urgency, policy_inbox.c.event_id)
 
 notifications = Table(
     "notifications",

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trainsentry.alerts import Alert, AlertChange, AlertStatus, ChangeKind, NotificationDraft
 from trainsentry.store.bulk import Encoder, encoder, execute_many, insert_rows
+from trainsentry.store.inbox import urgency
 from trainsentry.store.schema import (
     alert_events,
     alerts,
@@ -225,9 +226,7 @@ async def record_receipts(
         for key in new_keys:
             entry = seen[key]
             status, index, at = entry.statuses[0]
-            rows.append(
-                _occurrence_row(entry.alert, outcomes[index].receipt_id, at, status, enc)
-            )
+            rows.append(_occurrence_row(entry.alert, outcomes[index].receipt_id, at, status, enc))
             # the row is created with the first status; later statuses are applied below
         inserted = await _insert_new(conn, new_keys, rows, enc)
         lost_race = [key for key in new_keys if key not in inserted]
@@ -276,11 +275,14 @@ async def record_receipts(
                 (entry.alert.ends_at or changed_at) if current == AlertStatus.RESOLVED else None
             )
             status_changes.append((current, enc.time(resolved_at), alert_id))
+    # An occurrence's changes share its labels, hence one urgency (store/inbox.py).
+    urgencies: dict[int, int] = {}
     for outcome in outcomes:
         for change in outcome.changes:
             events.append(
                 (change.alert_id, change.kind.value, enc.time(change.at), outcome.receipt_id)
             )
+            urgencies[change.alert_id] = urgency(change.alert.labels)
     await execute_many(
         conn,
         "UPDATE alerts SET ends_at = ?, last_received_at = ?, annotations = ? WHERE id = ?",
@@ -291,10 +293,14 @@ async def record_receipts(
     )
     if events:
         columns = ("alert_id", "kind", "at", "receipt_id")
-        returned = await insert_rows(conn, alert_events, columns, events, tail="RETURNING id")
+        returned = await insert_rows(
+            conn, alert_events, columns, events, tail="RETURNING id, alert_id"
+        )
         # every change waits in the inbox until the policy has handled it (gateway/policy_worker)
         await execute_many(
-            conn, "INSERT INTO policy_inbox (event_id) VALUES (?)", [(row[0],) for row in returned]
+            conn,
+            "INSERT INTO policy_inbox (event_id, urgency) VALUES (?, ?)",
+            [(event_id, urgencies[alert_id]) for event_id, alert_id in returned],
         )
     return outcomes
 
