@@ -45,18 +45,31 @@ class Claimed:
     changes: list[AlertChange]
 
 
-_CLAIM = (
+_SELECT = (
     "SELECT i.event_id, e.kind, e.at, a.id, a.fingerprint, a.labels, a.annotations, "
     "a.starts_at, a.ends_at, a.generator_url "
     "FROM policy_inbox i JOIN alert_events e ON e.id = i.event_id "
-    "JOIN alerts a ON a.id = e.alert_id ORDER BY i.urgency, i.event_id LIMIT ?"
+    "JOIN alerts a ON a.id = e.alert_id "
+)
+_ORDER = "ORDER BY i.urgency, i.event_id LIMIT ?"
+# SQLite: one gateway, one policy transaction at a time (policy_worker.py), batches in order.
+_CLAIM_SQLITE = _SELECT + _ORDER
+# PostgreSQL replicas claim side by side, skipping rows another replica holds. A change whose
+# fingerprint has an earlier change still in the inbox (held by another replica, or not yet
+# planned) waits, so no replica plans an alert's resolve before another has planned its firing.
+_CLAIM_POSTGRESQL = (
+    _SELECT + "WHERE NOT EXISTS (SELECT 1 FROM policy_inbox i2 "
+    "JOIN alert_events e2 ON e2.id = i2.event_id JOIN alerts a2 ON a2.id = e2.alert_id "
+    "WHERE a2.fingerprint = a.fingerprint AND i2.event_id < i.event_id) "
+    + _ORDER
+    + " FOR UPDATE OF i SKIP LOCKED"
 )
 
 
 async def claim_inbox(conn: AsyncConnection, limit: int) -> Claimed:
     """The `limit` most urgent waiting changes (oldest first within an urgency), locked for
-    this transaction."""
-    sql = _CLAIM if conn.dialect.name == "sqlite" else _CLAIM + " FOR UPDATE OF i SKIP LOCKED"
+    this transaction. On PostgreSQL at most the oldest waiting change per fingerprint."""
+    sql = _CLAIM_SQLITE if conn.dialect.name == "sqlite" else _CLAIM_POSTGRESQL
     # Read through the driver (bulk.decode_*): this runs once per alert change.
     rows = await fetch(conn, sql, (limit,))
     event_ids: list[int] = []
