@@ -84,7 +84,7 @@ def decode_dump(data: bytes, source: str) -> dict[str, Any]:
         else:
             raise FlightRecorderError("neither JSON nor pickle")
     except (ValueError, pickle.UnpicklingError, EOFError, TypeError, IndexError,
-            KeyError, AttributeError, RecursionError, MemoryError) as exc:
+            KeyError, AttributeError, RecursionError, MemoryError, OverflowError) as exc:
         if isinstance(exc, FlightRecorderError):
             raise FlightRecorderError(f"{source}: {exc}") from exc
         raise FlightRecorderError(f"{source}: corrupt or truncated dump ({exc})") from exc
