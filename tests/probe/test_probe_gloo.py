@@ -88,8 +88,13 @@ def test_stalled_rank_shows_in_probe_metrics_and_dump(stalled_job: GlooJob) -> N
         assert value(s, P + "last_completed_seq", **labels) == stalled_enqueued
         assert value(s, P + "inflight_seq", **labels) == stalled_enqueued + 1
         assert value(s, P + "inflight_info", op="all_reduce", **labels) == 1
-        since = value(s, P + "seconds_since_last_completion", **labels)
-        assert since is not None and since >= 2.0
+
+        # Grows while the rank waits; polled, since a loaded machine may scrape it early.
+        def waited_2s(port: int = job.ports[rank], labels: dict[str, str] = labels) -> bool:
+            since = value(scrape(port), P + "seconds_since_last_completion", **labels)
+            return since is not None and since >= 2.0
+
+        wait_for(waited_2s, 20, f"rank {rank}'s seconds_since_last_completion >= 2 s", job)
         assert value(s, P + "node", **labels) is None  # node is a label, not a metric
         assert value(s, P + "info", node=f"node-{rank // 2}", world_size=str(WORLD)) == 1
         # The named sub-group carries its description.
