@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -166,6 +167,46 @@ async def test_health_ready_and_metrics(server: TestServer, http: aiohttp.Client
     assert "trainsentry_alerts_duplicate_total 1.0" in text
     assert "trainsentry_intake_latency_seconds_count 2.0" in text
     assert "trainsentry_outbox_oldest_pending_age_seconds" in text
+
+
+def gauge(metrics_text: str, series: str) -> float:
+    for line in metrics_text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{series} not in /metrics")
+
+
+async def test_metrics_show_how_long_changes_wait_for_the_policy_by_urgency(
+    db_url: str, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async def policy_down(conn: object, changes: object, now: object) -> int:
+        raise RuntimeError("policy down")  # every batch fails: changes stay in the inbox
+
+    settings = GatewaySettings(
+        listen="127.0.0.1:0",
+        db=db_url,
+        console_file=tmp_path / "console.jsonl",
+        webhook_token=SecretStr(TOKEN),
+    )
+    server = TestServer(create_app(settings, plan=policy_down), host="127.0.0.1")
+    await server.start_server()
+    try:
+        alerts = [
+            make_alert(1, labels={"priority": "P0"}),
+            make_alert(2, labels={"priority": "P3"}),
+            make_alert(3, labels={"priority": "P3"}),
+        ]
+        assert (await post(http, server, encode(make_body(alerts))))[0] == 200
+        await asyncio.sleep(1.2)
+        async with http.get(server.make_url("/metrics")) as response:
+            text = await response.text()
+    finally:
+        await server.close()
+    age = "trainsentry_policy_inbox_oldest_age_seconds"
+    assert gauge(text, "trainsentry_policy_inbox_depth") == 3
+    assert 1.0 <= gauge(text, f'{age}{{urgency="P0"}}') < 60
+    assert 1.0 <= gauge(text, f'{age}{{urgency="P3"}}') < 60
+    assert gauge(text, f'{age}{{urgency="P1"}}') == gauge(text, f'{age}{{urgency="P2"}}') == 0
 
 
 fuzz_bodies = st.one_of(

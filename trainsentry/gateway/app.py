@@ -18,7 +18,7 @@ from pydantic import SecretStr
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from trainsentry.alerts import AlertChange, utcnow
+from trainsentry.alerts import AlertChange, Priority, utcnow
 from trainsentry.config import GatewaySettings
 from trainsentry.gateway.ack import AckService
 from trainsentry.gateway.decide import PolicyMetrics
@@ -44,7 +44,7 @@ from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.store import check_reachable, create_engine, migrate
-from trainsentry.store.inbox import inbox_depth
+from trainsentry.store.inbox import inbox_waiting
 from trainsentry.store.queries import get_alert, list_alerts, list_notifications, outbox_depth
 from trainsentry.store.writes import IncomingReceipt, ReceiptOutcome
 
@@ -374,8 +374,13 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
     try:
         async with gateway.engine.connect() as conn:
             depth = await asyncio.wait_for(outbox_depth(conn), timeout=2.0)
-            waiting = await asyncio.wait_for(inbox_depth(conn), timeout=2.0)
-        metrics.policy_inbox_depth.set(waiting)
+            waiting = await asyncio.wait_for(inbox_waiting(conn), timeout=2.0)
+        now = utcnow()
+        metrics.policy_inbox_depth.set(sum(group.count for group in waiting))
+        ages = {group.urgency: (now - group.oldest_at).total_seconds() for group in waiting}
+        for priority in Priority:  # every urgency, 0 when nothing waits: rules see no gaps
+            age = max(0.0, ages.get(priority.level, 0.0))
+            metrics.policy_inbox_oldest_age.labels(priority.value).set(age)
         metrics.outbox_depth.clear()
         oldest_pending = None
         for channel, status, count, oldest in depth:

@@ -52,6 +52,13 @@ class GatewayMetrics:
             "Alert changes stored but not yet handled by the alert policy",
             registry=r,
         )
+        self.policy_inbox_oldest_age = Gauge(
+            "trainsentry_policy_inbox_oldest_age_seconds",
+            "How long the oldest change waiting for the alert policy has waited, by the "
+            "urgency it is planned with (the alert's priority label; unlabelled counts as P2)",
+            ["urgency"],
+            registry=r,
+        )
         self.policy_planned = Counter(
             "trainsentry_policy_planned_total",
             "Alert changes handled by the alert policy (classified, deduplicated, routed)",

@@ -18,17 +18,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from trainsentry.alerts import Alert, AlertChange, AlertStatus, ChangeKind
+from trainsentry.alerts import Alert, AlertChange, AlertStatus, ChangeKind, Priority
 from trainsentry.store.bulk import decode_json, decode_time, fetch
-from trainsentry.store.schema import policy_inbox
+from trainsentry.store.schema import alert_events, policy_inbox
 
-# Alerts without a readable `priority` label wait behind P0 and P1, ahead of P3.
-UNLABELLED_URGENCY = 2
-_URGENCY = {f"P{level}": level for level in range(4)}
+# An alert's urgency is the level of its `priority` label (Priority.level: P0 = 0).
+# Alerts without a readable label wait behind P0 and P1, ahead of P3.
+UNLABELLED_URGENCY = Priority.P2.level
+_URGENCY = {priority.value: priority.level for priority in Priority}
 
 
 def urgency(labels: Mapping[str, str]) -> int:
@@ -96,6 +98,26 @@ async def clear_inbox(conn: AsyncConnection, event_ids: list[int]) -> None:
     for start in range(0, len(event_ids), 5000):
         chunk = event_ids[start : start + 5000]
         await conn.execute(delete(policy_inbox).where(policy_inbox.c.event_id.in_(chunk)))
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """The changes of one urgency waiting for the policy."""
+
+    urgency: int
+    count: int
+    oldest_at: datetime  # when the intake stored the oldest of them
+
+
+async def inbox_waiting(conn: AsyncConnection) -> list[Waiting]:
+    """What waits in the inbox, per urgency (only urgencies with waiting changes)."""
+    query = (
+        select(policy_inbox.c.urgency, func.count(), func.min(alert_events.c.at))
+        .select_from(policy_inbox.join(alert_events, alert_events.c.id == policy_inbox.c.event_id))
+        .group_by(policy_inbox.c.urgency)
+        .order_by(policy_inbox.c.urgency)
+    )
+    return [Waiting(int(u), int(n), at) for u, n, at in await conn.execute(query)]
 
 
 async def inbox_depth(conn: AsyncConnection) -> int:
