@@ -128,6 +128,18 @@ async def test_rate_limits_are_never_exceeded(engine: AsyncEngine, receiver: Rec
         assert stamps[i + 3] - stamps[i] >= 0.5 - 0.02  # never 4 inside half a second
 
 
+async def test_a_claim_takes_no_more_rows_than_its_limit(
+    engine: AsyncEngine, receiver: Receiver
+) -> None:
+    # Rate-limited channels rely on it: more rows than the limit could outlive their lease.
+    await enqueue(engine, [d for i in range(5) for d in drafts(1, group=f"g{i}", prefix=f"c{i}")])
+    outbox = Outbox(engine, {"webhook": WebhookNotifier(receiver.url)}, claim_batch=2)
+    claimed = await outbox.claim()
+    assert [row.idempotency_key for row in claimed] == ["c0-0", "c1-0"]
+    assert await statuses(engine) == {"sending": 2, "pending": 3}
+    await outbox.aclose()
+
+
 async def test_expired_lease_is_taken_over(engine: AsyncEngine, receiver: Receiver) -> None:
     await enqueue(engine, drafts(3))
     now = datetime.now(UTC)

@@ -271,9 +271,14 @@ class Outbox:
                 )
                 if conn.dialect.name == "postgresql":
                     due = due.with_for_update(skip_locked=True, of=notifications)
+                # Ids first, then the update: as a subquery of the UPDATE, PostgreSQL may run
+                # the LIMIT ... SKIP LOCKED select more than once and claim past the limit.
+                ids = (await conn.execute(due)).scalars().all()
+                if not ids:
+                    continue
                 stmt = (
                     update(notifications)
-                    .where(notifications.c.id.in_(due.scalar_subquery()))
+                    .where(notifications.c.id.in_(ids))
                     .where(notifications.c.status == PENDING)
                     .values(
                         status=SENDING, claimed_by=self.worker_id, claimed_until=now + self._lease
