@@ -128,6 +128,36 @@ async def test_rate_limits_are_never_exceeded(engine: AsyncEngine, receiver: Rec
         assert stamps[i + 3] - stamps[i] >= 0.5 - 0.02  # never 4 inside half a second
 
 
+async def test_a_p0_is_claimed_before_an_older_backlog_but_not_before_its_own_group(
+    engine: AsyncEngine, receiver: Receiver
+) -> None:
+    def one(key: str, group: str, priority: Priority) -> NotificationDraft:
+        return NotificationDraft(
+            channel="webhook",
+            kind="alert",
+            priority=priority,
+            idempotency_key=key,
+            payload={"priority": priority.value, "key": key},
+            group_key=group,
+        )
+
+    backlog = [one(f"p3-{i}", f"alert:{i}", Priority.P3) for i in range(6)]
+    await enqueue(engine, backlog)
+    await enqueue(engine, [one("p1", "alert:p1", Priority.P1), one("late", "alert:0", Priority.P0)])
+    await enqueue(engine, [one("p0", "alert:p0", Priority.P0)])
+    # one row per claim, as a rate-limited channel's backlog would be claimed
+    outbox = Outbox(
+        engine, {"webhook": WebhookNotifier(receiver.url)}, retry=FAST_RETRY, claim_batch=1
+    )
+    await drain(outbox)
+    await outbox.aclose()
+    sent = [body["payload"]["key"] for body in receiver.bodies]
+    assert sent[:2] == ["p0", "p1"]
+    # alert 0's P0 update waits for that alert's older P3 card, then goes before the rest
+    assert sent[2:4] == ["p3-0", "late"]
+    assert sent[4:] == [f"p3-{i}" for i in range(1, 6)]
+
+
 async def test_a_claim_takes_no_more_rows_than_its_limit(
     engine: AsyncEngine, receiver: Receiver
 ) -> None:
@@ -138,6 +168,33 @@ async def test_a_claim_takes_no_more_rows_than_its_limit(
     assert [row.idempotency_key for row in claimed] == ["c0-0", "c1-0"]
     assert await statuses(engine) == {"sending": 2, "pending": 3}
     await outbox.aclose()
+
+
+async def test_a_claimed_batch_is_sent_most_urgent_first(
+    engine: AsyncEngine, receiver: Receiver
+) -> None:
+    items = [
+        NotificationDraft(
+            channel="webhook",
+            kind="alert",
+            priority=priority,
+            idempotency_key=f"k{i}",
+            payload={"priority": priority.value, "key": f"k{i}"},
+            group_key=f"alert:{i}",
+        )
+        for i, priority in enumerate([Priority.P3, Priority.P2, Priority.P0, Priority.P3])
+    ]
+    await enqueue(engine, items)
+    # one claim takes all four; the rate limit lets them out one at a time, in claim order
+    outbox = Outbox(
+        engine,
+        {"webhook": WebhookNotifier(receiver.url)},
+        retry=FAST_RETRY,
+        rate_limits={"webhook": [(1, 0.05)]},
+    )
+    await drain(outbox)
+    await outbox.aclose()
+    assert [body["payload"]["key"] for body in receiver.bodies] == ["k2", "k1", "k0", "k3"]
 
 
 async def test_expired_lease_is_taken_over(engine: AsyncEngine, receiver: Receiver) -> None:

@@ -244,7 +244,8 @@ class Outbox:
         return min(self._claim_batch, allowed)
 
     async def claim(self) -> list[OutboundNotification]:
-        """Claims due rows of every channel (see `_claim_limit`), oldest first per group."""
+        """Claims due rows of every channel (see `_claim_limit`): most urgent priority first
+        ("P0" < "P1" < ... as text), then oldest; within a group strictly in order."""
         now = self._clock()
         older = notifications.alias("older")
         blocked_by_older = exists().where(
@@ -266,7 +267,8 @@ class Outbox:
                         notifications.c.next_attempt_at <= now,
                         ~blocked_by_older,
                     )
-                    .order_by(notifications.c.id)
+                    # a rate-limited channel's backlog of P3 cards must not hold back a P0
+                    .order_by(notifications.c.priority, notifications.c.id)
                     .limit(self._claim_limit(channel))
                 )
                 if conn.dialect.name == "postgresql":
@@ -301,7 +303,8 @@ class Outbox:
                 )
                 for row in rows
             ),
-            key=lambda n: n.id,
+            # at most one row per group is claimed, so this keeps each group's order
+            key=lambda n: (n.priority.level, n.id),
         )
 
     async def _deliver(self, row: OutboundNotification) -> _Outcome:
