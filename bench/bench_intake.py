@@ -132,12 +132,17 @@ async def load(url: str, payloads: list[bytes], concurrency: int) -> tuple[float
     return elapsed, latencies
 
 
+def inbox_depth_in(metrics: str) -> float:
+    """trainsentry_policy_inbox_depth from the text of the gateway's /metrics."""
+    for line in metrics.splitlines():
+        if line.startswith("trainsentry_policy_inbox_depth "):
+            return float(line.split()[1])
+    raise RuntimeError("no trainsentry_policy_inbox_depth in /metrics")
+
+
 def inbox_depth(url: str) -> float:
     with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith("trainsentry_policy_inbox_depth "):
-                return float(line.split()[1])
-    raise RuntimeError("no trainsentry_policy_inbox_depth in /metrics")
+        return inbox_depth_in(response.read().decode())
 
 
 def wait_planned(url: str, timeout: float = 600) -> None:

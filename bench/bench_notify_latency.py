@@ -33,6 +33,7 @@ from typing import Any
 import aiohttp
 import yaml
 from aiohttp import web
+from bench_intake import inbox_depth_in  # bench/ is on sys.path when run as a script
 
 
 def free_port() -> int:
@@ -91,13 +92,6 @@ def start_gateway(tmp: Path, receiver_url: str) -> tuple[subprocess.Popen[bytes]
         except OSError:
             time.sleep(0.1)
     raise RuntimeError("gateway did not start")
-
-
-def inbox_depth(metrics: str) -> float:
-    for line in metrics.splitlines():
-        if line.startswith("trainsentry_policy_inbox_depth "):
-            return float(line.split()[-1])
-    raise RuntimeError("no trainsentry_policy_inbox_depth in /metrics")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -178,7 +172,7 @@ async def run(args: argparse.Namespace) -> None:
                 ) as r:
                     assert r.status == 200
                 async with session.get(f"{gateway}/metrics") as response:
-                    backlog = inbox_depth(await response.text())
+                    backlog = inbox_depth_in(await response.text())
                 await asyncio.sleep(args.settle)
                 per_minute: dict[int, int] = {}
                 for at, _kind in receiver.messages:

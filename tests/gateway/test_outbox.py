@@ -36,6 +36,18 @@ def drafts(count: int, group: str = "g", prefix: str = "n") -> list[Notification
     ]
 
 
+def ranked(key: str, group: str, priority: Priority) -> NotificationDraft:
+    """One draft of `priority` in its own group, its payload naming it by `key`."""
+    return NotificationDraft(
+        channel="webhook",
+        kind="alert",
+        priority=priority,
+        idempotency_key=key,
+        payload={"priority": priority.value, "key": key},
+        group_key=group,
+    )
+
+
 async def enqueue(engine: AsyncEngine, items: list[NotificationDraft]) -> None:
     async with engine.begin() as conn:
         await insert_notifications(conn, items, utcnow())
@@ -131,20 +143,12 @@ async def test_rate_limits_are_never_exceeded(engine: AsyncEngine, receiver: Rec
 async def test_a_p0_is_claimed_before_an_older_backlog_but_not_before_its_own_group(
     engine: AsyncEngine, receiver: Receiver
 ) -> None:
-    def one(key: str, group: str, priority: Priority) -> NotificationDraft:
-        return NotificationDraft(
-            channel="webhook",
-            kind="alert",
-            priority=priority,
-            idempotency_key=key,
-            payload={"priority": priority.value, "key": key},
-            group_key=group,
-        )
-
-    backlog = [one(f"p3-{i}", f"alert:{i}", Priority.P3) for i in range(6)]
+    backlog = [ranked(f"p3-{i}", f"alert:{i}", Priority.P3) for i in range(6)]
     await enqueue(engine, backlog)
-    await enqueue(engine, [one("p1", "alert:p1", Priority.P1), one("late", "alert:0", Priority.P0)])
-    await enqueue(engine, [one("p0", "alert:p0", Priority.P0)])
+    await enqueue(
+        engine, [ranked("p1", "alert:p1", Priority.P1), ranked("late", "alert:0", Priority.P0)]
+    )
+    await enqueue(engine, [ranked("p0", "alert:p0", Priority.P0)])
     # one row per claim, as a rate-limited channel's backlog would be claimed
     outbox = Outbox(
         engine, {"webhook": WebhookNotifier(receiver.url)}, retry=FAST_RETRY, claim_batch=1
@@ -174,14 +178,7 @@ async def test_a_claimed_batch_is_sent_most_urgent_first(
     engine: AsyncEngine, receiver: Receiver
 ) -> None:
     items = [
-        NotificationDraft(
-            channel="webhook",
-            kind="alert",
-            priority=priority,
-            idempotency_key=f"k{i}",
-            payload={"priority": priority.value, "key": f"k{i}"},
-            group_key=f"alert:{i}",
-        )
+        ranked(f"k{i}", f"alert:{i}", priority)
         for i, priority in enumerate([Priority.P3, Priority.P2, Priority.P0, Priority.P3])
     ]
     await enqueue(engine, items)

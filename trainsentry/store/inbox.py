@@ -118,7 +118,3 @@ async def inbox_waiting(conn: AsyncConnection) -> list[Waiting]:
         .order_by(policy_inbox.c.urgency)
     )
     return [Waiting(int(u), int(n), at) for u, n, at in await conn.execute(query)]
-
-
-async def inbox_depth(conn: AsyncConnection) -> int:
-    return int((await conn.execute(select(func.count()).select_from(policy_inbox))).scalar_one())
