@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Connection, func, inspect, select, text
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from webhook_factory import BASE_TIME, encode, make_alert, make_body
 
@@ -22,6 +23,7 @@ from trainsentry.gateway.policy import load_policy
 from trainsentry.gateway.policy_plan import PolicyPlan
 from trainsentry.gateway.policy_worker import PolicyWorker
 from trainsentry.store import create_engine, migrate
+from trainsentry.store.bulk import Encoder, ExecuteMany, Steps, encoder, insert_steps, run_steps
 from trainsentry.store.inbox import claim_inbox, clear_inbox, urgency
 from trainsentry.store.migrations import MIGRATIONS
 from trainsentry.store.policy_state import claim_due, load_states, save_states
@@ -33,6 +35,7 @@ from trainsentry.store.schema import (
     notifications,
     policy_inbox,
     schema_version,
+    webhook_receipts,
 )
 from trainsentry.store.writes import record_receipts
 
@@ -124,6 +127,37 @@ async def test_bulk_times_compare_with_core_bound_times(engine: AsyncEngine) -> 
         assert set(await claim_due(conn, "test", due)) == {"a"}
         assert set(await claim_due(conn, "test", due + timedelta(microseconds=1))) == {"a", "b"}
         assert await load_states(conn, "test", ["a", "b"]) == {"a": {"n": 1}, "b": {"n": 2}}
+
+
+def receipt_steps(sha: str, enc: Encoder) -> Steps[list[tuple[Any, ...]]]:
+    columns = ("body_sha256", "received_at", "last_received_at", "times_received", "receiver")
+    columns += ("status", "group_key", "truncated_alerts", "alert_count", "external_url", "body")
+    at = enc.time(BASE_TIME)
+    row = (sha, at, at, 1, "", "firing", "", 0, 0, "", "{}")
+    return insert_steps("webhook_receipts", columns, [row], tail="RETURNING id")
+
+
+def receipt_then_its_duplicate(sha: str, enc: Encoder) -> Steps[list[tuple[Any, ...]]]:
+    first = yield from receipt_steps(sha, enc)
+    yield ExecuteMany("UPDATE webhook_receipts SET receiver = ? WHERE id = ?", [("r", first[0][0])])
+    yield from receipt_steps(sha, enc)  # the same body_sha256 without ON CONFLICT: refused
+    return first
+
+
+async def test_steps_run_in_the_callers_transaction_and_fail_as_sqlalchemy_errors(
+    engine: AsyncEngine,
+) -> None:
+    # On SQLite the steps run on the driver's thread; a failure must still reach the intake as
+    # a SQLAlchemy error (it decides retry, split or 503 by those), and roll back with the rest.
+    with pytest.raises(IntegrityError, match=r"(?i)unique"):
+        async with engine.begin() as conn:
+            await run_steps(conn, receipt_then_its_duplicate("a" * 64, encoder(conn)))
+    assert await count(engine, webhook_receipts) == 0
+    async with engine.begin() as conn:
+        returned = await run_steps(conn, receipt_steps("b" * 64, encoder(conn)))
+    async with engine.connect() as conn:
+        stored = (await conn.execute(select(webhook_receipts.c.id))).scalars().all()
+    assert [row[0] for row in returned] == stored and len(stored) == 1
 
 
 async def inbox_shape(

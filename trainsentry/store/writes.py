@@ -20,13 +20,21 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trainsentry.alerts import Alert, AlertChange, AlertStatus, ChangeKind, NotificationDraft
-from trainsentry.store.bulk import Encoder, encoder, execute_many, insert_rows
+from trainsentry.store.bulk import (
+    Encoder,
+    ExecuteMany,
+    Fetch,
+    Steps,
+    encoder,
+    insert_rows,
+    insert_steps,
+    run_steps,
+)
 from trainsentry.store.inbox import urgency
 from trainsentry.store.schema import (
     alert_events,
     alerts,
     notifications,
-    webhook_receipts,
 )
 
 
@@ -84,9 +92,7 @@ _RECEIPT_UPSERT = (
 )
 
 
-async def _insert_receipt(
-    conn: AsyncConnection, receipt: IncomingReceipt, enc: Encoder
-) -> tuple[int, int]:
+def _receipt_steps(receipt: IncomingReceipt, enc: Encoder) -> Steps[tuple[int, int]]:
     at = enc.time(receipt.received_at)
     row = (
         receipt.body_sha256,
@@ -101,10 +107,14 @@ async def _insert_receipt(
         receipt.external_url,
         receipt.body_text,
     )
-    ((receipt_id, times),) = await insert_rows(
-        conn, webhook_receipts, _RECEIPT_COLUMNS, [row], tail=_RECEIPT_UPSERT
+    ((receipt_id, times),) = yield from insert_steps(
+        "webhook_receipts", _RECEIPT_COLUMNS, [row], tail=_RECEIPT_UPSERT
     )
     return int(receipt_id), int(times)
+
+
+# An occurrence as the store keys it: (fingerprint, starts_at as the driver stores it).
+Key = tuple[str, Any]
 
 
 @dataclass(slots=True)
@@ -115,25 +125,25 @@ class _Seen:
     statuses: list[tuple[AlertStatus, int, datetime]]  # (status, receipt index, received_at)
 
 
-async def _lock_existing(
-    conn: AsyncConnection, keys: Sequence[tuple[str, datetime]]
-) -> dict[tuple[str, datetime], tuple[int, str]]:
-    """Existing occurrences among `keys` → (id, status), locked on PostgreSQL."""
-    found: dict[tuple[str, datetime], tuple[int, str]] = {}
+_EXISTING_SQL = "SELECT id, fingerprint, starts_at, status FROM alerts WHERE fingerprint IN ({})"
+
+
+def _lock_existing_steps(
+    keys: Sequence[Key], postgresql: bool
+) -> Steps[dict[Key, tuple[int, str]]]:
+    """Existing occurrences among `keys` → (id, status), locked on PostgreSQL (in id order)."""
+    found: dict[Key, tuple[int, str]] = {}
     wanted = set(keys)
     fingerprints = sorted({fp for fp, _ in keys})
     for start in range(0, len(fingerprints), 5000):
-        query = (
-            select(alerts.c.id, alerts.c.fingerprint, alerts.c.starts_at, alerts.c.status)
-            .where(alerts.c.fingerprint.in_(fingerprints[start : start + 5000]))
-            .order_by(alerts.c.id)
-        )
-        if conn.dialect.name == "postgresql":
-            query = query.with_for_update()
-        for row in await conn.execute(query):
-            key = (row.fingerprint, row.starts_at)
+        chunk = fingerprints[start : start + 5000]
+        sql = _EXISTING_SQL.format(",".join("?" * len(chunk))) + " ORDER BY id"
+        if postgresql:
+            sql += " FOR UPDATE"
+        for alert_id, fingerprint, starts_at, status in (yield Fetch(sql, chunk)):
+            key = (fingerprint, starts_at)
             if key in wanted:
-                found[key] = (int(row.id), str(row.status))
+                found[key] = (int(alert_id), str(status))
     return found
 
 
@@ -160,7 +170,7 @@ _ALERT_INSERT_TAIL = (
 
 
 def _occurrence_row(
-    alert: Alert, receipt_id: int, at: datetime, status: str, enc: Encoder
+    alert: Alert, starts_at: Any, receipt_id: int, at: datetime, status: str, enc: Encoder
 ) -> tuple[Any, ...]:
     labels = alert.labels
     job_name = labels.get("trainingjob") or labels.get("job_name") or ""
@@ -168,7 +178,7 @@ def _occurrence_row(
     resolved = enc.time(alert.ends_at or at) if status == AlertStatus.RESOLVED else None
     return (
         alert.fingerprint,
-        enc.time(alert.starts_at),
+        starts_at,
         labels.get("alertname", ""),
         status,
         enc.json(labels),
@@ -185,69 +195,71 @@ def _occurrence_row(
     )
 
 
-async def _insert_new(
-    conn: AsyncConnection,
-    keys: Sequence[tuple[str, datetime]],
-    rows: list[tuple[Any, ...]],
-    enc: Encoder,
-) -> dict[tuple[str, datetime], int]:
-    """Inserts occurrence rows (in `keys` order); returns the ids of those not already there."""
-    by_stored_key = {(fp, enc.time(starts_at)): (fp, starts_at) for fp, starts_at in keys}
-    returned = await insert_rows(conn, alerts, _ALERT_COLUMNS, rows, tail=_ALERT_INSERT_TAIL)
-    return {by_stored_key[(fp, starts_at)]: int(alert_id) for alert_id, fp, starts_at in returned}
+_CHANGE_KIND = {status: ChangeKind(status.value) for status in AlertStatus}
 
 
 async def record_receipts(
     conn: AsyncConnection, receipts: Sequence[IncomingReceipt]
 ) -> list[ReceiptOutcome]:
     """Stores receipts and their alerts; returns per receipt what changed. Caller commits."""
-    enc = encoder(conn)
+    return await run_steps(conn, record_receipts_steps(receipts, encoder(conn)))
+
+
+def record_receipts_steps(
+    receipts: Sequence[IncomingReceipt], enc: Encoder
+) -> Steps[list[ReceiptOutcome]]:
+    """`record_receipts` as statements (bulk.run_steps): on SQLite all of it runs on the
+    driver's thread while the event loop goes on parsing webhooks."""
     outcomes: list[ReceiptOutcome] = []
-    seen: dict[tuple[str, datetime], _Seen] = {}
+    seen: dict[Key, _Seen] = {}
     for index, receipt in enumerate(receipts):
-        receipt_id, times = await _insert_receipt(conn, receipt, enc)
+        receipt_id, times = yield from _receipt_steps(receipt, enc)
         outcomes.append(ReceiptOutcome(receipt_id=receipt_id, times_received=times))
+        at = receipt.received_at
         for alert in receipt.alerts:
-            key = (alert.fingerprint, alert.starts_at)
+            key = (alert.fingerprint, enc.time(alert.starts_at))
             entry = seen.get(key)
             if entry is None:
-                seen[key] = _Seen(alert, [(alert.status, index, receipt.received_at)])
+                seen[key] = _Seen(alert, [(alert.status, index, at)])
             else:
                 entry.alert = alert
-                entry.statuses.append((alert.status, index, receipt.received_at))
+                entry.statuses.append((alert.status, index, at))
     if not seen:
         return outcomes
 
     keys = list(seen)
-    existing = await _lock_existing(conn, keys)
+    existing = yield from _lock_existing_steps(keys, postgresql=not enc.sqlite)
     new_keys = [key for key in keys if key not in existing]
+    inserted: dict[Key, int] = {}
     if new_keys:
         rows = []
         for key in new_keys:
             entry = seen[key]
             status, index, at = entry.statuses[0]
-            rows.append(_occurrence_row(entry.alert, outcomes[index].receipt_id, at, status, enc))
+            receipt_id = outcomes[index].receipt_id
+            rows.append(_occurrence_row(entry.alert, key[1], receipt_id, at, status, enc))
             # the row is created with the first status; later statuses are applied below
-        inserted = await _insert_new(conn, new_keys, rows, enc)
+        returned = yield from insert_steps("alerts", _ALERT_COLUMNS, rows, tail=_ALERT_INSERT_TAIL)
+        inserted = {(fp, starts_at): int(alert_id) for alert_id, fp, starts_at in returned}
         lost_race = [key for key in new_keys if key not in inserted]
         if lost_race:  # another replica inserted them concurrently
-            existing.update(await _lock_existing(conn, lost_race))
+            existing.update((yield from _lock_existing_steps(lost_race, not enc.sqlite)))
         for key, alert_id in inserted.items():
-            status, index, at = seen[key].statuses[0]
+            entry = seen[key]
+            status, index, at = entry.statuses[0]
             outcomes[index].new += 1
             outcomes[index].changes.append(
-                AlertChange(alert_id, ChangeKind(status.value), seen[key].alert, at)
+                AlertChange(alert_id, _CHANGE_KIND[status], entry.alert, at)
             )
             existing[key] = (alert_id, status.value)
-    else:
-        inserted = {}
 
-    events: list[tuple[Any, ...]] = []
     seen_again: list[tuple[Any, ...]] = []
     status_changes: list[tuple[Any, ...]] = []
     for key, entry in seen.items():
         alert_id, current = existing[key]
         just_inserted = key in inserted
+        if just_inserted and len(entry.statuses) == 1:
+            continue
         statuses = entry.statuses[1:] if just_inserted else entry.statuses
         changed_at: datetime | None = None
         for status, index, at in statuses:
@@ -258,10 +270,8 @@ async def record_receipts(
             changed_at = at
             outcomes[index].changed += 1
             outcomes[index].changes.append(
-                AlertChange(alert_id, ChangeKind(status.value), entry.alert, at)
+                AlertChange(alert_id, _CHANGE_KIND[status], entry.alert, at)
             )
-        if just_inserted and len(entry.statuses) == 1:
-            continue
         seen_again.append(
             (
                 enc.time(entry.alert.ends_at),
@@ -275,7 +285,14 @@ async def record_receipts(
                 (entry.alert.ends_at or changed_at) if current == AlertStatus.RESOLVED else None
             )
             status_changes.append((current, enc.time(resolved_at), alert_id))
+    yield ExecuteMany(
+        "UPDATE alerts SET ends_at = ?, last_received_at = ?, annotations = ? WHERE id = ?",
+        seen_again,
+    )
+    yield ExecuteMany("UPDATE alerts SET status = ?, resolved_at = ? WHERE id = ?", status_changes)
+
     # An occurrence's changes share its labels, hence one urgency (store/inbox.py).
+    events: list[tuple[Any, ...]] = []
     urgencies: dict[int, int] = {}
     for outcome in outcomes:
         for change in outcome.changes:
@@ -283,22 +300,13 @@ async def record_receipts(
                 (change.alert_id, change.kind.value, enc.time(change.at), outcome.receipt_id)
             )
             urgencies[change.alert_id] = urgency(change.alert.labels)
-    await execute_many(
-        conn,
-        "UPDATE alerts SET ends_at = ?, last_received_at = ?, annotations = ? WHERE id = ?",
-        seen_again,
-    )
-    await execute_many(
-        conn, "UPDATE alerts SET status = ?, resolved_at = ? WHERE id = ?", status_changes
-    )
     if events:
         columns = ("alert_id", "kind", "at", "receipt_id")
-        returned = await insert_rows(
-            conn, alert_events, columns, events, tail="RETURNING id, alert_id"
+        returned = yield from insert_steps(
+            "alert_events", columns, events, tail="RETURNING id, alert_id"
         )
         # every change waits in the inbox until the policy has handled it (gateway/policy_worker)
-        await execute_many(
-            conn,
+        yield ExecuteMany(
             "INSERT INTO policy_inbox (event_id, urgency) VALUES (?, ?)",
             [(event_id, urgencies[alert_id]) for event_id, alert_id in returned],
         )
