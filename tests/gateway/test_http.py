@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
 from pathlib import Path
 
 import aiohttp
@@ -13,10 +14,14 @@ from aiohttp.test_utils import TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import SecretStr
+from sqlalchemy.ext.asyncio import AsyncConnection
 from webhook_factory import encode, make_alert, make_body
 
+from trainsentry.alerts import AlertChange, NotificationDraft, Priority
 from trainsentry.config import GatewaySettings
 from trainsentry.gateway.app import GATEWAY_KEY, WEBHOOK_PATH, create_app
+from trainsentry.notifiers.base import OutboundNotification, Receipt, RetryableError
+from trainsentry.store.writes import insert_notifications
 
 TOKEN = "s3cret-token"
 
@@ -207,6 +212,59 @@ async def test_metrics_show_how_long_changes_wait_for_the_policy_by_urgency(
     assert 1.0 <= gauge(text, f'{age}{{urgency="P0"}}') < 60
     assert 1.0 <= gauge(text, f'{age}{{urgency="P3"}}') < 60
     assert gauge(text, f'{age}{{urgency="P1"}}') == gauge(text, f'{age}{{urgency="P2"}}') == 0
+
+
+class ChannelDown:
+    name = "down"
+
+    async def send(self, notification: OutboundNotification) -> Receipt:
+        raise RetryableError("connection refused")
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_metrics_show_how_long_notifications_wait_by_priority(
+    db_url: str, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async def plan_by_label(
+        conn: AsyncConnection, changes: Sequence[AlertChange], now: datetime
+    ) -> int:
+        drafts = [
+            NotificationDraft(
+                channel="down",
+                kind="alert",
+                priority=Priority(change.alert.labels["priority"]),
+                idempotency_key=f"down-{change.alert_id}",
+                payload={},
+                alert_id=change.alert_id,
+            )
+            for change in changes
+        ]
+        return await insert_notifications(conn, drafts, now)
+
+    settings = GatewaySettings(
+        listen="127.0.0.1:0",
+        db=db_url,
+        console_file=tmp_path / "console.jsonl",
+        webhook_token=SecretStr(TOKEN),
+    )
+    app = create_app(settings, plan=plan_by_label, notifiers={"down": ChannelDown()})
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        alerts = [make_alert(i, labels={"priority": p}) for i, p in enumerate(["P0", "P3", "P3"])]
+        assert (await post(http, server, encode(make_body(alerts))))[0] == 200
+        await asyncio.sleep(1.5)
+        async with http.get(server.make_url("/metrics")) as response:
+            text = await response.text()
+    finally:
+        await server.close()
+    age = "trainsentry_outbox_oldest_pending_age_seconds"
+    assert gauge(text, 'trainsentry_outbox_depth{channel="down",status="pending"}') == 3
+    assert 1.0 <= gauge(text, f'{age}{{priority="P0"}}') < 60
+    assert 1.0 <= gauge(text, f'{age}{{priority="P3"}}') < 60
+    assert gauge(text, f'{age}{{priority="P1"}}') == gauge(text, f'{age}{{priority="P2"}}') == 0
 
 
 fuzz_bodies = st.one_of(

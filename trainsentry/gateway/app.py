@@ -7,6 +7,7 @@ import hmac
 import importlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -381,14 +382,20 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
         for priority in Priority:  # every urgency, 0 when nothing waits: rules see no gaps
             age = max(0.0, ages.get(priority.level, 0.0))
             metrics.policy_inbox_oldest_age.labels(priority.value).set(age)
+        counts: Counter[tuple[str, str]] = Counter()
+        pending_since: dict[str, datetime] = {}
+        for group in depth:
+            counts[group.channel, group.status] += group.count
+            if group.status == "pending":
+                earliest = pending_since.get(group.priority, group.oldest_created_at)
+                pending_since[group.priority] = min(earliest, group.oldest_created_at)
         metrics.outbox_depth.clear()
-        oldest_pending = None
-        for channel, status, count, oldest in depth:
+        for (channel, status), count in counts.items():
             metrics.outbox_depth.labels(channel, status).set(count)
-            if status == "pending" and oldest is not None:
-                oldest_pending = min(oldest_pending or oldest, oldest)
-        age = (utcnow() - oldest_pending).total_seconds() if oldest_pending else 0.0
-        metrics.outbox_oldest_age.set(age)
+        for priority in Priority:  # every priority, 0 when none is pending (as for the inbox)
+            since = pending_since.get(priority.value)
+            age = (now - since).total_seconds() if since is not None else 0.0
+            metrics.outbox_oldest_age.labels(priority.value).set(max(0.0, age))
     except Exception:
         log.warning("metrics: outbox depth unavailable")
     return web.Response(

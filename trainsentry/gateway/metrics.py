@@ -66,7 +66,8 @@ class GatewayMetrics:
         )
         self.outbox_oldest_age = Gauge(
             "trainsentry_outbox_oldest_pending_age_seconds",
-            "Age of the oldest pending notification",
+            "Age of the oldest pending notification, by its priority (0 when none is pending)",
+            ["priority"],
             registry=r,
         )
         self.sends = Counter(

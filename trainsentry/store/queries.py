@@ -120,19 +120,33 @@ async def counts(conn: AsyncConnection) -> dict[str, Any]:
     }
 
 
-async def outbox_depth(conn: AsyncConnection) -> list[tuple[str, str, int, Any]]:
-    """(channel, status, count, oldest created_at) for rows not yet final."""
+@dataclass(frozen=True, slots=True)
+class OutboxGroup:
+    """Notifications not yet final, counted per channel, status and priority."""
+
+    channel: str
+    status: str
+    priority: str
+    count: int
+    oldest_created_at: datetime
+
+
+async def outbox_depth(conn: AsyncConnection) -> list[OutboxGroup]:
+    """The outbox rows not yet final (pending, sending, dead), grouped."""
     rows = await conn.execute(
         select(
             notifications.c.channel,
             notifications.c.status,
+            notifications.c.priority,
             func.count().label("n"),
             func.min(notifications.c.created_at).label("oldest"),
         )
         .where(notifications.c.status.in_(("pending", "sending", "dead")))
-        .group_by(notifications.c.channel, notifications.c.status)
+        .group_by(notifications.c.channel, notifications.c.status, notifications.c.priority)
     )
-    return [(row.channel, row.status, int(row.n), row.oldest) for row in rows]
+    return [
+        OutboxGroup(row.channel, row.status, row.priority, int(row.n), row.oldest) for row in rows
+    ]
 
 
 async def set_priorities(conn: AsyncConnection, decided: Sequence[tuple[int, str, str]]) -> None:
