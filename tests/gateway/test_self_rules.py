@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 from prometheus_client import generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 
 from trainsentry.gateway.metrics import GatewayMetrics
 
@@ -44,6 +45,36 @@ def test_every_trainsentry_metric_in_the_rules_is_exported_by_the_gateway() -> N
         for name in sorted(used)
         if f"# TYPE {name} " not in exposed
         and f"# TYPE {name.removesuffix('_total')} " not in exposed
+    ]
+    assert not missing, missing
+
+
+def test_label_matchers_in_the_rules_name_labels_the_metrics_have() -> None:
+    # A renamed label (say `urgency` for `priority`) would leave a rule that never matches.
+    label_names = {
+        metric._name: set(metric._labelnames)
+        for metric in vars(GatewayMetrics()).values()
+        if isinstance(metric, MetricWrapperBase)
+    }
+    rules = yaml.safe_load((SELF_RULES / "trainsentry.yaml").read_text())
+    checked = 0
+    for rule in (r for g in rules["groups"] for r in g["rules"]):
+        for name, matchers in re.findall(r"(trainsentry_[a-z_]+)\{([^}]*)\}", rule["expr"]):
+            known = label_names[name.removesuffix("_total")]
+            for label in re.findall(r"([a-z_]+)\s*(?:=~|!~|!=|=)", matchers):
+                assert label in known, f"{rule['alert']}: {name} has no label {label!r}"
+                checked += 1
+    assert checked >= 3
+
+
+def test_every_rule_has_a_runbook_entry() -> None:
+    runbook = (SELF_RULES.parents[1] / "docs" / "gateway.md").read_text().split("## Runbook")[1]
+    rules = yaml.safe_load((SELF_RULES / "trainsentry.yaml").read_text())
+    missing = [
+        rule["alert"]
+        for group in rules["groups"]
+        for rule in group["rules"]
+        if f"**{rule['alert']}**" not in runbook
     ]
     assert not missing, missing
 
