@@ -344,3 +344,26 @@ async def test_store_outage_answers_503_then_recovers(
     finally:
         await admin.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
         await admin.close()
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+async def test_sqlite_locked_by_another_writer_answers_503_then_recovers(
+    server: TestServer, http: aiohttp.ClientSession, db_url: str
+) -> None:
+    """Another process holds SQLite's write lock past the busy timeout (an admin's open
+    transaction): 503 so Alertmanager retries, and the intake works again once it is gone."""
+    import sqlite3
+    import time
+
+    holder = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")
+        started = time.monotonic()
+        status, answer = await post(http, server, encode(make_body([make_alert(1)])))
+        assert status == 503 and "database is locked" in answer["error"], answer
+        assert time.monotonic() - started < 15  # one busy timeout (10 s), not several
+        holder.execute("COMMIT")
+        status, answer = await post(http, server, encode(make_body([make_alert(1)])))
+        assert status == 200 and answer["new"] == 1
+    finally:
+        holder.close()

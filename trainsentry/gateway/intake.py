@@ -281,8 +281,11 @@ class IntakeWriter:
 
 
 def _is_retryable_conflict(exc: DBAPIError) -> bool:
+    # PostgreSQL replicas can deadlock or conflict on the same occurrences; retrying is right.
+    # Not SQLite's "database is locked": it comes after waiting the whole busy timeout (10 s),
+    # and waiting it twice more would only keep Alertmanager waiting for its 503.
     text = str(exc.orig).lower() if exc.orig is not None else str(exc).lower()
-    return "deadlock" in text or "could not serialize" in text or "database is locked" in text
+    return "deadlock" in text or "could not serialize" in text
 
 
 def _is_unavailable(exc: BaseException) -> bool:
