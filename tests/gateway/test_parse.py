@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -69,6 +70,41 @@ def test_invalid_alert_fields_are_rejected(mutate: object) -> None:
     with pytest.raises(IntakeRejected) as info:
         parse_webhook(encode(make_body([alert])))
     assert info.value.details, "the rejection should say which field"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "where"),
+    [
+        (lambda b: b["alerts"][1]["labels"].update(node="gpu\x00-1"), "alerts.1.labels.node"),
+        (
+            lambda b: b["alerts"][0]["labels"].update({"no\x00de": "x"}),
+            "alerts.0.labels.no\\u0000de",
+        ),
+        (
+            lambda b: b["alerts"][1]["annotations"].update(summary="\x00"),
+            "alerts.1.annotations.summary",
+        ),
+        (lambda b: b["alerts"][0].update(generatorURL="http://p/\x00"), "alerts.0.generatorURL"),
+        (lambda b: b["commonLabels"].update(job="\x00"), "commonLabels.job"),
+        (lambda b: b.update(receiver="r\x00"), "receiver"),
+    ],
+)
+def test_nul_characters_are_rejected_where_they_are(mutate: Any, where: str) -> None:
+    # PostgreSQL cannot store NUL in text. JSON carries it only as the escape \u0000.
+    body = make_body([make_alert(1), make_alert(2)])
+    mutate(body)
+    raw = encode(body)
+    assert b"\\u0000" in raw
+    with pytest.raises(IntakeRejected) as info:
+        parse_webhook(raw)
+    assert info.value.details == [f"{where}: NUL character not allowed"]
+
+
+def test_the_text_backslash_u0000_is_not_a_nul() -> None:
+    body = make_body([make_alert(1)])
+    body["alerts"][0]["annotations"]["description"] = "escape \\u0000 in a runbook"
+    (alert,) = parse_webhook(encode(body)).alerts
+    assert alert.annotations["description"] == "escape \\u0000 in a runbook"
 
 
 def test_unpaired_surrogate_is_rejected() -> None:
