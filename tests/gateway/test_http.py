@@ -355,14 +355,17 @@ async def test_sqlite_locked_by_another_writer_answers_503_then_recovers(
     import sqlite3
     import time
 
-    holder = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
+    path = db_url.removeprefix("sqlite:///")
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
     try:
-        holder.execute("BEGIN EXCLUSIVE")
+        # Off the event loop: the gateway may be finishing a transaction of its own, and it
+        # needs the loop to commit before this can take the lock.
+        await asyncio.to_thread(holder.execute, "BEGIN EXCLUSIVE")
         started = time.monotonic()
         status, answer = await post(http, server, encode(make_body([make_alert(1)])))
         assert status == 503 and "database is locked" in answer["error"], answer
         assert time.monotonic() - started < 15  # one busy timeout (10 s), not several
-        holder.execute("COMMIT")
+        await asyncio.to_thread(holder.execute, "COMMIT")
         status, answer = await post(http, server, encode(make_body([make_alert(1)])))
         assert status == 200 and answer["new"] == 1
     finally:

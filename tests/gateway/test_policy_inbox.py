@@ -23,7 +23,16 @@ from trainsentry.gateway.policy import load_policy
 from trainsentry.gateway.policy_plan import PolicyPlan
 from trainsentry.gateway.policy_worker import PolicyWorker
 from trainsentry.store import create_engine, migrate
-from trainsentry.store.bulk import Encoder, ExecuteMany, Steps, encoder, insert_steps, run_steps
+from trainsentry.store.bulk import (
+    Encoder,
+    ExecuteMany,
+    Steps,
+    encoder,
+    insert_returning_steps,
+    insert_steps,
+    run_steps,
+    update_steps,
+)
 from trainsentry.store.inbox import claim_inbox, clear_inbox, urgency
 from trainsentry.store.migrations import MIGRATIONS
 from trainsentry.store.policy_state import claim_due, load_states, save_states
@@ -158,6 +167,61 @@ async def test_steps_run_in_the_callers_transaction_and_fail_as_sqlalchemy_error
     async with engine.connect() as conn:
         stored = (await conn.execute(select(webhook_receipts.c.id))).scalars().all()
     assert [row[0] for row in returned] == stored and len(stored) == 1
+
+
+def receipts_then_read_back(enc: Encoder, shas: list[str]) -> Steps[list[tuple[Any, ...]]]:
+    columns = ("body_sha256", "received_at", "last_received_at", "times_received", "receiver")
+    columns += ("status", "group_key", "truncated_alerts", "alert_count", "external_url", "body")
+    at = enc.time(BASE_TIME)
+    rows = [(sha, at, at, 1, f"r-{sha[0]}", "firing", "", 0, 0, "", "{}") for sha in shas]
+    return insert_returning_steps(
+        "webhook_receipts",
+        columns,
+        rows,
+        returning=("id", "body_sha256", "receiver"),
+        conflict="ON CONFLICT (body_sha256) DO NOTHING",
+        sqlite=enc.sqlite,
+    )
+
+
+async def test_inserted_rows_are_read_back_and_conflicting_ones_are_not(
+    engine: AsyncEngine,
+) -> None:
+    # SQLite reads inserted rows back by rowid range instead of RETURNING (bulk.py); the result
+    # must be what RETURNING gives on PostgreSQL: exactly the new rows, each with its own id.
+    async with engine.begin() as conn:
+        first = await run_steps(conn, receipts_then_read_back(encoder(conn), ["a" * 64]))
+        many = ["b" * 64, "a" * 64, *(f"{n:064x}" for n in range(600)), "c" * 64]
+        returned = await run_steps(conn, receipts_then_read_back(encoder(conn), many))
+    async with engine.connect() as conn:
+        stored = {
+            row.body_sha256: (row.id, row.receiver)
+            for row in await conn.execute(select(webhook_receipts))
+        }
+    assert len(first) == 1 and len(returned) == 602 == len(stored) - 1
+    assert {sha: (rid, receiver) for rid, sha, receiver in returned} == {
+        sha: value for sha, value in stored.items() if sha != "a" * 64
+    }
+
+
+async def test_update_steps_change_only_the_keyed_rows(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        enc = encoder(conn)
+        ids = [row[0] for row in await run_steps(conn, receipts_then_read_back(enc, SHAS))]
+        changes = [(f"new-{n}", n, receipt_id) for n, receipt_id in enumerate(ids[:300])]
+        steps = update_steps(
+            "webhook_receipts", ("receiver", "alert_count"), "id", changes, sqlite=enc.sqlite
+        )
+        await run_steps(conn, steps)
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(webhook_receipts).order_by("id"))).all()
+    assert [(r.receiver, r.alert_count) for r in rows[:300]] == [
+        (f"new-{n}", n) for n in range(300)
+    ]
+    assert all(r.receiver.startswith("r-") and r.alert_count == 0 for r in rows[300:])
+
+
+SHAS = [f"{n:064x}" for n in range(400)]
 
 
 async def inbox_shape(

@@ -244,6 +244,91 @@ def insert_steps(
     return returned
 
 
+# On SQLite every row a statement hands back (RETURNING, SELECT) and every row of an
+# executemany is one sqlite3_step, and pysqlite releases the GIL around each. While the event
+# loop is busy (parsing webhooks, planning), taking the GIL back waits up to the interpreter's
+# switch interval (5 ms) per step: 400 rows took 1 ms with an idle loop and up to a second
+# with a busy one (the intake writer spent 97% of its time in transactions under load). So
+# the SQLite forms below touch many rows in few steps: rows read back as one JSON aggregate,
+# updates as one statement per chunk.
+
+
+def insert_returning_steps(
+    table: str,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    returning: Sequence[str],
+    conflict: str = "",
+    sqlite: bool,
+) -> Steps[list[Row]]:
+    """Inserts rows (`conflict`: an optional ON CONFLICT clause); returns the `returning`
+    columns of the rows inserted, not of those the conflict clause skipped.
+
+    On SQLite, rows one INSERT adds get consecutive rowids (it holds the write lock), so they
+    are read back by rowid range, in one aggregate row per chunk."""
+    if not sqlite:
+        tail = f"{conflict} RETURNING {', '.join(returning)}".strip()
+        return (yield from insert_steps(table, columns, rows, tail=tail))
+    names = tuple(columns)
+    found: list[Row] = []
+    for start, size in _chunks(len(rows), len(names)):
+        params = [value for row in rows[start : start + size] for value in row]
+        yield Fetch(_insert_sql(table, names, size, conflict), params)
+        ((last, inserted),) = yield Fetch("SELECT last_insert_rowid(), changes()")
+        if not inserted:
+            continue
+        ((packed,),) = yield Fetch(
+            _packed_rows_sql(table, tuple(returning)), (last - inserted, last)
+        )
+        chunk = [tuple(row) for row in orjson.loads(packed)]
+        if len(chunk) != inserted:  # not consecutive after all: never guess which row is which
+            raise RuntimeError(f"{table}: {inserted} rows inserted, {len(chunk)} read back")
+        found.extend(chunk)
+    return found
+
+
+@lru_cache(maxsize=64)
+def _packed_rows_sql(table: str, columns: tuple[str, ...]) -> str:
+    return (
+        f"SELECT json_group_array(json_array({', '.join(columns)})) FROM {table} "
+        "WHERE rowid > ? AND rowid <= ?"
+    )
+
+
+def update_steps(
+    table: str,
+    columns: Sequence[str],
+    key: str,
+    rows: Sequence[Sequence[Any]],
+    *,
+    sqlite: bool,
+) -> Steps[None]:
+    """UPDATE table SET column = ... WHERE key = ... for every row: (values of `columns`, key).
+    Keys must be unique among the rows."""
+    if not rows:
+        return
+    if not sqlite:
+        sets = ", ".join(f"{column} = ?" for column in columns)
+        yield ExecuteMany(f"UPDATE {table} SET {sets} WHERE {key} = ?", [tuple(r) for r in rows])
+        return
+    names = (*columns, key)
+    for start, size in _chunks(len(rows), len(names)):
+        params = [value for row in rows[start : start + size] for value in row]
+        yield Fetch(_update_from_values_sql(table, tuple(columns), key, size), params)
+
+
+@lru_cache(maxsize=256)
+def _update_from_values_sql(table: str, columns: tuple[str, ...], key: str, rows: int) -> str:
+    names = (*columns, key)
+    row = "(" + ",".join("?" * len(names)) + ")"
+    sets = ", ".join(f"{column} = v.{column}" for column in columns)
+    return (
+        f"WITH v({', '.join(names)}) AS (VALUES {','.join([row] * rows)}) "
+        f"UPDATE {table} SET {sets} FROM v WHERE {table}.{key} = v.{key}"
+    )
+
+
 async def insert_rows(
     conn: AsyncConnection,
     table: Table,

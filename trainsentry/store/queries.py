@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from trainsentry.store.bulk import execute_many
+from trainsentry.store.bulk import run_steps, update_steps
 from trainsentry.store.schema import alert_events, alerts, notifications, webhook_receipts
 
 
@@ -153,11 +153,10 @@ async def set_priorities(conn: AsyncConnection, decided: Sequence[tuple[int, str
     """Records (alert_id, priority, reason) decided by the policy."""
     if not decided:
         return
-    await execute_many(
-        conn,
-        "UPDATE alerts SET priority = ?, priority_reason = ? WHERE id = ?",
-        [(priority, reason, alert_id) for alert_id, priority, reason in decided],
-    )
+    rows = [(priority, reason, alert_id) for alert_id, priority, reason in decided]
+    sqlite = conn.dialect.name == "sqlite"
+    steps = update_steps("alerts", ("priority", "priority_reason"), "id", rows, sqlite=sqlite)
+    await run_steps(conn, steps)
 
 
 async def export_alert_rows(db_url: str, out: Path, since: datetime | None = None) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import orjson
 from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -22,19 +23,18 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from trainsentry.alerts import Alert, AlertChange, AlertStatus, ChangeKind, NotificationDraft
 from trainsentry.store.bulk import (
     Encoder,
-    ExecuteMany,
     Fetch,
     Steps,
     encoder,
-    insert_rows,
+    insert_returning_steps,
     insert_steps,
     run_steps,
+    update_steps,
 )
 from trainsentry.store.inbox import urgency
 from trainsentry.store.schema import (
     alert_events,
     alerts,
-    notifications,
 )
 
 
@@ -126,21 +126,29 @@ class _Seen:
 
 
 _EXISTING_SQL = "SELECT id, fingerprint, starts_at, status FROM alerts WHERE fingerprint IN ({})"
+_EXISTING_PACKED_SQL = (
+    "SELECT json_group_array(json_array(id, fingerprint, starts_at, status)) FROM alerts "
+    "WHERE fingerprint IN ({})"
+)
 
 
 def _lock_existing_steps(
     keys: Sequence[Key], postgresql: bool
 ) -> Steps[dict[Key, tuple[int, str]]]:
-    """Existing occurrences among `keys` → (id, status), locked on PostgreSQL (in id order)."""
+    """Existing occurrences among `keys` → (id, status); on PostgreSQL locked in id order, on
+    SQLite (the writer holds the database lock) read as one aggregate row (bulk.py)."""
     found: dict[Key, tuple[int, str]] = {}
     wanted = set(keys)
     fingerprints = sorted({fp for fp, _ in keys})
     for start in range(0, len(fingerprints), 5000):
         chunk = fingerprints[start : start + 5000]
-        sql = _EXISTING_SQL.format(",".join("?" * len(chunk))) + " ORDER BY id"
+        marks = ",".join("?" * len(chunk))
         if postgresql:
-            sql += " FOR UPDATE"
-        for alert_id, fingerprint, starts_at, status in (yield Fetch(sql, chunk)):
+            rows = yield Fetch(_EXISTING_SQL.format(marks) + " ORDER BY id FOR UPDATE", chunk)
+        else:
+            ((packed,),) = yield Fetch(_EXISTING_PACKED_SQL.format(marks), chunk)
+            rows = orjson.loads(packed)
+        for alert_id, fingerprint, starts_at, status in rows:
             key = (fingerprint, starts_at)
             if key in wanted:
                 found[key] = (int(alert_id), str(status))
@@ -164,9 +172,7 @@ _ALERT_COLUMNS = (
     "last_received_at",
     "resolved_at",
 )
-_ALERT_INSERT_TAIL = (
-    "ON CONFLICT (fingerprint, starts_at) DO NOTHING RETURNING id, fingerprint, starts_at"
-)
+_ALERT_CONFLICT = "ON CONFLICT (fingerprint, starts_at) DO NOTHING"
 
 
 def _occurrence_row(
@@ -239,7 +245,14 @@ def record_receipts_steps(
             receipt_id = outcomes[index].receipt_id
             rows.append(_occurrence_row(entry.alert, key[1], receipt_id, at, status, enc))
             # the row is created with the first status; later statuses are applied below
-        returned = yield from insert_steps("alerts", _ALERT_COLUMNS, rows, tail=_ALERT_INSERT_TAIL)
+        returned = yield from insert_returning_steps(
+            "alerts",
+            _ALERT_COLUMNS,
+            rows,
+            returning=("id", "fingerprint", "starts_at"),
+            conflict=_ALERT_CONFLICT,
+            sqlite=enc.sqlite,
+        )
         inserted = {(fp, starts_at): int(alert_id) for alert_id, fp, starts_at in returned}
         lost_race = [key for key in new_keys if key not in inserted]
         if lost_race:  # another replica inserted them concurrently
@@ -285,11 +298,10 @@ def record_receipts_steps(
                 (entry.alert.ends_at or changed_at) if current == AlertStatus.RESOLVED else None
             )
             status_changes.append((current, enc.time(resolved_at), alert_id))
-    yield ExecuteMany(
-        "UPDATE alerts SET ends_at = ?, last_received_at = ?, annotations = ? WHERE id = ?",
-        seen_again,
-    )
-    yield ExecuteMany("UPDATE alerts SET status = ?, resolved_at = ? WHERE id = ?", status_changes)
+    seen_columns = ("ends_at", "last_received_at", "annotations")
+    yield from update_steps("alerts", seen_columns, "id", seen_again, sqlite=enc.sqlite)
+    status_columns = ("status", "resolved_at")
+    yield from update_steps("alerts", status_columns, "id", status_changes, sqlite=enc.sqlite)
 
     # An occurrence's changes share its labels, hence one urgency (store/inbox.py).
     events: list[tuple[Any, ...]] = []
@@ -302,14 +314,12 @@ def record_receipts_steps(
             urgencies[change.alert_id] = urgency(change.alert.labels)
     if events:
         columns = ("alert_id", "kind", "at", "receipt_id")
-        returned = yield from insert_steps(
-            "alert_events", columns, events, tail="RETURNING id, alert_id"
+        returned = yield from insert_returning_steps(
+            "alert_events", columns, events, returning=("id", "alert_id"), sqlite=enc.sqlite
         )
         # every change waits in the inbox until the policy has handled it (gateway/policy_worker)
-        yield ExecuteMany(
-            "INSERT INTO policy_inbox (event_id, urgency) VALUES (?, ?)",
-            [(event_id, urgencies[alert_id]) for event_id, alert_id in returned],
-        )
+        inbox = [(event_id, urgencies[alert_id]) for event_id, alert_id in returned]
+        yield from insert_steps("policy_inbox", ("event_id", "urgency"), inbox)
     return outcomes
 
 
@@ -355,15 +365,18 @@ async def insert_notifications(
         )
         for draft in drafts
     ]
-    returned = await insert_rows(
+    returned = await run_steps(
         conn,
-        notifications,
-        _NOTIFICATION_COLUMNS,
-        rows,
-        tail="ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
+        insert_returning_steps(
+            "notifications",
+            _NOTIFICATION_COLUMNS,
+            rows,
+            returning=("id",),
+            conflict="ON CONFLICT (idempotency_key) DO NOTHING",
+            sqlite=enc.sqlite,
+        ),
     )
-    written = len(returned)
-    return written
+    return len(returned)
 
 
 async def expire_stale(
