@@ -219,16 +219,6 @@ async def fetch(conn: AsyncConnection, sql: str, params: Sequence[Any] = ()) -> 
     return await run_steps(conn, _fetch_steps(sql, params))
 
 
-def _execute_many_steps(sql: str, rows: Sequence[Row]) -> Steps[None]:
-    yield ExecuteMany(sql, rows)
-
-
-async def execute_many(conn: AsyncConnection, sql: str, rows: Sequence[Row]) -> None:
-    """One statement written with `?` placeholders, run for every row (executemany)."""
-    if rows:
-        await run_steps(conn, _execute_many_steps(sql, rows))
-
-
 def insert_steps(
     table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, tail: str = ""
 ) -> Steps[list[Row]]:
@@ -266,7 +256,9 @@ def insert_returning_steps(
     columns of the rows inserted, not of those the conflict clause skipped.
 
     On SQLite, rows one INSERT adds get consecutive rowids (it holds the write lock), so they
-    are read back by rowid range, in one aggregate row per chunk."""
+    are read back by rowid range, in one aggregate row per chunk. The table's key must be
+    one SQLite assigns (INTEGER PRIMARY KEY, not given in the rows); a count check refuses
+    anything else rather than pair the wrong rows."""
     if not sqlite:
         tail = f"{conflict} RETURNING {', '.join(returning)}".strip()
         return (yield from insert_steps(table, columns, rows, tail=tail))
