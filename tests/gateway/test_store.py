@@ -116,3 +116,38 @@ async def test_large_receipt_is_stored_whole(engine: AsyncEngine) -> None:
 def test_receipt_hash_is_of_the_exact_body() -> None:
     raw = encode(make_body([make_alert(1)]))
     assert parse_webhook(raw).body_sha256 == hashlib.sha256(raw).hexdigest()
+
+
+async def test_an_unexpected_error_fails_only_its_webhook_and_the_writer_lives_on(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A bug in the write path (simulated: one receipt makes it raise) must not kill the writer
+    # task, or every later webhook would wait forever for its answer.
+    import asyncio
+
+    from trainsentry.gateway import intake
+
+    real = intake.record_receipts
+
+    async def failing_on_poison(conn: object, receipts: list[IncomingReceipt]) -> object:
+        if any(r.receiver == "poison" for r in receipts):
+            raise RuntimeError("bug")
+        return await real(conn, receipts)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(intake, "record_receipts", failing_on_poison)
+    writer = intake.IntakeWriter(engine)
+    writer.start()
+    try:
+        good = [receipt([make_alert(i)], offset_s=i) for i in range(3)]
+        poison = receipt([make_alert(9)], offset_s=9)
+        poison.receiver = "poison"
+        submitted = (writer.submit(r) for r in [good[0], poison, good[1]])
+        results = await asyncio.wait_for(
+            asyncio.gather(*submitted, return_exceptions=True), timeout=20
+        )
+        assert isinstance(results[1], intake.StoreUnavailable)
+        assert [r.new for r in (results[0], results[2])] == [1, 1]  # type: ignore[union-attr]
+        assert (await asyncio.wait_for(writer.submit(good[2]), timeout=10)).new == 1
+    finally:
+        await writer.stop()
+    assert await count(engine, alerts) == 3

@@ -267,13 +267,18 @@ class IntakeWriter:
     async def _commit_batch(self, batch: list[_Pending]) -> None:
         try:
             outcomes = await self._transaction([item.receipt for item in batch])
-        except (OperationalError, DBAPIError, OSError, SQLAlchemyError) as exc:
+        except Exception as exc:
+            # Whatever fails, the writer must live on: a dead writer would leave every later
+            # webhook waiting for an answer. Unknown errors are bugs, logged with their trace.
             if len(batch) > 1 and not _is_unavailable(exc):
                 # One bad receipt must not fail its neighbours: retry them one by one.
                 for item in batch:
                     await self._commit_batch([item])
                 return
-            log.warning("intake store_error=%s receipts=%d", type(exc).__name__, len(batch))
+            if isinstance(exc, OperationalError | DBAPIError | OSError | SQLAlchemyError):
+                log.warning("intake store_error=%s receipts=%d", type(exc).__name__, len(batch))
+            else:
+                log.exception("intake failed receipts=%d", len(batch))
             for item in batch:
                 if not item.future.done():
                     item.future.set_exception(StoreUnavailable(str(exc).splitlines()[0]))
