@@ -151,3 +151,12 @@ async def test_an_unexpected_error_fails_only_its_webhook_and_the_writer_lives_o
     finally:
         await writer.stop()
     assert await count(engine, alerts) == 3
+
+
+def test_a_sqlite_too_old_for_the_store_is_refused_at_start_with_its_version() -> None:
+    from trainsentry.store.engine import check_sqlite
+
+    with pytest.raises(StoreError, match=r"SQLite is 3\.31\.1; the store needs 3\.35\.0"):
+        check_sqlite((3, 31, 1))
+    check_sqlite((3, 35, 0))
+    check_sqlite()  # the SQLite of this Python (the tests' stores need it anyway)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
 from sqlalchemy import event, select, text
@@ -58,10 +59,27 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cursor.close()
 
 
+# RETURNING (3.35), UPDATE ... FROM (3.33) and the JSON functions (store/bulk.py).
+MIN_SQLITE = (3, 35, 0)
+
+
+def check_sqlite(version: tuple[int, int, int] = sqlite3.sqlite_version_info) -> None:
+    """Refuses a SQLite library too old for the store's statements, saying which one this is
+    (otherwise the first webhook would fail with a syntax error, and every one after it)."""
+    if version < MIN_SQLITE:
+        found = ".".join(map(str, version))
+        need = ".".join(map(str, MIN_SQLITE))
+        raise StoreError(
+            f"this Python's SQLite is {found}; the store needs {need} or newer "
+            "(or use PostgreSQL)"
+        )
+
+
 def create_engine(url: str, *, pool_size: int = 5) -> AsyncEngine:
     """An async engine for `url` with our per-backend settings (no I/O yet)."""
     full = async_url(url)
     if full.startswith("sqlite"):
+        check_sqlite()
         engine = create_async_engine(full, connect_args={"timeout": 10})
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         return engine
