@@ -95,7 +95,7 @@ def alertmanager_config(gateway_url: str) -> dict[str, Any]:
     return config
 
 
-def prometheus_config(exporter: str, alertmanager: str) -> dict[str, Any]:
+def prometheus_config(exporter: str, alertmanager: str, gateway: str) -> dict[str, Any]:
     def per_node(kind: str) -> list[dict[str, Any]]:
         return [
             {
@@ -123,6 +123,7 @@ def prometheus_config(exporter: str, alertmanager: str) -> dict[str, Any]:
                 "metrics_path": "/probe/metrics",
                 "static_configs": [{"targets": [exporter]}],
             },
+            {"job_name": "trainsentry-gateway", "static_configs": [{"targets": [gateway]}]},
         ],
     }
 
@@ -170,13 +171,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         prometheus = servers.enter_context(
             start_prometheus(
                 tmp,
-                prometheus_config(exporter.address, alertmanager.address),
+                prometheus_config(exporter.address, alertmanager.address, gateway.address),
                 job_rule_files(rule_dir),
             )
         )
         built = Stack(exporter, gateway, alertmanager, prometheus)
         with logs_on_error(prometheus, alertmanager, gateway, exporter):
-            wait_for(lambda: len(built.query("up == 1")) == 6, 30, "all six targets up")
+            wait_for(lambda: len(built.query("up == 1")) == 7, 30, "all seven targets up")
             wait_for(
                 lambda: len(built.query("trainsentry:job_node:info")) == 2,
                 30,
@@ -225,6 +226,7 @@ def _substitute(expr: str) -> str:
         "$namespace": fx.NAMESPACE,
         "$job": fx.JOB,
         "$node": ".*",
+        "$instance": ".*",
         "$__rate_interval": "1m",
     }
     for name, value in values.items():
@@ -241,7 +243,9 @@ def _dashboard_exprs(board: dict[str, Any]) -> list[tuple[str, str]]:
     return found
 
 
-@pytest.mark.parametrize("dashboard", ["cluster-health.json", "trainingjob.json"])
+@pytest.mark.parametrize(
+    "dashboard", ["cluster-health.json", "trainingjob.json", "trainsentry-gateway.json"]
+)
 def test_every_dashboard_query_returns_data(stack: Stack, dashboard: str) -> None:
     board = json.loads((dashboards_dir() / dashboard).read_text())
     stack.inject_faults()  # alert panels and annotations need firing job-scoped alerts
@@ -249,6 +253,10 @@ def test_every_dashboard_query_returns_data(stack: Stack, dashboard: str) -> Non
         lambda: stack.query(f'ALERTS{{alertstate="firing",trainingjob="{fx.JOB}"}}'),
         45,
         "job-scoped alerts firing",
+    )
+    # The gateway's panels have data once its first notifications went out and were scraped.
+    wait_for(
+        lambda: stack.query("trainsentry_notifications_sent_total"), 45, "gateway sends scraped"
     )
     empty = []
     for where, expr in _dashboard_exprs(board):
