@@ -277,11 +277,13 @@ class IntakeWriter:
                 return
             if isinstance(exc, OperationalError | DBAPIError | OSError | SQLAlchemyError):
                 log.warning("intake store_error=%s receipts=%d", type(exc).__name__, len(batch))
+                reason = (str(exc).splitlines() or [type(exc).__name__])[0]
             else:
                 log.exception("intake failed receipts=%d", len(batch))
+                reason = "internal error, see the gateway log"
             for item in batch:
                 if not item.future.done():
-                    item.future.set_exception(StoreUnavailable(str(exc).splitlines()[0]))
+                    item.future.set_exception(StoreUnavailable(reason))
             return
         if self._on_commit is not None:
             self._on_commit(outcomes)
