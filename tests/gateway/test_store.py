@@ -161,3 +161,20 @@ def test_a_sqlite_too_old_for_the_store_is_refused_at_start_with_its_version() -
         check_sqlite((3, 31, 1))
     check_sqlite((3, 35, 0))
     check_sqlite()  # the SQLite of this Python (the tests' stores need it anyway)
+
+
+async def test_priorities_of_one_batch_keep_the_last_decision_per_alert(
+    engine: AsyncEngine,
+) -> None:
+    from trainsentry.store.queries import set_priorities
+
+    async with engine.begin() as conn:
+        (outcome,) = await record_receipts(conn, [receipt([make_alert(1), make_alert(2)])])
+        first, second = (change.alert_id for change in outcome.changes)
+        await set_priorities(conn, [(first, "P2", "a"), (second, "P1", "b"), (first, "P0", "c")])
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(alerts).order_by(alerts.c.id))).all()
+    assert [(r.id, r.priority, r.priority_reason) for r in rows] == [
+        (first, "P0", "c"),
+        (second, "P1", "b"),
+    ]

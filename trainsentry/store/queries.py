@@ -153,7 +153,9 @@ async def set_priorities(conn: AsyncConnection, decided: Sequence[tuple[int, str
     """Records (alert_id, priority, reason) decided by the policy."""
     if not decided:
         return
-    rows = [(priority, reason, alert_id) for alert_id, priority, reason in decided]
+    # One row per alert, the last decision winning (an alert can fire twice in one batch).
+    latest = {alert_id: (priority, reason, alert_id) for alert_id, priority, reason in decided}
+    rows = list(latest.values())
     sqlite = conn.dialect.name == "sqlite"
     steps = update_steps("alerts", ("priority", "priority_reason"), "id", rows, sqlite=sqlite)
     await run_steps(conn, steps)
