@@ -7,6 +7,7 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -181,32 +182,36 @@ def gauge(metrics_text: str, series: str) -> float:
     raise AssertionError(f"{series} not in /metrics")
 
 
-async def test_metrics_show_how_long_changes_wait_for_the_policy_by_urgency(
-    db_url: str, tmp_path: Path, http: aiohttp.ClientSession
-) -> None:
-    async def policy_down(conn: object, changes: object, now: object) -> int:
-        raise RuntimeError("policy down")  # every batch fails: changes stay in the inbox
-
+async def metrics_after_one_webhook(
+    db_url: str, tmp_path: Path, http: aiohttp.ClientSession, wait: float, **parts: Any
+) -> str:
+    """Starts a gateway (`parts`: create_app's plan, notifiers, ...), posts one webhook with a
+    P0 and two P3 alerts, waits `wait` seconds and returns its /metrics text."""
     settings = GatewaySettings(
         listen="127.0.0.1:0",
         db=db_url,
         console_file=tmp_path / "console.jsonl",
         webhook_token=SecretStr(TOKEN),
     )
-    server = TestServer(create_app(settings, plan=policy_down), host="127.0.0.1")
+    server = TestServer(create_app(settings, **parts), host="127.0.0.1")
     await server.start_server()
     try:
-        alerts = [
-            make_alert(1, labels={"priority": "P0"}),
-            make_alert(2, labels={"priority": "P3"}),
-            make_alert(3, labels={"priority": "P3"}),
-        ]
+        alerts = [make_alert(i, labels={"priority": p}) for i, p in enumerate(["P0", "P3", "P3"])]
         assert (await post(http, server, encode(make_body(alerts))))[0] == 200
-        await asyncio.sleep(1.2)
+        await asyncio.sleep(wait)
         async with http.get(server.make_url("/metrics")) as response:
-            text = await response.text()
+            return await response.text()
     finally:
         await server.close()
+
+
+async def test_metrics_show_how_long_changes_wait_for_the_policy_by_urgency(
+    db_url: str, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async def policy_down(conn: object, changes: object, now: object) -> int:
+        raise RuntimeError("policy down")  # every batch fails: changes stay in the inbox
+
+    text = await metrics_after_one_webhook(db_url, tmp_path, http, 1.2, plan=policy_down)
     age = "trainsentry_policy_inbox_oldest_age_seconds"
     assert gauge(text, "trainsentry_policy_inbox_depth") == 3
     assert 1.0 <= gauge(text, f'{age}{{urgency="P0"}}') < 60
@@ -243,23 +248,9 @@ async def test_metrics_show_how_long_notifications_wait_by_priority(
         ]
         return await insert_notifications(conn, drafts, now)
 
-    settings = GatewaySettings(
-        listen="127.0.0.1:0",
-        db=db_url,
-        console_file=tmp_path / "console.jsonl",
-        webhook_token=SecretStr(TOKEN),
+    text = await metrics_after_one_webhook(
+        db_url, tmp_path, http, 1.5, plan=plan_by_label, notifiers={"down": ChannelDown()}
     )
-    app = create_app(settings, plan=plan_by_label, notifiers={"down": ChannelDown()})
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        alerts = [make_alert(i, labels={"priority": p}) for i, p in enumerate(["P0", "P3", "P3"])]
-        assert (await post(http, server, encode(make_body(alerts))))[0] == 200
-        await asyncio.sleep(1.5)
-        async with http.get(server.make_url("/metrics")) as response:
-            text = await response.text()
-    finally:
-        await server.close()
     age = "trainsentry_outbox_oldest_pending_age_seconds"
     assert gauge(text, 'trainsentry_outbox_depth{channel="down",status="pending"}') == 3
     assert 1.0 <= gauge(text, f'{age}{{priority="P0"}}') < 60

@@ -138,12 +138,21 @@ async def test_bulk_times_compare_with_core_bound_times(engine: AsyncEngine) -> 
         assert await load_states(conn, "test", ["a", "b"]) == {"a": {"n": 1}, "b": {"n": 2}}
 
 
-def receipt_steps(sha: str, enc: Encoder) -> Steps[list[tuple[Any, ...]]]:
-    columns = ("body_sha256", "received_at", "last_received_at", "times_received", "receiver")
-    columns += ("status", "group_key", "truncated_alerts", "alert_count", "external_url", "body")
+RECEIPT_COLUMNS = (
+    *("body_sha256", "received_at", "last_received_at", "times_received", "receiver"),
+    *("status", "group_key", "truncated_alerts", "alert_count", "external_url", "body"),
+)
+
+
+def receipt_row(sha: str, enc: Encoder, receiver: str = "") -> tuple[Any, ...]:
+    """A minimal webhook_receipts row in RECEIPT_COLUMNS order, encoded for `enc`'s driver."""
     at = enc.time(BASE_TIME)
-    row = (sha, at, at, 1, "", "firing", "", 0, 0, "", "{}")
-    return insert_steps("webhook_receipts", columns, [row], tail="RETURNING id")
+    return (sha, at, at, 1, receiver, "firing", "", 0, 0, "", "{}")
+
+
+def receipt_steps(sha: str, enc: Encoder) -> Steps[list[tuple[Any, ...]]]:
+    row = receipt_row(sha, enc)
+    return insert_steps("webhook_receipts", RECEIPT_COLUMNS, [row], tail="RETURNING id")
 
 
 def receipt_then_its_duplicate(sha: str, enc: Encoder) -> Steps[list[tuple[Any, ...]]]:
@@ -170,13 +179,10 @@ async def test_steps_run_in_the_callers_transaction_and_fail_as_sqlalchemy_error
 
 
 def receipts_then_read_back(enc: Encoder, shas: list[str]) -> Steps[list[tuple[Any, ...]]]:
-    columns = ("body_sha256", "received_at", "last_received_at", "times_received", "receiver")
-    columns += ("status", "group_key", "truncated_alerts", "alert_count", "external_url", "body")
-    at = enc.time(BASE_TIME)
-    rows = [(sha, at, at, 1, f"r-{sha[0]}", "firing", "", 0, 0, "", "{}") for sha in shas]
+    rows = [receipt_row(sha, enc, receiver=f"r-{sha[0]}") for sha in shas]
     return insert_returning_steps(
         "webhook_receipts",
-        columns,
+        RECEIPT_COLUMNS,
         rows,
         returning=("id", "body_sha256", "receiver"),
         conflict="ON CONFLICT (body_sha256) DO NOTHING",
