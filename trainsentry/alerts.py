@@ -33,6 +33,14 @@ class Priority(enum.StrEnum):
         return self.level <= other.level
 
 
+_PRIORITIES = {priority.value: priority for priority in Priority}
+
+
+def parse_priority(value: str) -> Priority | None:
+    """`P0`..`P3` in any case, surrounding spaces ignored; None for anything else."""
+    return _PRIORITIES.get(value.strip().upper())
+
+
 # Labels that name the node an alert is about, most specific first (dcgm-exporter uses
 # Hostname, node_exporter series carry instance).
 NODE_LABELS: tuple[str, ...] = ("node", "Hostname", "hostname", "instance")

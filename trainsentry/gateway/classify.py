@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from trainsentry.alerts import Alert, Priority
+from trainsentry.alerts import Alert, Priority, parse_priority
 from trainsentry.gateway.policy import AlertnameRule, Policy
 
 
@@ -74,15 +74,6 @@ def _rule_matches(rule: AlertnameRule, labels: Mapping[str, str]) -> bool:
     return all(
         _compiled(pattern).fullmatch(labels.get(name, "")) for name, pattern in rule.labels.items()
     )
-
-
-def parse_priority(value: str) -> Priority | None:
-    """`P0`..`P3` in any case, surrounding spaces ignored; None for anything else."""
-    cleaned = value.strip().upper()
-    try:
-        return Priority(cleaned)
-    except ValueError:
-        return None
 
 
 def xid_code(alert: Alert, label_names: tuple[str, ...]) -> int | None:

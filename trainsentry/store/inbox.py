@@ -23,22 +23,27 @@ from datetime import datetime
 from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from trainsentry.alerts import Alert, AlertChange, AlertStatus, ChangeKind, Priority
+from trainsentry.alerts import (
+    Alert,
+    AlertChange,
+    AlertStatus,
+    ChangeKind,
+    Priority,
+    parse_priority,
+)
 from trainsentry.store.bulk import decode_json, decode_time, fetch
 from trainsentry.store.schema import alert_events, policy_inbox
 
 # An alert's urgency is the level of its `priority` label (Priority.level: P0 = 0).
 # Alerts without a readable label wait behind P0 and P1, ahead of P3.
 UNLABELLED_URGENCY = Priority.P2.level
-_URGENCY = {priority.value: priority.level for priority in Priority}
 
 
 def urgency(labels: Mapping[str, str]) -> int:
     """The claim order of an alert's changes: 0 (labelled P0) to 3 (P3)."""
     label = labels.get("priority")
-    if label is None:
-        return UNLABELLED_URGENCY
-    return _URGENCY.get(label.strip().upper(), UNLABELLED_URGENCY)
+    parsed = parse_priority(label) if label is not None else None
+    return parsed.level if parsed is not None else UNLABELLED_URGENCY
 
 
 @dataclass(frozen=True, slots=True)
