@@ -30,6 +30,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import aiohttp
+from sqlite_floor import engine_seconds
 
 ALERTS_PER_POST = 50
 
@@ -233,6 +234,19 @@ def main() -> int:
         )
     print(f"  planned  {statistics.median(planned):10.0f} alerts/s  (policy done, from first post)")
     print(f"  ratio gateway/bare = {ratio:.2f}  (cpu count {os.cpu_count()})")
+    if args.db is None:
+        # The same bodies stored by SQLite alone (sqlite_floor.py): what no gateway on this
+        # store can beat here, whatever it does in Python.
+        with tempfile.TemporaryDirectory() as tmp:
+            floors = [
+                engine_seconds(Path(tmp) / f"floor-{n}.db", bodies(args.posts, offset=0))
+                for n in range(args.rounds)
+            ]
+        ceiling = args.posts * ALERTS_PER_POST / statistics.median(floors)
+        print(
+            f"  SQLite alone {ceiling:10.0f} alerts/s  (same rows, built beforehand): "
+            f"ratio ceiling {ceiling / med['bare'][0]:.2f}"
+        )
     return 0
 
 
