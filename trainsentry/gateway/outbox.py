@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import random
 import socket
@@ -31,7 +32,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from trainsentry.alerts import Priority, utcnow
 from trainsentry.gateway.metrics import GatewayMetrics
-from trainsentry.gateway.ratelimit import SlidingWindowLimiter
 from trainsentry.notifiers.base import (
     Notifier,
     NotifierError,
@@ -39,6 +39,7 @@ from trainsentry.notifiers.base import (
     PermanentError,
     RateLimitedError,
 )
+from trainsentry.notifiers.ratelimit import RateGate, RateLimit, Slot
 from trainsentry.store.schema import notifications
 from trainsentry.tasks import OwnedTask
 
@@ -97,8 +98,13 @@ class Outbox:
         self._metrics = metrics
         self.worker_id = worker_id or default_worker_id()
         self._retry = retry or RetryPolicy()
-        self._limiters = {
-            channel: SlidingWindowLimiter(limits) for channel, limits in (rate_limits or {}).items()
+        # The channels' own gate (notifiers/ratelimit.py): a send counts from its answer, so
+        # the provider never sees more than the limit, however late a request arrives there.
+        # The outbox waits for its turn rather than giving up (max_wait).
+        self._gates = {
+            channel: RateGate([RateLimit(c, s) for c, s in limits if c > 0], max_wait=math.inf)
+            for channel, limits in (rate_limits or {}).items()
+            if any(c > 0 for c, _ in limits)
         }
         self._lease = timedelta(seconds=lease_seconds)
         self._claim_batch = claim_batch
@@ -234,12 +240,13 @@ class Outbox:
     def _claim_limit(self, channel: str) -> int:
         """How many rows of `channel` to claim now: no more than its rate limits let us send
         well within one lease, so a claimed row never outlives its lease waiting for a token."""
-        limiter = self._limiters.get(channel)
-        if limiter is None:
+        gate = self._gates.get(channel)
+        if gate is None:
             return self._claim_batch
         horizon = self._lease.total_seconds() / 2
         allowed = min(
-            max(1, int(count * max(1.0, horizon / seconds))) for count, seconds in limiter.limits
+            max(1, int(limit.count * max(1.0, horizon / limit.per_seconds)))
+            for limit in gate.limits
         )
         return min(self._claim_batch, allowed)
 
@@ -309,10 +316,10 @@ class Outbox:
 
     async def _deliver(self, row: OutboundNotification) -> _Outcome:
         notifier = self._notifiers[row.channel]
-        limiter = self._limiters.get(row.channel)
+        gate = self._gates.get(row.channel)
         async with self._semaphore:
-            if limiter is not None:
-                await limiter.acquire()
+            slot = await gate.acquire() if gate is not None else None
+            assert not isinstance(slot, float)  # max_wait is infinite: it waits, never declines
             started = self._clock()
             try:
                 receipt = await notifier.send(row)
@@ -321,6 +328,9 @@ class Outbox:
             except Exception as exc:  # a bug in a channel must not stop the outbox
                 log.exception("channel=%s id=%d unexpected error", row.channel, row.id)
                 return self._failed(row, NotifierError(f"{type(exc).__name__}: {exc}"))
+            finally:
+                if gate is not None and isinstance(slot, Slot):
+                    gate.done(slot)
         if self._metrics is not None:
             self._metrics.sends.labels(row.channel, "sent").inc()
             self._metrics.send_latency.labels(row.channel).observe(

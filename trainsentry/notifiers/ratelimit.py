@@ -120,6 +120,10 @@ class RateGate:
         self._clock = clock
         self.max_wait = max_wait
 
+    @property
+    def limits(self) -> tuple[RateLimit, ...]:
+        return self._window.limits
+
     async def acquire(self) -> Slot | float:
         """Takes a slot (sleeping if needed), or returns the backoff if it is too far away."""
         async with self._lock:
