@@ -10,15 +10,15 @@
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 # --- build: the wheel of this repository (setup.py copies rules/ and dashboards/ into it) and
-# a virtualenv with it and its dependencies installed from wheels only.
+# a virtualenv with it and its dependencies (the versions of constraints.txt) from wheels only.
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml setup.py README.md constraints.txt ./
 COPY trainsentry ./trainsentry
 COPY rules ./rules
 COPY dashboards ./dashboards
-RUN python -m pip wheel --wheel-dir /wheels . \
+RUN python -m pip wheel --constraint constraints.txt --wheel-dir /wheels . \
  && python -m venv /opt/trainsentry \
  && /opt/trainsentry/bin/pip install --no-index --find-links /wheels --only-binary :all: trainsentry \
  && /opt/trainsentry/bin/trainsentry --version

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the tests need on a fresh Debian machine, and nothing twice:
 # Debian packages (Prometheus, Alertmanager, promtool, Chromium), a running PostgreSQL,
-# a virtualenv in .venv with trainsentry[test,probe], and helm under .cache/bin.
+# a virtualenv in .venv with trainsentry[test,probe] at the versions of constraints.txt, and
+# helm under .cache/bin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,11 +30,13 @@ fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=.venv/.trainsentry-deps
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   # torch first and pinned: 2.13.0 is a CPU build on local disk; a looser spec pulls CUDA.
-  .venv/bin/python -m pip install -q "torch==2.13.0"
-  .venv/bin/python -m pip install -q -e ".[test,probe]"
+  .venv/bin/python -m pip install -q -c constraints.txt "torch==2.13.0"
+  # constraints.txt: the exact versions tested together, so a new release of a dependency
+  # (or of ruff and mypy) cannot turn a fresh machine's run red on its own.
+  .venv/bin/python -m pip install -q -c constraints.txt -e ".[test,probe]"
   touch "$stamp"
 fi
 

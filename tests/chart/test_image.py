@@ -99,16 +99,21 @@ def _ignored(path: str, patterns: list[str]) -> bool:
     return ignored
 
 
-def test_dockerignore_keeps_the_sources_and_drops_the_rest() -> None:
-    patterns = [
+def dockerignore_patterns() -> list[str]:
+    return [
         line.strip()
         for line in (REPO / ".dockerignore").read_text(encoding="utf-8").splitlines()
         if line.strip() and not line.startswith("#")
     ]
+
+
+def test_dockerignore_keeps_the_sources_and_drops_the_rest() -> None:
+    patterns = dockerignore_patterns()
     kept = [
         "pyproject.toml",
         "setup.py",
         "README.md",
+        "constraints.txt",
         "trainsentry/cli.py",
         "rules/gpu.yaml",
         "rules/dcgm-counters.csv",
@@ -129,11 +134,18 @@ def test_dockerignore_keeps_the_sources_and_drops_the_rest() -> None:
     assert [p for p in dropped if not _ignored(p, patterns)] == []
 
 
-def test_copied_sources_exist() -> None:
-    for kw, args in instructions():
-        if kw == "COPY" and not args.startswith("--from"):
-            for source in args.split()[:-1]:
-                assert (REPO / source).exists(), source
+def test_copied_sources_exist_and_are_in_the_build_context() -> None:
+    patterns = dockerignore_patterns()
+    copied = [
+        source
+        for kw, args in instructions()
+        if kw == "COPY" and not args.startswith("--from")
+        for source in args.split()[:-1]
+    ]
+    assert copied
+    for source in copied:
+        assert (REPO / source).exists(), source
+        assert not _ignored(source.rstrip("/"), patterns), f"{source} is in .dockerignore"
 
 
 @pytest.mark.timeout(180)
