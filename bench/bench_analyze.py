@@ -74,11 +74,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, default=1024)
     parser.add_argument("--entries", type=int, default=2000)
-    parser.add_argument("--missing-rank", type=int, default=517,
-                        help="taken modulo --ranks")
+    parser.add_argument("--missing-rank", type=int, default=517, help="taken modulo --ranks")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--fr-repeats", type=int, default=1,
-                        help="fr_trace runs (each takes minutes at full size)")
+    parser.add_argument(
+        "--fr-repeats", type=int, default=1, help="fr_trace runs (each takes minutes at full size)"
+    )
     args = parser.parse_args()
     args.missing_rank %= args.ranks
 
@@ -89,33 +89,43 @@ def main() -> int:
         t0 = time.perf_counter()
         write_dumps(workdir, args.ranks, args.entries, "hang", args.missing_rank)
         size_mb = sum(p.stat().st_size for p in workdir.iterdir()) / 2**20
-        print(f"dumps: {args.ranks} ranks x {args.entries} entries, rank {args.missing_rank} "
-              f"skips the last collective ({size_mb:.0f} MB pickle, written in "
-              f"{time.perf_counter() - t0:.1f} s)")
+        print(
+            f"dumps: {args.ranks} ranks x {args.entries} entries, rank {args.missing_rank} "
+            f"skips the last collective ({size_mb:.0f} MB pickle, written in "
+            f"{time.perf_counter() - t0:.1f} s)"
+        )
         print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
 
-        ours = [run_measured([sys.executable, "-c", OURS, str(workdir)])
-                for _ in range(args.repeats)]
-        theirs = [run_measured([sys.executable, "-m",
-                                "torch.distributed.flight_recorder.fr_trace", str(workdir)])
-                  for _ in range(args.fr_repeats)]
+        ours = [
+            run_measured([sys.executable, "-c", OURS, str(workdir)]) for _ in range(args.repeats)
+        ]
+        theirs = [
+            run_measured(
+                [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(workdir)]
+            )
+            for _ in range(args.fr_repeats)
+        ]
         our_result = json.loads(ours[-1].stdout.strip().splitlines()[-1])
         their_missing = fr_trace_missing(theirs[-1].stdout)
         print()
         print(f"{'':24}{'trainsentry':>14}{'fr_trace':>14}{'ratio':>10}")
         print(f"{'verdict':24}{our_result['verdict']:>14}{'missing ranks':>14}")
-        print(f"{'missing ranks':24}{our_result['missing_ranks']!s:>14}"
-              f"{their_missing!s:>14}")
-        for label, attr in (("wall time (s, median)", "wall_s"), ("CPU time (s, median)", "cpu_s"),
-                            ("peak RSS (MB, median)", "peak_rss_mb")):
+        print(f"{'missing ranks':24}{our_result['missing_ranks']!s:>14}{their_missing!s:>14}")
+        for label, attr in (
+            ("wall time (s, median)", "wall_s"),
+            ("CPU time (s, median)", "cpu_s"),
+            ("peak RSS (MB, median)", "peak_rss_mb"),
+        ):
             a, b = median(ours, attr), median(theirs, attr)
             print(f"{label:24}{a:>14.2f}{b:>14.2f}{b / a:>9.1f}x")
         same = our_result["missing_ranks"] == their_missing == [args.missing_rank]
         speedup = median(theirs, "wall_s") / median(ours, "wall_s")
         cpu_speedup = median(theirs, "cpu_s") / median(ours, "cpu_s")
         rss_ok = median(ours, "peak_rss_mb") < 2048
-        print(f"\nsame missing rank: {same}; >= 10x faster: wall {speedup:.1f}x, "
-              f"CPU {cpu_speedup:.1f}x; < 2 GB: {rss_ok}")
+        print(
+            f"\nsame missing rank: {same}; >= 10x faster: wall {speedup:.1f}x, "
+            f"CPU {cpu_speedup:.1f}x; < 2 GB: {rss_ok}"
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -129,10 +139,12 @@ def main() -> int:
             walls.append(time.perf_counter() - w0)
             cpus.append(time.process_time() - c0)
         top = report.slow.slow_ranks[0] if report.slow.slow_ranks else None
-        print(f"\nMegatrace sample: verdict {report.verdict}, top slow rank "
-              f"{top.rank if top else None} (p={top.p_value if top else None}), "
-              f"wall median {statistics.median(walls):.2f} s, CPU median "
-              f"{statistics.median(cpus):.2f} s (target < 2 s)")
+        print(
+            f"\nMegatrace sample: verdict {report.verdict}, top slow rank "
+            f"{top.rank if top else None} (p={top.p_value if top else None}), "
+            f"wall median {statistics.median(walls):.2f} s, CPU median "
+            f"{statistics.median(cpus):.2f} s (target < 2 s)"
+        )
     return 0
 
 

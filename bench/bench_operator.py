@@ -59,7 +59,8 @@ def kubeconfig(directory: Path, url: str) -> Path:
         "apiVersion: v1\nkind: Config\ncurrent-context: emu\n"
         f"clusters: [{{name: emu, cluster: {{server: '{url}'}}}}]\n"
         "users: [{name: bench, user: {token: not-a-secret}}]\n"
-        "contexts: [{name: emu, context: {cluster: emu, user: bench}}]\n")
+        "contexts: [{name: emu, context: {cluster: emu, user: bench}}]\n"
+    )
     return path
 
 
@@ -70,35 +71,63 @@ def done(emu: KubeEmulator, namespace: str, names: list[str]) -> int:
         job = emu.get_live(TJ, namespace, name)
         if not job or not (job.get("status") or {}).get("phase"):
             continue
-        if (emu.get_live("monitoring.coreos.com/v1/prometheusrules", namespace,
-                         f"{name}-trainsentry")
-                and emu.get_live("monitoring.coreos.com/v1/podmonitors", namespace,
-                                 f"{name}-trainsentry-probe")
-                and emu.get_live("v1/configmaps", namespace, f"{name}-trainsentry-dashboards")):
+        if (
+            emu.get_live(
+                "monitoring.coreos.com/v1/prometheusrules", namespace, f"{name}-trainsentry"
+            )
+            and emu.get_live(
+                "monitoring.coreos.com/v1/podmonitors", namespace, f"{name}-trainsentry-probe"
+            )
+            and emu.get_live("v1/configmaps", namespace, f"{name}-trainsentry-dashboards")
+        ):
             count += 1
     return count
 
 
-async def batch(emu: KubeEmulator, namespace: str, jobs: int, operator: psutil.Process,
-                peak: list[int], limit: float) -> float:
+async def batch(
+    emu: KubeEmulator,
+    namespace: str,
+    jobs: int,
+    operator: psutil.Process,
+    peak: list[int],
+    limit: float,
+) -> float:
     """Creates `jobs` TrainingJobs (and their pods) at once; seconds until all are done."""
     names = [f"job-{index:04d}" for index in range(jobs)]
     pods = f"/api/v1/namespaces/{namespace}/pods"
     for index, name in enumerate(names):
         for rank in range(PODS_PER_JOB):
-            await post(emu, pods, {
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": f"{name}-{rank}", "labels": {"job": name}},
-                "spec": {"nodeName": f"node-{(index * PODS_PER_JOB + rank) % NODES}",
-                         "containers": [{"name": "t", "image": "t"}]},
-                "status": {"phase": "Running"}})
+            await post(
+                emu,
+                pods,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": f"{name}-{rank}", "labels": {"job": name}},
+                    "spec": {
+                        "nodeName": f"node-{(index * PODS_PER_JOB + rank) % NODES}",
+                        "containers": [{"name": "t", "image": "t"}],
+                    },
+                    "status": {"phase": "Running"},
+                },
+            )
     started = time.perf_counter()
     path = f"/apis/trainsentry.io/v1alpha1/namespaces/{namespace}/trainingjobs"
-    await asyncio.gather(*(post(emu, path, {
-        "apiVersion": "trainsentry.io/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {"selector": {"matchLabels": {"job": name}}, "worldSize": PODS_PER_JOB}})
-        for name in names))
+    await asyncio.gather(
+        *(
+            post(
+                emu,
+                path,
+                {
+                    "apiVersion": "trainsentry.io/v1alpha1",
+                    "kind": "TrainingJob",
+                    "metadata": {"name": name},
+                    "spec": {"selector": {"matchLabels": {"job": name}}, "worldSize": PODS_PER_JOB},
+                },
+            )
+            for name in names
+        )
+    )
     for _ in range(int(limit / 0.25)):
         peak[0] = max(peak[0], operator.memory_info().rss)
         if done(emu, namespace, names) == jobs:
@@ -115,14 +144,26 @@ async def main(args: argparse.Namespace) -> None:
         declare(emu)
         emu.history_limit = 2
         for index in range(NODES):
-            await post(emu, "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node",
-                                              "metadata": {"name": f"node-{index}"}})
+            await post(
+                emu,
+                "/api/v1/nodes",
+                {"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"node-{index}"}},
+            )
         with tempfile.TemporaryDirectory() as tmp:
             config = kubeconfig(Path(tmp), str(emu.url).rstrip("/"))
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "trainsentry", "operator", "--kubeconfig", str(config),
-                "--resync", "3600", "--no-discovery",
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                sys.executable,
+                "-m",
+                "trainsentry",
+                "operator",
+                "--kubeconfig",
+                str(config),
+                "--resync",
+                "3600",
+                "--no-discovery",
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             try:
                 operator = psutil.Process(process.pid)
                 for _ in range(600):  # until it watches (a cold start takes seconds)
@@ -131,8 +172,10 @@ async def main(args: argparse.Namespace) -> None:
                     await asyncio.sleep(0.1)
                 idle_rss = operator.memory_info().rss
                 peak = [idle_rss]
-                small = [await batch(emu, f"base-{r}", args.baseline, operator, peak,
-                                     args.timeout) for r in range(args.rounds)]
+                small = [
+                    await batch(emu, f"base-{r}", args.baseline, operator, peak, args.timeout)
+                    for r in range(args.rounds)
+                ]
                 big = await batch(emu, "big", args.jobs, operator, peak, args.timeout)
                 operator_cpu = sum(operator.cpu_times()[:2])
             finally:
@@ -145,28 +188,38 @@ async def main(args: argparse.Namespace) -> None:
     per_job_small = statistics.median(small) / args.baseline
     per_job_big = big / args.jobs
     mb = 1024 * 1024
-    print(f"baseline: {args.baseline} jobs x {args.rounds} rounds, median "
-          f"{statistics.median(small):.2f} s ({per_job_small * 1000:.1f} ms/job)")
-    print(f"big batch: {args.jobs} jobs at once -> all children + status in {big:.2f} s "
-          f"({per_job_big * 1000:.1f} ms/job); target < 60 s: "
-          f"{'OK' if big < 60 else 'MISSED'}")
+    print(
+        f"baseline: {args.baseline} jobs x {args.rounds} rounds, median "
+        f"{statistics.median(small):.2f} s ({per_job_small * 1000:.1f} ms/job)"
+    )
+    print(
+        f"big batch: {args.jobs} jobs at once -> all children + status in {big:.2f} s "
+        f"({per_job_big * 1000:.1f} ms/job); target < 60 s: "
+        f"{'OK' if big < 60 else 'MISSED'}"
+    )
     print(f"scaling ratio (per-job big / per-job baseline): {per_job_big / per_job_small:.2f}")
-    print(f"operator RSS: idle {idle_rss / mb:.0f} MB, peak {peak[0] / mb:.0f} MB; "
-          f"target < 300 MB: {'OK' if peak[0] < 300 * mb else 'MISSED'}")
+    print(
+        f"operator RSS: idle {idle_rss / mb:.0f} MB, peak {peak[0] / mb:.0f} MB; "
+        f"target < 300 MB: {'OK' if peak[0] < 300 * mb else 'MISSED'}"
+    )
     if args.verbose:
         counts = collections.Counter(
             f"{c.verb} {c.resource}{'/' + c.subresource if c.subresource else ''}"
-            for c in emu.calls)
+            for c in emu.calls
+        )
         for call, count in counts.most_common():
             print(f"  {count:6d}  {call}")
     own_cpu = sum(psutil.Process().cpu_times()[:2])
-    print(f"API calls served: {len(emu.calls)}; CPU seconds: operator {operator_cpu:.1f}, "
-          f"emulator (this process) {own_cpu:.1f}")
+    print(
+        f"API calls served: {len(emu.calls)}; CPU seconds: operator {operator_cpu:.1f}, "
+        f"emulator (this process) {own_cpu:.1f}"
+    )
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--jobs", type=int, default=500)
     parser.add_argument("--baseline", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=3)

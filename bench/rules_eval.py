@@ -39,24 +39,41 @@ from rules.jobscope import membership_group, render_for_job  # noqa: E402
 
 RULE_FILES = ("gpu.yaml", "fabric.yaml", "node.yaml", "kubernetes.yaml")
 DCGM_GAUGES = (
-    "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_GPU_UTIL",
-    "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_SM_CLOCK",
-    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_RETIRED_SBE",
-    "DCGM_FI_DEV_RETIRED_DBE", "DCGM_FI_DEV_RETIRED_PENDING", "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_MEMORY_TEMP",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+    "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_FI_DEV_RETIRED_SBE",
+    "DCGM_FI_DEV_RETIRED_DBE",
+    "DCGM_FI_DEV_RETIRED_PENDING",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
     "DCGM_FI_DEV_ROW_REMAP_PENDING",
 )
 DCGM_COUNTERS = (
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
 )
-IB_GAUGES = ("node_infiniband_state_id", "node_infiniband_physical_state_id",
-             "node_infiniband_rate_bytes_per_second")
+IB_GAUGES = (
+    "node_infiniband_state_id",
+    "node_infiniband_physical_state_id",
+    "node_infiniband_rate_bytes_per_second",
+)
 IB_COUNTERS = (
-    "node_infiniband_link_downed_total", "node_infiniband_link_error_recovery_total",
-    "node_infiniband_symbol_error_total", "node_infiniband_port_receive_errors_total",
+    "node_infiniband_link_downed_total",
+    "node_infiniband_link_error_recovery_total",
+    "node_infiniband_symbol_error_total",
+    "node_infiniband_port_receive_errors_total",
     "node_infiniband_port_receive_remote_physical_errors_total",
-    "node_infiniband_port_transmit_discards_total", "node_infiniband_port_transmit_wait_total",
+    "node_infiniband_port_transmit_discards_total",
+    "node_infiniband_port_transmit_wait_total",
 )
 
 
@@ -80,8 +97,11 @@ def node_text(start: float) -> str:
     tick = int(time.time() - start)
     lines = [
         f"node_boot_time_seconds {start - 86400}",
-        "node_memory_MemAvailable_bytes 1e12", "node_memory_MemTotal_bytes 2e12",
-        "node_vmstat_oom_kill 0", "node_timex_offset_seconds 0.0001", "node_timex_sync_status 1",
+        "node_memory_MemAvailable_bytes 1e12",
+        "node_memory_MemTotal_bytes 2e12",
+        "node_vmstat_oom_kill 0",
+        "node_timex_offset_seconds 0.0001",
+        "node_timex_sync_status 1",
         'node_edac_uncorrectable_errors_total{controller="0"} 0',
     ]
     for mount in ("/", "/data", "/checkpoint"):
@@ -89,8 +109,10 @@ def node_text(start: float) -> str:
         sizes = (("avail_bytes", 5e12), ("size_bytes", 7e12), ("files_free", 9e8), ("files", 1e9))
         lines += [f"node_filesystem_{m}{{{fs}}} {v}" for m, v in sizes]
     for dev in ("eth0", "eth1"):
-        lines += [f'node_network_{m}{{device="{dev}"}} {tick}' for m in
-                  ("receive_errs_total", "transmit_errs_total", "carrier_changes_total")]
+        lines += [
+            f'node_network_{m}{{device="{dev}"}} {tick}'
+            for m in ("receive_errs_total", "transmit_errs_total", "carrier_changes_total")
+        ]
     for port in range(8):
         ib = f'device="mlx5_{port}",port="1"'
         lines += [f"{name}{{{ib}}} {v}" for name, v in zip(IB_GAUGES, (4, 5, 5e10), strict=True)]
@@ -142,16 +164,25 @@ def serve(port: int, nodes: int, job_nodes: int, ready: threading.Event) -> None
 
 def prometheus_config(address: str, nodes: int, interval: str) -> dict[str, Any]:
     def targets(kind: str) -> list[dict[str, Any]]:
-        return [{"targets": [address], "labels": {"node": node_name(i),
-                 "__metrics_path__": f"/{kind}/{node_name(i)}"}} for i in range(nodes)]
+        return [
+            {
+                "targets": [address],
+                "labels": {"node": node_name(i), "__metrics_path__": f"/{kind}/{node_name(i)}"},
+            }
+            for i in range(nodes)
+        ]
 
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         "scrape_configs": [
             {"job_name": "dcgm-exporter", "static_configs": targets("dcgm")},
             {"job_name": "node-exporter", "static_configs": targets("node")},
-            {"job_name": "kube-state-metrics", "metrics_path": "/ksm", "honor_labels": True,
-             "static_configs": [{"targets": [address]}]},
+            {
+                "job_name": "kube-state-metrics",
+                "metrics_path": "/ksm",
+                "honor_labels": True,
+                "static_configs": [{"targets": [address]}],
+            },
         ],
     }
 
@@ -160,8 +191,10 @@ def rule_files(directory: Path) -> list[Path]:
     paths = []
     for name in RULE_FILES:
         document = yaml.safe_load((ROOT / "rules" / name).read_text())
-        for variant, doc in (("cluster", document),
-                             ("job", render_for_job(document, "team-a", "llm"))):
+        for variant, doc in (
+            ("cluster", document),
+            ("job", render_for_job(document, "team-a", "llm")),
+        ):
             for group in doc["groups"]:
                 group["name"] = f"{variant}:{name}:{group['name']}"
             path = directory / f"{variant}-{name}"
@@ -202,8 +235,9 @@ def main() -> None:
 
     port = free_port()
     ready = threading.Event()
-    threading.Thread(target=serve, args=(port, args.nodes, args.job_nodes, ready),
-                     daemon=True).start()
+    threading.Thread(
+        target=serve, args=(port, args.nodes, args.job_nodes, ready), daemon=True
+    ).start()
     ready.wait(10)
     samples: dict[str, list[float]] = defaultdict(list)
     seen: dict[str, str] = {}
@@ -223,12 +257,16 @@ def main() -> None:
                         samples[key].append(group["evaluationTime"])
                 time.sleep(0.5)
             slowest = time_alert_queries(prom.url, directory)
-            series = yaml.safe_load(urllib.request.urlopen(
-                f"{prom.url}/api/v1/query?query=count(%7B__name__%3D~%22.%2B%22%7D)",
-                timeout=10).read())["data"]["result"][0]["value"][1]
+            series = yaml.safe_load(
+                urllib.request.urlopen(
+                    f"{prom.url}/api/v1/query?query=count(%7B__name__%3D~%22.%2B%22%7D)", timeout=10
+                ).read()
+            )["data"]["result"][0]["value"][1]
 
-    print(f"cluster: {args.nodes} nodes x 8 GPUs x 8 IB ports, {series} series; "
-          f"job on {args.job_nodes} nodes; eval interval {args.interval}")
+    print(
+        f"cluster: {args.nodes} nodes x 8 GPUs x 8 IB ports, {series} series; "
+        f"job on {args.job_nodes} nodes; eval interval {args.interval}"
+    )
     print(f"{'rule file':<18}{'cluster-wide ms':>17}{'job-scoped ms':>15}{'ratio':>8}{'n':>5}")
     totals = {"cluster": 0.0, "job": 0.0}
     for name in RULE_FILES:
@@ -241,13 +279,17 @@ def main() -> None:
             totals[variant] += per_variant[variant]
             n = min(len(v) for v in groups)
         ratio = per_variant["job"] / per_variant["cluster"]
-        print(f"{name:<18}{per_variant['cluster']:>17.2f}{per_variant['job']:>15.2f}"
-              f"{ratio:>8.2f}{n:>5}")
+        print(
+            f"{name:<18}{per_variant['cluster']:>17.2f}{per_variant['job']:>15.2f}"
+            f"{ratio:>8.2f}{n:>5}"
+        )
     print("slowest alert queries (median of 3 instant queries, ms):")
     for ms, name in slowest[:8]:
         print(f"  {ms:8.2f}  {name}")
-    print(f"{'total':<18}{totals['cluster']:>17.2f}{totals['job']:>15.2f}"
-          f"{totals['job'] / totals['cluster']:>8.2f}")
+    print(
+        f"{'total':<18}{totals['cluster']:>17.2f}{totals['job']:>15.2f}"
+        f"{totals['job'] / totals['cluster']:>8.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ export HELM_BIN="$(scripts/get-helm.sh)"
 # Run every check even when one fails, so one CI run shows every problem; fail at the end.
 failed=()
 echo "== ruff"; ruff check . || failed+=(ruff)
+echo "== ruff format"; ruff format --check . || failed+=(ruff-format)
 echo "== mypy"; mypy || failed+=(mypy)
 echo "== pytest"
 # pytest's exit 5 (no tests collected) counts as a failure too: a green run must run tests.

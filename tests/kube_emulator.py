@@ -202,8 +202,11 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     def recorded_calls(self, exclude_agent: str | None = None) -> set[ApiCall]:
         """The distinct calls made, optionally without those of one client (by User-Agent
         prefix; the tests' own kmock client sends `kmock/...`)."""
-        return {call for call, agent in zip(self.calls, self.agents, strict=True)
-                if exclude_agent is None or not agent.startswith(exclude_agent)}
+        return {
+            call
+            for call, agent in zip(self.calls, self.agents, strict=True)
+            if exclude_agent is None or not agent.startswith(exclude_agent)
+        }
 
     def live(self, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:
         """The raw objects of `resource` (e.g. "v1/configmaps") that currently exist."""
@@ -282,8 +285,9 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             raise kmock.KubernetesError(status=422, reason="Invalid", message=str(exc)) from exc
 
     def _has_status_subresource(self, resource: kmock.resource) -> bool:
-        return "status" in (self.resources[resource].subresources if resource in self.resources
-                            else ())
+        return "status" in (
+            self.resources[resource].subresources if resource in self.resources else ()
+        )
 
     def _namespace(self, request: rendering.Request, data: Mapping[str, Any] | None = None) -> Any:
         resource = request.resource
@@ -310,8 +314,12 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             raw = obj.raw
             if label_selector_matches(selector, raw.get("metadata", {}).get("labels") or {}):
                 items.append(raw)
-        return {"kind": "List", "apiVersion": "v1",
-                "metadata": {"resourceVersion": str(self.rv)}, "items": items}
+        return {
+            "kind": "List",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": str(self.rv)},
+            "items": items,
+        }
 
     def _keys(self, resource: Any) -> list[tuple[Any, Any, str]]:
         """Object keys of one resource, in creation order (an index; kmock has none)."""
@@ -340,8 +348,7 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         resource = request.resource
         if resource in self.resources:  # the server knows what it stores, as a real one does
             data.setdefault("kind", self.resources[resource].kind)
-            data.setdefault("apiVersion",
-                            f"{resource.group}/{resource.version}".lstrip("/"))
+            data.setdefault("apiVersion", f"{resource.group}/{resource.version}".lstrip("/"))
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         if not meta.get("name"):
@@ -357,8 +364,12 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         if self._has_status_subresource(request.resource):
             data.pop("status", None)
         self._validate(data)
-        meta.update(uid=str(uuid.uuid4()), resourceVersion=self._next_rv(), generation=1,
-                    creationTimestamp=_now())
+        meta.update(
+            uid=str(uuid.uuid4()),
+            resourceVersion=self._next_rv(),
+            generation=1,
+            creationTimestamp=_now(),
+        )
         if key in self.objects:
             self._store(key, data)
         else:
@@ -379,9 +390,10 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                 wanted_rv = (patch.get("metadata") or {}).get("resourceVersion")
                 if wanted_rv is not None and wanted_rv != old["metadata"]["resourceVersion"]:
                     raise kmock.KubernetesError(
-                        status=409, reason="Conflict",
+                        status=409,
+                        reason="Conflict",
                         message="the object has been modified; please apply your changes "
-                                "to the latest version and try again",
+                        "to the latest version and try again",
                     )
                 new = _merge_patch(old, patch)
             else:
@@ -468,8 +480,9 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
 
         def wanted(raw: Mapping[str, Any]) -> bool:
             meta = raw.get("metadata", {})
-            return (namespace is None or meta.get("namespace") == namespace) and \
-                label_selector_matches(selector, meta.get("labels") or {})
+            return (
+                namespace is None or meta.get("namespace") == namespace
+            ) and label_selector_matches(selector, meta.get("labels") or {})
 
         async with self._lock:
             marker = await bus.mark()

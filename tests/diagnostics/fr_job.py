@@ -71,7 +71,9 @@ def launch(scenario: str, outdir: str, port: int, timeout_s: float = 120.0) -> l
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, "--rank", str(rank), scenario, outdir, str(port)],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
         for rank in range(WORLD_SIZE)
     ]

@@ -30,8 +30,12 @@ WORLD = 1024
 def big(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One 1,024-rank dump directory per scenario (pickle, and JSON for one of them)."""
     out = {}
-    for scenario, culprit, fmt in (("hang", 517, "pickle"), ("size", 33, "json"),
-                                   ("slow", 700, "pickle"), ("ok", 0, "pickle")):
+    for scenario, culprit, fmt in (
+        ("hang", 517, "pickle"),
+        ("size", 33, "json"),
+        ("slow", 700, "pickle"),
+        ("ok", 0, "pickle"),
+    ):
         directory = tmp_path_factory.mktemp(scenario)
         write_dumps(directory, WORLD, 30, scenario, culprit, fmt=fmt)
         out[scenario] = directory
@@ -108,7 +112,9 @@ def test_restricted_unpickler_refuses_globals() -> None:
         decode_dump(payload, "evil_3")
     # Plain containers, tuples included, still load.
     assert load_plain_pickle(pickle.dumps({"a": (1, [2.5, "x"]), "b": None})) == {
-        "a": (1, [2.5, "x"]), "b": None}
+        "a": (1, [2.5, "x"]),
+        "b": None,
+    }
 
 
 def test_prefix_is_inferred_from_file_names(tmp_path: Path) -> None:
@@ -165,12 +171,24 @@ def test_coalesced_group_compared_as_a_whole() -> None:
         template = dict(dump["entries"][-1])
         extra = []
         for k, numel in enumerate((8, 16 if rank != 3 else 32)):
-            e = dict(template, collective_seq_id=7, op_id=100 + k,
-                     profiling_name="nccl:all_reduce", input_sizes=[[numel]],
-                     output_sizes=[[numel]])
+            e = dict(
+                template,
+                collective_seq_id=7,
+                op_id=100 + k,
+                profiling_name="nccl:all_reduce",
+                input_sizes=[[numel]],
+                output_sizes=[[numel]],
+            )
             extra.append(e)
-        extra.append(dict(template, collective_seq_id=7, profiling_name="nccl:coalesced",
-                          input_sizes=[], output_sizes=[]))
+        extra.append(
+            dict(
+                template,
+                collective_seq_id=7,
+                profiling_name="nccl:coalesced",
+                input_sizes=[],
+                output_sizes=[],
+            )
+        )
         dump["entries"].extend(extra)
     report = analyze_trace(_trace(dumps))
     (mismatch,) = report.blocking_mismatches
@@ -190,8 +208,9 @@ def test_dtype_and_op_mismatch_kinds() -> None:
 
 def test_all_gather_output_must_be_input_times_group_size() -> None:
     dumps = {r: make_dump(r, 4, 10, "ok") for r in range(4)}
-    ag = next(i for i, e in enumerate(dumps[0]["entries"])
-              if e["profiling_name"] == "nccl:all_gather")
+    ag = next(
+        i for i, e in enumerate(dumps[0]["entries"]) if e["profiling_name"] == "nccl:all_gather"
+    )
     for rank in range(4):  # every rank agrees, but the output is only 2x the input
         entry = dumps[rank]["entries"][ag]
         entry["output_sizes"] = [[entry["input_sizes"][0][0] * 2]]
@@ -205,9 +224,17 @@ def test_p2p_victim_points_to_the_root_cause() -> None:
     dumps = {r: make_dump(r, 4, 10, "hang", culprit=3) for r in range(4)}
     # Rank 1 is not in the stuck collective: it is blocked in a recv from rank 0 instead.
     last = dumps[1]["entries"].pop()
-    dumps[1]["entries"].append(dict(
-        last, profiling_name="nccl:recv 1<-0", is_p2p=True, p2p_seq_id=1,
-        collective_seq_id=0, state="started", retired=False))
+    dumps[1]["entries"].append(
+        dict(
+            last,
+            profiling_name="nccl:recv 1<-0",
+            is_p2p=True,
+            p2p_seq_id=1,
+            collective_seq_id=0,
+            state="started",
+            retired=False,
+        )
+    )
     dumps[1]["pg_status"]["0"]["last_enqueued_collective"] = 9
     report = analyze_trace(_trace(dumps))
     assert report.hang.root_cause_ranks == [3]

@@ -44,8 +44,9 @@ def test_flipped_byte_in_a_real_pickle(
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=5),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=20,
 )
 

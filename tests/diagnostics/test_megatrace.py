@@ -98,7 +98,8 @@ def test_group_hash_lines_define_communicators() -> None:
     lines = [
         f"[save_count 1] [100.{i:09d}] [Rank {rank}] Fun AllReduce Data 8 stream 0x{rank}a "
         f"opCount {i} groupHash -42"
-        for rank in (0, 1) for i in range(20)
+        for rank in (0, 1)
+        for i in range(20)
     ]
     raws = parse_lines(lines, "mem")
     trace = build_trace(raws)
@@ -108,8 +109,13 @@ def test_group_hash_lines_define_communicators() -> None:
 
 def test_malformed_line_names_the_file_and_line() -> None:
     with pytest.raises(MegatraceFormatError, match=r"bad\.log:2"):
-        parse_lines(["[save_count 1] [1.5] [Rank 0] Fun AllReduce Data 1 stream 0x1 opCount 0",
-                     "garbage here"], "bad.log")
+        parse_lines(
+            [
+                "[save_count 1] [1.5] [Rank 0] Fun AllReduce Data 1 stream 0x1 opCount 0",
+                "garbage here",
+            ],
+            "bad.log",
+        )
 
 
 def test_corrupt_rank_file_is_reported_and_others_analysed(tmp_path: Path) -> None:

@@ -17,10 +17,18 @@ def _rank(rank: int, allreduce: int, async_error: int = 0) -> dict[str, Any]:
     counts["AllReduce"] = allreduce
     counts["Broadcast"] = 3
     return {
-        "rank": rank, "host": f"10.0.0.{rank // 8}", "pid": 1000 + rank, "cuda_dev": rank % 8,
+        "rank": rank,
+        "host": f"10.0.0.{rank // 8}",
+        "pid": 1000 + rank,
+        "cuda_dev": rank % 8,
         "nvml_dev": rank % 8,
-        "status": {"init_state": 0, "async_error": async_error, "finalize_called": False,
-                   "destroy_flag": False, "abort_flag": False},
+        "status": {
+            "init_state": 0,
+            "async_error": async_error,
+            "finalize_called": False,
+            "destroy_flag": False,
+            "abort_flag": False,
+        },
         "collective_counts": counts,
     }
 
@@ -30,19 +38,41 @@ def ras_json(behind: int, unresponsive: int | None = None) -> dict[str, Any]:
     ranks = [_rank(r, 1200 if r != behind else 1199) for r in range(size) if r != unresponsive]
     missing = []
     if unresponsive is not None:
-        missing.append({"rank": unresponsive, "host": "10.0.0.1", "pid": 4242, "cuda_dev": 1,
-                        "nvml_dev": 1, "status": {"unresponsive": True,
-                                                  "considered_dead": True}})
+        missing.append(
+            {
+                "rank": unresponsive,
+                "host": "10.0.0.1",
+                "pid": 4242,
+                "cuda_dev": 1,
+                "nvml_dev": 1,
+                "status": {"unresponsive": True, "considered_dead": True},
+            }
+        )
     return {
-        "nccl_version": "2.28.7", "cuda_runtime_version": 12080, "cuda_driver_version": 12080,
-        "timestamp": "2026-11-22 01:00:00", "communicators_count": 2,
+        "nccl_version": "2.28.7",
+        "cuda_runtime_version": 12080,
+        "cuda_driver_version": 12080,
+        "timestamp": "2026-11-22 01:00:00",
+        "communicators_count": 2,
         "communicators": [
-            {"hash": "0x1f2e3d", "secondary_hash": "0x1:0x2", "size": size,
-             "ranks_count": len(ranks), "missing_ranks_count": len(missing),
-             "ranks": ranks, "missing_ranks": missing},
-            {"hash": "0xabc", "secondary_hash": "0x1:0x3", "size": 2, "ranks_count": 2,
-             "missing_ranks_count": 0, "ranks": [_rank(0, 50), _rank(1, 50)],
-             "missing_ranks": []},
+            {
+                "hash": "0x1f2e3d",
+                "secondary_hash": "0x1:0x2",
+                "size": size,
+                "ranks_count": len(ranks),
+                "missing_ranks_count": len(missing),
+                "ranks": ranks,
+                "missing_ranks": missing,
+            },
+            {
+                "hash": "0xabc",
+                "secondary_hash": "0x1:0x3",
+                "size": 2,
+                "ranks_count": 2,
+                "missing_ranks_count": 0,
+                "ranks": [_rank(0, 50), _rank(1, 50)],
+                "missing_ranks": [],
+            },
         ],
         "ras": {"collection_time_sec": 0.012, "timeouts_count": 0},
     }

@@ -62,8 +62,11 @@ def _strict(schema: Any) -> Any:
     """OpenAPI structural schemas prune unknown fields; we reject them (catches typos)."""
     if isinstance(schema, dict):
         result = {key: _strict(value) for key, value in schema.items()}
-        if ("properties" in result and "additionalProperties" not in result
-                and not result.get("x-kubernetes-preserve-unknown-fields")):
+        if (
+            "properties" in result
+            and "additionalProperties" not in result
+            and not result.get("x-kubernetes-preserve-unknown-fields")
+        ):
             result["additionalProperties"] = False
         pattern = result.get("pattern")
         if isinstance(pattern, str) and "(?i)" in pattern:  # Go allows inline flags mid-regex
@@ -136,8 +139,9 @@ class Validator:
                 for version in KUBE_VERSIONS:
                     _builtin_validator(kind, str(obj["apiVersion"]), version).validate(obj)
         except jsonschema.ValidationError as exc:
-            raise ValueError(f"{kind} {obj.get('metadata', {}).get('name')}: "
-                             f"{str(exc).splitlines()[0]}") from exc
+            raise ValueError(
+                f"{kind} {obj.get('metadata', {}).get('name')}: {str(exc).splitlines()[0]}"
+            ) from exc
         self.checked[kind] = self.checked.get(kind, 0) + 1
         if kind == "PrometheusRule":
             self.rule_groups.append(obj["spec"])
@@ -151,8 +155,13 @@ class Validator:
             path = tmp / f"rules-{index}.yaml"
             path.write_text(yaml.safe_dump(spec))
             paths.append(str(path))
-        result = subprocess.run(["promtool", "check", "rules", *paths],
-                                capture_output=True, text=True, timeout=120, check=False)
+        result = subprocess.run(
+            ["promtool", "check", "rules", *paths],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -162,9 +171,15 @@ class Validator:
 class OperatorThread:
     """The real operator (kopf + our handlers) in its own thread and event loop."""
 
-    def __init__(self, url: str, sources: Sources, resync: float = 0.5,
-                 discovery: bool = True, peering: str | None = None,
-                 namespaces: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        sources: Sources,
+        resync: float = 0.5,
+        discovery: bool = True,
+        peering: str | None = None,
+        namespaces: list[str] | None = None,
+    ) -> None:
         self.url = url
         self.peering = peering
         self.namespaces = namespaces or []
@@ -185,10 +200,15 @@ class OperatorThread:
         return kopf.ConnectionInfo(server=self.url)
 
     def _run(self) -> None:
-        coro = kopf.operator(registry=self.registry, clusterwide=not self.namespaces,
-                             namespaces=self.namespaces,
-                             standalone=self.peering is None, peering_name=self.peering,
-                             stop_flag=self.stop_flag, memo=kopf.Memo())
+        coro = kopf.operator(
+            registry=self.registry,
+            clusterwide=not self.namespaces,
+            namespaces=self.namespaces,
+            standalone=self.peering is None,
+            peering_name=self.peering,
+            stop_flag=self.stop_flag,
+            memo=kopf.Memo(),
+        )
         asyncio.run(coro)
 
     async def start(self, emu: KubeEmulator) -> None:
@@ -207,26 +227,31 @@ def trainingjob(name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]
         "apiVersion": "trainsentry.io/v1alpha1",
         "kind": "TrainingJob",
         "metadata": {"name": name, "namespace": NS},
-        "spec": spec if spec is not None else {"selector": {"matchLabels": {"job": name}},
-                                               "worldSize": 2},
+        "spec": spec
+        if spec is not None
+        else {"selector": {"matchLabels": {"job": name}}, "worldSize": 2},
     }
 
 
-def pod(name: str, job: str, node: str, phase: str = "Running",
-        labels: dict[str, str] | None = None) -> dict[str, Any]:
+def pod(
+    name: str, job: str, node: str, phase: str = "Running", labels: dict[str, str] | None = None
+) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": NS, "labels": labels or {"job": job}},
-        "spec": {"nodeName": node, "containers": [
-            {"name": "trainer", "image": "trainer:1", "ports": [{"containerPort": 9401}]}]},
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {"name": "trainer", "image": "trainer:1", "ports": [{"containerPort": 9401}]}
+            ],
+        },
         "status": {"phase": phase},
     }
 
 
 def node(name: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name,
-                                                             "labels": {"zone": "a"}}}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"zone": "a"}}}
 
 
 async def post(emu: KubeEmulator, path: str, body: dict[str, Any]) -> dict[str, Any]:

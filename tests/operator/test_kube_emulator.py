@@ -25,10 +25,16 @@ async def emu() -> AsyncIterator[KubeEmulator]:
         yield emulator
 
 
-async def call(emu: KubeEmulator, method: str, url: str, body: Any = None,
-               **kwargs: Any) -> tuple[int, Any]:
-    headers = MERGE if method == "PATCH" and isinstance(body, dict) else {
-        "Content-Type": "application/json-patch+json"} if method == "PATCH" else {}
+async def call(
+    emu: KubeEmulator, method: str, url: str, body: Any = None, **kwargs: Any
+) -> tuple[int, Any]:
+    headers = (
+        MERGE
+        if method == "PATCH" and isinstance(body, dict)
+        else {"Content-Type": "application/json-patch+json"}
+        if method == "PATCH"
+        else {}
+    )
     async with emu.request(method, url, json=body, headers=headers, **kwargs) as resp:
         return resp.status, await resp.json()
 
@@ -108,15 +114,24 @@ async def test_watch_honours_resource_version(emu: KubeEmulator) -> None:
 
 
 async def test_status_subresource_is_separate(emu: KubeEmulator) -> None:
-    status, tj = await call(emu, "POST", TJ, {"metadata": {"name": "j"}, "spec": {"worldSize": 2},
-                                              "status": {"phase": "Bogus"}})
+    status, tj = await call(
+        emu,
+        "POST",
+        TJ,
+        {"metadata": {"name": "j"}, "spec": {"worldSize": 2}, "status": {"phase": "Bogus"}},
+    )
     assert status == 201 and "status" not in tj
-    _, tj = await call(emu, "PATCH", f"{TJ}/j", {"spec": {"worldSize": 4},
-                                                 "status": {"phase": "Ignored"}})
+    _, tj = await call(
+        emu, "PATCH", f"{TJ}/j", {"spec": {"worldSize": 4}, "status": {"phase": "Ignored"}}
+    )
     assert tj["spec"]["worldSize"] == 4 and "status" not in tj
     assert tj["metadata"]["generation"] == 2
-    _, tj = await call(emu, "PATCH", f"{TJ}/j/status", {"spec": {"worldSize": 9},
-                                                        "status": {"phase": "Monitoring"}})
+    _, tj = await call(
+        emu,
+        "PATCH",
+        f"{TJ}/j/status",
+        {"spec": {"worldSize": 9}, "status": {"phase": "Monitoring"}},
+    )
     assert tj["spec"]["worldSize"] == 4 and tj["status"] == {"phase": "Monitoring"}
     assert tj["metadata"]["generation"] == 2  # status changes do not bump the generation
     _, tj = await call(emu, "PATCH", f"{TJ}/j", {"metadata": {"labels": {"x": "y"}}})
@@ -126,14 +141,26 @@ async def test_status_subresource_is_separate(emu: KubeEmulator) -> None:
 async def test_optimistic_locking(emu: KubeEmulator) -> None:
     _, node = await call(emu, "POST", "/api/v1/nodes", {"metadata": {"name": "n1"}})
     rv = node["metadata"]["resourceVersion"]
-    status, node = await call(emu, "PATCH", "/api/v1/nodes/n1",
-                              {"metadata": {"resourceVersion": rv, "labels": {"a": "1"}}})
+    status, node = await call(
+        emu,
+        "PATCH",
+        "/api/v1/nodes/n1",
+        {"metadata": {"resourceVersion": rv, "labels": {"a": "1"}}},
+    )
     assert status == 200 and node["metadata"]["labels"] == {"a": "1"}
-    status, err = await call(emu, "PATCH", "/api/v1/nodes/n1",
-                             {"metadata": {"resourceVersion": rv, "labels": {"a": "2"}}})
+    status, err = await call(
+        emu,
+        "PATCH",
+        "/api/v1/nodes/n1",
+        {"metadata": {"resourceVersion": rv, "labels": {"a": "2"}}},
+    )
     assert status == 409 and err["reason"] == "Conflict"
-    status, _ = await call(emu, "PATCH", "/api/v1/nodes/n1",
-                           [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}])
+    status, _ = await call(
+        emu,
+        "PATCH",
+        "/api/v1/nodes/n1",
+        [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}],
+    )
     assert status == 422
     assert emu.get_live("v1/nodes", None, "n1")["metadata"]["labels"] == {"a": "1"}
 
@@ -146,14 +173,24 @@ async def test_merge_patch_removes_nulls(emu: KubeEmulator) -> None:
 
 async def test_owner_reference_garbage_collection(emu: KubeEmulator) -> None:
     _, owner = await call(emu, "POST", TJ, {"metadata": {"name": "j", "finalizers": ["x/y"]}})
-    ref = {"apiVersion": "trainsentry.io/v1alpha1", "kind": "TrainingJob", "name": "j",
-           "uid": owner["metadata"]["uid"], "controller": True}
+    ref = {
+        "apiVersion": "trainsentry.io/v1alpha1",
+        "kind": "TrainingJob",
+        "name": "j",
+        "uid": owner["metadata"]["uid"],
+        "controller": True,
+    }
     child_body = {"metadata": {"name": "child", "ownerReferences": [ref]}}
     _, child = await call(emu, "POST", CM, child_body)
-    grandchild_ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "child",
-                      "uid": child["metadata"]["uid"]}
-    await call(emu, "POST", CM, {"metadata": {"name": "grandchild",
-                                              "ownerReferences": [grandchild_ref]}})
+    grandchild_ref = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": "child",
+        "uid": child["metadata"]["uid"],
+    }
+    await call(
+        emu, "POST", CM, {"metadata": {"name": "grandchild", "ownerReferences": [grandchild_ref]}}
+    )
     await call(emu, "POST", CM, {"metadata": {"name": "unrelated"}})
     status, marked = await call(emu, "DELETE", f"{TJ}/j")
     assert status == 200 and marked["metadata"]["deletionTimestamp"]
@@ -213,7 +250,6 @@ async def test_calls_can_be_told_apart_by_user_agent(emu: KubeEmulator) -> None:
     await call(emu, "GET", CM)  # the tests' own client: kmock/...
     async with emu.get("/api/v1/nodes", headers={"User-Agent": "operator/1"}):
         pass
-    assert emu.recorded_calls() == {ApiCall("list", "", "configmaps"),
-                                    ApiCall("list", "", "nodes")}
+    assert emu.recorded_calls() == {ApiCall("list", "", "configmaps"), ApiCall("list", "", "nodes")}
     assert emu.recorded_calls(exclude_agent="kmock/") == {ApiCall("list", "", "nodes")}
     assert emu.agents[1] == "operator/1"

@@ -63,8 +63,14 @@ async def test_create_renders_valid_owned_children_and_status(
     cluster: KubeEmulator, operator: OperatorThread
 ) -> None:
     await seed(cluster, "llm", ["gpu-1", "gpu-2"])
-    body = trainingjob("llm", {"selector": {"matchLabels": {"job": "llm"}}, "worldSize": 2,
-                               "prometheus": {"ruleLabels": {"release": "kps"}}})
+    body = trainingjob(
+        "llm",
+        {
+            "selector": {"matchLabels": {"job": "llm"}},
+            "worldSize": 2,
+            "prometheus": {"ruleLabels": {"release": "kps"}},
+        },
+    )
     job = await post(cluster, TJ_PATH, body)
     await eventually(lambda: phase(cluster, "llm") == "Monitoring")
 
@@ -78,8 +84,12 @@ async def test_create_renders_valid_owned_children_and_status(
     assert rule["metadata"]["labels"]["release"] == "kps"
     assert dashboards["metadata"]["labels"]["grafana_dashboard"] == "1"
     groups = {group["name"]: group for group in rule["spec"]["groups"]}
-    assert set(groups) == {"trainsentry-membership-team-a-llm", "fixture-gpu-team-a-llm",
-                           "fixture-kubernetes-team-a-llm", "fixture-training-team-a-llm"}
+    assert set(groups) == {
+        "trainsentry-membership-team-a-llm",
+        "fixture-gpu-team-a-llm",
+        "fixture-kubernetes-team-a-llm",
+        "fixture-training-team-a-llm",
+    }
     pod_regex = groups["trainsentry-membership-team-a-llm"]["rules"][0]["expr"]
     assert 'pod=~"llm\\\\-0|llm\\\\-1"' in pod_regex
     assert monitor["spec"]["selector"] == {"matchLabels": {"job": "llm"}}
@@ -90,20 +100,35 @@ async def test_create_renders_valid_owned_children_and_status(
     assert status["nodes"] == ["gpu-1", "gpu-2"]
     assert status["observedGeneration"] == 1
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
-        "RulesReady": "True", "ScrapeReady": "True", "ExportersReady": "True"}
+        "RulesReady": "True",
+        "ScrapeReady": "True",
+        "ExportersReady": "True",
+    }
     assert sorted(child["kind"] for child in status["children"]) == [
-        "ConfigMap", "PodMonitor", "PrometheusRule"]
+        "ConfigMap",
+        "PodMonitor",
+        "PrometheusRule",
+    ]
     for name in ("gpu-1", "gpu-2"):
         assert node_labels(cluster, name) == {
-            "zone": "a", "trainsentry.io/monitored": "true",
-            "trainsentry.io/exporter-dcgm": "true", "trainsentry.io/exporter-infiniband": "true",
-            "trainsentry.io/exporter-node": "true"}
-    await eventually(lambda: {e["reason"] for e in cluster.live("v1/events", NS)} >= {
-        "ChildrenCreated", "NodesLabelled", "PhaseChanged"})
+            "zone": "a",
+            "trainsentry.io/monitored": "true",
+            "trainsentry.io/exporter-dcgm": "true",
+            "trainsentry.io/exporter-infiniband": "true",
+            "trainsentry.io/exporter-node": "true",
+        }
+    await eventually(
+        lambda: (
+            {e["reason"] for e in cluster.live("v1/events", NS)}
+            >= {"ChildrenCreated", "NodesLabelled", "PhaseChanged"}
+        )
+    )
     assert cluster.validation.checked["PrometheusRule"] >= 1
     annotations = live(cluster, TJ, "llm")["metadata"]["annotations"]
-    assert set(annotations) <= {"trainsentry.io/last-handled-configuration",  # kopf's own
-                                "trainsentry.io/kopf-managed"}
+    assert set(annotations) <= {
+        "trainsentry.io/last-handled-configuration",  # kopf's own
+        "trainsentry.io/kopf-managed",
+    }
     assert live(cluster, TJ, "llm")["metadata"]["finalizers"] == ["trainsentry.io/finalizer"]
 
 
@@ -111,8 +136,14 @@ async def test_update_thresholds_changes_the_rule(
     cluster: KubeEmulator, operator: OperatorThread
 ) -> None:
     await seed(cluster, "llm", ["gpu-1"])
-    await post(cluster, TJ_PATH, trainingjob("llm", {"selector": {"matchLabels": {"job": "llm"}},
-                                                     "thresholds": {"gpu_temp_celsius": 85}}))
+    await post(
+        cluster,
+        TJ_PATH,
+        trainingjob(
+            "llm",
+            {"selector": {"matchLabels": {"job": "llm"}}, "thresholds": {"gpu_temp_celsius": 85}},
+        ),
+    )
     await eventually(lambda: phase(cluster, "llm") == "Monitoring")
 
     def gpu_rule() -> dict[str, Any]:
@@ -122,29 +153,56 @@ async def test_update_thresholds_changes_the_rule(
         return rule
 
     assert gpu_rule()["expr"].startswith("(DCGM_FI_DEV_GPU_TEMP > 85) * on(node)")
-    await patch(cluster, f"{TJ_PATH}/llm", {"spec": {"thresholds": {"gpu_temp_celsius": 91.5},
-                                                     "alerting": {"priorityOverrides": {
-                                                         "GPUTemperatureHigh": "P1"}}}})
+    await patch(
+        cluster,
+        f"{TJ_PATH}/llm",
+        {
+            "spec": {
+                "thresholds": {"gpu_temp_celsius": 91.5},
+                "alerting": {"priorityOverrides": {"GPUTemperatureHigh": "P1"}},
+            }
+        },
+    )
     await eventually(lambda: "> 91.5)" in gpu_rule()["expr"])
     assert gpu_rule()["annotations"]["thresholds"] == "gpu_temp_celsius=91.5"
     assert gpu_rule()["labels"]["priority"] == "P1"
     await eventually(lambda: live(cluster, TJ, "llm")["status"]["observedGeneration"] == 2)
 
-    await patch(cluster, f"{TJ_PATH}/llm", {"spec": {"probe": {"port": 9500},
-                                                     "dashboard": {"enabled": False}}})
-    await eventually(lambda: live(cluster, MONITORS, "llm-trainsentry-probe")["spec"][
-        "podMetricsEndpoints"][0]["portNumber"] == 9500)
-    await eventually(lambda: cluster.get_live("v1/configmaps", NS,
-                                              "llm-trainsentry-dashboards") is None)
-    await eventually(lambda: [c["kind"] for c in live(cluster, TJ, "llm")["status"]["children"]]
-                     == ["PrometheusRule", "PodMonitor"])
+    await patch(
+        cluster,
+        f"{TJ_PATH}/llm",
+        {"spec": {"probe": {"port": 9500}, "dashboard": {"enabled": False}}},
+    )
+    await eventually(
+        lambda: (
+            live(cluster, MONITORS, "llm-trainsentry-probe")["spec"]["podMetricsEndpoints"][0][
+                "portNumber"
+            ]
+            == 9500
+        )
+    )
+    await eventually(
+        lambda: cluster.get_live("v1/configmaps", NS, "llm-trainsentry-dashboards") is None
+    )
+    await eventually(
+        lambda: (
+            [c["kind"] for c in live(cluster, TJ, "llm")["status"]["children"]]
+            == ["PrometheusRule", "PodMonitor"]
+        )
+    )
 
     await patch(cluster, f"{TJ_PATH}/llm", {"spec": {"thresholds": {"no_such_threshold": 1}}})
-    await eventually(lambda: {c["type"]: c["reason"] for c in
-                              live(cluster, TJ, "llm")["status"]["conditions"]}["RulesReady"]
-                     == "UnknownThreshold")
-    await eventually(lambda: any(e["reason"] == "UnknownThreshold"
-                                 for e in cluster.live("v1/events", NS)))
+    await eventually(
+        lambda: (
+            {c["type"]: c["reason"] for c in live(cluster, TJ, "llm")["status"]["conditions"]}[
+                "RulesReady"
+            ]
+            == "UnknownThreshold"
+        )
+    )
+    await eventually(
+        lambda: any(e["reason"] == "UnknownThreshold" for e in cluster.live("v1/events", NS))
+    )
     await asyncio.sleep(1.5)  # three resyncs: still one warning
     assert sum(e["reason"] == "UnknownThreshold" for e in cluster.live("v1/events", NS)) == 1
 
@@ -155,8 +213,11 @@ async def test_delete_cleans_up_and_keeps_labels_of_shared_nodes(
     await seed(cluster, "a", ["gpu-1", "gpu-2"])
     await seed(cluster, "b", ["gpu-2", "gpu-3"])
     await post(cluster, TJ_PATH, trainingjob("a"))
-    await post(cluster, TJ_PATH, trainingjob("b", {"selector": {"matchLabels": {"job": "b"}},
-                                                   "exporters": {"dcgm": False}}))
+    await post(
+        cluster,
+        TJ_PATH,
+        trainingjob("b", {"selector": {"matchLabels": {"job": "b"}}, "exporters": {"dcgm": False}}),
+    )
     await eventually(lambda: phase(cluster, "a") == "Monitoring" == phase(cluster, "b"))
     assert "trainsentry.io/exporter-dcgm" not in node_labels(cluster, "gpu-3")
     assert node_labels(cluster, "gpu-2")["trainsentry.io/exporter-dcgm"] == "true"  # a wants it

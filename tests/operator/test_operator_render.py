@@ -32,27 +32,35 @@ def spec(**fields: Any) -> TrainingJobSpec:
 
 
 def test_threshold_override_replaces_exactly_the_literal() -> None:
-    rule = {"alert": "A", "expr": "x > 85 and y{le=\"85\"} < 850 and z > 0.85",
-            "annotations": {"thresholds": "t=85"}}
+    rule = {
+        "alert": "A",
+        "expr": 'x > 85 and y{le="85"} < 850 and z > 0.85',
+        "annotations": {"thresholds": "t=85"},
+    }
     out = apply_thresholds(rule, {"t": 90.5})
-    assert out["expr"] == "x > 90.5 and y{le=\"85\"} < 850 and z > 0.85"
+    assert out["expr"] == 'x > 90.5 and y{le="85"} < 850 and z > 0.85'
     assert out["annotations"]["thresholds"] == "t=90.5"
     assert rule["expr"].startswith("x > 85")  # input untouched
     assert apply_thresholds(rule, {"other": 1}) == rule
     with pytest.raises(ValueError, match="not in expr"):
-        apply_thresholds({"alert": "B", "expr": "x > 1", "annotations": {"thresholds": "t=2"}},
-                         {"t": 3})
+        apply_thresholds(
+            {"alert": "B", "expr": "x > 1", "annotations": {"thresholds": "t=2"}}, {"t": 3}
+        )
 
 
 def test_scope_by_node_and_pod() -> None:
     node_expr = scope_expr("DCGM_FI_DEV_GPU_TEMP > 85", "node", JOB)
-    assert node_expr == ('(DCGM_FI_DEV_GPU_TEMP > 85) * on(node) group_left(namespace, '
-                         'trainingjob) trainsentry:job_node:info{namespace="team-a", '
-                         'trainingjob="llm"}')
-    pod_expr = scope_expr("up * on(namespace, pod) group_left(trainingjob) "
-                          "trainsentry:job_pod:info > 0", "pod", JOB)
+    assert node_expr == (
+        "(DCGM_FI_DEV_GPU_TEMP > 85) * on(node) group_left(namespace, "
+        'trainingjob) trainsentry:job_node:info{namespace="team-a", '
+        'trainingjob="llm"}'
+    )
+    pod_expr = scope_expr(
+        "up * on(namespace, pod) group_left(trainingjob) trainsentry:job_pod:info > 0", "pod", JOB
+    )
     assert pod_expr is not None and pod_expr.endswith(
-        'trainsentry:job_pod:info{namespace="team-a", trainingjob="llm"} > 0')
+        'trainsentry:job_pod:info{namespace="team-a", trainingjob="llm"} > 0'
+    )
     assert scope_expr("up == 0", "cluster", JOB) is None
     assert scope_expr("up == 0", "pod", JOB) is None  # no membership join to narrow
 
@@ -60,8 +68,13 @@ def test_scope_by_node_and_pod() -> None:
 def _promtool(tmp_path: Path, groups: list[dict[str, Any]]) -> None:
     path = tmp_path / "rendered.yaml"
     path.write_text(yaml.safe_dump({"groups": groups}))
-    result = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True,
-                            text=True, timeout=60, check=False)
+    result = subprocess.run(
+        ["promtool", "check", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -71,8 +84,9 @@ def test_the_shipped_rules_render_per_job_and_pass_promtool(tmp_path: Path) -> N
         pytest.skip("rules/ has no rule files yet")
     thresholds = known_thresholds(sources.rule_files)
     overrides = {name: float(default) * 2 + 1 for name, default in thresholds.items()}
-    rendered = render_children(JOB, spec(thresholds=overrides), sources.rule_files,
-                               sources.dashboards, ["llm-0", "llm-1"])
+    rendered = render_children(
+        JOB, spec(thresholds=overrides), sources.rule_files, sources.dashboards, ["llm-0", "llm-1"]
+    )
     assert not rendered.unknown_thresholds and rendered.alert_count > 0
     rule = rendered.manifests[0]
     _promtool(tmp_path, rule["spec"]["groups"])
@@ -104,14 +118,16 @@ def test_workload_jobs_use_a_name_prefix(sources: Sources) -> None:
     membership = rendered.manifests[0]["spec"]["groups"][0]["rules"][0]["expr"]
     assert 'pod=~"vc-.*"' in membership
     assert rendered.manifests[1]["spec"]["selector"] == {
-        "matchLabels": {"volcano.sh/job-name": "vc"}}
+        "matchLabels": {"volcano.sh/job-name": "vc"}
+    }
 
 
 def test_dashboard_is_pinned_to_the_job(sources: Sources) -> None:
     [board] = sources.dashboards
     pinned = pin_dashboard(board.dashboard, JOB, board.name)
-    other = pin_dashboard(board.dashboard, JobIdentity(name="x", namespace="team-a", uid="u"),
-                          board.name)
+    other = pin_dashboard(
+        board.dashboard, JobIdentity(name="x", namespace="team-a", uid="u"), board.name
+    )
     assert pinned["uid"] != other["uid"] and len(pinned["uid"]) <= 40
     assert "id" not in pinned and pinned["title"].endswith("team-a/llm")
     values = {v["name"]: v["current"].get("value") for v in pinned["templating"]["list"]}
@@ -128,10 +144,15 @@ def test_one_scrape_endpoint_per_local_rank(sources: Sources) -> None:
 
 
 def test_label_selector_string() -> None:
-    selector = LabelSelector.model_validate({
-        "matchLabels": {"b": "2", "a": "1"},
-        "matchExpressions": [{"key": "r", "operator": "In", "values": ["x", "y"]},
-                             {"key": "s", "operator": "DoesNotExist"}]})
+    selector = LabelSelector.model_validate(
+        {
+            "matchLabels": {"b": "2", "a": "1"},
+            "matchExpressions": [
+                {"key": "r", "operator": "In", "values": ["x", "y"]},
+                {"key": "s", "operator": "DoesNotExist"},
+            ],
+        }
+    )
     assert selector.as_string() == "a=1,b=2,r in (x,y),!s"
 
 
@@ -139,17 +160,25 @@ def test_spec_requires_exactly_one_pod_source() -> None:
     with pytest.raises(ValueError, match="exactly one"):
         TrainingJobSpec.model_validate({})
     with pytest.raises(ValueError, match="exactly one"):
-        TrainingJobSpec.model_validate({"selector": {}, "workloadRef": {"kind": "Job",
-                                                                         "name": "x"}})
+        TrainingJobSpec.model_validate(
+            {"selector": {}, "workloadRef": {"kind": "Job", "name": "x"}}
+        )
 
 
 # --- node claims ----------------------------------------------------------------------------
 
 
-def _node(annotations: dict[str, str] | None = None,
-          labels: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"metadata": {"name": "n", "resourceVersion": "7",
-                         "annotations": annotations or {}, "labels": labels or {"zone": "a"}}}
+def _node(
+    annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "n",
+            "resourceVersion": "7",
+            "annotations": annotations or {},
+            "labels": labels or {"zone": "a"},
+        }
+    }
 
 
 def _apply(node: dict[str, Any], patch: dict[str, Any] | None) -> dict[str, Any]:
@@ -170,17 +199,23 @@ def test_claims_share_nodes_and_release_labels_last() -> None:
     a = nodes.Claim("uid-a", "ns/a", ("dcgm", "node"))
     b = nodes.Claim("uid-b", "ns/b", ("infiniband",))
     node = _apply(_node(), nodes.node_patch(_node(), "uid-a", a))
-    assert node["metadata"]["labels"] == {"zone": "a", "trainsentry.io/monitored": "true",
-                                          "trainsentry.io/exporter-dcgm": "true",
-                                          "trainsentry.io/exporter-node": "true"}
+    assert node["metadata"]["labels"] == {
+        "zone": "a",
+        "trainsentry.io/monitored": "true",
+        "trainsentry.io/exporter-dcgm": "true",
+        "trainsentry.io/exporter-node": "true",
+    }
     assert nodes.node_patch(node, "uid-a", a) is None  # idempotent
     node = _apply(node, nodes.node_patch(node, "uid-b", b))
     assert node["metadata"]["labels"]["trainsentry.io/exporter-infiniband"] == "true"
     patch = nodes.node_patch(node, "uid-a", None)
     assert patch is not None and patch["metadata"]["resourceVersion"] == "7"
     node = _apply(node, patch)
-    assert node["metadata"]["labels"] == {"zone": "a", "trainsentry.io/monitored": "true",
-                                          "trainsentry.io/exporter-infiniband": "true"}
+    assert node["metadata"]["labels"] == {
+        "zone": "a",
+        "trainsentry.io/monitored": "true",
+        "trainsentry.io/exporter-infiniband": "true",
+    }
     node = _apply(node, nodes.node_patch(node, "uid-b", None))
     assert node["metadata"]["labels"] == {"zone": "a"}
     assert node["metadata"]["annotations"] == {}
@@ -190,15 +225,17 @@ def test_claims_share_nodes_and_release_labels_last() -> None:
 def test_malformed_claim_still_keeps_the_node_monitored() -> None:
     node = _node(annotations={"claims.trainsentry.io/x": "not json"})
     assert nodes.labels_for(nodes.claims_on(node["metadata"]["annotations"])) == {
-        "trainsentry.io/monitored": "true"}
+        "trainsentry.io/monitored": "true"
+    }
 
 
 # --- status ---------------------------------------------------------------------------------
 
 
 def _pods(*phases: str) -> status.PodSummary:
-    return status.PodSummary.of([{"status": {"phase": p}, "spec": {"nodeName": f"n{i}"}}
-                                 for i, p in enumerate(phases)])
+    return status.PodSummary.of(
+        [{"status": {"phase": p}, "spec": {"nodeName": f"n{i}"}} for i, p in enumerate(phases)]
+    )
 
 
 @pytest.mark.parametrize(
@@ -211,8 +248,11 @@ def _pods(*phases: str) -> status.PodSummary:
         (("Running", "Failed"), None, "Degraded"),
         (("Succeeded", "Succeeded"), None, "Completed"),
         (("Running", "Running"), {"name": "Hang", "priority": "P0"}, "Hung"),
-        (("Running", "Running"), {"name": "Hang", "priority": "P0", "status": "resolved"},
-         "Monitoring"),
+        (
+            ("Running", "Running"),
+            {"name": "Hang", "priority": "P0", "status": "resolved"},
+            "Monitoring",
+        ),
         (("Running", "Running"), {"name": "GPUHot", "priority": "P1"}, "Degraded"),
         (("Running", "Running"), {"name": "GPUHot", "priority": "P3"}, "Monitoring"),
     ],
@@ -224,26 +264,27 @@ def test_phase(phases: tuple[str, ...], alert: dict[str, str] | None, expected: 
 
 
 def test_conditions_keep_transition_time_until_they_flip() -> None:
-    first = status.merge_conditions([], [status.Condition("RulesReady", True, "Applied")],
-                                    "t1", 1)
-    same = status.merge_conditions(first, [status.Condition("RulesReady", True, "Applied")],
-                                   "t2", 2)
-    flipped = status.merge_conditions(same, [status.Condition("RulesReady", False, "X")],
-                                      "t3", 2)
-    assert [c["lastTransitionTime"] for c in (first[0], same[0], flipped[0])] == [
-        "t1", "t1", "t3"]
+    first = status.merge_conditions([], [status.Condition("RulesReady", True, "Applied")], "t1", 1)
+    same = status.merge_conditions(
+        first, [status.Condition("RulesReady", True, "Applied")], "t2", 2
+    )
+    flipped = status.merge_conditions(same, [status.Condition("RulesReady", False, "X")], "t3", 2)
+    assert [c["lastTransitionTime"] for c in (first[0], same[0], flipped[0])] == ["t1", "t1", "t3"]
     assert same[0]["observedGeneration"] == 2
 
 
 def test_status_patch_leaves_last_alert_alone() -> None:
     old = {"phase": "Pending", "lastAlert": {"name": "A"}, "nodes": ["n0"]}
     new = {"phase": "Monitoring", "nodes": ["n0"], "ranks": {"expected": 1, "running": 1}}
-    assert status.status_patch(old, new) == {"phase": "Monitoring",
-                                            "ranks": {"expected": 1, "running": 1}}
+    assert status.status_patch(old, new) == {
+        "phase": "Monitoring",
+        "ranks": {"expected": 1, "running": 1},
+    }
 
 
 def test_last_alert_patch_validates() -> None:
     from datetime import UTC, datetime
+
     with pytest.raises(ValueError):
         status.last_alert_patch("A", "P9", datetime.now(tz=UTC))
     with pytest.raises(ValueError):
@@ -256,28 +297,42 @@ def test_last_alert_patch_validates() -> None:
 
 
 def test_merge_diff_and_child_patch() -> None:
-    assert merge_diff({"a": 1, "b": {"c": 1, "d": 2}}, {"b": {"c": 1}}) == {"a": None,
-                                                                              "b": {"d": None}}
-    existing = {"metadata": {"labels": {"x": "1", "mine": "old"}, "ownerReferences": []},
-                "data": {"k": "v", "stale": "s"}}
-    desired = {"apiVersion": "v1", "kind": "ConfigMap",
-               "metadata": {"labels": {"mine": "new"}, "ownerReferences": [{"uid": "u"}]},
-               "data": {"k": "v"}}
+    assert merge_diff({"a": 1, "b": {"c": 1, "d": 2}}, {"b": {"c": 1}}) == {
+        "a": None,
+        "b": {"d": None},
+    }
+    existing = {
+        "metadata": {"labels": {"x": "1", "mine": "old"}, "ownerReferences": []},
+        "data": {"k": "v", "stale": "s"},
+    }
+    desired = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"labels": {"mine": "new"}, "ownerReferences": [{"uid": "u"}]},
+        "data": {"k": "v"},
+    }
     assert child_patch(existing, desired) == {
         "data": {"stale": None},
-        "metadata": {"labels": {"mine": "new"}, "ownerReferences": [{"uid": "u"}]}}
+        "metadata": {"labels": {"mine": "new"}, "ownerReferences": [{"uid": "u"}]},
+    }
     assert child_patch({**desired, "status": {}}, desired) == {}
 
 
 def test_discovery_derives_ranks() -> None:
-    ptj = {"apiVersion": "kubeflow.org/v1", "metadata": {"name": "p", "namespace": "n",
-                                                         "uid": "u"},
-           "spec": {"elasticPolicy": {"nProcPerNode": 8},
-                    "pytorchReplicaSpecs": {"Master": {}, "Worker": {"replicas": 3}}}}
+    ptj = {
+        "apiVersion": "kubeflow.org/v1",
+        "metadata": {"name": "p", "namespace": "n", "uid": "u"},
+        "spec": {
+            "elasticPolicy": {"nProcPerNode": 8},
+            "pytorchReplicaSpecs": {"Master": {}, "Worker": {"replicas": 3}},
+        },
+    }
     manifest = discovery.trainingjob_for("PyTorchJob", ptj)
     assert manifest["spec"]["worldSize"] == 32 and manifest["spec"]["ranksPerPod"] == 8
-    vc = {"metadata": {"name": "v", "namespace": "n", "uid": "u"},
-          "spec": {"tasks": [{"replicas": 2}, {"replicas": 2}]}}
+    vc = {
+        "metadata": {"name": "v", "namespace": "n", "uid": "u"},
+        "spec": {"tasks": [{"replicas": 2}, {"replicas": 2}]},
+    }
     assert discovery.trainingjob_for("Job", vc)["spec"]["worldSize"] == 4
     Validator()(manifest)
 

@@ -50,8 +50,9 @@ def labels_of(emu: KubeEmulator, name: str) -> dict[str, str]:
     return (obj.get("metadata") or {}).get("labels") or {}
 
 
-async def seed(emu: KubeEmulator, job: str, nodes: list[str],
-               labels: dict[str, str] | None = None) -> None:
+async def seed(
+    emu: KubeEmulator, job: str, nodes: list[str], labels: dict[str, str] | None = None
+) -> None:
     for index, node_name in enumerate(nodes):
         if emu.get_live("v1/nodes", None, node_name) is None:
             await post(emu, "/api/v1/nodes", node(node_name))
@@ -79,33 +80,47 @@ async def test_api_errors_are_retried(cluster: KubeEmulator, operator: OperatorT
     assert labels_of(cluster, "gpu-2")["trainsentry.io/monitored"] == "true"
 
     cluster.inject_fault("get", "prometheusrules", 500, times=50)  # outlasts one reconcile
-    await eventually(lambda: any(e["reason"] == "ReconcileFailed"
-                                 for e in cluster.live("v1/events", NS)))
+    await eventually(
+        lambda: any(e["reason"] == "ReconcileFailed" for e in cluster.live("v1/events", NS))
+    )
     cluster.faults.clear()
 
 
-async def test_hand_deleted_child_comes_back(cluster: KubeEmulator,
-                                             operator: OperatorThread) -> None:
+async def test_hand_deleted_child_comes_back(
+    cluster: KubeEmulator, operator: OperatorThread
+) -> None:
     await seed(cluster, "h", ["gpu-1", "gpu-2"])
     await post(cluster, TJ_PATH, trainingjob("h"))
     await eventually(lambda: status_of(cluster, "h").get("phase") == "Monitoring")
     old = cluster.get_live(MONITORS, NS, "h-trainsentry-probe")
     assert old is not None
-    await delete(cluster, f"/apis/monitoring.coreos.com/v1/namespaces/{NS}/podmonitors/"
-                          "h-trainsentry-probe")
+    await delete(
+        cluster, f"/apis/monitoring.coreos.com/v1/namespaces/{NS}/podmonitors/h-trainsentry-probe"
+    )
     await eventually(lambda: cluster.get_live(MONITORS, NS, "h-trainsentry-probe") is not None)
     new = cluster.get_live(MONITORS, NS, "h-trainsentry-probe")
     assert new is not None and new["metadata"]["uid"] != old["metadata"]["uid"]
-    await patch(cluster, f"/apis/monitoring.coreos.com/v1/namespaces/{NS}/prometheusrules/"
-                         "h-trainsentry", {"spec": {"groups": []}})  # hand-edited
-    await eventually(lambda: len(cluster.get_live(RULES, NS, "h-trainsentry")["spec"]["groups"])
-                     == 4)
+    await patch(
+        cluster,
+        f"/apis/monitoring.coreos.com/v1/namespaces/{NS}/prometheusrules/h-trainsentry",
+        {"spec": {"groups": []}},
+    )  # hand-edited
+    await eventually(
+        lambda: len(cluster.get_live(RULES, NS, "h-trainsentry")["spec"]["groups"]) == 4
+    )
     dashboards = cluster.get_live("v1/configmaps", NS, "h-trainsentry-dashboards")
     assert dashboards is not None
-    await patch(cluster, f"/api/v1/namespaces/{NS}/configmaps/h-trainsentry-dashboards",
-                {"data": {"extra.json": "{}"}, "metadata": {"labels": {"team": "x"}}})
-    await eventually(lambda: cluster.get_live("v1/configmaps", NS, "h-trainsentry-dashboards")[
-        "data"] == dashboards["data"])
+    await patch(
+        cluster,
+        f"/api/v1/namespaces/{NS}/configmaps/h-trainsentry-dashboards",
+        {"data": {"extra.json": "{}"}, "metadata": {"labels": {"team": "x"}}},
+    )
+    await eventually(
+        lambda: (
+            cluster.get_live("v1/configmaps", NS, "h-trainsentry-dashboards")["data"]
+            == dashboards["data"]
+        )
+    )
     restored = cluster.get_live("v1/configmaps", NS, "h-trainsentry-dashboards")
     assert restored["metadata"]["labels"]["team"] == "x"  # foreign labels are left alone
 
@@ -116,17 +131,32 @@ def _kubeconfig(tmp_path: Path, url: str) -> Path:
         "apiVersion: v1\nkind: Config\ncurrent-context: emu\n"
         f"clusters: [{{name: emu, cluster: {{server: '{url}'}}}}]\n"
         "users: [{name: tester, user: {token: not-a-secret}}]\n"
-        "contexts: [{name: emu, context: {cluster: emu, user: tester}}]\n")
+        "contexts: [{name: emu, context: {cluster: emu, user: tester}}]\n"
+    )
     return path
 
 
 def _start_cli(kubeconfig: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
-        [sys.executable, "-m", "trainsentry", "operator", "--kubeconfig", str(kubeconfig),
-         "--resync", "0.5", "--rules-dir", str(DATA / "rules"),
-         "--dashboards-dir", str(DATA / "dashboards")],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        [
+            sys.executable,
+            "-m",
+            "trainsentry",
+            "operator",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--resync",
+            "0.5",
+            "--rules-dir",
+            str(DATA / "rules"),
+            "--dashboards-dir",
+            str(DATA / "dashboards"),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 @pytest.mark.e2e  # runs the operator as a process
@@ -140,8 +170,9 @@ async def test_restart_mid_reconcile_readopts_without_duplicates(
     first = _start_cli(kubeconfig)
     try:
         await post(cluster, TJ_PATH, trainingjob("r"))
-        await eventually(lambda: cluster.get_live(RULES, NS, "r-trainsentry") is not None,
-                         within=60)  # a cold interpreter start is slow on a busy machine
+        await eventually(
+            lambda: cluster.get_live(RULES, NS, "r-trainsentry") is not None, within=60
+        )  # a cold interpreter start is slow on a busy machine
         await eventually(lambda: cluster.faults[0].times < 10_000 - 2)
     finally:
         first.send_signal(signal.SIGKILL)
@@ -172,43 +203,70 @@ async def test_restart_of_the_operator_thread_changes_nothing(
     await post(cluster, TJ_PATH, trainingjob("s"))
     await eventually(lambda: status_of(cluster, "s").get("phase") == "Monitoring")
     await first.stop()
-    versions = {res: cluster.get_live(res, NS, name)["metadata"]["resourceVersion"]
-                for res, name in [(RULES, "s-trainsentry"), (MONITORS, "s-trainsentry-probe"),
-                                  ("v1/configmaps", "s-trainsentry-dashboards")]}
+    versions = {
+        res: cluster.get_live(res, NS, name)["metadata"]["resourceVersion"]
+        for res, name in [
+            (RULES, "s-trainsentry"),
+            (MONITORS, "s-trainsentry-probe"),
+            ("v1/configmaps", "s-trainsentry-dashboards"),
+        ]
+    }
     node_version = cluster.get_live("v1/nodes", None, "gpu-1")["metadata"]["resourceVersion"]
     second = OperatorThread(str(cluster.url).rstrip("/"), sources, resync=30)
     writes_before = len(cluster.calls)
     await second.start(cluster)
-    await eventually(lambda: any(c.verb == "get" and c.resource == "configmaps"
-                                 for c in cluster.calls[writes_before:]))
+    await eventually(
+        lambda: any(
+            c.verb == "get" and c.resource == "configmaps" for c in cluster.calls[writes_before:]
+        )
+    )
     await asyncio.sleep(0.5)
     await second.stop()
     for res, version in versions.items():
         name = {RULES: "s-trainsentry", MONITORS: "s-trainsentry-probe"}.get(
-            res, "s-trainsentry-dashboards")
+            res, "s-trainsentry-dashboards"
+        )
         assert cluster.get_live(res, NS, name)["metadata"]["resourceVersion"] == version
-    assert cluster.get_live("v1/nodes", None, "gpu-1")["metadata"]["resourceVersion"] == \
-        node_version
+    assert (
+        cluster.get_live("v1/nodes", None, "gpu-1")["metadata"]["resourceVersion"] == node_version
+    )
 
 
-async def test_discovery_of_annotated_pytorchjob(cluster: KubeEmulator,
-                                                 operator: OperatorThread) -> None:
+async def test_discovery_of_annotated_pytorchjob(
+    cluster: KubeEmulator, operator: OperatorThread
+) -> None:
     label = "training.kubeflow.org/job-name"
     await seed(cluster, "ptj", ["gpu-1", "gpu-2"], labels={label: "ptj"})
     base = f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs"
     replicas = {"Master": {"replicas": 1}, "Worker": {"replicas": 1}}
-    await post(cluster, base, {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-                               "metadata": {"name": "plain"},
-                               "spec": {"pytorchReplicaSpecs": replicas}})
-    ptj = await post(cluster, base, {
-        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-        "metadata": {"name": "ptj", "annotations": {"trainsentry.io/monitor": "true"}},
-        "spec": {"nprocPerNode": "4", "pytorchReplicaSpecs": replicas}})
+    await post(
+        cluster,
+        base,
+        {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "metadata": {"name": "plain"},
+            "spec": {"pytorchReplicaSpecs": replicas},
+        },
+    )
+    ptj = await post(
+        cluster,
+        base,
+        {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "metadata": {"name": "ptj", "annotations": {"trainsentry.io/monitor": "true"}},
+            "spec": {"nprocPerNode": "4", "pytorchReplicaSpecs": replicas},
+        },
+    )
     await eventually(lambda: status_of(cluster, "ptj").get("phase") == "Monitoring")
     job = cluster.get_live(TJ, NS, "ptj")
     assert job is not None and job["spec"]["worldSize"] == 8
-    assert job["spec"]["workloadRef"] == {"kind": "PyTorchJob", "name": "ptj",
-                                          "apiVersion": "kubeflow.org/v1"}
+    assert job["spec"]["workloadRef"] == {
+        "kind": "PyTorchJob",
+        "name": "ptj",
+        "apiVersion": "kubeflow.org/v1",
+    }
     assert job["metadata"]["ownerReferences"][0]["uid"] == ptj["metadata"]["uid"]
     assert status_of(cluster, "ptj")["ranks"] == {"expected": 8, "running": 8}  # 2 pods x 4
     assert cluster.get_live(TJ, NS, "plain") is None
@@ -231,8 +289,11 @@ async def test_last_alert_from_the_gateway_sets_the_phase(
         assert await patch_last_alert(api, NS, "g", "CollectiveHang", "P0", at) is True
         await eventually(lambda: status_of(cluster, "g").get("phase") == "Hung")
         assert status_of(cluster, "g")["lastAlert"] == {
-            "name": "CollectiveHang", "priority": "P0", "at": "2026-11-22T03:00:00Z",
-            "status": "firing"}
+            "name": "CollectiveHang",
+            "priority": "P0",
+            "at": "2026-11-22T03:00:00Z",
+            "status": "firing",
+        }
         await patch_last_alert(api, NS, "g", "CollectiveHang", "P0", at, status="resolved")
         await eventually(lambda: status_of(cluster, "g").get("phase") == "Monitoring")
         await patch_last_alert(api, NS, "g", "GPUXidCritical", "P1", at)
@@ -241,21 +302,33 @@ async def test_last_alert_from_the_gateway_sets_the_phase(
     assert status_of(cluster, "g")["ranks"] == {"expected": 2, "running": 2}
 
 
-async def test_invalid_spec_is_reported_not_retried(cluster: KubeEmulator,
-                                                    operator: OperatorThread) -> None:
+async def test_invalid_spec_is_reported_not_retried(
+    cluster: KubeEmulator, operator: OperatorThread
+) -> None:
     # The API server's CEL rule would refuse this; the operator must cope if it gets one.
-    await post(cluster, TJ_PATH, trainingjob("bad", {
-        "selector": {"matchLabels": {"job": "bad"}},
-        "workloadRef": {"kind": "PyTorchJob", "name": "bad"}}))
+    await post(
+        cluster,
+        TJ_PATH,
+        trainingjob(
+            "bad",
+            {
+                "selector": {"matchLabels": {"job": "bad"}},
+                "workloadRef": {"kind": "PyTorchJob", "name": "bad"},
+            },
+        ),
+    )
     await eventually(lambda: status_of(cluster, "bad").get("conditions"))
-    conditions = {c["type"]: (c["status"], c["reason"])
-                  for c in status_of(cluster, "bad")["conditions"]}
-    assert conditions == {kind: ("False", "InvalidSpec")
-                          for kind in ("RulesReady", "ScrapeReady", "ExportersReady")}
+    conditions = {
+        c["type"]: (c["status"], c["reason"]) for c in status_of(cluster, "bad")["conditions"]
+    }
+    assert conditions == {
+        kind: ("False", "InvalidSpec") for kind in ("RulesReady", "ScrapeReady", "ExportersReady")
+    }
     assert status_of(cluster, "bad")["phase"] == "Pending"
     assert cluster.get_live(RULES, NS, "bad-trainsentry") is None
-    await eventually(lambda: any(e["reason"] == "InvalidSpec"
-                                 for e in cluster.live("v1/events", NS)))
+    await eventually(
+        lambda: any(e["reason"] == "InvalidSpec" for e in cluster.live("v1/events", NS))
+    )
     await asyncio.sleep(1.5)  # three resyncs
     assert sum(e["reason"] == "InvalidSpec" for e in cluster.live("v1/events", NS)) == 1
 
@@ -266,23 +339,36 @@ async def test_peering_mode_reconciles_and_needs_only_peering_calls(sources: Sou
     async with KubeEmulator() as emu, kmock.Server(emu):
         declare_cluster(emu)
         emu.declare("kopf.dev/v1/clusterkopfpeerings", "ClusterKopfPeering", namespaced=False)
-        await post(emu, "/apis/kopf.dev/v1/clusterkopfpeerings", {
-            "apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
-            "metadata": {"name": "trainsentry"}})
+        await post(
+            emu,
+            "/apis/kopf.dev/v1/clusterkopfpeerings",
+            {
+                "apiVersion": "kopf.dev/v1",
+                "kind": "ClusterKopfPeering",
+                "metadata": {"name": "trainsentry"},
+            },
+        )
         running = OperatorThread(str(emu.url).rstrip("/"), sources, peering="trainsentry")
         await running.start(emu)
         try:
             await seed(emu, "p", ["gpu-1", "gpu-2"])
             await post(emu, TJ_PATH, trainingjob("p"))
             await eventually(lambda: status_of(emu, "p").get("phase") == "Monitoring")
-            await eventually(lambda: any(c.verb == "patch" and c.group == "kopf.dev"
-                                         for c in emu.calls))
+            await eventually(
+                lambda: any(c.verb == "patch" and c.group == "kopf.dev" for c in emu.calls)
+            )
         finally:
             await running.stop()
-        peering = {(c.verb, c.resource) for c in emu.recorded_calls(exclude_agent="kmock/")
-                   if c.group == "kopf.dev"}
-        assert peering == {("list", "clusterkopfpeerings"), ("watch", "clusterkopfpeerings"),
-                           ("patch", "clusterkopfpeerings")}
+        peering = {
+            (c.verb, c.resource)
+            for c in emu.recorded_calls(exclude_agent="kmock/")
+            if c.group == "kopf.dev"
+        }
+        assert peering == {
+            ("list", "clusterkopfpeerings"),
+            ("watch", "clusterkopfpeerings"),
+            ("patch", "clusterkopfpeerings"),
+        }
 
 
 async def test_namespace_restricted_operator_ignores_other_namespaces(sources: Sources) -> None:
@@ -303,6 +389,7 @@ async def test_namespace_restricted_operator_ignores_other_namespaces(sources: S
             await running.stop()
         assert emu.get_live(TJ, "team-b", "out").get("status") is None
         assert not emu.live(RULES, "team-b")
-        namespaced = {c for c in emu.recorded_calls(exclude_agent="kmock/")
-                      if c.resource == "namespaces"}
+        namespaced = {
+            c for c in emu.recorded_calls(exclude_agent="kmock/") if c.resource == "namespaces"
+        }
         assert not namespaced  # exact names need no namespace scanning (no extra RBAC)

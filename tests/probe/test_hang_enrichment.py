@@ -60,8 +60,14 @@ def test_summary_variants() -> None:
     mismatch = {
         "verdict": "mismatch",
         "mismatches": [
-            {"communicator": "0", "seq": 9, "kind": "op", "culprit_ranks": [4],
-             "expected": "all_reduce", "found": "all_gather"},
+            {
+                "communicator": "0",
+                "seq": 9,
+                "kind": "op",
+                "culprit_ranks": [4],
+                "expected": "all_reduce",
+                "found": "all_gather",
+            },
         ],
     }
     assert summarize(mismatch, IDS) == (
@@ -71,8 +77,7 @@ def test_summary_variants() -> None:
     assert culprit_ranks(mismatch) == (4,)
     slow = {"verdict": "slow", "slow_ranks": [{"rank": 5, "lag_ms": 41.7}]}
     assert summarize(slow, IDS) == (
-        "no hang in the dumps; rank 5 (pod llama-w-5) is persistently last to arrive "
-        "(lag 42 ms)"
+        "no hang in the dumps; rank 5 (pod llama-w-5) is persistently last to arrive (lag 42 ms)"
     )
     assert culprit_ranks(slow) == (5,)
     assert summarize({"verdict": "ok", "ranks": 8}, {}) == (

@@ -23,8 +23,9 @@ def samples(metrics: ProbeMetrics) -> dict[tuple[str, frozenset[tuple[str, str]]
 
 def report(in_flight: InFlight | None, wait: float, durations: tuple[float, ...] = ()) -> PgReport:
     progress = PgProgress("0", "default_pg", 11, -1, 10, in_flight)
-    return PgReport(progress, seconds_since_completion=4.0, wait_seconds_total=wait,
-                    new_durations=durations)
+    return PgReport(
+        progress, seconds_since_completion=4.0, wait_seconds_total=wait, new_durations=durations
+    )
 
 
 def names(metrics: ProbeMetrics, name: str) -> list[dict[str, str]]:

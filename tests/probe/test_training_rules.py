@@ -23,9 +23,7 @@ MEMBERSHIP = "trainsentry:job_pod:info"
 
 
 def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["promtool", *args], capture_output=True, text=True, timeout=120, cwd=cwd
-    )
+    return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=120, cwd=cwd)
 
 
 def alert_rules() -> list[rulesdoc.AlertRule]:
@@ -90,9 +88,7 @@ def test_rendered_for_one_job_only_covers_it_and_uses_the_override(tmp_path: Pat
         member = f'namespace="ns1",pod="{job}-0",node="n1",trainingjob="{job}"'
         series.append({"series": f"{MEMBERSHIP}{{{member}}}", "values": "1x10"})
         series.append(
-            _series(
-                "trainsentry_probe_seconds_since_last_completion", f"{job}-0", job, "0+60x10"
-            )
+            _series("trainsentry_probe_seconds_since_last_completion", f"{job}-0", job, "0+60x10")
         )
         series.append(_series("trainsentry_probe_inflight_seq", f"{job}-0", job, "7x10"))
     expected: dict[str, Any] = {

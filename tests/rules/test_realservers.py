@@ -34,16 +34,19 @@ def test_free_port_is_bindable() -> None:
 def test_prometheus_and_alertmanager_start_answer_and_stop(tmp_path: Path) -> None:
     rule = tmp_path / "r.yaml"
     rule.write_text("groups:\n- name: g\n  rules:\n  - record: one\n    expr: vector(1)\n")
-    with start_alertmanager(
-        tmp_path, {"route": {"receiver": "null"}, "receivers": [{"name": "null"}]}
-    ) as am, start_prometheus(
-        tmp_path,
-        {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [am.address]}]}]},
-        },
-        rule_files=[rule],
-    ) as prom:
+    with (
+        start_alertmanager(
+            tmp_path, {"route": {"receiver": "null"}, "receivers": [{"name": "null"}]}
+        ) as am,
+        start_prometheus(
+            tmp_path,
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "alerting": {"alertmanagers": [{"static_configs": [{"targets": [am.address]}]}]},
+            },
+            rule_files=[rule],
+        ) as prom,
+    ):
         status = _get_json(f"{am.url}/api/v2/status")
         assert status["cluster"]["status"] == "disabled"
         groups = _get_json(f"{prom.url}/api/v1/rules")["data"]["groups"]

@@ -69,8 +69,9 @@ def analyze(
         trace.topology = topology
     if not trace.streams and not trace.ras:
         details = "; ".join(f"{e.path}: {e.message}" for e in trace.errors[:5])
-        raise AnalyzeError(f"no readable trace data ({details})" if details else
-                           "no readable trace data")
+        raise AnalyzeError(
+            f"no readable trace data ({details})" if details else "no readable trace data"
+        )
     return _report(trace, min_idle_s, alpha, min_lag_ms, started)
 
 

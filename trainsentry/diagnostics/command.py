@@ -46,19 +46,37 @@ PROGRESS_MIN_FILES = 32
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="+", metavar="PATH", help="trace files or directories")
-    parser.add_argument("--format", choices=("auto", "fr", "megatrace", "ras"), default="auto",
-                        help="input format (default: detect from the files)")
-    parser.add_argument("--topology", metavar="TP,PP,DP",
-                        help="parallel layout, e.g. 2,4,1 (default: config.yaml if present)")
+    parser.add_argument(
+        "--format",
+        choices=("auto", "fr", "megatrace", "ras"),
+        default="auto",
+        help="input format (default: detect from the files)",
+    )
+    parser.add_argument(
+        "--topology",
+        metavar="TP,PP,DP",
+        help="parallel layout, e.g. 2,4,1 (default: config.yaml if present)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--min-idle", type=float, default=None, metavar="SECONDS",
-                        help="how long ranks must have waited before a hang is called "
-                             "(default: 2)")
-    parser.add_argument("--alpha", type=float, default=None,
-                        help="significance level for slow ranks after Holm correction "
-                             "(default: 1e-3)")
-    parser.add_argument("--min-lag-ms", type=float, default=None,
-                        help="smallest median lag that counts as slow (default: 1 ms)")
+    parser.add_argument(
+        "--min-idle",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long ranks must have waited before a hang is called (default: 2)",
+    )
+    parser.add_argument(
+        "--alpha",
+        type=float,
+        default=None,
+        help="significance level for slow ranks after Holm correction (default: 1e-3)",
+    )
+    parser.add_argument(
+        "--min-lag-ms",
+        type=float,
+        default=None,
+        help="smallest median lag that counts as slow (default: 1 ms)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,9 +126,14 @@ def _analyze_with_progress(analyze: object, paths: list[str], options: dict[str,
     if count < PROGRESS_MIN_FILES:
         return analyze_fn(paths, **options)  # type: ignore[arg-type]
     console = Console(stderr=True)
-    with Progress("[progress.description]{task.description}", BarColumn(),
-                  MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                  transient=True) as bar:
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
         task = bar.add_task("reading traces", total=count)
 
         def advance(done: int, total: int) -> None:
@@ -132,18 +155,25 @@ def print_summary(report: Report) -> None:
     console = Console()
     colour = {"ok": "green", "hang": "red", "mismatch": "red", "slow": "yellow"}[report.verdict]
     topo = f", {report.topology.describe()}" if report.topology else ""
-    console.print(f"[bold {colour}]verdict: {report.verdict}[/]  "
-                  f"({report.format}, {report.ranks} ranks, {report.communicators} "
-                  f"communicators{topo}, {report.elapsed_s:.2f} s)")
+    console.print(
+        f"[bold {colour}]verdict: {report.verdict}[/]  "
+        f"({report.format}, {report.ranks} ranks, {report.communicators} "
+        f"communicators{topo}, {report.elapsed_s:.2f} s)"
+    )
     primary = report.primary_hang
     if primary is not None:
         waited = "unknown" if primary.waited_s is None else f"{primary.waited_s:.1f} s"
-        console.print(f"[bold]hang[/] on {primary.comm} ({primary.desc}) at seq {primary.seq}: "
-                      f"{primary.op}")
-        console.print(f"  missing ranks: {_ranks(primary.missing_ranks)}; "
-                      f"{len(primary.arrived_ranks)} ranks arrived and waited {waited}")
-        console.print(f"  root cause rank(s): [bold red]{_ranks(report.hang.root_cause_ranks)}"
-                      f"[/]; victims: {_ranks(report.hang.victim_ranks)}")
+        console.print(
+            f"[bold]hang[/] on {primary.comm} ({primary.desc}) at seq {primary.seq}: {primary.op}"
+        )
+        console.print(
+            f"  missing ranks: {_ranks(primary.missing_ranks)}; "
+            f"{len(primary.arrived_ranks)} ranks arrived and waited {waited}"
+        )
+        console.print(
+            f"  root cause rank(s): [bold red]{_ranks(report.hang.root_cause_ranks)}"
+            f"[/]; victims: {_ranks(report.hang.victim_ranks)}"
+        )
         if primary.no_dump_ranks:
             console.print(f"  no dump from rank(s): {_ranks(primary.no_dump_ranks)}")
         others = [h for h in report.hang.hangs if h is not primary]
@@ -163,16 +193,25 @@ def print_summary(report: Report) -> None:
             table.add_column(column)
         for s in report.slow.slow_ranks[:10]:
             p_text = f"{s.p_value:.2g}" if s.p_value > 0 else f"<= 1e{s.log10_p_bound:.0f}"
-            table.add_row(str(s.rank), p_text, f"{s.lag_ms:.2f}",
-                          f"{s.last_count}/{s.ops}", ", ".join(s.communicators))
+            table.add_row(
+                str(s.rank),
+                p_text,
+                f"{s.lag_ms:.2f}",
+                f"{s.last_count}/{s.ops}",
+                ", ".join(s.communicators),
+            )
         console.print(table)
         for v in report.slow.victims[:10]:
-            console.print(f"  rank {v.rank} is late too ({v.lag_ms:.2f} ms) but sits in slow "
-                          f"rank {v.victim_of}'s pipeline: a victim, not a cause")
+            console.print(
+                f"  rank {v.rank} is late too ({v.lag_ms:.2f} ms) but sits in slow "
+                f"rank {v.victim_of}'s pipeline: a victim, not a cause"
+            )
     if report.gaps:
         ranks = sorted({g.rank for g in report.gaps})
-        console.print(f"ring-buffer gaps: {len(report.gaps)} on rank(s) {_ranks(ranks)} "
-                      "(history lost, not a hang)")
+        console.print(
+            f"ring-buffer gaps: {len(report.gaps)} on rank(s) {_ranks(ranks)} "
+            "(history lost, not a hang)"
+        )
     for note in report.notes[:10]:
         console.print(f"note: {note}")
     for error in report.errors:

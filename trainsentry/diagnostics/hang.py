@@ -143,8 +143,9 @@ def _p2p_waits(trace: Trace, min_idle_s: float) -> list[P2PWait]:
         waited = (trace.capture_end_ns - int(stream.time_ns[i])) / 1e9
         if waited >= min_idle_s:
             op = trace.signatures[int(stream.signature[i])].op
-            waits.append(P2PWait(stream.rank, int(stream.peer[i]), stream.comm, op, pending,
-                                 waited))
+            waits.append(
+                P2PWait(stream.rank, int(stream.peer[i]), stream.comm, op, pending, waited)
+            )
     return waits
 
 
@@ -221,10 +222,15 @@ def _ras_hang(comm: RasCommunicator) -> CommHang | None:
     else:
         op, seq = "?", -1
     return CommHang(
-        comm=comm.hash, desc=f"{comm.size}-rank communicator (RAS, communicator ranks)",
-        op=op, seq=seq, arrived_ranks=tuple(sorted(arrived - missing)),
-        missing_ranks=tuple(sorted(missing)), no_dump_ranks=tuple(sorted(comm.dead_ranks)),
-        waited_s=None, first_arrival_ns=0,
+        comm=comm.hash,
+        desc=f"{comm.size}-rank communicator (RAS, communicator ranks)",
+        op=op,
+        seq=seq,
+        arrived_ranks=tuple(sorted(arrived - missing)),
+        missing_ranks=tuple(sorted(missing)),
+        no_dump_ranks=tuple(sorted(comm.dead_ranks)),
+        waited_s=None,
+        first_arrival_ns=0,
     )
 
 

@@ -22,10 +22,12 @@ import numpy as np
 
 from trainsentry.diagnostics.model import OpSignature, State, Trace
 
-_GATHER_OPS = frozenset({"all_gather", "_all_gather_base", "all_gather_into_tensor",
-                         "all_gather_single"})
-_SCATTER_OPS = frozenset({"reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor",
-                          "reduce_scatter_single"})
+_GATHER_OPS = frozenset(
+    {"all_gather", "_all_gather_base", "all_gather_into_tensor", "all_gather_single"}
+)
+_SCATTER_OPS = frozenset(
+    {"reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor", "reduce_scatter_single"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +107,9 @@ def analyze_mismatches(trace: Trace, max_per_comm: int = 3) -> MismatchAnalysis:
             tie = len(counts) > 1 and counts[0][1] == counts[1][1]
             if tie:
                 # Prefer the signature that is internally consistent as the expected one.
-                consistent = [c for c, _ in counts
-                              if size_consistent(trace.signatures[c], group_size)]
+                consistent = [
+                    c for c, _ in counts if size_consistent(trace.signatures[c], group_size)
+                ]
                 if len(consistent) == 1:
                     majority_id, tie = consistent[0], False
             expected = trace.signatures[majority_id]
@@ -115,10 +118,17 @@ def analyze_mismatches(trace: Trace, max_per_comm: int = 3) -> MismatchAnalysis:
                     continue
                 found = trace.signatures[sig_id]
                 culprits = tuple(sorted(r for r, s in per_rank.items() if s == sig_id))
-                analysis.mismatches.append(Mismatch(
-                    comm_id, int(seq), _kind(expected, found), culprits,
-                    expected.describe(), found.describe(), tie,
-                ))
+                analysis.mismatches.append(
+                    Mismatch(
+                        comm_id,
+                        int(seq),
+                        _kind(expected, found),
+                        culprits,
+                        expected.describe(),
+                        found.describe(),
+                        tie,
+                    )
+                )
         # Per-rank size rule, even where all ranks agree on a broken all_gather.
         size_ok: dict[int, bool] = {}
         broken: dict[int, tuple[int, list[int]]] = {}  # sig id -> (first seq, ranks)
@@ -137,14 +147,22 @@ def analyze_mismatches(trace: Trace, max_per_comm: int = 3) -> MismatchAnalysis:
         for key, (first, ranks) in broken.items():
             sig = trace.signatures[key]
             culprits = tuple(sorted(ranks))
-            if any(m.comm == comm_id and m.seq == first and m.culprit_ranks == culprits
-                   for m in analysis.mismatches):
+            if any(
+                m.comm == comm_id and m.seq == first and m.culprit_ranks == culprits
+                for m in analysis.mismatches
+            ):
                 continue
             analysis.total += 1
-            analysis.mismatches.append(Mismatch(
-                comm_id, first, "size", culprits,
-                f"{sig.op} with output = input x {group_size}", sig.describe(),
-            ))
+            analysis.mismatches.append(
+                Mismatch(
+                    comm_id,
+                    first,
+                    "size",
+                    culprits,
+                    f"{sig.op} with output = input x {group_size}",
+                    sig.describe(),
+                )
+            )
         for stream in streams:
             if len(stream.state) and int(stream.state[0]) != State.UNKNOWN:
                 done = np.nonzero(stream.state == State.COMPLETED)[0]
@@ -152,9 +170,15 @@ def analyze_mismatches(trace: Trace, max_per_comm: int = 3) -> MismatchAnalysis:
                     stuck = np.nonzero(stream.state[: done[-1]] != State.COMPLETED)[0]
                     if len(stuck):
                         analysis.total += 1
-                        analysis.mismatches.append(Mismatch(
-                            comm_id, int(stream.seq[stuck[0]]), "state", (stream.rank,),
-                            "completed", "incomplete before a completed entry",
-                        ))
+                        analysis.mismatches.append(
+                            Mismatch(
+                                comm_id,
+                                int(stream.seq[stuck[0]]),
+                                "state",
+                                (stream.rank,),
+                                "completed",
+                                "incomplete before a completed entry",
+                            )
+                        )
     analysis.mismatches.sort(key=lambda m: (m.kind == "state", m.comm, m.seq))
     return analysis

@@ -220,16 +220,20 @@ def make_stream(
     seq_array = np.asarray(seq, dtype=np.int64)
     time_array = np.asarray(time_ns, dtype=np.int64)
     sig_array = np.asarray(signature, dtype=np.int64)
-    state_array = (np.asarray(states, dtype=np.int8) if states is not None
-                   else np.full(len(seq_array), int(state), dtype=np.int8))
+    state_array = (
+        np.asarray(states, dtype=np.int8)
+        if states is not None
+        else np.full(len(seq_array), int(state), dtype=np.int8)
+    )
     peer_array = np.asarray(peers, dtype=np.int64) if peers is not None else None
     if len(seq_array) > 1 and np.any(np.diff(seq_array) < 0):
         order = np.argsort(seq_array, kind="stable")
         seq_array, time_array, sig_array = seq_array[order], time_array[order], sig_array[order]
         state_array = state_array[order]
         peer_array = peer_array[order] if peer_array is not None else None
-    return Stream(rank, comm, seq_array, time_array, sig_array, state_array, is_p2p,
-                  peer=peer_array)
+    return Stream(
+        rank, comm, seq_array, time_array, sig_array, state_array, is_p2p, peer=peer_array
+    )
 
 
 def find_gaps(stream: Stream) -> list[Gap]:

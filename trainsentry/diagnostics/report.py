@@ -79,29 +79,47 @@ class Report:
             "format": self.format,
             "topology": (
                 {"tp": self.topology.tp, "pp": self.topology.pp, "dp": self.topology.dp}
-                if self.topology else None
+                if self.topology
+                else None
             ),
             "ranks": self.ranks,
             "communicators": self.communicators,
             "hang": _hang_dict(primary, self.hang) if primary else None,
             "hangs": [_hang_dict(h) for h in self.hang.hangs],
             "p2p_waits": [
-                {"rank": w.rank, "peer": w.peer, "communicator": w.comm, "op": w.op,
-                 "seq": w.seq, "waited_s": round(w.waited_s, 3)}
+                {
+                    "rank": w.rank,
+                    "peer": w.peer,
+                    "communicator": w.comm,
+                    "op": w.op,
+                    "seq": w.seq,
+                    "waited_s": round(w.waited_s, 3),
+                }
                 for w in self.hang.p2p_waits
             ],
             "mismatches": [
-                {"communicator": m.comm, "seq": m.seq, "kind": m.kind,
-                 "culprit_ranks": list(m.culprit_ranks), "expected": m.expected,
-                 "found": m.found, "ambiguous": m.ambiguous}
+                {
+                    "communicator": m.comm,
+                    "seq": m.seq,
+                    "kind": m.kind,
+                    "culprit_ranks": list(m.culprit_ranks),
+                    "expected": m.expected,
+                    "found": m.found,
+                    "ambiguous": m.ambiguous,
+                }
                 for m in self.mismatch.mismatches
             ],
             "mismatch_total": self.mismatch.total,
             "slow_ranks": [_slow_dict(s) for s in self.slow.slow_ranks],
             "slow_victims": [_slow_dict(s) for s in self.slow.victims],
             "gaps": [
-                {"rank": g.rank, "communicator": g.comm, "after_seq": g.after_seq,
-                 "before_seq": g.before_seq, "missing": g.missing}
+                {
+                    "rank": g.rank,
+                    "communicator": g.comm,
+                    "after_seq": g.after_seq,
+                    "before_seq": g.before_seq,
+                    "missing": g.missing,
+                }
                 for g in self.gaps[:MAX_GAPS_LISTED]
             ],
             "gaps_total": len(self.gaps),

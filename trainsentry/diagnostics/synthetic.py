@@ -59,38 +59,43 @@ def make_dump(
             created += int(slow_ms * 1e6)
         hung = scenario == "hang" and seq == last
         state = "started" if hung else "completed"
-        records.append({
-            "frames": [],
-            "record_id": i,
-            "pg_id": 0,
-            "process_group": ["0", "default_pg"],
-            "collective_seq_id": seq,
-            "p2p_seq_id": 0,
-            "op_id": seq,
-            "profiling_name": f"nccl:{op}",
-            "time_created_ns": created,
-            "input_sizes": inputs,
-            "input_dtypes": ["Float"],
-            "output_sizes": outputs,
-            "output_dtypes": ["Float"],
-            "state": state,
-            "time_discovered_started_ns": created + 1000,
-            "time_discovered_completed_ns": None if hung else created + 2_000_000,
-            "retired": not hung,
-            "timeout_ms": 600000,
-            "is_p2p": False,
-        })
+        records.append(
+            {
+                "frames": [],
+                "record_id": i,
+                "pg_id": 0,
+                "process_group": ["0", "default_pg"],
+                "collective_seq_id": seq,
+                "p2p_seq_id": 0,
+                "op_id": seq,
+                "profiling_name": f"nccl:{op}",
+                "time_created_ns": created,
+                "input_sizes": inputs,
+                "input_dtypes": ["Float"],
+                "output_sizes": outputs,
+                "output_dtypes": ["Float"],
+                "state": state,
+                "time_discovered_started_ns": created + 1000,
+                "time_discovered_completed_ns": None if hung else created + 2_000_000,
+                "retired": not hung,
+                "timeout_ms": 600000,
+                "is_p2p": False,
+            }
+        )
     end_ns = _BASE_NS + (last + 1) * _STEP_NS + int(idle_s * 1e9)
     last_seq = first_seq + count - 1
     return {
         "version": "2.10",
         "comm_lib_version": "2.27.5",
-        "pg_config": {"0": {"name": "0", "desc": "default_pg",
-                            "ranks": str(list(range(world)))}},
-        "pg_status": {"0": {"last_enqueued_collective": last_seq,
-                            "last_started_collective": last_seq,
-                            "last_completed_collective": last_seq - (1 if scenario == "hang"
-                                                                     and not skip_last else 0)}},
+        "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": str(list(range(world)))}},
+        "pg_status": {
+            "0": {
+                "last_enqueued_collective": last_seq,
+                "last_started_collective": last_seq,
+                "last_completed_collective": last_seq
+                - (1 if scenario == "hang" and not skip_last else 0),
+            }
+        },
         "entries": records,
         "nccl_comm_state": {},
         "dump_time_ns": end_ns,

@@ -24,8 +24,9 @@ class Topology:
 
     def __post_init__(self) -> None:
         if min(self.tp, self.pp, self.dp) < 1:
-            raise TopologyError(f"parallel sizes must be >= 1, got TP={self.tp} PP={self.pp} "
-                                f"DP={self.dp}")
+            raise TopologyError(
+                f"parallel sizes must be >= 1, got TP={self.tp} PP={self.pp} DP={self.dp}"
+            )
 
     @property
     def world_size(self) -> int:

@@ -25,26 +25,55 @@ Exit codes:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     scope = parser.add_mutually_exclusive_group()
-    scope.add_argument("-n", "--namespace", action="append", default=[], metavar="NS",
-                       help="watch only this namespace (repeatable; globs like team-* work)")
-    scope.add_argument("-A", "--all-namespaces", action="store_true",
-                       help="watch all namespaces (the default when no --namespace is given)")
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then "
-                                             "$KUBECONFIG / ~/.kube/config)")
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="watch only this namespace (repeatable; globs like team-* work)",
+    )
+    scope.add_argument(
+        "-A",
+        "--all-namespaces",
+        action="store_true",
+        help="watch all namespaces (the default when no --namespace is given)",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        help="kubeconfig file (default: in-cluster, then $KUBECONFIG / ~/.kube/config)",
+    )
     parser.add_argument("--context", help="kubeconfig context")
-    parser.add_argument("--peering", metavar="NAME", default=None,
-                        help="enable kopf peering under this name for HA (several replicas, "
-                             "one active); needs the kopf peering CRDs")
-    parser.add_argument("--priority", type=int, default=0,
-                        help="peering priority of this replica (higher wins)")
-    parser.add_argument("--resync", type=float, default=60.0, metavar="SECONDS",
-                        help="re-reconcile every job this often (default: 60)")
-    parser.add_argument("--no-discovery", action="store_true",
-                        help="do not create TrainingJobs for annotated PyTorchJobs/Volcano Jobs")
+    parser.add_argument(
+        "--peering",
+        metavar="NAME",
+        default=None,
+        help="enable kopf peering under this name for HA (several replicas, "
+        "one active); needs the kopf peering CRDs",
+    )
+    parser.add_argument(
+        "--priority", type=int, default=0, help="peering priority of this replica (higher wins)"
+    )
+    parser.add_argument(
+        "--resync",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="re-reconcile every job this often (default: 60)",
+    )
+    parser.add_argument(
+        "--no-discovery",
+        action="store_true",
+        help="do not create TrainingJobs for annotated PyTorchJobs/Volcano Jobs",
+    )
     parser.add_argument("--rules-dir", help="rule files to render (default: bundled rules/)")
     parser.add_argument("--dashboards-dir", help="dashboards (default: bundled dashboards/)")
-    parser.add_argument("--liveness", metavar="URL", default=None,
-                        help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument(
+        "--liveness",
+        metavar="URL",
+        default=None,
+        help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -56,8 +85,9 @@ async def _load_api_config(args: argparse.Namespace) -> Any:
     if args.kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
-        await config.load_kube_config(config_file=args.kubeconfig, context=args.context,
-                                      client_configuration=configuration)
+        await config.load_kube_config(
+            config_file=args.kubeconfig, context=args.context, client_configuration=configuration
+        )
     return configuration
 
 
@@ -71,14 +101,18 @@ def run(args: argparse.Namespace) -> int:
     from trainsentry.operator.handlers import OperatorOptions, build_registry
     from trainsentry.operator.reconcile import load_sources
 
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+    )
     log = logging.getLogger("trainsentry.operator")
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig  # for kopf's own login
     try:
-        sources = load_sources(Path(args.rules_dir or assets.rules_dir()),
-                               Path(args.dashboards_dir or assets.dashboards_dir()))
+        sources = load_sources(
+            Path(args.rules_dir or assets.rules_dir()),
+            Path(args.dashboards_dir or assets.dashboards_dir()),
+        )
     except (OSError, ValueError) as exc:
         log.error("event=load_failed error=%r", str(exc))
         return 1
@@ -86,9 +120,14 @@ def run(args: argparse.Namespace) -> int:
     async def main() -> None:
         api_config = await _load_api_config(args)
         exact = bool(args.namespace) and not any(
-            char in name for name in args.namespace for char in "*?[]!")
-        options = OperatorOptions(resync_seconds=args.resync, discovery=not args.no_discovery,
-                                  api_config=api_config, scan_cluster=not exact)
+            char in name for name in args.namespace for char in "*?[]!"
+        )
+        options = OperatorOptions(
+            resync_seconds=args.resync,
+            discovery=not args.no_discovery,
+            api_config=api_config,
+            scan_cluster=not exact,
+        )
         registry = build_registry(sources, options)
         await kopf.operator(
             registry=registry,

@@ -27,8 +27,11 @@ def pytorchjob_ranks(spec: Mapping[str, Any]) -> tuple[int | None, int]:
     """(world size, ranks per pod) of a Kubeflow PyTorchJob spec."""
     replica_specs = spec.get("pytorchReplicaSpecs") or {}
     pods = sum(_as_int((rs or {}).get("replicas", 1)) or 0 for rs in replica_specs.values())
-    per_pod = (_as_int(spec.get("nprocPerNode"))
-               or _as_int((spec.get("elasticPolicy") or {}).get("nProcPerNode")) or 1)
+    per_pod = (
+        _as_int(spec.get("nprocPerNode"))
+        or _as_int((spec.get("elasticPolicy") or {}).get("nProcPerNode"))
+        or 1
+    )
     return (pods * per_pod if pods else None), per_pod
 
 
@@ -56,12 +59,14 @@ def trainingjob_for(kind: str, workload: Mapping[str, Any]) -> dict[str, Any]:
             "namespace": meta["namespace"],
             "labels": dict(MANAGED_BY),
             "annotations": {DISCOVERED_ANNOTATION: f"{kind}/{meta['name']}"},
-            "ownerReferences": [{
-                "apiVersion": api_version,
-                "kind": kind,
-                "name": meta["name"],
-                "uid": meta["uid"],
-            }],
+            "ownerReferences": [
+                {
+                    "apiVersion": api_version,
+                    "kind": kind,
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                }
+            ],
         },
         "spec": tj_spec,
     }

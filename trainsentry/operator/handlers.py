@@ -61,7 +61,8 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP, v1=False)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration", v1=False)
+        prefix=GROUP, key="last-handled-configuration", v1=False
+    )
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 30
@@ -81,8 +82,12 @@ def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.Opera
         memo.api = ApiClient(configuration=options.api_config)
         memo.kube = Kube(memo.api, options.retry)
         memo.node_locks = rec.NodeLocks()
-        log.info("event=operator_started rule_files=%d dashboards=%d discovery=%s",
-                 len(sources.rule_files), len(sources.dashboards), options.discovery)
+        log.info(
+            "event=operator_started rule_files=%d dashboards=%d discovery=%s",
+            len(sources.rule_files),
+            len(sources.dashboards),
+            options.discovery,
+        )
 
     @kopf.on.cleanup(registry=registry)
     async def shutdown(memo: kopf.Memo, **_: Any) -> None:
@@ -109,22 +114,34 @@ def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.Opera
     async def reconcile_job(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await run_reconcile(body, memo)
 
-    @kopf.timer(GROUP, VERSION, PLURAL, interval=options.resync_seconds,
-                initial_delay=options.resync_seconds, registry=registry, id="resync")
+    @kopf.timer(
+        GROUP,
+        VERSION,
+        PLURAL,
+        interval=options.resync_seconds,
+        initial_delay=options.resync_seconds,
+        registry=registry,
+        id="resync",
+    )
     async def resync_job(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         try:
             await run_reconcile(body, memo)
         except kopf.TemporaryError as exc:
-            log.warning("event=resync_failed job=%s/%s error=%r",
-                        body.metadata.namespace, body.metadata.name, str(exc))
+            log.warning(
+                "event=resync_failed job=%s/%s error=%r",
+                body.metadata.namespace,
+                body.metadata.name,
+                str(exc),
+            )
 
     seen_alerts: dict[str, Any] = {}
 
     # The gateway writes status.lastAlert; fold it into the phase now, not at the next resync.
     # (kopf's change handlers ignore status, so this watches raw events and compares.)
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="last-alert")
-    async def last_alert_changed(type: str | None, body: kopf.Body, memo: kopf.Memo,
-                                 **_: Any) -> None:
+    async def last_alert_changed(
+        type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
+    ) -> None:
         uid = str(body.metadata.uid)
         if type == "DELETED":
             seen_alerts.pop(uid, None)
@@ -138,8 +155,12 @@ def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.Opera
         try:
             await run_reconcile(body, memo)
         except kopf.TemporaryError as exc:
-            log.warning("event=last_alert_reconcile_failed job=%s/%s error=%r",
-                        body.metadata.namespace, body.metadata.name, str(exc))
+            log.warning(
+                "event=last_alert_reconcile_failed job=%s/%s error=%r",
+                body.metadata.namespace,
+                body.metadata.name,
+                str(exc),
+            )
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry, id="cleanup")
     async def delete_job(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
@@ -158,23 +179,43 @@ def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.Opera
     return registry
 
 
-def _register_discovery(registry: kopf.OperatorRegistry, kind: str, group: str, version: str,
-                        plural: str, options: OperatorOptions) -> None:
+def _register_discovery(
+    registry: kopf.OperatorRegistry,
+    kind: str,
+    group: str,
+    version: str,
+    plural: str,
+    options: OperatorOptions,
+) -> None:
     # on.event, not on.create: it stores nothing on the user's workload (no finalizer, no
     # annotations), so the operator needs only read access to workloads.
-    @kopf.on.event(group, version, plural, annotations={MONITOR_ANNOTATION: "true"},
-                   registry=registry, id=f"discover-{plural}")
-    async def discover_workload(type: str | None, body: kopf.Body, memo: kopf.Memo,
-                                **_: Any) -> None:
+    @kopf.on.event(
+        group,
+        version,
+        plural,
+        annotations={MONITOR_ANNOTATION: "true"},
+        registry=registry,
+        id=f"discover-{plural}",
+    )
+    async def discover_workload(
+        type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
+    ) -> None:
         if type == "DELETED" or body.metadata.get("deletionTimestamp"):
             return
         try:
             created = await rec.discover(memo.kube, kind, body)
         except KubeError as exc:
-            log.warning("event=discovery_failed kind=%s name=%s/%s error=%r", kind,
-                        body.metadata.namespace, body.metadata.name, str(exc))
+            log.warning(
+                "event=discovery_failed kind=%s name=%s/%s error=%r",
+                kind,
+                body.metadata.namespace,
+                body.metadata.name,
+                str(exc),
+            )
             return
         if created:
-            kopf.info(body, reason="TrainingJobCreated",
-                      message=f"trainsentry watches this job as TrainingJob "
-                              f"{body.metadata.name}")
+            kopf.info(
+                body,
+                reason="TrainingJobCreated",
+                message=f"trainsentry watches this job as TrainingJob {body.metadata.name}",
+            )

@@ -30,8 +30,9 @@ class Resource:
     plural: str
     namespaced: bool = True
 
-    def path(self, namespace: str | None, name: str | None = None,
-             subresource: str | None = None) -> str:
+    def path(
+        self, namespace: str | None, name: str | None = None, subresource: str | None = None
+    ) -> str:
         base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
         if self.namespaced:
             if namespace is None:
@@ -77,7 +78,7 @@ class RetryPolicy:
     max_delay: float = 2.0
 
     def delay(self, attempt: int) -> float:
-        ceiling: float = min(self.max_delay, self.base_delay * 2.0 ** attempt)
+        ceiling: float = min(self.max_delay, self.base_delay * 2.0**attempt)
         return ceiling / 2 + random.uniform(0, ceiling / 2)
 
 
@@ -106,12 +107,19 @@ class Kube:
         self.api = api
         self.policy = policy or RetryPolicy()
 
-    async def _call(self, method: str, path: str, *, body: Any = None,
-                    query: list[tuple[str, str]] | None = None,
-                    content_type: str = "application/json") -> Any:
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+    ) -> Any:
         async def once() -> Any:
             return await self.api.call_api(
-                path, method,
+                path,
+                method,
                 query_params=query or [],
                 header_params={"Accept": "application/json", "Content-Type": content_type},
                 body=body,
@@ -131,25 +139,38 @@ class Kube:
             raise
         return result
 
-    async def list(self, res: Resource, namespace: str | None = None,
-                   label_selector: str | None = None) -> list[dict[str, Any]]:
+    async def list(
+        self, res: Resource, namespace: str | None = None, label_selector: str | None = None
+    ) -> list[dict[str, Any]]:
         query = [("labelSelector", label_selector)] if label_selector else []
-        path = res.path(namespace) if namespace or not res.namespaced else (
-            Resource(res.group, res.version, res.plural, namespaced=False).path(None))
+        path = (
+            res.path(namespace)
+            if namespace or not res.namespaced
+            else (Resource(res.group, res.version, res.plural, namespaced=False).path(None))
+        )
         result = await self._call("GET", path, query=query)
         items: list[dict[str, Any]] = result.get("items") or []
         return items
 
-    async def create(self, res: Resource, namespace: str | None,
-                     body: dict[str, Any]) -> dict[str, Any]:
+    async def create(
+        self, res: Resource, namespace: str | None, body: dict[str, Any]
+    ) -> dict[str, Any]:
         result: dict[str, Any] = await self._call("POST", res.path(namespace), body=body)
         return result
 
-    async def patch(self, res: Resource, namespace: str | None, name: str,
-                    patch: dict[str, Any], subresource: str | None = None) -> dict[str, Any]:
+    async def patch(
+        self,
+        res: Resource,
+        namespace: str | None,
+        name: str,
+        patch: dict[str, Any],
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
         """A JSON merge patch (RFC 7386): `None` removes a key, lists are replaced."""
         result: dict[str, Any] = await self._call(
-            "PATCH", res.path(namespace, name, subresource), body=patch,
+            "PATCH",
+            res.path(namespace, name, subresource),
+            body=patch,
             content_type="application/merge-patch+json",
         )
         return result

@@ -37,8 +37,11 @@ class Claim:
         return CLAIM_PREFIX + self.job_uid
 
     def value(self) -> str:
-        return json.dumps({"job": self.job_key, "exporters": list(self.exporters)},
-                          sort_keys=True, separators=(",", ":"))
+        return json.dumps(
+            {"job": self.job_key, "exporters": list(self.exporters)},
+            sort_keys=True,
+            separators=(",", ":"),
+        )
 
 
 def claims_on(annotations: Mapping[str, str]) -> dict[str, list[str]]:
@@ -51,7 +54,7 @@ def claims_on(annotations: Mapping[str, str]) -> dict[str, list[str]]:
             exporters = json.loads(value).get("exporters", [])
         except (ValueError, AttributeError):
             exporters = []
-        result[key[len(CLAIM_PREFIX):]] = [str(item) for item in exporters]
+        result[key[len(CLAIM_PREFIX) :]] = [str(item) for item in exporters]
     return result
 
 
@@ -71,9 +74,7 @@ def _ours(key: str) -> bool:
     return key == MONITORED_LABEL or key.startswith(EXPORTER_LABEL_PREFIX)
 
 
-def node_patch(
-    node: Mapping[str, Any], job_uid: str, claim: Claim | None
-) -> dict[str, Any] | None:
+def node_patch(node: Mapping[str, Any], job_uid: str, claim: Claim | None) -> dict[str, Any] | None:
     """The merge patch that sets (claim) or drops (None) this job's claim; None: no change."""
     meta = node.get("metadata") or {}
     annotations: dict[str, str] = dict(meta.get("annotations") or {})

@@ -45,8 +45,9 @@ class Sources:
 
     rule_files: tuple[RuleFile, ...]
     dashboards: tuple[DashboardFile, ...]
-    _cache: OrderedDict[Hashable, Rendered] = field(default_factory=OrderedDict, repr=False,
-                                                    compare=False)
+    _cache: OrderedDict[Hashable, Rendered] = field(
+        default_factory=OrderedDict, repr=False, compare=False
+    )
 
     @property
     def hang_alerts(self) -> frozenset[str]:
@@ -104,8 +105,11 @@ def child_patch(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> dict
     old_meta, new_meta = existing.get("metadata") or {}, desired.get("metadata") or {}
     meta_patch: dict[str, Any] = {}
     for section in ("labels", "annotations"):
-        changed = {k: v for k, v in (new_meta.get(section) or {}).items()
-                   if (old_meta.get(section) or {}).get(k) != v}
+        changed = {
+            k: v
+            for k, v in (new_meta.get(section) or {}).items()
+            if (old_meta.get(section) or {}).get(k) != v
+        }
         if changed:
             meta_patch[section] = changed
     if old_meta.get("ownerReferences") != new_meta.get("ownerReferences"):
@@ -155,8 +159,13 @@ class NodeLocks:
         return self._locks.setdefault(node_name, asyncio.Lock())
 
 
-async def sync_node(kube: Kube, node_name: str, job_uid: str, claim: nodes.Claim | None,
-                    locks: NodeLocks | None = None) -> bool:
+async def sync_node(
+    kube: Kube,
+    node_name: str,
+    job_uid: str,
+    claim: nodes.Claim | None,
+    locks: NodeLocks | None = None,
+) -> bool:
     """Sets or drops this job's claim on a node; True if the node changed."""
     if locks is None:
         return await _sync_node(kube, node_name, job_uid, claim)
@@ -182,8 +191,7 @@ async def _sync_node(kube: Kube, node_name: str, job_uid: str, claim: nodes.Clai
     raise KubeError(409, f"node {node_name}: too many conflicting writers")
 
 
-async def release_all_nodes(kube: Kube, job_uid: str, locks: NodeLocks | None = None
-                            ) -> list[str]:
+async def release_all_nodes(kube: Kube, job_uid: str, locks: NodeLocks | None = None) -> list[str]:
     """Drops this job's claims from every node carrying one (for deletion)."""
     released = []
     for node in await kube.list(NODES, None, f"{nodes.MONITORED_LABEL}=true"):
@@ -196,16 +204,23 @@ async def release_all_nodes(kube: Kube, job_uid: str, locks: NodeLocks | None = 
 # --- the reconcile --------------------------------------------------------------------------
 
 
-async def _write_status(kube: Kube, job: JobIdentity, old: Mapping[str, Any],
-                        new: Mapping[str, Any]) -> None:
+async def _write_status(
+    kube: Kube, job: JobIdentity, old: Mapping[str, Any], new: Mapping[str, Any]
+) -> None:
     patch = status.status_patch(old, new)
     if patch:
-        await kube.patch(TRAININGJOBS, job.namespace, job.name, {"status": patch},
-                         subresource="status")
+        await kube.patch(
+            TRAININGJOBS, job.namespace, job.name, {"status": patch}, subresource="status"
+        )
 
 
-async def reconcile(kube: Kube, body: Mapping[str, Any], sources: Sources, emit: Emit,
-                    node_locks: NodeLocks | None = None) -> str:
+async def reconcile(
+    kube: Kube,
+    body: Mapping[str, Any],
+    sources: Sources,
+    emit: Emit,
+    node_locks: NodeLocks | None = None,
+) -> str:
     """Brings one TrainingJob's children, node claims and status up to date; returns phase."""
     job = JobIdentity.from_body(body)
     old_status: Mapping[str, Any] = body.get("status") or {}
@@ -214,16 +229,27 @@ async def reconcile(kube: Kube, body: Mapping[str, Any], sources: Sources, emit:
         spec = TrainingJobSpec.model_validate(body.get("spec") or {})
     except ValidationError as exc:
         message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        reported = any(c.get("reason") == "InvalidSpec" and c.get("message") == message
-                       for c in old_status.get("conditions") or [])
+        reported = any(
+            c.get("reason") == "InvalidSpec" and c.get("message") == message
+            for c in old_status.get("conditions") or []
+        )
         if not reported:  # once per distinct problem, not on every resync
             emit("Warning", "InvalidSpec", message)
-        bad = [status.Condition(kind, False, "InvalidSpec", message)
-               for kind in status.CONDITION_TYPES]
-        await _write_status(kube, job, old_status, {
-            "phase": "Pending", "observedGeneration": generation,
-            "conditions": status.merge_conditions(old_status.get("conditions") or [], bad,
-                                                  status.now_iso(), generation)})
+        bad = [
+            status.Condition(kind, False, "InvalidSpec", message) for kind in status.CONDITION_TYPES
+        ]
+        await _write_status(
+            kube,
+            job,
+            old_status,
+            {
+                "phase": "Pending",
+                "observedGeneration": generation,
+                "conditions": status.merge_conditions(
+                    old_status.get("conditions") or [], bad, status.now_iso(), generation
+                ),
+            },
+        )
         return "Pending"
 
     pods = await kube.list(PODS, job.namespace, spec.pod_selector().as_string())
@@ -231,8 +257,10 @@ async def reconcile(kube: Kube, body: Mapping[str, Any], sources: Sources, emit:
     rendered = sources.render(job, spec, [pod["metadata"]["name"] for pod in pods])
     if rendered.unknown_thresholds:
         message = f"unknown thresholds: {', '.join(rendered.unknown_thresholds)}"
-        if not any(c.get("reason") == "UnknownThreshold" and c.get("message") == message
-                   for c in old_status.get("conditions") or []):
+        if not any(
+            c.get("reason") == "UnknownThreshold" and c.get("message") == message
+            for c in old_status.get("conditions") or []
+        ):
             emit("Warning", "UnknownThreshold", message)
     children = []
     known = {(child.get("kind"), child.get("name")) for child in old_status.get("children") or []}
@@ -247,65 +275,92 @@ async def reconcile(kube: Kube, body: Mapping[str, Any], sources: Sources, emit:
         emit("Normal", f"Children{outcome.capitalize()}", f"{outcome} {', '.join(items)}")
     dashboards_name = child_names(job.name)["ConfigMap"]
     dashboards_off = ("ConfigMap", dashboards_name) in known and not any(
-        child["kind"] == "ConfigMap" for child in children)
-    if dashboards_off and await kube.delete(BY_KIND["ConfigMap"], job.namespace,
-                                            dashboards_name):
+        child["kind"] == "ConfigMap" for child in children
+    )
+    if dashboards_off and await kube.delete(BY_KIND["ConfigMap"], job.namespace, dashboards_name):
         emit("Normal", "ChildDeleted", f"deleted ConfigMap {dashboards_name}")
 
     exporters = tuple(spec.exporters.enabled())
     claim = nodes.Claim(job.uid, job.key, exporters) if exporters else None
     wanted = set(summary.nodes) if claim else set()
     before = set(old_status.get("nodes") or [])
-    changed = [node for node in sorted(wanted)
-               if await sync_node(kube, node, job.uid, claim, node_locks)]
-    released = [node for node in sorted(before - wanted)
-                if await sync_node(kube, node, job.uid, None, node_locks)]
+    changed = [
+        node for node in sorted(wanted) if await sync_node(kube, node, job.uid, claim, node_locks)
+    ]
+    released = [
+        node
+        for node in sorted(before - wanted)
+        if await sync_node(kube, node, job.uid, None, node_locks)
+    ]
     if changed or released:
-        emit("Normal", "NodesLabelled",
-             f"claimed {changed or '[]'}, released {released or '[]'}")
+        emit("Normal", "NodesLabelled", f"claimed {changed or '[]'}, released {released or '[]'}")
 
-    conditions = _conditions(spec, rendered.alert_count, rendered.unknown_thresholds,
-                             summary, exporters)
+    conditions = _conditions(
+        spec, rendered.alert_count, rendered.unknown_thresholds, summary, exporters
+    )
     new_status = status.build_status(
-        old_status, spec=spec, generation=generation, pods=summary, conditions=conditions,
-        children=children, hang_alerts=sources.hang_alerts, now=status.now_iso(),
+        old_status,
+        spec=spec,
+        generation=generation,
+        pods=summary,
+        conditions=conditions,
+        children=children,
+        hang_alerts=sources.hang_alerts,
+        now=status.now_iso(),
     )
     await _write_status(kube, job, old_status, new_status)
     if old_status.get("phase") != new_status["phase"]:
-        emit("Normal", "PhaseChanged",
-             f"{old_status.get('phase', 'None')} -> {new_status['phase']}")
+        emit(
+            "Normal", "PhaseChanged", f"{old_status.get('phase', 'None')} -> {new_status['phase']}"
+        )
     return str(new_status["phase"])
 
 
-def _conditions(spec: TrainingJobSpec, alerts: int, unknown: Sequence[str],
-                pods: status.PodSummary, exporters: Sequence[str]) -> list[status.Condition]:
-    rules = (status.Condition("RulesReady", False, "UnknownThreshold",
-                              f"unknown thresholds: {', '.join(unknown)}")
-             if unknown else
-             status.Condition("RulesReady", True, "Applied", f"{alerts} alerting rules"))
+def _conditions(
+    spec: TrainingJobSpec,
+    alerts: int,
+    unknown: Sequence[str],
+    pods: status.PodSummary,
+    exporters: Sequence[str],
+) -> list[status.Condition]:
+    rules = (
+        status.Condition(
+            "RulesReady", False, "UnknownThreshold", f"unknown thresholds: {', '.join(unknown)}"
+        )
+        if unknown
+        else status.Condition("RulesReady", True, "Applied", f"{alerts} alerting rules")
+    )
     last_port = spec.probe.port + spec.ranksPerPod - 1
-    ports = str(spec.probe.port) if last_port == spec.probe.port else \
-        f"{spec.probe.port}-{last_port}"
-    scrape = (status.Condition("ScrapeReady", True, "Applied",
-                               f"{pods.running} pods, ports {ports}")
-              if pods.running else
-              status.Condition("ScrapeReady", False, "NoRunningPods",
-                               f"PodMonitor applied; no running pod matches "
-                               f"{spec.pod_selector().as_string()!r}"))
+    ports = (
+        str(spec.probe.port) if last_port == spec.probe.port else f"{spec.probe.port}-{last_port}"
+    )
+    scrape = (
+        status.Condition("ScrapeReady", True, "Applied", f"{pods.running} pods, ports {ports}")
+        if pods.running
+        else status.Condition(
+            "ScrapeReady",
+            False,
+            "NoRunningPods",
+            f"PodMonitor applied; no running pod matches {spec.pod_selector().as_string()!r}",
+        )
+    )
     if not exporters:
         nodes_cond = status.Condition("ExportersReady", True, "Disabled", "no exporters wanted")
     elif pods.nodes:
-        nodes_cond = status.Condition("ExportersReady", True, "NodesLabelled",
-                                      f"{len(pods.nodes)} nodes labelled for "
-                                      f"{', '.join(exporters)}")
+        nodes_cond = status.Condition(
+            "ExportersReady",
+            True,
+            "NodesLabelled",
+            f"{len(pods.nodes)} nodes labelled for {', '.join(exporters)}",
+        )
     else:
-        nodes_cond = status.Condition("ExportersReady", False, "NoNodes",
-                                      "no pod is scheduled yet")
+        nodes_cond = status.Condition("ExportersReady", False, "NoNodes", "no pod is scheduled yet")
     return [rules, scrape, nodes_cond]
 
 
-async def cleanup(kube: Kube, body: Mapping[str, Any], emit: Emit,
-                  node_locks: NodeLocks | None = None) -> list[str]:
+async def cleanup(
+    kube: Kube, body: Mapping[str, Any], emit: Emit, node_locks: NodeLocks | None = None
+) -> list[str]:
     """On deletion: drop node claims (children go by ownerReference garbage collection)."""
     job = JobIdentity.from_body(body)
     released = await release_all_nodes(kube, job.uid, node_locks)

@@ -153,8 +153,7 @@ def membership_rules(job: JobIdentity, pod_regex: str) -> list[dict[str, Any]]:
 
 def _job_matcher(job: JobIdentity) -> str:
     return (
-        f'{{namespace="{_promql_string(job.namespace)}", '
-        f'trainingjob="{_promql_string(job.name)}"}}'
+        f'{{namespace="{_promql_string(job.namespace)}", trainingjob="{_promql_string(job.name)}"}}'
     )
 
 
@@ -226,15 +225,19 @@ def render_rule_groups(
                 tuned["labels"] = labels
                 rendered.append(tuned)
             if rendered:
-                groups.append({**_group_fields(group), "name": f"{group['name']}-{suffix}",
-                               "rules": rendered})
+                groups.append(
+                    {**_group_fields(group), "name": f"{group['name']}-{suffix}", "rules": rendered}
+                )
                 alerts += len(rendered)
     return groups, alerts, skipped
 
 
 def _group_fields(group: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: copy.deepcopy(value) for key, value in group.items()
-            if key in ("interval", "limit", "labels")}
+    return {
+        key: copy.deepcopy(value)
+        for key, value in group.items()
+        if key in ("interval", "limit", "labels")
+    }
 
 
 # --- manifests ------------------------------------------------------------------------------
@@ -256,8 +259,9 @@ def render_prometheus_rule(
     manifest = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
-        "metadata": _metadata(job, child_names(job.name)["PrometheusRule"],
-                              spec.prometheus.ruleLabels),
+        "metadata": _metadata(
+            job, child_names(job.name)["PrometheusRule"], spec.prometheus.ruleLabels
+        ),
         "spec": {"groups": groups},
     }
     return manifest, alerts, skipped
@@ -329,8 +333,9 @@ def render_dashboards(job: JobIdentity, dashboards: Sequence[DashboardFile]) -> 
     """The dashboard ConfigMap, one key per dashboard file."""
     metadata = _metadata(job, child_names(job.name)["ConfigMap"], {"grafana_dashboard": "1"})
     data = {
-        f"{_dns_safe(item.name)}-{_dns_safe(job.namespace)}-{_dns_safe(job.name)}.json":
-            json.dumps(pin_dashboard(item.dashboard, job, item.name), indent=1, sort_keys=True)
+        f"{_dns_safe(item.name)}-{_dns_safe(job.namespace)}-{_dns_safe(job.name)}.json": json.dumps(
+            pin_dashboard(item.dashboard, job, item.name), indent=1, sort_keys=True
+        )
         for item in dashboards
     }
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}

@@ -93,15 +93,18 @@ def merge_conditions(
         status = "True" if cond.ok else "False"
         before = previous.get(cond.type)
         changed = before is None or before.get("status") != status
-        result.append({
-            "type": cond.type,
-            "status": status,
-            "reason": cond.reason,
-            "message": cond.message,
-            "observedGeneration": generation,
-            "lastTransitionTime": now if changed or before is None
-            else before.get("lastTransitionTime", now),
-        })
+        result.append(
+            {
+                "type": cond.type,
+                "status": status,
+                "reason": cond.reason,
+                "message": cond.message,
+                "observedGeneration": generation,
+                "lastTransitionTime": now
+                if changed or before is None
+                else before.get("lastTransitionTime", now),
+            }
+        )
     return result
 
 
@@ -119,14 +122,18 @@ def build_status(
     rank_counts = ranks(spec, pods)
     ready = all(cond.ok for cond in conditions if cond.type == "RulesReady")
     return {
-        "phase": compute_phase(pods, rank_counts, ready, old_status.get("lastAlert"),
-                               hang_alerts),
-        "conditions": merge_conditions(old_status.get("conditions") or [], conditions, now,
-                                       generation),
+        "phase": compute_phase(pods, rank_counts, ready, old_status.get("lastAlert"), hang_alerts),
+        "conditions": merge_conditions(
+            old_status.get("conditions") or [], conditions, now, generation
+        ),
         "observedGeneration": generation,
         "ranks": rank_counts,
-        "pods": {"total": pods.total, "running": pods.running, "succeeded": pods.succeeded,
-                 "failed": pods.failed},
+        "pods": {
+            "total": pods.total,
+            "running": pods.running,
+            "succeeded": pods.succeeded,
+            "failed": pods.failed,
+        },
         "nodes": list(pods.nodes),
         "children": [dict(child) for child in children],
     }
@@ -134,26 +141,34 @@ def build_status(
 
 def status_patch(old_status: Mapping[str, Any], new_status: Mapping[str, Any]) -> dict[str, Any]:
     """The owned keys that differ (empty: nothing to write)."""
-    return {key: new_status[key] for key in OWNED_KEYS
-            if key in new_status and old_status.get(key) != new_status[key]}
+    return {
+        key: new_status[key]
+        for key in OWNED_KEYS
+        if key in new_status and old_status.get(key) != new_status[key]
+    }
 
 
 def now_iso(clock: datetime | None = None) -> str:
     return (clock or datetime.now(tz=UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def last_alert_patch(alertname: str, priority: str | Priority, at: datetime,
-                     status: str = "firing") -> dict[str, Any]:
+def last_alert_patch(
+    alertname: str, priority: str | Priority, at: datetime, status: str = "firing"
+) -> dict[str, Any]:
     if status not in ("firing", "resolved"):
         raise ValueError(f"status must be firing or resolved, got {status!r}")
     if at.tzinfo is None:
         raise ValueError("at must be timezone-aware")
-    return {"status": {"lastAlert": {
-        "name": alertname,
-        "priority": Priority(priority).value,
-        "at": now_iso(at.astimezone(UTC)),
-        "status": status,
-    }}}
+    return {
+        "status": {
+            "lastAlert": {
+                "name": alertname,
+                "priority": Priority(priority).value,
+                "at": now_iso(at.astimezone(UTC)),
+                "status": status,
+            }
+        }
+    }
 
 
 async def patch_last_alert(

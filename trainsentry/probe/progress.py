@@ -116,8 +116,7 @@ def parse_dump(
         pending = [
             e
             for e in pg_entries
-            if _int(e.get("collective_seq_id")) > last_completed
-            and not _is_done(e, last_completed)
+            if _int(e.get("collective_seq_id")) > last_completed and not _is_done(e, last_completed)
         ]
         in_flight: InFlight | None = None
         if pending:
@@ -230,9 +229,7 @@ class ProgressTracker:
                     state.inflight_op = flight.op
                 elif flight.op != "unknown":
                     state.inflight_op = flight.op
-                    state.inflight_since_s = min(
-                        state.inflight_since_s, now_s - flight.age_seconds
-                    )
+                    state.inflight_since_s = min(state.inflight_since_s, now_s - flight.age_seconds)
                 flight = InFlight(
                     op=state.inflight_op,
                     seq=flight.seq,

@@ -70,8 +70,7 @@ def check_sqlite(version: tuple[int, int, int] = sqlite3.sqlite_version_info) ->
         found = ".".join(map(str, version))
         need = ".".join(map(str, MIN_SQLITE))
         raise StoreError(
-            f"this Python's SQLite is {found}; the store needs {need} or newer "
-            "(or use PostgreSQL)"
+            f"this Python's SQLite is {found}; the store needs {need} or newer (or use PostgreSQL)"
         )
 
 

@@ -20,8 +20,10 @@ def list_inputs(paths: list[Path]) -> tuple[list[Path], list[Path]]:
     for path in paths:
         candidates = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
         for candidate in candidates:
-            if any(part.startswith(".") for part in candidate.relative_to(
-                    path if path.is_dir() else candidate.parent).parts):
+            if any(
+                part.startswith(".")
+                for part in candidate.relative_to(path if path.is_dir() else candidate.parent).parts
+            ):
                 continue
             if candidate.name in _CONFIG_NAMES:
                 configs.append(candidate)
@@ -56,8 +58,9 @@ def detect_format(files: list[Path]) -> tuple[str, list[tuple[Path, str]]]:
     kinds = {f: sniff(f) for f in files}
     counts = Counter(k for k in kinds.values() if k is not None)
     if not counts:
-        return "fr", [(f, "not a recognised trace (Flight Recorder, Megatrace or NCCL RAS)")
-                      for f in files]
+        return "fr", [
+            (f, "not a recognised trace (Flight Recorder, Megatrace or NCCL RAS)") for f in files
+        ]
     chosen = counts.most_common(1)[0][0]
     rejected = []
     for f, kind in kinds.items():

@@ -51,8 +51,11 @@ SUPPORTED_MAJOR = 2
 MAX_KNOWN_MINOR = 10
 _RANK_SUFFIX = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)$")
 _EXTENSIONS = (".json", ".pkl", ".pickle", ".bin")
-_STATES: dict[Any, int] = {"scheduled": int(State.SCHEDULED), "started": int(State.STARTED),
-                           "completed": int(State.COMPLETED)}
+_STATES: dict[Any, int] = {
+    "scheduled": int(State.SCHEDULED),
+    "started": int(State.STARTED),
+    "completed": int(State.COMPLETED),
+}
 
 
 class FlightRecorderError(ValueError):
@@ -83,8 +86,18 @@ def decode_dump(data: bytes, source: str) -> dict[str, Any]:
             dump = load_plain_pickle(data)
         else:
             raise FlightRecorderError("neither JSON nor pickle")
-    except (ValueError, pickle.UnpicklingError, EOFError, TypeError, IndexError,
-            KeyError, AttributeError, RecursionError, MemoryError, OverflowError) as exc:
+    except (
+        ValueError,
+        pickle.UnpicklingError,
+        EOFError,
+        TypeError,
+        IndexError,
+        KeyError,
+        AttributeError,
+        RecursionError,
+        MemoryError,
+        OverflowError,
+    ) as exc:
         if isinstance(exc, FlightRecorderError):
             raise FlightRecorderError(f"{source}: {exc}") from exc
         raise FlightRecorderError(f"{source}: corrupt or truncated dump ({exc})") from exc
@@ -189,8 +202,7 @@ class PgColumns:
     def to_arrays(self) -> PgArrays:
         if not self.rows:
             empty = np.empty(0, dtype=np.int64)
-            return PgArrays(empty, empty, empty, empty.astype(np.int8), empty.astype(bool),
-                            empty)
+            return PgArrays(empty, empty, empty, empty.astype(np.int8), empty.astype(bool), empty)
         seq, time_ns, signature, state, is_p2p, peer = zip(*self.rows, strict=True)
         return PgArrays(
             seq=np.asarray(seq, dtype=np.int64),
@@ -248,21 +260,40 @@ class SignatureCache:
         return found
 
     def signature(self, entry: dict[str, Any], op: str) -> int:
-        key = repr((op, entry.get("input_sizes"), entry.get("output_sizes"),
-                    entry.get("input_dtypes"), entry.get("output_dtypes")))
+        key = repr(
+            (
+                op,
+                entry.get("input_sizes"),
+                entry.get("output_sizes"),
+                entry.get("input_dtypes"),
+                entry.get("output_dtypes"),
+            )
+        )
         found = self.ids.get(key)
         if found is None:
-            sig = OpSignature(op, _sizes(entry.get("input_sizes")),
-                              _sizes(entry.get("output_sizes")),
-                              _strings(entry.get("input_dtypes")),
-                              _strings(entry.get("output_dtypes")))
+            sig = OpSignature(
+                op,
+                _sizes(entry.get("input_sizes")),
+                _sizes(entry.get("output_sizes")),
+                _strings(entry.get("input_dtypes")),
+                _strings(entry.get("output_dtypes")),
+            )
             found = self.ids[key] = self.table.intern(sig)
         return found
 
 
 _FAST_FIELDS = operator.itemgetter(
-    "process_group", "profiling_name", "is_p2p", "collective_seq_id", "p2p_seq_id",
-    "time_created_ns", "state", "retired", "input_sizes", "output_sizes", "input_dtypes",
+    "process_group",
+    "profiling_name",
+    "is_p2p",
+    "collective_seq_id",
+    "p2p_seq_id",
+    "time_created_ns",
+    "state",
+    "retired",
+    "input_sizes",
+    "output_sizes",
+    "input_dtypes",
     "output_dtypes",
 )
 
@@ -296,10 +327,21 @@ def _parse_entry_slowly(
     if not isinstance(seq, int):
         raise FlightRecorderError(f"{source}: entry without a sequence number")
     created = entry.get("time_created_ns")
-    state = State.COMPLETED if entry.get("retired") is True else _STATES.get(
-        str(entry.get("state")), State.SCHEDULED)
-    columns.rows.append((seq, created if isinstance(created, int) else 0,
-                         cache.signature(entry, op), int(state), bool(is_p2p), peer))
+    state = (
+        State.COMPLETED
+        if entry.get("retired") is True
+        else _STATES.get(str(entry.get("state")), State.SCHEDULED)
+    )
+    columns.rows.append(
+        (
+            seq,
+            created if isinstance(created, int) else 0,
+            cache.signature(entry, op),
+            int(state),
+            bool(is_p2p),
+            peer,
+        )
+    )
 
 
 def parse_dump(
@@ -324,8 +366,20 @@ def parse_dump(
     rows: list[tuple[int, int, int, int, bool, int]] = []
     for entry in entries:
         try:
-            (pg, profiling_name, is_p2p, collective_seq, p2p_seq, created, state, retired,
-             inputs, outputs, in_dtypes, out_dtypes) = fast(entry)
+            (
+                pg,
+                profiling_name,
+                is_p2p,
+                collective_seq,
+                p2p_seq,
+                created,
+                state,
+                retired,
+                inputs,
+                outputs,
+                in_dtypes,
+                out_dtypes,
+            ) = fast(entry)
         except (KeyError, TypeError):
             _parse_entry_slowly(entry, source, cache, by_pg, pg_desc, pg_id_to_name)
             last_name = None
@@ -352,9 +406,16 @@ def parse_dump(
         if found is None:
             op, peer = cache.name(str(profiling_name))
             found = known[raw] = (cache.signature(entry, op), peer)
-        rows.append((seq, created or 0, found[0],
-                     completed if retired is True else states.get(state, scheduled),
-                     bool(is_p2p), found[1]))
+        rows.append(
+            (
+                seq,
+                created or 0,
+                found[0],
+                completed if retired is True else states.get(state, scheduled),
+                bool(is_p2p),
+                found[1],
+            )
+        )
     for columns in by_pg.values():
         if columns.rows:
             latest = max(latest, max(row[1] for row in columns.rows))
@@ -394,8 +455,14 @@ def _coalesced_signature(table: SignatureTable, ids: list[int]) -> int:
 
 
 def _build_stream(
-    rank: int, comm_id: str, columns: PgArrays, picks: np.ndarray, is_p2p: bool,
-    comm_ranks: tuple[int, ...], table: SignatureTable, last_enqueued: int,
+    rank: int,
+    comm_id: str,
+    columns: PgArrays,
+    picks: np.ndarray,
+    is_p2p: bool,
+    comm_ranks: tuple[int, ...],
+    table: SignatureTable,
+    last_enqueued: int,
 ) -> Stream:
     seq = columns.seq[picks]
     sigs = columns.signature[picks]
@@ -407,11 +474,18 @@ def _build_stream(
         for i, value in enumerate(seq.tolist()):
             merged.setdefault(value, []).append(i)
         firsts = [group[0] for group in merged.values()]
-        sigs = np.asarray([int(sigs[g[0]]) if len(g) == 1
-                           else _coalesced_signature(table, [int(sigs[i]) for i in g])
-                           for g in merged.values()], dtype=np.int64)
-        states = np.asarray([min(int(states[i]) for i in g) for g in merged.values()],
-                            dtype=np.int8)
+        sigs = np.asarray(
+            [
+                int(sigs[g[0]])
+                if len(g) == 1
+                else _coalesced_signature(table, [int(sigs[i]) for i in g])
+                for g in merged.values()
+            ],
+            dtype=np.int64,
+        )
+        states = np.asarray(
+            [min(int(states[i]) for i in g) for g in merged.values()], dtype=np.int8
+        )
         times = times[firsts]
         seq = np.asarray(list(merged), dtype=np.int64)
     peers = None
@@ -419,10 +493,20 @@ def _build_stream(
         lookup = np.asarray(comm_ranks, dtype=np.int64)
         local = columns.peer_local[picks]
         valid = (local >= 0) & (local < len(lookup))
-        peers = np.where(valid, lookup[np.clip(local, 0, max(len(lookup) - 1, 0))]
-                         if len(lookup) else -1, -1).tolist()
-    stream = make_stream(rank, comm_id, seq.tolist(), times.tolist(), sigs.tolist(),
-                         State.SCHEDULED, is_p2p, states=states.tolist(), peers=peers)
+        peers = np.where(
+            valid, lookup[np.clip(local, 0, max(len(lookup) - 1, 0))] if len(lookup) else -1, -1
+        ).tolist()
+    stream = make_stream(
+        rank,
+        comm_id,
+        seq.tolist(),
+        times.tolist(),
+        sigs.tolist(),
+        State.SCHEDULED,
+        is_p2p,
+        states=states.tolist(),
+        peers=peers,
+    )
     stream.last_enqueued = last_enqueued
     return stream
 
@@ -451,8 +535,10 @@ def join_dumps(dumps: list[RankDump], trace: Trace) -> Trace:
             declared_ranks = world
         is_declared = declared_ranks is not None and seen <= set(declared_ranks)
         trace.communicators[pg] = Communicator(
-            pg, declared_ranks if is_declared and declared_ranks else tuple(sorted(seen)),
-            descs.get(pg, ""), is_declared,
+            pg,
+            declared_ranks if is_declared and declared_ranks else tuple(sorted(seen)),
+            descs.get(pg, ""),
+            is_declared,
         )
     table: SignatureTable = trace.signatures
     for d in dumps:
@@ -461,8 +547,16 @@ def join_dumps(dumps: list[RankDump], trace: Trace) -> Trace:
             collective_picks = np.nonzero(~columns.is_p2p)[0]
             p2p_picks = np.nonzero(columns.is_p2p)[0]
             if len(collective_picks):
-                stream = _build_stream(d.rank, pg, columns, collective_picks, False, comm_ranks,
-                                       table, d.last_enqueued.get(pg, -1))
+                stream = _build_stream(
+                    d.rank,
+                    pg,
+                    columns,
+                    collective_picks,
+                    False,
+                    comm_ranks,
+                    table,
+                    d.last_enqueued.get(pg, -1),
+                )
                 trace.streams[(pg, d.rank)] = stream
                 trace.gaps.extend(find_gaps(stream))
             if len(p2p_picks):
@@ -473,7 +567,8 @@ def join_dumps(dumps: list[RankDump], trace: Trace) -> Trace:
                         comm_id, base.ranks, base.desc, base.declared
                     )
                 trace.streams[(comm_id, d.rank)] = _build_stream(
-                    d.rank, comm_id, columns, p2p_picks, True, comm_ranks, table, -1)
+                    d.rank, comm_id, columns, p2p_picks, True, comm_ranks, table, -1
+                )
         for pg, last in d.last_enqueued.items():
             if pg in trace.communicators and (pg, d.rank) not in trace.streams and last > 0:
                 empty = make_stream(d.rank, pg, [], [], [], State.SCHEDULED)
@@ -486,8 +581,9 @@ def looks_like_flight_recorder(head: bytes) -> bool:
     stripped = head.lstrip()
     if stripped[:1] == b"{":
         return b'"entries"' in head or b'"pg_config"' in head or b'"version"' in head
-    return head[:1] == b"\x80" and (b"entries" in head or b"pg_config" in head
-                                   or b"version" in head)
+    return head[:1] == b"\x80" and (
+        b"entries" in head or b"pg_config" in head or b"version" in head
+    )
 
 
 PARALLEL_MIN_FILES = 64
@@ -538,7 +634,8 @@ def _read_chunk(
                 if dump.version[1] > MAX_KNOWN_MINOR:
                     result.notes.append(
                         f"{path}: version {dump.version[0]}.{dump.version[1]} is newer than "
-                        f"{SUPPORTED_MAJOR}.{MAX_KNOWN_MINOR}; read anyway")
+                        f"{SUPPORTED_MAJOR}.{MAX_KNOWN_MINOR}; read anyway"
+                    )
             except (OSError, FlightRecorderError) as exc:
                 result.errors.append((index, str(exc)))
             result.done += 1
@@ -575,7 +672,7 @@ def _read_in_workers(
     from concurrent.futures.process import BrokenProcessPool
 
     size = max(1, -(-len(items) // (count * _CHUNKS_PER_WORKER)))
-    chunks = [items[i:i + size] for i in range(0, len(items), size)]
+    chunks = [items[i : i + size] for i in range(0, len(items), size)]
     results: list[_ChunkResult] = []
     try:
         context = multiprocessing.get_context("fork")
@@ -632,8 +729,9 @@ def read_flight_recorder(
         results.append(_read_chunk(items, on_file))
     dumps: list[RankDump] = []
     for chunk_result in results:
-        remap = np.asarray([trace.signatures.intern(sig) for sig in chunk_result.signatures]
-                           or [0], dtype=np.int64)
+        remap = np.asarray(
+            [trace.signatures.intern(sig) for sig in chunk_result.signatures] or [0], dtype=np.int64
+        )
         for dump in chunk_result.dumps:
             for columns in dump.by_pg.values():
                 columns.signature = remap[columns.signature]

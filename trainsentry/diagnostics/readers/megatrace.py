@@ -101,8 +101,15 @@ def _parse_fast(line: str) -> tuple[int, int, str, int, str, int, str | None] | 
             if parts[13] != "groupHash":
                 return None
             group_hash = str(int(parts[14]))
-        return (int(parts[4][:-1]), t_ns, parts[6], int(parts[8]), parts[10], int(parts[12]),
-                group_hash)
+        return (
+            int(parts[4][:-1]),
+            t_ns,
+            parts[6],
+            int(parts[8]),
+            parts[10],
+            int(parts[12]),
+            group_hash,
+        )
     except ValueError:
         return None
 
@@ -113,8 +120,7 @@ def _parse_slow(line: str) -> tuple[int, int, str, int, str, int, str | None] | 
         return None
     frac = (m["frac"] or "0")[:9].ljust(9, "0")
     t_ns = int(m["sec"]) * 1_000_000_000 + int(frac)
-    return (int(m["rank"]), t_ns, m["op"], int(m["count"]), m["stream"], int(m["seq"]),
-            m["hash"])
+    return (int(m["rank"]), t_ns, m["op"], int(m["count"]), m["stream"], int(m["seq"]), m["hash"])
 
 
 def parse_lines(lines: Iterable[str], source: str) -> list[RawStream]:
@@ -259,10 +265,12 @@ def build_trace(
                 sig_id = sig_cache.get(key)
                 if sig_id is None:
                     sig_id = sig_cache[key] = trace.signatures.intern(
-                        OpSignature(key[0], ((key[1],),)))
+                        OpSignature(key[0], ((key[1],),))
+                    )
                 sig_ids.append(sig_id)
-            stream = make_stream(raw.rank, unique, raw.seq, raw.time_ns, sig_ids,
-                                 State.UNKNOWN, is_p2p)
+            stream = make_stream(
+                raw.rank, unique, raw.seq, raw.time_ns, sig_ids, State.UNKNOWN, is_p2p
+            )
             trace.streams[(unique, raw.rank)] = stream
             if len(ranks) > 1 and not is_p2p:
                 trace.gaps.extend(find_gaps(stream))

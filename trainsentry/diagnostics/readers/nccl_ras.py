@@ -58,23 +58,35 @@ def _parse_ras_json(doc: Any, source: str) -> list[RasCommunicator]:
             missing.append(number)
             if (rank.get("status") or {}).get("considered_dead"):
                 dead.append(number)
-        majority = {op: Counter(values.values()).most_common(1)[0][0]
-                    for op, values in counts.items() if values}
-        out.append(RasCommunicator(
-            hash=str(comm.get("hash", "?")),
-            size=int(comm.get("size", len(counts) or 0)),
-            counts=counts, majority=majority, missing_ranks=tuple(sorted(missing)),
-            dead_ranks=tuple(sorted(dead)), error_ranks=tuple(sorted(errors)),
-        ))
+        majority = {
+            op: Counter(values.values()).most_common(1)[0][0]
+            for op, values in counts.items()
+            if values
+        }
+        out.append(
+            RasCommunicator(
+                hash=str(comm.get("hash", "?")),
+                size=int(comm.get("size", len(counts) or 0)),
+                counts=counts,
+                majority=majority,
+                missing_ranks=tuple(sorted(missing)),
+                dead_ranks=tuple(sorted(dead)),
+                error_ranks=tuple(sorted(errors)),
+            )
+        )
     return out
 
 
 _SECTION = re.compile(r"^#(\d+)-(\d+) \((?P<hash>[0-9a-fA-Fx]+)\) (?P<kind>[A-Z]+)\s*$")
 _DIFFERENT = re.compile(r"Communicator ranks have different (?P<op>\w+) operation counts")
-_GROUP = re.compile(r"^\s*(?P<n>\d+) ranks have (?:launched up to operation (?P<c>\d+)|"
-                    r"not launched any operations)")
-_ONE = re.compile(r"^\s*Rank (?P<r>\d+) has (?:launched up to operation (?P<c>\d+)|"
-                  r"not launched any operations)")
+_GROUP = re.compile(
+    r"^\s*(?P<n>\d+) ranks have (?:launched up to operation (?P<c>\d+)|"
+    r"not launched any operations)"
+)
+_ONE = re.compile(
+    r"^\s*Rank (?P<r>\d+) has (?:launched up to operation (?P<c>\d+)|"
+    r"not launched any operations)"
+)
 _RANK = re.compile(r"^\s*Rank (?P<r>\d+)\b")
 _TABLE = re.compile(r"^\s*\d+\s+\d+\s+\d+\s+\S+\s+(?P<size>\d+)\s+\d+\s+\w+")
 
@@ -132,9 +144,11 @@ def parse_ras_text(text: str, source: str) -> list[RasCommunicator]:
 
 
 def looks_like_ras(head: str) -> bool:
-    return ('"communicators"' in head and '"nccl_version"' in head) or (
-        "Group" in head and "Comms" in head and "Ranks" in head
-    ) or "Job summary" in head
+    return (
+        ('"communicators"' in head and '"nccl_version"' in head)
+        or ("Group" in head and "Comms" in head and "Ranks" in head)
+        or "Job summary" in head
+    )
 
 
 def read_nccl_ras(paths: list[Path], on_file: Callable[[], None] | None = None) -> Trace:
