@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.policy.factory import make_alert
 from trainsentry.alerts import Priority
@@ -101,6 +103,22 @@ def test_every_xid_in_the_table_sets_its_priority_on_a_p3_alert(code: int, entry
     if expected is not Priority.P3:
         assert result.rule_id == f"xid:{code}"
         assert POLICY.classification.xid[code].name in result.reason
+
+
+@given(st.text(max_size=12))
+def test_any_xid_label_value_classifies_without_error(raw: str) -> None:
+    """Labels come from any sender: a value that is no XID code is ignored, never an error
+    (an exception here stops the alert policy for every alert behind this one)."""
+    alert = make_alert({"alertname": "GPUXid", "priority": "P3", "xid": raw})
+    result = classify(alert, POLICY, distinct_nodes_in_window=NO_BLAST)
+    assert result.priority in Priority
+
+
+@pytest.mark.parametrize("raw", ["²", "٧٩", "7⁹", "79.5", "-79", "0x4f", ""])
+def test_values_that_are_not_ascii_xid_codes_are_ignored(raw: str) -> None:
+    alert = make_alert({"alertname": "GPUXid", "priority": "P3", "xid": raw})
+    result = classify(alert, POLICY, distinct_nodes_in_window=NO_BLAST)
+    assert not result.rule_id.startswith("xid:")
 
 
 BLAST = [

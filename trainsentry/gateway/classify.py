@@ -84,7 +84,8 @@ def xid_code(alert: Alert, label_names: tuple[str, ...]) -> int | None:
             # DCGM reports the code as a float sample value ("79" or "79.0").
             if raw.endswith(".0"):
                 raw = raw[:-2]
-            if raw.isdigit():
+            # isdigit() alone admits digits int() refuses (superscripts such as "²").
+            if raw.isascii() and raw.isdigit():
                 return int(raw)
     return None
 
