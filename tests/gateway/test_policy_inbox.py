@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Connection, func, inspect, select, text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from webhook_factory import BASE_TIME, encode, make_alert, make_body
 
@@ -103,6 +103,65 @@ async def test_a_failed_policy_batch_leaves_its_changes_for_the_next_try(
 
     assert await PolicyWorker(engine, real, clock=lambda: BASE_TIME).drain() == 2
     assert await count(engine, notifications) == 2
+
+
+def plan_failing_on(fingerprint: str, error: Exception) -> Any:
+    """The console policy, raising `error` for any batch holding the alert `fingerprint`."""
+    real = console_plan()
+
+    async def plan(conn: AsyncConnection, changes: Sequence[AlertChange], now: datetime) -> int:
+        if any(change.alert.fingerprint == fingerprint for change in changes):
+            raise error
+        return await real(conn, changes, now)
+
+    return plan
+
+
+async def attempts_until_drained(worker: PolicyWorker, rounds: int) -> tuple[int, int]:
+    """Runs the worker as its loop does (a failed round raises, after planning what it could);
+    (changes planned, failed rounds)."""
+    failed = 0
+    for _ in range(rounds):
+        try:
+            if not await worker.run_once():
+                break
+        except Exception:
+            failed += 1
+    return worker.planned, failed
+
+
+async def test_a_change_the_policy_always_fails_on_is_set_aside_not_blocking_the_rest(
+    engine: AsyncEngine,
+) -> None:
+    await intake(engine, [make_alert(i) for i in range(4)])
+    poison = make_alert(2)["fingerprint"]
+    set_aside: list[AlertChange] = []
+    worker = PolicyWorker(
+        engine,
+        plan_failing_on(str(poison), KeyError("a bug meeting one alert")),
+        on_set_aside=set_aside.append,
+        max_attempts=3,
+        clock=lambda: BASE_TIME,
+    )
+    planned, failed = await attempts_until_drained(worker, rounds=10)
+    assert (planned, failed) == (3, 2), "two failed rounds, the third sets it aside"
+    assert [change.alert.fingerprint for change in set_aside] == [poison]
+    assert await count(engine, policy_inbox) == 0
+    assert await count(engine, notifications) == 3
+    assert await count(engine, alerts) == 4, "the alert itself stays stored"
+
+
+async def test_store_errors_never_set_a_change_aside(engine: AsyncEngine) -> None:
+    await intake(engine, [make_alert(1), make_alert(2)])
+    poison = make_alert(1)["fingerprint"]
+    error = OperationalError("INSERT ...", {}, Exception("database is locked"))
+    set_aside: list[AlertChange] = []
+    worker = PolicyWorker(
+        engine, plan_failing_on(str(poison), error), on_set_aside=set_aside.append
+    )
+    planned, failed = await attempts_until_drained(worker, rounds=6)
+    assert (planned, failed, set_aside) == (0, 6, [])
+    assert await count(engine, policy_inbox) == 2
 
 
 async def test_claimed_changes_keep_their_order_kind_and_status(engine: AsyncEngine) -> None:

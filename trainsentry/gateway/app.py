@@ -482,6 +482,7 @@ def create_app(
             engine,
             plan,
             on_planned=lambda changes, written: _record_planned(gateway, changes, written),
+            on_set_aside=lambda _change: gateway_metrics.policy_failed.inc(),
             clock=clock,
             lock=policy_lock,
         )

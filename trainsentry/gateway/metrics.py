@@ -64,6 +64,12 @@ class GatewayMetrics:
             "Alert changes handled by the alert policy (classified, deduplicated, routed)",
             registry=r,
         )
+        self.policy_failed = Counter(
+            "trainsentry_policy_failed_total",
+            "Alert changes the alert policy failed on repeatedly and set aside: stored, but "
+            "not notified (the gateway log has each one with its traceback)",
+            registry=r,
+        )
         self.outbox_oldest_age = Gauge(
             "trainsentry_outbox_oldest_pending_age_seconds",
             "Age of the oldest pending notification, by its priority (0 when none is pending)",
