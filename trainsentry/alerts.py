@@ -10,6 +10,8 @@ from typing import Any
 
 # Alertmanager writes this for "no end time" (Go's zero time.Time).
 GO_ZERO_TIME = datetime(1, 1, 1, tzinfo=UTC)
+# Alert ids are 64-bit in the store: a larger number names no alert (and SQLite refuses it).
+MAX_ALERT_ID = 2**63 - 1
 
 
 class Priority(enum.StrEnum):

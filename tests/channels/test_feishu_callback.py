@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 import pytest
 from aiohttp import web
+from hypothesis import given
+from hypothesis import strategies as st
 
 from trainsentry.notifiers.feishu.callback import (
     CallbackRejected,
@@ -158,6 +160,39 @@ def test_url_verification_challenge() -> None:
 )
 def test_malformed_values_are_rejected(value: dict[str, Any]) -> None:
     body = json.dumps(v2_body(value)).encode()
+    with pytest.raises(CallbackRejected) as err:
+        parse_callback({}, body, verification_token=TOKEN, now=NOW)
+    assert err.value.status == 400
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=12,
+)
+PARTS = st.sampled_from(["header", "event", "action", "value", "operator", "context"])
+
+
+@given(part=PARTS, replacement=JSON)
+def test_any_shape_of_a_v2_callback_is_accepted_or_rejected_never_an_error(
+    part: str, replacement: Any
+) -> None:
+    """Whoever can reach the callback URL chooses the body: a part of another type than
+    Feishu sends is a 4xx (CallbackRejected), not an exception (a 500) before authentication."""
+    body = v2_body({"action": "ack", "alert_id": 42})
+    event = body["event"]
+    holders = {"header": body, "event": body, "action": event, "operator": event,
+               "context": event, "value": event["action"]}  # fmt: skip
+    holders[part][part] = replacement
+    try:
+        parse_callback({}, json.dumps(body).encode(), verification_token=TOKEN, now=NOW)
+    except CallbackRejected as exc:
+        assert 400 <= exc.status < 500
+
+
+@pytest.mark.parametrize("alert_id", [0, -1, 2**63, 10**30, 1e308])
+def test_alert_ids_outside_the_stores_range_are_rejected(alert_id: float) -> None:
+    body = json.dumps(v2_body({"action": "ack", "alert_id": alert_id})).encode()
     with pytest.raises(CallbackRejected) as err:
         parse_callback({}, body, verification_token=TOKEN, now=NOW)
     assert err.value.status == 400

@@ -82,6 +82,19 @@ async def test_answers_for_bad_requests(server: TestServer, http: aiohttp.Client
     assert status == 400 and "invalid JSON" in answer["error"]
     status, answer = await post(http, server, json.dumps({"version": "4"}).encode())
     assert status == 400 and any("alerts" in d for d in answer["details"])
+    # valid RFC 3339 times that leave the years 1..9999 once converted to UTC
+    for starts, ends in [
+        ("0001-01-01T00:00:00+01:00", None),
+        ("9999-12-31T23:59:59-01:00", None),
+        ("2026-01-01T00:00:00Z", "9999-12-31T23:59:59.9999-05:00"),
+    ]:
+        alert = make_alert(1, ends_at=None)
+        alert["startsAt"] = starts
+        if ends is not None:
+            alert["endsAt"] = ends
+        status, answer = await post(http, server, encode(make_body([make_alert(2), alert])))
+        assert status == 400, (starts, ends, answer)
+        assert answer["details"] == ["alerts.1: startsAt/endsAt outside the years 1 to 9999 in UTC"]
     huge = encode(make_body([make_alert(i) for i in range(1000)]))
     assert len(huge) > 64 * 1024
     status, answer = await post(http, server, huge)
@@ -133,6 +146,15 @@ async def test_read_api_filters_and_pages(server: TestServer, http: aiohttp.Clie
         detail = await response.json()
     assert [e["kind"] for e in detail["events"]] == ["firing", "resolved"]
     async with http.get(server.make_url("/api/v1/alerts/999")) as response:
+        assert response.status == 404
+    # ids the store cannot hold (64-bit) or that are no number: 400, not a 500
+    for bad in ("100000000000000000000", "9223372036854775808", "0", "-1", "1.5", "٣", "x"):
+        async with http.get(server.make_url(f"/api/v1/alerts/{bad}")) as response:
+            assert response.status == 400, bad
+            assert "alert id" in (await response.json())["error"]
+        async with http.post(server.make_url(f"/api/v1/alerts/{bad}/ack"), json={"by": "a"}) as r:
+            assert r.status == 400, bad
+    async with http.get(server.make_url("/api/v1/alerts/9223372036854775807")) as response:
         assert response.status == 404
 
 
@@ -329,6 +351,10 @@ async def test_store_outage_answers_503_then_recovers(
         assert status == 503 and "retry" in answer["error"]
         async with http.get(server.make_url("/readyz")) as response:
             assert response.status == 503
+        for path in ("/api/v1/alerts", "/api/v1/alerts/1", "/api/v1/notifications"):
+            async with http.get(server.make_url(path)) as response:
+                assert response.status == 503, path
+                assert "retry" in (await response.json())["error"]
         await admin.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
         status, answer = await post(http, server, encode(make_body([make_alert(1)])))
         assert status == 200 and answer["new"] == 1

@@ -19,7 +19,7 @@ from pydantic import SecretStr
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from trainsentry.alerts import AlertChange, Priority, utcnow
+from trainsentry.alerts import MAX_ALERT_ID, AlertChange, Priority, utcnow
 from trainsentry.config import GatewaySettings
 from trainsentry.gateway.ack import AckService
 from trainsentry.gateway.decide import PolicyMetrics
@@ -220,6 +220,14 @@ def _query_choice(request: web.Request, name: str, choices: Sequence[str]) -> st
     return value
 
 
+def _path_alert_id(request: web.Request) -> int:
+    """The `{alert_id}` of the path: ids are 64-bit in the store (SQLite refuses more)."""
+    raw = request.match_info["alert_id"]
+    if not raw.isascii() or not raw.isdigit() or not 0 < int(raw) <= MAX_ALERT_ID:
+        raise web.HTTPBadRequest(reason=f"alert id must be an integer from 1 to {MAX_ALERT_ID}")
+    return int(raw)
+
+
 def _read_guard(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
     async def guarded(request: web.Request) -> web.StreamResponse:
         if not _authorized(request, request.app[GATEWAY_KEY].settings.api_token):
@@ -228,6 +236,8 @@ def _read_guard(handler: Callable[[web.Request], Awaitable[web.StreamResponse]])
             return await handler(request)
         except web.HTTPBadRequest as exc:
             return _error(400, exc.reason)
+        except (OSError, SQLAlchemyError) as exc:
+            return _error(503, f"store unavailable, retry: {type(exc).__name__}")
 
     return guarded
 
@@ -254,10 +264,7 @@ async def get_alerts(request: web.Request) -> web.StreamResponse:
 @_read_guard
 async def get_alert_detail(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY_KEY]
-    try:
-        alert_id = int(request.match_info["alert_id"])
-    except ValueError:
-        return _error(400, "alert id must be an integer")
+    alert_id = _path_alert_id(request)
     async with gateway.engine.connect() as conn:
         item = await get_alert(conn, alert_id)
     if item is None:
@@ -297,9 +304,9 @@ async def post_ack(request: web.Request) -> web.Response:
     if not _authorized(request, token):
         return _unauthorized()
     try:
-        alert_id = int(request.match_info["alert_id"])
-    except ValueError:
-        return _error(400, "alert id must be an integer")
+        alert_id = _path_alert_id(request)
+    except web.HTTPBadRequest as exc:
+        return _error(400, exc.reason)
     try:
         body = await request.json() if request.can_read_body else {}
     except ValueError:
@@ -343,7 +350,11 @@ def _card_handler(
         gateway = app[GATEWAY_KEY]
         assert gateway.ack is not None
         silence = timedelta(seconds=action.duration_s) if action.duration_s else None
-        result = await gateway.ack.acknowledge(action.alert_id, action.who, silence)
+        try:
+            result = await gateway.ack.acknowledge(action.alert_id, action.who, silence)
+        except (OSError, SQLAlchemyError) as exc:
+            log.warning("card action: store unavailable (%s)", type(exc).__name__)
+            return {"toast": {"type": "error", "content": "store unavailable, press again"}}
         if result is None:
             return {"toast": {"type": "error", "content": f"no alert {action.alert_id}"}}
         # the pressed card is redrawn in place, showing who acknowledged (and the silence)

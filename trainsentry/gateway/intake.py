@@ -137,6 +137,15 @@ def parse_webhook(body: bytes, received_at: datetime | None = None) -> IncomingR
         payload, text = _validate_explaining(body)
     if b"\\u0000" in body:
         _refuse_nul(payload)
+    alerts: list[Alert] = []
+    for index, item in enumerate(payload.alerts):
+        try:
+            alerts.append(_to_alert(item))
+        except OverflowError:  # e.g. 0001-01-01T00:00:00+01:00 is before year 1 in UTC
+            raise IntakeRejected(
+                "body is not an Alertmanager webhook v4",
+                [f"alerts.{index}: startsAt/endsAt outside the years 1 to 9999 in UTC"],
+            ) from None
     return IncomingReceipt(
         body_sha256=hashlib.sha256(body).hexdigest(),
         body_text=text,
@@ -146,7 +155,7 @@ def parse_webhook(body: bytes, received_at: datetime | None = None) -> IncomingR
         group_key=payload.groupKey,
         truncated_alerts=payload.truncatedAlerts,
         external_url=payload.externalURL,
-        alerts=[_to_alert(item) for item in payload.alerts],
+        alerts=alerts,
         group_labels=dict(payload.groupLabels),
     )
 

@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 
+from trainsentry.alerts import MAX_ALERT_ID
 from trainsentry.notifiers.feishu.sign import event_signature_ok
 
 log = logging.getLogger(__name__)
@@ -142,16 +143,16 @@ def parse_callback(
         return Challenge(str(outer.get("challenge", "")))
 
     if outer.get("schema") == "2.0":
-        header = outer.get("header") or {}
+        header = _object(outer.get("header"))
         if not hmac.compare_digest(str(header.get("token", "")), verification_token):
             raise CallbackRejected("verification token mismatch")
         if encrypt_key and not signed:
             raise CallbackRejected("unsigned callback although an encrypt key is configured")
-        event = outer.get("event") or {}
-        operator = event.get("operator") or {}
-        context = event.get("context") or {}
+        event = _object(outer.get("event"))
+        operator = _object(event.get("operator"))
+        context = _object(event.get("context"))
         return _action(
-            (event.get("action") or {}).get("value"),
+            _object(event.get("action")).get("value"),
             who=str(operator.get("open_id") or operator.get("user_id") or ""),
             message_id=context.get("open_message_id"),
             event_id=header.get("event_id"),
@@ -163,12 +164,17 @@ def parse_callback(
         raise CallbackRejected("bad legacy X-Lark-Signature")
     _check_fresh(headers, now, max_skew_s)
     return _action(
-        (outer.get("action") or {}).get("value"),
+        _object(outer.get("action")).get("value"),
         who=str(outer.get("open_id") or outer.get("user_id") or ""),
         message_id=outer.get("open_message_id"),
         event_id=None,
         update_token=outer.get("token"),
     )
+
+
+def _object(value: Any) -> dict[str, Any]:
+    """A part of the body that should be an object; anything else counts as absent."""
+    return value if isinstance(value, dict) else {}
 
 
 def _action(
@@ -186,13 +192,15 @@ def _action(
         raise CallbackRejected(f"unknown action {name!r}", status=400)
     try:
         alert_id = int(value["alert_id"])
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise CallbackRejected("action.value.alert_id missing", status=400) from exc
+    if not 0 < alert_id <= MAX_ALERT_ID:
+        raise CallbackRejected("action.value.alert_id out of range", status=400)
     duration: int | None = None
     if name == "silence":
         try:
             duration = int(value["duration_s"])
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise CallbackRejected("silence without duration_s", status=400) from exc
         if not 0 < duration <= MAX_SILENCE_S:
             raise CallbackRejected("silence duration out of range", status=400)
