@@ -6,7 +6,7 @@ import pytest
 
 from trainsentry.alerts import Priority
 from trainsentry.gateway.policy import load_policy, merge_policy
-from trainsentry.gateway.route import route
+from trainsentry.gateway.route import route, unconfigured_names
 
 POLICY = load_policy()
 TEAM_A = {"alertname": "GPUHot", "namespace": "team-a", "trainingjob": "llm", "component": "gpu"}
@@ -81,3 +81,31 @@ def test_route_table(
 ) -> None:
     decision = route(priority, labels, ROUTED)
     assert (decision.route_id, decision.channels) == (route_id, channels)
+
+
+def test_a_kind_stands_for_the_feishu_channels_this_gateway_runs() -> None:
+    """The shipped policy says `feishu`; the channels register as feishu_bot / feishu_app."""
+    bot_only = {"feishu_bot", "feishu_sheet", "phone", "console"}
+    p0 = route(Priority.P0, TEAM_A, POLICY, configured=bot_only)
+    assert (p0.channels, p0.unconfigured) == (
+        ("feishu_bot", "phone", "feishu_sheet", "console"),
+        (),
+    )
+    both = route(Priority.P1, TEAM_A, POLICY, configured={"feishu_app", "feishu_bot"})
+    assert both.channels == ("feishu_bot", "feishu_app")
+    nothing = route(Priority.P1, TEAM_A, POLICY, configured={"console"})
+    assert (nothing.channels, nothing.unconfigured) == (("console",), ("feishu",))
+    # a route may still name one channel of the kind
+    own = merge_policy(POLICY, {"routing": {"routes": [
+        {"id": "app-only", "priorities": ["P1"], "channels": ["feishu_app"]}]}})  # fmt: skip
+    assert route(Priority.P1, TEAM_A, own, configured={"feishu_app", "feishu_bot"}).channels == (
+        "feishu_app",
+    )
+
+
+def test_names_the_routing_uses_without_a_channel_are_listed_for_a_warning() -> None:
+    assert unconfigured_names(POLICY, {"feishu_bot", "phone", "console"}) == []
+    assert unconfigured_names(POLICY, {"console"}) == ["feishu", "phone"]  # the archive is optional
+    routed = merge_policy(POLICY, {"routing": {"routes": [
+        {"id": "mail", "priorities": ["P2"], "channels": ["email"]}]}})  # fmt: skip
+    assert unconfigured_names(routed, {"feishu_app", "phone"}) == ["email"]

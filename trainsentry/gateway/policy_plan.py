@@ -28,6 +28,7 @@ from trainsentry.gateway.decide import (
 from trainsentry.gateway.dedup import FingerprintState
 from trainsentry.gateway.paging import Paging
 from trainsentry.gateway.policy import Policy
+from trainsentry.gateway.route import ARCHIVE_CHANNELS, unconfigured_names
 from trainsentry.gateway.storm import StormState, job_key
 from trainsentry.store.policy_state import (
     claim_due,
@@ -54,9 +55,6 @@ def _storm_row(state: StormState, policy: Policy) -> tuple[dict[str, Any], datet
     return state.to_json(), state.next_due(policy)
 
 
-# Channels that archive every occurrence (one row, updated on resolve), whatever dedup and
-# storm collapse decide for the chat and phone channels: "every alert is still archived".
-ARCHIVE_CHANNELS = frozenset({"sheet"})
 
 
 def archive_draft(
@@ -105,8 +103,16 @@ class PolicyPlan:
     ) -> None:
         self.policy = policy
         self.paging = paging
+        # Archive channels get every occurrence (one row, updated on resolve), whatever dedup
+        # and storm collapse decide for the chat and phone channels.
         self.archive_channels = frozenset(channels) & ARCHIVE_CHANNELS
         self.channels = frozenset(channels) - self.archive_channels
+        if missing := unconfigured_names(policy, channels):
+            log.warning(
+                "the policy routes to channels this gateway does not have, dropped: %s "
+                "(configure them, or change policy.routing)",
+                ", ".join(missing),
+            )
         self.metrics = metrics
         self.drafted = 0
         # alert id -> classified priority of the last batch (read after its commit)

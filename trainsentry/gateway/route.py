@@ -19,6 +19,31 @@ class RouteDecision:
     unconfigured: tuple[str, ...] = ()  # routed but not configured in this gateway (dropped)
 
 
+# A route may name a kind of channel instead of one channel: the shipped policy routes to
+# `feishu` and `sheet`, whichever Feishu channels this gateway runs (docs/policy.md).
+CHANNEL_KINDS: Mapping[str, tuple[str, ...]] = {
+    "feishu": ("feishu", "feishu_bot", "feishu_app"),
+    "sheet": ("sheet", "feishu_sheet"),
+}
+# Channels that archive every change of every alert (policy_plan.archive_draft).
+ARCHIVE_CHANNELS = frozenset(CHANNEL_KINDS["sheet"])
+
+
+def expand(name: str, configured: Collection[str]) -> tuple[str, ...]:
+    """The configured channels a routed name stands for (none: it is not configured)."""
+    return tuple(member for member in CHANNEL_KINDS.get(name, (name,)) if member in configured)
+
+
+def unconfigured_names(policy: Policy, configured: Collection[str]) -> list[str]:
+    """Channel names the routing uses that stand for no configured channel (`always` and
+    archive names excepted: those are optional), for a warning at start."""
+    routing = policy.routing
+    named = [name for rule in routing.routes for name in rule.channels]
+    named += [name for names in routing.defaults.values() for name in names]
+    optional = set(routing.always) | ARCHIVE_CHANNELS
+    return sorted({n for n in named if n not in optional and not expand(n, configured)})
+
+
 @lru_cache(maxsize=512)
 def _compiled(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern)
@@ -52,8 +77,11 @@ def route(
 ) -> RouteDecision:
     """The channels for a notification of `priority` about an alert (or job) with `labels`.
 
-    `configured`: channel names this gateway has notifiers for (None: all). Routed channels
-    outside it are reported in `unconfigured`, not returned. `policy.routing.always` channels
+    `configured`: channel names this gateway has notifiers for (None: all, names unexpanded).
+    A routed kind (`feishu`) becomes its configured channels (`feishu_bot`, `feishu_app`);
+    routed names standing for none are reported in `unconfigured`, not returned, except
+    archive names: the gateway's archive takes every change by itself (policy_plan.py), so a
+    route naming it needs nothing more. `policy.routing.always` channels
     (console) are added when configured. `paging=False` drops the paging channels (phone):
     resolves, recurrences, flapping notices and storm summaries never ring a phone.
     """
@@ -73,10 +101,14 @@ def route(
     if configured is None:
         return RouteDecision(channels=wanted, route_id=route_id)
     always = set(routing.always)
+    channels: list[str] = []
+    unconfigured: list[str] = []
+    for name in wanted:
+        members = expand(name, configured)
+        if members:
+            channels.extend(members)
+        elif name not in always and name not in ARCHIVE_CHANNELS:
+            unconfigured.append(name)
     return RouteDecision(
-        channels=tuple(name for name in wanted if name in configured),
-        route_id=route_id,
-        unconfigured=tuple(
-            name for name in wanted if name not in configured and name not in always
-        ),
+        channels=_unique(channels), route_id=route_id, unconfigured=tuple(unconfigured)
     )
