@@ -65,6 +65,9 @@ async def fetch_group(
     ]
     if truncated.receiver:
         params.append(("receiver", truncated.receiver))
+    # The API lists silenced and inhibited alerts too unless told not to; Alertmanager never
+    # notifies about them, so neither may their completion.
+    params += [("silenced", "false"), ("inhibited", "false")]
     own = client is None
     client = client or httpx.AsyncClient(timeout=request_timeout)
     try:
