@@ -143,12 +143,14 @@ def test_packaged_chart_carries_the_files_not_the_links(tmp_path: Path) -> None:
         members = {m.name: m for m in tar.getmembers()}
         assert not [m for m in members.values() if m.issym()]
         assert not [n for n in members if n.startswith("trainsentry/files/rules/tests/")]
-        for source in sorted((REPO / "rules").glob("*.*")) + sorted(
-            (REPO / "dashboards").glob("*.json")
+        for source in (
+            sorted((REPO / "rules").glob("*.*"))
+            + sorted((REPO / "rules" / "self").glob("*.yaml"))
+            + sorted((REPO / "dashboards").glob("*.json"))
         ):
             if source.suffix == ".md":
                 continue
-            member = f"trainsentry/files/{source.parent.name}/{source.name}"
+            member = f"trainsentry/files/{source.relative_to(REPO).as_posix()}"
             assert member in members, member
             extracted = tar.extractfile(members[member])
             assert extracted is not None and extracted.read() == source.read_bytes()
@@ -190,25 +192,55 @@ def test_vendored_crd_schemas_are_current() -> None:
         assert vendored == json.loads(json.dumps(source)), plural
 
 
-def _rule_files() -> list[Path]:
+def _rule_files(folder: str = "rules") -> list[Path]:
     files = []
-    for path in sorted((REPO / "rules").glob("*.yaml")):
+    for path in sorted((REPO / folder).glob("*.yaml")):
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
         if isinstance(doc, dict) and "groups" in doc:
             files.append(path)
     if not files:
-        pytest.fail("rules/ holds no rule files")
+        pytest.fail(f"{folder}/ holds no rule files")
     return files
 
 
+def _spec(path: Path) -> Any:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def _alerts(specs: list[Any]) -> list[str]:
+    return [
+        rule["alert"]
+        for spec in specs
+        for group in spec["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    ]
+
+
 def test_rule_files_become_prometheus_rules_unchanged() -> None:
-    rules = find(rendered("defaults"), "PrometheusRule")
-    by_source = {r["metadata"]["name"].rpartition("-rules-")[2]: r for r in rules}
-    assert len(by_source) == len(rules) == len(_rule_files())
-    for path in _rule_files():
-        rule = by_source[path.stem.lower().replace("_", "-")]
-        assert rule["spec"] == yaml.safe_load(path.read_text(encoding="utf-8")), path.name
+    """One PrometheusRule per rule file of rules/ and of rules/self/, nothing else."""
+    sources = _rule_files() + _rule_files("rules/self")
+    specs = [r["spec"] for r in find(rendered("defaults"), "PrometheusRule")]
+    assert len(specs) == len(sources)
+    for path in sources:
+        assert _spec(path) in specs, path
     assert not find(rendered("everything-on"), "PrometheusRule", "-rules-xid-catalogue")
+
+
+def test_self_monitoring_alerts_are_installed_and_can_be_turned_off(tmp_path: Path) -> None:
+    """rules/self/ (the gateway watching itself, "installed cluster-wide") is rendered by
+    default; prometheusRules.selfMonitoring=false drops it and only it."""
+    self_alerts = _alerts([_spec(p) for p in _rule_files("rules/self")])
+    job_alerts = _alerts([_spec(p) for p in _rule_files()])
+    assert self_alerts
+    for values in ("defaults", "everything-on"):
+        shipped = _alerts([r["spec"] for r in find(rendered(values), "PrometheusRule")])
+        assert sorted(shipped) == sorted(job_alerts + self_alerts), values
+    off = template(overrides={"prometheusRules": {"selfMonitoring": False}}, tmp=tmp_path)
+    shipped = _alerts([r["spec"] for r in find(off, "PrometheusRule")])
+    assert sorted(shipped) == sorted(job_alerts)
+    none = template(overrides={"prometheusRules": {"enabled": False}}, tmp=tmp_path)
+    assert not find(none, "PrometheusRule")
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (prometheus) missing")

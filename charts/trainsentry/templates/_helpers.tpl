@@ -103,6 +103,31 @@ priorityClassName: {{ . }}
 {{- end }}
 {{- end -}}
 
+{{/* Node placement of an exporter DaemonSet: (dict "ctx" $ "serves" (list "dcgm")).
+     exporters.nodeSelector, when set, places every exporter. Otherwise the pod runs on the
+     nodes the operator labels `trainsentry.io/exporter-<name>: "true"` for any TrainingJob
+     exporter flag it serves (trainsentry/operator/nodes.py), so a job with
+     spec.exporters.<name>: false does not get it; several flags are ORed (node affinity). */}}
+{{- define "trainsentry.exporterPlacement" -}}
+{{- $e := .ctx.Values.exporters -}}
+{{- if $e.nodeSelector -}}
+nodeSelector:
+  {{- toYaml $e.nodeSelector | nindent 2 }}
+{{- else if eq (len .serves) 1 -}}
+nodeSelector:
+  trainsentry.io/exporter-{{ first .serves }}: "true"
+{{- else -}}
+affinity:
+  nodeAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      nodeSelectorTerms:
+        {{- range .serves }}
+        - matchExpressions:
+            - {key: trainsentry.io/exporter-{{ . }}, operator: In, values: ["true"]}
+        {{- end }}
+{{- end -}}
+{{- end -}}
+
 {{/* Environment every trainsentry container gets (python on a read-only root). */}}
 {{- define "trainsentry.baseEnv" -}}
 - name: HOME
