@@ -196,6 +196,23 @@ async def test_a_claimed_batch_is_sent_most_urgent_first(
     assert [body["payload"]["key"] for body in receiver.bodies] == ["k2", "k1", "k0", "k3"]
 
 
+async def test_a_restart_with_the_same_host_and_pid_releases_the_earlier_runs_leases(
+    engine: AsyncEngine, receiver: Receiver
+) -> None:
+    """A container restarted in place keeps its hostname, and the gateway is PID 1 again:
+    rows the crashed run left `sending` go out at once, not after their lease."""
+    await enqueue(engine, drafts(2, group="a", prefix="a") + drafts(2, group="b", prefix="b"))
+    crashed = Outbox(engine, {"webhook": WebhookNotifier(receiver.url)}, lease_seconds=600)
+    assert len(await crashed.claim()) == 2  # the oldest of each group, then "killed"
+    restarted = Outbox(engine, {"webhook": WebhookNotifier(receiver.url)}, lease_seconds=600)
+    assert restarted.worker_id.split(":")[:2] == crashed.worker_id.split(":")[:2]
+    assert await restarted.release_leases_of_earlier_runs() == 2
+    await drain(restarted)
+    assert receiver.unique == 4 and await statuses(engine) == {"sent": 4}
+    await crashed.aclose()
+    await restarted.aclose()
+
+
 async def test_expired_lease_is_taken_over(engine: AsyncEngine, receiver: Receiver) -> None:
     await enqueue(engine, drafts(3))
     now = datetime.now(UTC)

@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import random
+import secrets
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -74,7 +75,9 @@ class RetryPolicy:
 
 
 def default_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """`host:pid:nonce`. The nonce tells runs apart that share host and pid: a restarted
+    container keeps its pod's hostname and runs the gateway as PID 1 again."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
 class Outbox:
@@ -216,7 +219,7 @@ class Outbox:
             notifications.c.status == SENDING, notifications.c.claimed_by != self.worker_id
         )
         if self._engine.dialect.name != "sqlite":
-            host = self.worker_id.rsplit(":", 1)[0]
+            host = self.worker_id.split(":", 1)[0]
             query = query.where(notifications.c.claimed_by.like(f"{host}:%"))
         async with self._engine.begin() as conn:
             result = await conn.execute(
