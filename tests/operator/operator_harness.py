@@ -90,6 +90,8 @@ def _custom_schemas() -> dict[str, jsonschema.Draft202012Validator]:
         data = json.loads(path.read_text())
         schemas[data["kind"]] = _strict(data["openAPIV3Schema"])
     schemas["TrainingJob"] = _strict(trainingjob_schema())
+    # The CRD may bound metadata.name; the rest of ObjectMeta is the API server's, not closed.
+    schemas["TrainingJob"]["properties"]["metadata"].pop("additionalProperties", None)
     validators = {}
     for kind, schema in schemas.items():
         jsonschema.Draft202012Validator.check_schema(schema)
@@ -113,6 +115,20 @@ def _builtin_validator(kind: str, api_version: str, version: str) -> Any:
     return jsonschema.Draft202012Validator(schema, registry=registry)
 
 
+LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+
+
+def check_labels(obj: dict[str, Any]) -> None:
+    """The API server's label rules, which no OpenAPI schema carries: a value of at most 63
+    characters, a key `[prefix/]name` with a name of at most 63 and a prefix of at most 253."""
+    for key, value in ((obj.get("metadata") or {}).get("labels") or {}).items():
+        prefix, _, name = str(key).rpartition("/")
+        if len(name) > 63 or not LABEL_NAME.fullmatch(name) or len(prefix) > 253:
+            raise ValueError(f"metadata.labels: invalid key {key!r}")
+        if len(value) > 63 or (value and not LABEL_NAME.fullmatch(value)):
+            raise ValueError(f"metadata.labels[{key}]: invalid value {value!r}: at most 63")
+
+
 def _is_third_party(obj: dict[str, Any]) -> bool:
     group = str(obj.get("apiVersion", "")).rpartition("/")[0]
     return "." in group and not group.endswith(".k8s.io")
@@ -131,6 +147,7 @@ class Validator:
         kind = str(obj.get("kind", ""))
         schema = self.schemas.get(kind)
         try:
+            check_labels(obj)
             if schema is not None:
                 schema.validate(obj)
             elif _is_third_party(obj):

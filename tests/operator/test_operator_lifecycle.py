@@ -205,6 +205,48 @@ async def test_update_thresholds_changes_the_rule(
     )
     await asyncio.sleep(1.5)  # three resyncs: still one warning
     assert sum(e["reason"] == "UnknownThreshold" for e in cluster.live("v1/events", NS)) == 1
+    assert phase(cluster, "llm") == "Monitoring"  # a typo does not hide the running job
+
+
+async def test_removed_prometheus_labels_leave_the_children(
+    cluster: KubeEmulator, operator: OperatorThread
+) -> None:
+    await seed(cluster, "llm", ["gpu-1"])
+    spec = {
+        "selector": {"matchLabels": {"job": "llm"}},
+        "prometheus": {"ruleLabels": {"release": "kps"}},
+    }
+    await post(cluster, TJ_PATH, trainingjob("llm", spec))
+    await eventually(lambda: phase(cluster, "llm") == "Monitoring")
+    rule_path = f"/apis/monitoring.coreos.com/v1/namespaces/{NS}/prometheusrules/llm-trainsentry"
+    await patch(cluster, rule_path, {"metadata": {"labels": {"team": "a"}}})  # someone else's
+
+    def labels(resource: str, name: str) -> dict[str, str]:
+        found: dict[str, str] = live(cluster, resource, name)["metadata"]["labels"]
+        return found
+
+    owned = {
+        "app.kubernetes.io/managed-by": "trainsentry-operator",
+        "trainsentry.io/trainingjob": "llm",
+    }
+    await patch(
+        cluster,
+        f"{TJ_PATH}/llm",
+        {"spec": {"prometheus": {"ruleLabels": {"release": None, "prometheus": "team-a"}}}},
+    )
+    await eventually(lambda: labels(RULES, "llm-trainsentry").get("prometheus") == "team-a")
+    assert labels(RULES, "llm-trainsentry") == {**owned, "prometheus": "team-a", "team": "a"}
+    await eventually(
+        lambda: labels(MONITORS, "llm-trainsentry-probe") == {**owned, "prometheus": "team-a"}
+    )
+
+    await patch(cluster, f"{TJ_PATH}/llm", {"spec": {"prometheus": {"monitorLabels": {"m": "1"}}}})
+    await eventually(lambda: labels(MONITORS, "llm-trainsentry-probe") == {**owned, "m": "1"})
+    await patch(cluster, f"{TJ_PATH}/llm", {"spec": {"prometheus": {"monitorLabels": None}}})
+    await eventually(
+        lambda: labels(MONITORS, "llm-trainsentry-probe") == {**owned, "prometheus": "team-a"}
+    )
+    assert labels(RULES, "llm-trainsentry") == {**owned, "prometheus": "team-a", "team": "a"}
 
 
 async def test_delete_cleans_up_and_keeps_labels_of_shared_nodes(

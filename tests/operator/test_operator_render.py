@@ -10,7 +10,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from operator_harness import CRD_FILE, Validator
+from operator_harness import CRD_FILE, Validator, trainingjob
 
 from trainsentry import assets
 from trainsentry.operator import discovery, nodes, status
@@ -22,7 +22,7 @@ from trainsentry.operator.render import (
     render_children,
     scope_expr,
 )
-from trainsentry.operator.spec import JobIdentity, LabelSelector, TrainingJobSpec
+from trainsentry.operator.spec import MAX_NAME_LENGTH, JobIdentity, LabelSelector, TrainingJobSpec
 
 JOB = JobIdentity(name="llm", namespace="team-a", uid="0b5e6c1e-1111-4222-8333-944445555666")
 
@@ -46,6 +46,29 @@ def test_threshold_override_replaces_exactly_the_literal() -> None:
         apply_thresholds(
             {"alert": "B", "expr": "x > 1", "annotations": {"thresholds": "t=2"}}, {"t": 3}
         )
+
+
+def test_threshold_overrides_land_in_their_own_slots() -> None:
+    slow_rank = {
+        "alert": "TrainingSlowRank",
+        "expr": "(ratio < 0.25) and (quantile(0.5, wait) > 0.2)",
+        "annotations": {
+            "thresholds": "slow_rank_wait_ratio=0.25, slow_rank_peer_wait_fraction=0.2"
+        },
+    }
+    out = apply_thresholds(
+        slow_rank, {"slow_rank_wait_ratio": 0.2, "slow_rank_peer_wait_fraction": 0.3}
+    )
+    assert out["expr"] == "(ratio < 0.2) and (quantile(0.5, wait) > 0.3)"
+    assert out["annotations"]["thresholds"] == (
+        "slow_rank_wait_ratio=0.2, slow_rank_peer_wait_fraction=0.3"
+    )
+    # Two thresholds with the same default: the n-th declared takes the n-th literal.
+    twins = {"alert": "T", "expr": "a > 5 and b > 5", "annotations": {"thresholds": "a=5, b=5"}}
+    assert apply_thresholds(twins, {"b": 7})["expr"] == "a > 5 and b > 7"
+    assert apply_thresholds(twins, {"a": 7, "b": 5})["expr"] == "a > 7 and b > 5"
+    with pytest.raises(ValueError, match="not in expr"):
+        apply_thresholds({**twins, "expr": "a > 5"}, {"b": 7})
 
 
 def test_scope_by_node_and_pod() -> None:
@@ -112,13 +135,76 @@ def test_render_is_deterministic_and_owned(sources: Sources) -> None:
     assert first.skipped_rules == ["ExporterDown"]  # job_scope: cluster
 
 
-def test_workload_jobs_use_a_name_prefix(sources: Sources) -> None:
+def _membership(tmp_path: Path, group: dict[str, Any], pods: list[str]) -> set[str]:
+    """Which of `pods` (kube_pod_info series in team-a) Prometheus records into
+    trainsentry:job_pod:info with the membership `group`: `promtool test rules`, one per pod."""
+    (tmp_path / "membership.yaml").write_text(yaml.safe_dump({"groups": [group]}))
+    series = [
+        {
+            "series": f'kube_pod_info{{namespace="team-a", pod="{name}", node="n-{name}"}}',
+            "values": "1x5",
+        }
+        for name in pods
+    ]
+    found: set[str] = set()
+    for name in pods:  # one assertion per candidate pod: in the membership or not
+        test = {
+            "rule_files": ["membership.yaml"],
+            "evaluation_interval": "1m",
+            "tests": [
+                {
+                    "interval": "1m",
+                    "input_series": series,
+                    "promql_expr_test": [
+                        {
+                            "expr": f'count(trainsentry:job_pod:info{{pod="{name}"}}) or vector(0)',
+                            "eval_time": "2m",
+                            "exp_samples": [{"labels": "{}", "value": 1}],
+                        }
+                    ],
+                }
+            ],
+        }
+        path = tmp_path / "membership_test.yaml"
+        path.write_text(yaml.safe_dump(test))
+        result = subprocess.run(
+            ["promtool", "test", "rules", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if result.returncode == 0:
+            found.add(name)
+    return found
+
+
+def test_workload_membership_takes_only_the_jobs_own_pods(tmp_path: Path) -> None:
+    # Two PyTorchJobs whose names are prefixes of each other, in one namespace.
+    pods = ["llm-master-0", "llm-worker-0", "llm-worker-11", "llm-v2-master-0", "llm-v2-worker-0"]
+    for name, own in (("llm", pods[:3]), ("llm-v2", pods[3:])):
+        job = JobIdentity(name=name, namespace="team-a", uid=f"uid-{name}")
+        workload = TrainingJobSpec.model_validate(
+            {"workloadRef": {"kind": "PyTorchJob", "name": name}}
+        )
+        rendered = render_children(job, workload, (), (), [])  # no pods listed yet: still exact
+        group = rendered.manifests[0]["spec"]["groups"][0]
+        assert _membership(tmp_path, group, pods) == set(own), name
+
+
+def test_volcano_membership_lists_the_pods_seen(tmp_path: Path, sources: Sources) -> None:
+    # Volcano pods are <job>-<task>-<index> with free task names, so no name pattern is safe.
     workload = TrainingJobSpec.model_validate({"workloadRef": {"kind": "Job", "name": "vc"}})
-    rendered = render_children(JOB, workload, sources.rule_files, sources.dashboards, ["x"])
-    membership = rendered.manifests[0]["spec"]["groups"][0]["rules"][0]["expr"]
-    assert 'pod=~"vc-.*"' in membership
+    own = ["vc-worker-0", "vc-worker-1"]
+    rendered = sources.render(JOB, workload, own)
+    group = rendered.manifests[0]["spec"]["groups"][0]
+    assert _membership(tmp_path, group, [*own, "vc-v2-worker-0"]) == set(own)
     assert rendered.manifests[1]["spec"]["selector"] == {
         "matchLabels": {"volcano.sh/job-name": "vc"}
+    }
+    grown = sources.render(JOB, workload, [*own, "vc-ps-0"])  # a new pod: rendered again
+    assert _membership(tmp_path, grown.manifests[0]["spec"]["groups"][0], ["vc-ps-0"]) == {
+        "vc-ps-0"
     }
 
 
@@ -260,7 +346,41 @@ def _pods(*phases: str) -> status.PodSummary:
 def test_phase(phases: tuple[str, ...], alert: dict[str, str] | None, expected: str) -> None:
     pods = _pods(*phases)
     ranks = status.ranks(spec(worldSize=2), pods)
-    assert status.compute_phase(pods, ranks, True, alert, frozenset({"Hang"})) == expected
+    assert status.compute_phase(pods, ranks, alert, frozenset({"Hang"})) == expected
+
+
+def test_unknown_threshold_does_not_hide_the_phase() -> None:
+    # 8 of 16 ranks running, a firing P0, and a typo in thresholds: still Degraded.
+    pods = _pods(*["Running"] * 8, *["Pending"] * 8)
+    conditions = [
+        status.Condition("RulesReady", False, "UnknownThreshold", "gpu_temp_celcius"),
+        status.Condition("ScrapeReady", True, "Applied"),
+        status.Condition("ExportersReady", True, "NodesLabelled"),
+    ]
+    alert = {"name": "GPUXidCritical", "priority": "P0", "status": "firing"}
+    built = status.build_status(
+        {"lastAlert": alert},
+        spec=spec(worldSize=16),
+        generation=1,
+        pods=pods,
+        conditions=conditions,
+        children=[],
+        hang_alerts=frozenset({"Hang"}),
+        now="t",
+    )
+    assert built["phase"] == "Degraded"
+    assert built["conditions"][0]["reason"] == "UnknownThreshold"
+    healthy = status.build_status(
+        {},
+        spec=spec(worldSize=2),
+        generation=1,
+        pods=_pods("Running", "Running"),
+        conditions=conditions,
+        children=[],
+        hang_alerts=frozenset(),
+        now="t",
+    )
+    assert healthy["phase"] == "Monitoring"
 
 
 def test_conditions_keep_transition_time_until_they_flip() -> None:
@@ -316,6 +436,22 @@ def test_merge_diff_and_child_patch() -> None:
         "metadata": {"labels": {"mine": "new"}, "ownerReferences": [{"uid": "u"}]},
     }
     assert child_patch({**desired, "status": {}}, desired) == {}
+    owned = {"trainsentry.io/owned-labels": "mine,release"}
+    before = {
+        "metadata": {"labels": {"x": "1", "mine": "new", "release": "kps"}, "annotations": owned}
+    }
+    after = {
+        "metadata": {
+            "labels": {"mine": "new"},
+            "annotations": {"trainsentry.io/owned-labels": "mine"},
+        }
+    }
+    assert child_patch(before, after) == {
+        "metadata": {
+            "labels": {"release": None},
+            "annotations": {"trainsentry.io/owned-labels": "mine"},
+        }
+    }
 
 
 def test_discovery_derives_ranks() -> None:
@@ -353,6 +489,15 @@ def test_crd_is_a_valid_custom_resource_definition(version: str) -> None:
     assert crd["spec"]["versions"][0]["subresources"] == {"status": {}}
     columns = [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
     assert columns == ["Phase", "Ranks", "Expected", "Last-Alert", "Age"]
+
+
+def test_crd_bounds_the_name_as_the_operator_does() -> None:
+    schema = _crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert schema["properties"]["metadata"]["properties"]["name"]["maxLength"] == MAX_NAME_LENGTH
+    validate = Validator()
+    validate(trainingjob("x" * MAX_NAME_LENGTH))
+    with pytest.raises(ValueError, match="too long"):
+        validate(trainingjob("x" * (MAX_NAME_LENGTH + 1)))
 
 
 def _defaults(schema: dict[str, Any], path: str = "") -> dict[str, Any]:

@@ -333,6 +333,41 @@ async def test_invalid_spec_is_reported_not_retried(
     assert sum(e["reason"] == "InvalidSpec" for e in cluster.live("v1/events", NS)) == 1
 
 
+async def test_overlong_name_is_refused_and_reported(
+    cluster: KubeEmulator, operator: OperatorThread
+) -> None:
+    name = "pretrain-" + "x" * 61  # 70 characters: a valid object name, too long for a label
+    async with cluster.post(TJ_PATH, json=trainingjob(name)) as resp:
+        assert resp.status == 422, await resp.text()  # the CRD bounds the name
+    # An API server without that bound (the object predates the CRD upgrade): the operator
+    # must report it once, not retry creating children the API server refuses forever.
+    strict = cluster.validator
+    assert strict is not None
+
+    def without_name_bound(obj: dict[str, Any]) -> None:
+        if obj.get("kind") == "TrainingJob":
+            obj = {**obj, "metadata": {**obj["metadata"], "name": "short"}}
+        strict(obj)
+
+    cluster.validator = without_name_bound
+    try:
+        await seed(cluster, "long", ["gpu-1"])
+        await post(
+            cluster, TJ_PATH, trainingjob(name, {"selector": {"matchLabels": {"job": "long"}}})
+        )
+        await eventually(lambda: status_of(cluster, name).get("conditions"))
+        assert status_of(cluster, name)["phase"] == "Pending"
+        conditions = status_of(cluster, name)["conditions"]
+        assert {c["reason"] for c in conditions} == {"InvalidName"}
+        assert "63" in conditions[0]["message"]
+        await asyncio.sleep(1.5)  # three resyncs
+        reasons = [e["reason"] for e in cluster.live("v1/events", NS)]
+        assert reasons.count("InvalidName") == 1 and "ReconcileFailed" not in reasons
+        assert cluster.live(RULES, NS) == [] and labels_of(cluster, "gpu-1") == {"zone": "a"}
+    finally:
+        cluster.validator = strict
+
+
 async def test_peering_mode_reconciles_and_needs_only_peering_calls(sources: Sources) -> None:
     """HA (`--peering`): kopf's peering works with our registry; it adds exactly list, watch
     and patch on clusterkopfpeerings (what the chart grants with operator.ha=true)."""

@@ -28,8 +28,14 @@ from trainsentry.operator.render import (
     child_names,
     hang_alert_names,
     render_children,
+    uses_pod_names,
 )
-from trainsentry.operator.spec import JobIdentity, TrainingJobSpec
+from trainsentry.operator.spec import (
+    MAX_NAME_LENGTH,
+    OWNED_LABELS_ANNOTATION,
+    JobIdentity,
+    TrainingJobSpec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +61,7 @@ class Sources:
 
     def render(self, job: JobIdentity, spec: TrainingJobSpec, pod_names: list[str]) -> Rendered:
         """render_children, remembered: a resync of an unchanged job renders nothing."""
-        pods = () if spec.workloadRef is not None else tuple(sorted(pod_names))
+        pods = tuple(sorted(pod_names)) if uses_pod_names(spec) else ()
         key = (job.uid, job.name, job.namespace, spec.model_dump_json(), pods)
         cached = self._cache.get(key)
         if cached is None:
@@ -94,8 +100,15 @@ def merge_diff(old: Any, new: Any) -> Any:
     return patch
 
 
+def owned_labels(meta: Mapping[str, Any]) -> set[str]:
+    """The label keys a child's annotation says the operator set."""
+    listed = str((meta.get("annotations") or {}).get(OWNED_LABELS_ANNOTATION) or "")
+    return {key for key in listed.split(",") if key}
+
+
 def child_patch(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
-    """What to patch so `existing` matches `desired` (foreign labels/annotations are kept)."""
+    """What to patch so `existing` matches `desired`: foreign labels/annotations are kept,
+    labels the operator set before (OWNED_LABELS_ANNOTATION) and no longer wants go."""
     patch: dict[str, Any] = {}
     for key, value in desired.items():
         if key in ("apiVersion", "kind", "metadata"):
@@ -110,6 +123,9 @@ def child_patch(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> dict
             for k, v in (new_meta.get(section) or {}).items()
             if (old_meta.get(section) or {}).get(k) != v
         }
+        if section == "labels":
+            dropped = owned_labels(old_meta) - set(new_meta.get("labels") or {})
+            changed.update((k, None) for k in dropped if k in (old_meta.get("labels") or {}))
         if changed:
             meta_patch[section] = changed
     if old_meta.get("ownerReferences") != new_meta.get("ownerReferences"):
@@ -214,6 +230,39 @@ async def _write_status(
         )
 
 
+async def _refuse(
+    kube: Kube,
+    job: JobIdentity,
+    old_status: Mapping[str, Any],
+    generation: int,
+    emit: Emit,
+    reason: str,
+    message: str,
+) -> str:
+    """A job the operator cannot render: reported in its status (and one Warning), no
+    children, no retries."""
+    reported = any(
+        c.get("reason") == reason and c.get("message") == message
+        for c in old_status.get("conditions") or []
+    )
+    if not reported:  # once per distinct problem, not on every resync
+        emit("Warning", reason, message)
+    bad = [status.Condition(kind, False, reason, message) for kind in status.CONDITION_TYPES]
+    await _write_status(
+        kube,
+        job,
+        old_status,
+        {
+            "phase": "Pending",
+            "observedGeneration": generation,
+            "conditions": status.merge_conditions(
+                old_status.get("conditions") or [], bad, status.now_iso(), generation
+            ),
+        },
+    )
+    return "Pending"
+
+
 async def reconcile(
     kube: Kube,
     body: Mapping[str, Any],
@@ -225,32 +274,17 @@ async def reconcile(
     job = JobIdentity.from_body(body)
     old_status: Mapping[str, Any] = body.get("status") or {}
     generation = int(body["metadata"].get("generation") or 1)
+    if len(job.name) > MAX_NAME_LENGTH:  # the CRD refuses these; older objects may have one
+        message = (
+            f"metadata.name: {len(job.name)} characters, at most {MAX_NAME_LENGTH} "
+            "(it is a label value on the children); recreate the job with a shorter name"
+        )
+        return await _refuse(kube, job, old_status, generation, emit, "InvalidName", message)
     try:
         spec = TrainingJobSpec.model_validate(body.get("spec") or {})
     except ValidationError as exc:
         message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        reported = any(
-            c.get("reason") == "InvalidSpec" and c.get("message") == message
-            for c in old_status.get("conditions") or []
-        )
-        if not reported:  # once per distinct problem, not on every resync
-            emit("Warning", "InvalidSpec", message)
-        bad = [
-            status.Condition(kind, False, "InvalidSpec", message) for kind in status.CONDITION_TYPES
-        ]
-        await _write_status(
-            kube,
-            job,
-            old_status,
-            {
-                "phase": "Pending",
-                "observedGeneration": generation,
-                "conditions": status.merge_conditions(
-                    old_status.get("conditions") or [], bad, status.now_iso(), generation
-                ),
-            },
-        )
-        return "Pending"
+        return await _refuse(kube, job, old_status, generation, emit, "InvalidSpec", message)
 
     pods = await kube.list(PODS, job.namespace, spec.pod_selector().as_string())
     summary = status.PodSummary.of(pods)

@@ -22,6 +22,7 @@ from typing import Any
 from trainsentry.operator.spec import (
     JOB_LABEL,
     MANAGED_BY,
+    OWNED_LABELS_ANNOTATION,
     JobIdentity,
     TrainingJobSpec,
 )
@@ -105,10 +106,20 @@ def apply_thresholds(rule: Mapping[str, Any], overrides: Mapping[str, float]) ->
     if not wanted:
         return result
     expr = str(result["expr"])
-    for name, default in wanted.items():
-        expr, count = _literal(default).subn(format_number(overrides[name]), expr, count=1)
-        if count != 1:
+    # Find every slot in the original expr first: replacing one by one would let a new value
+    # be taken for a later default (0.25 -> 0.2, then the 0.2 slot finds that one first).
+    slots: list[tuple[int, int, str]] = []
+    seen: dict[str, int] = {}  # thresholds sharing a default take its literals in order
+    for name, default in declared.items():
+        index = seen[default] = seen.get(default, -1) + 1
+        if name not in wanted:
+            continue
+        found = list(_literal(default).finditer(expr))
+        if index >= len(found):
             raise ValueError(f"rule {rule.get('alert')}: threshold {name}={default} not in expr")
+        slots.append((found[index].start(), found[index].end(), format_number(overrides[name])))
+    for start, end, value in sorted(slots, reverse=True):
+        expr = expr[:start] + value + expr[end:]
     result["expr"] = expr
     annotations["thresholds"] = ", ".join(
         f"{name}={format_number(overrides[name]) if name in overrides else default}"
@@ -125,10 +136,22 @@ def _promql_string(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
+# The training operator names a PyTorchJob's pods `<job>-<replica type>-<index>`, replica
+# types Master and Worker. Volcano's `<job>-<task>-<index>` has free task names (`a` with task
+# `b-c` and `a-b` with task `c` both give `a-b-c-0`), so those jobs list the pods seen.
+WORKLOAD_POD_NAMES = {"PyTorchJob": "-(master|worker)-[0-9]+"}
+
+
+def uses_pod_names(spec: TrainingJobSpec) -> bool:
+    """Whether the membership regex lists the pods seen (so it changes with the pods)."""
+    return spec.workloadRef is None or spec.workloadRef.kind not in WORKLOAD_POD_NAMES
+
+
 def pod_name_regex(spec: TrainingJobSpec, pod_names: Iterable[str]) -> str:
-    """A regex for the job's pod names: a name prefix for workloads, else the names seen."""
-    if spec.workloadRef is not None:
-        return re.escape(spec.workloadRef.name) + "-.*"
+    """A regex matching exactly the job's pod names (Prometheus anchors it)."""
+    workload = spec.workloadRef
+    if workload is not None and workload.kind in WORKLOAD_POD_NAMES:
+        return re.escape(workload.name) + WORKLOAD_POD_NAMES[workload.kind]
     return "|".join(re.escape(name) for name in sorted(set(pod_names)))
 
 
@@ -244,10 +267,12 @@ def _group_fields(group: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _metadata(job: JobIdentity, name: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    all_labels = {**labels, **MANAGED_BY, JOB_LABEL: job.name}
     return {
         "name": name,
         "namespace": job.namespace,
-        "labels": {**labels, **MANAGED_BY, JOB_LABEL: job.name},
+        "labels": all_labels,
+        "annotations": {OWNED_LABELS_ANNOTATION: ",".join(sorted(all_labels))},
         "ownerReferences": [job.owner_reference()],
     }
 

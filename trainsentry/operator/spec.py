@@ -19,6 +19,10 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "trainsentry-operator"}
 JOB_LABEL = "trainsentry.io/trainingjob"
+# On each child: the label keys the operator set, so keys dropped from the spec are removed
+# (labels are otherwise merged: other tools' labels stay).
+OWNED_LABELS_ANNOTATION = "trainsentry.io/owned-labels"
+MAX_NAME_LENGTH = 63  # the job's name is the JOB_LABEL value on its children (CRD: maxLength)
 MONITOR_ANNOTATION = "trainsentry.io/monitor"  # opt-in discovery on PyTorchJob / Volcano Job
 
 DEFAULT_PROBE_PORT = 9401  # the probe: base port, a rank listens on base + LOCAL_RANK

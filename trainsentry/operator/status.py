@@ -64,17 +64,20 @@ def ranks(spec: TrainingJobSpec, pods: PodSummary) -> dict[str, int]:
 def compute_phase(
     pods: PodSummary,
     rank_counts: Mapping[str, int],
-    children_ready: bool,
     last_alert: Mapping[str, Any] | None,
     hang_alerts: frozenset[str],
 ) -> str:
-    """Completed > Hung > Degraded > Pending > Monitoring, first that applies."""
+    """Completed > Hung > Degraded > Pending > Monitoring, first that applies.
+
+    Conditions do not enter: a problem with the rules (an unknown threshold) is reported by
+    RulesReady while the rest of the rules apply, so the phase still tells the job's state.
+    """
     if pods.total and pods.succeeded == pods.total:
         return "Completed"
     firing = last_alert is not None and last_alert.get("status", "firing") == "firing"
     if firing and last_alert is not None and last_alert.get("name") in hang_alerts:
         return "Hung"
-    if pods.running == 0 or not children_ready:
+    if pods.running == 0:
         return "Degraded" if pods.failed else "Pending"
     if pods.failed or rank_counts["running"] < rank_counts["expected"]:
         return "Degraded"
@@ -120,9 +123,8 @@ def build_status(
     now: str,
 ) -> dict[str, Any]:
     rank_counts = ranks(spec, pods)
-    ready = all(cond.ok for cond in conditions if cond.type == "RulesReady")
     return {
-        "phase": compute_phase(pods, rank_counts, ready, old_status.get("lastAlert"), hang_alerts),
+        "phase": compute_phase(pods, rank_counts, old_status.get("lastAlert"), hang_alerts),
         "conditions": merge_conditions(
             old_status.get("conditions") or [], conditions, now, generation
         ),
