@@ -7,6 +7,7 @@ tests/channels). A real Alertmanager receives the silence an ack can create.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,6 +20,7 @@ from gateway_process import close_in_process
 from pydantic import SecretStr
 from realservers import start_alertmanager
 from receiver import Receiver
+from sqlalchemy import select
 from webhook_factory import encode, make_alert, make_body
 
 from trainsentry.config import GatewaySettings
@@ -26,8 +28,12 @@ from trainsentry.gateway.app import GATEWAY_KEY, WEBHOOK_PATH, create_app
 from trainsentry.gateway.escalation import Escalator, Layer, Person, Roster
 from trainsentry.gateway.escalation import Policy as EscalationPolicy
 from trainsentry.notifiers.alertmanager import SilenceClient
+from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
+from trainsentry.notifiers.phone.notifier import PhoneNotifier
+from trainsentry.notifiers.phone.webhook import WebhookPhoneProvider
 from trainsentry.notifiers.webhook import WebhookNotifier
+from trainsentry.store.schema import notifications
 
 TOKEN = "api-token"
 START = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
@@ -40,6 +46,8 @@ ESCALATOR = Escalator(
     ),
     EscalationPolicy(ack_timeout=timedelta(minutes=5)),
 )
+# The phone channel itself (not the generic webhook) through an HTTP voice gateway.
+PHONE_TEMPLATE = '{"to": {{ phone|tojson }}, "text": {{ text|tojson }}}'
 
 
 class Clock:
@@ -50,11 +58,16 @@ class Clock:
         return self.now
 
 
-async def start(db_url: str, receiver: Receiver, clock: Clock, **extra: Any) -> TestServer:
+async def start(
+    db_url: str, receiver: Receiver, clock: Clock, phone: Notifier | None = None, **extra: Any
+) -> TestServer:
     settings = GatewaySettings(
         listen="127.0.0.1:0", db=db_url, webhook_token=SecretStr(TOKEN), api_token=SecretStr(TOKEN)
     )
-    notifiers = {"console": ConsoleNotifier(), "phone": WebhookNotifier(receiver.url, name="phone")}
+    notifiers: dict[str, Notifier] = {
+        "console": ConsoleNotifier(),
+        "phone": phone or WebhookNotifier(receiver.url, name="phone"),
+    }
     app = create_app(
         settings, notifiers=notifiers, clock=clock, tick_interval=3600, escalator=ESCALATOR, **extra
     )
@@ -247,5 +260,72 @@ async def test_feishu_card_button_acks_and_redraws_the_card(
         clock.now += timedelta(minutes=10)
         await settle(server)
         assert called(receiver) == [(1, "alice")]  # bob (layer 2) is never called
+    finally:
+        await close_in_process(server)
+
+
+async def call_rows(server: TestServer) -> list[tuple[str, str | None]]:
+    """(status, last_error) of every call row in the outbox."""
+    async with server.app[GATEWAY_KEY].engine.connect() as conn:
+        rows = await conn.execute(
+            select(notifications.c.status, notifications.c.last_error)
+            .where(notifications.c.kind == "call")
+            .order_by(notifications.c.id)
+        )
+        return [(row.status, row.last_error) for row in rows]
+
+
+@pytest.mark.parametrize("stop", ["ack", "resolve"])
+async def test_stopping_cancels_a_call_waiting_for_its_retry(
+    db_url: str, receiver: Receiver, stop: str
+) -> None:
+    """The provider failed the first call (HTTP 500); its retry must not ring after an ack or
+    a resolve."""
+    receiver.fail_first = 1
+    clock = Clock()
+    server = await start(db_url, receiver, clock)
+    try:
+        await post(server, make_body([make_alert(1, labels=P0)]))
+        await settle(server)
+        # the retry is due about a second later: stopped before (virtual time stands still)
+        assert receiver.requests == 1 and called(receiver) == []
+        if stop == "ack":
+            status, answer = await ack(server, 1, by="alice")
+            assert status == 200 and answer["escalation_stopped"]
+        else:
+            await post(server, make_body([make_alert(1, status="resolved", labels=P0)]))
+        await settle(server)
+        clock.now += timedelta(minutes=30)
+        await settle(server)
+        assert called(receiver) == [] and receiver.requests == 1
+        assert [status for status, _ in await call_rows(server)] == ["cancelled"]
+    finally:
+        await close_in_process(server)
+
+
+async def test_ack_while_a_call_is_in_flight_stops_its_retry(
+    db_url: str, receiver: Receiver
+) -> None:
+    """The call is being placed when the ack lands and the provider then fails it: the outbox
+    records the failure, and the phone channel refuses the retry instead of ringing."""
+    receiver.fail_first, receiver.delay = 1, 1.0
+    phone = PhoneNotifier(WebhookPhoneProvider(receiver.url, PHONE_TEMPLATE))
+    clock = Clock()
+    server = await start(db_url, receiver, clock, phone=phone)
+    try:
+        await post(server, make_body([make_alert(1, labels=P0)]))
+        sending = asyncio.create_task(settle(server))
+        for _ in range(500):  # until the call is in flight at the provider
+            if receiver.requests:
+                break
+            await asyncio.sleep(0.01)
+        status, answer = await ack(server, 1, by="alice")
+        assert status == 200 and answer["escalation_stopped"]
+        await sending
+        clock.now += timedelta(minutes=30)
+        await settle(server)
+        assert receiver.requests == 1 and receiver.bodies == []
+        [(status, error)] = await call_rows(server)
+        assert status == "dead" and error is not None and "acknowledged by alice" in error
     finally:
         await close_in_process(server)

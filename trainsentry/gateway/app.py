@@ -275,7 +275,7 @@ async def get_alert_detail(request: web.Request) -> web.StreamResponse:
 @_read_guard
 async def get_notifications(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY_KEY]
-    status = _query_choice(request, "status", ("pending", "sending", "sent", "dead"))
+    status = _query_choice(request, "status", ("pending", "sending", "sent", "dead", "cancelled"))
     limit = _query_int(request, "limit", 100, 1, 1000)
     before = _query_int(request, "before", None, 1, 2**62)
     alert_id = _query_int(request, "alert_id", None, 1, 2**62)

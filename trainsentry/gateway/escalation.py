@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -113,15 +113,14 @@ def _copy(state: dict[str, Any]) -> dict[str, Any]:
     return copy.deepcopy(state)
 
 
-def open_incident(
-    state: dict[str, Any], alert_id: int, priority: Priority, now: datetime, policy: Policy
-) -> dict[str, Any]:
-    """Starts escalating a firing alert; a no-op if known or below `policy.min_priority`."""
-    new = _copy(state)
+def _open(
+    incidents: dict[str, Any], alert_id: int, priority: Priority, now: datetime, policy: Policy
+) -> dict[str, Any] | None:
+    """Adds the incident of a firing alert in place; None if known or below the threshold."""
     key = str(alert_id)
-    if key in new["incidents"] or not priority.at_least(policy.min_priority):
-        return new
-    new["incidents"][key] = {
+    if key in incidents or not priority.at_least(policy.min_priority):
+        return None
+    incident: dict[str, Any] = {
         "priority": priority.value,
         "status": OPEN,
         "opened_at": _iso(now),
@@ -131,6 +130,16 @@ def open_incident(
         "acked_by": None,
         "calls": [],
     }
+    incidents[key] = incident
+    return incident
+
+
+def open_incident(
+    state: dict[str, Any], alert_id: int, priority: Priority, now: datetime, policy: Policy
+) -> dict[str, Any]:
+    """Starts escalating a firing alert; a no-op if known or below `policy.min_priority`."""
+    new = _copy(state)
+    _open(new["incidents"], alert_id, priority, now, policy)
     return new
 
 
@@ -171,10 +180,17 @@ def plan(
     and wait `ack_timeout` again rather than firing every missed step at once.
     """
     new = _copy(state)
+    return new, _advance(new["incidents"], now, roster, policy)
+
+
+def _advance(
+    incidents: dict[str, Any], now: datetime, roster: Roster, policy: Policy
+) -> list[CallDue]:
+    """`plan` in place."""
     due: list[CallDue] = []
     steps = total_steps(roster, policy)
-    for key in sorted(new["incidents"], key=int):
-        incident = new["incidents"][key]
+    for key in sorted(incidents, key=int):
+        incident = incidents[key]
         if incident["status"] != OPEN or incident["next_at"] is None:
             continue
         if _time(incident["next_at"]) > now:
@@ -203,7 +219,48 @@ def plan(
             )
         incident["next_step"] = step + 1
         incident["next_at"] = _iso(now + policy.ack_timeout)
-    return new, due
+    return due
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """A fresh page of a firing alert: opens its incident; `text` is what the calls say."""
+
+    alert_id: int
+    priority: Priority
+    text: str
+
+
+def batch(
+    state: dict[str, Any],
+    now: datetime,
+    *,
+    pages: Sequence[Page] = (),
+    resolved: Collection[int] = (),
+    forget_before: datetime | None = None,
+    roster: Roster,
+    policy: Policy,
+) -> tuple[dict[str, Any], list[CallDue]]:
+    """One batch of the alert policy, copying the state once: opens the incidents of `pages`,
+    ends those of `resolved` alerts, forgets incidents stopped before `forget_before`, and
+    plans (see `plan`).
+
+    Pages go first: an alert id is one occurrence, which fires before it resolves, so a page
+    and a resolve of one alert in one batch mean it already resolved and must not be called.
+    A resolved incident is dropped rather than kept as stopped: its occurrence never pages
+    again (a firing after its resolve is a stale replay), so nothing can need it.
+    """
+    new = _copy(state)
+    incidents = new["incidents"]
+    for page in pages:
+        opened = _open(incidents, page.alert_id, page.priority, now, policy)
+        if opened is not None:
+            opened["text"] = page.text
+    for alert_id in resolved:
+        incidents.pop(str(alert_id), None)
+    if forget_before is not None:
+        _forget(incidents, forget_before)
+    return new, _advance(incidents, now, roster, policy)
 
 
 def next_wakeup(state: dict[str, Any]) -> datetime | None:
@@ -219,14 +276,20 @@ def next_wakeup(state: dict[str, Any]) -> datetime | None:
 def forget_stopped(state: dict[str, Any], before: datetime) -> dict[str, Any]:
     """Drops incidents that stopped before `before`, keeping the state small."""
     new = _copy(state)
-    new["incidents"] = {
-        key: incident
-        for key, incident in new["incidents"].items()
-        if incident["status"] == OPEN
-        or incident["stopped_at"] is None
-        or _time(incident["stopped_at"]) >= before
-    }
+    _forget(new["incidents"], before)
     return new
+
+
+def _forget(incidents: dict[str, Any], before: datetime) -> None:
+    stale = [
+        key
+        for key, incident in incidents.items()
+        if incident["status"] != OPEN
+        and incident["stopped_at"] is not None
+        and _time(incident["stopped_at"]) < before
+    ]
+    for key in stale:
+        del incidents[key]
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +306,25 @@ class Escalator:
 
     def plan(self, state: dict[str, Any], now: datetime) -> tuple[dict[str, Any], list[CallDue]]:
         return plan(state, now, roster=self.roster, policy=self.policy)
+
+    def batch(
+        self,
+        state: dict[str, Any],
+        now: datetime,
+        *,
+        pages: Sequence[Page] = (),
+        resolved: Collection[int] = (),
+        forget_before: datetime | None = None,
+    ) -> tuple[dict[str, Any], list[CallDue]]:
+        return batch(
+            state,
+            now,
+            pages=pages,
+            resolved=resolved,
+            forget_before=forget_before,
+            roster=self.roster,
+            policy=self.policy,
+        )
 
 
 def layers_from(names_and_members: Sequence[tuple[str, Sequence[Person]]]) -> Roster:

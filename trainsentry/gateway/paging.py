@@ -6,33 +6,57 @@ now, and while nobody acknowledges, the next step is called after `ack_timeout`.
 button, CLI, API) and resolves stop it. The escalation state is one JSON document in
 `policy_state` (scope "escalation"), locked while it changes, with `due_at` = next call, so the
 ticker wakes up for it and a restart resumes the timeline without repeating a call (call
-notifications carry stable idempotency keys).
+notifications carry stable idempotency keys). A resolved alert's incident is dropped, so the
+state holds the escalations of firing alerts only, and a stop cancels the calls of the
+incident that have not rung yet, in the same transaction.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy import case, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trainsentry.alerts import NotificationDraft, Priority
 from trainsentry.gateway.escalation import (
+    OPEN,
     CallDue,
     Escalator,
+    Page,
     acknowledge,
     new_state,
     next_wakeup,
-    resolve,
 )
-from trainsentry.notifiers.phone.notifier import call_payload, call_text
+from trainsentry.gateway.outbox import PENDING, SENDING
+from trainsentry.notifiers.phone.notifier import CANCELLED_MARK, call_payload, call_text
 from trainsentry.store.policy_state import claim_due, load_states, save_states
+from trainsentry.store.schema import notifications
 
 ESCALATION_SCOPE = "escalation"
 ESCALATION_KEY = "incidents"
 PHONE_CHANNEL = "phone"
 CALL_KIND = "call"
+# Outbox status of a call its escalation stopped before it rang (final, like sent and dead).
+CANCELLED = "cancelled"
+# An incident acked or exhausted while its alert fires is kept until the alert resolves (a
+# page of a known alert opens nothing), or this long if the resolve never reaches us (e.g.
+# paging was off meanwhile).
+FORGET_STOPPED_AFTER = timedelta(days=7)
+
+
+def _page(draft: NotificationDraft) -> Page:
+    assert draft.alert_id is not None
+    payload = draft.payload
+    text = call_text(
+        draft.priority.value,
+        str(payload.get("alertname", "")),
+        str(payload.get("job", "")),
+        str((payload.get("annotations") or {}).get("summary", "")),
+    )
+    return Page(draft.alert_id, draft.priority, text)
 
 
 class Paging:
@@ -78,28 +102,22 @@ class Paging:
         resolved_alert_ids: Sequence[int],
         now: datetime,
     ) -> list[NotificationDraft]:
-        """Opens incidents for the policy's page drafts, stops resolved ones, and returns the
-        calls due now."""
+        """Opens incidents for the policy's page drafts, ends those of resolved alerts
+        (also when they fired in this same batch), and returns the calls due now."""
         if not pages and not resolved_alert_ids:
             return []
         state = await self._load(conn)
-        for alert_id in resolved_alert_ids:
-            state = resolve(state, alert_id, now)
-        for draft in pages:
-            if draft.alert_id is None:
-                continue
-            before = str(draft.alert_id) in state["incidents"]
-            state = self.escalator.open(state, draft.alert_id, draft.priority, now)
-            incident = state["incidents"].get(str(draft.alert_id))
-            if incident is not None and not before:
-                payload = draft.payload
-                incident["text"] = call_text(
-                    draft.priority.value,
-                    str(payload.get("alertname", "")),
-                    str(payload.get("job", "")),
-                    str((payload.get("annotations") or {}).get("summary", "")),
-                )
-        state, calls = self.escalator.plan(state, now)
+        opened = [_page(draft) for draft in pages if draft.alert_id is not None]
+        paged = {page.alert_id for page in opened}
+        ending = sorted(
+            {i for i in resolved_alert_ids if i in paged or str(i) in state["incidents"]}
+        )
+        if not opened and not ending:
+            return []  # resolves of alerts that never paged: nothing to change
+        state, calls = self.escalator.batch(
+            state, now, pages=opened, resolved=ending, forget_before=now - FORGET_STOPPED_AFTER
+        )
+        await self._cancel_calls(conn, ending, "alert resolved")
         await self._save(conn, state, now)
         return self._call_drafts(calls, state)
 
@@ -118,10 +136,49 @@ class Paging:
         """Stops the escalation of `alert_id`; True if one was running."""
         state = await self._load(conn)
         incident = state["incidents"].get(str(alert_id))
-        running = incident is not None and incident.get("status") == "open"
+        if incident is None:
+            return False  # never paged, or resolved (and forgotten): nothing to stop
+        running = bool(incident["status"] == OPEN)
         state = acknowledge(state, alert_id, who, now)
+        # also after exhaustion: the last layer's call may still be waiting for a retry
+        await self._cancel_calls(conn, [alert_id], f"acknowledged by {who}")
         await self._save(conn, state, now)
         return running
+
+    async def _cancel_calls(
+        self, conn: AsyncConnection, alert_ids: Sequence[int], why: str
+    ) -> None:
+        """Calls of stopped escalations that have not rung yet never will.
+
+        Done here, in the transaction that stops the escalation, rather than by the phone
+        channel reading the incident before it dials: the stop and the cancellation commit
+        together or not at all, so a crash leaves either a running escalation with its calls
+        or neither (no page lost, none rung twice). A call being placed right now belongs to
+        the outbox, which records that attempt; it gets a "cancelled" mark in its payload, so
+        should the attempt fail the phone channel refuses its retry instead of ringing.
+        """
+        for start in range(0, len(alert_ids), 1000):
+            pending = notifications.c.status == PENDING
+            stmt = (
+                update(notifications)
+                .where(
+                    notifications.c.channel == self.channel,
+                    notifications.c.kind == CALL_KIND,
+                    notifications.c.alert_id.in_(alert_ids[start : start + 1000]),
+                    notifications.c.status.in_((PENDING, SENDING)),
+                )
+                .values(
+                    status=case((pending, CANCELLED), else_=notifications.c.status),
+                    last_error=case((pending, why), else_=notifications.c.last_error),
+                )
+                .returning(notifications.c.id, notifications.c.payload)
+            )
+            for row in (await conn.execute(stmt)).all():
+                await conn.execute(
+                    update(notifications)
+                    .where(notifications.c.id == row.id)
+                    .values(payload={**row.payload, CANCELLED_MARK: why})
+                )
 
     def is_page(self, draft: NotificationDraft) -> bool:
         return draft.channel == self.channel and draft.kind != CALL_KIND

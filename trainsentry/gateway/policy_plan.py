@@ -55,8 +55,6 @@ def _storm_row(state: StormState, policy: Policy) -> tuple[dict[str, Any], datet
     return state.to_json(), state.next_due(policy)
 
 
-
-
 def archive_draft(
     channel: str, change: AlertChange, classification: Classification
 ) -> NotificationDraft:

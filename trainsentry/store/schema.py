@@ -162,7 +162,8 @@ notifications = Table(
     Column("group_key", Text, nullable=False, default=""),
     Column("reason", Text, nullable=False, default=""),
     Column("payload", Json, nullable=False),
-    # pending -> sending -> sent | pending (retry) | dead
+    # pending -> sending -> sent | pending (retry) | dead; a phone call whose escalation
+    # stopped before it rang: cancelled (gateway/paging.py)
     Column("status", String(16), nullable=False, default="pending"),
     Column("attempts", Integer, nullable=False, default=0),
     Column("next_attempt_at", UTCDateTime, nullable=False),

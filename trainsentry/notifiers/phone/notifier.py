@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 
 CHANNEL = "phone"
 CALL_KIND = "call"
+# Set in a call's payload (the reason) when its escalation stopped while the call was being
+# placed (gateway/paging.py `_cancel_calls`): a retry of it must not ring.
+CANCELLED_MARK = "cancelled"
 # A cap of our own (Twilio queues calls at about 1 per second per number by default).
 RATE_LIMITS: tuple[RateLimit, ...] = (RateLimit(1, 1.0),)
 
@@ -49,6 +52,7 @@ class CallPayload(TypedDict):
     person: PersonPayload
     text: str
     message_id: NotRequired[str]
+    cancelled: NotRequired[str]
 
 
 def call_text(priority: str, alertname: str, job: str, summary: str) -> str:
@@ -127,6 +131,8 @@ class PhoneNotifier:
     async def send(self, notification: OutboundNotification) -> Receipt:
         if notification.payload.get("status") == "resolved":
             raise PermanentError("refusing to call about a resolved alert")
+        if cancelled := notification.payload.get(CANCELLED_MARK):
+            raise PermanentError(f"call cancelled: escalation stopped ({cancelled})")
         call = phone_call_from(notification)
         receipt = await self.provider.call(call)
         log.info(
