@@ -8,6 +8,7 @@ alert's labels (after the ack is committed: a slow Alertmanager never delays the
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -66,8 +67,13 @@ class AckService:
         clock: Callable[[], datetime],
         paging: Paging | None = None,
         silences: SilenceClient | None = None,
+        lock: asyncio.Lock | None = None,
     ) -> None:
         self._engine = engine
+        # The policy's lock (policy_worker.py): on SQLite a transaction reads before it takes
+        # the write lock, so the ticker could plan calls from the escalation state it read
+        # before this ack committed, and write that state back over the ack.
+        self._lock = lock or asyncio.Lock()
         self._chat_channels = sorted(CHAT_CHANNELS & set(channels))
         self._clock = clock
         self._paging = paging
@@ -78,7 +84,7 @@ class AckService:
     ) -> AckResult | None:
         """None when there is no such alert."""
         now = self._clock()
-        async with self._engine.begin() as conn:
+        async with self._lock, self._engine.begin() as conn:
             query = select(alerts).where(alerts.c.id == alert_id)
             if conn.dialect.name == "postgresql":
                 query = query.with_for_update()

@@ -498,7 +498,12 @@ def create_app(
             lock=policy_lock,
         )
         gateway.ack = AckService(
-            engine, channels=tuple(notifiers), clock=clock, paging=paging, silences=silences
+            engine,
+            channels=tuple(notifiers),
+            clock=clock,
+            paging=paging,
+            silences=silences,
+            lock=policy_lock,
         )
         if isinstance(plan, PolicyPlan):
             policy_plan = plan
