@@ -157,3 +157,34 @@ async def test_an_ack_waits_for_the_policy_transaction_in_progress(engine: Async
         assert not ack.done(), "the ack must wait for the policy transaction"
     result = await ack
     assert result is not None and result.escalation_stopped
+
+
+async def test_an_alert_acked_before_its_firing_is_planned_never_calls(
+    engine: AsyncEngine,
+) -> None:
+    """The firing waits in the inbox (a backlog, a restart) while someone acks the alert."""
+    paging = Paging(ESCALATOR)
+    await intake(engine, [make_alert(1, labels=P0), make_alert(2, labels=P0)])
+    now = BASE_TIME + timedelta(seconds=10)
+    acks = AckService(engine, channels=("console",), clock=lambda: now, paging=paging)
+    assert await acks.acknowledge(1, "alice") is not None
+    await plan_all(engine, paging, at_s=20)
+    assert await ringing_calls(engine) == [(2, "pending")]
+
+
+async def test_an_ack_card_follows_the_alerts_own_cards(engine: AsyncEngine) -> None:
+    """The outbox keeps order within a group: the ack shares the alert cards' group."""
+    await intake(engine, [make_alert(1, labels=P0)])
+    plan = PolicyPlan(load_policy(), channels=("console",))
+    await PolicyWorker(engine, plan, clock=lambda: BASE_TIME).drain()
+    acks = AckService(engine, channels=("console", "feishu_bot"), clock=lambda: BASE_TIME)
+    await acks.acknowledge(1, "alice")
+    async with engine.connect() as conn:
+        rows = (
+            await conn.execute(
+                select(notifications.c.channel, notifications.c.kind, notifications.c.group_key)
+            )
+        ).all()
+    groups = {(channel, kind): group for channel, kind, group in rows}
+    assert groups[("console", "ack")] == groups[("console", "alert")]
+    assert ("feishu_bot", "ack") in groups, "a bot-only team sees the ack too"

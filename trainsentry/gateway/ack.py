@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from trainsentry.alerts import NotificationDraft, Priority
 from trainsentry.gateway.decide import idempotency_key
 from trainsentry.gateway.paging import Paging
+from trainsentry.gateway.route import CHANNEL_KINDS
 from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import NotifierError
 from trainsentry.store.schema import alert_events, alerts
@@ -29,7 +30,8 @@ from trainsentry.store.writes import insert_notifications
 log = logging.getLogger("trainsentry.ack")
 
 # Channels whose message about an alert is updated to show the ack.
-CHAT_CHANNELS = frozenset({"feishu", "feishu_app", "console"})
+# Where an ack is shown: every chat channel (route.py's `feishu` kind) and the console.
+CHAT_CHANNELS = frozenset({*CHANNEL_KINDS["feishu"], "console"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +157,7 @@ class AckService:
                 idempotency_key=idempotency_key("ack", channel, str(row.id)),
                 payload=payload,
                 alert_id=row.id,
-                group_key=row.fingerprint,
+                group_key=f"alert:{row.fingerprint}",  # after the alert's own cards
                 reason=f"acknowledged by {who}",
             )
             for channel in self._chat_channels

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, update
+from sqlalchemy import case, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trainsentry.alerts import NotificationDraft, Priority
@@ -33,7 +33,7 @@ from trainsentry.gateway.escalation import (
 from trainsentry.gateway.outbox import PENDING, SENDING
 from trainsentry.notifiers.phone.notifier import CANCELLED_MARK, call_payload, call_text
 from trainsentry.store.policy_state import claim_due, load_states, save_states
-from trainsentry.store.schema import notifications
+from trainsentry.store.schema import alerts, notifications
 
 ESCALATION_SCOPE = "escalation"
 ESCALATION_KEY = "incidents"
@@ -57,6 +57,14 @@ def _page(draft: NotificationDraft) -> Page:
         str((payload.get("annotations") or {}).get("summary", "")),
     )
     return Page(draft.alert_id, draft.priority, text)
+
+
+async def _acked(conn: AsyncConnection, alert_ids: Sequence[int]) -> set[int]:
+    """Those of `alert_ids` someone has acknowledged."""
+    if not alert_ids:
+        return set()
+    query = select(alerts.c.id).where(alerts.c.id.in_(alert_ids), alerts.c.acked_at.is_not(None))
+    return {int(alert_id) for (alert_id,) in await conn.execute(query)}
 
 
 class Paging:
@@ -107,7 +115,9 @@ class Paging:
         if not pages and not resolved_alert_ids:
             return []
         state = await self._load(conn)
-        opened = [_page(draft) for draft in pages if draft.alert_id is not None]
+        # An alert acked before its firing was planned (a backlog, a restart) is being handled.
+        acked = await _acked(conn, [d.alert_id for d in pages if d.alert_id is not None])
+        opened = [_page(d) for d in pages if d.alert_id is not None and d.alert_id not in acked]
         paged = {page.alert_id for page in opened}
         ending = sorted(
             {i for i in resolved_alert_ids if i in paged or str(i) in state["incidents"]}
