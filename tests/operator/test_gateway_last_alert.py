@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
@@ -83,5 +84,41 @@ async def test_gateway_feeds_last_alert(cluster: KubeEmulator, tmp_path: Any) ->
             # an alert of a job without a TrainingJob is not an error
             await send([make_alert(2, labels={"trainingjob": "ghost", "namespace": NS})])
             await asyncio.sleep(0.3)
+    finally:
+        await server.close()
+
+
+async def test_a_hang_alert_alertmanager_stopped_sending_clears_last_alert(
+    cluster: KubeEmulator, tmp_path: Any
+) -> None:
+    """Alertmanager stops sending an alert (e.g. it lost it in a restart): once its endsAt has
+    passed, the gateway's ticker expires it, and the job's phase must recover from Hung."""
+    await post(cluster, TJ_PATH, trainingjob("llama"))
+    settings = GatewaySettings(
+        listen="127.0.0.1:0",
+        db=f"sqlite:///{tmp_path / 'gw.db'}",
+        webhook_token=SecretStr(TOKEN),
+        trainingjob_status=True,
+        stale_after_seconds=0.5,
+    )
+
+    async def api() -> ApiClient:
+        return ApiClient(Configuration(host=str(cluster.url).rstrip("/")))
+
+    app = create_app(settings, kube_api=api, tick_interval=0.2)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    hang = {"trainingjob": "llama", "namespace": NS, "priority": "P0"}
+    ends = datetime.now(UTC) + timedelta(seconds=1)
+    try:
+        body = encode(make_body([make_alert(1, name="TrainingJobHang", labels=hang, ends_at=ends)]))
+        async with (
+            aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as http,
+            http.post(server.make_url(WEBHOOK_PATH), data=body) as response,
+        ):
+            assert response.status == 200
+        await eventually(lambda: last_alert(cluster, "llama").get("status") == "firing")
+        await eventually(lambda: last_alert(cluster, "llama").get("status") == "resolved")
+        assert last_alert(cluster, "llama")["name"] == "TrainingJobHang"
     finally:
         await server.close()

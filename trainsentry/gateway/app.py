@@ -529,6 +529,7 @@ def create_app(
                 interval=tick_interval,
                 stale_after=settings.stale_after_seconds,
                 on_drafts=outbox.wake,
+                on_expired=lambda changes, written: _record_planned(gateway, changes, written),
                 clock=clock,
                 lock=policy_lock,
             )

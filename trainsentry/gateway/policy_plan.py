@@ -258,10 +258,14 @@ class Ticker:
         interval: float = 1.0,
         stale_after: float = 24.5 * 3600,
         on_drafts: Any = None,
+        on_expired: Callable[[Sequence[AlertChange], int], None] | None = None,
         clock: Callable[[], datetime] = utcnow,
         lock: asyncio.Lock | None = None,
     ) -> None:
         self._engine = engine
+        # After the commit, with the changes of alerts it expired: what follows any planned
+        # change (job status, hang diagnosis), as for the policy worker's batches.
+        self._on_expired = on_expired
         # Shared with the policy worker: on SQLite reads run before the write lock is taken,
         # so two policy transactions of one process must not interleave.
         self._lock = lock or asyncio.Lock()
@@ -280,6 +284,8 @@ class Ticker:
             if expired:
                 log.info("expired stale alerts count=%d", len(expired))
                 written += await self._plan(conn, expired, now)
+        if expired and self._on_expired is not None:
+            self._on_expired(expired, written)
         if written and self._on_drafts is not None:
             self._on_drafts()
         return written
