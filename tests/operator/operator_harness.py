@@ -267,6 +267,15 @@ def pod(
     }
 
 
+def probe_ports(monitor: dict[str, Any]) -> list[int]:
+    """The port each endpoint of a rendered PodMonitor scrapes (its `__address__` rewrite)."""
+    ports = []
+    for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+        rewrites = [r for r in endpoint["relabelings"] if r.get("targetLabel") == "__address__"]
+        ports.append(int(rewrites[0]["replacement"].rpartition(":")[2]))
+    return ports
+
+
 def node(name: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"zone": "a"}}}
 

@@ -18,6 +18,7 @@ from operator_harness import (
     patch,
     pod,
     post,
+    probe_ports,
     trainingjob,
 )
 
@@ -93,7 +94,7 @@ async def test_create_renders_valid_owned_children_and_status(
     pod_regex = groups["trainsentry-membership-team-a-llm"]["rules"][0]["expr"]
     assert 'pod=~"llm\\\\-0|llm\\\\-1"' in pod_regex
     assert monitor["spec"]["selector"] == {"matchLabels": {"job": "llm"}}
-    assert [e["portNumber"] for e in monitor["spec"]["podMetricsEndpoints"]] == [9401]
+    assert probe_ports(monitor) == [9401]
 
     status = live(cluster, TJ, "llm")["status"]
     assert status["ranks"] == {"expected": 2, "running": 2}
@@ -174,12 +175,7 @@ async def test_update_thresholds_changes_the_rule(
         {"spec": {"probe": {"port": 9500}, "dashboard": {"enabled": False}}},
     )
     await eventually(
-        lambda: (
-            live(cluster, MONITORS, "llm-trainsentry-probe")["spec"]["podMetricsEndpoints"][0][
-                "portNumber"
-            ]
-            == 9500
-        )
+        lambda: probe_ports(live(cluster, MONITORS, "llm-trainsentry-probe")) == [9500]
     )
     await eventually(
         lambda: cluster.get_live("v1/configmaps", NS, "llm-trainsentry-dashboards") is None

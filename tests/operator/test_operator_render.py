@@ -10,7 +10,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from operator_harness import CRD_FILE, Validator, trainingjob
+from operator_harness import CRD_FILE, Validator, probe_ports, trainingjob
 
 from trainsentry import assets
 from trainsentry.operator import discovery, nodes, status
@@ -223,8 +223,13 @@ def test_dashboard_is_pinned_to_the_job(sources: Sources) -> None:
 def test_one_scrape_endpoint_per_local_rank(sources: Sources) -> None:
     rendered = render_children(JOB, spec(ranksPerPod=8), sources.rule_files, (), ["a"])
     endpoints = rendered.manifests[1]["spec"]["podMetricsEndpoints"]
-    assert [e["portNumber"] for e in endpoints] == list(range(9401, 9409))
-    assert all(e["relabelings"][1]["replacement"] == "llm" for e in endpoints)
+    assert probe_ports(rendered.manifests[1]) == list(range(9401, 9409))
+    assert all("port" not in e and "portNumber" not in e for e in endpoints)  # undeclared ok
+    assert all(
+        {"targetLabel": "trainingjob", "replacement": "llm", "action": "replace"}
+        in e["relabelings"]
+        for e in endpoints
+    )
     with pytest.raises(ValueError, match="port"):
         spec(ranksPerPod=8, probe={"port": 65530})
 

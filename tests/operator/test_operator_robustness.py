@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import kmock
+import kopf
 import pytest
 from kube_emulator import KubeEmulator, eventually
 from kubernetes_asyncio.client import ApiClient, Configuration
@@ -32,7 +33,10 @@ from operator_harness import (
     trainingjob,
 )
 
-from trainsentry.operator.reconcile import Sources
+from trainsentry.operator.kube import Kube, KubeError, RetryPolicy
+from trainsentry.operator.login import login_handler
+from trainsentry.operator.nodes import CLAIM_PREFIX
+from trainsentry.operator.reconcile import ClaimLedger, Sources, reconcile
 from trainsentry.operator.status import patch_last_alert
 
 TJ_PATH = f"/apis/trainsentry.io/v1alpha1/namespaces/{NS}/trainingjobs"
@@ -136,7 +140,7 @@ def _kubeconfig(tmp_path: Path, url: str) -> Path:
     return path
 
 
-def _start_cli(kubeconfig: Path) -> subprocess.Popen[bytes]:
+def _start_cli(kubeconfig: Path, *extra: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
         [
@@ -152,6 +156,7 @@ def _start_cli(kubeconfig: Path) -> subprocess.Popen[bytes]:
             str(DATA / "rules"),
             "--dashboards-dir",
             str(DATA / "dashboards"),
+            *extra,
         ],
         env=env,
         stdout=subprocess.DEVNULL,
@@ -192,6 +197,109 @@ async def test_restart_mid_reconcile_readopts_without_duplicates(
     assert cluster.get_live(RULES, NS, "r-trainsentry")["metadata"]["uid"] == rule_uid
     assert len(cluster.live(RULES, NS)) == 1 and len(cluster.live(MONITORS, NS)) == 1
     assert labels_of(cluster, "gpu-1")["trainsentry.io/monitored"] == "true"
+
+
+@pytest.mark.e2e  # runs the operator as a process
+async def test_context_option_points_the_whole_operator_at_that_cluster(
+    cluster: KubeEmulator, tmp_path: Path
+) -> None:
+    """`--context staging` with another current-context: the operator watches and writes in
+    staging only, and never calls the current-context cluster."""
+    staging = str(cluster.url).rstrip("/")
+    async with KubeEmulator() as other_emu, kmock.Server(other_emu):
+        declare_cluster(other_emu)
+        other = str(other_emu.url).rstrip("/")
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: current\n"
+            f"clusters: [{{name: current, cluster: {{server: '{other}'}}}},"
+            f" {{name: staging, cluster: {{server: '{staging}'}}}}]\n"
+            "users: [{name: tester, user: {token: not-a-secret}}]\n"
+            "contexts: [{name: current, context: {cluster: current, user: tester}},"
+            " {name: staging, context: {cluster: staging, user: tester}}]\n"
+        )
+        await seed(cluster, "ctx", ["gpu-1", "gpu-2"])
+        await post(cluster, TJ_PATH, trainingjob("ctx"))
+        await seed(other_emu, "elsewhere", ["gpu-9"])
+        await post(other_emu, TJ_PATH, trainingjob("elsewhere"))
+        process = _start_cli(kubeconfig, "--context", "staging")
+        try:
+            await eventually(
+                lambda: status_of(cluster, "ctx").get("phase") == "Monitoring", within=60
+            )
+        finally:
+            process.send_signal(signal.SIGINT)
+            _, stderr = await asyncio.to_thread(process.communicate, None, 30)
+        assert process.returncode == 0, stderr.decode()[-2000:]
+        assert other_emu.recorded_calls(exclude_agent="kmock/") == set()
+        assert (other_emu.get_live(TJ, NS, "elsewhere") or {}).get("status") is None
+    assert cluster.get_live(RULES, NS, "elsewhere-trainsentry") is None
+    assert cluster.get_live(MONITORS, NS, "ctx-trainsentry-probe") is not None
+
+
+async def test_login_handler_takes_the_chosen_contexts_server_and_credentials(
+    tmp_path: Path,
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: a\n"
+        "clusters: [{name: a, cluster: {server: 'https://a.example:6443'}},"
+        " {name: b, cluster: {server: 'https://b.example:6443', insecure-skip-tls-verify: true}}]\n"
+        "users: [{name: ua, user: {token: token-a}},"
+        " {name: ub, user: {username: bob, password: pw}}]\n"
+        "contexts: [{name: a, context: {cluster: a, user: ua}},"
+        " {name: b, context: {cluster: b, user: ub}}]\n"
+    )
+    settings = kopf.OperatorSettings()
+    chosen = await login_handler(str(kubeconfig), "b")(settings=settings)
+    assert chosen.server == "https://b.example:6443" and chosen.insecure is True
+    assert chosen.as_http_headers() == {"Authorization": "Basic Ym9iOnB3"}  # bob:pw
+    current = await login_handler(str(kubeconfig), None)(settings=settings)
+    assert current.server == "https://a.example:6443" and current.insecure is False
+    assert current.as_http_headers() == {"Authorization": "Bearer token-a"}
+
+
+def _claims(emu: KubeEmulator, node_name: str) -> list[str]:
+    meta = (emu.get_live("v1/nodes", None, node_name) or {}).get("metadata") or {}
+    return [key for key in meta.get("annotations") or {} if key.startswith(CLAIM_PREFIX)]
+
+
+@pytest.mark.parametrize("same_process", [False, True])
+async def test_claim_is_released_after_a_lost_status_write(
+    cluster: KubeEmulator, sources: Sources, same_process: bool
+) -> None:
+    """gpu-1 is claimed, then the status write fails for good: a later reconcile finds the
+    claim although the status never named gpu-1, and releases it once the pod has moved to
+    gpu-2. A fresh process (no ledger kept) lists the nodes to find it; the same process
+    knows it from its ClaimLedger and lists the nodes only once, at its start."""
+    ledger = ClaimLedger() if same_process else None
+    await seed(cluster, "lost", ["gpu-1"])
+    await post(cluster, "/api/v1/nodes", node("gpu-2"))
+    await post(cluster, TJ_PATH, trainingjob("lost"))
+    cluster.inject_fault("patch", "trainingjobs", 500, times=100, subresource="status")
+    config = Configuration(host=str(cluster.url).rstrip("/"))
+    async with ApiClient(configuration=config) as api:
+        kube = Kube(api, RetryPolicy(attempts=2, base_delay=0.01, max_delay=0.01))
+
+        def emit(kind: str, reason: str, message: str) -> None:
+            pass
+
+        with pytest.raises(KubeError):
+            await reconcile(kube, cluster.get_live(TJ, NS, "lost"), sources, emit, claims=ledger)
+        assert _claims(cluster, "gpu-1") and not status_of(cluster, "lost")
+
+        cluster.faults.clear()
+        await delete(cluster, f"{POD_PATH}/lost-0")
+        await post(cluster, POD_PATH, pod("lost-1", "lost", "gpu-2"))
+        phase = await reconcile(
+            kube, cluster.get_live(TJ, NS, "lost"), sources, emit, claims=ledger
+        )
+    assert phase and status_of(cluster, "lost")["nodes"] == ["gpu-2"]
+    node_lists = [c for c in cluster.calls if c.verb == "list" and c.resource == "nodes"]
+    assert len(node_lists) == (1 if same_process else 2)
+    assert _claims(cluster, "gpu-2")
+    assert not _claims(cluster, "gpu-1"), "the claim on gpu-1 leaked"
+    assert "trainsentry.io/monitored" not in labels_of(cluster, "gpu-1")
 
 
 async def test_restart_of_the_operator_thread_changes_nothing(

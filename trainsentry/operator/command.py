@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-from typing import Any
 
 HELP = "run the TrainingJob operator"
 DESCRIPTION = """\
@@ -13,8 +11,9 @@ Run the TrainingJob operator: for every TrainingJob it renders a PrometheusRule,
 PodMonitor and a dashboard ConfigMap, labels the job's nodes for the shared exporters and
 keeps the job's status; opted-in PyTorchJobs / Volcano Jobs get a TrainingJob.
 
-Connects in-cluster when run in a pod (service account), else with the kubeconfig
-(--kubeconfig, $KUBECONFIG or ~/.kube/config).
+Connects in-cluster when run in a pod (service account) unless --kubeconfig or --context
+is given, else with the kubeconfig (--kubeconfig, $KUBECONFIG or ~/.kube/config) and its
+--context (default: the current-context); the watches and the writes use the same one.
 
 Exit codes:
   0  stopped cleanly (SIGINT/SIGTERM)
@@ -43,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kubeconfig",
         help="kubeconfig file (default: in-cluster, then $KUBECONFIG / ~/.kube/config)",
     )
-    parser.add_argument("--context", help="kubeconfig context")
+    parser.add_argument("--context", help="kubeconfig context (default: the current-context)")
     parser.add_argument(
         "--peering",
         metavar="NAME",
@@ -77,20 +76,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
-async def _load_api_config(args: argparse.Namespace) -> Any:
-    from kubernetes_asyncio import config
-    from kubernetes_asyncio.client import Configuration
-
-    configuration = Configuration()
-    if args.kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    else:
-        await config.load_kube_config(
-            config_file=args.kubeconfig, context=args.context, client_configuration=configuration
-        )
-    return configuration
-
-
 def run(args: argparse.Namespace) -> int:
     import asyncio
     from pathlib import Path
@@ -99,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
     from trainsentry import assets
     from trainsentry.operator.handlers import OperatorOptions, build_registry
+    from trainsentry.operator.login import load_api_config, login_handler
     from trainsentry.operator.reconcile import load_sources
 
     logging.basicConfig(
@@ -106,8 +92,6 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
     )
     log = logging.getLogger("trainsentry.operator")
-    if args.kubeconfig:
-        os.environ["KUBECONFIG"] = args.kubeconfig  # for kopf's own login
     try:
         sources = load_sources(
             Path(args.rules_dir or assets.rules_dir()),
@@ -118,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
     async def main() -> None:
-        api_config = await _load_api_config(args)
+        # kopf and our own client connect with the same kubeconfig and context.
+        api_config = await load_api_config(args.kubeconfig, args.context)
         exact = bool(args.namespace) and not any(
             char in name for name in args.namespace for char in "*?[]!"
         )
@@ -126,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
             resync_seconds=args.resync,
             discovery=not args.no_discovery,
             api_config=api_config,
+            login=login_handler(args.kubeconfig, args.context),
             scan_cluster=not exact,
         )
         registry = build_registry(sources, options)

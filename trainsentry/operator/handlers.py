@@ -36,7 +36,9 @@ class OperatorOptions:
     retry_delay: float = 5.0  # a failed reconcile is retried after this many seconds
     discovery: bool = True
     api_config: Configuration | None = None  # for our own client; None: the default config
-    login: Callable[..., Any] | None = None  # a kopf login handler; None: kopf's built-ins
+    # A kopf login handler; None: kopf's built-ins (current-context only). The CLI passes
+    # login.login_handler, which connects where api_config does.
+    login: Callable[..., Any] | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     # kopf watches namespaces (and CRDs) to follow glob patterns; with exact namespace names
     # that is not needed, and turning it off spares the cluster-wide list/watch permission.
@@ -82,6 +84,7 @@ def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.Opera
         memo.api = ApiClient(configuration=options.api_config)
         memo.kube = Kube(memo.api, options.retry)
         memo.node_locks = rec.NodeLocks()
+        memo.claims = rec.ClaimLedger()
         log.info(
             "event=operator_started rule_files=%d dashboards=%d discovery=%s",
             len(sources.rule_files),
@@ -103,7 +106,9 @@ def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.Opera
             if uid in deleted or body.metadata.get("deletionTimestamp"):
                 return
             try:
-                await rec.reconcile(memo.kube, body, sources, _emitter(body), memo.node_locks)
+                await rec.reconcile(
+                    memo.kube, body, sources, _emitter(body), memo.node_locks, memo.claims
+                )
             except KubeError as exc:
                 kopf.warn(body, reason="ReconcileFailed", message=str(exc)[:1000])
                 raise kopf.TemporaryError(str(exc), delay=options.retry_delay) from exc
@@ -168,7 +173,7 @@ def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.Opera
         async with locks.setdefault(uid, asyncio.Lock()):
             deleted.add(uid)
             try:
-                await rec.cleanup(memo.kube, body, _emitter(body), memo.node_locks)
+                await rec.cleanup(memo.kube, body, _emitter(body), memo.node_locks, memo.claims)
             except KubeError as exc:
                 raise kopf.TemporaryError(str(exc), delay=options.retry_delay) from exc
         locks.pop(uid, None)

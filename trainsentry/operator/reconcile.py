@@ -207,6 +207,43 @@ async def _sync_node(kube: Kube, node_name: str, job_uid: str, claim: nodes.Clai
     raise KubeError(409, f"node {node_name}: too many conflicting writers")
 
 
+class ClaimLedger:
+    """Per process: the nodes that may carry each job's claim, so a claim is released even
+    when the status write naming its node was lost (the process died, or the write failed
+    and the pod moved before the retry), or the body handed in is older than that write.
+
+    Filled by one list of the monitored nodes at the first use in a process (a claim made by
+    an earlier process is only on the nodes); after that every claim this process sets is
+    noted before its write and dropped after its release. Steady state: no extra API call.
+    """
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, set[str]] | None = None
+        self._lock = asyncio.Lock()
+
+    async def nodes_of(self, kube: Kube, job_uid: str) -> set[str]:
+        """The nodes that may carry this job's claim (the ledger's own set: update it)."""
+        if self._nodes is None:
+            async with self._lock:
+                if self._nodes is None:
+                    self._nodes = await _scan_claims(kube)
+        return self._nodes.setdefault(job_uid, set())
+
+    def forget(self, job_uid: str) -> None:
+        if self._nodes is not None:
+            self._nodes.pop(job_uid, None)
+
+
+async def _scan_claims(kube: Kube) -> dict[str, set[str]]:
+    """job uid → the nodes carrying its claim, read from the nodes themselves."""
+    found: dict[str, set[str]] = {}
+    for node in await kube.list(NODES, None, f"{nodes.MONITORED_LABEL}=true"):
+        meta = node.get("metadata") or {}
+        for uid in nodes.claims_on(meta.get("annotations") or {}):
+            found.setdefault(uid, set()).add(str(meta.get("name")))
+    return found
+
+
 async def release_all_nodes(kube: Kube, job_uid: str, locks: NodeLocks | None = None) -> list[str]:
     """Drops this job's claims from every node carrying one (for deletion)."""
     released = []
@@ -269,8 +306,12 @@ async def reconcile(
     sources: Sources,
     emit: Emit,
     node_locks: NodeLocks | None = None,
+    claims: ClaimLedger | None = None,
 ) -> str:
-    """Brings one TrainingJob's children, node claims and status up to date; returns phase."""
+    """Brings one TrainingJob's children, node claims and status up to date; returns phase.
+
+    `claims`: the process's ClaimLedger; without one the nodes are listed on every call.
+    """
     job = JobIdentity.from_body(body)
     old_status: Mapping[str, Any] = body.get("status") or {}
     generation = int(body["metadata"].get("generation") or 1)
@@ -317,15 +358,18 @@ async def reconcile(
     exporters = tuple(spec.exporters.enabled())
     claim = nodes.Claim(job.uid, job.key, exporters) if exporters else None
     wanted = set(summary.nodes) if claim else set()
-    before = set(old_status.get("nodes") or [])
-    changed = [
-        node for node in sorted(wanted) if await sync_node(kube, node, job.uid, claim, node_locks)
-    ]
-    released = [
-        node
-        for node in sorted(before - wanted)
-        if await sync_node(kube, node, job.uid, None, node_locks)
-    ]
+    # Not status.nodes alone: a status write lost after a claim would leak that claim.
+    claimed = await (claims or ClaimLedger()).nodes_of(kube, job.uid)
+    before = claimed | set(old_status.get("nodes") or [])
+    changed, released = [], []
+    for node in sorted(wanted):
+        claimed.add(node)  # before the write: it may land even if the call fails
+        if await sync_node(kube, node, job.uid, claim, node_locks):
+            changed.append(node)
+    for node in sorted(before - wanted):
+        if await sync_node(kube, node, job.uid, None, node_locks):
+            released.append(node)
+        claimed.discard(node)
     if changed or released:
         emit("Normal", "NodesLabelled", f"claimed {changed or '[]'}, released {released or '[]'}")
 
@@ -393,11 +437,17 @@ def _conditions(
 
 
 async def cleanup(
-    kube: Kube, body: Mapping[str, Any], emit: Emit, node_locks: NodeLocks | None = None
+    kube: Kube,
+    body: Mapping[str, Any],
+    emit: Emit,
+    node_locks: NodeLocks | None = None,
+    claims: ClaimLedger | None = None,
 ) -> list[str]:
     """On deletion: drop node claims (children go by ownerReference garbage collection)."""
     job = JobIdentity.from_body(body)
     released = await release_all_nodes(kube, job.uid, node_locks)
+    if claims is not None:
+        claims.forget(job.uid)
     if released:
         emit("Normal", "NodesReleased", f"released {released}")
     return released

@@ -293,12 +293,36 @@ def render_prometheus_rule(
 
 
 def probe_endpoint(job: JobIdentity, spec: TrainingJobSpec, port: int) -> dict[str, Any]:
-    """One scrape endpoint: each rank's probe listens on the base port + its LOCAL_RANK."""
+    """One scrape endpoint: each rank's probe listens on the base port + its LOCAL_RANK.
+
+    The probe's ports need not be declared in the pod spec (a PyTorchJob's usually are not),
+    so the endpoint names no `port`/`portNumber`: prometheus-operator turns those into a keep
+    on the declared container ports, which would drop an undeclared probe. Instead every
+    target kubernetes_sd finds for a pod (one per declared port of each container and init
+    container, one per container declaring none) is pointed at `<pod IP>:<port>`, and the
+    `container` label prometheus-operator adds is dropped: all of a pod's targets then have
+    equal label sets, and Prometheus keeps one scrape per equal set. Net: one target per pod
+    and rank, declared or not.
+    """
     return {
-        "portNumber": port,
         "path": spec.probe.path,
         "interval": spec.probe.interval,
         "relabelings": [
+            {
+                "sourceLabels": ["__meta_kubernetes_pod_ip"],
+                "regex": "(.+)",
+                "targetLabel": "__address__",
+                "replacement": f"${{1}}:{port}",
+                "action": "replace",
+            },
+            {  # an IPv6 pod IP goes in brackets, as kubernetes_sd joins host and port
+                "sourceLabels": ["__meta_kubernetes_pod_ip"],
+                "regex": "(.*:.*)",
+                "targetLabel": "__address__",
+                "replacement": f"[${{1}}]:{port}",
+                "action": "replace",
+            },
+            {"regex": "container", "action": "labeldrop"},
             {
                 "sourceLabels": ["__meta_kubernetes_pod_node_name"],
                 "targetLabel": "node",
