@@ -4,6 +4,11 @@
 4 ranks as separate processes. Each runs a few all_reduces, the scenario's fault happens on
 the last one, and every rank writes its dump to OUTDIR (`fr_rank_<r>.json`, or `.pkl` for
 the size scenario) and exits without waiting for the stuck collective.
+
+`lost` is `hang` plus what a gloo dump needs to be read without its skipper's file: each
+round also all_gathers on the world (gloo records the output as `[world, numel]`, the only
+place a gloo dump states a group's size; its `pg_config` names no group), and ranks 1-3
+share a subgroup whose last all_reduce rank 3 skips too.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ SIZE_CULPRIT = 2
 SLOW_RANK = 1
 SLOW_SLEEP_S = 0.03
 IDLE_BEFORE_DUMP_S = 3.0
+SUBGROUP = (1, 2, 3)
 
 
 def worker(rank: int, scenario: str, outdir: str, port: int) -> None:
@@ -30,14 +36,22 @@ def worker(rank: int, scenario: str, outdir: str, port: int) -> None:
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE
     )
     tensor = torch.ones(16)
+    sub = dist.new_group(list(SUBGROUP)) if scenario == "lost" else None  # all ranks call it
+    gathered = [torch.empty(16) for _ in range(WORLD_SIZE)]
     rounds = ROUNDS if scenario == "slow" else 10
     for _ in range(rounds):
         if scenario == "slow" and rank == SLOW_RANK:
             time.sleep(SLOW_SLEEP_S)
         dist.all_reduce(tensor)
-    if scenario == "hang":
+        if scenario == "lost":
+            dist.all_gather(gathered, tensor)
+            if rank in SUBGROUP:
+                dist.all_reduce(tensor, group=sub)
+    if scenario in ("hang", "lost"):
         if rank != HANG_SKIPPER:
             dist.all_reduce(tensor, async_op=True)
+            if scenario == "lost" and rank in SUBGROUP:
+                dist.all_reduce(tensor, group=sub, async_op=True)
         time.sleep(IDLE_BEFORE_DUMP_S)
     c10d = torch._C._distributed_c10d
     if scenario == "size":

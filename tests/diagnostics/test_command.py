@@ -70,3 +70,32 @@ def test_large_input_shows_progress_without_breaking_json(
     write_dumps(tmp_path, 40, 5)
     assert main(["analyze", str(tmp_path), "--json"]) == EXIT_OK
     assert json.loads(capsys.readouterr().out)["verdict"] == "ok"
+
+
+def test_world_of_unknown_size_is_said_and_the_topology_settles_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """gloo-style dumps (no usable pg_config, no all_gather) of ranks 0-2; rank 3 never
+    arrived and left no dump. Alone they cannot name it; with the topology (world 4) they do."""
+    import os
+    import pickle
+
+    from trainsentry.diagnostics.synthetic import make_dump
+
+    for rank in range(3):
+        dump = make_dump(rank, 4, 12, "hang", culprit=3)
+        dump["pg_config"] = {"": {"name": "", "desc": "", "ranks": "[]"}}
+        for entry in dump["entries"]:
+            entry["profiling_name"] = "gloo:all_reduce"
+            entry["output_sizes"] = entry["input_sizes"]
+        path = tmp_path / f"fr_rank_{rank}.pkl"
+        path.write_bytes(pickle.dumps(dump))
+        os.utime(path, ns=(dump["dump_time_ns"], dump["dump_time_ns"]))
+    assert main(["analyze", str(tmp_path)]) == EXIT_HANG
+    out = " ".join(capsys.readouterr().out.split())
+    assert "missing ranks: unknown (group membership unknown" in out
+    assert "any rank from 3 on" in out
+    assert main(["analyze", str(tmp_path), "--topology", "1,1,4", "--json"]) == EXIT_HANG
+    hang = json.loads(capsys.readouterr().out)["hang"]
+    assert hang["missing_ranks"] == [3] and hang["root_cause_ranks"] == [3]
+    assert hang["membership_known"] is True

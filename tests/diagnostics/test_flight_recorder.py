@@ -292,3 +292,97 @@ def test_parallel_parsing_matches_in_process(tmp_path: Path) -> None:
         report.pop("elapsed_s")
     assert one == two
     assert one["mismatches"][0]["culprit_ranks"] == [7]
+
+
+def _p2p_entry(template: dict[str, Any], pg: list[str], name: str, seq: int, **extra: Any) -> dict:
+    return dict(
+        template,
+        process_group=pg,
+        profiling_name=name,
+        is_p2p=True,
+        p2p_seq_id=seq,
+        collective_seq_id=0,
+        input_sizes=[[1024]],
+        output_sizes=[[1024]],
+        **extra,
+    )
+
+
+def _pp_group_dumps(with_rank_2: bool) -> dict[int, dict[str, Any]]:
+    """4 ranks without a usable pg_config (gloo's `{"": {"ranks": "[]"}}`); ranks 1-3 share
+    group "5". Rank 1 (group rank 0) sends to group rank 1 (global rank 2) and waits."""
+    dumps = {r: make_dump(r, 4, 10, "ok") for r in range(4) if with_rank_2 or r != 2}
+    pg = ["5", "pipeline"]
+    for rank, dump in dumps.items():
+        dump["pg_config"] = {"": {"name": "", "desc": "", "ranks": "[]"}}
+        last = dump["entries"][-1]
+        if rank == 0:
+            continue
+        dump["entries"].append(
+            dict(last, process_group=pg, collective_seq_id=1, profiling_name="nccl:all_reduce")
+        )
+        if rank == 1:
+            pending = {"state": "started", "retired": False, "time_discovered_completed_ns": None}
+            dump["entries"].append(_p2p_entry(last, pg, "nccl:send 0->1", 1, **pending))
+        if rank == 2:  # received an earlier message from group rank 0
+            dump["entries"].append(_p2p_entry(last, pg, "nccl:recv 1<-0", 1))
+    return dumps
+
+
+def test_p2p_peer_in_a_group_of_unknown_membership_is_not_guessed() -> None:
+    """Group "5" is {1, 2, 3}; rank 2's dump is lost, so the group looks like {1, 3}. Group
+    rank 1 must not be read as position 1 of that list (rank 3): nothing says who it is."""
+    report = analyze_trace(_trace(_pp_group_dumps(with_rank_2=False)))
+    assert 3 not in report.hang.root_cause_ranks
+    assert all(w.peer != 3 for w in report.hang.p2p_waits)
+    assert any("5/p2p" in note and "membership" in note for note in report.notes)
+    # With rank 2's dump, rank 2 itself says it is group rank 1 (`recv 1<-0`): named.
+    full = analyze_trace(_trace(_pp_group_dumps(with_rank_2=True)))
+    assert [(w.rank, w.peer) for w in full.hang.p2p_waits] == [(1, 2)]
+    assert full.hang.root_cause_ranks == [2]
+
+
+def test_world_size_from_all_gather_names_the_highest_rank_without_dump() -> None:
+    """gloo-style dumps (no usable pg_config) of ranks 0-2 of a 4-rank job whose rank 3 never
+    arrived: the all_gathers (output = 4 x input) give the world size, so rank 3 is named
+    and the all_gathers are not a size mismatch of a 3-rank world."""
+    dumps = {r: make_dump(r, 4, 12, "hang", culprit=3) for r in range(3)}
+    for dump in dumps.values():
+        dump["pg_config"] = {"": {"name": "", "desc": "", "ranks": "[]"}}
+    report = analyze_trace(_trace(dumps))
+    assert report.blocking_mismatches == []
+    assert report.verdict == "hang"
+    assert report.primary_hang is not None
+    assert report.primary_hang.missing_ranks == (3,)
+    assert report.hang.root_cause_ranks == [3]
+    # No all_gather at all: the world size is unknown, and the report says so.
+    for dump in dumps.values():
+        for entry in dump["entries"]:
+            entry["profiling_name"] = "nccl:all_reduce"
+            entry["output_sizes"] = entry["input_sizes"]
+    blind = analyze_trace(_trace(dumps))
+    assert blind.primary_hang is not None
+    assert blind.primary_hang.missing_ranks == ()
+    assert blind.to_dict()["hang"]["membership_known"] is False
+    assert any("membership" in note and "unknown" in note for note in blind.notes)
+
+
+def test_p2p_on_the_default_group_keeps_slow_detection() -> None:
+    """Pipeline send/recv on the world group (TP=1, DP=4, PP=2: pairs r -> r + 4) and stage 1
+    reaching every world collective 20 ms after stage 0. The p2p pairs give the stages;
+    rank 2, 5 ms late within its stage, is found without a topology."""
+    dumps = {}
+    for rank in range(8):
+        dump = make_dump(rank, 8, 60, "slow" if rank == 2 else "ok", culprit=2, slow_ms=5.0)
+        stage = rank // 4
+        for entry in dump["entries"]:
+            entry["time_created_ns"] += stage * 20_000_000
+        last = dump["entries"][-1]
+        name = f"nccl:send {rank}->{rank + 4}" if stage == 0 else f"nccl:recv {rank}<-{rank - 4}"
+        dump["entries"].extend(
+            _p2p_entry(last, ["0", "default_pg"], name, seq) for seq in range(1, 4)
+        )
+        dumps[rank] = dump
+    report = analyze_trace(_trace(dumps))
+    assert [s.rank for s in report.slow.slow_ranks] == [2]
+    assert report.verdict == "slow"

@@ -7,6 +7,7 @@ start-up and the idle wait before dumping), each in its own directory and port.
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,7 +21,7 @@ from trainsentry.diagnostics import analyze
 pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
 
-SCENARIOS = ("hang", "size", "slow")
+SCENARIOS = ("hang", "size", "slow", "lost")
 
 
 def _free_port() -> int:
@@ -83,6 +84,33 @@ def test_sleeping_rank_is_slow(dumps: dict[str, Path]) -> None:
     assert top.rank == fr_job.SLOW_RANK
     assert top.p_value < 1e-3
     assert top.lag_ms >= fr_job.SLOW_SLEEP_S * 1000 * 0.5
+
+
+def test_skipper_whose_dump_is_lost_is_still_named(dumps: dict[str, Path], tmp_path: Path) -> None:
+    """Rank 3 skips the last all_reduce and its dump never arrives. gloo's pg_config names no
+    group, so only the all_gathers (output [4, 16] from a [16] input) tell that the world has
+    4 ranks: rank 3 is named, and the all_gathers are not called a size mismatch of a 3-rank
+    group. The subgroup {1, 2, 3} has no such hint: its membership is unknown and says so,
+    rather than naming a rank."""
+    files = _dump_files(dumps["lost"])
+    assert len(files) == fr_job.WORLD_SIZE
+    for path in files:
+        if not path.stem.endswith(f"_{fr_job.HANG_SKIPPER}"):
+            shutil.copy(path, tmp_path / path.name)
+    report = analyze([tmp_path])
+    out = report.to_dict()
+    assert report.blocking_mismatches == []
+    assert out["verdict"] == "hang"
+    hang = out["hang"]
+    assert hang["description"] == "default_pg"
+    assert hang["missing_ranks"] == [fr_job.HANG_SKIPPER]
+    assert hang["ranks_without_dump"] == [fr_job.HANG_SKIPPER]
+    assert hang["root_cause_ranks"] == [fr_job.HANG_SKIPPER]
+    assert hang["membership_known"] is True
+    (sub,) = [h for h in out["hangs"] if h["description"] != "default_pg"]
+    assert sub["arrived_ranks"] == [1, 2] and sub["missing_ranks"] == []
+    assert sub["membership_known"] is False
+    assert any("membership" in note and sub["communicator"] in note for note in out["notes"])
 
 
 def test_cli_json_and_exit_code(dumps: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:

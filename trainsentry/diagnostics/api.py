@@ -9,7 +9,12 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from trainsentry.diagnostics.hang import DEFAULT_MIN_IDLE_S, analyze_hangs, analyze_ras
+from trainsentry.diagnostics.hang import (
+    DEFAULT_MIN_IDLE_S,
+    analyze_hangs,
+    analyze_ras,
+    membership_note,
+)
 from trainsentry.diagnostics.mismatch import analyze_mismatches
 from trainsentry.diagnostics.model import InputError, Trace
 from trainsentry.diagnostics.readers import detect_format, list_inputs, read_trace
@@ -93,6 +98,10 @@ def _report(
     mismatch = analyze_mismatches(trace)
     slow = analyze_slow(trace, alpha, min_lag_ms)
     notes = list(trace.notes)
+    for stuck in hang.hangs:
+        note = membership_note(stuck)
+        if note is not None:
+            notes.append(note)
     for candidate in hang.too_recent:
         notes.append(
             f"{candidate.comm}: rank(s) {list(candidate.missing_ranks)[:8]} had not reached "

@@ -166,8 +166,17 @@ def print_summary(report: Report) -> None:
         console.print(
             f"[bold]hang[/] on {primary.comm} ({primary.desc}) at seq {primary.seq}: {primary.op}"
         )
+        missing = _ranks(primary.missing_ranks)
+        if primary.unidentified is None and not primary.missing_ranks:
+            missing = "unknown (group membership unknown, see notes)"
+        elif primary.unidentified:
+            missing = (
+                f"{missing if primary.missing_ranks else ''}"
+                f"{' + ' if primary.missing_ranks else ''}"
+                f"{primary.unidentified} unnamed (group membership unknown, see notes)"
+            )
         console.print(
-            f"  missing ranks: {_ranks(primary.missing_ranks)}; "
+            f"  missing ranks: {missing}; "
             f"{len(primary.arrived_ranks)} ranks arrived and waited {waited}"
         )
         console.print(

@@ -12,6 +12,12 @@ when the format records completion, the stuck entry must be incomplete on them.
 Across communicators the waits form a graph (arrived rank -> missing rank, p2p sender or
 receiver -> its peer). A missing rank that is itself waiting somewhere else is a victim;
 the root causes are the ranks the waits lead to that are not waiting on anyone.
+
+A group whose membership is not fully known (Flight Recorder without a usable pg_config,
+and some member's dump missing) can only name the members it has seen; the hang says how
+many members it could not name (`unidentified`, None if not even that is known), and a
+stuck collective that every seen member reached is still a hang: its missing ranks are
+exactly the ones nothing names.
 """
 
 from __future__ import annotations
@@ -36,6 +42,12 @@ class CommHang:
     no_dump_ranks: tuple[int, ...]
     waited_s: float | None  # None: the format has no timing (NCCL RAS)
     first_arrival_ns: int
+    #: Members of the group nothing names (see `Communicator.unidentified`).
+    unidentified: int | None = 0
+
+    @property
+    def membership_known(self) -> bool:
+        return self.unidentified == 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +134,9 @@ def _comm_hang(trace: Trace, comm_id: str, min_idle_s: float) -> tuple[CommHang 
         return None, False
     first = min(arrival_times)
     waited = max(0.0, (trace.capture_end_ns - first) / 1e9)
-    hang = CommHang(comm_id, comm.desc, op, seq, arrived, missing, no_dump, waited, first)
+    hang = CommHang(
+        comm_id, comm.desc, op, seq, arrived, missing, no_dump, waited, first, comm.unidentified
+    )
     agreed = incomplete_on_arrived if states_known else bool(missing)
     if not agreed:
         return None, False
@@ -174,7 +188,7 @@ def _root_causes(edges: dict[int, set[int]]) -> list[int]:
 def analyze_hangs(trace: Trace, min_idle_s: float = DEFAULT_MIN_IDLE_S) -> HangAnalysis:
     analysis = HangAnalysis()
     for comm_id, comm in trace.communicators.items():
-        if len(comm.ranks) < 2:
+        if len(comm.ranks) < 2 and comm.membership_known:
             continue
         streams = trace.streams_of(comm_id)
         if not streams or any(s.is_p2p for s in streams):
@@ -197,6 +211,32 @@ def analyze_hangs(trace: Trace, min_idle_s: float = DEFAULT_MIN_IDLE_S) -> HangA
         (missing | {w.peer for w in analysis.p2p_waits}) - set(analysis.root_cause_ranks)
     )
     return analysis
+
+
+def membership_note(hang: CommHang) -> str | None:
+    """What a hang in a group of not fully known membership cannot say, or None."""
+    if hang.membership_known or (hang.missing_ranks and hang.unidentified is None):
+        return None
+    group = "the world" if hang.desc == "default_pg" else "this group"
+    if hang.unidentified is None:
+        beyond = (
+            f" (any rank from {len(hang.arrived_ranks) + len(hang.missing_ranks)} on)"
+            if hang.desc == "default_pg"
+            else ""
+        )
+        return (
+            f"{hang.comm}: every rank seen in {group} reached seq {hang.seq}, so the rank(s) "
+            f"that never arrived left no dump; the membership is unknown (no usable pg_config, "
+            f"no all_gather/reduce_scatter sizes{', no topology' if beyond else ''}), so they "
+            f"cannot be named{beyond}"
+        )
+    return (
+        f"{hang.comm}: {hang.unidentified} member(s) of {group} "
+        f"({len(hang.arrived_ranks) + len(hang.missing_ranks) + hang.unidentified} ranks, "
+        f"from its all_gather/reduce_scatter sizes) left no dump and cannot be named: the "
+        f"membership is unknown (no usable pg_config); the rank(s) that never arrived may be "
+        f"among them"
+    )
 
 
 def _ras_hang(comm: RasCommunicator) -> CommHang | None:

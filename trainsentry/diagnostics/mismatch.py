@@ -20,14 +20,7 @@ from math import prod
 
 import numpy as np
 
-from trainsentry.diagnostics.model import OpSignature, State, Trace
-
-_GATHER_OPS = frozenset(
-    {"all_gather", "_all_gather_base", "all_gather_into_tensor", "all_gather_single"}
-)
-_SCATTER_OPS = frozenset(
-    {"reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor", "reduce_scatter_single"}
-)
+from trainsentry.diagnostics.model import GATHER_OPS, SCATTER_OPS, OpSignature, State, Trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,14 +44,15 @@ def _numel(sizes: tuple[tuple[int, ...], ...]) -> int:
     return sum(prod(s) for s in sizes)
 
 
-def size_consistent(sig: OpSignature, group_size: int) -> bool:
-    """all_gather: out = in x n; reduce_scatter: in = out x n (when both sides are known)."""
-    if not sig.input_sizes or not sig.output_sizes:
+def size_consistent(sig: OpSignature, group_size: int | None) -> bool:
+    """all_gather: out = in x n; reduce_scatter: in = out x n (when both sides are known;
+    a group of unknown size has nothing to check against)."""
+    if group_size is None or not sig.input_sizes or not sig.output_sizes:
         return True
     n_in, n_out = _numel(sig.input_sizes), _numel(sig.output_sizes)
-    if sig.op in _GATHER_OPS:
+    if sig.op in GATHER_OPS:
         return n_out == n_in * group_size
-    if sig.op in _SCATTER_OPS:
+    if sig.op in SCATTER_OPS:
         return n_in == n_out * group_size
     return True
 
@@ -93,7 +87,9 @@ def analyze_mismatches(trace: Trace, max_per_comm: int = 3) -> MismatchAnalysis:
         streams = trace.streams_of(comm_id)
         if len(comm.ranks) < 2 or not streams or any(s.is_p2p for s in streams):
             continue
-        group_size = len(comm.ranks)
+        # Members nothing names still count (their number comes from the gathers' sizes);
+        # when even the group's size is unknown, the size rule has nothing to check against.
+        group_size = None if comm.unidentified is None else len(comm.ranks) + comm.unidentified
         bad_seqs = _comm_mismatch_seqs(trace, comm_id)
         analysis.total += len(bad_seqs)
         for seq in bad_seqs[:max_per_comm]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
+from math import prod
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +33,12 @@ class State(IntEnum):
 
 
 P2P_OPS = frozenset({"send", "recv"})
+GATHER_OPS = frozenset(
+    {"all_gather", "_all_gather_base", "all_gather_into_tensor", "all_gather_single"}
+)
+SCATTER_OPS = frozenset(
+    {"reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor", "reduce_scatter_single"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +54,18 @@ class OpSignature:
     input_dtypes: tuple[str, ...] = ()
     output_dtypes: tuple[str, ...] = ()
     parts: tuple[OpSignature, ...] = ()
+
+    def implied_group_size(self) -> int | None:
+        """The group size an all_gather (out = in x n) or reduce_scatter (in = out x n)
+        states through its sizes; None for other ops or when the sizes do not say."""
+        if self.op not in GATHER_OPS and self.op not in SCATTER_OPS:
+            return None
+        n_in = sum(prod(s) for s in self.input_sizes)
+        n_out = sum(prod(s) for s in self.output_sizes)
+        big, small = (n_out, n_in) if self.op in GATHER_OPS else (n_in, n_out)
+        if small <= 0 or big % small:
+            return None
+        return big // small
 
     def describe(self) -> str:
         if self.parts:
@@ -112,6 +131,14 @@ class Communicator:
     #: True when the membership came from the trace itself (pg_config, groupHash, RAS);
     #: False when it was reconstructed from timing or from the ranks that showed up.
     declared: bool = True
+    #: Members not in `ranks` because nothing names them (a Flight Recorder group without a
+    #: usable pg_config whose members' dumps are missing): 0 when `ranks` is the whole group,
+    #: a count when the group's size is known from elsewhere, None when not even that is.
+    unidentified: int | None = 0
+
+    @property
+    def membership_known(self) -> bool:
+        return self.unidentified == 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,8 @@ def _hang_dict(hang: CommHang, analysis: HangAnalysis | None = None) -> dict[str
         "arrived_count": len(hang.arrived_ranks),
         "arrived_ranks": list(hang.arrived_ranks),
         "waited_s": None if hang.waited_s is None else round(hang.waited_s, 3),
+        "membership_known": hang.membership_known,
+        "unidentified_members": hang.unidentified,
     }
     if analysis is not None:
         out["root_cause_ranks"] = list(analysis.root_cause_ranks)

@@ -9,7 +9,9 @@ one rank always logging first, are significant but harmless).
 
 Pipeline parallelism: ranks of different pipeline stages reach a shared collective at
 different times by design, so in a communicator that spans stages each stage's arrivals are
-first shifted by that stage's median offset from the group. Slowness also propagates
+first shifted by that stage's median offset from the group. Stages come from the topology,
+else from the p2p peers (p2p on the world group included: it is the peers, not the group,
+that tell the pipelines apart). Slowness also propagates
 along the pipeline (a stage waiting for activations from a slow stage is late too); with
 a topology, a slow rank in the same pipeline group as a stronger slow rank, flagged in
 fewer communicators, is reported as its victim, not as a cause.
@@ -71,7 +73,14 @@ class SlowAnalysis:
 
 
 def stage_map(trace: Trace) -> dict[int, int]:
-    """Pipeline stage per rank: from the topology, else from the p2p groups' order."""
+    """Pipeline stage per rank: from the topology, else from who talks to whom over p2p.
+
+    Ranks joined by p2p (sender and receiver) form one pipeline; its ranks in ascending order
+    are its stages (Megatron and torch's pipelining number stages that way). This holds
+    whichever group the p2p runs on: on the world group the group's ranks are every rank,
+    so only the peers tell the pipelines apart. A format without peers (Megatrace) falls
+    back to the order of ranks in each p2p group.
+    """
     ranks = set(trace.ranks_with_data)
     for comm in trace.communicators.values():
         ranks.update(comm.ranks)
@@ -79,11 +88,32 @@ def stage_map(trace: Trace) -> dict[int, int]:
     if topology is not None:
         return {r: topology.stage_of(r) for r in ranks}
     stages = dict.fromkeys(ranks, 0)
-    for (comm_id, _rank), stream in trace.streams.items():
-        if stream.is_p2p:
+    parent: dict[int, int] = {}
+
+    def root(rank: int) -> int:
+        parent.setdefault(rank, rank)
+        while parent[rank] != rank:
+            parent[rank] = parent[parent[rank]]
+            rank = parent[rank]
+        return rank
+
+    for (comm_id, rank), stream in trace.streams.items():
+        if not stream.is_p2p:
+            continue
+        if stream.peer is None:
             members = trace.communicators[comm_id].ranks
             for index, member in enumerate(members):
                 stages[member] = index
+            continue
+        for peer in np.unique(stream.peer).tolist():
+            if peer >= 0 and peer != rank:
+                parent[root(peer)] = root(rank)
+    pipelines: dict[int, list[int]] = {}
+    for rank in parent:
+        pipelines.setdefault(root(rank), []).append(rank)
+    for pipeline in pipelines.values():
+        for index, member in enumerate(sorted(pipeline)):
+            stages[member] = index
     return stages
 
 

@@ -99,6 +99,6 @@ def read_trace(
     else:
         from trainsentry.diagnostics.readers.flight_recorder import read_flight_recorder
 
-        trace = read_flight_recorder(files, on_file=tick, workers=workers)
+        trace = read_flight_recorder(files, on_file=tick, workers=workers, topology=topology)
     trace.topology = topology
     return trace

@@ -7,8 +7,13 @@ numbers. Keys we do not know are ignored; keys older versions lack get defaults.
 
 Notes on the format (checked against torch 2.13):
 - `process_group` is `(pg_name, pg_desc)`; gloo dumps may carry a `pg_config` whose names do
-  not match any entry (`{"": {"ranks": "[]"}}`), so membership falls back to the ranks that
-  recorded the group.
+  not match any entry (`{"": {"ranks": "[]"}}`, sometimes with a ranks list under the empty
+  name), so membership falls back to the ranks that recorded the group. Those can be short of
+  the group when a dump is missing, so the group's size is taken from its all_gathers /
+  reduce_scatters (gloo records an all_gather's output as `[n, numel]`) or, for the world,
+  the topology; where nothing tells, the membership is marked unknown (never guessed).
+- p2p names (`send 0->1`, `recv 1<-0`) carry group ranks: the first number is the recording
+  rank's own group rank, the second its peer's.
 - gloo entries stay `state == "scheduled"`; `retired == True` is what marks completion.
 - collectives are numbered by `collective_seq_id`, point-to-point ops by `p2p_seq_id`; ops
   of one coalesced group share a sequence number.
@@ -27,6 +32,7 @@ import os
 import pickle
 import re
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +52,7 @@ from trainsentry.diagnostics.model import (
     find_gaps,
     make_stream,
 )
+from trainsentry.diagnostics.topology import Topology
 
 SUPPORTED_MAJOR = 2
 MAX_KNOWN_MINOR = 10
@@ -179,17 +186,16 @@ def _op_and_peer(profiling_name: str) -> tuple[str, str | None]:
     return parts[0], (parts[1] if len(parts) == 2 else None)
 
 
-def _peer_local(op: str, meta: str | None) -> int | None:
-    if meta is None:
-        return None
+def _p2p_locals(op: str, meta: str | None) -> tuple[int, int]:
+    """(own group rank, peer group rank) from `send A->B` / `recv A<-B`; -1 where unknown."""
+    arrow = "->" if op == "send" else "<-" if op == "recv" else None
+    if meta is None or arrow is None or arrow not in meta:
+        return -1, -1
+    own, peer = meta.split(arrow, 1)
     try:
-        if op == "send" and "->" in meta:
-            return int(meta.split("->")[1])
-        if op == "recv" and "<-" in meta:
-            return int(meta.split("<-")[1])
+        return int(own), int(peer)
     except ValueError:
-        return None
-    return None
+        return -1, -1
 
 
 @dataclass
@@ -239,6 +245,10 @@ class RankDump:
     last_enqueued: dict[str, int]
     latest_ns: int
     index: int = -1  # position in the caller's input list
+    #: Every rank any pg_config list names (named group or not): all are in the world.
+    listed_ranks: frozenset[int] = frozenset()
+    #: This rank's own group rank per group, as its p2p entries state it.
+    own_local: dict[str, int] = field(default_factory=dict)
 
 
 class SignatureCache:
@@ -247,16 +257,18 @@ class SignatureCache:
     def __init__(self, table: SignatureTable) -> None:
         self.table = table
         self.ids: dict[str, int] = {}
-        self.names: dict[str, tuple[str, int]] = {}
-        #: marshal (or repr) of (profiling_name, sizes, dtypes) -> (signature id, local peer)
-        self.by_raw: dict[bytes | str, tuple[int, int]] = {}
+        self.names: dict[str, tuple[str, int, int]] = {}
+        #: marshal (or repr) of (profiling_name, sizes, dtypes)
+        #: -> (signature id, peer's group rank, own group rank)
+        self.by_raw: dict[bytes | str, tuple[int, int, int]] = {}
 
-    def name(self, profiling_name: str) -> tuple[str, int]:
+    def name(self, profiling_name: str) -> tuple[str, int, int]:
+        """(op, peer's group rank, own group rank); the ranks are -1 unless p2p."""
         found = self.names.get(profiling_name)
         if found is None:
             op, meta = _op_and_peer(profiling_name)
-            peer = _peer_local(op, meta)
-            found = self.names[profiling_name] = (op, -1 if peer is None else peer)
+            own, peer = _p2p_locals(op, meta)
+            found = self.names[profiling_name] = (op, peer, own)
         return found
 
     def signature(self, entry: dict[str, Any], op: str) -> int:
@@ -305,6 +317,7 @@ def _parse_entry_slowly(
     by_pg: dict[str, PgColumns],
     pg_desc: dict[str, str],
     pg_id_to_name: dict[str, str],
+    own_local: dict[str, int],
 ) -> None:
     """Any entry the fast path cannot take: older versions, missing or odd fields."""
     if not isinstance(entry, dict):
@@ -317,10 +330,12 @@ def _parse_entry_slowly(
         pg_desc[pg_name] = str(pg[1]) if len(pg) > 1 else ""
         if "pg_id" in entry:
             pg_id_to_name[str(entry["pg_id"])] = pg_name
-    op, peer = cache.name(str(entry.get("profiling_name", "")))
+    op, peer, own = cache.name(str(entry.get("profiling_name", "")))
     is_p2p = entry.get("is_p2p")
     if is_p2p is None:
         is_p2p = op in P2P_OPS
+    if is_p2p and own >= 0:
+        own_local[pg_name] = own
     seq = entry.get("p2p_seq_id" if is_p2p else "collective_seq_id")
     if seq is None:  # version 2.0/2.1 had one counter
         seq = entry.get("seq_id")
@@ -354,6 +369,7 @@ def parse_dump(
     by_pg: dict[str, PgColumns] = {}
     pg_desc: dict[str, str] = {}
     pg_id_to_name: dict[str, str] = {}
+    own_local: dict[str, int] = {}
     states = _STATES
     completed = int(State.COMPLETED)
     scheduled = int(State.SCHEDULED)
@@ -381,12 +397,12 @@ def parse_dump(
                 out_dtypes,
             ) = fast(entry)
         except (KeyError, TypeError):
-            _parse_entry_slowly(entry, source, cache, by_pg, pg_desc, pg_id_to_name)
+            _parse_entry_slowly(entry, source, cache, by_pg, pg_desc, pg_id_to_name, own_local)
             last_name = None
             continue
         seq = p2p_seq if is_p2p else collective_seq
         if seq.__class__ is not int:
-            _parse_entry_slowly(entry, source, cache, by_pg, pg_desc, pg_id_to_name)
+            _parse_entry_slowly(entry, source, cache, by_pg, pg_desc, pg_id_to_name, own_local)
             last_name = None
             continue
         if pg[0] != last_name:
@@ -404,8 +420,10 @@ def parse_dump(
             raw = repr((profiling_name, inputs, outputs, in_dtypes, out_dtypes))
         found = known.get(raw)
         if found is None:
-            op, peer = cache.name(str(profiling_name))
-            found = known[raw] = (cache.signature(entry, op), peer)
+            op, peer, own = cache.name(str(profiling_name))
+            found = known[raw] = (cache.signature(entry, op), peer, own)
+        if is_p2p and found[2] >= 0:
+            own_local[str(last_name)] = found[2]
         rows.append(
             (
                 seq,
@@ -425,6 +443,7 @@ def parse_dump(
             if isinstance(t, int) and t > latest:
                 latest = t
     pg_ranks: dict[str, tuple[int, ...]] = {}
+    listed: set[int] = set()
     config = dump.get("pg_config")
     if isinstance(config, dict):
         for key, value in config.items():
@@ -432,6 +451,7 @@ def parse_dump(
                 continue
             name = str(value.get("name") or key)
             ranks = _parse_ranks(value.get("ranks"))
+            listed.update(r for r in ranks if r >= 0)
             if name and ranks:
                 pg_ranks[name] = ranks
     last_enqueued: dict[str, int] = {}
@@ -446,7 +466,18 @@ def parse_dump(
             except (TypeError, ValueError):
                 continue
     arrays = {name: columns.to_arrays() for name, columns in by_pg.items()}
-    return RankDump(rank, source, version, arrays, pg_desc, pg_ranks, last_enqueued, latest)
+    return RankDump(
+        rank,
+        source,
+        version,
+        arrays,
+        pg_desc,
+        pg_ranks,
+        last_enqueued,
+        latest,
+        listed_ranks=frozenset(listed),
+        own_local=own_local,
+    )
 
 
 def _coalesced_signature(table: SignatureTable, ids: list[int]) -> int:
@@ -460,10 +491,11 @@ def _build_stream(
     columns: PgArrays,
     picks: np.ndarray,
     is_p2p: bool,
-    comm_ranks: tuple[int, ...],
+    peer_lookup: np.ndarray | None,
     table: SignatureTable,
     last_enqueued: int,
 ) -> Stream:
+    """`peer_lookup[group rank]` is the global rank (-1: unknown); None: they are equal."""
     seq = columns.seq[picks]
     sigs = columns.signature[picks]
     states = columns.state[picks]
@@ -490,12 +522,15 @@ def _build_stream(
         seq = np.asarray(list(merged), dtype=np.int64)
     peers = None
     if is_p2p:
-        lookup = np.asarray(comm_ranks, dtype=np.int64)
         local = columns.peer_local[picks]
-        valid = (local >= 0) & (local < len(lookup))
-        peers = np.where(
-            valid, lookup[np.clip(local, 0, max(len(lookup) - 1, 0))] if len(lookup) else -1, -1
-        ).tolist()
+        if peer_lookup is None:
+            peers = np.where(local >= 0, local, -1).tolist()
+        elif len(peer_lookup):
+            valid = (local >= 0) & (local < len(peer_lookup))
+            found = peer_lookup[np.clip(local, 0, len(peer_lookup) - 1)]
+            peers = np.where(valid, found, -1).tolist()
+        else:
+            peers = [-1] * len(local)
     stream = make_stream(
         rank,
         comm_id,
@@ -511,39 +546,118 @@ def _build_stream(
     return stream
 
 
-def join_dumps(dumps: list[RankDump], trace: Trace) -> Trace:
-    """Join per-rank dumps into communicators and streams."""
+def _size_hints(dumps: list[RankDump], table: SignatureTable) -> dict[str, int]:
+    """Per group, the size its all_gathers / reduce_scatters state, by majority of ranks
+    (a tie says nothing: a size mismatch on half the ranks must not pick the size)."""
+    implied: dict[int, int | None] = {}
+    votes: dict[str, Counter[int]] = {}
+    for d in dumps:
+        for pg, columns in d.by_pg.items():
+            sizes = set()
+            for sig_id in np.unique(columns.signature[~columns.is_p2p]).tolist():
+                if sig_id not in implied:
+                    implied[sig_id] = table[sig_id].implied_group_size()
+                size = implied[sig_id]
+                if size is not None:
+                    sizes.add(size)
+            if len(sizes) == 1:  # one rank stating two sizes is no witness
+                votes.setdefault(pg, Counter())[sizes.pop()] += 1
+    hints = {}
+    for pg, counter in votes.items():
+        ranked = counter.most_common(2)
+        if len(ranked) == 1 or ranked[0][1] > ranked[1][1]:
+            hints[pg] = ranked[0][0]
+    return hints
+
+
+def _membership(
+    pg: str,
+    seen: set[int],
+    declared_ranks: tuple[int, ...] | None,
+    desc: str,
+    hint: int | None,
+    world_floor: int,
+    topology: Topology | None,
+) -> Communicator:
+    """Who is in a group: pg_config if it lists the group, else what can be proven."""
+    if declared_ranks is not None and seen <= set(declared_ranks):
+        return Communicator(pg, declared_ranks, desc, True)
+    if desc == "default_pg":
+        # The world: every rank a file is named after or a pg_config list mentions is in it;
+        # its size comes from the world's gathers or the topology, else it is unknown.
+        floor = max(world_floor, max(seen) + 1)
+        size = hint if hint is not None else topology.world_size if topology else None
+        if size is not None and size >= floor:
+            return Communicator(pg, tuple(range(size)), desc, True)
+        return Communicator(pg, tuple(range(floor)), desc, False, unidentified=None)
+    ranks = tuple(sorted(seen))
+    unidentified = None if hint is None else max(0, hint - len(ranks))
+    return Communicator(pg, ranks, desc, False, unidentified)
+
+
+def _peer_lookup(comm: Communicator, own: dict[int, int]) -> np.ndarray | None:
+    """Group rank -> global rank for p2p peers (None: the same, as in the world group).
+
+    Without a known membership only what ranks say of themselves (`own`: group rank ->
+    global rank, from their own p2p entries) is used: position in the ranks that happen to
+    have dumps would shift past a missing one and name the wrong rank.
+    """
+    if comm.desc == "default_pg":
+        return None
+    if comm.membership_known:
+        return np.asarray(comm.ranks, dtype=np.int64)
+    lookup = np.full(max(own, default=-1) + 1, -1, dtype=np.int64)
+    for local, global_rank in own.items():
+        lookup[local] = global_rank
+    return lookup
+
+
+def join_dumps(dumps: list[RankDump], trace: Trace, named_ranks: set[int] | None = None) -> Trace:
+    """Join per-rank dumps into communicators and streams.
+
+    `named_ranks` are ranks known from file names whose dumps could not be read: the world
+    has them even though they contribute no data. `trace.topology`, if set, gives the world
+    size when the dumps do not.
+    """
     members: dict[str, set[int]] = {}
     declared: dict[str, tuple[int, ...]] = {}
     descs: dict[str, str] = {}
+    known_ranks: set[int] = set(named_ranks or ())
+    own_ranks: dict[str, dict[int, int]] = {}
     for d in dumps:
         trace.ranks_with_data.add(d.rank)
         trace.capture_end_ns = max(trace.capture_end_ns, d.latest_ns)
+        known_ranks.add(d.rank)
+        known_ranks.update(d.listed_ranks)
         for pg in d.by_pg:
             members.setdefault(pg, set()).add(d.rank)
             descs.setdefault(pg, d.pg_desc.get(pg, ""))
         for pg, ranks in d.pg_ranks.items():
+            known_ranks.update(ranks)
             if d.rank in ranks:
                 declared.setdefault(pg, ranks)
                 members.setdefault(pg, set()).add(d.rank)
-    world = tuple(range(max(trace.ranks_with_data) + 1)) if trace.ranks_with_data else ()
+        for pg, local in d.own_local.items():
+            own_ranks.setdefault(pg, {}).setdefault(local, d.rank)
+    world_floor = max(known_ranks) + 1 if known_ranks else 0
+    hints = _size_hints(dumps, trace.signatures)
     for pg, seen in members.items():
-        declared_ranks = declared.get(pg)
-        if declared_ranks is None and descs.get(pg) == "default_pg":
-            # gloo dumps may lack a usable pg_config; the default group is the whole world,
-            # which is at least every rank a file was named after.
-            declared_ranks = world
-        is_declared = declared_ranks is not None and seen <= set(declared_ranks)
-        trace.communicators[pg] = Communicator(
+        trace.communicators[pg] = _membership(
             pg,
-            declared_ranks if is_declared and declared_ranks else tuple(sorted(seen)),
+            seen,
+            declared.get(pg),
             descs.get(pg, ""),
-            is_declared,
+            hints.get(pg),
+            world_floor,
+            trace.topology,
         )
+    lookups = {
+        pg: _peer_lookup(comm, own_ranks.get(pg, {})) for pg, comm in trace.communicators.items()
+    }
+    unmapped: dict[str, set[int]] = {}
     table: SignatureTable = trace.signatures
     for d in dumps:
         for pg, columns in d.by_pg.items():
-            comm_ranks = trace.communicators[pg].ranks
             collective_picks = np.nonzero(~columns.is_p2p)[0]
             p2p_picks = np.nonzero(columns.is_p2p)[0]
             if len(collective_picks):
@@ -553,7 +667,7 @@ def join_dumps(dumps: list[RankDump], trace: Trace) -> Trace:
                     columns,
                     collective_picks,
                     False,
-                    comm_ranks,
+                    None,
                     table,
                     d.last_enqueued.get(pg, -1),
                 )
@@ -564,16 +678,32 @@ def join_dumps(dumps: list[RankDump], trace: Trace) -> Trace:
                 if comm_id not in trace.communicators:
                     base = trace.communicators[pg]
                     trace.communicators[comm_id] = Communicator(
-                        comm_id, base.ranks, base.desc, base.declared
+                        comm_id, base.ranks, base.desc, base.declared, base.unidentified
                     )
-                trace.streams[(comm_id, d.rank)] = _build_stream(
-                    d.rank, comm_id, columns, p2p_picks, True, comm_ranks, table, -1
+                stream = _build_stream(
+                    d.rank, comm_id, columns, p2p_picks, True, lookups[pg], table, -1
                 )
+                trace.streams[(comm_id, d.rank)] = stream
+                lookup = lookups[pg]
+                if lookup is not None and not trace.communicators[pg].membership_known:
+                    lost = {
+                        local
+                        for local in np.unique(columns.peer_local[p2p_picks]).tolist()
+                        if local >= 0 and (local >= len(lookup) or lookup[local] < 0)
+                    }
+                    if lost:
+                        unmapped.setdefault(comm_id, set()).update(lost)
         for pg, last in d.last_enqueued.items():
             if pg in trace.communicators and (pg, d.rank) not in trace.streams and last > 0:
                 empty = make_stream(d.rank, pg, [], [], [], State.SCHEDULED)
                 empty.last_enqueued = last
                 trace.streams[(pg, d.rank)] = empty
+    for comm_id, locals_ in sorted(unmapped.items()):
+        trace.notes.append(
+            f"{comm_id}: p2p peer group rank(s) {sorted(locals_)[:8]} not mapped to global ranks: "
+            "the group's membership is unknown (no usable pg_config, and those ranks' own "
+            "entries are missing), so those waits name no peer"
+        )
     return trace
 
 
@@ -695,7 +825,10 @@ def _indices(result: _ChunkResult) -> set[int]:
 
 
 def read_flight_recorder(
-    paths: list[Path], on_file: Callable[[], None] | None = None, workers: int | None = None
+    paths: list[Path],
+    on_file: Callable[[], None] | None = None,
+    workers: int | None = None,
+    topology: Topology | None = None,
 ) -> Trace:
     """Read one dump per rank; a bad file becomes an `InputError`, the others are analysed.
 
@@ -703,7 +836,7 @@ def read_flight_recorder(
     files and 32 MB on); each returns numpy columns and its own signature table, which we
     merge here.
     """
-    trace = Trace(format="fr")
+    trace = Trace(format="fr", topology=topology)
     ranks = infer_rank_names(paths)
     seen_ranks: dict[int, str] = {}
     items: list[tuple[int, str, int]] = []
@@ -741,4 +874,4 @@ def read_flight_recorder(
     for index in sorted(messages):
         trace.errors.append(InputError(str(paths[index]), messages[index]))
     dumps.sort(key=lambda d: d.rank)
-    return join_dumps(dumps, trace)
+    return join_dumps(dumps, trace, set(seen_ranks))
