@@ -52,6 +52,41 @@ def _emitter(body: kopf.Body) -> rec.Emit:
     return emit
 
 
+class WarnedOnce:
+    """Warnings already given per job in this process, for as long as the problem lasts.
+
+    The reconciler warns once per distinct problem by looking at the conditions of the status
+    it is given; but a reconcile that waited for the job's lock behind the one that wrote
+    those conditions was given the older status, and would warn a second time."""
+
+    def __init__(self) -> None:
+        self._given: dict[str, set[tuple[str, str]]] = {}
+
+    def emitter(self, uid: str, emit: rec.Emit, seen: set[tuple[str, str]]) -> rec.Emit:
+        """`emit` for the job `uid`, leaving out a warning given before. Every warning
+        asked for is added to `seen` (see `keep_only`)."""
+
+        def emit_once(kind: str, reason: str, message: str) -> None:
+            if kind == "Warning":
+                seen.add((reason, message))
+                given = self._given.setdefault(uid, set())
+                if (reason, message) in given:
+                    return
+                given.add((reason, message))
+            emit(kind, reason, message)
+
+        return emit_once
+
+    def keep_only(self, uid: str, seen: set[tuple[str, str]]) -> None:
+        """After a reconcile: problems it no longer warned about are over (and may warn
+        again should they come back)."""
+        if uid in self._given:
+            self._given[uid] &= seen
+
+    def forget(self, uid: str) -> None:
+        self._given.pop(uid, None)
+
+
 def default_login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """In a pod: the service account; elsewhere: $KUBECONFIG or ~/.kube/config."""
     info: kopf.ConnectionInfo | None = kopf.login_with_service_account(**kwargs)
@@ -75,6 +110,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
 def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     locks: dict[str, asyncio.Lock] = {}
+    warned = WarnedOnce()
     deleted: set[str] = set()  # uids cleaned up; a late resync must not re-claim their nodes
 
     @kopf.on.startup(registry=registry)
@@ -105,10 +141,17 @@ def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.Opera
         async with lock:
             if uid in deleted or body.metadata.get("deletionTimestamp"):
                 return
+            seen: set[tuple[str, str]] = set()
             try:
                 await rec.reconcile(
-                    memo.kube, body, sources, _emitter(body), memo.node_locks, memo.claims
+                    memo.kube,
+                    body,
+                    sources,
+                    warned.emitter(uid, _emitter(body), seen),
+                    memo.node_locks,
+                    memo.claims,
                 )
+                warned.keep_only(uid, seen)
             except KubeError as exc:
                 kopf.warn(body, reason="ReconcileFailed", message=str(exc)[:1000])
                 raise kopf.TemporaryError(str(exc), delay=options.retry_delay) from exc
@@ -177,6 +220,7 @@ def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.Opera
             except KubeError as exc:
                 raise kopf.TemporaryError(str(exc), delay=options.retry_delay) from exc
         locks.pop(uid, None)
+        warned.forget(uid)
 
     if options.discovery:
         for kind, (group, version, plural) in DISCOVERABLE.items():
