@@ -13,11 +13,23 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 
 class ConfigError(ValueError):
     """The configuration is invalid; the message says where and why."""
+
+
+def describe_invalid(exc: Exception) -> str:
+    """What is wrong with a setting, without the value given: a refused value may be a
+    secret (a password or a webhook URL written into the YAML), and this text is logged."""
+    if not isinstance(exc, ValidationError):
+        return str(exc)
+    problems = [
+        f"{'.'.join(str(part) for part in error['loc']) or '(settings)'}: {error['msg']}"
+        for error in exc.errors(include_url=False, include_input=False, include_context=False)
+    ]
+    return f"{exc.error_count()} invalid setting(s): " + "; ".join(problems)
 
 
 class GatewaySettings(BaseModel):
@@ -135,4 +147,4 @@ def load_settings(
     try:
         return Settings.model_validate(raw)
     except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
+        raise ConfigError(describe_invalid(exc)) from None

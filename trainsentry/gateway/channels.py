@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainsentry.config import ConfigError, Settings
+from trainsentry.config import ConfigError, Settings, describe_invalid
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.notifiers.webhook import WebhookNotifier
@@ -55,7 +55,7 @@ def build(settings: Settings, env: Mapping[str, str] | None = None) -> Channels:
         try:
             built = build_channels(ChannelsSettings.model_validate(settings.channels), env)
         except (SecretMissing, ValueError) as exc:
-            raise ConfigError(f"channels: {exc}") from exc
+            raise ConfigError(f"channels: {describe_invalid(exc)}") from None
         clash = set(built.notifiers) & set(notifiers)
         if clash:
             raise ConfigError(f"channel names used twice: {sorted(clash)}")

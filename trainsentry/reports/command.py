@@ -100,7 +100,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     """(gateway settings, report settings, channels settings, stats options)."""
     from pydantic import ValidationError
 
-    from trainsentry.config import ConfigError
+    from trainsentry.config import ConfigError, describe_invalid
     from trainsentry.gateway.policy import PolicyError, load_policy
     from trainsentry.notifiers.settings import ChannelsSettings
     from trainsentry.reports.settings import report_settings
@@ -114,7 +114,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         channels = ChannelsSettings.model_validate(dict(getattr(settings, "channels", None) or {}))
         policy = load_policy(settings.gateway.policy_file)
     except (ConfigError, ValidationError, PolicyError, ValueError) as exc:
-        raise UsageError(f"configuration error: {exc}") from exc
+        raise UsageError(f"configuration error: {describe_invalid(exc)}") from None
     opts = StatsOptions.from_policy(policy, short_lived_s=reports.short_lived_s)
     return settings.gateway, reports, channels, opts
 
