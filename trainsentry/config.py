@@ -137,13 +137,21 @@ def load_settings(
                     f"{path}: {section}.{key} is a secret; set it through the environment"
                 )
         raw = loaded
+
+    def settable(name: str) -> dict[str, Any]:
+        # `gateway:` with nothing under it is None in YAML: an empty section.
+        section = raw[name] = raw.get(name) or {}
+        if not isinstance(section, dict):
+            raise ConfigError(f"{path or 'settings'}: `{name}` must be a mapping")
+        return section
+
     for var, (section, key) in _ENV_MAP.items():
         if env.get(var):
-            raw.setdefault(section, {})[key] = env[var]
+            settable(section)[key] = env[var]
     for section, values in (overrides or {}).items():
         for key, value in values.items():
             if value is not None:
-                raw.setdefault(section, {})[key] = value
+                settable(section)[key] = value
     try:
         return Settings.model_validate(raw)
     except ValueError as exc:

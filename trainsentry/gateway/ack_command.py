@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import os
+import sys
 
 HELP = "acknowledge an alert: stop its phone escalation (and optionally silence it)"
 DESCRIPTION = """\
@@ -15,8 +16,8 @@ silence for the alert's labels (when the gateway has an Alertmanager configured)
 The API token comes from TRAINSENTRY_API_TOKEN; the gateway from --gateway or
 TRAINSENTRY_GATEWAY_URL (default http://127.0.0.1:9095).
 
-Exit codes: 0 acknowledged, 1 the gateway refused or could not be reached, 2 bad arguments,
-3 no such alert.
+Exit codes: 0 acknowledged, 1 the gateway refused or could not be reached, 2 bad arguments
+(also a malformed gateway URL), 3 no such alert.
 """
 
 
@@ -58,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
             headers=headers,
             timeout=15,
         )
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:  # InvalidURL: no HTTPError
+        print(f"trainsentry ack: not a usable gateway URL: {base}: {exc}", file=sys.stderr)
+        return 2
     except httpx.HTTPError as exc:
         print(f"could not reach the gateway at {base}: {exc}")
         return 1

@@ -17,7 +17,8 @@ Secrets only from the environment: TRAINSENTRY_WEBHOOK_TOKEN (bearer token Alert
 must send), TRAINSENTRY_API_TOKEN (read and ack API).
 
 Exit codes: 0 stopped cleanly, 1 could not start (store unreachable, schema too new),
-2 bad arguments or configuration.
+2 bad arguments or configuration (also: a policy file missing or invalid, a database URL
+no driver takes).
 """
 
 
@@ -28,16 +29,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--console-file", metavar="FILE", type=Path, help="append console notifications here"
     )
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (INFO)")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+        help="DEBUG, INFO (INFO), WARNING, ERROR",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from trainsentry.config import ConfigError, load_settings
+    from trainsentry.config import ConfigError, describe_invalid, load_settings
     from trainsentry.gateway.app import CardCallbackSettings, Diagnosis, create_app
     from trainsentry.gateway.diagnosis import build_diagnosis_parts
     from trainsentry.logs import configure_logging
+    from trainsentry.store.engine import StoreError, async_url
 
     configure_logging(args.log_level)
     from trainsentry.gateway.channels import build
@@ -49,27 +57,29 @@ def run(args: argparse.Namespace) -> int:
                 "gateway": {"listen": args.listen, "db": args.db, "console_file": args.console_file}
             },
         )
+        gateway = settings.gateway
+        async_url(gateway.db)  # refuses a URL no driver takes, without showing its password
         channels = build(settings)
         diagnosis_parts = build_diagnosis_parts(settings.diagnosis, os.environ)
-    except (ConfigError, ValueError) as exc:
-        logging.getLogger("trainsentry").error("configuration error: %s", exc)
-        return 2
-    gateway = settings.gateway
-    built = channels.built
-    card_callback = None
-    if built is not None and built.callback_path and built.verification_token:
-        card_callback = CardCallbackSettings(
-            built.callback_path, built.verification_token, built.encrypt_key
+        built = channels.built
+        card_callback = None
+        if built is not None and built.callback_path and built.verification_token:
+            card_callback = CardCallbackSettings(
+                built.callback_path, built.verification_token, built.encrypt_key
+            )
+        # loads and checks the policy file (TRAINSENTRY_POLICY_FILE): PolicyError is a ValueError
+        app = create_app(
+            gateway,
+            notifiers=channels.notifiers,
+            rate_limits=channels.rate_limits,
+            escalator=built.escalator if built is not None else None,
+            silences=built.silences if built is not None else None,
+            card_callback=card_callback,
+            diagnosis=Diagnosis(*diagnosis_parts) if diagnosis_parts is not None else None,
         )
-    app = create_app(
-        gateway,
-        notifiers=channels.notifiers,
-        rate_limits=channels.rate_limits,
-        escalator=built.escalator if built is not None else None,
-        silences=built.silences if built is not None else None,
-        card_callback=card_callback,
-        diagnosis=Diagnosis(*diagnosis_parts) if diagnosis_parts is not None else None,
-    )
+    except (ConfigError, StoreError, ValueError) as exc:
+        logging.getLogger("trainsentry").error("configuration error: %s", describe_invalid(exc))
+        return 2
     try:
         web.run_app(
             app,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 HELP = "export stored alert occurrences as CSV/XLSX rows (the sheet archive's columns)"
@@ -11,7 +12,11 @@ Writes one row per stored alert occurrence, with the same columns as the Feishu 
 archive (see docs/channels.md), for places without Feishu. The format follows the file suffix
 (.csv or .xlsx).
 
-Exit codes: 0 written, 1 the store could not be read, 2 bad arguments.
+It only reads the store: a SQLite file that does not exist (a wrong --db) is refused, never
+created empty.
+
+Exit codes: 0 written, 1 the store could not be read, 2 bad arguments (also: no store at
+--db, a database URL no driver takes, an output file that cannot be written where given).
 """
 
 
@@ -25,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     from datetime import UTC, datetime
 
+    from trainsentry.store.engine import StoreMissing, StoreUrlError
     from trainsentry.store.queries import export_alert_rows
 
     since = None
@@ -37,6 +43,12 @@ def run(args: argparse.Namespace) -> int:
         since = since if since.tzinfo else since.replace(tzinfo=UTC)
     try:
         count = asyncio.run(export_alert_rows(args.db, args.out, since))
+    except (StoreMissing, StoreUrlError) as exc:  # no store at --db (never created), a bad URL
+        print(f"trainsentry export: {exc}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
+        print(f"trainsentry export: cannot write {args.out}: {exc.strerror}", file=sys.stderr)
+        return 2
     except Exception as exc:
         print(f"export failed: {type(exc).__name__}: {exc}")
         return 1

@@ -24,7 +24,7 @@ started with `trainsentry.probe.start()` or `TRAINSENTRY_PROBE=1 ... -m trainsen
 Exit codes:
   0  success
   1  the RAS service or the probe did not answer, or answered with an error
-  2  usage error
+  2  usage error (also a malformed URL)
 """
 
 
@@ -81,6 +81,11 @@ def _get(url: str, timeout: float, token: str | None = None) -> Any:
     return httpx.get(url, headers=headers, timeout=timeout)
 
 
+def _bad_url(url: str, exc: Exception) -> int:
+    print(f"trainsentry probe: not a usable probe URL: {url}: {exc}", file=sys.stderr)
+    return 2
+
+
 def _run_status(args: argparse.Namespace) -> int:
     import httpx
 
@@ -88,6 +93,8 @@ def _run_status(args: argparse.Namespace) -> int:
         response = _get(args.url.rstrip("/") + "/status", args.timeout)
         response.raise_for_status()
         status = response.json()
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:  # InvalidURL: no HTTPError
+        return _bad_url(args.url, exc)
     except (httpx.HTTPError, ValueError) as exc:
         print(f"probe at {args.url}: {exc}", file=sys.stderr)
         return 1
@@ -125,6 +132,8 @@ def _run_dump(args: argparse.Namespace) -> int:
         response = _get(args.url.rstrip("/") + "/dump", args.timeout, token)
         response.raise_for_status()
         json.loads(response.content)
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+        return _bad_url(args.url, exc)
     except (httpx.HTTPError, ValueError) as exc:
         print(f"probe at {args.url}: {exc}", file=sys.stderr)
         return 1

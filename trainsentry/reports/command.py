@@ -31,11 +31,18 @@ in reports.timezone (--tz overrides). Settings: --config FILE / TRAINSENTRY_CONF
 (sections `reports:` and `channels.email:`), store from --db / TRAINSENTRY_DB.
 SMTP password only from the environment variable named by channels.email.password_env.
 
+Both only read a store the gateway created: a SQLite file that does not exist (a wrong
+--db, or the default sqlite:///trainsentry.db in the wrong directory) is refused, never
+created empty. `send` adds its own table (report_runs) to an existing store.
+
 Exit codes: 0 done (send: everything due was sent or had been sent already),
-1 failure (store unreachable, a send failed), 2 bad arguments or configuration.
+1 failure (store unreachable, a send failed), 2 bad arguments or configuration (also: no
+store at --db, an output file that cannot be written where given).
 """
 
 log = logging.getLogger("trainsentry.reports")
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +58,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--now", metavar="ISO", help="pretend the current time is ISO (backfills, tests)"
     )
-    parser.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING (WARNING)")
+    parser.add_argument(
+        "--log-level",
+        default="WARNING",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        help="DEBUG, INFO, WARNING (WARNING), ERROR",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -133,11 +146,26 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
+# Writing an output file fails because of where it was asked to go (a bad argument, exit 2),
+# or for another reason (a full disk: a failure, exit 1).
+_BAD_PATH = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+
+
 async def _run(args: argparse.Namespace) -> int:
-    from trainsentry.store import StoreError, create_engine, migrate
+    from trainsentry.reports.period import parse_period
+    from trainsentry.store.engine import (
+        StoreError,
+        StoreMissing,
+        StoreUrlError,
+        check_schema,
+        create_engine,
+        migrate,
+    )
 
     gateway, reports, channels, opts = _load(args)
     now = _now(args.now)
+    # the period is checked before touching the store (send parses it again per audience)
+    parse_period(args.period, now, reports.timezone, reports.week_start)
     if (
         args.report_command == "render"
         and args.team != "cluster"
@@ -145,10 +173,22 @@ async def _run(args: argparse.Namespace) -> int:
     ):
         raise UsageError(f"unknown team {args.team!r}")
     sending = _send_setup(args, reports, channels) if args.report_command == "send" else None
-    engine = create_engine(gateway.db)
+    try:
+        # A read-only use: a SQLite file that is not there is a wrong --db, not a new store.
+        engine = create_engine(gateway.db, must_exist=True)
+    except (StoreUrlError, StoreMissing) as exc:
+        raise UsageError(str(exc)) from None
+    except StoreError as exc:  # e.g. this Python's SQLite is too old
+        print(f"trainsentry report: store unusable: {exc}", file=sys.stderr)
+        return 1
     try:
         try:
-            await migrate(engine)
+            if sending is None:
+                await check_schema(engine)  # render reads, and changes nothing
+            else:
+                await migrate(engine, create=False)  # send's report_runs, never a new store
+        except StoreMissing as exc:
+            raise UsageError(str(exc)) from None
         except (StoreError, OSError) as exc:
             print(f"trainsentry report: store unusable: {exc}", file=sys.stderr)
             return 1
@@ -174,11 +214,21 @@ async def _render(
 
     period = parse_period(args.period, now, reports.timezone, reports.week_start)
     stats, report = await build(engine, reports, period, args.team, opts)
-    args.out.write_text(report.preview_html, encoding="utf-8")
+    outputs: list[tuple[Path, bytes]] = [(args.out, report.preview_html.encode("utf-8"))]
     if args.text:
-        args.text.write_text(report.text, encoding="utf-8")
+        outputs.append((args.text, report.text.encode("utf-8")))
     if args.csv:
-        args.csv.write_bytes(report.csv)
+        outputs.append((args.csv, report.csv))
+    for path, content in outputs:
+        try:
+            path.write_bytes(content)
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            message = f"cannot write {path}: {reason}"
+            if isinstance(exc, _BAD_PATH):
+                raise UsageError(message) from None
+            print(f"trainsentry report: {message}", file=sys.stderr)
+            return 1
     if args.json:
         print(
             json.dumps(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, select, text
@@ -18,6 +19,11 @@ class StoreError(RuntimeError):
     """The store cannot be used (bad URL, unreachable, or a schema we cannot handle)."""
 
 
+class StoreUrlError(StoreError):
+    """The database URL is not one we can use (a usage error; the message never holds the
+    URL's password)."""
+
+
 _ASYNC_DRIVERS = {
     "sqlite": "sqlite+aiosqlite",
     "postgresql": "postgresql+asyncpg",
@@ -28,18 +34,84 @@ _ASYNC_DRIVERS = {
 }
 
 
+# libpq's `sslmode` values; asyncpg takes the same ones as its `ssl` argument.
+_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+# libpq's certificate parameters, which asyncpg reads from these environment variables only.
+_LIBPQ_SSL_FILES = {
+    "sslrootcert": "PGSSLROOTCERT",
+    "sslcert": "PGSSLCERT",
+    "sslkey": "PGSSLKEY",
+    "sslcrl": "PGSSLCRL",
+}
+
+
 def async_url(url: str) -> str:
-    """`sqlite:///x.db` / `postgresql://...` → the async driver URL SQLAlchemy needs."""
+    """`sqlite:///x.db` / `postgresql://...` → the async driver URL SQLAlchemy needs.
+
+    libpq's `?sslmode=X` (the form managed databases hand out) becomes asyncpg's `?ssl=X`.
+    Messages never carry the URL's password (it usually comes from a Secret).
+    """
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
-        raise StoreError(f"not a database URL: {url!r}") from exc
+    except ArgumentError:
+        raise StoreUrlError(
+            "not a database URL (not shown, it may hold a password); "
+            "use sqlite:///PATH or postgresql://USER:PASSWORD@HOST:PORT/DB"
+        ) from None
     driver = _ASYNC_DRIVERS.get(parsed.drivername)
     if driver is None:
-        raise StoreError(
+        raise StoreUrlError(
             f"unsupported database {parsed.drivername!r}; use sqlite:///PATH or postgresql://..."
         )
-    return parsed.set(drivername=driver).render_as_string(hide_password=False)
+    parsed = parsed.set(drivername=driver)
+    if driver == "postgresql+asyncpg" and "sslmode" in parsed.query:
+        sslmode = parsed.query["sslmode"]
+        if isinstance(sslmode, tuple) or sslmode not in _SSLMODES:
+            raise StoreUrlError(f"sslmode must be one of {', '.join(_SSLMODES)}")
+        if "ssl" in parsed.query:
+            raise StoreUrlError("the database URL sets both sslmode and ssl; keep one")
+        parsed = parsed.difference_update_query(["sslmode"]).update_query_dict({"ssl": sslmode})
+    if driver == "postgresql+asyncpg":
+        files = sorted(set(parsed.query) & set(_LIBPQ_SSL_FILES))
+        if files:
+            env = ", ".join(_LIBPQ_SSL_FILES[name] for name in files)
+            raise StoreUrlError(
+                f"the database URL's {', '.join(files)} cannot be passed to asyncpg: "
+                f"set {env} in the environment instead"
+            )
+    return parsed.render_as_string(hide_password=False)
+
+
+class StoreMissing(StoreError):
+    """A command that only reads the store (or adds its own tables to it) was pointed at a
+    store that does not exist: it must not create an empty one in its place."""
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The absolute path of a SQLite URL's file; None for other databases and in-memory ones."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None
+    if not parsed.drivername.startswith("sqlite"):
+        return None
+    database = parsed.database or ""
+    if database in ("", ":memory:"):
+        return None
+    if database.startswith("file:"):  # a SQLite URI filename (?uri=true)
+        database = database[len("file:") :].split("?", 1)[0]
+    return Path(database).expanduser().absolute()
+
+
+def require_existing(url: str) -> None:
+    """Raises StoreMissing for a SQLite URL whose file does not exist (opening it would create
+    an empty store). Says which absolute path it looked at."""
+    path = sqlite_path(url)
+    if path is not None and not path.is_file():
+        raise StoreMissing(
+            f"no store at {path}: the file does not exist (is the database URL right? "
+            "only the gateway creates a store)"
+        )
 
 
 def is_sqlite(engine: AsyncEngine) -> bool:
@@ -74,9 +146,12 @@ def check_sqlite(version: tuple[int, int, int] = sqlite3.sqlite_version_info) ->
         )
 
 
-def create_engine(url: str, *, pool_size: int = 5) -> AsyncEngine:
-    """An async engine for `url` with our per-backend settings (no I/O yet)."""
+def create_engine(url: str, *, pool_size: int = 5, must_exist: bool = False) -> AsyncEngine:
+    """An async engine for `url` with our per-backend settings (no I/O yet, except that
+    `must_exist` refuses a SQLite file that is not there: see `require_existing`)."""
     full = async_url(url)
+    if must_exist:
+        require_existing(url)
     if full.startswith("sqlite"):
         check_sqlite()
         engine = create_async_engine(full, connect_args={"timeout": 10})
@@ -101,28 +176,48 @@ async def _current_version(conn: AsyncConnection) -> int | None:
     return None if version is None else int(version)
 
 
-async def migrate(engine: AsyncEngine) -> int:
-    """Creates or upgrades the schema to SCHEMA_VERSION; refuses a newer one. Returns it.
+def _too_new(current: int) -> StoreError:
+    return StoreError(
+        f"the database has schema version {current}, newer than this trainsentry "
+        f"understands ({SCHEMA_VERSION}); upgrade trainsentry"
+    )
 
-    On PostgreSQL an advisory lock serialises replicas starting at the same time.
+
+async def migrate(engine: AsyncEngine, *, create: bool = True) -> int:
+    """Creates or upgrades the schema to SCHEMA_VERSION; refuses a newer one. Returns it.
+    With `create=False` a database without the store's schema is refused (StoreMissing)
+    instead of set up: for commands that only add to an existing store.
+
+    All of it is one transaction that also keeps other migrators out, and the version is read
+    inside it, so a second process starting at the same time finds nothing left to do. On
+    PostgreSQL an advisory lock serialises replicas. On SQLite the driver (pysqlite) would run
+    DDL outside any transaction, so the migration opens one itself with BEGIN IMMEDIATE
+    (taking the write lock at once; others wait up to the busy timeout): a step failing half
+    way leaves the store exactly as it was.
     """
     from trainsentry.store.migrations import MIGRATIONS
 
     async with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
             await conn.execute(text("SELECT pg_advisory_xact_lock(7412001)"))
+        elif engine.dialect.name == "sqlite":
+            # pysqlite's commit()/rollback() end this transaction: they act whenever SQLite
+            # is not in autocommit mode, whoever began the transaction.
+            await conn.exec_driver_sql("BEGIN IMMEDIATE")
         current = await _current_version(conn)
         if current is None:
+            if not create:
+                raise StoreMissing(
+                    "the database holds no trainsentry store (no schema_version table); "
+                    "only the gateway creates a store"
+                )
             await conn.run_sync(metadata.create_all)
             await conn.execute(
                 schema_version.insert().values(version=SCHEMA_VERSION, applied_at=utcnow())
             )
             return SCHEMA_VERSION
         if current > SCHEMA_VERSION:
-            raise StoreError(
-                f"the database has schema version {current}, newer than this trainsentry "
-                f"understands ({SCHEMA_VERSION}); upgrade trainsentry"
-            )
+            raise _too_new(current)
         for version in range(current + 1, SCHEMA_VERSION + 1):
             for step in MIGRATIONS[version]:
                 if isinstance(step, str):
@@ -131,6 +226,21 @@ async def migrate(engine: AsyncEngine) -> int:
                     await conn.run_sync(step)
             await conn.execute(schema_version.insert().values(version=version, applied_at=utcnow()))
         return SCHEMA_VERSION
+
+
+async def check_schema(engine: AsyncEngine) -> int:
+    """The store's schema version, without changing anything: StoreMissing when there is no
+    store in the database, StoreError when its schema is newer than this trainsentry's."""
+    async with engine.connect() as conn:
+        current = await _current_version(conn)
+    if current is None:
+        raise StoreMissing(
+            "the database holds no trainsentry store (no schema_version table); "
+            "only the gateway creates a store"
+        )
+    if current > SCHEMA_VERSION:
+        raise _too_new(current)
+    return current
 
 
 async def check_reachable(engine: AsyncEngine) -> None:

@@ -163,14 +163,16 @@ async def set_priorities(conn: AsyncConnection, decided: Sequence[tuple[int, str
 
 async def export_alert_rows(db_url: str, out: Path, since: datetime | None = None) -> int:
     """Writes every stored occurrence (optionally since a time) as archive rows; returns the
-    number of rows."""
+    number of rows. StoreMissing when there is no store at `db_url`."""
     from trainsentry.alerts import Alert, AlertStatus
     from trainsentry.notifiers.export import export_rows
     from trainsentry.notifiers.rows import row_from_alert
-    from trainsentry.store.engine import create_engine
+    from trainsentry.store.engine import check_schema, create_engine
 
-    engine = create_engine(db_url)
+    # Read only: a missing SQLite file is refused (StoreMissing), never created empty.
+    engine = create_engine(db_url, must_exist=True)
     try:
+        await check_schema(engine)
         async with engine.connect() as conn:
             query = select(alerts).order_by(alerts.c.id)
             if since is not None:
