@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import drop_pg_database, make_pg_database
+from pg_databases import drop_pg_database, make_pg_database
 from sqlalchemy import text
 
 from trainsentry.store.engine import (
