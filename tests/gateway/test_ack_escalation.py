@@ -326,6 +326,11 @@ async def test_ack_while_a_call_is_in_flight_stops_its_retry(
         await settle(server)
         assert receiver.requests == 1 and receiver.bodies == []
         [(status, error)] = await call_rows(server)
-        assert status == "dead" and error is not None and "acknowledged by alice" in error
+        # withdrawn, not failed: TrainsentryNotificationsDead must not fire for it
+        assert status == "cancelled" and error is not None and "acknowledged by alice" in error
+        async with aiohttp.ClientSession() as http, http.get(server.make_url("/metrics")) as r:
+            metrics = await r.text()
+        assert 'channel="phone",outcome="cancelled"} 1.0' in metrics
+        assert 'outcome="dead"} 1.0' not in metrics
     finally:
         await close_in_process(server)

@@ -39,6 +39,7 @@ from trainsentry.notifiers.base import (
     OutboundNotification,
     PermanentError,
     RateLimitedError,
+    Withdrawn,
 )
 from trainsentry.notifiers.ratelimit import RateGate, RateLimit, Slot
 from trainsentry.store.schema import notifications
@@ -47,6 +48,8 @@ from trainsentry.tasks import OwnedTask
 log = logging.getLogger("trainsentry.outbox")
 
 PENDING, SENDING, SENT, DEAD = "pending", "sending", "sent", "dead"
+# A notification withdrawn before it went out (a stopped escalation's call): final, no failure.
+CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,7 +353,11 @@ class Outbox:
     def _failed(self, row: OutboundNotification, exc: NotifierError) -> _Outcome:
         attempts = row.attempts + 1
         error = f"{type(exc).__name__}: {exc}"[:2000]
-        if isinstance(exc, PermanentError) or attempts >= self._retry.max_attempts:
+        if isinstance(exc, Withdrawn):
+            log.info("notification withdrawn channel=%s id=%d: %s", row.channel, row.id, exc)
+            outcome = _Outcome(row.id, CANCELLED, attempts, last_error=error)
+            label = "cancelled"
+        elif isinstance(exc, PermanentError) or attempts >= self._retry.max_attempts:
             log.error(
                 "notification dead channel=%s id=%d attempts=%d error=%r",
                 row.channel,

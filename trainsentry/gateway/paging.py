@@ -30,7 +30,7 @@ from trainsentry.gateway.escalation import (
     new_state,
     next_wakeup,
 )
-from trainsentry.gateway.outbox import PENDING, SENDING
+from trainsentry.gateway.outbox import CANCELLED, PENDING, SENDING
 from trainsentry.notifiers.phone.notifier import CANCELLED_MARK, call_payload, call_text
 from trainsentry.store.policy_state import claim_due, load_states, save_states
 from trainsentry.store.schema import alerts, notifications
@@ -39,8 +39,6 @@ ESCALATION_SCOPE = "escalation"
 ESCALATION_KEY = "incidents"
 PHONE_CHANNEL = "phone"
 CALL_KIND = "call"
-# Outbox status of a call its escalation stopped before it rang (final, like sent and dead).
-CANCELLED = "cancelled"
 # An incident acked or exhausted while its alert fires is kept until the alert resolves (a
 # page of a known alert opens nothing), or this long if the resolve never reaches us (e.g.
 # paging was off meanwhile).

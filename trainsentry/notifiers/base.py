@@ -68,6 +68,11 @@ class PermanentError(NotifierError):
     retryable = False
 
 
+class Withdrawn(PermanentError):
+    """The notification no longer applies (a call whose escalation was stopped by an ack or
+    a resolve): it ends `cancelled`, which is no delivery failure."""
+
+
 @runtime_checkable
 class Notifier(Protocol):
     """A channel. `name` is the channel name used in routes and outbox rows."""

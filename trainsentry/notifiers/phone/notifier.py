@@ -15,7 +15,7 @@ from typing import Any, NotRequired
 from typing_extensions import TypedDict
 
 from trainsentry.gateway.escalation import CallDue, Person
-from trainsentry.notifiers.base import OutboundNotification, PermanentError, Receipt
+from trainsentry.notifiers.base import OutboundNotification, PermanentError, Receipt, Withdrawn
 from trainsentry.notifiers.feishu.app import FeishuAppClient
 from trainsentry.notifiers.phone.base import PhoneCall, PhoneProvider
 from trainsentry.notifiers.phone.feishu import FeishuUrgentPhoneProvider
@@ -130,9 +130,9 @@ class PhoneNotifier:
 
     async def send(self, notification: OutboundNotification) -> Receipt:
         if notification.payload.get("status") == "resolved":
-            raise PermanentError("refusing to call about a resolved alert")
+            raise Withdrawn("refusing to call about a resolved alert")
         if cancelled := notification.payload.get(CANCELLED_MARK):
-            raise PermanentError(f"call cancelled: escalation stopped ({cancelled})")
+            raise Withdrawn(f"call cancelled: escalation stopped ({cancelled})")
         call = phone_call_from(notification)
         receipt = await self.provider.call(call)
         log.info(
