@@ -24,3 +24,17 @@ class OwnedTask:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+
+async def wait_for_event(event: asyncio.Event, seconds: float) -> bool:
+    """Waits until `event` is set or `seconds` pass; True if it was set.
+
+    Not `asyncio.wait_for`: on Python 3.11 it loses a cancellation that arrives just as the
+    event is set (it returns the result instead), and a loop built on it then runs on after
+    `OwnedTask.stop()` cancelled it, which waits for it forever. `asyncio.timeout` does not.
+    """
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()
+            return True
+    return False

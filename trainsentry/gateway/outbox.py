@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import os
@@ -43,7 +42,7 @@ from trainsentry.notifiers.base import (
 )
 from trainsentry.notifiers.ratelimit import RateGate, RateLimit, Slot
 from trainsentry.store.schema import notifications
-from trainsentry.tasks import OwnedTask
+from trainsentry.tasks import OwnedTask, wait_for_event
 
 log = logging.getLogger("trainsentry.outbox")
 
@@ -142,8 +141,7 @@ class Outbox:
                 continue
             self._wakeup.clear()
             timeout = await self._idle_wait()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), timeout=timeout)
+            await wait_for_event(self._wakeup, timeout)
 
     async def _idle_wait(self) -> float:
         """Seconds until the next row becomes due (bounded), so retries are not late."""

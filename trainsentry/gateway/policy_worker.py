@@ -21,7 +21,6 @@ only its notification is lost, instead of every notification behind it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -32,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from trainsentry.alerts import AlertChange, utcnow
 from trainsentry.gateway.intake import PlanHook
 from trainsentry.store.inbox import Claimed, claim_inbox, clear_inbox
-from trainsentry.tasks import OwnedTask
+from trainsentry.tasks import OwnedTask, wait_for_event
 
 log = logging.getLogger("trainsentry.policy")
 
@@ -160,8 +159,7 @@ class PolicyWorker:
     async def _run(self) -> None:
         failures = 0
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self._poll_interval)
+            await wait_for_event(self._wake, self._poll_interval)
             self._wake.clear()
             try:
                 planned = await self.run_once()

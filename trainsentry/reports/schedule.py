@@ -9,7 +9,6 @@ was down catches the missed weeks up when it comes back.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from datetime import datetime
@@ -21,6 +20,7 @@ from trainsentry.notifiers.email import SmtpConfig
 from trainsentry.reports.delivery import DigestPoster, Outcome, send_reports
 from trainsentry.reports.settings import ReportSettings
 from trainsentry.reports.stats import StatsOptions
+from trainsentry.tasks import wait_for_event
 
 log = logging.getLogger(__name__)
 
@@ -47,5 +47,4 @@ async def report_loop(
                 on_result(outcomes)
         except Exception as exc:  # the store may be briefly away; try again next round
             log.error("event=report_round_failed error=%s: %s", type(exc).__name__, exc)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=interval_s)
+        await wait_for_event(stop, interval_s)
