@@ -1,9 +1,5 @@
 """The durable outbox: rows written by the intake transaction are sent here by channel.
 
-- Each channel has its own loop, which claims a row only when it can send it at once: a send
-  slot of that channel is free and, on a rate-limited channel, the limit's next turn has come.
-  So a slow or rate-limited channel never delays another, the most urgent due row is the next
-  one claimed (not queued behind a claimed backlog), and a lease covers a send, not a wait.
 - A row is claimed before it is sent (status `sending`, a lease with our worker id). On
   PostgreSQL the claim uses `FOR UPDATE SKIP LOCKED`, so with several gateway replicas each
   row is sent by exactly one of them. A lease that expires (the sender crashed) puts the row
@@ -26,10 +22,10 @@ import os
 import random
 import secrets
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import Row, and_, bindparam, exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -46,7 +42,7 @@ from trainsentry.notifiers.base import (
 )
 from trainsentry.notifiers.ratelimit import RateGate, RateLimit, Slot
 from trainsentry.store.schema import notifications
-from trainsentry.tasks import OwnedTask
+from trainsentry.tasks import OwnedTask, wait_for_event
 
 log = logging.getLogger("trainsentry.outbox")
 
@@ -86,34 +82,6 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
-T = TypeVar("T")
-
-
-async def _uncut(operation: Awaitable[T]) -> T:
-    """Runs a store operation that a cancellation (stop) does not cut off midway: it finishes,
-    then the cancellation goes on. An aiosqlite query cancelled midway leaves a connection
-    SQLAlchemy cannot close, and the event loop hangs when it closes."""
-    task = asyncio.ensure_future(operation)
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        await asyncio.wait({task})
-        raise
-
-
-def _blocked_by_older() -> Any:
-    """True for a row of which an older row of its (channel, group) is pending or in flight."""
-    older = notifications.alias("older")
-    return exists().where(
-        and_(
-            older.c.channel == notifications.c.channel,
-            older.c.group_key == notifications.c.group_key,
-            older.c.id < notifications.c.id,
-            older.c.status.in_((PENDING, SENDING)),
-        )
-    )
-
-
 class Outbox:
     def __init__(
         self,
@@ -145,21 +113,14 @@ class Outbox:
         }
         self._lease = timedelta(seconds=lease_seconds)
         self._claim_batch = claim_batch
-        self._concurrency = concurrency  # sends in flight, per channel
+        self._semaphore = asyncio.Semaphore(concurrency)
         self._clock = clock
         self._rng = rng or random.Random()
-        self._wakeups = {channel: asyncio.Event() for channel in self._notifiers}
-        # Each outcome is written as soon as its send finishes; outcomes that finish while a
-        # write is under way are written together by the next one (group commit). So a crash
-        # resends only rows in flight or waiting for that one write, and a burst of fast
-        # sends does not cost one transaction each.
-        self._unwritten: list[_Outcome] = []
-        self._writing = asyncio.Lock()
+        self._wakeup = asyncio.Event()
         self._task = OwnedTask("outbox", self.run)
 
     def wake(self) -> None:
-        for wakeup in self._wakeups.values():
-            wakeup.set()
+        self._wakeup.set()
 
     def start(self) -> None:
         self._task.start()
@@ -168,131 +129,60 @@ class Outbox:
         await self._task.stop()
 
     async def run(self) -> None:
-        """One loop per channel (`_serve`), and one that recovers expired leases."""
-
-        async def serve(channel: str) -> None:
-            while True:
-                try:
-                    await self._serve(channel)
-                except Exception:  # a bug must not end the channel's loop
-                    log.exception("outbox loop failed channel=%s", channel)
-                    await asyncio.sleep(1.0)
-
-        async def recover() -> None:
-            while True:
-                try:
-                    if await _uncut(self.recover_expired_leases()):
-                        self.wake()
-                except Exception:  # the store may be down; keep the loop alive
-                    log.exception("outbox lease recovery failed")
-                await asyncio.sleep(5.0)  # leases last a minute
-
-        await asyncio.gather(recover(), *(serve(channel) for channel in self._notifiers))
-
-    async def run_once(self) -> bool:
-        """Recovers expired leases, then claims and sends every channel's due rows until none
-        is due or in flight. True if any were claimed."""
-        await self.recover_expired_leases()
-        served = await asyncio.gather(
-            *(self._serve(channel, until_idle=True) for channel in self._notifiers)
-        )
-        return any(served)
-
-    async def _serve(self, channel: str, *, until_idle: bool = False) -> bool:
-        """Claims and sends `channel`'s rows, each as soon as it can go out: while fewer than
-        `concurrency` of its sends are in flight and, on a rate-limited channel, one row per
-        turn of the limit, claimed once the turn has come. Nothing claimed waits behind a
-        backlog, so a P0 written meanwhile is the next row claimed, and a lease covers a send,
-        not a wait for a token. Runs forever; with `until_idle`, until nothing is due or in
-        flight (True if it claimed anything)."""
-        gate = self._gates.get(channel)
-        wakeup = self._wakeups[channel]
-        sends: set[asyncio.Task[None]] = set()
-        claimed_any = False
-        try:
-            while True:
-                if len(sends) >= self._concurrency:
-                    await asyncio.wait(sends, return_when=asyncio.FIRST_COMPLETED)
-                    continue
-                wakeup.clear()
-                slot: Slot | None = None
-                rows: list[OutboundNotification] = []
-                try:
-                    if gate is None:
-                        free = min(self._claim_batch, self._concurrency - len(sends))
-                        rows = await _uncut(self.claim({channel: free}))
-                    elif await _uncut(self._next_due(channel)) == 0.0:
-                        turn = await gate.acquire()
-                        assert isinstance(turn, Slot)  # max_wait is infinite: it waits
-                        slot = turn
-                        try:
-                            rows = await _uncut(self.claim({channel: 1}))  # the most urgent now
-                        finally:
-                            if not rows:  # another replica took it: the turn is spent
-                                gate.done(slot)
-                except Exception:  # the store may be down; keep the loop alive
-                    log.exception("outbox claim failed channel=%s", channel)
-                for row in rows:
-                    task = asyncio.create_task(self._send_and_record(row, slot))
-                    sends.add(task)
-                    task.add_done_callback(sends.discard)
-                if rows:
-                    claimed_any = True
-                    continue
-                if until_idle and not sends:
-                    return claimed_any
-                # Nothing to claim: wait for a new row (wake), a send's end (it may unblock the
-                # next row of its group) or the next row's due time.
-                woken = asyncio.create_task(wakeup.wait())
-                try:
-                    await asyncio.wait(
-                        {woken, *sends},
-                        timeout=await self._idle_wait(channel),
-                        return_when=asyncio.FIRST_COMPLETED,
-                    )
-                finally:
-                    woken.cancel()
-        finally:  # cancelled (stop): the sends in flight end with it, their rows left `sending`
-            for task in sends:
-                task.cancel()
-            await asyncio.gather(*sends, return_exceptions=True)
-
-    async def _send_and_record(self, row: OutboundNotification, slot: Slot | None) -> None:
-        self._unwritten.append(await self._deliver(row, slot))
-        async with self._writing:
-            if not self._unwritten:
-                return
-            batch = self._unwritten[:]
-            self._unwritten.clear()
+        while True:
             try:
-                await _uncut(self._record(batch))
-            except Exception:  # the rows stay `sending` until their lease expires, then resent
-                log.exception("outbox could not record outcomes count=%d", len(batch))
+                sent_any = await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the store may be down; keep the loop alive
+                log.exception("outbox cycle failed")
+                sent_any = False
+            if sent_any:
+                continue
+            self._wakeup.clear()
+            timeout = await self._idle_wait()
+            await wait_for_event(self._wakeup, timeout)
 
-    async def _next_due(self, channel: str) -> float | None:
-        """Seconds until `channel`'s next claimable row is due (0.0: now), None if none is."""
-        async with self._engine.connect() as conn:
-            next_due = (
-                await conn.execute(
-                    select(func.min(notifications.c.next_attempt_at)).where(
-                        notifications.c.status == PENDING,
-                        notifications.c.channel == channel,
-                        ~_blocked_by_older(),
-                    )
-                )
-            ).scalar()
-        if not isinstance(next_due, datetime):
-            return None
-        return max(0.0, (next_due - self._clock()).total_seconds())
-
-    async def _idle_wait(self, channel: str) -> float:
-        """Seconds to wait for `channel`'s next row, bounded: rows that another replica's send
-        holds back are noticed within a second."""
+    async def _idle_wait(self) -> float:
+        """Seconds until the next row becomes due (bounded), so retries are not late."""
         try:
-            next_due = await _uncut(self._next_due(channel))
+            async with self._engine.connect() as conn:
+                next_due = (
+                    await conn.execute(
+                        select(func.min(notifications.c.next_attempt_at)).where(
+                            notifications.c.status == PENDING
+                        )
+                    )
+                ).scalar()
         except Exception:
             return 1.0
-        return 1.0 if next_due is None else min(1.0, max(0.01, next_due))
+        if not isinstance(next_due, datetime):
+            return 5.0
+        return min(5.0, max(0.01, (next_due - self._clock()).total_seconds()))
+
+    async def run_once(self) -> bool:
+        """Recovers expired leases, claims due rows, sends them. True if any were claimed."""
+        await self.recover_expired_leases()
+        claimed = await self.claim()
+        if not claimed:
+            return False
+        # Each outcome is written as soon as its send finishes; outcomes that finish while a
+        # write is under way are written together by the next one (group commit). So a crash
+        # resends only rows in flight or waiting for that one write, and a burst of fast
+        # sends does not cost one transaction each.
+        unwritten: list[_Outcome] = []
+        writing = asyncio.Lock()
+
+        async def send_and_record(row: OutboundNotification) -> None:
+            unwritten.append(await self._deliver(row))
+            async with writing:
+                if unwritten:
+                    batch = unwritten[:]
+                    unwritten.clear()
+                    await self._record(batch)
+
+        await asyncio.gather(*(send_and_record(row) for row in claimed))
+        return True
 
     async def drain(self, within: float = 30.0) -> None:
         """Sends until nothing is due and nothing is in flight, also in the background worker
@@ -343,34 +233,43 @@ class Outbox:
 
     async def recover_expired_leases(self) -> int:
         now = self._clock()
-        expired = (notifications.c.status == SENDING) & (notifications.c.claimed_until < now)
-        # Look first: an UPDATE takes SQLite's write lock (waiting up to its busy timeout)
-        # even when it changes nothing, and the outbox asks every few seconds.
-        async with self._engine.connect() as conn:
-            found = (await conn.execute(select(notifications.c.id).where(expired).limit(1))).first()
-        if found is None:
-            return 0
         async with self._engine.begin() as conn:
             result = await conn.execute(
                 update(notifications)
-                .where(expired)
+                .where(notifications.c.status == SENDING, notifications.c.claimed_until < now)
                 .values(status=PENDING, claimed_by=None, claimed_until=None, next_attempt_at=now)
             )
         return int(result.rowcount or 0)
 
-    async def claim(self, limits: Mapping[str, int] | None = None) -> list[OutboundNotification]:
-        """Claims due rows: up to `limits[channel]` of each channel named there (by default
-        `claim_batch` of every channel); most urgent priority first ("P0" < "P1" < ... as
-        text), then oldest; within a group strictly in order."""
+    def _claim_limit(self, channel: str) -> int:
+        """How many rows of `channel` to claim now: no more than its rate limits let us send
+        well within one lease, so a claimed row never outlives its lease waiting for a token."""
+        gate = self._gates.get(channel)
+        if gate is None:
+            return self._claim_batch
+        horizon = self._lease.total_seconds() / 2
+        allowed = min(
+            max(1, int(limit.count * max(1.0, horizon / limit.per_seconds)))
+            for limit in gate.limits
+        )
+        return min(self._claim_batch, allowed)
+
+    async def claim(self) -> list[OutboundNotification]:
+        """Claims due rows of every channel (see `_claim_limit`): most urgent priority first
+        ("P0" < "P1" < ... as text), then oldest; within a group strictly in order."""
         now = self._clock()
-        if limits is None:
-            limits = dict.fromkeys(self._notifiers, self._claim_batch)
-        blocked_by_older = _blocked_by_older()
+        older = notifications.alias("older")
+        blocked_by_older = exists().where(
+            and_(
+                older.c.channel == notifications.c.channel,
+                older.c.group_key == notifications.c.group_key,
+                older.c.id < notifications.c.id,
+                older.c.status.in_((PENDING, SENDING)),
+            )
+        )
         rows: list[Row[Any]] = []
         async with self._engine.begin() as conn:
-            for channel, limit in limits.items():
-                if limit <= 0:
-                    continue
+            for channel in self._notifiers:
                 due = (
                     select(notifications.c.id)
                     .where(
@@ -381,7 +280,7 @@ class Outbox:
                     )
                     # a rate-limited channel's backlog of P3 cards must not hold back a P0
                     .order_by(notifications.c.priority, notifications.c.id)
-                    .limit(limit)
+                    .limit(self._claim_limit(channel))
                 )
                 if conn.dialect.name == "postgresql":
                     due = due.with_for_update(skip_locked=True, of=notifications)
@@ -419,21 +318,23 @@ class Outbox:
             key=lambda n: (n.priority.level, n.id),
         )
 
-    async def _deliver(self, row: OutboundNotification, slot: Slot | None) -> _Outcome:
-        """Sends `row`; `slot` is its turn of the channel's rate limit (taken before the claim)."""
+    async def _deliver(self, row: OutboundNotification) -> _Outcome:
         notifier = self._notifiers[row.channel]
         gate = self._gates.get(row.channel)
-        started = self._clock()
-        try:
-            receipt = await notifier.send(row)
-        except NotifierError as exc:
-            return self._failed(row, exc)
-        except Exception as exc:  # a bug in a channel must not stop the outbox
-            log.exception("channel=%s id=%d unexpected error", row.channel, row.id)
-            return self._failed(row, NotifierError(f"{type(exc).__name__}: {exc}"))
-        finally:
-            if gate is not None and slot is not None:
-                gate.done(slot)
+        async with self._semaphore:
+            slot = await gate.acquire() if gate is not None else None
+            assert not isinstance(slot, float)  # max_wait is infinite: it waits, never declines
+            started = self._clock()
+            try:
+                receipt = await notifier.send(row)
+            except NotifierError as exc:
+                return self._failed(row, exc)
+            except Exception as exc:  # a bug in a channel must not stop the outbox
+                log.exception("channel=%s id=%d unexpected error", row.channel, row.id)
+                return self._failed(row, NotifierError(f"{type(exc).__name__}: {exc}"))
+            finally:
+                if gate is not None and isinstance(slot, Slot):
+                    gate.done(slot)
         if self._metrics is not None:
             self._metrics.sends.labels(row.channel, "sent").inc()
             self._metrics.send_latency.labels(row.channel).observe(
