@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, select, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from trainsentry.alerts import utcnow
@@ -195,6 +196,21 @@ async def migrate(engine: AsyncEngine, *, create: bool = True) -> int:
     (taking the write lock at once; others wait up to the busy timeout): a step failing half
     way leaves the store exactly as it was.
     """
+    # A brand-new SQLite file is still in rollback-journal mode until a first connection
+    # turns on WAL, and there SQLite answers "database is locked" at once instead of waiting
+    # (deadlock avoidance), e.g. for a gateway and a report job starting together. The
+    # migration is one transaction, so trying it again is safe.
+    for attempt in range(5):
+        try:
+            return await _migrate_once(engine, create=create)
+        except OperationalError as exc:
+            if engine.dialect.name != "sqlite" or "locked" not in str(exc) or attempt == 4:
+                raise
+            await asyncio.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+async def _migrate_once(engine: AsyncEngine, *, create: bool) -> int:
     from trainsentry.store.migrations import MIGRATIONS
 
     async with engine.begin() as conn:
