@@ -12,41 +12,29 @@ import uuid
 PG_ADMIN_URL = os.environ.get("TRAINSENTRY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 
-def _pg_admin_dsn() -> str:
-    return PG_ADMIN_URL
-
-
-def make_pg_database() -> str:
-    """Creates an empty PostgreSQL database and returns its URL (sync, psycopg-free)."""
+def _admin(statement: str) -> None:
+    """Runs one statement on the admin database (sync, psycopg-free)."""
     import asyncio
 
     import asyncpg
 
-    name = f"ts_{uuid.uuid4().hex[:12]}"
-
-    async def create() -> None:
-        conn = await asyncpg.connect(_pg_admin_dsn())
+    async def run() -> None:
+        conn = await asyncpg.connect(PG_ADMIN_URL)
         try:
-            await conn.execute(f'CREATE DATABASE "{name}"')
+            await conn.execute(statement)
         finally:
             await conn.close()
 
-    asyncio.run(create())
+    asyncio.run(run())
+
+
+def make_pg_database() -> str:
+    """Creates an empty PostgreSQL database and returns its URL."""
+    name = f"ts_{uuid.uuid4().hex[:12]}"
+    _admin(f'CREATE DATABASE "{name}"')
     return PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
 
 
 def drop_pg_database(url: str) -> None:
-    import asyncio
-
-    import asyncpg
-
     name = url.rsplit("/", 1)[1]
-
-    async def drop() -> None:
-        conn = await asyncpg.connect(_pg_admin_dsn())
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
-
-    asyncio.run(drop())
+    _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from old_stores import create_version_2_schema
 from sqlalchemy import Connection, func, inspect, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -34,7 +35,6 @@ from trainsentry.store.bulk import (
     update_steps,
 )
 from trainsentry.store.inbox import claim_inbox, clear_inbox, urgency
-from trainsentry.store.migrations import MIGRATIONS
 from trainsentry.store.policy_state import claim_due, load_states, save_states
 from trainsentry.store.schema import (
     SCHEMA_VERSION,
@@ -336,13 +336,8 @@ async def test_upgrading_a_version_1_store_adds_the_inbox_as_a_new_store_has_it(
 async def test_changes_waiting_in_a_version_2_inbox_survive_the_upgrade(db_url: str) -> None:
     engine = create_engine(db_url)
     try:
-        v1_tables = [t for t in metadata.sorted_tables if t is not policy_inbox]
         async with engine.begin() as conn:
-            await conn.run_sync(lambda sync: metadata.create_all(sync, tables=v1_tables))
-            for step in MIGRATIONS[2]:
-                assert not isinstance(step, str)
-                await conn.run_sync(step)
-            await conn.execute(schema_version.insert().values(version=2, applied_at=BASE_TIME))
+            await create_version_2_schema(conn)
             # a change the version 2 intake stored and its policy had not yet planned
             alert_id = (
                 await conn.execute(

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from old_stores import create_version_2_schema
 from sqlalchemy import Connection, inspect, select, text
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -18,18 +19,13 @@ from webhook_factory import BASE_TIME
 
 from trainsentry.store.engine import StoreMissing, check_schema, create_engine, migrate
 from trainsentry.store.migrations import MIGRATIONS
-from trainsentry.store.schema import SCHEMA_VERSION, metadata, policy_inbox, schema_version
+from trainsentry.store.schema import SCHEMA_VERSION, schema_version
 
 
 async def make_version_2_store(engine: AsyncEngine) -> None:
     """A store as version 2 left it (the inbox without its urgency column)."""
-    v1_tables = [t for t in metadata.sorted_tables if t is not policy_inbox]
     async with engine.begin() as conn:
-        await conn.run_sync(lambda sync: metadata.create_all(sync, tables=v1_tables))
-        for step in MIGRATIONS[2]:
-            assert not isinstance(step, str)
-            await conn.run_sync(step)
-        await conn.execute(schema_version.insert().values(version=2, applied_at=BASE_TIME))
+        await create_version_2_schema(conn)
 
 
 async def store_shape(engine: AsyncEngine) -> tuple[list[int], list[str], list[str]]:
