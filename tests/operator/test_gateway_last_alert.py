@@ -43,20 +43,36 @@ def status_patches(emu: KubeEmulator) -> int:
     )
 
 
-async def test_gateway_feeds_last_alert(cluster: KubeEmulator, tmp_path: Any) -> None:
-    await post(cluster, TJ_PATH, trainingjob("llama"))
+async def start_gateway(
+    cluster: KubeEmulator,
+    tmp_path: Any,
+    *,
+    stale_after_seconds: float | None = None,
+    tick_interval: float = 1.0,
+) -> TestServer:
+    """A gateway writing TrainingJob status to the emulated cluster."""
+    extra = {} if stale_after_seconds is None else {"stale_after_seconds": stale_after_seconds}
     settings = GatewaySettings(
         listen="127.0.0.1:0",
         db=f"sqlite:///{tmp_path / 'gw.db'}",
         webhook_token=SecretStr(TOKEN),
         trainingjob_status=True,
+        **extra,
     )
 
     async def api() -> ApiClient:
         return ApiClient(Configuration(host=str(cluster.url).rstrip("/")))
 
-    server = TestServer(create_app(settings, kube_api=api), host="127.0.0.1")
+    server = TestServer(
+        create_app(settings, kube_api=api, tick_interval=tick_interval), host="127.0.0.1"
+    )
     await server.start_server()
+    return server
+
+
+async def test_gateway_feeds_last_alert(cluster: KubeEmulator, tmp_path: Any) -> None:
+    await post(cluster, TJ_PATH, trainingjob("llama"))
+    server = await start_gateway(cluster, tmp_path)
     labels = {"trainingjob": "llama", "namespace": NS}
     try:
         async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
@@ -94,20 +110,7 @@ async def test_a_hang_alert_alertmanager_stopped_sending_clears_last_alert(
     """Alertmanager stops sending an alert (e.g. it lost it in a restart): once its endsAt has
     passed, the gateway's ticker expires it, and the job's phase must recover from Hung."""
     await post(cluster, TJ_PATH, trainingjob("llama"))
-    settings = GatewaySettings(
-        listen="127.0.0.1:0",
-        db=f"sqlite:///{tmp_path / 'gw.db'}",
-        webhook_token=SecretStr(TOKEN),
-        trainingjob_status=True,
-        stale_after_seconds=0.5,
-    )
-
-    async def api() -> ApiClient:
-        return ApiClient(Configuration(host=str(cluster.url).rstrip("/")))
-
-    app = create_app(settings, kube_api=api, tick_interval=0.2)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
+    server = await start_gateway(cluster, tmp_path, stale_after_seconds=0.5, tick_interval=0.2)
     hang = {"trainingjob": "llama", "namespace": NS, "priority": "P0"}
     ends = datetime.now(UTC) + timedelta(seconds=1)
     try:
