@@ -156,6 +156,44 @@ async def test_hang_enrichment_with_a_wrong_token_says_so(stalled_job: GlooJob) 
     assert all("HTTP 401" in failure for failure in verdict.ranks_failed)
 
 
+def test_tp_dp_groups_are_named_alike_on_every_rank(gloo_job: Callable[..., GlooJob]) -> None:
+    """Megatron-style TP pairs and DP groups: torch's pg_status keys are rank-local ids (rank
+    2's id 1 is tp-1, rank 0's is tp-0), so every series must carry the global group name.
+
+    Rank 3 stops before its TP all_reduce: its partner rank 2 waits in tp-1 (group "2"),
+    ranks 0 and 1 run on into their DP groups and wait there for ranks 2 and 3.
+    """
+    job = gloo_job(WORLD, LAYOUT="tpdp", STALL_RANK="3", STALL_STEP="4")
+    # default "0", then tp-0 "1", tp-1 "2", dp-0 "3", dp-1 "4", in creation order.
+    expect = {0: ("3", "dp-0"), 1: ("4", "dp-1"), 2: ("2", "tp-1")}
+
+    def all_waiting() -> bool:
+        for rank, (pg, desc) in expect.items():
+            age = value(scrape(job.ports[rank]), P + "inflight_seconds", pg=pg, pg_desc=desc)
+            if age is None or age < 1.0:
+                return False
+        return True
+
+    wait_for(all_waiting, 60, "ranks 0-2 to wait in their own groups", job)
+    for rank, (pg, desc) in expect.items():
+        samples = scrape(job.ports[rank])
+        assert value(samples, P + "inflight_info", pg=pg, pg_desc=desc, op="all_reduce") == 1
+        status = httpx.get(f"http://127.0.0.1:{job.ports[rank]}/status", timeout=5).json()
+        in_flight = {n: g["pg_desc"] for n, g in status["process_groups"].items() if g["in_flight"]}
+        assert in_flight == {pg: desc}, status
+    stalled = scrape(job.ports[3])
+    partner = scrape(job.ports[2])
+    behind = value(stalled, P + "last_enqueued_seq", pg="2", pg_desc="tp-1")
+    assert behind is not None
+    assert value(partner, P + "last_enqueued_seq", pg="2", pg_desc="tp-1") == behind + 1
+    # Every rank's groups are the ones it belongs to, by their global names.
+    for rank in range(WORLD):
+        status = httpx.get(f"http://127.0.0.1:{job.ports[rank]}/status", timeout=5).json()
+        names = {n: g["pg_desc"] for n, g in status["process_groups"].items()}
+        tp_name, dp_name = str(1 + rank // 2), str(3 + rank % 2)
+        assert names == {tp_name: f"tp-{rank // 2}", dp_name: f"dp-{rank % 2}"}, (rank, names)
+
+
 def prometheus_for_job(
     job: GlooJob, tmp_path: Path, alertmanager: str | None = None
 ) -> tuple[dict[str, Any], list[Path]]:

@@ -124,3 +124,88 @@ def test_dump_and_ras_are_disabled_without_a_token(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_watchdog_dumps_are_listed_and_served_behind_the_token(tmp_path: Path) -> None:
+    """Dumps torch's watchdog wrote on a timeout (here: the real ones of the H100 hang)
+    outlive the rank that wrote them; any probe of the pod serves them."""
+    from nccl_artifacts import nccl_dir
+
+    from trainsentry.probe.identity import ProbeConfig
+    from trainsentry.probe.recorders import Recorders
+    from trainsentry.probe.runtime import Probe
+
+    folder = tmp_path / "fr"
+    folder.mkdir()
+    originals = {}
+    for rank in range(4):
+        data = (nccl_dir() / "hang" / "watchdog" / f"fr_nccl_rank_{rank}").read_bytes()
+        (folder / f"fr_rank_{rank}").write_bytes(data)
+        originals[f"fr_rank_{rank}"] = data
+    (folder / "unrelated.txt").write_text("not a dump")
+    (tmp_path / "secret").write_text("outside the folder")
+    config = ProbeConfig(bind="127.0.0.1", port=0, token="tok", dump_prefix=f"{folder}/fr_rank_")
+    probe = Probe(config, Recorders([]))
+    probe.server.start()
+    base = f"http://127.0.0.1:{probe.port}"
+    auth = {"Authorization": "Bearer tok"}
+    try:
+        assert httpx.get(f"{base}/dumps", timeout=5).status_code == 401
+        assert httpx.get(f"{base}/dumps/fr_rank_0", timeout=5).status_code == 401
+        listing = httpx.get(f"{base}/dumps", headers=auth, timeout=5).json()["dumps"]
+        assert sorted(d["name"] for d in listing) == sorted(originals)
+        assert {d["name"]: d["bytes"] for d in listing} == {
+            name: len(data) for name, data in originals.items()
+        }
+        for name, data in originals.items():
+            response = httpx.get(f"{base}/dumps/{name}", headers=auth, timeout=5)
+            assert response.status_code == 200 and response.content == data
+        for bad in ("unrelated.txt", "..%2Fsecret", "../secret", "fr_rank_9", "fr_rank_0%00"):
+            response = httpx.get(f"{base}/dumps/{bad}", headers=auth, timeout=5)
+            assert response.status_code == 404, bad
+    finally:
+        probe.stop()
+
+
+def test_torch_settings_switch_on_what_a_hang_needs_unless_the_user_chose() -> None:
+    from trainsentry.probe.identity import torch_settings
+
+    assert torch_settings({}, "/var/run/trainsentry/fr") == {
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_ENABLE_TIMING": "1",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": "/var/run/trainsentry/fr/fr_rank_",
+    }
+    chosen = {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "0",  # the older name still counts as a choice
+        "TORCH_NCCL_ENABLE_TIMING": "0",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/scratch/dump_",
+    }
+    assert torch_settings(chosen, "/x") == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+    assert torch_settings({"TRAINSENTRY_PROBE_TORCH_ENV": "0"}, "/x") == {}
+
+
+def test_prepare_falls_back_to_a_writable_folder(tmp_path: Path) -> None:
+    from trainsentry.probe.runtime import prepare_torch_environment
+
+    blocked = tmp_path / "file-in-the-way"
+    blocked.write_text("")
+    env = {"TRAINSENTRY_FR_DUMP_DIR": str(blocked / "fr")}
+    settings = prepare_torch_environment(env)
+    prefix = settings["TORCH_FR_DUMP_TEMP_FILE"]
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == prefix
+    assert not prefix.startswith(str(blocked)) and prefix.endswith("/trainsentry-fr/fr_rank_")
+    env = {"TRAINSENTRY_FR_DUMP_DIR": str(tmp_path / "fr")}
+    assert prepare_torch_environment(env)["TORCH_FR_DUMP_TEMP_FILE"] == f"{tmp_path}/fr/fr_rank_"
+    assert (tmp_path / "fr").is_dir()
+
+
+def test_host_ips_come_from_the_downward_api_first() -> None:
+    from trainsentry.probe.identity import host_ips
+
+    assert host_ips({"POD_IP": "10.0.3.17"}) == ("10.0.3.17",)
+    assert host_ips({"POD_IP": "10.0.3.17", "POD_IPS": "10.0.3.17,fd00::11"}) == (
+        "10.0.3.17",
+        "fd00::11",
+    )
+    assert isinstance(host_ips({}), tuple)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from nccl_artifacts import nccl_json, watchdog_dump
+
 from trainsentry.probe.progress import (
     FrSnapshot,
     InFlight,
     ProgressTracker,
+    group_ids,
     merge,
     op_name,
     parse_dump,
@@ -77,7 +80,9 @@ def test_nccl_style_states_and_durations() -> None:
 
 
 def test_enqueued_beyond_buffer_still_counts_as_in_flight() -> None:
-    g = parse_dump({"entries": [], "pg_status": {"0": status(10, 9)}}, T0).groups["0"]
+    g = parse_dump({"entries": [], "pg_status": {"0": status(10, 9)}}, T0, ids={"0": "0"}).groups[
+        "0"
+    ]
     assert g.in_flight is not None and g.in_flight.seq == 10 and g.in_flight.op == "unknown"
 
 
@@ -118,7 +123,7 @@ def test_status_only_polls_ask_for_one_full_dump_when_stuck() -> None:
     tracker = ProgressTracker(started_s=0.0)
 
     def status_only(enq: int, done: int) -> FrSnapshot:
-        return parse_dump({"pg_status": {"0": status(enq, done)}}, T0, {"0": "tp-3"})
+        return parse_dump({"pg_status": {"0": status(enq, done)}}, T0, {"0": "tp-3"}, {"0": "0"})
 
     snap = status_only(5, 4)
     assert snap.entries == -1 and snap.groups["0"].desc == "tp-3"
@@ -172,3 +177,82 @@ def test_op_name() -> None:
     assert op_name("nccl:all_reduce") == "all_reduce"
     assert op_name("barrier") == "barrier"
     assert op_name("") == "unknown"
+
+
+def test_pg_status_keys_are_local_pg_ids_named_through_the_entries() -> None:
+    """torch keys pg_status by the rank-local pg_id; only entries tie an id to a name.
+
+    Shape of rank 3 of a real 4-rank gloo job with TP pairs and DP groups (torch 2.13): its
+    pg_id 1 is group "2" (tp-1) and pg_id 2 is group "4" (dp-1); on rank 0 the same ids are
+    "1" (tp-0) and "3" (dp-0). Reading the keys as names put one group's counters on another.
+    """
+    dump = {
+        "entries": [
+            entry(3, pg="0"),
+            {**entry(3, pg="2", desc="tp-1"), "pg_id": 1},
+            {**entry(4, pg="4", desc="dp-1", retired=False), "pg_id": 2},
+        ],
+        "pg_status": {"0": status(3, 3), "1": status(3, 3), "2": status(4, 3)},
+    }
+    snap = parse_dump(dump, T0 + 10**10)
+    assert set(snap.groups) == {"0", "2", "4"}
+    assert snap.groups["2"].desc == "tp-1" and snap.groups["2"].last_enqueued == 3
+    dp = snap.groups["4"]
+    assert (dp.desc, dp.last_enqueued, dp.last_completed) == ("dp-1", 4, 3)
+    assert dp.in_flight is not None and dp.in_flight.seq == 4
+    assert snap.unmapped == ()
+    assert group_ids(dump) == {"0": "0", "1": "2", "2": "4"}
+
+
+def test_a_status_key_nobody_names_is_not_taken_for_a_group_name() -> None:
+    snap = parse_dump({"pg_status": {"0": status(5, 5), "1": status(7, 6)}}, T0, ids={"0": "0"})
+    assert set(snap.groups) == {"0"}
+    assert snap.unmapped == ("1",)
+    named = parse_dump({"pg_status": {"1": status(7, 6)}}, T0, ids={"1": "3"})
+    assert named.groups["3"].in_flight == InFlight("unknown", 7, 0.0)
+
+
+def test_real_nccl_json_of_a_hang_shows_the_waiting_ranks_and_the_absent_one() -> None:
+    """`_dump_nccl_trace_json()` from the H100 hang: ranks 0, 1, 3 wait in all_reduce #20."""
+    for rank in range(4):
+        dump = nccl_json(rank)
+        created = max(e["time_created_ns"] for e in dump["entries"])
+        g = parse_dump(dump, now_ns=created + 25 * 10**9).groups["0"]
+        assert (g.desc, g.backend) == ("default_pg", "nccl")
+        if rank == 2:
+            assert (g.last_enqueued, g.last_completed, g.in_flight) == (19, 19, None)
+        else:
+            assert (g.last_enqueued, g.last_completed) == (20, 19)
+            assert g.in_flight is not None
+            assert (g.in_flight.op, g.in_flight.seq, g.in_flight.state) == (
+                "all_reduce",
+                20,
+                "scheduled",
+            )
+            assert 24.0 < g.in_flight.age_seconds < 26.0
+
+
+def test_real_nccl_timing_tells_the_rank_whose_gpu_never_started() -> None:
+    """TORCH_NCCL_ENABLE_TIMING=1, rank 3's GPU stuck in a kernel queued before #20."""
+    states = {}
+    for rank in range(4):
+        g = parse_dump(watchdog_dump("compute_timing", rank), now_ns=2**62).groups["0"]
+        assert g.in_flight is not None and g.in_flight.seq == 20
+        states[rank] = (g.in_flight.state, g.last_started)
+    assert states == {
+        0: ("started", 20),
+        1: ("started", 20),
+        2: ("started", 20),
+        3: ("scheduled", 19),
+    }
+
+
+def test_real_nccl_pipeline_hang_shows_the_p2p_op_each_rank_waits_in() -> None:
+    """A send/recv pipeline (0->1->2->3) whose rank 2 stopped: 1 waits in send, 3 in recv."""
+    waits = {}
+    for rank in range(4):
+        g = parse_dump(watchdog_dump("pp", rank), now_ns=2**62).groups["0"]
+        waits[rank] = None if g.in_flight is None else g.in_flight.op
+    assert waits[1] == "send 1->2"
+    assert waits[3] == "recv 3<-2"
+    assert waits[2] is None

@@ -6,6 +6,11 @@ train_worker.py`. Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, plus
   STALL_RANK   this rank stops before the collective of step STALL_STEP (-1: nobody)
   STALL_STEP   the step at which STALL_RANK stops
   STEPS        steps to run (default: forever, until killed)
+  BACKEND      "nccl": NCCL on the one GPU of the machine, every rank pretending to be its own
+               host (NCCL_HOSTID) and talking over sockets on lo. Default gloo on the CPU.
+  LAYOUT       "tpdp": Megatron-style TP pairs (tp-i) and DP groups (dp-j); each step
+               all-reduces the loss in its TP pair, then the gradients in its DP group, and
+               STALL_RANK stops before the TP all_reduce. Default: the world plus one group.
 """
 
 from __future__ import annotations
@@ -25,8 +30,28 @@ def main() -> None:
     stall_rank = int(os.environ.get("STALL_RANK", "-1"))
     stall_step = int(os.environ.get("STALL_STEP", "5"))
     steps = int(os.environ.get("STEPS", "0")) or 10**9
-    dist.init_process_group("gloo")
-    tp = dist.new_group(list(range(dist.get_world_size())), group_desc="tp-0")
+    backend = os.environ.get("BACKEND", "gloo")
+    device = "cpu"
+    if backend == "nccl":  # several ranks on one GPU: NCCL must think they are on other hosts
+        os.environ.setdefault("NCCL_HOSTID", f"trainsentry-test-host-{rank}")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("NCCL_IB_DISABLE", "1")
+        torch.cuda.set_device(0)
+        device = "cuda"
+    dist.init_process_group(backend)
+    world = dist.get_world_size()
+    tpdp = os.environ.get("LAYOUT") == "tpdp"
+    if tpdp:  # every rank creates every group, as Megatron does; each keeps its own
+        for i in range(world // 2):
+            pair = dist.new_group([2 * i, 2 * i + 1], group_desc=f"tp-{i}")
+            if rank // 2 == i:
+                tp = pair
+        for j in range(2):
+            column = dist.new_group(list(range(j, world, 2)), group_desc=f"dp-{j}")
+            if rank % 2 == j:
+                dp = column
+    else:
+        tp = dist.new_group(list(range(world)), group_desc="tp-0")
     probe = trainsentry.probe.current()
     port_dir = Path(os.environ["PORT_DIR"])
     tmp = port_dir / f".port.{rank}"
@@ -34,9 +59,9 @@ def main() -> None:
     tmp.rename(port_dir / f"port.{rank}")
 
     torch.manual_seed(0)
-    model = torch.nn.Linear(16, 4)
+    model = torch.nn.Linear(16, 4).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    data = torch.randn(8, 16)
+    data = torch.randn(8, 16, device=device)
     for step in range(steps):
         loss = model(data).pow(2).mean()
         opt.zero_grad()
@@ -44,10 +69,16 @@ def main() -> None:
         if rank == stall_rank and step == stall_step:
             while True:  # this rank never enters the collective; the others wait in it
                 time.sleep(1)
-        for param in model.parameters():
-            assert param.grad is not None
-            dist.all_reduce(param.grad)
-        dist.all_reduce(loss.detach(), group=tp)
+        if tpdp:
+            dist.all_reduce(loss.detach(), group=tp)
+            for param in model.parameters():
+                assert param.grad is not None
+                dist.all_reduce(param.grad, group=dp)
+        else:
+            for param in model.parameters():
+                assert param.grad is not None
+                dist.all_reduce(param.grad)
+            dist.all_reduce(loss.detach(), group=tp)
         opt.step()
         trainsentry.probe.step()
         time.sleep(0.02)

@@ -36,9 +36,9 @@ def start(config: ProbeConfig | None = None) -> Probe | None:
             return _probe
         try:
             from trainsentry.probe.identity import config_from_env
-            from trainsentry.probe.runtime import Probe, enable_flight_recorder
+            from trainsentry.probe.runtime import Probe, prepare_torch_environment
 
-            enable_flight_recorder()
+            prepare_torch_environment()
             probe = Probe(config or config_from_env())
             probe.start()
         except Exception as exc:  # training goes on without a probe

@@ -11,6 +11,10 @@ DEFAULT_PORT = 9401
 DEFAULT_INTERVAL_S = 2.0
 DEFAULT_RAS_INTERVAL_S = 30.0
 DEFAULT_FR_BUFFER = "2000"
+DEFAULT_DUMP_DIR = "/var/run/trainsentry/fr"
+DUMP_PREFIX = "fr_rank_"
+TORCH_DEFAULT_DUMP_PREFIX = "/tmp/nccl_trace_rank_"
+_OFF = {"0", "false", "no", "off"}
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -49,6 +53,12 @@ class ProbeConfig:
     ras_addr: str = "127.0.0.1:28028"
     ras_interval_s: float = DEFAULT_RAS_INTERVAL_S
     token: str | None = field(default=None, repr=False)  # secret: from the environment only
+    #: Where torch's watchdog writes its dumps on a timeout: `<prefix><rank>`
+    #: (TORCH_FR_DUMP_TEMP_FILE; torch's own default when unset).
+    dump_prefix: str = TORCH_DEFAULT_DUMP_PREFIX
+    #: This pod's addresses (POD_IP from the downward API, else the host name's addresses):
+    #: NCCL RAS names a process by address and pid.
+    host_ips: tuple[str, ...] = ()
 
     @property
     def labels(self) -> dict[str, str]:
@@ -65,6 +75,47 @@ class ProbeConfig:
         if self.rank != 0 or self.ras == "0":
             return False
         return self.ras == "1" or nccl_in_use
+
+
+def torch_settings(env: Mapping[str, str], dump_dir: str) -> dict[str, str]:
+    """Pure: the torch variables a hang diagnosis needs that the user has not set.
+
+    - TORCH_FR_BUFFER_SIZE=2000: the Flight Recorder (off without it; read when a process
+      group is created, so this must happen before `init_process_group`).
+    - TORCH_NCCL_ENABLE_TIMING=1: NCCL records when a collective *started* on the GPU, which
+      tells a rank whose GPU never reached a collective from its peers (docs/probe.md has
+      its cost).
+    - TORCH_NCCL_DUMP_ON_TIMEOUT=1 and TORCH_FR_DUMP_TEMP_FILE=<dump_dir>/fr_rank_: the
+      watchdog writes every rank's dump when a collective times out, so a job that dies on
+      the timeout can still be diagnosed (`/dumps`, `trainsentry analyze`).
+
+    A variable the user set (to any value) is left alone, as are the older names torch
+    still reads (TORCH_NCCL_TRACE_BUFFER_SIZE, TORCH_NCCL_DEBUG_INFO_TEMP_FILE);
+    TRAINSENTRY_PROBE_TORCH_ENV=0 sets nothing at all.
+    """
+    if env.get("TRAINSENTRY_PROBE_TORCH_ENV", "").strip().lower() in _OFF:
+        return {}
+    wanted = {
+        ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"): DEFAULT_FR_BUFFER,
+        ("TORCH_NCCL_ENABLE_TIMING",): "1",
+        ("TORCH_NCCL_DUMP_ON_TIMEOUT",): "1",
+        ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"): (
+            f"{dump_dir.rstrip('/')}/{DUMP_PREFIX}"
+        ),
+    }
+    return {names[0]: value for names, value in wanted.items() if not any(n in env for n in names)}
+
+
+def host_ips(env: Mapping[str, str]) -> tuple[str, ...]:
+    """This pod's IP addresses: POD_IP (and POD_IPS) if set, else what the host name resolves to."""
+    given = [ip.strip() for key in ("POD_IP", "POD_IPS") for ip in env.get(key, "").split(",")]
+    found = [ip for ip in given if ip]
+    if not found:
+        try:
+            found = socket.gethostbyname_ex(socket.gethostname())[2]
+        except OSError:
+            found = []
+    return tuple(dict.fromkeys(found))
 
 
 def config_from_env(env: Mapping[str, str] | None = None) -> ProbeConfig:
@@ -90,4 +141,8 @@ def config_from_env(env: Mapping[str, str] | None = None) -> ProbeConfig:
         ras_addr=env.get("NCCL_RAS_ADDR", "127.0.0.1:28028") or "127.0.0.1:28028",
         ras_interval_s=_float(env, "TRAINSENTRY_PROBE_RAS_INTERVAL", DEFAULT_RAS_INTERVAL_S),
         token=env.get("TRAINSENTRY_PROBE_TOKEN") or None,
+        dump_prefix=env.get("TORCH_FR_DUMP_TEMP_FILE")
+        or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+        or TORCH_DEFAULT_DUMP_PREFIX,
+        host_ips=host_ips(env),
     )

@@ -30,6 +30,13 @@ class ProbeMetrics:
         self.info = gauge("info", "Probe identity; value 1.", (*BASE_LABELS, "world_size"))
         self.healthy = gauge("healthy", "1 if the last Flight Recorder read succeeded.")
         self.fr_entries = gauge("flight_recorder_entries", "Entries in the FR ring buffer.")
+        self.process_groups = gauge(
+            "process_groups", "Process groups the Flight Recorders show (0 before any collective)."
+        )
+        self.blind = gauge(
+            "blind",
+            "1 when torch.distributed issued collectives but no Flight Recorder shows a group.",
+        )
         self.last_poll = gauge("last_poll_timestamp_seconds", "Unix time of the last poll.")
         self.poll_errors = Counter(
             PREFIX + "poll_errors", "Failed Flight Recorder reads.", BASE_LABELS, registry=r
@@ -127,6 +134,13 @@ class ProbeMetrics:
             if previous is not None and previous != self._inflight_ops.get(name):
                 old_desc, old_op = previous
                 self.inflight_info.remove(*self._base.values(), name, old_desc, old_op)
+
+    def apply_visibility(self, groups: int, blind: bool) -> None:
+        """How many groups the recorders show; blindness makes the probe unhealthy."""
+        self.process_groups.labels(**self._base).set(groups)
+        self.blind.labels(**self._base).set(1 if blind else 0)
+        if blind:
+            self.healthy.labels(**self._base).set(0)
 
     def poll_failed(self) -> None:
         self.healthy.labels(**self._base).set(0)

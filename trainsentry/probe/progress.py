@@ -1,9 +1,19 @@
 """Flight Recorder dump -> collective progress per process group (pure; no torch import).
 
-The input is the dict decoded from `torch._C._distributed_c10d._dump_fr_trace_json()`:
-`pg_status` carries the last enqueued / started / completed collective sequence number per
-process group, `entries` the ring buffer of recent collectives (op name, sequence id,
-`time_created_ns`, `retired`, and `duration_ms` when the backend records timing).
+The input is the dict decoded from one of torch's Flight Recorder JSON dumps
+(`_dump_nccl_trace_json()` for NCCL groups, `_dump_fr_trace_json()` for gloo and other CPU
+backends; see `recorders.py`). Its format, as torch writes it (FlightRecorderDetail.hpp):
+
+- `pg_status` carries the last enqueued / started / completed collective sequence number per
+  process group, keyed by the rank-LOCAL `pg_id` (a per-process counter over the groups this
+  rank is a member of), values as strings. The same group has different pg_ids on different
+  ranks (rank 0's pg_id 1 may be tp-0, rank 3's tp-1), so a key is never a group name.
+- `entries` is the ring buffer of recent collectives; each names its group twice: `pg_id`
+  (local) and `process_group` = [name, description] (global, the same on every rank). The
+  entries are the only place in a dump that ties the two together (`group_ids`).
+- `pg_config` is keyed by the global name (usable under NCCL; gloo writes a placeholder).
+- `entries` is omitted when the recorder is empty or `includeCollectives=False`.
+
 `ProgressTracker` adds what a single dump cannot say: when a process group last made
 progress, and how long the rank spent waiting in collectives.
 """
@@ -19,11 +29,18 @@ NS_PER_S = 1_000_000_000
 
 @dataclass(frozen=True)
 class InFlight:
-    """The oldest collective of a process group that has been enqueued but not completed."""
+    """The oldest collective of a process group that has been enqueued but not completed.
+
+    `state` is "started" once the backend saw it begin on the device (NCCL records that only
+    with TORCH_NCCL_ENABLE_TIMING=1), else "scheduled": enqueued, maybe still queued behind
+    compute on the GPU stream. A p2p op (send/recv) in flight has op "send 1->2" and its
+    p2p sequence number.
+    """
 
     op: str
     seq: int
     age_seconds: float
+    state: str = "scheduled"
 
 
 @dataclass(frozen=True)
@@ -38,15 +55,19 @@ class PgProgress:
     in_flight: InFlight | None
     # (record_id, seconds) of completed collectives whose backend recorded a duration.
     durations: tuple[tuple[int, float], ...] = ()
+    #: "nccl", "gloo", ... (from the entries' `nccl:`/`gloo:` prefix or the recorder).
+    backend: str = ""
 
 
 @dataclass(frozen=True)
 class FrSnapshot:
-    """Everything the probe exports from one dump."""
+    """Everything the probe exports from one dump (groups keyed by global group name)."""
 
     version: str
     entries: int
     groups: Mapping[str, PgProgress]
+    #: pg_status keys (local pg_ids) no name is known for yet; their groups are left out.
+    unmapped: tuple[str, ...] = ()
 
 
 def _int(value: Any, default: int = -1) -> int:
@@ -70,6 +91,25 @@ def _entry_pg(entry: Mapping[str, Any]) -> tuple[str, str]:
     return str(entry.get("pg_id", "")), ""
 
 
+def _backend_of(entry: Mapping[str, Any]) -> str:
+    prefix, sep, _ = str(entry.get("profiling_name", "")).partition(":")
+    return prefix if sep else ""
+
+
+def group_ids(dump: Mapping[str, Any]) -> dict[str, str]:
+    """Pure: local pg_id -> global group name, as this dump's entries state it.
+
+    The only link between `pg_status` keys and group names that a dump carries.
+    """
+    ids: dict[str, str] = {}
+    for entry in dump.get("entries") or []:
+        if isinstance(entry, Mapping) and "pg_id" in entry:
+            name, _ = _entry_pg(entry)
+            if name:
+                ids.setdefault(str(entry["pg_id"]), name)
+    return ids
+
+
 def _is_done(entry: Mapping[str, Any], last_completed: int) -> bool:
     if entry.get("state") == "completed":
         return True
@@ -78,57 +118,120 @@ def _is_done(entry: Mapping[str, Any], last_completed: int) -> bool:
     return bool(entry.get("retired")) and seq <= last_completed
 
 
+def _config_descs(dump: Mapping[str, Any]) -> dict[str, str]:
+    """Group name -> description from `pg_config` (NCCL writes it; gloo a placeholder)."""
+    config = dump.get("pg_config")
+    out: dict[str, str] = {}
+    if isinstance(config, Mapping):
+        for key, value in config.items():
+            if isinstance(value, Mapping):
+                name = str(value.get("name") or key)
+                desc = str(value.get("desc") or "")
+                if name and desc:
+                    out[name] = desc
+    return out
+
+
+def _oldest_pending(
+    entries: list[Mapping[str, Any]], last_completed: int, now_ns: int
+) -> InFlight | None:
+    pending = [
+        e
+        for e in entries
+        if _int(e.get("collective_seq_id")) > last_completed and not _is_done(e, last_completed)
+    ]
+    if not pending:
+        return None
+    oldest = min(pending, key=lambda e: _int(e.get("collective_seq_id")))
+    return _in_flight(oldest, _int(oldest.get("collective_seq_id")), now_ns)
+
+
+def _in_flight(entry: Mapping[str, Any], seq: int, now_ns: int) -> InFlight:
+    created = _int(entry.get("time_created_ns"), now_ns)
+    return InFlight(
+        op=op_name(str(entry.get("profiling_name", ""))),
+        seq=seq,
+        age_seconds=max(0.0, (now_ns - created) / NS_PER_S),
+        state="started" if entry.get("state") == "started" else "scheduled",
+    )
+
+
 def parse_dump(
-    dump: Mapping[str, Any], now_ns: int, descs: Mapping[str, str] | None = None
+    dump: Mapping[str, Any],
+    now_ns: int,
+    descs: Mapping[str, str] | None = None,
+    ids: Mapping[str, str] | None = None,
+    backend: str = "",
 ) -> FrSnapshot:
-    """Progress per process group from a decoded Flight Recorder JSON dump.
+    """Pure: progress per process group (keyed by global name) from one decoded dump.
+
+    `ids` (local pg_id -> group name, learnt from earlier full dumps or from torch itself)
+    names the `pg_status` keys; the dump's own entries add to it. A key nobody names is
+    listed in `unmapped` and its group left out: taking it for a name would mix up groups
+    (pg_id 1 is tp-0 on rank 0 but tp-1 on rank 3). `descs` (name -> description) fills in
+    descriptions neither the entries nor `pg_config` give; `backend` is the recorder's
+    default backend name for groups whose entries do not say.
 
     Works on a full dump and on a status-only one (`includeCollectives=False`): without
     entries an in-flight collective has op "unknown" and age 0, which the tracker refines.
-    `descs` (pg name -> description) fills in descriptions the entries cannot give.
+    p2p entries (send/recv) have their own sequence numbers; one counts as in flight only
+    when no collective of the group is.
     """
     raw_entries = dump.get("entries") or []
     entries = [e for e in raw_entries if isinstance(e, Mapping)]
     status = dump.get("pg_status") or {}
-    descs = dict(descs or {})
+    if not isinstance(status, Mapping):
+        status = {}
+    names = {**(ids or {}), **group_ids(dump)}
+    all_descs = {**_config_descs(dump), **dict(descs or {})}
     by_pg: dict[str, list[Mapping[str, Any]]] = {}
+    p2p: dict[str, list[Mapping[str, Any]]] = {}
+    backends: dict[str, str] = {}
     for entry in entries:
-        if entry.get("is_p2p"):
-            continue  # p2p ops have their own sequence; pg_status counts collectives
         name, desc = _entry_pg(entry)
-        if desc and not descs.get(name):
-            descs[name] = desc
-        by_pg.setdefault(name, []).append(entry)
+        if desc and not all_descs.get(name):
+            all_descs[name] = desc
+        if name not in backends and _backend_of(entry):
+            backends[name] = _backend_of(entry)
+        (p2p if entry.get("is_p2p") else by_pg).setdefault(name, []).append(entry)
+
+    statuses: dict[str, Mapping[str, Any]] = {}
+    unmapped: list[str] = []
+    for key, value in status.items():
+        known = names.get(str(key))
+        if known is None:
+            unmapped.append(str(key))
+        elif isinstance(value, Mapping):
+            statuses[known] = value
 
     groups: dict[str, PgProgress] = {}
-    names = {str(k) for k in status} | set(by_pg)
-    for name in sorted(names):
-        pg_status = status.get(name) or {}
+    for name in sorted(set(statuses) | set(by_pg) | set(p2p)):
+        pg_status = statuses.get(name) or {}
         pg_entries = by_pg.get(name, [])
         last_completed = _int(pg_status.get("last_completed_collective"))
         last_enqueued = _int(pg_status.get("last_enqueued_collective"))
+        last_started = _int(pg_status.get("last_started_collective"))
         if not pg_status and pg_entries:
             # No status block: fall back to what the ring buffer shows.
             seqs = [_int(e.get("collective_seq_id")) for e in pg_entries]
             last_enqueued = max(seqs)
             done = [s for s, e in zip(seqs, pg_entries, strict=True) if e.get("retired")]
             last_completed = max(done, default=-1)
-        pending = [
-            e
-            for e in pg_entries
-            if _int(e.get("collective_seq_id")) > last_completed and not _is_done(e, last_completed)
-        ]
-        in_flight: InFlight | None = None
-        if pending:
-            oldest = min(pending, key=lambda e: _int(e.get("collective_seq_id")))
-            created = _int(oldest.get("time_created_ns"), now_ns)
-            in_flight = InFlight(
-                op=op_name(str(oldest.get("profiling_name", ""))),
-                seq=_int(oldest.get("collective_seq_id")),
-                age_seconds=max(0.0, (now_ns - created) / NS_PER_S),
-            )
-        elif last_enqueued > last_completed:
-            in_flight = InFlight(op="unknown", seq=last_completed + 1, age_seconds=0.0)
+        in_flight = _oldest_pending(pg_entries, last_completed, now_ns)
+        if in_flight is None:
+            waiting = [
+                e
+                for e in p2p.get(name, [])
+                if not (e.get("retired") or e.get("state") == "completed")
+            ]
+            if waiting:
+                oldest = min(waiting, key=lambda e: _int(e.get("p2p_seq_id")))
+                in_flight = _in_flight(oldest, _int(oldest.get("p2p_seq_id")), now_ns)
+        if in_flight is None and last_enqueued > last_completed:
+            state = "started" if last_started > last_completed else "scheduled"
+            in_flight = InFlight("unknown", last_completed + 1, 0.0, state)
+        if not pg_status and not pg_entries and in_flight is None:
+            continue  # only completed p2p entries: nothing to report for this group
         durations = tuple(
             (_int(e.get("record_id")), float(e["duration_ms"]) / 1000.0)
             for e in pg_entries
@@ -136,16 +239,22 @@ def parse_dump(
         )
         groups[name] = PgProgress(
             pg=name,
-            desc=descs.get(name, ""),
+            desc=all_descs.get(name, ""),
             last_enqueued=last_enqueued,
-            last_started=_int(pg_status.get("last_started_collective")),
+            last_started=last_started,
             last_completed=last_completed,
             in_flight=in_flight,
             durations=durations,
+            backend=backends.get(name, backend),
         )
     # -1: a status-only dump (no "entries" key) says nothing about the ring buffer.
     count = len(entries) if "entries" in dump else -1
-    return FrSnapshot(version=str(dump.get("version", "")), entries=count, groups=groups)
+    return FrSnapshot(
+        version=str(dump.get("version", "")),
+        entries=count,
+        groups=groups,
+        unmapped=tuple(sorted(unmapped)),
+    )
 
 
 @dataclass
@@ -234,6 +343,7 @@ class ProgressTracker:
                     op=state.inflight_op,
                     seq=flight.seq,
                     age_seconds=max(flight.age_seconds, now_s - state.inflight_since_s),
+                    state=flight.state,
                 )
                 progress = replace(progress, in_flight=flight)
             fresh = tuple(
@@ -255,7 +365,7 @@ class ProgressTracker:
 
 
 def merge(status: FrSnapshot, full: FrSnapshot, names: list[str]) -> FrSnapshot:
-    """`status` with the in-flight details and durations of `names` taken from `full`."""
+    """Pure: `status` with the in-flight details and durations of `names` from `full`."""
     groups = dict(status.groups)
     for name in names:
         detailed = full.groups.get(name)
@@ -265,5 +375,8 @@ def merge(status: FrSnapshot, full: FrSnapshot, names: list[str]) -> FrSnapshot:
                 in_flight=detailed.in_flight or groups[name].in_flight,
                 desc=groups[name].desc or detailed.desc,
                 durations=detailed.durations,
+                backend=groups[name].backend or detailed.backend,
             )
-    return FrSnapshot(version=status.version, entries=full.entries, groups=groups)
+    return FrSnapshot(
+        version=status.version, entries=full.entries, groups=groups, unmapped=status.unmapped
+    )

@@ -6,55 +6,90 @@ reports itself unhealthy and keeps serving; nothing here raises into the trainin
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-import json
 import logging
 import os
+import tempfile
 import threading
 import time
 from typing import Any
 
 from trainsentry.probe import ras as ras_client
-from trainsentry.probe.identity import DEFAULT_FR_BUFFER, ProbeConfig
+from trainsentry.probe.identity import DEFAULT_DUMP_DIR, ProbeConfig, torch_settings
 from trainsentry.probe.metrics import ProbeMetrics
-from trainsentry.probe.progress import ProgressTracker, merge, parse_dump
+from trainsentry.probe.progress import FrSnapshot, PgReport, ProgressTracker, merge
+from trainsentry.probe.recorders import PyGroup, Recorder, Recorders, find_recorders
 from trainsentry.probe.server import Endpoints, ProbeServer
 
 log = logging.getLogger("trainsentry.probe")
 
 
-def enable_flight_recorder(env: dict[str, str] | Any = None) -> None:
-    """Ask for a Flight Recorder buffer unless the user chose a size.
+def prepare_torch_environment(env: Any = None) -> dict[str, str]:
+    """Set the torch variables a hang diagnosis needs (`identity.torch_settings`); returns them.
 
-    torch reads TORCH_FR_BUFFER_SIZE when a process group is created, so this only helps
-    when the probe starts before `init_process_group` (the launcher hook does).
+    The watchdog's dump folder (TRAINSENTRY_FR_DUMP_DIR, default /var/run/trainsentry/fr) is
+    created; if it cannot be (read-only root file system, no volume), the system's temporary
+    folder is used instead, so torch never fails to write a dump for want of a folder.
     """
     env = os.environ if env is None else env
-    if "TORCH_FR_BUFFER_SIZE" not in env and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env:
-        env["TORCH_FR_BUFFER_SIZE"] = DEFAULT_FR_BUFFER
+    folder = env.get("TRAINSENTRY_FR_DUMP_DIR") or DEFAULT_DUMP_DIR
+    try:
+        os.makedirs(folder, exist_ok=True)
+        if not os.access(folder, os.W_OK):
+            raise PermissionError(folder)
+    except OSError:
+        folder = os.path.join(tempfile.gettempdir(), "trainsentry-fr")
+        with contextlib.suppress(OSError):
+            os.makedirs(folder, exist_ok=True)
+    settings = torch_settings(env, folder)
+    env.update(settings)
+    return settings
 
 
 def read_flight_recorder(*, collectives: bool = True, only_active: bool = False) -> bytes:
-    """The raw JSON dump from torch (raises if torch or the Flight Recorder is missing).
+    """The generic recorder's raw JSON dump (the one gloo writes to; raises without torch).
 
-    With `collectives=False` only `pg_status` comes back (microseconds); a full dump
-    serialises the whole ring buffer while holding the GIL (~50 ms for 2000 entries).
+    Kept for tools that want exactly that recorder; the probe reads every recorder through
+    `recorders.Recorders`.
     """
     c10d = importlib.import_module("torch._C._distributed_c10d")
     data: bytes = c10d._dump_fr_trace_json(includeCollectives=collectives, onlyActive=only_active)
     return data
 
 
-def read_pg_descs() -> dict[str, str]:
-    """Process-group name -> description (`new_group(group_desc=...)`), from torch."""
-    try:
-        world = importlib.import_module("torch.distributed.distributed_c10d")._world
-        return {
-            str(name): str(getattr(pg, "group_desc", "") or "")
-            for pg, name in dict(world.pg_names).items()
-        }
-    except Exception:
-        return {}
+def torch_recorders() -> list[Recorder]:
+    """The recorders of the torch in this process (imports torch)."""
+    return find_recorders(importlib.import_module("torch._C._distributed_c10d"))
+
+
+def torch_groups() -> list[PyGroup]:
+    """The process groups torch.distributed knows in this process (empty before init)."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return []
+    world = importlib.import_module("torch.distributed.distributed_c10d")._world
+    groups = []
+    for pg, name in list(dict(world.pg_names).items()):
+        uid = None
+        with contextlib.suppress(Exception):  # no CUDA backend on this group or build
+            uid = getattr(pg._get_backend(torch.device("cuda")), "uid", None)
+        seq = 0
+        with contextlib.suppress(Exception):
+            seq = int(pg._get_sequence_number_for_group())
+        ranks = tuple(sorted(dict(world.pg_group_ranks.get(pg) or {})))
+        groups.append(
+            PyGroup(
+                name=str(name),
+                desc=str(getattr(pg, "group_desc", "") or ""),
+                ranks=ranks,
+                nccl_uid=uid if isinstance(uid, int) else None,
+                seq=seq,
+            )
+        )
+    return groups
 
 
 def _nccl_in_use() -> bool:
@@ -73,25 +108,31 @@ def _nccl_in_use() -> bool:
 
 
 class Probe:
-    """One rank's probe. `start()` / `stop()`; `poll_once()` is the unit of work."""
+    """One rank's probe. `start()` / `stop()`; `poll_once()` is the unit of work.
 
-    def __init__(self, config: ProbeConfig) -> None:
+    `recorders` is built from this process's torch on the first poll unless given (tests
+    pass recorders whose JSON comes from real dumps).
+    """
+
+    def __init__(self, config: ProbeConfig, recorders: Recorders | None = None) -> None:
         self.config = config
         self.metrics = ProbeMetrics(config.labels, config.world_size)
         self.tracker = ProgressTracker(started_s=time.monotonic())
+        self.recorders = recorders
         self._stop = threading.Event()
         self._step = 0
         self._lock = threading.Lock()
         self._last_reports: dict[str, Any] = {}
         self._last_error = ""
+        self._blind = ""
+        self._captured_at = 0.0
         self._ras_snapshot: dict[str, Any] | None = None
-        self._descs: dict[str, str] = {}
         self._threads: list[threading.Thread] = []
         self.server = ProbeServer(
             Endpoints(
                 registry=self.metrics.registry,
                 status=self.status,
-                dump=read_flight_recorder,
+                dump=self.dump,
                 ras=self.ras_snapshot,
                 token=config.token,
                 identity_headers={
@@ -100,6 +141,7 @@ class Probe:
                     "X-Trainsentry-Node": config.node,
                     "X-Trainsentry-Pod": config.pod,
                 },
+                watchdog_prefix=config.dump_prefix,
             ),
             config.bind,
             config.port,
@@ -141,22 +183,26 @@ class Probe:
             step = self._step
         self.metrics.record_step(step)
 
+    def _recorders(self) -> Recorders:
+        if self.recorders is None:
+            self.recorders = Recorders(torch_recorders(), torch_groups)
+        return self.recorders
+
     def poll_once(self) -> bool:
-        """Read the Flight Recorder once and update the metrics. False if it failed."""
+        """Read every Flight Recorder once and update the metrics. False if it failed."""
         try:
             now_ns = time.time_ns()
-            status = json.loads(read_flight_recorder(collectives=False))
-            unknown = {str(name) for name in status.get("pg_status") or {}} - set(self._descs)
-            if unknown:
-                self._descs.update(read_pg_descs())
-            snapshot = parse_dump(status, now_ns, self._descs)
+            recorders = self._recorders()
+            snapshot = recorders.snapshot(now_ns)
             full_dumps = self.config.full_dumps
             detail = list(snapshot.groups) if full_dumps else self.tracker.stuck(snapshot)
             if detail:
-                full = json.loads(read_flight_recorder(only_active=not full_dumps))
-                snapshot = merge(snapshot, parse_dump(full, now_ns, self._descs), detail)
+                full = recorders.detail(detail, now_ns, only_active=not full_dumps)
+                snapshot = merge(snapshot, full, detail)
             reports = self.tracker.update(snapshot, time.monotonic())
+            blind = self._blindness(recorders, snapshot)
             self.metrics.apply_progress(reports, snapshot.entries)
+            self.metrics.apply_visibility(len(snapshot.groups), bool(blind))
         except Exception as exc:
             self.metrics.poll_failed()
             message = f"{type(exc).__name__}: {exc}"
@@ -164,25 +210,31 @@ class Probe:
                 log.warning("event=probe_poll_failed error=%r", message)
             self._last_error = message
             return False
-        self._last_error = ""
+        if blind and blind != self._blind:
+            log.warning("event=probe_blind error=%r", blind)
+        self._last_error, self._blind = "", blind
         with self._lock:
-            self._last_reports = {
-                name: {
-                    "pg_desc": r.progress.desc,
-                    "last_enqueued": r.progress.last_enqueued,
-                    "last_completed": r.progress.last_completed,
-                    "seconds_since_last_completion": round(r.seconds_since_completion, 3),
-                    "in_flight": None
-                    if r.progress.in_flight is None
-                    else {
-                        "op": r.progress.in_flight.op,
-                        "seq": r.progress.in_flight.seq,
-                        "age_seconds": round(r.progress.in_flight.age_seconds, 3),
-                    },
-                }
-                for name, r in reports.items()
-            }
+            self._captured_at = now_ns / 1e9
+            self._last_reports = {name: group_status(r) for name, r in reports.items()}
         return True
+
+    def _blindness(self, recorders: Recorders, snapshot: FrSnapshot) -> str:
+        """Why the probe cannot see this rank's collectives, or "" when it can (or none ran).
+
+        Asked of torch only while no recorder shows a group: torch.distributed's own
+        sequence numbers say whether collectives were issued that no recorder recorded.
+        """
+        if snapshot.groups:
+            return ""
+        issued = recorders.issued_collectives()
+        if issued <= 0:
+            return ""
+        return (
+            f"torch.distributed issued {issued} collective(s) but no Flight Recorder shows a "
+            f"process group (read: {', '.join(recorders.names) or 'none'}); the recorder is "
+            "off when TORCH_FR_BUFFER_SIZE is unset or 0 at init_process_group (start the "
+            "probe before it, or through trainsentry.probe.launch)"
+        )
 
     def _poll_loop(self) -> None:
         ras_started = False
@@ -217,9 +269,19 @@ class Probe:
 
     # ---------------------------------------------------------------- views
 
+    def dump(self) -> tuple[bytes, dict[str, str]]:
+        """`/dump`: the full Flight Recorder dump and headers saying when and from where."""
+        captured = time.time_ns()
+        data, used = self._recorders().dump()
+        return data, {
+            "X-Trainsentry-Recorders": ",".join(used),
+            "X-Trainsentry-Captured-At-Ns": str(captured),
+        }
+
     def status(self) -> dict[str, Any]:
         c = self.config
         with self._lock:
+            error = self._last_error or self._blind
             return {
                 "rank": c.rank,
                 "local_rank": c.local_rank,
@@ -228,12 +290,38 @@ class Probe:
                 "pod": c.pod,
                 "trainingjob": c.trainingjob,
                 "namespace": c.namespace,
+                "pid": os.getpid(),
+                "host_ips": list(c.host_ips),
                 "step": self._step,
-                "healthy": not self._last_error,
-                "error": self._last_error,
+                "healthy": not error,
+                "error": error,
+                "recorders": [] if self.recorders is None else self.recorders.names,
+                "captured_at": round(self._captured_at, 3),
                 "process_groups": dict(self._last_reports),
             }
 
     def ras_snapshot(self) -> dict[str, Any] | None:
         with self._lock:
             return None if self._ras_snapshot is None else dict(self._ras_snapshot)
+
+
+def group_status(report: PgReport) -> dict[str, Any]:
+    """Pure: one process group's entry in `/status`."""
+    p = report.progress
+    flight = p.in_flight
+    return {
+        "pg_desc": p.desc,
+        "backend": p.backend,
+        "last_enqueued": p.last_enqueued,
+        "last_started": p.last_started,
+        "last_completed": p.last_completed,
+        "seconds_since_last_completion": round(report.seconds_since_completion, 3),
+        "in_flight": None
+        if flight is None
+        else {
+            "op": flight.op,
+            "seq": flight.seq,
+            "state": flight.state,
+            "age_seconds": round(flight.age_seconds, 3),
+        },
+    }

@@ -7,10 +7,13 @@ of ours, and a thread cannot stall the training loop. Endpoints:
     GET /healthz   "ok"
     GET /status    identity and progress summary as JSON (no secrets)
     GET /dump      the current Flight Recorder dump (JSON); needs `Authorization: Bearer <token>`
+    GET /dumps     the watchdog's dump files in this pod (name, bytes, mtime); bearer token
+    GET /dumps/N   one of them, as torch wrote it (pickle); bearer token
     GET /ras       the last NCCL RAS snapshot (JSON, rank 0); needs the bearer token
 
-Without a configured token /dump and /ras answer 403: a dump shows tensor shapes and call
-sites, so it is never served unauthenticated.
+Without a configured token /dump, /dumps and /ras answer 403: a dump shows tensor shapes and
+call sites, so it is never served unauthenticated. `/dumps/N` serves only a name the listing
+holds (no path is ever built from the request).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import contextlib
 import hmac
 import json
 import logging
+import os
+import shutil
 import socket
 import threading
 from collections.abc import Callable
@@ -37,10 +42,35 @@ class Endpoints:
 
     registry: CollectorRegistry
     status: Callable[[], dict[str, Any]]
-    dump: Callable[[], bytes]
+    #: The dump and extra headers (which recorders, when it was taken).
+    dump: Callable[[], tuple[bytes, dict[str, str]]]
     ras: Callable[[], dict[str, Any] | None]
     token: str | None
     identity_headers: dict[str, str]
+    #: torch's watchdog writes `<prefix><rank>` files (TORCH_FR_DUMP_TEMP_FILE); "" = none.
+    watchdog_prefix: str = ""
+
+
+MAX_WATCHDOG_FILES = 1024
+
+
+def watchdog_dumps(prefix: str) -> list[dict[str, Any]]:
+    """The watchdog's dump files (`<prefix><rank>`), oldest first: name, bytes, mtime."""
+    folder, start = os.path.split(prefix)
+    if not prefix or not start:
+        return []
+    found = []
+    try:
+        with os.scandir(folder or ".") as names:
+            for item in names:
+                if item.name.startswith(start) and item.is_file(follow_symlinks=False):
+                    info = item.stat(follow_symlinks=False)
+                    found.append({"name": item.name, "bytes": info.st_size, "mtime": info.st_mtime})
+                    if len(found) >= MAX_WATCHDOG_FILES:
+                        break
+    except OSError:
+        return []
+    return sorted(found, key=lambda f: (f["mtime"], f["name"]))
 
 
 def bearer_ok(header: str | None, token: str | None) -> bool:
@@ -61,17 +91,42 @@ def _handler(endpoints: Endpoints) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("event=http_request %s", format % args)
 
-        def _send(self, code: int, body: bytes, content_type: str, extra: bool = False) -> None:
+        def _send(
+            self,
+            code: int,
+            body: bytes,
+            content_type: str,
+            extra: bool = False,
+            headers: dict[str, str] | None = None,
+        ) -> None:
             self.send_response(code)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Cache-Control", "no-store")
             if extra:
-                for key, value in endpoints.identity_headers.items():
+                for key, value in {**endpoints.identity_headers, **(headers or {})}.items():
                     self.send_header(key, value)
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(body)
+
+        def _send_file(self, name: str) -> None:
+            listed = {f["name"]: f for f in watchdog_dumps(endpoints.watchdog_prefix)}
+            if name not in listed:
+                self._json(404, {"error": "no such watchdog dump"}, True)
+                return
+            folder = os.path.dirname(endpoints.watchdog_prefix)
+            with open(os.path.join(folder, name), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(size))
+                self.send_header("Cache-Control", "no-store")
+                for key, value in endpoints.identity_headers.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                if self.command != "HEAD":
+                    shutil.copyfileobj(f, self.wfile, 1 << 20)
 
         def _json(self, code: int, payload: Any, extra: bool = False) -> None:
             self._send(code, json.dumps(payload).encode(), "application/json", extra)
@@ -99,7 +154,15 @@ def _handler(endpoints: Endpoints) -> type[BaseHTTPRequestHandler]:
                     self._json(200, endpoints.status(), extra=True)
                 elif path == "/dump":
                     if self._authorized():
-                        self._send(200, endpoints.dump(), "application/json", extra=True)
+                        body, headers = endpoints.dump()
+                        self._send(200, body, "application/json", True, headers)
+                elif path == "/dumps":
+                    if self._authorized():
+                        listing = watchdog_dumps(endpoints.watchdog_prefix)
+                        self._json(200, {"dumps": listing}, extra=True)
+                elif path.startswith("/dumps/"):
+                    if self._authorized():
+                        self._send_file(path.removeprefix("/dumps/"))
                 elif path == "/ras":
                     if self._authorized():
                         snapshot = endpoints.ras()
