@@ -8,6 +8,11 @@ train_worker.py`. Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, plus
   STEPS        steps to run (default: forever, until killed)
   BACKEND      "nccl": NCCL on the one GPU of the machine, every rank pretending to be its own
                host (NCCL_HOSTID) and talking over sockets on lo. Default gloo on the CPU.
+  STALL_MODE   "sleep" (default): STALL_RANK sleeps for ever in load_batch() before the
+               collective. "save": at STALL_STEP, STALL_RANK runs torch.save into a file that
+               takes STALL_SECONDS to write while the others wait in a barrier, then all go on.
+               "phase": the same, but the pause is time.sleep inside
+               trainsentry.probe.phase("checkpoint").
   LAYOUT       "tpdp": Megatron-style TP pairs (tp-i) and DP groups (dp-j); each step
                all-reduces the loss in its TP pair, then the gradients in its DP group, and
                STALL_RANK stops before the TP all_reduce. Default: the world plus one group.
@@ -23,6 +28,37 @@ import torch
 import torch.distributed as dist
 
 import trainsentry.probe
+
+
+class SlowFile:
+    """A file that takes `seconds` in all to write: a checkpoint to slow storage."""
+
+    def __init__(self, seconds: float) -> None:
+        self.until = time.monotonic() + seconds
+        self.written = 0
+
+    def write(self, data: bytes) -> int:
+        while time.monotonic() < self.until:  # the first write takes the whole time
+            time.sleep(0.1)
+        self.written += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def load_batch() -> None:
+    """The stalled rank's data loader: it never returns."""
+    while True:
+        time.sleep(1)
+
+
+def save_checkpoint(model: torch.nn.Module, mode: str, seconds: float) -> None:
+    if mode == "phase":
+        with trainsentry.probe.phase("checkpoint"):
+            time.sleep(seconds)
+        return
+    torch.save(model.state_dict(), SlowFile(seconds))  # type: ignore[arg-type]
 
 
 def main() -> None:
@@ -66,9 +102,13 @@ def main() -> None:
         loss = model(data).pow(2).mean()
         opt.zero_grad()
         loss.backward()
-        if rank == stall_rank and step == stall_step:
-            while True:  # this rank never enters the collective; the others wait in it
-                time.sleep(1)
+        mode = os.environ.get("STALL_MODE", "sleep")
+        if step == stall_step and mode in ("save", "phase"):
+            if rank == stall_rank:
+                save_checkpoint(model, mode, float(os.environ.get("STALL_SECONDS", "8")))
+            dist.barrier()
+        elif rank == stall_rank and step == stall_step:
+            load_batch()  # this rank never enters the collective; the others wait in it
         if tpdp:
             dist.all_reduce(loss.detach(), group=tp)
             for param in model.parameters():

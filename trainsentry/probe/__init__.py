@@ -5,6 +5,8 @@
     for batch in data:
         ...
         trainsentry.probe.step()   # optional user step counter
+    with trainsentry.probe.phase("checkpoint"):   # optional: a pause that is not a hang
+        save(...)
 
 Or without code changes: `TRAINSENTRY_PROBE=1 torchrun ... -m trainsentry.probe.launch train.py`.
 torch is imported lazily, so importing this package never needs torch (the gateway imports
@@ -17,11 +19,13 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
+from trainsentry.probe.stacks import phase
+
 if TYPE_CHECKING:
     from trainsentry.probe.identity import ProbeConfig
     from trainsentry.probe.runtime import Probe
 
-__all__ = ["current", "start", "step", "stop"]
+__all__ = ["current", "phase", "start", "step", "stop"]
 
 log = logging.getLogger("trainsentry.probe")
 _lock = threading.Lock()

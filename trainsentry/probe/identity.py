@@ -59,6 +59,13 @@ class ProbeConfig:
     #: This pod's addresses (POD_IP from the downward API, else the host name's addresses):
     #: NCCL RAS names a process by address and pid.
     host_ips: tuple[str, ...] = ()
+    #: The gateway's base URL (TRAINSENTRY_GATEWAY_URL): a stall is posted there at once
+    #: (`trigger.py`); "" = only the Prometheus rules find hangs.
+    gateway_url: str = ""
+    #: The stall detector's floor, factor and no-history threshold (`stall.StallPolicy`).
+    stall_floor_s: float = 20.0
+    stall_factor: float = 10.0
+    stall_startup_s: float = 300.0
 
     @property
     def labels(self) -> dict[str, str]:
@@ -145,4 +152,8 @@ def config_from_env(env: Mapping[str, str] | None = None) -> ProbeConfig:
         or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
         or TORCH_DEFAULT_DUMP_PREFIX,
         host_ips=host_ips(env),
+        gateway_url=(env.get("TRAINSENTRY_GATEWAY_URL", "") or "").strip(),
+        stall_floor_s=_float(env, "TRAINSENTRY_PROBE_STALL_FLOOR", 20.0),
+        stall_factor=_float(env, "TRAINSENTRY_PROBE_STALL_FACTOR", 10.0),
+        stall_startup_s=_float(env, "TRAINSENTRY_PROBE_STALL_STARTUP", 300.0),
     )

@@ -71,6 +71,18 @@ class ProbeMetrics:
             buckets=DURATION_BUCKETS,
             registry=r,
         )
+        self.stall_threshold = gauge(
+            "stall_threshold_seconds",
+            "In-flight age past which this rank calls a collective of the group stalled "
+            "(adaptive: stall.py).",
+            PG_LABELS,
+        )
+        self.stalls = Counter(
+            PREFIX + "collective_stalls",
+            "Collectives this rank found stalled (each once), posted to the gateway if set.",
+            BASE_LABELS,
+            registry=r,
+        )
         self.step = gauge("step", "The training script's step counter (probe.step()).")
         self.step_time = gauge("last_step_timestamp_seconds", "Unix time of the last step().")
         self.ras_up = gauge("ras_up", "1 if the last NCCL RAS query succeeded (rank 0 only).")
@@ -98,6 +110,7 @@ class ProbeMetrics:
         self.info.labels(**self._base, world_size=str(world_size)).set(1)
         self.healthy.labels(**self._base).set(0)
         self.poll_errors.labels(**self._base)
+        self.stalls.labels(**self._base)
 
     def _pg(self, report: PgReport) -> dict[str, str]:
         p = report.progress
@@ -134,6 +147,17 @@ class ProbeMetrics:
             if previous is not None and previous != self._inflight_ops.get(name):
                 old_desc, old_op = previous
                 self.inflight_info.remove(*self._base.values(), name, old_desc, old_op)
+
+    def apply_thresholds(
+        self, reports: Mapping[str, PgReport], thresholds: Mapping[str, float]
+    ) -> None:
+        """Each group's current stall threshold (the fallback rules compare against it)."""
+        for name, report in reports.items():
+            if name in thresholds:
+                self.stall_threshold.labels(**self._pg(report)).set(thresholds[name])
+
+    def record_stall(self) -> None:
+        self.stalls.labels(**self._base).inc()
 
     def apply_visibility(self, groups: int, blind: bool) -> None:
         """How many groups the recorders show; blindness makes the probe unhealthy."""

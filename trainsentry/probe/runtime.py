@@ -21,6 +21,9 @@ from trainsentry.probe.metrics import ProbeMetrics
 from trainsentry.probe.progress import FrSnapshot, PgReport, ProgressTracker, merge
 from trainsentry.probe.recorders import PyGroup, Recorder, Recorders, find_recorders
 from trainsentry.probe.server import Endpoints, ProbeServer
+from trainsentry.probe.stacks import current_phase, thread_stacks
+from trainsentry.probe.stall import Stall, StallDetector, StallPolicy
+from trainsentry.probe.trigger import TriggerClient
 
 log = logging.getLogger("trainsentry.probe")
 
@@ -118,6 +121,17 @@ class Probe:
         self.config = config
         self.metrics = ProbeMetrics(config.labels, config.world_size)
         self.tracker = ProgressTracker(started_s=time.monotonic())
+        self.detector = StallDetector(
+            StallPolicy(
+                floor_s=config.stall_floor_s,
+                factor=config.stall_factor,
+                startup_s=config.stall_startup_s,
+            )
+        )
+        self.trigger = (
+            TriggerClient(config.gateway_url, config.token) if config.gateway_url else None
+        )
+        self._stalls: dict[str, Stall] = {}
         self.recorders = recorders
         self._stop = threading.Event()
         self._step = 0
@@ -134,6 +148,7 @@ class Probe:
                 status=self.status,
                 dump=self.dump,
                 ras=self.ras_snapshot,
+                stack=self.stack,
                 token=config.token,
                 identity_headers={
                     "X-Trainsentry-Rank": str(config.rank),
@@ -173,6 +188,8 @@ class Probe:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=5)
+        if self.trigger is not None:
+            self.trigger.stop()
         self.server.stop()
 
     # ---------------------------------------------------------------- work
@@ -200,6 +217,7 @@ class Probe:
                 full = recorders.detail(detail, now_ns, only_active=not full_dumps)
                 snapshot = merge(snapshot, full, detail)
             reports = self.tracker.update(snapshot, time.monotonic())
+            stalls = self.detector.observe(reports)
             blind = self._blindness(recorders, snapshot)
             self.metrics.apply_progress(reports, snapshot.entries)
             self.metrics.apply_visibility(len(snapshot.groups), bool(blind))
@@ -213,10 +231,49 @@ class Probe:
         if blind and blind != self._blind:
             log.warning("event=probe_blind error=%r", blind)
         self._last_error, self._blind = "", blind
+        thresholds = self.detector.thresholds()
+        self.metrics.apply_thresholds(reports, thresholds)
         with self._lock:
             self._captured_at = now_ns / 1e9
-            self._last_reports = {name: group_status(r) for name, r in reports.items()}
+            self._last_reports = {
+                name: group_status(r, thresholds.get(name)) for name, r in reports.items()
+            }
+            for name in list(self._stalls):  # a stall ends when the group moves on
+                flight = reports[name].progress.in_flight if name in reports else None
+                if flight is None or flight.seq != self._stalls[name].seq:
+                    del self._stalls[name]
+            self._stalls.update({s.pg: s for s in stalls})
+        for stall in stalls:
+            self._report_stall(stall)
         return True
+
+    def _report_stall(self, stall: Stall) -> None:
+        """Log a new stall and post it to the gateway (never blocks: `trigger.py`)."""
+        log.warning(
+            "event=collective_stalled pg=%s pg_desc=%s seq=%d op=%s waited_s=%.1f threshold_s=%.1f",
+            stall.pg,
+            stall.pg_desc,
+            stall.seq,
+            stall.op,
+            stall.waited_s,
+            stall.threshold_s,
+        )
+        self.metrics.record_stall()
+        if self.trigger is not None:
+            self.trigger.submit(self.trigger_body(stall))
+
+    def trigger_body(self, stall: Stall) -> dict[str, Any]:
+        """What the gateway is told about one stall: who waits, where, for how long."""
+        c = self.config
+        return {
+            "namespace": c.namespace,
+            "trainingjob": c.trainingjob,
+            "rank": c.rank,
+            "pod": c.pod,
+            "node": c.node,
+            "world_size": c.world_size,
+            **stall.to_dict(),
+        }
 
     def _blindness(self, recorders: Recorders, snapshot: FrSnapshot) -> str:
         """Why the probe cannot see this rank's collectives, or "" when it can (or none ran).
@@ -298,14 +355,28 @@ class Probe:
                 "recorders": [] if self.recorders is None else self.recorders.names,
                 "captured_at": round(self._captured_at, 3),
                 "process_groups": dict(self._last_reports),
+                "stalls": [s.to_dict() for s in self._stalls.values()],
+                "phase": current_phase(),
             }
+
+    def stack(self) -> dict[str, Any]:
+        """`/stack`: every thread's stack (main first) and the marked phase, taken now."""
+        return {
+            "rank": self.config.rank,
+            "pod": self.config.pod,
+            "node": self.config.node,
+            "pid": os.getpid(),
+            "captured_at": round(time.time(), 3),
+            "phase": current_phase(),
+            "threads": thread_stacks(),
+        }
 
     def ras_snapshot(self) -> dict[str, Any] | None:
         with self._lock:
             return None if self._ras_snapshot is None else dict(self._ras_snapshot)
 
 
-def group_status(report: PgReport) -> dict[str, Any]:
+def group_status(report: PgReport, stall_threshold_s: float | None = None) -> dict[str, Any]:
     """Pure: one process group's entry in `/status`."""
     p = report.progress
     flight = p.in_flight
@@ -316,6 +387,9 @@ def group_status(report: PgReport) -> dict[str, Any]:
         "last_started": p.last_started,
         "last_completed": p.last_completed,
         "seconds_since_last_completion": round(report.seconds_since_completion, 3),
+        "stall_threshold_seconds": None
+        if stall_threshold_s is None
+        else round(stall_threshold_s, 3),
         "in_flight": None
         if flight is None
         else {

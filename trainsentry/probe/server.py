@@ -10,8 +10,9 @@ of ours, and a thread cannot stall the training loop. Endpoints:
     GET /dumps     the watchdog's dump files in this pod (name, bytes, mtime); bearer token
     GET /dumps/N   one of them, as torch wrote it (pickle); bearer token
     GET /ras       the last NCCL RAS snapshot (JSON, rank 0); needs the bearer token
+    GET /stack     every Python thread's stack, main thread first (`stacks.py`); bearer token
 
-Without a configured token /dump, /dumps and /ras answer 403: a dump shows tensor shapes and
+Without a configured token /dump, /dumps, /ras and /stack answer 403: a dump shows tensor shapes and
 call sites, so it is never served unauthenticated. `/dumps/N` serves only a name the listing
 holds (no path is ever built from the request).
 """
@@ -45,6 +46,8 @@ class Endpoints:
     #: The dump and extra headers (which recorders, when it was taken).
     dump: Callable[[], tuple[bytes, dict[str, str]]]
     ras: Callable[[], dict[str, Any] | None]
+    #: `/stack`: this rank's thread stacks and marked phase, taken when asked.
+    stack: Callable[[], dict[str, Any]]
     token: str | None
     identity_headers: dict[str, str]
     #: torch's watchdog writes `<prefix><rank>` files (TORCH_FR_DUMP_TEMP_FILE); "" = none.
@@ -163,6 +166,9 @@ def _handler(endpoints: Endpoints) -> type[BaseHTTPRequestHandler]:
                 elif path.startswith("/dumps/"):
                     if self._authorized():
                         self._send_file(path.removeprefix("/dumps/"))
+                elif path == "/stack":
+                    if self._authorized():
+                        self._json(200, endpoints.stack(), extra=True)
                 elif path == "/ras":
                     if self._authorized():
                         snapshot = endpoints.ras()

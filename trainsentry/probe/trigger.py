@@ -1,0 +1,137 @@
+"""Tell the gateway at once that this rank is stalled in a collective (the fast hang path).
+
+The Prometheus rules find a hang too, but through scrape → evaluation → `for:` → Alertmanager
+→ group_wait, minutes after the stall. A probe that sees a stall (`stall.StallDetector`)
+posts a trigger straight to the gateway instead; the gateway fetches every rank's dump and
+stacks, names the rank that never arrived and pages (docs/probe.md has the time budget).
+
+    POST <TRAINSENTRY_GATEWAY_URL>/api/v1/hang-triggers
+    Authorization: Bearer <TRAINSENTRY_PROBE_TOKEN>
+    {"namespace", "trainingjob", "rank", "pod", "node", "pg", "pg_desc", "seq", "op",
+     "state", "waited_s", "threshold_s"}
+
+Invariants:
+- Never blocks or raises into the poll loop: triggers go through a bounded queue to one
+  daemon thread; a full queue drops the newest trigger (and counts it).
+- Idempotent: one trigger per (group, sequence number) from this rank (the detector reports
+  each once); retries of the same trigger carry the same body, so the gateway deduplicates
+  by (namespace, trainingjob, pg, seq) whoever sends it.
+- Rate-limited: before the first send a random delay of up to `jitter_s` (so 1,024 waiting
+  ranks do not post in the same millisecond), then at most `max_attempts` tries with a
+  doubling back-off; 4xx answers (bad token, job unknown) are not retried.
+- The token goes only into the Authorization header; it is never logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import random
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("trainsentry.probe.trigger")
+
+TRIGGER_PATH = "/api/v1/hang-triggers"
+
+
+@dataclass
+class TriggerStats:
+    sent: int = 0
+    failed: int = 0
+    dropped: int = 0
+
+
+@dataclass
+class TriggerClient:
+    """Posts hang triggers to the gateway from a daemon thread (see module invariants)."""
+
+    gateway_url: str
+    token: str | None = field(repr=False)
+    timeout_s: float = 5.0
+    jitter_s: float = 1.0
+    max_attempts: int = 4
+    backoff_s: float = 1.0
+    sleep: Callable[[float], bool] | None = None  # returns True when stopping
+    stats: TriggerStats = field(default_factory=TriggerStats)
+
+    def __post_init__(self) -> None:
+        self._queue: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=64)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return self.gateway_url.rstrip("/") + TRIGGER_PATH
+
+    def submit(self, body: dict[str, Any]) -> None:
+        """Queue one trigger; returns at once (drops it when 64 are already waiting)."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="trainsentry-probe-trigger", daemon=True
+            )
+            self._thread.start()
+        try:
+            self._queue.put_nowait(body)
+        except queue.Full:
+            self.stats.dropped += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.timeout_s + 1)
+
+    def _wait(self, seconds: float) -> bool:
+        if self.sleep is not None:
+            return self.sleep(seconds)
+        return self._stop.wait(seconds)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                body = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if self._wait(random.uniform(0, self.jitter_s)):
+                return
+            self.send(body)
+
+    def send(self, body: dict[str, Any]) -> bool:
+        """POST one trigger with retries; True once the gateway accepted it (2xx)."""
+        data = json.dumps(body, sort_keys=True).encode()
+        delay = self.backoff_s
+        for attempt in range(1, self.max_attempts + 1):
+            request = urllib.request.Request(self.url, data=data, method="POST")
+            request.add_header("Content-Type", "application/json")
+            if self.token:
+                request.add_header("Authorization", f"Bearer {self.token}")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:
+                    answer.read(4096)
+                self.stats.sent += 1
+                log.info(
+                    "event=hang_trigger_sent pg=%s seq=%s attempt=%d",
+                    body.get("pg"),
+                    body.get("seq"),
+                    attempt,
+                )
+                return True
+            except urllib.error.HTTPError as exc:
+                if 400 <= exc.code < 500 and exc.code != 429:
+                    self.stats.failed += 1
+                    log.warning("event=hang_trigger_refused status=%d", exc.code)
+                    return False
+                error = f"HTTP {exc.code}"
+            except (OSError, ValueError) as exc:
+                error = type(exc).__name__
+            if attempt == self.max_attempts or self._wait(delay):
+                break
+            delay *= 2
+        self.stats.failed += 1
+        log.warning("event=hang_trigger_failed pg=%s error=%s", body.get("pg"), error)
+        return False
