@@ -66,7 +66,11 @@ class GlooJob:
 
 
 def launch_job(
-    tmp_path: Path, world_size: int, extra_env: Mapping[str, str], start_timeout: float = 60.0
+    tmp_path: Path,
+    world_size: int,
+    extra_env: Mapping[str, str],
+    start_timeout: float = 60.0,
+    rank_env: Mapping[int, Mapping[str, str]] | None = None,
 ) -> GlooJob:
     master_port = free_port()
     port_dir = tmp_path / "ports"
@@ -99,6 +103,7 @@ def launch_job(
             "LOCAL_RANK": str(rank),
             "TRAINSENTRY_NODE": f"node-{rank // 2}",
             "POD_NAME": f"llama-w-{rank}",
+            **(rank_env or {}).get(rank, {}),
         }
         with log_path.open("wb") as log:
             job.processes.append(

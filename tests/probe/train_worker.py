@@ -5,6 +5,9 @@ train_worker.py`. Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, plus
   PORT_DIR     the rank writes its probe port to PORT_DIR/port.<rank>
   STALL_RANK   this rank stops before the collective of step STALL_STEP (-1: nobody)
   STALL_STEP   the step at which STALL_RANK stops
+  STALL_RANKS  more ranks that stop at STALL_STEP in their own place: read_shard() (sleep mode)
+  SLOW_RANK    this rank sleeps SLOW_SECONDS before every step's collectives (fail-slow)
+  Each rank that stops writes the unix time to PORT_DIR/stalled.<rank> first.
   STEPS        steps to run (default: forever, until killed)
   BACKEND      "nccl": NCCL on the one GPU of the machine, every rank pretending to be its own
                host (NCCL_HOSTID) and talking over sockets on lo. Default gloo on the CPU.
@@ -53,6 +56,18 @@ def load_batch() -> None:
         time.sleep(1)
 
 
+def read_shard() -> None:
+    """A second stalled rank, stuck somewhere else: it never returns either."""
+    while True:
+        time.sleep(1)
+
+
+def mark_stalled(rank: int) -> None:
+    folder = Path(os.environ["PORT_DIR"])
+    (folder / f".stalled.{rank}").write_text(repr(time.time()))
+    (folder / f".stalled.{rank}").rename(folder / f"stalled.{rank}")
+
+
 def save_checkpoint(model: torch.nn.Module, mode: str, seconds: float) -> None:
     if mode == "phase":
         with trainsentry.probe.phase("checkpoint"):
@@ -65,6 +80,9 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     stall_rank = int(os.environ.get("STALL_RANK", "-1"))
     stall_step = int(os.environ.get("STALL_STEP", "5"))
+    also = {int(r) for r in os.environ.get("STALL_RANKS", "").split(",") if r.strip()}
+    slow_rank = int(os.environ.get("SLOW_RANK", "-1"))
+    slow_seconds = float(os.environ.get("SLOW_SECONDS", "1"))
     steps = int(os.environ.get("STEPS", "0")) or 10**9
     backend = os.environ.get("BACKEND", "gloo")
     device = "cpu"
@@ -105,10 +123,17 @@ def main() -> None:
         mode = os.environ.get("STALL_MODE", "sleep")
         if step == stall_step and mode in ("save", "phase"):
             if rank == stall_rank:
+                mark_stalled(rank)
                 save_checkpoint(model, mode, float(os.environ.get("STALL_SECONDS", "8")))
             dist.barrier()
         elif rank == stall_rank and step == stall_step:
+            mark_stalled(rank)
             load_batch()  # this rank never enters the collective; the others wait in it
+        elif rank in also and step == stall_step:
+            mark_stalled(rank)
+            read_shard()
+        if rank == slow_rank:
+            time.sleep(slow_seconds)
         if tpdp:
             dist.all_reduce(loss.detach(), group=tp)
             for param in model.parameters():

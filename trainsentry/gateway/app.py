@@ -25,6 +25,13 @@ from trainsentry.gateway.ack import AckService
 from trainsentry.gateway.decide import PolicyMetrics
 from trainsentry.gateway.diagnosis import DiagnosisSettings, EndpointResolver, HangDiagnoser
 from trainsentry.gateway.escalation import Escalator
+from trainsentry.gateway.hang_trigger import (
+    MAX_TRIGGER_BYTES,
+    TriggerKeys,
+    TriggerRejected,
+    parse_trigger,
+    trigger_webhook,
+)
 from trainsentry.gateway.intake import (
     IntakeRejected,
     IntakeWriter,
@@ -46,12 +53,19 @@ from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.store import check_reachable, create_engine, migrate
 from trainsentry.store.inbox import inbox_waiting
-from trainsentry.store.queries import get_alert, list_alerts, list_notifications, outbox_depth
+from trainsentry.store.queries import (
+    first_occurrence,
+    get_alert,
+    list_alerts,
+    list_notifications,
+    outbox_depth,
+)
 from trainsentry.store.writes import IncomingReceipt, ReceiptOutcome
 
 log = logging.getLogger("trainsentry.gateway")
 
 WEBHOOK_PATH = "/api/v1/alertmanager"
+HANG_TRIGGER_PATH = "/api/v1/hang-triggers"
 
 
 @dataclass(frozen=True)
@@ -85,6 +99,7 @@ class Gateway:
     ticker: Ticker | None = None
     ack: AckService | None = None
     diagnoser: HangDiagnoser | None = None
+    trigger_keys: TriggerKeys | None = None
     job_status: JobStatusFeeder | None = None
     classified: Callable[[], Mapping[int, str]] = dict
     clock: Callable[[], datetime] = utcnow
@@ -164,6 +179,48 @@ async def receive_webhook(request: web.Request) -> web.Response:
             "unchanged": outcome.unchanged,
         }
     )
+
+
+async def receive_hang_trigger(request: web.Request) -> web.Response:
+    """A stalled rank's probe (`hang_trigger.py`): stored as one hang alert per (job, pg, seq)
+    before the answer, then diagnosed and paged like any hang alert."""
+    gateway = request.app[GATEWAY_KEY]
+    diagnoser, keys = gateway.diagnoser, gateway.trigger_keys
+    if diagnoser is None or keys is None:
+        return _error(404, "hang triggers are off: this gateway has no hang diagnosis configured")
+    if not _authorized(request, SecretStr(diagnoser.token)):
+        gateway.metrics.receipts.labels("unauthorized").inc()
+        return _unauthorized()
+    if request.content_length is not None and request.content_length > MAX_TRIGGER_BYTES:
+        return _error(413, f"body larger than {MAX_TRIGGER_BYTES} bytes")
+    body = await request.content.read(MAX_TRIGGER_BYTES + 1)
+    try:
+        trigger = parse_trigger(body)
+    except TriggerRejected as exc:
+        gateway.metrics.receipts.labels("rejected").inc()
+        return _error(400, str(exc))
+    async with keys.lock(trigger):
+        try:
+            starts_at, first = await keys.starts_at(trigger, gateway.clock())
+            body = trigger_webhook(trigger, starts_at)
+            receipt = parse_webhook(body, received_at=gateway.clock())
+            outcome = await gateway.writer.submit(receipt)
+        except (StoreUnavailable, SQLAlchemyError) as exc:
+            gateway.metrics.receipts.labels("unavailable").inc()
+            return _error(503, f"store unavailable, retry: {type(exc).__name__}")
+        except IntakeRejected as exc:
+            return _error(400, exc.reason, details=exc.details)
+    log.info(
+        "hang trigger job=%s/%s pg=%s seq=%d rank=%d first=%s new=%d",
+        trigger.namespace,
+        trigger.trainingjob,
+        trigger.pg,
+        trigger.seq,
+        trigger.rank,
+        first,
+        outcome.new,
+    )
+    return web.json_response({"status": "stored", "new": outcome.new, "first": first}, status=202)
 
 
 def _complete_truncated(gateway: Gateway, receipt: IncomingReceipt) -> None:
@@ -520,6 +577,12 @@ def create_app(
                 on_release=outbox.wake,
             )
             plan.hold = gateway.diagnoser.hold
+
+            async def earliest(fingerprint: str) -> datetime | None:
+                async with engine.connect() as conn:
+                    return await first_occurrence(conn, fingerprint)
+
+            gateway.trigger_keys = TriggerKeys(earliest)
             # Import the analyzer (numpy, scipy) now, not while the first hang page is held.
             await asyncio.to_thread(importlib.import_module, "trainsentry.diagnostics")
         if isinstance(plan, PolicyPlan):
@@ -557,6 +620,7 @@ def create_app(
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post(WEBHOOK_PATH, receive_webhook)
+    app.router.add_post(HANG_TRIGGER_PATH, receive_hang_trigger)
     app.router.add_get("/api/v1/alerts", get_alerts)
     app.router.add_get("/api/v1/alerts/{alert_id}", get_alert_detail)
     app.router.add_get("/api/v1/notifications", get_notifications)

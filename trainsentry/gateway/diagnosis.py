@@ -31,12 +31,13 @@ from trainsentry.gateway.hang_enrichment import (
     endpoints_for_pods,
     enrich_hang,
 )
+from trainsentry.gateway.hang_trigger import ALERTNAME as TRIGGER_ALERTNAME
 from trainsentry.kubeclient import default_api_client
 from trainsentry.store.schema import alerts, notifications
 
 log = logging.getLogger("trainsentry.diagnosis")
 
-DEFAULT_HANG_ALERTS = ("TrainingJobHang", "TrainingRankStalledBehindPeers")
+DEFAULT_HANG_ALERTS = ("TrainingJobHang", "TrainingRankStalledBehindPeers", TRIGGER_ALERTNAME)
 
 
 class DiagnosisSettings(BaseModel):
@@ -138,7 +139,7 @@ class HangDiagnoser:
         self.settings = settings
         self._alertnames = frozenset(settings.alertnames)
         self._resolver = resolver
-        self._token = probe_token
+        self.token = probe_token
         self._clock = clock
         self._on_release = on_release
         self._tasks: set[asyncio.Task[HangVerdict | None]] = set()
@@ -179,7 +180,7 @@ class HangDiagnoser:
             verdict = await enrich_hang(
                 job,
                 endpoints,
-                self._token,
+                self.token,
                 timeout_s=self.settings.request_timeout_seconds,
                 deadline_s=self.settings.deadline_seconds,
                 concurrency=self.settings.concurrency,
@@ -204,14 +205,19 @@ class HangDiagnoser:
                     )
                 )
             ).all()
+            # A culprit saving a checkpoint is healthy: its held pages are cancelled, not sent.
+            quiet = verdict.verdict == "checkpoint"
             for row in rows:
                 payload = dict(row.payload)
                 payload["diagnosis"] = verdict.summary
                 payload["culprit_ranks"] = list(verdict.culprit_ranks)
+                values: dict[str, Any] = {"payload": payload, "next_attempt_at": now}
+                if quiet:
+                    values["status"] = "cancelled"
                 await conn.execute(
                     update(notifications)
                     .where(notifications.c.id == row.id, notifications.c.status == "pending")
-                    .values(payload=payload, next_attempt_at=now)
+                    .values(**values)
                 )
         log.info(
             "diagnosis stored alert_id=%d verdict=%s culprits=%s released=%d",

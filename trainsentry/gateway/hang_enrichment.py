@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from trainsentry.alerts import JobRef
+from trainsentry.gateway.hang_stacks import checkpointing, fetch_stacks, stack_phrase
 
 log = logging.getLogger("trainsentry.gateway.hang_enrichment")
 
@@ -97,13 +98,15 @@ class HangVerdict:
     """What the gateway stores with the alert and shows on the card."""
 
     job: str
-    verdict: str  # hang | mismatch | slow | ok | unknown
+    verdict: str  # hang | checkpoint | mismatch | slow | ok | unknown
     summary: str
     culprit_ranks: tuple[int, ...] = ()
     ranks_answered: int = 0
     ranks_failed: tuple[str, ...] = ()  # "rank 3 (pod x): timeout"
     report: Mapping[str, Any] | None = field(default=None, repr=False)
     elapsed_s: float = 0.0
+    #: The culprits' `/stack` answers (rank -> stack), for the full view behind the card.
+    stacks: Mapping[int, Mapping[str, Any]] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -115,6 +118,7 @@ class HangVerdict:
             "ranks_failed": list(self.ranks_failed),
             "report": dict(self.report) if self.report is not None else None,
             "elapsed_s": round(self.elapsed_s, 3),
+            "stacks": {str(rank): dict(stack) for rank, stack in self.stacks.items()},
         }
 
 
@@ -185,6 +189,41 @@ async def fetch_dumps(
 
 
 # ---------------------------------------------------------------- analysis (pure)
+
+
+def with_stacks(
+    verdict: HangVerdict,
+    stacks: Mapping[int, Mapping[str, Any]],
+    identities: Mapping[int, tuple[str, str]],
+) -> HangVerdict:
+    """Pure: the verdict with what the culprits are doing.
+
+    Every culprit saving a checkpoint turns a `hang` into `checkpoint` (healthy: its peers
+    wait in a barrier; the gateway does not page); otherwise the summary gains, per culprit
+    (at most three), the frame it is in.
+    """
+    if verdict.verdict != "hang" or not stacks:
+        return dataclasses.replace(verdict, stacks=dict(stacks))
+    culprits = [r for r in verdict.culprit_ranks if r in stacks]
+    saving = {r: checkpointing(stacks[r]) for r in culprits}
+    if culprits and len(culprits) == len(verdict.culprit_ranks) and all(saving.values()):
+        how = ", ".join(
+            f"{_who(r, identities)} is saving a checkpoint ({saving[r]})" for r in culprits[:3]
+        )
+        return dataclasses.replace(
+            verdict,
+            verdict="checkpoint",
+            summary=f"{how}; its peers wait for it: not a hang",
+            stacks=dict(stacks),
+        )
+    phrases = [(r, stack_phrase(stacks[r])) for r in culprits[:3]]
+    told = "; ".join(f"rank {r} is in {p}" for r, p in phrases if p)
+    head, tail = verdict.summary, ""
+    if head.endswith(" did not answer)"):  # keep "(k of n ranks did not answer)" last
+        head, _, rest = head.rpartition(" (")
+        tail = f" ({rest}"
+    summary = f"{head}; {told}{tail}" if told else verdict.summary
+    return dataclasses.replace(verdict, summary=summary, stacks=dict(stacks))
 
 
 def _who(rank: int, identities: Mapping[int, tuple[str, str]]) -> str:
@@ -359,6 +398,10 @@ async def enrich_hang(
             ranks_answered=sum(r.ok for r in results),
             ranks_failed=tuple(f"{r.endpoint.address}: {r.error}" for r in results if not r.ok),
         )
+    if verdict.verdict == "hang" and verdict.culprit_ranks:
+        verdict = await _add_stacks(
+            verdict, results, token, timeout_s, deadline_s, started, transport
+        )
     elapsed = time.monotonic() - started
     log.info(
         "event=hang_diagnosed job=%s verdict=%s answered=%d failed=%d elapsed_s=%.3f",
@@ -369,3 +412,27 @@ async def enrich_hang(
         elapsed,
     )
     return dataclasses.replace(verdict, elapsed_s=elapsed)
+
+
+async def _add_stacks(
+    verdict: HangVerdict,
+    results: Sequence[FetchResult],
+    token: str,
+    timeout_s: float,
+    deadline_s: float,
+    started: float,
+    transport: httpx.AsyncBaseTransport | None,
+) -> HangVerdict:
+    """Ask the culprits what they are doing (`/stack`) within what is left of the deadline
+    (at least 1 s); a culprit that does not answer is simply not described."""
+    endpoints = {r.rank: r.endpoint for r in results if r.rank in verdict.culprit_ranks}
+    identities = {r.rank: (r.pod, r.node) for r in results if r.rank is not None}
+    left = max(1.0, deadline_s - (time.monotonic() - started))
+    stacks = await fetch_stacks(
+        {r: e for r, e in endpoints.items() if r is not None},
+        token,
+        timeout_s=min(timeout_s, left),
+        deadline_s=left,
+        transport=transport,
+    )
+    return with_stacks(verdict, stacks, identities)

@@ -91,6 +91,19 @@ async def get_alert(conn: AsyncConnection, alert_id: int) -> dict[str, Any] | No
     return item
 
 
+async def first_occurrence(conn: AsyncConnection, fingerprint: str) -> datetime | None:
+    """When the earliest stored occurrence of an alert began (None: never stored)."""
+    value = (
+        await conn.execute(
+            select(alerts.c.starts_at)
+            .where(alerts.c.fingerprint == fingerprint)
+            .order_by(alerts.c.starts_at)
+            .limit(1)
+        )
+    ).scalar()
+    return value if isinstance(value, datetime) else None
+
+
 async def counts(conn: AsyncConnection) -> dict[str, Any]:
     """Totals for summaries: receipts, occurrences by status, events, notifications by channel."""
 

@@ -1,0 +1,199 @@
+"""A probe's hang trigger at the gateway: validation, one alert per (job, pg, seq) across
+ranks and restarts, and what the card says about the culprit's stack."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from trainsentry.gateway.hang_enrichment import HangVerdict, with_stacks
+from trainsentry.gateway.hang_stacks import checkpointing, stack_phrase
+from trainsentry.gateway.hang_trigger import (
+    MAX_TRIGGER_BYTES,
+    TriggerKeys,
+    TriggerRejected,
+    parse_trigger,
+    trigger_webhook,
+)
+from trainsentry.gateway.intake import parse_webhook
+from trainsentry.probe.identity import ProbeConfig
+from trainsentry.probe.runtime import Probe
+from trainsentry.probe.stacks import phase
+from trainsentry.probe.stall import Stall
+
+NOW = datetime(2026, 11, 25, 3, 0, tzinfo=UTC)
+
+
+def probe_body(rank: int, waited: float) -> bytes:
+    """What a real probe posts (Probe.trigger_body), for one rank."""
+    probe = Probe(
+        ProbeConfig(
+            rank=rank,
+            world_size=4,
+            pod=f"llama-w-{rank}",
+            node="gpu-07",
+            trainingjob="llama",
+            namespace="team-a",
+            port=0,
+            bind="127.0.0.1",
+        )
+    )
+    try:
+        stall = Stall("3", "tp-1", 4812, "all_reduce", "started", waited, 20.0)
+        return json.dumps(probe.trigger_body(stall)).encode()
+    finally:
+        probe.server.stop()
+
+
+def test_triggers_of_one_collective_from_different_ranks_are_one_alert() -> None:
+    alerts = []
+    for rank, waited in ((0, 21.3), (1, 22.9), (3, 20.1)):
+        trigger = parse_trigger(probe_body(rank, waited))
+        receipt = parse_webhook(trigger_webhook(trigger, NOW), received_at=NOW)
+        (alert,) = receipt.alerts
+        alerts.append(alert)
+    assert len({(a.fingerprint, a.starts_at) for a in alerts}) == 1
+    labels = alerts[0].labels
+    assert labels == {
+        "alertname": "TrainingCollectiveStalled",
+        "namespace": "team-a",
+        "trainingjob": "llama",
+        "pg": "3",
+        "seq": "4812",
+        "priority": "P0",
+        "component": "training",
+        "source": "probe",
+    }
+    assert "tp-1" in alerts[0].annotations["summary"]
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"namespace": "Team A"}, "namespace"),
+        ({"trainingjob": "x" * 300}, "trainingjob"),
+        ({"seq": -1}, "seq"),
+        ({"seq": "twenty"}, "seq"),
+        ({"waited_s": None}, "waited_s"),
+        ({"pg": ""}, "pg"),
+        ({"pod": "p" * 1000}, "pod"),
+    ],
+)
+def test_bad_triggers_are_refused_with_the_field_named(change: dict, reason: str) -> None:
+    body = json.loads(probe_body(0, 21.0))
+    body.update(change)
+    with pytest.raises(TriggerRejected, match=reason):
+        parse_trigger(json.dumps(body).encode())
+
+
+def test_oversized_and_non_json_triggers_are_refused() -> None:
+    with pytest.raises(TriggerRejected, match="larger than"):
+        parse_trigger(b"{" + b" " * MAX_TRIGGER_BYTES + b"}")
+    with pytest.raises(TriggerRejected, match="not a hang trigger"):
+        parse_trigger(b"\xff\xfe")
+
+
+def test_unknown_keys_never_become_labels() -> None:
+    body = json.loads(probe_body(0, 21.0))
+    body["labels"] = {"priority": "P3", "team": "evil"}
+    body["receiver"] = "elsewhere"
+    trigger = parse_trigger(json.dumps(body).encode())
+    (alert,) = parse_webhook(trigger_webhook(trigger, NOW), received_at=NOW).alerts
+    assert "team" not in alert.labels and alert.labels["priority"] == "P0"
+
+
+def test_every_trigger_of_a_key_gets_the_first_ones_start_also_after_a_restart() -> None:
+    stored: dict[str, datetime] = {}
+
+    async def lookup(fingerprint: str) -> datetime | None:
+        return stored.get(fingerprint)
+
+    async def scenario() -> None:
+        keys = TriggerKeys(lookup)
+        first = parse_trigger(probe_body(0, 21.0))
+        later = parse_trigger(probe_body(1, 29.5))
+        async with keys.lock(first):
+            start, is_first = await keys.starts_at(first, NOW)
+        assert is_first and start == NOW - timedelta(seconds=21)
+        async with keys.lock(later):
+            again, is_first = await keys.starts_at(later, NOW + timedelta(seconds=3))
+        assert (again, is_first) == (start, False)
+        (alert,) = parse_webhook(trigger_webhook(first, start), received_at=NOW).alerts
+        stored[alert.fingerprint] = start
+        restarted = TriggerKeys(lookup)  # memory gone: the store answers
+        async with restarted.lock(later):
+            after, is_first = await restarted.starts_at(later, NOW + timedelta(seconds=60))
+        assert (after, is_first) == (start, False)
+
+    asyncio.run(scenario())
+
+
+# ------------------------------------------------------------- what the culprit is doing
+
+
+def _stack_of(target: threading.Thread, ready: threading.Event) -> dict:
+    """A real /stack answer, taken while `target` (made the "main" thread) is blocked."""
+    target.start()
+    ready.wait(5)
+    time.sleep(0.2)
+    probe = Probe(ProbeConfig(rank=2, pod="llama-w-2", node="gpu-07", port=0, bind="127.0.0.1"))
+    try:
+        stack = probe.stack()
+    finally:
+        probe.server.stop()
+    threads = stack["threads"]
+    mine = next(t for t in threads if t["thread"] == target.name)
+    for t in threads:
+        t["main"] = t is mine
+    stack["threads"] = [mine] + [t for t in threads if t is not mine]
+    return stack
+
+
+def fetch_next_batch(ready: threading.Event, stop: threading.Event) -> None:
+    ready.set()
+    while not stop.is_set():
+        time.sleep(0.05)
+
+
+def test_the_card_says_where_the_culprit_is() -> None:
+    ready, stop = threading.Event(), threading.Event()
+    thread = threading.Thread(target=fetch_next_batch, args=(ready, stop), name="trainer")
+    try:
+        stack = _stack_of(thread, ready)
+    finally:
+        stop.set()
+        thread.join()
+    phrase = stack_phrase(stack)
+    assert phrase.startswith("test_hang_trigger.py:")
+    assert "fetch_next_batch: time.sleep(0.05)" in phrase and checkpointing(stack) == ""
+    verdict = HangVerdict("team-a/llama", "hang", "rank 2 never entered all_reduce #9", (2,))
+    told = with_stacks(verdict, {2: stack}, {2: ("llama-w-2", "gpu-07")})
+    assert told.verdict == "hang"
+    assert told.summary == f"rank 2 never entered all_reduce #9; rank 2 is in {phrase}"
+
+
+def test_a_culprit_in_a_checkpoint_phase_is_not_a_hang() -> None:
+    ready, stop = threading.Event(), threading.Event()
+
+    def save() -> None:
+        with phase("checkpoint"):
+            fetch_next_batch(ready, stop)
+
+    thread = threading.Thread(target=save, name="saver")
+    try:
+        stack = _stack_of(thread, ready)
+    finally:
+        stop.set()
+        thread.join()
+    assert checkpointing(stack) == "a marked checkpoint phase"
+    verdict = HangVerdict("team-a/llama", "hang", "rank 2 never entered barrier #3", (2,))
+    told = with_stacks(verdict, {2: stack}, {2: ("llama-w-2", "gpu-07")})
+    assert told.verdict == "checkpoint"
+    assert told.summary.startswith("rank 2 (pod llama-w-2, node gpu-07) is saving a checkpoint")
+    two = HangVerdict("team-a/llama", "hang", "ranks 1, 2 never entered barrier #3", (1, 2))
+    assert with_stacks(two, {2: stack}, {}).verdict == "hang"  # rank 1 unexplained: a hang

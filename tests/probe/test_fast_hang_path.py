@@ -1,0 +1,161 @@
+"""The fast hang path end to end: real 4-rank gloo jobs with the probe, the real gateway.
+
+A waiting rank's probe posts a trigger to the gateway (`/api/v1/hang-triggers`); the
+gateway stores one alert per (job, pg, seq), fetches every rank's dump and the culprits'
+stacks, and sends one card naming the rank, its pod, node and the frame it is stuck in.
+A rank saving a checkpoint while its peers wait gets no page; a slow job none either.
+
+The stall threshold is lowered to 2 s (floor and start-up) so that a test takes seconds;
+the detector's adaptive rule itself is tested in test_stall.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from probe.probe_harness import TOKEN, GlooJob, free_port, launch_job
+
+pytestmark = [pytest.mark.torch, pytest.mark.e2e]
+torch = pytest.importorskip("torch")
+
+WORLD = 4
+API = "gw-token"
+FAST = {"TRAINSENTRY_PROBE_STALL_FLOOR": "2", "TRAINSENTRY_PROBE_STALL_STARTUP": "2"}
+
+
+def eventually(check: Callable[[], bool], timeout: float, what: str, job: GlooJob) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}\n{job.output()}")
+
+
+@contextmanager
+def job_with_gateway(tmp_path: Path, **env: str) -> Iterator[tuple[GlooJob, Any, Any]]:
+    """A gateway (diagnosis on, the job's probes as static endpoints, a chat receiver), then
+    the job, whose probes post their triggers to it."""
+    from gateway_process import start_gateway
+    from receiver import ThreadedReceiver
+
+    ports = {rank: free_port() for rank in range(WORLD)}
+    with ThreadedReceiver() as chat:
+        config = tmp_path / "gateway.yaml"
+        endpoints = [f"127.0.0.1:{ports[r]}" for r in range(WORLD)]
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "webhooks": {"feishu": {"url": chat.url}},
+                    "diagnosis": {"static_endpoints": {"team-a/llama": endpoints}},
+                }
+            )
+        )
+        with start_gateway(
+            tmp_path,
+            f"sqlite:///{tmp_path / 'gateway.db'}",
+            token=API,
+            config=config,
+            env={"TRAINSENTRY_PROBE_TOKEN": TOKEN},
+        ) as gw:
+            job = launch_job(
+                tmp_path / "job",
+                WORLD,
+                {"TRAINSENTRY_GATEWAY_URL": gw.url, **FAST, **env},
+                rank_env={
+                    r: {"LOCAL_RANK": "0", "TRAINSENTRY_PROBE_PORT": str(ports[r])}
+                    for r in range(WORLD)
+                },
+            )
+            try:
+                yield job, gw, chat
+            finally:
+                job.stop()
+
+
+def cards(chat: Any) -> list[dict[str, Any]]:
+    return [b["payload"] for b in chat.bodies if isinstance(b.get("payload"), dict)]
+
+
+def stored(gw: Any) -> list[dict[str, Any]]:
+    answer = httpx.get(
+        f"{gw.url}/api/v1/alerts", headers={"Authorization": f"Bearer {API}"}, timeout=5
+    )
+    items: list[dict[str, Any]] = answer.json()["items"]
+    return items
+
+
+def stalled_at(tmp_path: Path, rank: int) -> float:
+    return float((tmp_path / "job" / "ports" / f"stalled.{rank}").read_text())
+
+
+def test_the_card_names_the_rank_its_pod_node_and_frame_once(tmp_path: Path) -> None:
+    with job_with_gateway(tmp_path, STALL_RANK="2", STALL_STEP="5") as (job, gw, chat):
+        eventually(lambda: bool(cards(chat)), 60, "the hang card", job)
+        arrived = time.time()
+        time.sleep(3)  # the other waiting ranks' triggers arrive too: still one card
+        sent, alerts = cards(chat), stored(gw)
+    assert len(sent) == 1, sent
+    card = sent[0]
+    assert card["alertname"] == "TrainingCollectiveStalled"
+    assert card["culprit_ranks"] == [2]
+    diagnosis = card["diagnosis"]
+    assert "rank 2 (pod llama-w-2, node node-1) never entered" in diagnosis, diagnosis
+    assert "load_batch: time.sleep(1)" in diagnosis and "train_worker.py:" in diagnosis
+    assert len(alerts) == 1 and alerts[0]["verdict"]["verdict"] == "hang"
+    assert set(alerts[0]["verdict"]["stacks"]) == {"2"}
+    # Stall -> card with a 2 s threshold: detection, trigger, dumps, stacks, analysis, send.
+    assert arrived - stalled_at(tmp_path, 2) < 20
+
+
+def test_two_ranks_stalled_in_different_places_are_both_named(tmp_path: Path) -> None:
+    env = {"STALL_RANK": "1", "STALL_RANKS": "2", "STALL_STEP": "5"}
+    with job_with_gateway(tmp_path, **env) as (job, _gw, chat):
+        eventually(lambda: bool(cards(chat)), 60, "the hang card", job)
+        card = cards(chat)[0]
+    assert card["culprit_ranks"] == [1, 2]
+    diagnosis = card["diagnosis"]
+    assert "rank 1 is in train_worker.py:" in diagnosis and "load_batch" in diagnosis
+    assert "rank 2 is in train_worker.py:" in diagnosis and "read_shard" in diagnosis
+
+
+def test_a_rank_saving_a_checkpoint_is_not_paged(tmp_path: Path) -> None:
+    env = {"STALL_RANK": "2", "STALL_STEP": "3", "STALL_MODE": "save", "STALL_SECONDS": "25"}
+    with job_with_gateway(tmp_path, **env) as (job, gw, chat):
+
+        def diagnosed() -> bool:
+            return any(a.get("verdict") for a in stored(gw))
+
+        eventually(diagnosed, 60, "the stall's diagnosis", job)
+        time.sleep(2)
+        alerts, sent = stored(gw), cards(chat)
+    assert sent == []
+    verdict = alerts[0]["verdict"]
+    assert verdict["verdict"] == "checkpoint", verdict
+    assert (
+        "rank 2 (pod llama-w-2, node node-1) is saving a checkpoint (torch.save)"
+        in (verdict["summary"])
+    )
+
+
+def test_a_slow_job_is_not_paged(tmp_path: Path) -> None:
+    """Rank 2 is 1 s late every step: its peers wait about 1 s in each all_reduce, which
+    the detector learns; with a 5 s floor (factor 10: threshold 10 s) nothing is a stall."""
+    env = {"SLOW_RANK": "2", "SLOW_SECONDS": "1", "TRAINSENTRY_PROBE_STALL_FLOOR": "5"}
+    with job_with_gateway(tmp_path, **env) as (job, gw, chat):
+        time.sleep(20)
+        status = httpx.get(f"http://127.0.0.1:{job.ports[0]}/status", timeout=5).json()
+        sent, alerts = cards(chat), stored(gw)
+    assert status["step"] >= 10, status
+    assert sent == [] and alerts == []
