@@ -71,3 +71,24 @@ def test_groups_are_judged_apart() -> None:
     assert detector.thresholds() == {"tp": 20.0, "pp": 50.0}
     stalls = detector.observe({"tp": report(4, 30.0, "tp", "tp-3"), "pp": report(4, 30.0, "pp")})
     assert [(s.pg, s.pg_desc) for s in stalls] == [("tp", "tp-3")]
+
+
+def test_progress_seen_with_nothing_in_flight_teaches_the_detector_too() -> None:
+    """A fast group whose collectives are never caught in flight: each poll that finds it
+    progressed is a sample of no wait, so the threshold reaches the floor within a few polls
+    (otherwise it would stay at the start-up threshold until five waits were caught).
+    Polls without progress are no samples."""
+    detector = StallDetector(StallPolicy(floor_s=20, factor=10, startup_s=300))
+
+    def poll(done: int) -> None:
+        progress = PgProgress("0", "default_pg", done, done, done, None)
+        assert detector.observe({"0": PgReport(progress, 0.0, 0.0, ())}) == []
+
+    for done in range(1, 5):  # first sight + 3 progressions: 3 samples
+        poll(done)
+    for _ in range(10):
+        poll(4)
+    assert detector.thresholds() == {"0": 300.0}
+    poll(5)
+    poll(6)
+    assert detector.thresholds() == {"0": 20.0}

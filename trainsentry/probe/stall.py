@@ -17,7 +17,10 @@ Invariants:
 - Time is passed in (monotonic seconds): the detector is deterministic under test.
 - A wait is recorded as history only when it ends (the group's sequence number moves past
   it), with the last age seen, a lower bound of the real wait: history never includes the
-  wait being judged.
+  wait being judged. A poll that finds the group progressed with nothing in flight records
+  a wait of 0: the poll instant is a random sample of the group's waits, and most samples
+  of a healthy fast group find none (so its threshold falls to the floor within a few
+  polls of training instead of after five waits happened to be caught).
 - A stall is reported once per (group, sequence number): `observe` returns it the first
   time the threshold is passed and never again for that collective.
 - Nothing in flight is never a stall, however long (evaluation, every rank saving its own
@@ -89,6 +92,7 @@ class _Group:
     seq: int = -1
     age: float = 0.0
     reported: int = -1
+    completed: int | None = None
 
 
 @dataclass
@@ -106,9 +110,14 @@ class StallDetector:
             if group is None:
                 group = self._groups[name] = _Group(deque(maxlen=self.policy.window))
             flight = report.progress.in_flight
+            completed = report.progress.last_completed
+            progressed = group.completed is not None and completed != group.completed
+            group.completed = completed
             if group.seq >= 0 and (flight is None or flight.seq != group.seq):
                 group.history.append(group.age)  # the wait seen last has ended
                 group.seq, group.age = -1, 0.0
+            elif flight is None and progressed:
+                group.history.append(0.0)  # progress, and no wait caught at this instant
             if flight is None:
                 continue
             group.seq, group.age = flight.seq, flight.age_seconds
