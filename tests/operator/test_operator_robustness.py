@@ -536,3 +536,88 @@ async def test_namespace_restricted_operator_ignores_other_namespaces(sources: S
             c for c in emu.recorded_calls(exclude_agent="kmock/") if c.resource == "namespaces"
         }
         assert not namespaced  # exact names need no namespace scanning (no extra RBAC)
+
+
+async def test_a_probe_hang_trigger_makes_the_job_hung_with_the_rank_named(
+    cluster: KubeEmulator, operator: OperatorThread, tmp_path: Path
+) -> None:
+    """The fast hang path reaches the TrainingJob: a probe's trigger at the real gateway →
+    one TrainingCollectiveStalled alert → lastAlert (P0), then the diagnosis (rank 2, from
+    the ranks' dumps) in lastAlert → the operator's phase Hung, all within seconds."""
+    import json
+
+    import aiohttp
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+    from pydantic import SecretStr
+
+    from trainsentry.config import GatewaySettings
+    from trainsentry.diagnostics.synthetic import make_dump
+    from trainsentry.gateway.app import Diagnosis, create_app
+    from trainsentry.gateway.diagnosis import DiagnosisSettings, StaticEndpoints
+
+    probe_token, world, culprit = "probe-token", 4, 2
+    await seed(cluster, "g", ["gpu-1", "gpu-2"])
+    await post(cluster, TJ_PATH, trainingjob("g"))
+    await eventually(lambda: status_of(cluster, "g").get("phase") == "Monitoring")
+
+    runners = []
+    for rank in range(world):
+        dump = json.dumps(make_dump(rank, world, 40, scenario="hang", culprit=culprit)).encode()
+
+        async def serve(request: web.Request, dump: bytes = dump, rank: int = rank) -> web.Response:
+            if request.headers.get("Authorization") != f"Bearer {probe_token}":
+                return web.Response(status=401)
+            return web.Response(body=dump, headers={"X-Trainsentry-Rank": str(rank)})
+
+        app = web.Application()
+        app.router.add_get("/dump", serve)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runners.append(runner)
+    addresses = [f"127.0.0.1:{r.addresses[0][1]}" for r in runners]
+
+    async def api() -> ApiClient:
+        return ApiClient(Configuration(host=str(cluster.url).rstrip("/")))
+
+    settings = GatewaySettings(
+        listen="127.0.0.1:0",
+        db=f"sqlite:///{tmp_path / 'gw.db'}",
+        webhook_token=SecretStr("t"),
+        trainingjob_status=True,
+    )
+    diagnosis = Diagnosis(
+        DiagnosisSettings(hold_seconds=6, deadline_seconds=2, request_timeout_seconds=1),
+        StaticEndpoints({f"{NS}/g": addresses}),
+        probe_token,
+    )
+    server = TestServer(create_app(settings, diagnosis=diagnosis, kube_api=api), host="127.0.0.1")
+    await server.start_server()
+    trigger = {"namespace": NS, "trainingjob": "g", "pg": "0", "seq": 40, "rank": 0}
+    try:
+        async with (
+            aiohttp.ClientSession(headers={"Authorization": f"Bearer {probe_token}"}) as http,
+            http.post(
+                server.make_url("/api/v1/hang-triggers"), json={**trigger, "waited_s": 25.0}
+            ) as answer,
+        ):
+            assert answer.status == 202, await answer.text()
+        started = asyncio.get_running_loop().time()
+        await eventually(lambda: status_of(cluster, "g").get("phase") == "Hung")
+        await eventually(lambda: "diagnosis" in status_of(cluster, "g").get("lastAlert", {}))
+        took = asyncio.get_running_loop().time() - started
+        last = status_of(cluster, "g")["lastAlert"]
+        assert (last["name"], last["priority"], last["status"]) == (
+            "TrainingCollectiveStalled",
+            "P0",
+            "firing",
+        )
+        assert last["culpritRanks"] == [culprit]
+        assert last["diagnosis"].startswith(f"rank {culprit} never entered"), last
+        assert status_of(cluster, "g")["phase"] == "Hung"
+        assert took < 10
+    finally:
+        await server.close()
+        for runner in runners:
+            await runner.cleanup()

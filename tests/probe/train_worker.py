@@ -5,6 +5,8 @@ train_worker.py`. Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, plus
   PORT_DIR     the rank writes its probe port to PORT_DIR/port.<rank>
   STALL_RANK   this rank stops before the collective of step STALL_STEP (-1: nobody)
   STALL_STEP   the step at which STALL_RANK stops
+  STALL_AFTER  seconds of training after which STALL_RANK stops instead (rank 0 decides the
+               step and broadcasts it, so every rank agrees)
   STALL_RANKS  more ranks that stop at STALL_STEP in their own place: read_shard() (sleep mode)
   SLOW_RANK    this rank sleeps SLOW_SECONDS before every step's collectives (fail-slow)
   Each rank that stops writes the unix time to PORT_DIR/stalled.<rank> first.
@@ -112,6 +114,16 @@ def main() -> None:
     tmp.write_text(str(probe.port if probe is not None else -1))
     tmp.rename(port_dir / f"port.{rank}")
 
+    after = float(os.environ.get("STALL_AFTER", "0"))
+    if after > 0:  # rank 0 picks the step from its own speed; every rank learns it
+        began = time.monotonic()
+        for _ in range(10):
+            dist.all_reduce(torch.zeros(1, device=device))
+            time.sleep(0.02)
+        per_step = (time.monotonic() - began) / 10
+        chosen = torch.tensor([int(after / max(per_step, 1e-3))], device=device)
+        dist.broadcast(chosen, src=0)
+        stall_step = int(chosen.item())
     torch.manual_seed(0)
     model = torch.nn.Linear(16, 4).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

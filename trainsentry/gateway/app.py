@@ -25,6 +25,7 @@ from trainsentry.gateway.ack import AckService
 from trainsentry.gateway.decide import PolicyMetrics
 from trainsentry.gateway.diagnosis import DiagnosisSettings, EndpointResolver, HangDiagnoser
 from trainsentry.gateway.escalation import Escalator
+from trainsentry.gateway.hang_enrichment import HangVerdict
 from trainsentry.gateway.hang_trigger import (
     MAX_TRIGGER_BYTES,
     TriggerKeys,
@@ -495,6 +496,14 @@ def _record_commit(gateway: Gateway, outcomes: Sequence[ReceiptOutcome]) -> None
         gateway.policy_worker.wake()
 
 
+def _record_verdict(gateway: Gateway, change: AlertChange, verdict: HangVerdict) -> None:
+    """A hang's diagnosis reaches the job's status (lastAlert.diagnosis: which rank)."""
+    if gateway.job_status is None or verdict.verdict not in ("hang", "mismatch"):
+        return
+    priority = Priority(gateway.classified().get(change.alert_id, "P0"))
+    gateway.job_status.feed_verdict(change, priority, verdict.summary, verdict.culprit_ranks)
+
+
 def _record_planned(gateway: Gateway, changes: Sequence[AlertChange], written: int) -> None:
     """After the policy's commit: what follows a decided change, then wake the outbox."""
     gateway.metrics.policy_planned.inc(len(changes))
@@ -575,6 +584,7 @@ def create_app(
                 diagnosis.probe_token,
                 clock=clock,
                 on_release=outbox.wake,
+                on_verdict=lambda change, verdict: _record_verdict(gateway, change, verdict),
             )
             plan.hold = gateway.diagnoser.hold
 

@@ -134,6 +134,7 @@ class HangDiagnoser:
         *,
         clock: Callable[[], datetime],
         on_release: Callable[[], None] | None = None,
+        on_verdict: Callable[[AlertChange, HangVerdict], None] | None = None,
     ) -> None:
         self._engine = engine
         self.settings = settings
@@ -142,6 +143,7 @@ class HangDiagnoser:
         self.token = probe_token
         self._clock = clock
         self._on_release = on_release
+        self._on_verdict = on_verdict
         self._tasks: set[asyncio.Task[HangVerdict | None]] = set()
 
     def is_hang(self, alert: Alert) -> bool:
@@ -186,6 +188,8 @@ class HangDiagnoser:
                 concurrency=self.settings.concurrency,
             )
             await self._store(change.alert_id, verdict)
+            if self._on_verdict is not None:
+                self._on_verdict(change, verdict)
             return verdict
         except Exception as exc:  # a failed diagnosis must never lose the page
             log.warning("diagnosis failed job=%s error=%s: %s", job, type(exc).__name__, exc)

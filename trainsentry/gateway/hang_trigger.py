@@ -29,9 +29,10 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from trainsentry.alerts import PROBE_HANG_ALERT
 from trainsentry.gateway.intake import label_fingerprint
 
-ALERTNAME = "TrainingCollectiveStalled"
+ALERTNAME = PROBE_HANG_ALERT
 MAX_TRIGGER_BYTES = 8 * 1024
 _REMEMBERED = 4096
 

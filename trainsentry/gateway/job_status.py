@@ -73,13 +73,40 @@ class JobStatusFeeder:
                 del self._last[resolved_job]
                 self._spawn(resolved_job, change, Priority(last[1]), "resolved")
 
-    def _spawn(self, job: JobRef, change: AlertChange, priority: Priority, status: str) -> None:
-        task = asyncio.create_task(self._write(job, change, priority, status))
+    def feed_verdict(
+        self, change: AlertChange, priority: Priority, summary: str, culprits: tuple[int, ...]
+    ) -> None:
+        """A hang alert's diagnosis: written into the job's lastAlert (the same alert), so the
+        status says which rank within the diagnosis' seconds. Skipped when a more urgent
+        alert of the job is its lastAlert."""
+        job = change.alert.job
+        if job is None:
+            return
+        last = self._last.get(job)
+        if last is not None and Priority(last[1]).level < priority.level:
+            return
+        self._last[job] = (change.alert.name, priority.value, time.monotonic())
+        self._spawn(job, change, priority, "firing", (summary, culprits))
+
+    def _spawn(
+        self,
+        job: JobRef,
+        change: AlertChange,
+        priority: Priority,
+        status: str,
+        verdict: tuple[str, tuple[int, ...]] | None = None,
+    ) -> None:
+        task = asyncio.create_task(self._write(job, change, priority, status, verdict))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _write(
-        self, job: JobRef, change: AlertChange, priority: Priority, status: str
+        self,
+        job: JobRef,
+        change: AlertChange,
+        priority: Priority,
+        status: str,
+        verdict: tuple[str, tuple[int, ...]] | None = None,
     ) -> None:
         try:
             if self._api is None:
@@ -89,6 +116,9 @@ class JobStatusFeeder:
                 from trainsentry.operator.status import patch_last_alert
 
                 patch = patch_last_alert
+            extra: dict[str, Any] = {}
+            if verdict is not None:
+                extra = {"diagnosis": verdict[0], "culprit_ranks": verdict[1]}
             found = await patch(
                 self._api,
                 job.namespace,
@@ -97,6 +127,7 @@ class JobStatusFeeder:
                 priority,
                 change.at,
                 status=status,
+                **extra,
             )
             if not found:
                 log.debug("lastAlert: no TrainingJob %s", job)

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from trainsentry.alerts import PROBE_HANG_ALERT
 from trainsentry.operator import discovery, nodes, status
 from trainsentry.operator.kube import BY_KIND, NODES, PODS, TRAININGJOBS, Kube, KubeError
 from trainsentry.operator.render import (
@@ -57,7 +58,8 @@ class Sources:
 
     @property
     def hang_alerts(self) -> frozenset[str]:
-        return hang_alert_names(self.rule_files)
+        """The rules' hang alerts and the probes' own (raised through the gateway)."""
+        return hang_alert_names(self.rule_files) | {PROBE_HANG_ALERT}
 
     def render(self, job: JobIdentity, spec: TrainingJobSpec, pod_names: list[str]) -> Rendered:
         """render_children, remembered: a resync of an unchanged job renders nothing."""

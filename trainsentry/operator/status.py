@@ -154,23 +154,34 @@ def now_iso(clock: datetime | None = None) -> str:
     return (clock or datetime.now(tz=UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+MAX_DIAGNOSIS_CHARS = 1024
+
+
 def last_alert_patch(
-    alertname: str, priority: str | Priority, at: datetime, status: str = "firing"
+    alertname: str,
+    priority: str | Priority,
+    at: datetime,
+    status: str = "firing",
+    diagnosis: str | None = None,
+    culprit_ranks: tuple[int, ...] = (),
 ) -> dict[str, Any]:
+    """Pure: the merge patch of `status.lastAlert`. `diagnosis` (the hang diagnosis'
+    sentence, cut to 1,024 characters) and `culpritRanks` (at most 64) are written only
+    when given, so a later patch of the same alert without them keeps them."""
     if status not in ("firing", "resolved"):
         raise ValueError(f"status must be firing or resolved, got {status!r}")
     if at.tzinfo is None:
         raise ValueError("at must be timezone-aware")
-    return {
-        "status": {
-            "lastAlert": {
-                "name": alertname,
-                "priority": Priority(priority).value,
-                "at": now_iso(at.astimezone(UTC)),
-                "status": status,
-            }
-        }
+    alert: dict[str, Any] = {
+        "name": alertname,
+        "priority": Priority(priority).value,
+        "at": now_iso(at.astimezone(UTC)),
+        "status": status,
     }
+    if diagnosis is not None:
+        alert["diagnosis"] = diagnosis[:MAX_DIAGNOSIS_CHARS]
+        alert["culpritRanks"] = [int(r) for r in culprit_ranks[:64]]
+    return {"status": {"lastAlert": alert}}
 
 
 async def patch_last_alert(
@@ -182,6 +193,8 @@ async def patch_last_alert(
     at: datetime,
     *,
     status: str = "firing",
+    diagnosis: str | None = None,
+    culprit_ranks: tuple[int, ...] = (),
 ) -> bool:
     """Records the job's latest alert in `status.lastAlert` (for the gateway).
 
@@ -192,7 +205,7 @@ async def patch_last_alert(
     """
     from trainsentry.operator.kube import TRAININGJOBS, Kube, KubeError
 
-    body = last_alert_patch(alertname, priority, at, status)
+    body = last_alert_patch(alertname, priority, at, status, diagnosis, culprit_ranks)
     try:
         await Kube(api).patch(TRAININGJOBS, namespace, name, body, subresource="status")
     except KubeError as exc:
