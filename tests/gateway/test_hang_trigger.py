@@ -8,6 +8,8 @@ import json
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -197,3 +199,75 @@ def test_a_culprit_in_a_checkpoint_phase_is_not_a_hang() -> None:
     assert told.summary.startswith("rank 2 (pod llama-w-2, node gpu-07) is saving a checkpoint")
     two = HangVerdict("team-a/llama", "hang", "ranks 1, 2 never entered barrier #3", (1, 2))
     assert with_stacks(two, {2: stack}, {}).verdict == "hang"  # rank 1 unexplained: a hang
+
+
+# ------------------------------------------------------------- the endpoint
+
+
+async def _post(server: Any, body: bytes, token: str | None = "probe-token") -> tuple[int, str]:
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        aiohttp.ClientSession(headers=headers) as http,
+        http.post(server.make_url("/api/v1/hang-triggers"), data=body) as answer,
+    ):
+        return answer.status, await answer.text()
+
+
+async def _gateway(tmp_path: Path, hosts: list[str] | None) -> Any:
+    from aiohttp.test_utils import TestServer
+    from pydantic import SecretStr
+
+    from trainsentry.config import GatewaySettings
+    from trainsentry.gateway.app import Diagnosis, create_app
+    from trainsentry.gateway.diagnosis import DiagnosisSettings, StaticEndpoints
+
+    settings = GatewaySettings(
+        listen="127.0.0.1:0", db=f"sqlite:///{tmp_path / 'gw.db'}", webhook_token=SecretStr("w")
+    )
+    diagnosis = None
+    if hosts is not None:
+        endpoints = StaticEndpoints({"team-a/llama": [f"{h}:9401" for h in hosts]})
+        diagnosis = Diagnosis(DiagnosisSettings(hold_seconds=1), endpoints, "probe-token")
+    server = TestServer(create_app(settings, diagnosis=diagnosis), host="127.0.0.1")
+    await server.start_server()
+    return server
+
+
+async def test_the_endpoint_takes_triggers_only_from_the_jobs_ranks(tmp_path: Path) -> None:
+    body = probe_body(1, 21.0)
+    server = await _gateway(tmp_path, ["127.0.0.1", "127.0.0.3"])
+    try:
+        assert (await _post(server, body, token=None))[0] == 401
+        assert (await _post(server, body, token="wrong"))[0] == 401
+        status, text = await _post(server, b'{"namespace": "team-a"}')
+        assert status == 400 and "trainingjob" in text
+        assert (await _post(server, b"x" * (MAX_TRIGGER_BYTES + 1)))[0] == 413
+        other = json.loads(body)
+        other["trainingjob"] = "someone-elses-job"
+        status, text = await _post(server, json.dumps(other).encode())
+        assert status == 403 and "team-a/someone-elses-job" in text
+        status, text = await _post(server, body)
+        assert status == 202, text
+        assert json.loads(text)["first"] is True
+        status, text = await _post(server, probe_body(3, 24.0))
+        assert (status, json.loads(text)["first"], json.loads(text)["new"]) == (202, False, 0)
+    finally:
+        await server.close()
+    (tmp_path / "other").mkdir()
+    server = await _gateway(tmp_path / "other", ["10.0.0.7"])  # the sender is not a rank
+    try:
+        status, text = await _post(server, body)
+        assert status == 403 and "127.0.0.1 is not a rank of TrainingJob team-a/llama" in text
+    finally:
+        await server.close()
+
+
+async def test_without_diagnosis_the_endpoint_says_it_is_off(tmp_path: Path) -> None:
+    server = await _gateway(tmp_path, None)
+    try:
+        status, text = await _post(server, probe_body(1, 21.0))
+        assert status == 404 and "no hang diagnosis" in text
+    finally:
+        await server.close()

@@ -19,7 +19,7 @@ from pydantic import SecretStr
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from trainsentry.alerts import MAX_ALERT_ID, AlertChange, Priority, utcnow
+from trainsentry.alerts import MAX_ALERT_ID, AlertChange, JobRef, Priority, utcnow
 from trainsentry.config import GatewaySettings
 from trainsentry.gateway.ack import AckService
 from trainsentry.gateway.decide import PolicyMetrics
@@ -30,6 +30,7 @@ from trainsentry.gateway.hang_trigger import (
     MAX_TRIGGER_BYTES,
     TriggerKeys,
     TriggerRejected,
+    TriggerSources,
     parse_trigger,
     trigger_webhook,
 )
@@ -101,6 +102,7 @@ class Gateway:
     ack: AckService | None = None
     diagnoser: HangDiagnoser | None = None
     trigger_keys: TriggerKeys | None = None
+    trigger_sources: TriggerSources | None = None
     job_status: JobStatusFeeder | None = None
     classified: Callable[[], Mapping[int, str]] = dict
     clock: Callable[[], datetime] = utcnow
@@ -186,8 +188,8 @@ async def receive_hang_trigger(request: web.Request) -> web.Response:
     """A stalled rank's probe (`hang_trigger.py`): stored as one hang alert per (job, pg, seq)
     before the answer, then diagnosed and paged like any hang alert."""
     gateway = request.app[GATEWAY_KEY]
-    diagnoser, keys = gateway.diagnoser, gateway.trigger_keys
-    if diagnoser is None or keys is None:
+    diagnoser, keys, sources = gateway.diagnoser, gateway.trigger_keys, gateway.trigger_sources
+    if diagnoser is None or keys is None or sources is None:
         return _error(404, "hang triggers are off: this gateway has no hang diagnosis configured")
     if not _authorized(request, SecretStr(diagnoser.token)):
         gateway.metrics.receipts.labels("unauthorized").inc()
@@ -200,6 +202,14 @@ async def receive_hang_trigger(request: web.Request) -> web.Response:
     except TriggerRejected as exc:
         gateway.metrics.receipts.labels("rejected").inc()
         return _error(400, str(exc))
+    job = JobRef(trigger.namespace, trigger.trainingjob)
+    try:
+        allowed = await asyncio.wait_for(sources.allowed(job, request.remote), timeout=5)
+    except Exception as exc:  # the cluster API is down: say so, the probe retries
+        return _error(503, f"cannot check the job's ranks now: {type(exc).__name__}")
+    if not allowed:
+        gateway.metrics.receipts.labels("unauthorized").inc()
+        return _error(403, f"{request.remote} is not a rank of TrainingJob {job}")
     async with keys.lock(trigger):
         try:
             starts_at, first = await keys.starts_at(trigger, gateway.clock())
@@ -593,6 +603,7 @@ def create_app(
                     return await first_occurrence(conn, fingerprint)
 
             gateway.trigger_keys = TriggerKeys(earliest)
+            gateway.trigger_sources = TriggerSources(gateway.diagnoser.rank_hosts)
             # Import the analyzer (numpy, scipy) now, not while the first hang page is held.
             await asyncio.to_thread(importlib.import_module, "trainsentry.diagnostics")
         if isinstance(plan, PolicyPlan):

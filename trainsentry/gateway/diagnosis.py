@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select, update
@@ -145,6 +146,11 @@ class HangDiagnoser:
         self._on_release = on_release
         self._on_verdict = on_verdict
         self._tasks: set[asyncio.Task[HangVerdict | None]] = set()
+
+    async def rank_hosts(self, job: JobRef) -> list[str]:
+        """The hosts (IP addresses) of the job's rank endpoints, as the diagnosis finds them."""
+        endpoints = await self._resolver(job)
+        return [h for e in endpoints if (h := urlsplit(e.base_url).hostname)]
 
     def is_hang(self, alert: Alert) -> bool:
         return alert.name in self._alertnames and alert.job is not None

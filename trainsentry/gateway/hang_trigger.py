@@ -16,20 +16,26 @@ Invariants:
 - Everything in a trigger is attacker-controlled: the body is capped (8 KiB), every field
   is typed and bounded, names must be Kubernetes names, and only fixed, known labels are
   built from it (no free-form labels or annotations pass through).
+- Every training pod holds the probes' token, so the token alone does not say which job a
+  sender belongs to: a trigger is accepted only from an address of one of the job's ranks
+  (`TriggerSources`: the job's probe endpoints as the diagnosis finds them, cached 30 s),
+  so one team's pod cannot page another team's job, and a job that does not exist is
+  refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trainsentry.alerts import PROBE_HANG_ALERT
+from trainsentry.alerts import PROBE_HANG_ALERT, JobRef
 from trainsentry.gateway.intake import label_fingerprint
 
 ALERTNAME = PROBE_HANG_ALERT
@@ -172,3 +178,32 @@ class TriggerKeys:
         while len(self._known) > _REMEMBERED:
             self._known.popitem(last=False)
         return known, first
+
+
+class TriggerSources:
+    """Which addresses may post a trigger for a job: the hosts of its ranks' probe endpoints
+    (`resolve`, e.g. the TrainingJob's running pods), remembered for `ttl_s` per job."""
+
+    def __init__(
+        self,
+        resolve: Callable[[JobRef], Awaitable[Sequence[str]]],
+        *,
+        ttl_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._resolve = resolve
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._hosts: OrderedDict[JobRef, tuple[float, frozenset[str]]] = OrderedDict()
+
+    async def allowed(self, job: JobRef, remote: str | None) -> bool:
+        """Whether `remote` (the sender's address) is one of the job's rank hosts."""
+        now = self._clock()
+        cached = self._hosts.get(job)
+        if cached is None or now - cached[0] > self._ttl_s:
+            cached = (now, frozenset(await self._resolve(job)))
+            self._hosts[job] = cached
+            self._hosts.move_to_end(job)
+            while len(self._hosts) > _REMEMBERED:
+                self._hosts.popitem(last=False)
+        return remote is not None and remote in cached[1]
