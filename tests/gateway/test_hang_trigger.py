@@ -271,3 +271,29 @@ async def test_without_diagnosis_the_endpoint_says_it_is_off(tmp_path: Path) -> 
         assert status == 404 and "no hang diagnosis" in text
     finally:
         await server.close()
+
+
+async def test_the_end_of_a_stall_resolves_its_alert_and_an_unknown_end_is_ignored(
+    tmp_path: Path,
+) -> None:
+    server = await _gateway(tmp_path, ["127.0.0.1"])
+    ended = json.loads(probe_body(1, 40.0))
+    ended["resolved"] = True
+    try:
+        status, text = await _post(server, json.dumps(ended).encode())
+        assert (status, json.loads(text)["status"]) == (200, "ignored")
+        assert (await _post(server, probe_body(1, 21.0)))[0] == 202
+        status, text = await _post(server, json.dumps(ended).encode())
+        assert status == 202, text
+        import aiohttp
+
+        async with (
+            aiohttp.ClientSession(headers={"Authorization": "Bearer w"}) as http,
+            http.get(server.make_url("/api/v1/alerts")) as answer,
+        ):
+            items = (await answer.json())["items"]
+        assert [(a["alertname"], a["status"]) for a in items] == [
+            ("TrainingCollectiveStalled", "resolved")
+        ]
+    finally:
+        await server.close()

@@ -3,7 +3,8 @@
 A waiting rank's probe posts a trigger to the gateway (`/api/v1/hang-triggers`); the
 gateway stores one alert per (job, pg, seq), fetches every rank's dump and the culprits'
 stacks, and sends one card naming the rank, its pod, node and the frame it is stuck in.
-A rank saving a checkpoint while its peers wait gets no page; a slow job none either.
+A rank saving a checkpoint while its peers wait gets no page, and its alert resolves when
+the save ends; a slow job gets no alert at all.
 
 The stall threshold is lowered to 2 s (floor and start-up) so that a test takes seconds;
 the detector's adaptive rule itself is tested in test_stall.py.
@@ -140,6 +141,12 @@ def test_a_rank_saving_a_checkpoint_is_not_paged(tmp_path: Path) -> None:
         eventually(diagnosed, 60, "the stall's diagnosis", job)
         time.sleep(2)
         alerts, sent = stored(gw), cards(chat)
+
+        def over() -> bool:  # the save ends, the barrier completes: the probes say so
+            return [a["status"] for a in stored(gw)] == ["resolved"]
+
+        eventually(over, 60, "the stall's end to resolve the alert", job)
+        assert cards(chat) == []
     assert sent == []
     verdict = alerts[0]["verdict"]
     assert verdict["verdict"] == "checkpoint", verdict

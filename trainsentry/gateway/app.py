@@ -213,7 +213,9 @@ async def receive_hang_trigger(request: web.Request) -> web.Response:
     async with keys.lock(trigger):
         try:
             starts_at, first = await keys.starts_at(trigger, gateway.clock())
-            body = trigger_webhook(trigger, starts_at)
+            if first and trigger.resolved:
+                return web.json_response({"status": "ignored", "reason": "no such stall"})
+            body = trigger_webhook(trigger, starts_at, gateway.clock())
             receipt = parse_webhook(body, received_at=gateway.clock())
             outcome = await gateway.writer.submit(receipt)
         except (StoreUnavailable, SQLAlchemyError) as exc:

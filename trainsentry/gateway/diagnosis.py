@@ -146,6 +146,7 @@ class HangDiagnoser:
         self._on_release = on_release
         self._on_verdict = on_verdict
         self._tasks: set[asyncio.Task[HangVerdict | None]] = set()
+        self._quiet: set[int] = set()  # alerts whose page was cancelled (checkpoint)
 
     async def rank_hosts(self, job: JobRef) -> list[str]:
         """The hosts (IP addresses) of the job's rank endpoints, as the diagnosis finds them."""
@@ -158,7 +159,10 @@ class HangDiagnoser:
     def hold(
         self, changes: Sequence[AlertChange], drafts: Sequence[NotificationDraft], now: datetime
     ) -> None:
-        """Holds the notifications of newly firing hang alerts until their diagnosis."""
+        """Holds the notifications of newly firing hang alerts until their diagnosis; the
+        resolution of an alert whose page was cancelled (a checkpoint, not a hang) is written
+        cancelled too: nobody was paged, so nobody is told it is over. (Remembered in memory:
+        after a restart such a resolution is sent.)"""
         held = {
             c.alert_id for c in changes if c.kind is ChangeKind.FIRING and self.is_hang(c.alert)
         }
@@ -166,6 +170,8 @@ class HangDiagnoser:
         for draft in drafts:
             if draft.alert_id in held:
                 draft.extra["not_before"] = until
+            elif draft.alert_id in self._quiet:
+                draft.extra["status"] = "cancelled"
 
     def start(self, changes: Collection[AlertChange]) -> None:
         """After the commit: diagnose each newly firing hang alert in the background."""
@@ -217,6 +223,10 @@ class HangDiagnoser:
             ).all()
             # A culprit saving a checkpoint is healthy: its held pages are cancelled, not sent.
             quiet = verdict.verdict == "checkpoint"
+            if quiet:
+                if len(self._quiet) >= 10_000:  # bounded; a forgotten one only costs a notice
+                    self._quiet.pop()
+                self._quiet.add(alert_id)
             for row in rows:
                 payload = dict(row.payload)
                 payload["diagnosis"] = verdict.summary

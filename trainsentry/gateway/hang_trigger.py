@@ -8,6 +8,8 @@ the hang diagnosis (which fetches every rank's dump and the culprits' stacks), a
 with the rank named.
 
 Invariants:
+- A stall that ends (a rank posts `resolved: true`) resolves that alert; an end of a stall
+  never stored is ignored (no alert is made from it).
 - One alert per (namespace, trainingjob, pg, seq), whoever posts it and however often:
   the labels carry exactly those four (plus constants), and every trigger of the key gets
   the `startsAt` of the first one (remembered in memory, else read back from the store),
@@ -65,6 +67,8 @@ class HangTrigger(BaseModel):
     world_size: int = Field(default=0, ge=0, le=10**7)
     waited_s: float = Field(ge=0, le=10**7)
     threshold_s: float = Field(default=0, ge=0, le=10**7)
+    #: The rank saw its group move past the collective: the stall is over.
+    resolved: bool = False
 
 
 class TriggerRejected(ValueError):
@@ -98,8 +102,11 @@ def trigger_labels(trigger: HangTrigger) -> dict[str, str]:
     }
 
 
-def trigger_webhook(trigger: HangTrigger, starts_at: datetime) -> bytes:
-    """Pure: an Alertmanager webhook (version 4) body holding the trigger's one alert."""
+def trigger_webhook(
+    trigger: HangTrigger, starts_at: datetime, now: datetime | None = None
+) -> bytes:
+    """Pure: an Alertmanager webhook (version 4) body holding the trigger's one alert:
+    firing, or resolved at `now` when the trigger says the stall ended."""
     labels = trigger_labels(trigger)
     group = trigger.pg_desc or trigger.pg
     what = (
@@ -121,12 +128,14 @@ def trigger_webhook(trigger: HangTrigger, starts_at: datetime) -> bytes:
             "takes: some rank never entered the collective. The diagnosis names it."
         ),
     }
+    status = "resolved" if trigger.resolved else "firing"
+    ends = (now or starts_at) if trigger.resolved else None
     alert = {
-        "status": "firing",
+        "status": status,
         "labels": labels,
         "annotations": annotations,
         "startsAt": starts_at.astimezone(UTC).isoformat(),
-        "endsAt": "0001-01-01T00:00:00Z",
+        "endsAt": ends.astimezone(UTC).isoformat() if ends else "0001-01-01T00:00:00Z",
         "generatorURL": "",
         "fingerprint": "",
     }
@@ -134,7 +143,7 @@ def trigger_webhook(trigger: HangTrigger, starts_at: datetime) -> bytes:
         "version": "4",
         "groupKey": f"trainsentry-probe/{trigger.namespace}/{trigger.trainingjob}",
         "truncatedAlerts": 0,
-        "status": "firing",
+        "status": status,
         "receiver": "trainsentry-probe",
         "groupLabels": {"alertname": ALERTNAME},
         "commonLabels": labels,
@@ -165,7 +174,8 @@ class TriggerKeys:
         return self._locks.setdefault(key, asyncio.Lock())
 
     async def starts_at(self, trigger: HangTrigger, now: datetime) -> tuple[datetime, bool]:
-        """(startsAt, first): call with `lock(trigger)` held."""
+        """(startsAt, first): call with `lock(trigger)` held. `first` means the key was never
+        seen (memory or store)."""
         key = label_fingerprint(trigger_labels(trigger))
         known = self._known.get(key)
         if known is None:
@@ -173,6 +183,8 @@ class TriggerKeys:
         first = known is None
         if known is None:
             known = (now - timedelta(seconds=trigger.waited_s)).replace(microsecond=0)
+            if trigger.resolved:  # the end of a stall never stored: remember nothing
+                return known, True
         self._known[key] = known
         self._known.move_to_end(key)
         while len(self._known) > _REMEMBERED:

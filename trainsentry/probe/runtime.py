@@ -238,14 +238,23 @@ class Probe:
             self._last_reports = {
                 name: group_status(r, thresholds.get(name)) for name, r in reports.items()
             }
+            ended = []
             for name in list(self._stalls):  # a stall ends when the group moves on
                 flight = reports[name].progress.in_flight if name in reports else None
                 if flight is None or flight.seq != self._stalls[name].seq:
-                    del self._stalls[name]
+                    ended.append(self._stalls.pop(name))
             self._stalls.update({s.pg: s for s in stalls})
+        for stall in ended:
+            self._report_stall_end(stall)
         for stall in stalls:
             self._report_stall(stall)
         return True
+
+    def _report_stall_end(self, stall: Stall) -> None:
+        """The group moved past a stalled collective: the gateway resolves its alert."""
+        log.info("event=collective_stall_ended pg=%s seq=%d", stall.pg, stall.seq)
+        if self.trigger is not None:
+            self.trigger.submit({**self.trigger_body(stall), "resolved": True})
 
     def _report_stall(self, stall: Stall) -> None:
         """Log a new stall and post it to the gateway (never blocks: `trigger.py`)."""

@@ -358,7 +358,8 @@ async def insert_notifications(
             draft.group_key,
             draft.reason,
             enc.json(draft.payload),
-            "pending",
+            # "cancelled": recorded but never sent (the resolution of a page never sent)
+            draft.extra.get("status", "pending"),
             0,
             # a held notification (e.g. a hang alert awaiting its diagnosis) waits until then
             enc.time(draft.extra.get("not_before", now)),
