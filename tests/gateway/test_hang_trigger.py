@@ -297,3 +297,43 @@ async def test_the_end_of_a_stall_resolves_its_alert_and_an_unknown_end_is_ignor
         ]
     finally:
         await server.close()
+
+
+def test_the_analysis_measures_waits_against_each_dumps_own_capture_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The probe says when it took the dump (X-Trainsentry-Captured-At-Ns); the dump files the
+    analyzer reads carry that time as their mtime, not the time the gateway wrote them."""
+    import os
+
+    import trainsentry.diagnostics as diagnostics
+    from trainsentry.gateway.hang_enrichment import (
+        FetchResult,
+        RankEndpoint,
+        _captured_ns,
+        diagnose,
+    )
+
+    seen: dict[str, int] = {}
+
+    class Report:
+        def to_dict(self) -> dict:
+            return {"verdict": "ok", "ranks": 2}
+
+    def analyze(paths: list[str], format: str) -> Report:
+        for name in os.listdir(paths[0]):
+            seen[name] = os.stat(os.path.join(paths[0], name)).st_mtime_ns
+        return Report()
+
+    monkeypatch.setattr(diagnostics, "analyze", analyze)
+    taken = time.time_ns() - 90 * 10**9
+    results = [
+        FetchResult(RankEndpoint("a:1"), 0, "p0", "n0", b"{}", captured_ns=taken),
+        FetchResult(RankEndpoint("a:2"), 1, "p1", "n1", b"{}"),
+    ]
+    before = time.time_ns()
+    diagnose("team-a/llama", results)
+    assert seen["rank_0.json"] == taken
+    assert seen["rank_1.json"] >= before - 10**9  # no header: the time it arrived
+    assert _captured_ns(str(taken)) == taken
+    assert _captured_ns("12") == 0 and _captured_ns("-5") == 0 and _captured_ns("") == 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -87,6 +88,8 @@ class FetchResult:
     node: str
     data: bytes = b""
     error: str = ""
+    #: When the probe took the dump (its X-Trainsentry-Captured-At-Ns header), else 0.
+    captured_ns: int = 0
 
     @property
     def ok(self) -> bool:
@@ -148,7 +151,14 @@ async def _fetch_one(
         pod=response.headers.get("X-Trainsentry-Pod") or endpoint.pod,
         node=response.headers.get("X-Trainsentry-Node") or endpoint.node,
         data=response.content,
+        captured_ns=_captured_ns(response.headers.get("X-Trainsentry-Captured-At-Ns", "")),
     )
+
+
+def _captured_ns(header: str) -> int:
+    """Pure: the capture time a probe sent (ns since the epoch), 0 when absent or absurd."""
+    value = int(header) if header.isdigit() else 0
+    return value if 10**18 <= value < 10**20 else 0
 
 
 def _failed(endpoint: RankEndpoint, error: str) -> FetchResult:
@@ -288,14 +298,16 @@ def diagnose(job: str, results: Sequence[FetchResult]) -> HangVerdict:
     """Run the analyzer on the dumps that arrived (blocking: call it off the event loop).
 
     The dumps go through `trainsentry.diagnostics.analyze`, the analyzer's public entry
-    point, as one `rank_<n>.json` file per rank in a private temporary directory; the
-    files' mtime (now) is the capture time the analyzer measures waits against.
+    point, as one `rank_<n>.json` file per rank in a private temporary directory; each
+    file's mtime is the time its probe took the dump (`X-Trainsentry-Captured-At-Ns`, else
+    now): the analyzer measures waits against it, never against its own clock.
     """
     from trainsentry.diagnostics import AnalyzeError, analyze
 
     identities: dict[int, tuple[str, str]] = {}
     failed: list[str] = []
     usable: dict[int, bytes] = {}
+    captured: dict[int, int] = {}
     for result in results:
         label = result.endpoint.address
         if result.rank is not None:
@@ -309,6 +321,7 @@ def diagnose(job: str, results: Sequence[FetchResult]) -> HangVerdict:
             failed.append(f"{label}: rank {result.rank} answered twice")
         else:
             usable[result.rank] = result.data
+            captured[result.rank] = result.captured_ns
     if not usable:
         return HangVerdict(
             job=job,
@@ -318,7 +331,10 @@ def diagnose(job: str, results: Sequence[FetchResult]) -> HangVerdict:
         )
     with tempfile.TemporaryDirectory(prefix="trainsentry-hang-") as tmp:
         for rank, data in usable.items():
-            (Path(tmp) / f"rank_{rank}.json").write_bytes(data)
+            path = Path(tmp) / f"rank_{rank}.json"
+            path.write_bytes(data)
+            if captured.get(rank):  # waits are measured against the dump's own time
+                os.utime(path, ns=(captured[rank], captured[rank]))
         try:
             report = analyze([tmp], format="fr").to_dict()
         except AnalyzeError as exc:
