@@ -337,3 +337,66 @@ def test_the_analysis_measures_waits_against_each_dumps_own_capture_time(
     assert seen["rank_1.json"] >= before - 10**9  # no header: the time it arrived
     assert _captured_ns(str(taken)) == taken
     assert _captured_ns("12") == 0 and _captured_ns("-5") == 0 and _captured_ns("") == 0
+
+
+async def _probes(scenario: str, world: int = 4) -> list[Any]:
+    """Probe stand-ins serving synthetic dumps of one scenario (the diagnostics' own)."""
+    from aiohttp import web
+
+    from trainsentry.diagnostics.synthetic import make_dump
+
+    runners = []
+    for rank in range(world):
+        dump = json.dumps(make_dump(rank, world, 30, scenario=scenario, culprit=2)).encode()
+
+        async def serve(request: web.Request, dump: bytes = dump, rank: int = rank) -> Any:
+            return web.Response(body=dump, headers={"X-Trainsentry-Rank": str(rank)})
+
+        app = web.Application()
+        app.router.add_get("/dump", serve)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runners.append(runner)
+    return runners
+
+
+@pytest.mark.parametrize(("scenario", "paged"), [("ok", False), ("hang", True)])
+async def test_a_probe_stall_the_dumps_do_not_confirm_is_not_paged(
+    tmp_path: Path, scenario: str, paged: bool
+) -> None:
+    from aiohttp.test_utils import TestServer
+    from pydantic import SecretStr
+    from receiver import Receiver
+
+    from trainsentry.config import GatewaySettings
+    from trainsentry.gateway.app import Diagnosis, create_app
+    from trainsentry.gateway.diagnosis import DiagnosisSettings, StaticEndpoints
+    from trainsentry.notifiers.webhook import WebhookNotifier
+
+    runners = await _probes(scenario)
+    receiver = Receiver()
+    await receiver.start()
+    addresses = [f"127.0.0.1:{r.addresses[0][1]}" for r in runners]
+    settings = GatewaySettings(
+        listen="127.0.0.1:0", db=f"sqlite:///{tmp_path / 'gw.db'}", webhook_token=SecretStr("w")
+    )
+    diagnosis = Diagnosis(
+        DiagnosisSettings(hold_seconds=3, deadline_seconds=2, request_timeout_seconds=1),
+        StaticEndpoints({"team-a/llama": addresses}),
+        "probe-token",
+    )
+    notifiers = {"feishu": WebhookNotifier(receiver.url, name="feishu")}
+    server = TestServer(
+        create_app(settings, notifiers=notifiers, diagnosis=diagnosis), host="127.0.0.1"
+    )
+    await server.start_server()
+    try:
+        assert (await _post(server, probe_body(1, 21.0)))[0] == 202
+        await asyncio.sleep(4.5)  # past the hold: a page would have gone out
+        assert bool(receiver.bodies) is paged, receiver.bodies
+    finally:
+        await server.close()
+        await receiver.stop()
+        for runner in runners:
+            await runner.cleanup()

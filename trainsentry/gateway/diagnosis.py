@@ -199,7 +199,7 @@ class HangDiagnoser:
                 deadline_s=self.settings.deadline_seconds,
                 concurrency=self.settings.concurrency,
             )
-            await self._store(change.alert_id, verdict)
+            await self._store(change.alert_id, verdict, quiet=_not_a_page(change, verdict))
             if self._on_verdict is not None:
                 self._on_verdict(change, verdict)
             return verdict
@@ -207,7 +207,7 @@ class HangDiagnoser:
             log.warning("diagnosis failed job=%s error=%s: %s", job, type(exc).__name__, exc)
             return None
 
-    async def _store(self, alert_id: int, verdict: HangVerdict) -> None:
+    async def _store(self, alert_id: int, verdict: HangVerdict, *, quiet: bool) -> None:
         now = self._clock()
         async with self._engine.begin() as conn:
             await conn.execute(
@@ -221,8 +221,7 @@ class HangDiagnoser:
                     )
                 )
             ).all()
-            # A culprit saving a checkpoint is healthy: its held pages are cancelled, not sent.
-            quiet = verdict.verdict == "checkpoint"
+            # Not a hang after all (`_not_a_page`): the held pages are cancelled, not sent.
             if quiet:
                 if len(self._quiet) >= 10_000:  # bounded; a forgotten one only costs a notice
                     self._quiet.pop()
@@ -253,3 +252,18 @@ class HangDiagnoser:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _not_a_page(change: AlertChange, verdict: HangVerdict) -> bool:
+    """Pure: whether a diagnosed hang alert's held pages are cancelled instead of sent.
+
+    - `checkpoint`: every culprit is saving a checkpoint while its peers wait (healthy).
+    - A probe's own stall alert whose dumps show no hang (`ok`, `slow`): the group moved on
+      before the diagnosis looked (a long but finished wait, e.g. on a loaded node); the
+      probe's threshold is adaptive, so this is a judgement the dumps overrule. The
+      Prometheus rules' alerts keep their page: their thresholds are the user's choice.
+    A diagnosis that could not look (`unknown`) never cancels: the page goes out.
+    """
+    if verdict.verdict == "checkpoint":
+        return True
+    return change.alert.name == TRIGGER_ALERTNAME and verdict.verdict in ("ok", "slow")

@@ -76,8 +76,12 @@ def _frames(top: FrameType | None, limit: int) -> list[Frame]:
     for f in reversed(chain[:limit]):
         code = f.f_code
         filename = code.co_filename
-        text = linecache.getline(filename, f.f_lineno).strip()[:_LINE_CHARS]
-        out.append(Frame(filename, f.f_lineno, code.co_name, text, filename.startswith(_LIBRARY)))
+        line = f.f_lineno or 0  # None while a frame is between instructions (3.11+)
+        try:
+            text = linecache.getline(filename, line).strip()[:_LINE_CHARS] if line else ""
+        except Exception:  # a source file that cannot be read is no reason to fail
+            text = ""
+        out.append(Frame(filename, line, code.co_name, text, filename.startswith(_LIBRARY)))
     return out
 
 
