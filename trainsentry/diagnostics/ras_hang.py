@@ -28,73 +28,16 @@ from dataclasses import dataclass
 
 from trainsentry.diagnostics.hang import CommHang, HangAnalysis
 from trainsentry.diagnostics.model import RasCommunicator, Trace
-
-REMOTE_ERROR = "Remote process error"
+from trainsentry.probe.ras_report import RasCommState, judge_comm
 
 #: A process: ("pid", host, pid) | ("gpu", host, gpu) | ("rank", communicator, rank).
 ProcessKey = tuple[str, str, str]
 
 
-@dataclass(frozen=True, slots=True)
-class RasCommState:
-    """What one communicator's counts say (communicator ranks)."""
-
-    op: str  # the function some rank has not launched up to the top, or the error
-    seq: int  # the operation the others wait in (top count), -1 if none
-    arrived: tuple[int, ...]  # launched it (or reported a remote error): waiting
-    behind: tuple[int, ...]  # have not launched it
-    unanswered: tuple[int, ...]  # process did not answer (missing, dead)
-    failed: tuple[int, ...]  # reported an NCCL error of their own
-    remote_errors: tuple[int, ...]  # reported "Remote process error"
-    ahead_minority: bool  # fewer ranks launched `seq` than did not
-
-    @property
-    def culprits(self) -> tuple[int, ...]:
-        return tuple(sorted({*self.behind, *self.unanswered, *self.failed}))
-
-    @property
-    def stuck(self) -> bool:
-        return bool(self.culprits or self.remote_errors)
-
-
 def comm_state(comm: RasCommunicator) -> RasCommState:
     """Pure: the missing, failed and waiting ranks of one communicator."""
-    absent = set(comm.missing_ranks) | set(comm.left_ranks)
-    behind: dict[int, tuple[int, str]] = {}
-    top_seq, top_op = -1, "?"
-    for op, counts in sorted(comm.counts.items()):
-        present = {r: c for r, c in counts.items() if r not in absent}
-        if not present:
-            continue
-        top = max(present.values())
-        for rank, count in present.items():
-            if count < top and (rank not in behind or count + 1 < behind[rank][0]):
-                behind[rank] = (count + 1, op)
-        if any(c < top for c in present.values()) and (top_seq < 0 or top < top_seq):
-            top_seq, top_op = top, op
-    failed = tuple(sorted(r for r, e in comm.errors.items() if e != REMOTE_ERROR))
-    remote = tuple(sorted(r for r, e in comm.errors.items() if e == REMOTE_ERROR))
-    unanswered = tuple(sorted(set(comm.missing_ranks) | set(comm.dead_ranks)))
-    culprits = set(behind) | set(unanswered) | set(failed)
-    members = set(range(comm.size)) if comm.size > 0 else set()
-    for counts in comm.counts.values():
-        members |= set(counts)
-    arrived = tuple(sorted(members - culprits - set(comm.left_ranks)))
-    if behind:
-        seq, op = min(behind.values())
-    elif failed or remote:
-        seq, op = -1, comm.errors[(failed or remote)[0]]
-    else:
-        seq, op = (-1, "?") if not unanswered else (top_seq, top_op)
-    return RasCommState(
-        op=op,
-        seq=seq,
-        arrived=arrived,
-        behind=tuple(sorted(behind)),
-        unanswered=unanswered,
-        failed=failed,
-        remote_errors=remote,
-        ahead_minority=bool(behind) and len(arrived) < len(behind),
+    return judge_comm(
+        comm.size, comm.counts, comm.missing_ranks, comm.dead_ranks, comm.left_ranks, comm.errors
     )
 
 
