@@ -82,15 +82,22 @@ def test_real_2289_json_and_text_are_two_snapshots_of_one_stalled_communicator()
 # ------------------------------------------------------------------ 2.28.9 JSON defect
 
 
-def _json_rank(rank: int, host: str, pid: int, counts: dict[str, int], async_error: int = 0) -> str:
+def _json_rank(
+    rank: int,
+    host: str,
+    pid: int,
+    counts: dict[str, int],
+    async_error: int = 0,
+    gpu: int | None = None,
+) -> str:
     """One `ranks[]` entry exactly as jsonWriteRankData prints it."""
     lines = [
         "        {",
         f'          "rank": {rank},',
         f'          "host": "{host}",',
         f'          "pid": {pid},',
-        f'          "cuda_dev": {rank % 8},',
-        f'          "nvml_dev": {rank % 8},',
+        f'          "cuda_dev": {rank % 8 if gpu is None else gpu},',
+        f'          "nvml_dev": {rank % 8 if gpu is None else gpu},',
         '          "status": {',
         '            "init_state": 0,',
         f'            "async_error": {async_error},',
@@ -430,9 +437,7 @@ def tp_dp_report(stalled: int = 5) -> str:
     10.0.1.(g // 4). The stalled process never launched its 31st AllReduce anywhere."""
 
     def rank(comm_rank: int, g: int, n: int) -> str:
-        return _json_rank(comm_rank, f"10.0.1.{g // 4}", 5000 + g, ar(n)).replace(
-            f'"cuda_dev": {comm_rank % 8}', f'"cuda_dev": {g % 4}'
-        )
+        return _json_rank(comm_rank, f"10.0.1.{g // 4}", 5000 + g, ar(n), gpu=g % 4)
 
     comms = []
     for tp in range(4):
@@ -506,3 +511,113 @@ def test_probe_status_alone_is_no_trace(tmp_path: Path) -> None:
     (tmp_path / "s.json").write_text(json.dumps(probe_status(0)))
     with pytest.raises(AnalyzeError):
         analyze([tmp_path / "s.json"])
+
+
+# ------------------------------------------------------------------ more shapes
+
+
+def test_cascade_across_communicators_names_the_stalled_process_only(tmp_path: Path) -> None:
+    """Process 3 stalls; in TP {2,3} rank 2 waits on it; in DP {0,2} rank 0 launched the
+    next op and rank 2, stuck in TP, has not. Rank 2 is a victim, 3 the root cause."""
+
+    def rank(comm_rank: int, g: int, n: int) -> str:
+        return _json_rank(comm_rank, "10.0.2.1", 7000 + g, ar(n), gpu=g)
+
+    comms = [
+        ("e1", 4, [rank(g, g, 12) for g in range(4)], []),  # the world, in step
+        ("e2", 2, [rank(0, 2, 9), rank(1, 3, 8)], []),  # TP {2,3}: 3 behind
+        ("e3", 2, [rank(0, 0, 5), rank(1, 2, 4)], []),  # DP {0,2}: 2 behind
+    ]
+    path = tmp_path / "ras.json"
+    path.write_text(json_report(comms, version="2.30.7"))
+    report = analyze([path])
+    assert report.verdict == "hang"
+    assert report.hang.root_cause_ranks == [3]
+    assert report.hang.victim_ranks == [2]
+    assert sum(n.startswith("culprit:") for n in report.notes) == 1
+
+
+def test_cli_takes_a_directory_of_probe_status(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trainsentry.cli import main
+
+    (tmp_path / "ras.json").write_text(tp_dp_report(stalled=6))
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    for g in range(8):
+        (probes / f"rank{g}.json").write_text(json.dumps(probe_status(g)))
+    code = main(["analyze", "--json", str(tmp_path / "ras.json"), str(probes)])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 3
+    assert out["hang"]["root_cause_ranks"] == [6]
+    assert all(i["ok"] for i in out["inputs"])
+
+
+def test_probe_ras_snapshot_file_is_read(tmp_path: Path) -> None:
+    """The probe's /ras answer saved to a file (RasStatus.to_dict: the raw report inside)."""
+    from trainsentry.probe.ras import status_from_report
+
+    raw = (nccl_dir() / "ras" / "hang.txt").read_text()
+    path = tmp_path / "ras_snapshot.json"
+    path.write_text(json.dumps(status_from_report(raw, "text").to_dict()))
+    report = analyze([path])
+    assert report.verdict == "hang"
+    assert report.hang.root_cause_ranks == [2]
+
+
+def test_communicator_gone_from_the_latest_json_is_not_hung(tmp_path: Path) -> None:
+    first = tmp_path / "a.json"
+    second = tmp_path / "b.json"
+    first.write_text(_comm_at({0: 20, 1: 20, 2: 19, 3: 20}).replace("{ts}", "2026-11-24 10:00:00"))
+    other = json_report(
+        [("ee", 2, [_json_rank(r, "10.0.0.1", 100 + r, ar(3)) for r in (0, 1)], [])],
+        version="2.29.2",
+        timestamp="2026-11-24 10:00:30",
+    )
+    second.write_text(other)
+    assert analyze([second, first]).verdict == "ok"  # ordered by timestamp, not by argument
+
+
+def test_nonverbose_text_with_two_unlisted_groups_is_a_hang_naming_nobody(tmp_path: Path) -> None:
+    """Plain STATUS prints a group of ranks by count only when it is not an outlier
+    (rasCountIsOutlier: more than 10 ranks or a quarter): 12 ranks behind, none named."""
+    warnings = (
+        "#0-0 (00000000000000f1) MISMATCH\n"
+        "  Communicator ranks have different AllReduce operation counts\n"
+        "  20 ranks have launched up to operation 90\n"
+        "  12 ranks have launched up to operation 89\n\n"
+    )
+    path = tmp_path / "ras.txt"
+    path.write_text(
+        text_report(
+            "      4          8            1         32       32",
+            "    0         1         4         8        32        32   RUNNING  MISMATCH",
+            warnings=warnings,
+        )
+    )
+    report = analyze([path])
+    assert report.verdict == "hang"
+    assert report.hang.root_cause_ranks == []
+    assert any("12 rank(s) have not launched AllReduce 90" in n for n in report.notes), report.notes
+
+
+def test_text_rank_with_status_nocomm_left_and_is_not_missing(tmp_path: Path) -> None:
+    warnings = (
+        "#0-0 (00000000000000d1) MISMATCH\n"
+        "  Communicator ranks have different status\n"
+        "  3 ranks have status RUNNING\n"
+        + gpu_line(3, 103, "10.0.0.1", 3, "has status NOCOMM")
+        + "\n"
+    )
+    path = tmp_path / "ras.txt"
+    path.write_text(
+        text_report(
+            "      1          4            1          4        4",
+            "    0         1         1         4         4         4   RUNNING  MISMATCH",
+            warnings=warnings,
+        )
+    )
+    report = analyze([path])
+    assert report.verdict == "ok"
+    assert any("[3] answered without this communicator" in n for n in report.notes), report.notes

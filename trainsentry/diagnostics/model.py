@@ -200,8 +200,9 @@ class RasCommunicator:
     #: Communicator rank -> global rank, where the probes' status (or the world
     #: communicator) tells.
     global_ranks: dict[int, int] = field(default_factory=dict)
-    #: False when the text report listed only outliers and not every rank could be placed.
-    counts_complete: bool = True
+    #: (function, ranks, launched count) of groups a text report printed without naming
+    #: their ranks, where they could not be placed (see `trainsentry.probe.ras_report`).
+    unnamed_groups: tuple[tuple[str, int, int], ...] = ()
     #: How many reports saw this communicator, and whether its slowest rank moved between
     #: the first and the last (None: one report).
     snapshots: int = 1

@@ -37,7 +37,13 @@ ProcessKey = tuple[str, str, str]
 def comm_state(comm: RasCommunicator) -> RasCommState:
     """Pure: the missing, failed and waiting ranks of one communicator."""
     return judge_comm(
-        comm.size, comm.counts, comm.missing_ranks, comm.dead_ranks, comm.left_ranks, comm.errors
+        comm.size,
+        comm.counts,
+        comm.missing_ranks,
+        comm.dead_ranks,
+        comm.left_ranks,
+        comm.errors,
+        comm.unnamed_groups,
     )
 
 

@@ -69,9 +69,12 @@ class RasComm:
     size: int = -1  # -1: unknown
     label: str = ""  # text: "#G-C" (row G of the table, its C-th communicator)
     #: function -> rank -> operations launched; complete for JSON, for text where the one
-    #: unlisted group could be filled in (`counts_complete`).
+    #: group printed without its ranks could be filled in (else see `unnamed`).
     counts: dict[str, dict[int, int]] = field(default_factory=dict)
-    counts_complete: bool = True
+    #: Text: (function, ranks, launched count) of the groups whose ranks the report does
+    #: not name, when more than one such group leaves them unplaceable (plain STATUS lists
+    #: few outliers).
+    unnamed: list[tuple[str, int, int]] = field(default_factory=list)
     processes: dict[int, RasProcess] = field(default_factory=dict)
     missing: set[int] = field(default_factory=set)  # no answer from the process
     #: Ranks without data the report counts (text: "Missing communicator data from N ranks"
@@ -458,8 +461,9 @@ def _fill_unlisted(comm: RasComm, function: str, listed: list[_Group]) -> None:
     ):
         for rank in rest:
             counts[rank] = int(unlisted[0].value)
-    else:
-        comm.counts_complete = False
+        return
+    for group in unlisted:
+        comm.unnamed.append((function, group.size - len(group.ranks), int(group.value)))
 
 
 # ------------------------------------------------------------------------------ verdict
@@ -470,13 +474,14 @@ class RasCommState:
     """What one communicator's counts say (communicator ranks)."""
 
     op: str  # the function some rank has not launched up to the top, or the error
-    seq: int  # the operation the others wait in (top count), -1 if none
+    seq: int  # the operation the others wait in (top count), -1 if unknown
     arrived: tuple[int, ...]  # launched it (or reported a remote error): waiting
     behind: tuple[int, ...]  # have not launched it
     unanswered: tuple[int, ...]  # process did not answer (missing, dead)
     failed: tuple[int, ...]  # reported an NCCL error of their own
     remote_errors: tuple[int, ...]  # reported "Remote process error"
     ahead_minority: bool  # fewer ranks launched `seq` than did not
+    unnamed_behind: int = 0  # ranks behind that the (text) report does not name
 
     @property
     def culprits(self) -> tuple[int, ...]:
@@ -484,7 +489,7 @@ class RasCommState:
 
     @property
     def stuck(self) -> bool:
-        return bool(self.culprits or self.remote_errors)
+        return bool(self.culprits or self.remote_errors or self.unnamed_behind)
 
 
 def judge_comm(
@@ -494,39 +499,56 @@ def judge_comm(
     dead_ranks: Iterable[int],
     left_ranks: Iterable[int],
     errors: Mapping[int, str],
+    unnamed: Iterable[tuple[str, int, int]] = (),
 ) -> RasCommState:
     """Pure: the missing, failed and waiting ranks of one communicator (RAS semantics: the
     ranks at the highest launched count wait in that operation; ranks below it, ranks whose
     process did not answer and ranks with an NCCL error of their own are the culprits; ranks
-    reporting "Remote process error" wait on them; ranks that left are neither)."""
+    reporting "Remote process error" wait on them; ranks that left are neither). `unnamed`:
+    groups (function, ranks, count) a text report printed without their ranks."""
     missing_set, left = set(missing_ranks), set(left_ranks)
     absent = missing_set | left
+    groups: dict[str, list[tuple[int, int]]] = {}
+    for op, n, count in unnamed:
+        groups.setdefault(op, []).append((n, count))
     behind: dict[int, tuple[int, str]] = {}
-    top_seq, top_op = -1, "?"
-    for op, counts in sorted(counts_by_op.items()):
-        present = {r: c for r, c in counts.items() if r not in absent}
-        if not present:
+    waiting_in: list[tuple[int, str]] = []  # (the op the others wait in, its function)
+    unnamed_behind = 0
+    at_top: set[int] = set()
+    for op in sorted(set(counts_by_op) | set(groups)):
+        present = {r: c for r, c in counts_by_op.get(op, {}).items() if r not in absent}
+        values = [*present.values(), *(c for _, c in groups.get(op, []))]
+        if not values:
             continue
-        top = max(present.values())
+        top = max(values)
         for rank, count in present.items():
             if count < top and (rank not in behind or count + 1 < behind[rank][0]):
                 behind[rank] = (count + 1, op)
-        if any(c < top for c in present.values()) and (top_seq < 0 or top < top_seq):
-            top_seq, top_op = top, op
+        lagging = sum(n for n, c in groups.get(op, []) if c < top)
+        unnamed_behind += lagging
+        if lagging or any(c < top for c in present.values()):
+            waiting_in.append((top, op))
+        if op in groups:
+            at_top |= {r for r, c in present.items() if c == top}
     failed = tuple(sorted(r for r, e in errors.items() if e != REMOTE_ERROR))
     remote = tuple(sorted(r for r, e in errors.items() if e == REMOTE_ERROR))
     unanswered = tuple(sorted(missing_set | set(dead_ranks)))
     culprits = set(behind) | set(unanswered) | set(failed)
-    members = set(range(size)) if size > 0 else set()
-    for counts in counts_by_op.values():
-        members |= set(counts)
+    if groups:  # only the named ranks are known
+        members = at_top | set(behind)
+    else:
+        members = set(range(size)) if size > 0 else set()
+        for counts in counts_by_op.values():
+            members |= set(counts)
     arrived = tuple(sorted(members - culprits - left))
     if behind:
         seq, op = min(behind.values())
+    elif waiting_in:
+        seq, op = min(waiting_in)
     elif failed or remote:
         seq, op = -1, errors[(failed or remote)[0]]
     else:
-        seq, op = (-1, "?") if not unanswered else (top_seq, top_op)
+        seq, op = -1, "?"
     return RasCommState(
         op=op,
         seq=seq,
@@ -535,7 +557,8 @@ def judge_comm(
         unanswered=unanswered,
         failed=failed,
         remote_errors=remote,
-        ahead_minority=bool(behind) and len(arrived) < len(behind),
+        ahead_minority=bool(behind) and len(arrived) < len(behind) + unnamed_behind,
+        unnamed_behind=unnamed_behind,
     )
 
 
@@ -544,7 +567,9 @@ def suspects(report: RasReport, limit: int = 256) -> list[dict[str, Any]]:
     RAS names for them (at most `limit`, the first communicators first)."""
     out: list[dict[str, Any]] = []
     for comm in report.comms:
-        state = judge_comm(comm.size, comm.counts, comm.missing, comm.dead, comm.left, comm.errors)
+        state = judge_comm(
+            comm.size, comm.counts, comm.missing, comm.dead, comm.left, comm.errors, comm.unnamed
+        )
         for rank in state.culprits:
             if rank in state.failed:
                 kind = "error"

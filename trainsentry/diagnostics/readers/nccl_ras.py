@@ -33,6 +33,7 @@ from trainsentry.probe.ras_report import (
     RasProcess,
     RasReport,
     RasReportError,
+    judge_comm,
     load_json,
     looks_like_text_report,
     report_from_json,
@@ -189,6 +190,42 @@ def _order(reports: list[RasReport]) -> list[RasReport]:
     return reports
 
 
+def _stuck(comm: RasComm) -> bool:
+    return judge_comm(
+        comm.size, comm.counts, comm.missing, comm.dead, comm.left, comm.errors, comm.unnamed
+    ).stuck
+
+
+def _progress(
+    key: str, history: list[tuple[RasComm, RasReport]], latest: RasReport | None
+) -> tuple[bool | None, str]:
+    """Pure: (progressed, note) of one communicator over its snapshots. None: one snapshot
+    and still in the latest report, so nothing to compare."""
+    first, (last, report) = history[0][0], history[-1]
+    gone = latest is not None and report is not latest
+    if len(history) == 1 and not gone:
+        return None, ""
+    before, after = _lowest(first), _lowest(last)
+    moved = sorted(
+        (op, before[op], after[op]) for op in before if op in after and after[op] > before[op]
+    )
+    was_stuck = _stuck(first) or _stuck(last)
+    if moved:
+        op, a, b = moved[0]
+        note = (
+            f"communicator {key}: its slowest rank's {op} count went {a} -> {b} over "
+            f"{len(history)} RAS snapshots: progressing, not hung"
+        )
+        return True, note if was_stuck else ""
+    if gone:
+        note = f"communicator {key}: no longer flagged in the latest RAS snapshot: not hung"
+        return True, note if was_stuck else ""
+    note = f"communicator {key}: no progress over {len(history)} RAS snapshots" + (
+        f" ({history[0][1].timestamp} to {report.timestamp})" if report.timestamp else ""
+    )
+    return False, note if was_stuck else ""
+
+
 def merge_reports(
     reports: list[RasReport], statuses: list[Mapping[str, Any]]
 ) -> tuple[list[RasCommunicator], list[str]]:
@@ -204,27 +241,9 @@ def merge_reports(
     out: list[RasCommunicator] = []
     for key, history in seen.items():
         comm, report = history[-1]
-        first = history[0][0]
-        progressed: bool | None = None
-        if len(ordered) > 1:
-            before, after = _lowest(first), _lowest(comm)
-            moved = {
-                op: (before[op], after[op])
-                for op in before
-                if op in after and after[op] > before[op]
-            }
-            gone = latest is not None and report is not latest
-            progressed = bool(moved) or gone
-            if moved:
-                op, (a, b) = sorted(moved.items())[0]
-                notes.append(
-                    f"communicator {key}: progressed between {len(history)} RAS snapshots "
-                    f"(slowest rank's {op} count {a} -> {b}): not hung"
-                )
-            elif gone:
-                notes.append(
-                    f"communicator {key}: not flagged in the latest RAS snapshot: not hung"
-                )
+        progressed, note = _progress(key, history, latest)
+        if note:
+            notes.append(note)
         out.append(
             _communicator(
                 comm, _global_ranks(comm, _world(report), probes), len(history), progressed
@@ -260,7 +279,7 @@ def _communicator(
         left_ranks=tuple(sorted(comm.left)),
         errors=dict(comm.errors),
         global_ranks=global_ranks,
-        counts_complete=comm.counts_complete,
+        unnamed_groups=tuple(comm.unnamed),
         snapshots=snapshots,
         progressed=progressed,
     )
@@ -279,10 +298,14 @@ def _comm_notes(comm: RasComm, probes: dict[tuple[str, int], ProbeIdentity]) -> 
             f"{len(comm.missing)} named (the text report lists only outliers; VERBOSE STATUS "
             "lists more)"
         )
-    if not comm.counts_complete:
+    state = judge_comm(
+        comm.size, comm.counts, comm.missing, comm.dead, comm.left, comm.errors, comm.unnamed
+    )
+    if state.unnamed_behind:
         notes.append(
-            f"communicator {comm.hash}: the text report left more than one group of ranks "
-            "unlisted; their counts are unknown (VERBOSE STATUS or JSON lists them)"
+            f"communicator {comm.hash}: {state.unnamed_behind} rank(s) have not launched "
+            f"{state.op} {state.seq} but the text report does not name them and their counts "
+            "are unknown (plain STATUS lists few outliers; VERBOSE STATUS or JSON names them)"
         )
     remote = sorted(r for r, e in comm.errors.items() if e == "Remote process error")
     if remote:
@@ -322,7 +345,12 @@ def state_notes(trace: Trace, reports: int) -> list[str]:
         )
     for comm in stuck:
         state = comm_state(comm)
-        if state.ahead_minority:
+        if state.behind and not state.arrived:
+            notes.append(
+                f"communicator {comm.hash}: every rank is behind the others on some function: "
+                "they disagree on which collective comes next (a collective mismatch)"
+            )
+        elif state.ahead_minority:
             notes.append(
                 f"communicator {comm.hash}: only rank(s) {list(state.arrived)} are ahead, having "
                 f"launched {state.op} {state.seq}; the {len(state.behind)} others have not: they "
