@@ -621,3 +621,44 @@ def test_text_rank_with_status_nocomm_left_and_is_not_missing(tmp_path: Path) ->
     report = analyze([path])
     assert report.verdict == "ok"
     assert any("[3] answered without this communicator" in n for n in report.notes), report.notes
+
+
+# ------------------------------------------------------------------ garbage in
+
+_PHRASES = [
+    "Group     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors",
+    "    0         1         1         4         4         4   RUNNING  MISMATCH",
+    "    1         2         1         2         2         4   RUNNING      OK",
+    "#0-0 (00000000000000aa) MISMATCH",
+    "#1-1 (00000000000000ab) INCOMPLETE",
+    "#0-0 (00000000000000aa) ERROR",
+    "  Communicator ranks have different AllReduce operation counts",
+    "  Communicator ranks have different status",
+    "  3 ranks have launched up to operation 20",
+    "  2 ranks have not launched any operations",
+    "  Rank 2 has launched up to operation 19 -- GPU 0 managed by process 468 on node 1.2.3.4",
+    "  Rank 7 -- GPU 1 managed by process 9 on node h",
+    "  Rank 1 -- [process information not found]",
+    "  Rank 3 has status NOCOMM -- GPU 3 managed by process 103 on node 10.0.0.1",
+    "  Rank 0 reported Remote process error -- GPU 0 managed by process 1 on node h",
+    "  2 ranks reported System error",
+    "  The missing ranks: 5,21",
+    "  Missing communicator data from 3 ranks",
+    "Warnings",
+    "",
+]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_shuffled_nccl_lines_never_crash(tmp_path: Path, seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    lines = [rng.choice(_PHRASES) for _ in range(rng.randint(1, 25))]
+    path = tmp_path / "ras.txt"
+    path.write_text("Job summary\n" + "\n".join(lines) + "\n")
+    try:
+        report = analyze([path], format="ras")
+    except AnalyzeError:
+        return
+    assert report.verdict in ("ok", "hang")

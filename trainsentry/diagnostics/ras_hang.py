@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from trainsentry.diagnostics.hang import CommHang, HangAnalysis
 from trainsentry.diagnostics.model import RasCommunicator, Trace
-from trainsentry.probe.ras_report import RasCommState, judge_comm
+from trainsentry.probe.ras_verdict import RasCommState, judge_comm
 
 #: A process: ("pid", host, pid) | ("gpu", host, gpu) | ("rank", communicator, rank).
 ProcessKey = tuple[str, str, str]

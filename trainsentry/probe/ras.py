@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from trainsentry.probe.ras_report import RasReportError, load_json, parse_report, suspects
+from trainsentry.probe.ras_report import RasReportError, load_json, parse_report
+from trainsentry.probe.ras_verdict import suspects
 
 CLIENT_PROTOCOL = 2
 DEFAULT_ADDR = "127.0.0.1:28028"

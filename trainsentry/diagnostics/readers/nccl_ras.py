@@ -29,16 +29,17 @@ from typing import Any
 from trainsentry.diagnostics.model import InputError, RasCommunicator, Trace
 from trainsentry.diagnostics.ras_hang import comm_state, root_processes
 from trainsentry.probe.ras_report import (
+    REMOTE_ERROR,
     RasComm,
     RasProcess,
     RasReport,
     RasReportError,
-    judge_comm,
     load_json,
     looks_like_text_report,
     report_from_json,
     report_from_text,
 )
+from trainsentry.probe.ras_verdict import judge_comm
 
 
 class RasFormatError(ValueError):
@@ -307,14 +308,14 @@ def _comm_notes(comm: RasComm, probes: dict[tuple[str, int], ProbeIdentity]) -> 
             f"{state.op} {state.seq} but the text report does not name them and their counts "
             "are unknown (plain STATUS lists few outliers; VERBOSE STATUS or JSON names them)"
         )
-    remote = sorted(r for r, e in comm.errors.items() if e == "Remote process error")
+    remote = sorted(r for r, e in comm.errors.items() if e == REMOTE_ERROR)
     if remote:
         notes.append(
             f"communicator {comm.hash}: rank(s) {remote} reported Remote process error: a "
             "peer process failed; they wait on it"
         )
     for rank, error in sorted(comm.errors.items()):
-        if error != "Remote process error":
+        if error != REMOTE_ERROR:
             process = comm.processes.get(rank)
             who = f" ({describe(process, probes)})" if process else ""
             notes.append(f"communicator {comm.hash}: rank {rank}{who} reported {error}")
@@ -380,7 +381,7 @@ def culprit_notes(trace: Trace, probes: Mapping[tuple[str, int], ProbeIdentity])
         for comm_hash, rank in places:
             comm = comms[comm_hash]
             state = comm_state(comm)
-            if rank in comm.errors and comm.errors[rank] != "Remote process error":
+            if rank in comm.errors and comm.errors[rank] != REMOTE_ERROR:
                 what = f"reported {comm.errors[rank]}"
             elif rank in state.unanswered:
                 what = "sent no data" + (" (considered dead)" if rank in comm.dead_ranks else "")
