@@ -30,7 +30,8 @@ from trainsentry.diagnostics.hang import CommHang, HangAnalysis
 from trainsentry.diagnostics.model import RasCommunicator, Trace
 from trainsentry.probe.ras_verdict import RasCommState, judge_comm
 
-#: A process: ("pid", host, pid) | ("gpu", host, gpu) | ("rank", communicator, rank).
+#: A process: ("pid", host, pid) | ("gpu", host, gpu) | ("global", "", global rank) |
+#: ("rank", communicator, rank), the first that the report and the mapping allow.
 ProcessKey = tuple[str, str, str]
 
 
