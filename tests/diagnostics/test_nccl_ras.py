@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from trainsentry.diagnostics import analyze
-from trainsentry.diagnostics.readers.nccl_ras import parse_ras_json, parse_ras_text
+from trainsentry.diagnostics.readers.nccl_ras import parse_ras_json
+from trainsentry.probe.ras_report import report_from_text
 
 FUNCS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
 
@@ -118,7 +119,7 @@ def test_json_names_the_rank_that_is_behind(tmp_path: Path) -> None:
     assert report.format == "ras"
     assert report.verdict == "hang"
     hang = report.to_dict()["hang"]
-    assert hang["communicator"] == "0x1f2e3d"
+    assert hang["communicator"] == "00000000001f2e3d"  # as the text report prints it
     assert hang["missing_ranks"] == [6]
     assert hang["root_cause_ranks"] == [6]
     assert hang["op"] == "AllReduce" and hang["seq"] == 1200
@@ -138,13 +139,12 @@ def test_healthy_json_is_ok(tmp_path: Path) -> None:
 
 
 def test_text_output(tmp_path: Path) -> None:
-    comms = parse_ras_text(TEXT, "mem")
-    (comm,) = comms
+    (comm,) = report_from_text(TEXT).comms
     assert comm.hash == "00000000001f2e3d"
     assert comm.size == 16
-    assert comm.missing_ranks == (9,)
-    assert comm.counts["AllReduce"] == {6: 1199}
-    assert comm.majority["AllReduce"] == 1200
+    assert comm.missing == {9}
+    # Only rank 6 is listed; the 14 others are the unlisted group at 1200 (rank 9 sent nothing).
+    assert comm.counts["AllReduce"] == {r: 1199 if r == 6 else 1200 for r in range(16) if r != 9}
     path = tmp_path / "ras.txt"
     path.write_text(TEXT)
     report = analyze([path])

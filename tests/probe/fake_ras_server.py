@@ -150,6 +150,7 @@ class FakeRasServer:
     close_after_handshake: bool = False
     truncate_report: bool = False
     silent: bool = False  # accept, then never answer (client must time out)
+    json_report: str = JSON_REPORT  # what VERBOSE STATUS answers after SET FORMAT json
     commands: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -200,7 +201,7 @@ class FakeRasServer:
                 fmt = cmd.split()[-1].lower()
                 conn.sendall(b"OK\n")
             elif upper in {"STATUS", "VERBOSE STATUS"}:
-                report = JSON_REPORT if fmt == "json" else TEXT_REPORT
+                report = self.json_report if fmt == "json" else TEXT_REPORT
                 if self.truncate_report:
                     report = report[: len(report) // 3]
                 conn.sendall(report.encode())

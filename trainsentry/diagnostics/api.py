@@ -9,14 +9,10 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from trainsentry.diagnostics.hang import (
-    DEFAULT_MIN_IDLE_S,
-    analyze_hangs,
-    analyze_ras,
-    membership_note,
-)
+from trainsentry.diagnostics.hang import DEFAULT_MIN_IDLE_S, analyze_hangs, membership_note
 from trainsentry.diagnostics.mismatch import analyze_mismatches
 from trainsentry.diagnostics.model import InputError, Trace
+from trainsentry.diagnostics.ras_hang import analyze_ras
 from trainsentry.diagnostics.readers import detect_format, list_inputs, read_trace
 from trainsentry.diagnostics.report import Report, decide_verdict
 from trainsentry.diagnostics.slow import DEFAULT_ALPHA, DEFAULT_MIN_LAG_MS, analyze_slow

@@ -29,7 +29,8 @@ PATH is one or more files or directories:
   - PyTorch Flight Recorder dumps (one file per rank, pickle or JSON, rank = trailing
     number of the file name),
   - Megatrace NCCL logs (rank_N.log; a config.yaml beside them gives TP/PP/DP),
-  - NCCL RAS output (`ncclras` text or `ncclras -f json`).
+  - NCCL RAS output (`ncclras` text or `ncclras -f json`, or a probe's /ras answer),
+    with, optionally, the probes' /status JSON to name global ranks and pods.
 Files that cannot be read are reported by name; the others are still analysed.
 
 Exit codes:

@@ -191,6 +191,22 @@ class RasCommunicator:
     missing_ranks: tuple[int, ...] = ()
     dead_ranks: tuple[int, ...] = ()
     error_ranks: tuple[int, ...] = ()
+    #: Communicator rank -> (node address, pid (-1 unknown), GPU) where RAS named the process.
+    processes: dict[int, tuple[str, int, str]] = field(default_factory=dict)
+    #: Ranks whose process answered without this communicator (left, e.g. in teardown).
+    left_ranks: tuple[int, ...] = ()
+    #: Communicator rank -> the NCCL error it reported ("Remote process error", ...).
+    errors: dict[int, str] = field(default_factory=dict)
+    #: Communicator rank -> global rank, where the probes' status (or the world
+    #: communicator) tells.
+    global_ranks: dict[int, int] = field(default_factory=dict)
+    #: (function, ranks, launched count) of groups a text report printed without naming
+    #: their ranks, where they could not be placed (see `trainsentry.probe.ras_report`).
+    unnamed_groups: tuple[tuple[str, int, int], ...] = ()
+    #: How many reports saw this communicator, and whether its slowest rank moved between
+    #: the first and the last (None: one report).
+    snapshots: int = 1
+    progressed: bool | None = None
 
 
 @dataclass

@@ -9,19 +9,25 @@ Protocol (NCCL's RAS client socket, `NCCL_RAS_ADDR`, default 127.0.0.1:28028), l
 
 The JSON report lists communicators with their ranks and missing ranks; the text report
 has a communicator table and `Errors` / `Warnings` sections (INCOMPLETE, DEAD, ERROR,
-TIMEOUT, MISMATCH). Both are parsed into one `RasStatus`. Network I/O lives in `query`;
-parsing is pure. Nothing here raises on a bad server: the result says what went wrong.
+TIMEOUT, MISMATCH). Both are parsed into one `RasStatus`: counts, and `suspects`, the ranks
+behind, missing or failed per communicator with the process RAS names for each (see
+`ras_report`). NCCL 2.28.7/2.28.9 write JSON without a comma exactly when a process does
+not answer; it is repaired, and a JSON reply that still does not parse is asked for again as
+text. Network I/O lives in `query`; parsing is pure. Nothing here raises on a bad server:
+the result says what went wrong.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import socket
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+from trainsentry.probe.ras_report import RasReportError, load_json, parse_report
+from trainsentry.probe.ras_verdict import suspects
 
 CLIENT_PROTOCOL = 2
 DEFAULT_ADDR = "127.0.0.1:28028"
@@ -50,6 +56,10 @@ class RasStatus:
     collected_at: float = 0.0
     query_seconds: float = 0.0
     raw: str = field(default="", repr=False)
+    #: Ranks behind, missing ("missing"/"dead") or failed ("error") per communicator, with
+    #: the process: {communicator, size, rank, state, op, waiting_in, error, host, pid, gpu}.
+    suspects: list[dict[str, Any]] = field(default_factory=list)
+    note: str = ""  # what was worked around (a repaired JSON report, a text fallback)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,7 +83,7 @@ def parse_addr(addr: str) -> tuple[str, int]:
 
 def parse_json_report(text: str) -> dict[str, int | str]:
     """Counts from a `SET FORMAT json` status report. Raises ValueError if it is not one."""
-    doc = json.loads(text)
+    doc, _repaired = load_json(text)
     if not isinstance(doc, Mapping) or "communicators" not in doc:
         raise ValueError("not a RAS JSON status report")
     comms = [c for c in doc.get("communicators") or [] if isinstance(c, Mapping)]
@@ -245,8 +255,30 @@ def query(
     """Connect, handshake, and fetch one status report. Never raises for server trouble.
 
     `timeout` bounds the whole exchange; `collective_timeout` is sent as `TIMEOUT` (how
-    long the local NCCL process waits for its peers) and must be below `timeout`.
+    long the local NCCL process waits for its peers) and must be below `timeout`. A JSON
+    report that does not parse even repaired is fetched again as text, within `timeout`.
     """
+    started = time.monotonic()
+    status = _query_once(addr, timeout, collective_timeout, prefer_json, verbose)
+    if status.format != "json" or not status.error.startswith("unparseable json"):
+        return status
+    left = timeout - (time.monotonic() - started)
+    if left <= 0.1:
+        return status
+    text = _query_once(addr, left, collective_timeout, False, verbose)
+    spent = time.monotonic() - started
+    if text.ok:
+        return replace(text, note=f"{status.error}; the text report was used", query_seconds=spent)
+    return replace(text, error=f"{status.error}; text fallback: {text.error}", query_seconds=spent)
+
+
+def _query_once(
+    addr: str,
+    timeout: float,
+    collective_timeout: float | None,
+    prefer_json: bool,
+    verbose: bool,
+) -> RasStatus:
     started = time.monotonic()
     deadline = started + timeout
     host, port = parse_addr(addr)
@@ -320,7 +352,8 @@ def status_from_report(
         )
     try:
         counts = parse_json_report(raw) if fmt == "json" else parse_text_report(raw)
-    except (ValueError, TypeError) as exc:
+        report = parse_report(raw, fmt)
+    except (ValueError, TypeError, RasReportError) as exc:
         return RasStatus(
             ok=False,
             error=f"unparseable {fmt} report: {exc}",
@@ -348,4 +381,6 @@ def status_from_report(
         collected_at=time.time(),
         query_seconds=query_seconds,
         raw=raw,
+        suspects=suspects(report),
+        note="; ".join(report.notes),
     )

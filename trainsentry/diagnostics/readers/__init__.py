@@ -11,6 +11,8 @@ from trainsentry.diagnostics.topology import Topology
 
 _CONFIG_NAMES = frozenset({"config.yaml", "config.yml"})
 _HEAD_BYTES = 4096
+#: A probe's /status JSON: not a trace, but maps NCCL RAS processes to global ranks.
+PROBE_STATUS = "probe-status"
 
 
 def list_inputs(paths: list[Path]) -> tuple[list[Path], list[Path]]:
@@ -36,7 +38,7 @@ def sniff(path: Path) -> str | None:
     """The format of one file from its first bytes, or None."""
     from trainsentry.diagnostics.readers.flight_recorder import looks_like_flight_recorder
     from trainsentry.diagnostics.readers.megatrace import looks_like_megatrace
-    from trainsentry.diagnostics.readers.nccl_ras import looks_like_ras
+    from trainsentry.diagnostics.readers.nccl_ras import looks_like_probe_status, looks_like_ras
 
     try:
         with path.open("rb") as handle:
@@ -50,13 +52,15 @@ def sniff(path: Path) -> str | None:
         return "megatrace"
     if looks_like_ras(text):
         return "ras"
+    if looks_like_probe_status(text):
+        return PROBE_STATUS
     return None
 
 
 def detect_format(files: list[Path]) -> tuple[str, list[tuple[Path, str]]]:
     """(format most files are in, files that are not in it with the reason)."""
     kinds = {f: sniff(f) for f in files}
-    counts = Counter(k for k in kinds.values() if k is not None)
+    counts = Counter(k for k in kinds.values() if k is not None and k != PROBE_STATUS)
     if not counts:
         return "fr", [
             (f, "not a recognised trace (Flight Recorder, Megatrace or NCCL RAS)") for f in files
@@ -66,6 +70,9 @@ def detect_format(files: list[Path]) -> tuple[str, list[tuple[Path, str]]]:
     for f, kind in kinds.items():
         if kind is None:
             rejected.append((f, "not a recognised trace (Flight Recorder, Megatrace or NCCL RAS)"))
+        elif kind == PROBE_STATUS:
+            if chosen != "ras":
+                rejected.append((f, "a probe's status: used only with NCCL RAS input; skipped"))
         elif kind != chosen:
             rejected.append((f, f"looks like {kind}, but this input is {chosen}; skipped"))
     return chosen, rejected

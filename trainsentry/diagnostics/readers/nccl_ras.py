@@ -1,172 +1,423 @@
-"""NCCL RAS snapshots: `ncclras` text output and `ncclras -f json`.
+"""NCCL RAS status reports (text, `SET FORMAT json`, or a probe's `/ras` snapshot), plus the
+probes' `/status` JSON that maps RAS processes to global ranks.
 
-JSON (NCCL >= 2.28): `communicators[]` with `hash`, `size`, `ranks[]` (`rank`, `status`,
-`collective_counts` per NCCL function) and `missing_ranks[]` (`rank`, `status.unresponsive`,
-`status.considered_dead`).
+Parsing is `trainsentry.probe.ras_report` (the probe reads the same reports live); see its
+docstring for the formats NCCL 2.24 to 2.30 write and the 2.28.7/2.28.9 JSON defect. Here:
 
-Text: we read the per-communicator sections of the "Errors" and "Warnings" parts:
-`#G-C (hash) INCOMPLETE` followed by `Rank N -- ...` lines, `#G-C (hash) MISMATCH` with
-`Communicator ranks have different <Op> operation counts`, `N ranks have launched up to
-operation M` and `Rank N has launched up to operation M -- ...` lines, and `ERROR`
-sections. Ranks are communicator ranks.
+- Snapshots. Reports are ordered by their JSON `timestamp` when every one has it, else as
+  given (files in a directory by name). One communicator (its hash) seen in several reports
+  is one communicator: the latest report's state counts, and it is `progressed` when its
+  slowest rank launched more operations in the last report than in the first, or when the
+  latest report no longer flags it (text lists only communicators with a problem; JSON
+  lists all, so a communicator absent there is gone).
+- Global ranks. RAS ranks are communicator ranks. A process is mapped to its global rank
+  by the probes' status (`pid` + one of `host_ips` equal to RAS's node address), else,
+  when a report has a communicator spanning every GPU of the job, that communicator's rank
+  (torch's default group numbers NCCL ranks as global ranks).
+- Healthy text reports name no communicator; each table row's communicators are kept
+  under a placeholder name (`group0-1`) so the report counts and reads as ok.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainsentry.diagnostics.model import InputError, RasCommunicator, Trace
+from trainsentry.diagnostics.ras_hang import comm_state, root_processes
+from trainsentry.probe.ras_report import (
+    REMOTE_ERROR,
+    RasComm,
+    RasProcess,
+    RasReport,
+    RasReportError,
+    load_json,
+    looks_like_text_report,
+    report_from_json,
+    report_from_text,
+)
+from trainsentry.probe.ras_verdict import judge_comm
 
 
 class RasFormatError(ValueError):
     pass
 
 
-def parse_ras_json(doc: Any, source: str) -> list[RasCommunicator]:
+@dataclass(frozen=True, slots=True)
+class ProbeIdentity:
+    """What a probe's /status says about its process."""
+
+    rank: int
+    pod: str
+    node: str
+
+
+# ------------------------------------------------------------------ one file
+
+
+def _is_probe_status(doc: Any) -> bool:
+    return (
+        isinstance(doc, Mapping)
+        and "pid" in doc
+        and "rank" in doc
+        and ("host_ips" in doc or "pod" in doc)
+        and "communicators" not in doc
+    )
+
+
+def probe_statuses(doc: Any) -> list[Mapping[str, Any]]:
+    """Pure: the probe status objects in a document (one, a list, or rank -> status)."""
+    if _is_probe_status(doc):
+        return [doc]
+    if isinstance(doc, Mapping) and isinstance(doc.get("status"), Mapping):
+        doc = doc["status"]
+    values: Iterable[Any] = (
+        doc.values() if isinstance(doc, Mapping) else doc if isinstance(doc, list) else []
+    )
+    return [d for d in values if _is_probe_status(d)]
+
+
+def parse_ras_document(text: str, source: str) -> tuple[RasReport | None, list[Mapping[str, Any]]]:
+    """Pure: (the RAS report in a file, probe statuses in it). Raises RasFormatError."""
+    if not text.lstrip().startswith(("{", "[")):
+        try:
+            return report_from_text(text), []
+        except RasReportError as exc:
+            raise RasFormatError(f"{source}: {exc}") from exc
     try:
-        return _parse_ras_json(doc, source)
-    except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
-        if isinstance(exc, RasFormatError):
-            raise
-        raise RasFormatError(f"{source}: unexpected structure ({exc!r})") from exc
-
-
-def _parse_ras_json(doc: Any, source: str) -> list[RasCommunicator]:
-    if not isinstance(doc, dict) or not isinstance(doc.get("communicators"), list):
-        raise RasFormatError(f"{source}: no 'communicators' list (is this `ncclras -f json`?)")
-    out = []
-    for comm in doc["communicators"]:
-        if not isinstance(comm, dict):
-            raise RasFormatError(f"{source}: communicator entry is not an object")
-        counts: dict[str, dict[int, int]] = {}
-        errors = []
-        for rank in comm.get("ranks") or []:
-            number = int(rank.get("rank", -1))
-            for op, value in (rank.get("collective_counts") or {}).items():
-                counts.setdefault(str(op), {})[number] = int(value)
-            status = rank.get("status") or {}
-            if status.get("async_error") not in (None, 0, 7) or status.get("abort_flag"):
-                errors.append(number)  # 7 = ncclInProgress
-        missing, dead = [], []
-        for rank in comm.get("missing_ranks") or []:
-            number = int(rank.get("rank", -1))
-            missing.append(number)
-            if (rank.get("status") or {}).get("considered_dead"):
-                dead.append(number)
-        majority = {
-            op: Counter(values.values()).most_common(1)[0][0]
-            for op, values in counts.items()
-            if values
-        }
-        out.append(
-            RasCommunicator(
-                hash=str(comm.get("hash", "?")),
-                size=int(comm.get("size", len(counts) or 0)),
-                counts=counts,
-                majority=majority,
-                missing_ranks=tuple(sorted(missing)),
-                dead_ranks=tuple(sorted(dead)),
-                error_ranks=tuple(sorted(errors)),
+        doc, repaired = load_json(text)
+    except ValueError as exc:
+        raise RasFormatError(f"{source}: corrupt JSON ({exc})") from exc
+    probes = probe_statuses(doc)
+    if probes:
+        return None, probes
+    if isinstance(doc, Mapping) and isinstance(doc.get("raw"), str) and "format" in doc:
+        # A probe's /ras snapshot: the report as the probe received it.
+        raw = doc["raw"]
+        if not raw.strip():
+            raise RasFormatError(
+                f"{source}: probe RAS snapshot without a report ({doc.get('error')})"
             )
-        )
-    return out
+        return parse_ras_document(raw, source)
+    try:
+        return report_from_json(doc, repaired), []
+    except (RasReportError, TypeError, ValueError, AttributeError) as exc:
+        raise RasFormatError(f"{source}: {exc} (is this `SET FORMAT json` output?)") from exc
 
 
-_SECTION = re.compile(r"^#(\d+)-(\d+) \((?P<hash>[0-9a-fA-Fx]+)\) (?P<kind>[A-Z]+)\s*$")
-_DIFFERENT = re.compile(r"Communicator ranks have different (?P<op>\w+) operation counts")
-_GROUP = re.compile(
-    r"^\s*(?P<n>\d+) ranks have (?:launched up to operation (?P<c>\d+)|"
-    r"not launched any operations)"
-)
-_ONE = re.compile(
-    r"^\s*Rank (?P<r>\d+) has (?:launched up to operation (?P<c>\d+)|"
-    r"not launched any operations)"
-)
-_RANK = re.compile(r"^\s*Rank (?P<r>\d+)\b")
-_TABLE = re.compile(r"^\s*\d+\s+\d+\s+\d+\s+\S+\s+(?P<size>\d+)\s+\d+\s+\w+")
-
-
-def parse_ras_text(text: str, source: str) -> list[RasCommunicator]:
-    if "Errors" not in text and "Group" not in text and "#" not in text:
-        raise RasFormatError(f"{source}: not ncclras output")
-    comms: dict[str, RasCommunicator] = {}
-    current: RasCommunicator | None = None
-    kind = ""
-    op = ""
-    group_count: int | None = None
-    sizes = [int(m["size"]) for m in map(_TABLE.match, text.splitlines()) if m]
-    default_size = max(sizes) if sizes else 0
-    missing: dict[str, set[int]] = {}
-    for line in text.splitlines():
-        section = _SECTION.match(line)
-        if section:
-            key = section["hash"]
-            current = comms.setdefault(key, RasCommunicator(hash=key, size=default_size))
-            kind = section["kind"]
-            op, group_count = "", None
-            continue
-        if current is None or not line.strip():
-            if not line.strip():
-                group_count = None
-            continue
-        different = _DIFFERENT.search(line)
-        if different:
-            op, group_count = different["op"], None
-            continue
-        group = _GROUP.match(line)
-        if group and op:
-            group_count = int(group["c"] or 0)
-            prev = current.majority.get(op)
-            if prev is None:
-                current.majority[op] = group_count
-            continue
-        one = _ONE.match(line)
-        if one and op:
-            current.counts.setdefault(op, {})[int(one["r"])] = int(one["c"] or 0)
-            continue
-        rank = _RANK.match(line)
-        if rank:
-            number = int(rank["r"])
-            if kind == "INCOMPLETE":
-                missing.setdefault(current.hash, set()).add(number)
-            elif kind == "MISMATCH" and op and group_count is not None:
-                current.counts.setdefault(op, {})[number] = group_count
-            elif kind == "ERROR":
-                current.error_ranks = tuple(sorted({*current.error_ranks, number}))
-    for key, ranks in missing.items():
-        comms[key].missing_ranks = tuple(sorted(ranks))
-    return list(comms.values())
+def parse_ras_json(doc: Any, source: str) -> list[RasCommunicator]:
+    """Pure: the communicators of one parsed JSON report. Raises RasFormatError."""
+    try:
+        report = report_from_json(doc)
+    except (RasReportError, TypeError, ValueError, AttributeError) as exc:
+        raise RasFormatError(f"{source}: {exc}") from exc
+    return merge_reports([report], [])[0]
 
 
 def looks_like_ras(head: str) -> bool:
     return (
         ('"communicators"' in head and '"nccl_version"' in head)
-        or ("Group" in head and "Comms" in head and "Ranks" in head)
-        or "Job summary" in head
+        or looks_like_text_report(head)
+        or ('"raw"' in head and '"server_protocol"' in head)
     )
 
 
+def looks_like_probe_status(head: str) -> bool:
+    return '"pid"' in head and '"host_ips"' in head and '"communicators"' not in head
+
+
+# ------------------------------------------------------------------ merge (pure)
+
+
+def _identity_map(statuses: list[Mapping[str, Any]]) -> dict[tuple[str, int], ProbeIdentity]:
+    out: dict[tuple[str, int], ProbeIdentity] = {}
+    for status in statuses:
+        try:
+            pid, rank = int(status["pid"]), int(status["rank"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        who = ProbeIdentity(rank, str(status.get("pod") or ""), str(status.get("node") or ""))
+        for ip in status.get("host_ips") or []:
+            out[(str(ip), pid)] = who
+    return out
+
+
+def _world(report: RasReport) -> RasComm | None:
+    """The communicator spanning every GPU of the job, if the report shows one."""
+    if report.format == "text":
+        gpus = report.total_gpus
+    else:
+        gpus = len({(p.host, p.pid, p.gpu) for c in report.comms for p in c.processes.values()})
+    candidates = [c for c in report.comms if c.size > 1 and c.size == gpus]
+    return candidates[0] if candidates else None
+
+
+def _global_ranks(
+    comm: RasComm,
+    world: RasComm | None,
+    probes: dict[tuple[str, int], ProbeIdentity],
+) -> dict[int, int]:
+    mapping: dict[int, int] = {}
+    if world is not None:
+        by_process = {(p.host, p.pid): r for r, p in world.processes.items() if p.pid >= 0}
+        if comm is world:
+            mapping = {r: r for r in range(comm.size)}
+        for rank, process in comm.processes.items():
+            if (process.host, process.pid) in by_process:
+                mapping[rank] = by_process[(process.host, process.pid)]
+    for rank, process in comm.processes.items():
+        who = probes.get((process.host, process.pid))
+        if who is not None:
+            mapping[rank] = who.rank
+    return mapping
+
+
+def _lowest(comm: RasComm) -> dict[str, int]:
+    absent = comm.missing | comm.left
+    out = {}
+    for op, counts in comm.counts.items():
+        present = [c for r, c in counts.items() if r not in absent]
+        if present:
+            out[op] = min(present)
+    return out
+
+
+def _order(reports: list[RasReport]) -> list[RasReport]:
+    if reports and all(r.timestamp for r in reports):
+        return sorted(reports, key=lambda r: r.timestamp)
+    return reports
+
+
+def _stuck(comm: RasComm) -> bool:
+    return judge_comm(
+        comm.size, comm.counts, comm.missing, comm.dead, comm.left, comm.errors, comm.unnamed
+    ).stuck
+
+
+def _progress(
+    key: str, history: list[tuple[RasComm, RasReport]], latest: RasReport | None
+) -> tuple[bool | None, str]:
+    """Pure: (progressed, note) of one communicator over its snapshots. None: one snapshot
+    and still in the latest report, so nothing to compare."""
+    first, (last, report) = history[0][0], history[-1]
+    gone = latest is not None and report is not latest
+    if len(history) == 1 and not gone:
+        return None, ""
+    before, after = _lowest(first), _lowest(last)
+    moved = sorted(
+        (op, before[op], after[op]) for op in before if op in after and after[op] > before[op]
+    )
+    was_stuck = _stuck(first) or _stuck(last)
+    if moved:
+        op, a, b = moved[0]
+        note = (
+            f"communicator {key}: its slowest rank's {op} count went {a} -> {b} over "
+            f"{len(history)} RAS snapshots: progressing, not hung"
+        )
+        return True, note if was_stuck else ""
+    if gone:
+        note = f"communicator {key}: no longer flagged in the latest RAS snapshot: not hung"
+        return True, note if was_stuck else ""
+    note = f"communicator {key}: no progress over {len(history)} RAS snapshots" + (
+        f" ({history[0][1].timestamp} to {report.timestamp})" if report.timestamp else ""
+    )
+    return False, note if was_stuck else ""
+
+
+def merge_reports(
+    reports: list[RasReport], statuses: list[Mapping[str, Any]]
+) -> tuple[list[RasCommunicator], list[str]]:
+    """Pure: communicators over all snapshots (latest state, progress), and notes."""
+    ordered = _order(reports)
+    probes = _identity_map(statuses)
+    notes = [n for r in ordered for n in r.notes]
+    seen: dict[str, list[tuple[RasComm, RasReport]]] = {}
+    for report in ordered:
+        for comm in report.comms:
+            seen.setdefault(comm.hash, []).append((comm, report))
+    latest = ordered[-1] if ordered else None
+    out: list[RasCommunicator] = []
+    for key, history in seen.items():
+        comm, report = history[-1]
+        progressed, note = _progress(key, history, latest)
+        if note:
+            notes.append(note)
+        out.append(
+            _communicator(
+                comm, _global_ranks(comm, _world(report), probes), len(history), progressed
+            )
+        )
+        notes.extend(_comm_notes(comm, probes))
+    if latest is not None and latest.format == "text":
+        named = {c.label for c in latest.comms}
+        for group, (count, size, _status, _errors) in enumerate(latest.table):
+            for index in range(count):
+                if f"#{group}-{index}" not in named:
+                    out.append(RasCommunicator(hash=f"group{group}-{index}", size=size))
+    return out, notes
+
+
+def _communicator(
+    comm: RasComm, global_ranks: dict[int, int], snapshots: int, progressed: bool | None
+) -> RasCommunicator:
+    majority = {
+        op: Counter(values.values()).most_common(1)[0][0]
+        for op, values in comm.counts.items()
+        if values
+    }
+    return RasCommunicator(
+        hash=comm.hash,
+        size=comm.size,
+        counts={op: dict(v) for op, v in comm.counts.items()},
+        majority=majority,
+        missing_ranks=tuple(sorted(comm.missing)),
+        dead_ranks=tuple(sorted(comm.dead)),
+        error_ranks=tuple(sorted(comm.errors)),
+        processes={r: (p.host, p.pid, p.gpu) for r, p in comm.processes.items()},
+        left_ranks=tuple(sorted(comm.left)),
+        errors=dict(comm.errors),
+        global_ranks=global_ranks,
+        unnamed_groups=tuple(comm.unnamed),
+        snapshots=snapshots,
+        progressed=progressed,
+    )
+
+
+def _comm_notes(comm: RasComm, probes: dict[tuple[str, int], ProbeIdentity]) -> list[str]:
+    notes = []
+    if comm.left:
+        notes.append(
+            f"communicator {comm.hash}: rank(s) {sorted(comm.left)} answered without this "
+            "communicator (left it, e.g. during teardown, or not yet joined): not missing"
+        )
+    if comm.missing_count > len(comm.missing):
+        notes.append(
+            f"communicator {comm.hash}: {comm.missing_count} rank(s) sent no data, "
+            f"{len(comm.missing)} named (the text report lists only outliers; VERBOSE STATUS "
+            "lists more)"
+        )
+    state = judge_comm(
+        comm.size, comm.counts, comm.missing, comm.dead, comm.left, comm.errors, comm.unnamed
+    )
+    if state.unnamed_behind:
+        notes.append(
+            f"communicator {comm.hash}: {state.unnamed_behind} rank(s) have not launched "
+            f"{state.op} {state.seq} but the text report does not name them and their counts "
+            "are unknown (plain STATUS lists few outliers; VERBOSE STATUS or JSON names them)"
+        )
+    remote = sorted(r for r, e in comm.errors.items() if e == REMOTE_ERROR)
+    if remote:
+        notes.append(
+            f"communicator {comm.hash}: rank(s) {remote} reported Remote process error: a "
+            "peer process failed; they wait on it"
+        )
+    for rank, error in sorted(comm.errors.items()):
+        if error != REMOTE_ERROR:
+            process = comm.processes.get(rank)
+            who = f" ({describe(process, probes)})" if process else ""
+            notes.append(f"communicator {comm.hash}: rank {rank}{who} reported {error}")
+    return notes
+
+
+def describe(process: RasProcess, probes: Mapping[tuple[str, int], ProbeIdentity]) -> str:
+    """Pure: a process as RAS names it, with its probe's global rank, pod and node if known."""
+    who = probes.get((process.host, process.pid))
+    if who is None:
+        return process.describe()
+    where = ", ".join(
+        x
+        for x in (f"pod {who.pod}" if who.pod else "", f"node {who.node}" if who.node else "")
+        if x
+    )
+    return f"{process.describe()} = global rank {who.rank}{', ' + where if where else ''}"
+
+
+def state_notes(trace: Trace, reports: int) -> list[str]:
+    """Pure: what the counts cannot tell (one snapshot; one rank ahead of the rest)."""
+    notes = []
+    stuck = [c for c in trace.ras if not c.progressed and comm_state(c).stuck]
+    if stuck and reports == 1:
+        notes.append(
+            "one RAS snapshot: a difference in operation counts can also be the skew of a "
+            "running job; two snapshots some seconds apart tell a stall from progress"
+        )
+    for comm in stuck:
+        state = comm_state(comm)
+        if state.behind and not state.arrived:
+            notes.append(
+                f"communicator {comm.hash}: every rank is behind the others on some function: "
+                "they disagree on which collective comes next (a collective mismatch)"
+            )
+        elif state.ahead_minority:
+            notes.append(
+                f"communicator {comm.hash}: only rank(s) {list(state.arrived)} are ahead, having "
+                f"launched {state.op} {state.seq}; the {len(state.behind)} others have not: they "
+                "are held up elsewhere, or the ranks ahead issued a collective the others never "
+                "will (RAS cannot tell which)"
+            )
+    return notes
+
+
+def culprit_notes(trace: Trace, probes: Mapping[tuple[str, int], ProbeIdentity]) -> list[str]:
+    """Pure: one line per root-cause process, merged over the communicators it stalls."""
+    comms = {c.hash: c for c in trace.ras}
+    notes = []
+    for _key, global_rank, places in root_processes(trace):
+        first = comms[places[0][0]]
+        host, pid, gpu = first.processes.get(places[0][1], ("", -1, ""))
+        if host:
+            process = RasProcess(host, pid, gpu)
+            who = describe(process, probes)
+        else:
+            who = "a process RAS could not name"
+        if global_rank is not None and f"global rank {global_rank}" not in who:
+            who += f" = global rank {global_rank}"
+        elif global_rank is None:
+            who += " (global rank unknown: give analyze the probes' /status JSON)"
+        where = []
+        for comm_hash, rank in places:
+            comm = comms[comm_hash]
+            state = comm_state(comm)
+            if rank in comm.errors and comm.errors[rank] != REMOTE_ERROR:
+                what = f"reported {comm.errors[rank]}"
+            elif rank in state.unanswered:
+                what = "sent no data" + (" (considered dead)" if rank in comm.dead_ranks else "")
+            else:
+                what = f"has not launched {state.op} {state.seq}"
+            where.append(f"rank {rank} of communicator {comm_hash} ({comm.size} ranks) {what}")
+        count = f"{len(places)} communicators" if len(places) > 1 else "1 communicator"
+        notes.append(f"culprit: {who}; in {count}: " + "; ".join(where))
+    return notes
+
+
+# ------------------------------------------------------------------ I/O
+
+
 def read_nccl_ras(paths: list[Path], on_file: Callable[[], None] | None = None) -> Trace:
+    """Read RAS reports and probe statuses; merge snapshots; name the culprit processes."""
     trace = Trace(format="ras")
+    reports: list[RasReport] = []
+    statuses: list[Mapping[str, Any]] = []
     for path in paths:
         trace.inputs.append(str(path))
         try:
-            text = path.read_text(encoding="utf-8")
-            if text.lstrip().startswith("{"):
-                try:
-                    doc = json.loads(text)
-                except ValueError as exc:
-                    raise RasFormatError(f"{path}: corrupt JSON ({exc})") from exc
-                trace.ras.extend(parse_ras_json(doc, str(path)))
-            else:
-                trace.ras.extend(parse_ras_text(text, str(path)))
-        except (OSError, UnicodeDecodeError, RasFormatError, TypeError, ValueError) as exc:
+            report, found = parse_ras_document(path.read_text(encoding="utf-8"), str(path))
+        except (OSError, UnicodeDecodeError, RasFormatError) as exc:
             trace.errors.append(InputError(str(path), str(exc)))
+        else:
+            if report is not None:
+                reports.append(report)
+            statuses.extend(found)
         if on_file is not None:
             on_file()
+    if not reports:
+        return trace
+    trace.ras, notes = merge_reports(reports, statuses)
+    trace.notes.extend(notes)
+    trace.ranks_with_data = {g for c in trace.ras for g in c.global_ranks.values()}
+    trace.notes.extend(state_notes(trace, len(reports)))
+    trace.notes.extend(culprit_notes(trace, _identity_map(statuses)))
     return trace

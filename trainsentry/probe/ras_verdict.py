@@ -1,0 +1,147 @@
+"""What one communicator's RAS counts say: who waits, who has not launched, who failed. Pure.
+
+RAS counts, per communicator and NCCL function, the operations each rank has *launched*
+(not completed). The ranks at the highest count have launched that operation and wait in
+it; a rank below has not launched it. Ranks whose process did not answer, and ranks with an
+NCCL error of their own, are culprits too; ranks reporting "Remote process error" saw a
+peer fail and wait on the culprits; ranks that left the communicator are neither. Used by
+the probe (`suspects` in its RAS status) and by `trainsentry analyze` (`ras_hang`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trainsentry.probe.ras_report import REMOTE_ERROR, RasReport
+
+
+@dataclass(frozen=True, slots=True)
+class RasCommState:
+    """What one communicator's counts say (communicator ranks)."""
+
+    op: str  # the function some rank has not launched up to the top, or the error
+    seq: int  # the operation the others wait in (top count), -1 if unknown
+    arrived: tuple[int, ...]  # launched it (or reported a remote error): waiting
+    behind: tuple[int, ...]  # have not launched it
+    unanswered: tuple[int, ...]  # process did not answer (missing, dead)
+    failed: tuple[int, ...]  # reported an NCCL error of their own
+    remote_errors: tuple[int, ...]  # reported "Remote process error"
+    ahead_minority: bool  # fewer ranks launched `seq` than did not
+    unnamed_behind: int = 0  # ranks behind that the (text) report does not name
+
+    @property
+    def culprits(self) -> tuple[int, ...]:
+        return tuple(sorted({*self.behind, *self.unanswered, *self.failed}))
+
+    @property
+    def stuck(self) -> bool:
+        return bool(self.culprits or self.remote_errors or self.unnamed_behind)
+
+
+def judge_comm(
+    size: int,
+    counts_by_op: Mapping[str, Mapping[int, int]],
+    missing_ranks: Iterable[int],
+    dead_ranks: Iterable[int],
+    left_ranks: Iterable[int],
+    errors: Mapping[int, str],
+    unnamed: Iterable[tuple[str, int, int]] = (),
+) -> RasCommState:
+    """Pure: the missing, failed and waiting ranks of one communicator (RAS semantics: the
+    ranks at the highest launched count wait in that operation; ranks below it, ranks whose
+    process did not answer and ranks with an NCCL error of their own are the culprits; ranks
+    reporting "Remote process error" wait on them; ranks that left are neither). `unnamed`:
+    groups (function, ranks, count) a text report printed without their ranks."""
+    missing_set, left = set(missing_ranks), set(left_ranks)
+    absent = missing_set | left
+    groups: dict[str, list[tuple[int, int]]] = {}
+    for op, n, count in unnamed:
+        groups.setdefault(op, []).append((n, count))
+    behind: dict[int, tuple[int, str]] = {}
+    waiting_in: list[tuple[int, str]] = []  # (the op the others wait in, its function)
+    unnamed_behind = 0
+    at_top: set[int] = set()
+    for op in sorted(set(counts_by_op) | set(groups)):
+        present = {r: c for r, c in counts_by_op.get(op, {}).items() if r not in absent}
+        values = [*present.values(), *(c for _, c in groups.get(op, []))]
+        if not values:
+            continue
+        top = max(values)
+        for rank, count in present.items():
+            if count < top and (rank not in behind or count + 1 < behind[rank][0]):
+                behind[rank] = (count + 1, op)
+        lagging = sum(n for n, c in groups.get(op, []) if c < top)
+        unnamed_behind += lagging
+        if lagging or any(c < top for c in present.values()):
+            waiting_in.append((top, op))
+        if op in groups:
+            at_top |= {r for r, c in present.items() if c == top}
+    failed = tuple(sorted(r for r, e in errors.items() if e != REMOTE_ERROR))
+    remote = tuple(sorted(r for r, e in errors.items() if e == REMOTE_ERROR))
+    unanswered = tuple(sorted(missing_set | set(dead_ranks)))
+    culprits = set(behind) | set(unanswered) | set(failed)
+    if groups:  # only the named ranks are known
+        members = at_top | set(behind)
+    else:
+        members = set(range(size)) if size > 0 else set()
+        for counts in counts_by_op.values():
+            members |= set(counts)
+    arrived = tuple(sorted(members - culprits - left))
+    if behind:
+        seq, op = min(behind.values())
+    elif waiting_in:
+        seq, op = min(waiting_in)
+    elif failed or remote:
+        seq, op = -1, errors[(failed or remote)[0]]
+    else:
+        seq, op = -1, "?"
+    return RasCommState(
+        op=op,
+        seq=seq,
+        arrived=arrived,
+        behind=tuple(sorted(behind)),
+        unanswered=unanswered,
+        failed=failed,
+        remote_errors=remote,
+        ahead_minority=bool(behind) and len(arrived) < len(behind) + unnamed_behind,
+        unnamed_behind=unnamed_behind,
+    )
+
+
+def suspects(report: RasReport, limit: int = 256) -> list[dict[str, Any]]:
+    """Pure: the ranks behind, unanswered or failed in each communicator, with the process
+    RAS names for them (at most `limit`, the first communicators first)."""
+    out: list[dict[str, Any]] = []
+    for comm in report.comms:
+        state = judge_comm(
+            comm.size, comm.counts, comm.missing, comm.dead, comm.left, comm.errors, comm.unnamed
+        )
+        for rank in state.culprits:
+            if rank in state.failed:
+                kind = "error"
+            elif rank in comm.dead:
+                kind = "dead"
+            elif rank in state.unanswered:
+                kind = "missing"
+            else:
+                kind = "behind"
+            process = comm.processes.get(rank)
+            out.append(
+                {
+                    "communicator": comm.hash,
+                    "size": comm.size,
+                    "rank": rank,
+                    "state": kind,
+                    "op": state.op,
+                    "waiting_in": state.seq,
+                    "error": comm.errors.get(rank, ""),
+                    "host": process.host if process else "",
+                    "pid": process.pid if process else -1,
+                    "gpu": process.gpu if process else "",
+                }
+            )
+            if len(out) >= limit:
+                return out
+    return out
