@@ -94,3 +94,25 @@ def test_text_report_suspects_name_missing_and_behind_processes() -> None:
         ("0123456789abcdef", 13, "missing", 4242),
         ("00000000deadbeef", 2, "behind", 77),
     }
+
+
+def test_the_metrics_name_each_suspect_and_forget_it_when_it_recovers() -> None:
+    from prometheus_client import generate_latest
+
+    from trainsentry.probe.metrics import ProbeMetrics
+
+    metrics = ProbeMetrics({"namespace": "ml", "trainingjob": "llama", "rank": "0"}, 4)
+    hung = ras.status_from_report((nccl_dir() / "ras" / "hang.txt").read_text(), "text")
+    metrics.apply_ras(hung)
+    text = generate_latest(metrics.registry).decode()
+    lines = [
+        line for line in text.splitlines() if line.startswith("trainsentry_probe_ras_suspect{")
+    ]
+    assert len(lines) == 1, lines
+    assert 'comm_rank="2"' in lines[0] and 'state="behind"' in lines[0]
+    assert 'host="127.0.0.1"' in lines[0] and 'pid="468"' in lines[0]
+    healthy = ras.status_from_report((nccl_dir() / "ras" / "hang.txt").read_text(), "text")
+    healthy.suspects.clear()
+    metrics.apply_ras(healthy)
+    text = generate_latest(metrics.registry).decode()
+    assert "trainsentry_probe_ras_suspect{" not in text

@@ -105,6 +105,13 @@ class ProbeMetrics:
         self.ras_queries = Counter(
             PREFIX + "ras_queries", "RAS queries by result.", (*BASE_LABELS, "result"), registry=r
         )
+        self.ras_suspect = gauge(
+            "ras_suspect",
+            "1 per communicator rank the last RAS report shows behind, missing, dead or failed, "
+            "with the process RAS names for it (host, pid); at most 64.",
+            (*BASE_LABELS, "communicator", "comm_rank", "state", "host", "pid"),
+        )
+        self._suspects: set[tuple[str, ...]] = set()
         self._inflight_ops: dict[str, tuple[str, str]] = {}
         self._wait_exported: dict[str, float] = {}
         self.info.labels(**self._base, world_size=str(world_size)).set(1)
@@ -184,3 +191,18 @@ class ProbeMetrics:
         self.ras_last_success.labels(**self._base).set(status.collected_at)
         for key, gauge in self.ras_gauges.items():
             gauge.labels(**self._base).set(float(getattr(status, key)))
+        current: set[tuple[str, ...]] = {
+            (
+                str(s.get("communicator", "")),
+                str(s.get("rank", "")),
+                str(s.get("state", "")),
+                str(s.get("host", "")),
+                str(s.get("pid", "")),
+            )
+            for s in status.suspects[:64]
+        }
+        for gone in self._suspects - current:  # a suspect of an older report is not one now
+            self.ras_suspect.remove(*self._base.values(), *gone)
+        for labels in current:
+            self.ras_suspect.labels(*self._base.values(), *labels).set(1)
+        self._suspects = current
