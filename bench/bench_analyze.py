@@ -5,7 +5,7 @@ format) in which one rank never issued the last collective. Each tool runs as it
 process; we report both verdicts, wall time, CPU time and peak RSS (median of --repeats
 runs) and the ratios. Then the real Megatrace sample (target < 2 s).
 
-    .venv/bin/python bench/bench_analyze.py [--ranks 1024] [--entries 2000] [--repeats 3]
+    .venv/bin/python -m bench.bench_analyze [--ranks 1024] [--entries 2000] [--repeats 3]
 
 Not run by the test suite. Needs torch (for fr_trace).
 """

@@ -6,7 +6,7 @@
 3. Escalation `plan` over 1,000 open incidents (the JSON state deep-copied each call) vs
    a bare `copy.deepcopy` of the same state (the floor `plan` cannot beat).
 
-    .venv/bin/python bench/bench_channels.py [--rounds 7]
+    .venv/bin/python -m bench.bench_channels [--rounds 7]
 """
 
 from __future__ import annotations

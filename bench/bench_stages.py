@@ -12,7 +12,7 @@ SQLite file in a temp dir, `synchronous=FULL` as the gateway runs it. Rounds use
 and fresh alerts; medians are printed. The throughput benchmark is bench_intake.py; this one
 says which stage to work on.
 
-    .venv/bin/python bench/bench_stages.py [--webhooks 320] [--rounds 3]
+    .venv/bin/python -m bench.bench_stages [--webhooks 320] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from bench_intake import ALERTS_PER_POST, bodies
-from sqlite_floor import GROUP_COMMIT, engine_seconds
 
+from bench.bench_intake import ALERTS_PER_POST, bodies
+from bench.sqlite_floor import GROUP_COMMIT, engine_seconds
 from trainsentry.gateway.decide import decide
 from trainsentry.gateway.intake import parse_webhook
 from trainsentry.gateway.policy import load_policy

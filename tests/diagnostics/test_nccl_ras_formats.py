@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nccl_artifacts import nccl_dir
 
+from tests.support.nccl_artifacts import nccl_dir
 from trainsentry.diagnostics import AnalyzeError, analyze
 
 HEADER_2289 = """NCCL version 2.28.9 compiled with CUDA 13.0

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gateway_process import start_gateway
-from realservers import http_json, logs_on_error, start_alertmanager, wait_for
+
+from tests.support.gateway_process import start_gateway
+from tests.support.realservers import http_json, logs_on_error, start_alertmanager, wait_for
 
 pytestmark = pytest.mark.e2e
 TOKEN = "am-token-123"

@@ -2,7 +2,7 @@
 
 The "phone" channel here is the generic webhook channel pointed at a local receiver, so every
 call the escalation places is counted there (provider request shapes are tested in
-tests/channels). A real Alertmanager receives the silence an ack can create.
+tests/notifiers). A real Alertmanager receives the silence an ack can create.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
-from gateway_process import close_in_process
 from pydantic import SecretStr
-from realservers import start_alertmanager
-from receiver import Receiver
 from sqlalchemy import select
-from webhook_factory import encode, make_alert, make_body
 
+from tests.support.gateway_process import close_in_process
+from tests.support.realservers import start_alertmanager
+from tests.support.receiver import Receiver
+from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.config import GatewaySettings
 from trainsentry.gateway.app import GATEWAY_KEY, WEBHOOK_PATH, create_app
 from trainsentry.gateway.escalation import Escalator, Layer, Person, Roster

@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 from pydantic import SecretStr
-from webhook_factory import encode, make_alert, make_body
 
+from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.config import GatewaySettings
 from trainsentry.gateway.app import WEBHOOK_PATH, create_app
 

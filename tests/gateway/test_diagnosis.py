@@ -17,11 +17,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from gateway_process import close_in_process
 from pydantic import SecretStr
-from receiver import Receiver
-from webhook_factory import encode, make_alert, make_body
 
+from tests.support.gateway_process import close_in_process
+from tests.support.receiver import Receiver
+from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.config import GatewaySettings
 from trainsentry.diagnostics.synthetic import make_dump
 from trainsentry.gateway.app import GATEWAY_KEY, WEBHOOK_PATH, Diagnosis, create_app

@@ -367,8 +367,8 @@ async def test_a_probe_stall_the_dumps_do_not_confirm_is_not_paged(
 ) -> None:
     from aiohttp.test_utils import TestServer
     from pydantic import SecretStr
-    from receiver import Receiver
 
+    from tests.support.receiver import Receiver
     from trainsentry.config import GatewaySettings
     from trainsentry.gateway.app import Diagnosis, create_app
     from trainsentry.gateway.diagnosis import DiagnosisSettings, StaticEndpoints

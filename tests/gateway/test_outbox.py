@@ -7,10 +7,10 @@ import random
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from receiver import Receiver
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from tests.support.receiver import Receiver
 from trainsentry.alerts import NotificationDraft, Priority, utcnow
 from trainsentry.gateway.outbox import Outbox, RetryPolicy
 from trainsentry.notifiers.ratelimit import RateLimit, SlidingWindow

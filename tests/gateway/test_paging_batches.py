@@ -13,8 +13,8 @@ from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
-from webhook_factory import BASE_TIME, encode, make_alert, make_body
 
+from tests.support.webhook_factory import BASE_TIME, encode, make_alert, make_body
 from trainsentry.alerts import Priority
 from trainsentry.gateway.ack import AckService
 from trainsentry.gateway.escalation import Escalator, Layer, Person, Roster, new_state

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from webhook_factory import encode, make_alert, make_body
 
+from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.alerts import AlertStatus
 from trainsentry.gateway.intake import IntakeRejected, label_fingerprint, parse_webhook
 

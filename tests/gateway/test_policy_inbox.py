@@ -12,12 +12,12 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from old_stores import create_version_2_schema
 from sqlalchemy import Connection, func, inspect, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from webhook_factory import BASE_TIME, encode, make_alert, make_body
 
+from tests.support.old_stores import create_version_2_schema
+from tests.support.webhook_factory import BASE_TIME, encode, make_alert, make_body
 from trainsentry.alerts import AlertChange, AlertStatus, ChangeKind
 from trainsentry.gateway.intake import parse_webhook
 from trainsentry.gateway.policy import load_policy

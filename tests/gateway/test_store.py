@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
-from webhook_factory import BASE_TIME, encode, make_alert, make_body
 
+from tests.support.webhook_factory import BASE_TIME, encode, make_alert, make_body
 from trainsentry.gateway.intake import parse_webhook
 from trainsentry.store import StoreError, create_engine, migrate
 from trainsentry.store.migrations import MIGRATIONS

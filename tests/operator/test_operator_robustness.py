@@ -15,7 +15,6 @@ from typing import Any
 import kmock
 import kopf
 import pytest
-from kube_emulator import KubeEmulator, eventually
 from kubernetes_asyncio.client import ApiClient, Configuration
 from operator_harness import (
     MONITORS,
@@ -33,6 +32,8 @@ from operator_harness import (
     trainingjob,
 )
 
+from tests.support.eventually import eventually
+from tests.support.kube_emulator import KubeEmulator
 from trainsentry.operator.kube import Kube, KubeError, RetryPolicy
 from trainsentry.operator.login import login_handler
 from trainsentry.operator.nodes import CLAIM_PREFIX

@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from realservers import start_prometheus
 from rules.jobscope import render_for_job
 
 from probe.probe_harness import TOKEN, GlooJob, free_port, launch_job, scrape, value
+from tests.support.realservers import start_prometheus
 from trainsentry.assets import rules_dir
 from trainsentry.gateway.hang_enrichment import RankEndpoint, enrich_hang
 
@@ -273,9 +273,9 @@ def test_hang_page_through_alertmanager_and_gateway_names_the_stalled_rank(
 ) -> None:
     """The whole loop: probes → Prometheus (hang fires) → Alertmanager → gateway, which
     fetches every rank's dump, stores the verdict and sends the page naming rank 2."""
-    from gateway_process import start_gateway
-    from realservers import start_alertmanager
-    from receiver import ThreadedReceiver
+    from tests.support.gateway_process import start_gateway
+    from tests.support.realservers import start_alertmanager
+    from tests.support.receiver import ThreadedReceiver
 
     gateway_token = "gw-token"
     with ThreadedReceiver() as chat:

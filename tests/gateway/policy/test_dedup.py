@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.policy.factory import at, expire, fire, resolve
+from tests.gateway.policy.factory import at, expire, fire, resolve
 from trainsentry.alerts import AlertChange, AlertStatus
 from trainsentry.gateway import dedup
 from trainsentry.gateway.dedup import Decision, FingerprintState, Notice, Suppression

@@ -7,7 +7,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.policy.factory import make_alert
+from tests.gateway.policy.factory import make_alert
 from trainsentry.alerts import Priority
 from trainsentry.assets import rules_dir
 from trainsentry.gateway.classify import Classification, classify, parse_priority

@@ -37,7 +37,6 @@ strategic merge (treated as a JSON merge patch), PUT, admission, RBAC, schema va
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import datetime
 import functools
@@ -517,17 +516,3 @@ def _merge_patch(target: Any, patch: Any) -> Any:
         else:
             result[key] = _merge_patch(result.get(key), value)
     return result
-
-
-async def eventually(check: Any, within: float = 20.0, interval: float = 0.05) -> None:
-    """Polls `check()` until it is truthy; KeyError/TypeError/IndexError count as not yet."""
-    deadline = asyncio.get_running_loop().time() + within
-    last: BaseException | None = None
-    while asyncio.get_running_loop().time() < deadline:
-        try:
-            if check():
-                return
-        except (KeyError, TypeError, IndexError, ValueError) as exc:
-            last = exc
-        await asyncio.sleep(interval)
-    raise AssertionError(f"timed out after {within}s (last error: {last!r})")

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from contract.feishu_server import card_problems
 
+from tests.support.feishu_server import card_problems
 from trainsentry.alerts import GO_ZERO_TIME, Alert, AlertStatus, Priority
 from trainsentry.gateway.classify import Classification
 from trainsentry.gateway.decide import alert_payload, storm_payload

@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 from xml.etree import ElementTree
 
 import pytest
-from contract.feishu_server import FeishuContractServer
-from contract.phone_server import PhoneContractServer
 
+from tests.support.feishu_server import FeishuContractServer
+from tests.support.phone_server import PhoneContractServer
 from trainsentry.alerts import Priority
 from trainsentry.gateway.escalation import Escalator, Layer, Person, Policy, Roster, new_state
 from trainsentry.notifiers.base import (

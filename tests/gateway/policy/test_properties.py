@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.policy.factory import at, change
+from tests.gateway.policy.factory import at, change
 from trainsentry.alerts import AlertChange, ChangeKind, NotificationDraft
 from trainsentry.gateway.decide import decide, decide_tick
 from trainsentry.gateway.dedup import FingerprintState

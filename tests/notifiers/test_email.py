@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import socket
 import ssl
 from collections.abc import Iterator
 from email import message_from_bytes, policy
@@ -15,6 +14,7 @@ import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
+from tests.support.ports import free_port
 from trainsentry.alerts import Priority
 from trainsentry.notifiers.base import PermanentError, RetryableError
 from trainsentry.notifiers.email import (
@@ -50,12 +50,6 @@ def _authenticator(
         and data.password == PASSWORD.encode()
     )
     return AuthResult(success=ok, handled=False)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +95,7 @@ def _client_context(tls_files: tuple[Path, Path]) -> ssl.SSLContext:
 @pytest.fixture
 def smtp_starttls(tls_files: tuple[Path, Path]) -> Iterator[tuple[Inbox, int]]:
     inbox = Inbox()
-    port = _free_port()
+    port = free_port()
     controller = Controller(
         inbox, hostname="127.0.0.1", port=port, tls_context=_server_context(tls_files),
         require_starttls=True, authenticator=_authenticator, auth_required=True,
@@ -149,7 +143,7 @@ async def test_wrong_password_is_permanent(
 
 async def test_implicit_tls(tls_files: tuple[Path, Path]) -> None:
     inbox = Inbox()
-    port = _free_port()
+    port = free_port()
     controller = Controller(inbox, hostname="127.0.0.1", port=port,
                             ssl_context=_server_context(tls_files))  # fmt: skip
     controller.start()
@@ -163,7 +157,7 @@ async def test_implicit_tls(tls_files: tuple[Path, Path]) -> None:
 
 async def test_email_channel_renders_the_alert() -> None:
     inbox = Inbox()
-    port = _free_port()
+    port = free_port()
     controller = Controller(inbox, hostname="127.0.0.1", port=port)
     controller.start()
     try:
@@ -190,7 +184,7 @@ async def test_email_channel_renders_the_alert() -> None:
 
 
 async def test_connection_refused_is_retryable() -> None:
-    config = SmtpConfig("127.0.0.1", _free_port(), USER, "none", timeout_s=2)
+    config = SmtpConfig("127.0.0.1", free_port(), USER, "none", timeout_s=2)
     with pytest.raises(RetryableError):
         await send_email(config, build_message(USER, ["a@example.com"], "s", "t"))
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from contract.feishu_server import FeishuContractServer, Hook
 
+from tests.support.feishu_server import FeishuContractServer, Hook
 from trainsentry.alerts import Priority
 from trainsentry.notifiers.base import Notifier, PermanentError
 from trainsentry.notifiers.factory import build_channels

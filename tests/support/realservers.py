@@ -21,7 +21,6 @@ import itertools
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from tests.support.ports import free_port
+
 LOOPBACK = "127.0.0.1"
 DEFAULT_START_TIMEOUT = 30.0
 _STOP_GRACE_SECONDS = 5.0
@@ -45,14 +46,6 @@ _instance_counter = itertools.count()
 
 class ServerStartError(RuntimeError):
     """A server process exited or did not become ready in time."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _kill(process: subprocess.Popen[bytes]) -> None:

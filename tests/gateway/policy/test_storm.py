@@ -9,7 +9,7 @@ from datetime import datetime
 
 import pytest
 
-from tests.policy.factory import at, fire, make_alert
+from tests.gateway.policy.factory import at, fire, make_alert
 from trainsentry.alerts import AlertStatus, Priority
 from trainsentry.gateway.decide import TickResult, decide, decide_tick
 from trainsentry.gateway.policy import load_policy, merge_policy

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.policy.factory import at, fire, make_alert, resolve
+from tests.gateway.policy.factory import at, fire, make_alert, resolve
 from trainsentry.alerts import AlertChange, ChangeKind, NotificationDraft, Priority
 from trainsentry.gateway.decide import (
     DecideResult,

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from contract.feishu_server import FeishuContractServer, Hook
 
+from tests.support.feishu_server import FeishuContractServer, Hook
 from trainsentry.alerts import Priority
 from trainsentry.notifiers.base import PermanentError, RateLimitedError, RetryableError
 from trainsentry.notifiers.feishu.bot import (

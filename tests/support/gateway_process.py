@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from aiohttp.test_utils import TestServer
-from realservers import RunningServer, start_server
+
+from tests.support.realservers import RunningServer, start_server
 
 
 def start_gateway(

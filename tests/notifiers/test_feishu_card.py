@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from contract.feishu_server import card_problems
 
+from tests.support.feishu_server import card_problems
 from trainsentry.alerts import Alert, AlertStatus, Priority
 from trainsentry.gateway.policy import load_policy
 from trainsentry.gateway.storm import StormEntry, build_summary

@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from contract.feishu_server import FeishuContractServer
 
+from tests.support.feishu_server import FeishuContractServer
 from trainsentry.alerts import Alert, AlertStatus
 from trainsentry.notifiers.base import RetryableError
 from trainsentry.notifiers.export import export_rows, rows_to_csv

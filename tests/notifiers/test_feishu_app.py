@@ -7,8 +7,8 @@ import json
 from collections.abc import AsyncIterator
 
 import pytest
-from contract.feishu_server import FeishuContractServer, card_problems
 
+from tests.support.feishu_server import FeishuContractServer, card_problems
 from trainsentry.alerts import Priority
 from trainsentry.notifiers.base import PermanentError
 from trainsentry.notifiers.feishu.app import FeishuAppClient, FeishuAppNotifier, dedup_uuid

@@ -14,9 +14,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
-from contract.feishu_server import FeishuContractServer, Hook
-from webhook_factory import encode, make_alert, make_body
 
+from tests.support.feishu_server import FeishuContractServer, Hook
+from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.config import Settings
 from trainsentry.gateway.app import GATEWAY_KEY, WEBHOOK_PATH, create_app
 from trainsentry.gateway.channels import build

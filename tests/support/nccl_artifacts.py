@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-NCCL_DIR = Path(__file__).resolve().parents[2] / "shared" / "nccl"
+NCCL_DIR = Path(__file__).resolve().parents[3] / "shared" / "nccl"
 
 
 def nccl_dir() -> Path:

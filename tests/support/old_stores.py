@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncConnection
-from webhook_factory import BASE_TIME
 
+from tests.support.webhook_factory import BASE_TIME
 from trainsentry.store.migrations import MIGRATIONS
 from trainsentry.store.schema import metadata, policy_inbox, schema_version
 

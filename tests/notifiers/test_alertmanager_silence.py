@@ -8,8 +8,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from realservers import logs_on_error, start_alertmanager
 
+from tests.support.realservers import logs_on_error, start_alertmanager
 from trainsentry.notifiers.alertmanager import SilenceClient, matchers, silence_body
 from trainsentry.notifiers.base import PermanentError
 
