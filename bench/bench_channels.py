@@ -19,8 +19,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from trainsentry.alerts import Priority
-from trainsentry.gateway.escalation import Escalator, Layer, Person, Policy, Roster, new_state
+from trainsentry.alerts import Person, Priority
+from trainsentry.gateway.policy.escalation import EscalationPolicy as Policy
+from trainsentry.gateway.policy.escalation import Escalator, Layer, Roster, new_state
 from trainsentry.notifiers.feishu import card as cards
 from trainsentry.notifiers.payload import parse_payload
 

@@ -31,9 +31,9 @@ import orjson
 
 from bench.bench_intake import ALERTS_PER_POST, bodies
 from bench.sqlite_floor import GROUP_COMMIT, engine_seconds
-from trainsentry.gateway.decide import decide
 from trainsentry.gateway.intake import parse_webhook
-from trainsentry.gateway.policy import load_policy
+from trainsentry.gateway.policy.decide import decide
+from trainsentry.gateway.policy.rules import load_policy
 from trainsentry.gateway.policy_plan import PolicyPlan
 from trainsentry.gateway.policy_worker import PolicyWorker
 from trainsentry.store.engine import create_engine, migrate
@@ -87,7 +87,7 @@ async def one_round(tmp: Path, round_no: int, webhooks: int) -> dict[str, tuple[
 
 def _decide_all(changes: list[Any], plan: PolicyPlan) -> None:
     """decide() over the changes, threading each job's and fingerprint's state through."""
-    from trainsentry.gateway.storm import job_key
+    from trainsentry.gateway.policy.storm import job_key
 
     fp_states: dict[str, Any] = {}
     storms: dict[str, Any] = {}

@@ -157,3 +157,13 @@ class NotificationDraft:
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Person:
+    """Someone the escalation calls (a roster member): how to reach them by phone or Feishu."""
+
+    name: str
+    phone: str = ""
+    feishu_open_id: str = ""
+    email: str = ""

@@ -23,10 +23,10 @@ from tests.support.gateway_process import close_in_process
 from tests.support.realservers import start_alertmanager
 from tests.support.receiver import Receiver
 from tests.support.webhook_factory import encode, make_alert, make_body
+from trainsentry.alerts import Person
 from trainsentry.config import GatewaySettings
 from trainsentry.gateway.app import GATEWAY_KEY, WEBHOOK_PATH, create_app
-from trainsentry.gateway.escalation import Escalator, Layer, Person, Roster
-from trainsentry.gateway.escalation import Policy as EscalationPolicy
+from trainsentry.gateway.policy.escalation import EscalationPolicy, Escalator, Layer, Roster
 from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier

@@ -15,13 +15,18 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.support.webhook_factory import BASE_TIME, encode, make_alert, make_body
-from trainsentry.alerts import Priority
+from trainsentry.alerts import Person, Priority
 from trainsentry.gateway.ack import AckService
-from trainsentry.gateway.escalation import Escalator, Layer, Person, Roster, new_state
-from trainsentry.gateway.escalation import Policy as EscalationPolicy
 from trainsentry.gateway.intake import parse_webhook
 from trainsentry.gateway.paging import ESCALATION_KEY, ESCALATION_SCOPE, Paging
-from trainsentry.gateway.policy import load_policy
+from trainsentry.gateway.policy.escalation import (
+    EscalationPolicy,
+    Escalator,
+    Layer,
+    Roster,
+    new_state,
+)
+from trainsentry.gateway.policy.rules import load_policy
 from trainsentry.gateway.policy_plan import PolicyPlan
 from trainsentry.gateway.policy_worker import PolicyWorker
 from trainsentry.store.policy_state import load_states, save_states

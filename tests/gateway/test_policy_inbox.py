@@ -20,7 +20,7 @@ from tests.support.old_stores import create_version_2_schema
 from tests.support.webhook_factory import BASE_TIME, encode, make_alert, make_body
 from trainsentry.alerts import AlertChange, AlertStatus, ChangeKind
 from trainsentry.gateway.intake import parse_webhook
-from trainsentry.gateway.policy import load_policy
+from trainsentry.gateway.policy.rules import load_policy
 from trainsentry.gateway.policy_plan import PolicyPlan
 from trainsentry.gateway.policy_worker import PolicyWorker
 from trainsentry.store import create_engine, migrate

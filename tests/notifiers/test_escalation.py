@@ -8,16 +8,14 @@ from typing import Any
 
 import pytest
 
-from trainsentry.alerts import Priority
-from trainsentry.gateway.escalation import (
+from trainsentry.alerts import Person, Priority
+from trainsentry.gateway.policy.escalation import (
     ACKED,
     EXHAUSTED,
     RESOLVED,
     CallDue,
     Escalator,
     Layer,
-    Person,
-    Policy,
     Roster,
     acknowledge,
     forget_stopped,
@@ -25,6 +23,8 @@ from trainsentry.gateway.escalation import (
     next_wakeup,
     resolve,
 )
+from trainsentry.gateway.policy.escalation import EscalationPolicy as Policy
+from trainsentry.gateway.policy.roster import escalation_policy_of, roster_of
 from trainsentry.notifiers.settings import EscalationSettings
 
 T0 = datetime(2026, 11, 22, 3, 0, tzinfo=UTC)
@@ -160,7 +160,7 @@ def test_roster_from_settings() -> None:
             ],
         }
     )  # fmt: skip
-    roster, policy = settings.roster(), settings.policy()
+    roster, policy = roster_of(settings), escalation_policy_of(settings)
     assert policy.ack_timeout == timedelta(minutes=3) and policy.calls_per_layer == 2
     assert roster.layers[0].on_call(datetime(2026, 11, 2, 1, tzinfo=UTC))[0].name == "b"
     assert roster.layers[1].on_call(T0)[0].feishu_open_id == "ou_c"

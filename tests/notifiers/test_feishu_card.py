@@ -10,8 +10,8 @@ import pytest
 
 from tests.support.feishu_server import card_problems
 from trainsentry.alerts import Alert, AlertStatus, Priority
-from trainsentry.gateway.policy import load_policy
-from trainsentry.gateway.storm import StormEntry, build_summary
+from trainsentry.gateway.policy.rules import load_policy
+from trainsentry.gateway.policy.storm import StormEntry, build_summary
 from trainsentry.notifiers.feishu.card import (
     MAX_BOT_BODY_BYTES,
     CardOptions,

@@ -11,8 +11,16 @@ import pytest
 
 from tests.support.feishu_server import FeishuContractServer
 from tests.support.phone_server import PhoneContractServer
-from trainsentry.alerts import Priority
-from trainsentry.gateway.escalation import Escalator, Layer, Person, Policy, Roster, new_state
+from trainsentry.alerts import Person, Priority
+from trainsentry.gateway.policy.escalation import EscalationPolicy as Policy
+from trainsentry.gateway.policy.escalation import (
+    Escalator,
+    Layer,
+    Roster,
+    call_payload,
+    call_text,
+    new_state,
+)
 from trainsentry.notifiers.base import (
     OutboundNotification,
     PermanentError,
@@ -25,8 +33,6 @@ from trainsentry.notifiers.phone.feishu import FeishuUrgentPhoneProvider
 from trainsentry.notifiers.phone.notifier import (
     CALL_KIND,
     PhoneNotifier,
-    call_payload,
-    call_text,
 )
 from trainsentry.notifiers.phone.twilio import TwilioProvider
 from trainsentry.notifiers.phone.webhook import WebhookPhoneProvider, render_body

@@ -10,11 +10,16 @@ import pytest
 
 from tests.support.feishu_server import card_problems
 from trainsentry.alerts import GO_ZERO_TIME, Alert, AlertStatus, Priority
-from trainsentry.gateway.classify import Classification
-from trainsentry.gateway.decide import alert_payload, storm_payload
-from trainsentry.gateway.dedup import Decision, Notice
-from trainsentry.gateway.policy import load_policy
-from trainsentry.gateway.storm import StormEntry, StormMessage, StormMessageKind, build_summary
+from trainsentry.gateway.policy.classify import Classification
+from trainsentry.gateway.policy.dedup import Decision, Notice
+from trainsentry.gateway.policy.payload import alert_payload, storm_payload
+from trainsentry.gateway.policy.rules import load_policy
+from trainsentry.gateway.policy.storm import (
+    StormEntry,
+    StormMessage,
+    StormMessageKind,
+    build_summary,
+)
 from trainsentry.notifiers.email import render_alert_email
 from trainsentry.notifiers.feishu.card import CardOptions, build_card, card_bytes
 from trainsentry.notifiers.payload import parse_payload

@@ -22,9 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from trainsentry.alerts import MAX_ALERT_ID, AlertChange, JobRef, Priority, utcnow
 from trainsentry.config import GatewaySettings
 from trainsentry.gateway.ack import AckService
-from trainsentry.gateway.decide import PolicyMetrics
 from trainsentry.gateway.diagnosis import DiagnosisSettings, EndpointResolver, HangDiagnoser
-from trainsentry.gateway.escalation import Escalator
 from trainsentry.gateway.hang_enrichment import HangVerdict
 from trainsentry.gateway.hang_trigger import (
     MAX_TRIGGER_BYTES,
@@ -42,10 +40,11 @@ from trainsentry.gateway.intake import (
     parse_webhook,
 )
 from trainsentry.gateway.job_status import JobStatusFeeder
-from trainsentry.gateway.metrics import GatewayMetrics
+from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
 from trainsentry.gateway.outbox import Outbox
 from trainsentry.gateway.paging import Paging
-from trainsentry.gateway.policy import load_policy
+from trainsentry.gateway.policy.escalation import Escalator
+from trainsentry.gateway.policy.rules import load_policy
 from trainsentry.gateway.policy_plan import PolicyPlan, Ticker
 from trainsentry.gateway.policy_worker import PolicyWorker
 from trainsentry.gateway.truncated import fetch_group

@@ -21,17 +21,19 @@ from sqlalchemy import case, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trainsentry.alerts import NotificationDraft, Priority
-from trainsentry.gateway.escalation import (
+from trainsentry.gateway.outbox import CANCELLED, PENDING, SENDING
+from trainsentry.gateway.policy.escalation import (
     OPEN,
     CallDue,
     Escalator,
-    Page,
+    IncidentPage,
     acknowledge,
+    call_payload,
+    call_text,
     new_state,
     next_wakeup,
 )
-from trainsentry.gateway.outbox import CANCELLED, PENDING, SENDING
-from trainsentry.notifiers.phone.notifier import CANCELLED_MARK, call_payload, call_text
+from trainsentry.notifiers.phone.notifier import CANCELLED_MARK
 from trainsentry.store.policy_state import claim_due, load_states, save_states
 from trainsentry.store.schema import alerts, notifications
 
@@ -45,7 +47,7 @@ CALL_KIND = "call"
 FORGET_STOPPED_AFTER = timedelta(days=7)
 
 
-def _page(draft: NotificationDraft) -> Page:
+def _page(draft: NotificationDraft) -> IncidentPage:
     assert draft.alert_id is not None
     payload = draft.payload
     text = call_text(
@@ -54,7 +56,7 @@ def _page(draft: NotificationDraft) -> Page:
         str(payload.get("job", "")),
         str((payload.get("annotations") or {}).get("summary", "")),
     )
-    return Page(draft.alert_id, draft.priority, text)
+    return IncidentPage(draft.alert_id, draft.priority, text)
 
 
 async def _acked(conn: AsyncConnection, alert_ids: Sequence[int]) -> set[int]:

@@ -16,20 +16,15 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from trainsentry.alerts import AlertChange, ChangeKind, NotificationDraft, utcnow
-from trainsentry.gateway.classify import Classification
-from trainsentry.gateway.decide import (
-    ALERT_KIND,
-    PolicyMetrics,
-    alert_to_json,
-    decide,
-    decide_tick,
-    idempotency_key,
-)
-from trainsentry.gateway.dedup import FingerprintState
+from trainsentry.gateway.metrics import PolicyMetrics
 from trainsentry.gateway.paging import Paging
-from trainsentry.gateway.policy import Policy
-from trainsentry.gateway.route import ARCHIVE_CHANNELS, unconfigured_names
-from trainsentry.gateway.storm import StormState, job_key
+from trainsentry.gateway.policy.classify import Classification
+from trainsentry.gateway.policy.decide import decide, decide_tick
+from trainsentry.gateway.policy.dedup import FingerprintState
+from trainsentry.gateway.policy.payload import ALERT_KIND, alert_to_json, idempotency_key
+from trainsentry.gateway.policy.route import ARCHIVE_CHANNELS, unconfigured_names
+from trainsentry.gateway.policy.rules import Policy
+from trainsentry.gateway.policy.storm import StormState, job_key
 from trainsentry.store.policy_state import (
     claim_due,
     distinct_nodes,

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from trainsentry.gateway.escalation import Escalator
+from trainsentry.gateway.policy.escalation import Escalator
+from trainsentry.gateway.policy.roster import escalation_policy_of, roster_of
 from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.email import EmailNotifier
@@ -94,5 +95,7 @@ def build_channels(
     if settings.alertmanager is not None:
         built.silences = SilenceClient.from_settings(settings.alertmanager, env)
     if settings.escalation is not None:
-        built.escalator = Escalator(settings.escalation.roster(), settings.escalation.policy())
+        built.escalator = Escalator(
+            roster_of(settings.escalation), escalation_policy_of(settings.escalation)
+        )
     return built

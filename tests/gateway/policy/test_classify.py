@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from tests.gateway.policy.factory import make_alert
 from trainsentry.alerts import Priority
 from trainsentry.assets import rules_dir
-from trainsentry.gateway.classify import Classification, classify, parse_priority
-from trainsentry.gateway.policy import Policy, load_policy, merge_policy
+from trainsentry.gateway.policy.classify import Classification, classify, parse_priority
+from trainsentry.gateway.policy.rules import Policy, load_policy, merge_policy
 
 POLICY = load_policy()
 NO_BLAST = 1

@@ -10,17 +10,12 @@ from prometheus_client import CollectorRegistry
 
 from tests.gateway.policy.factory import at, fire, make_alert, resolve
 from trainsentry.alerts import AlertChange, ChangeKind, NotificationDraft, Priority
-from trainsentry.gateway.decide import (
-    DecideResult,
-    PolicyMetrics,
-    alert_from_json,
-    alert_to_json,
-    decide,
-    decide_tick,
-)
-from trainsentry.gateway.dedup import FingerprintState
-from trainsentry.gateway.policy import Policy, load_policy, merge_policy
-from trainsentry.gateway.storm import StormState, job_key
+from trainsentry.gateway.metrics import PolicyMetrics
+from trainsentry.gateway.policy.decide import DecideResult, decide, decide_tick
+from trainsentry.gateway.policy.dedup import FingerprintState
+from trainsentry.gateway.policy.payload import alert_from_json, alert_to_json
+from trainsentry.gateway.policy.rules import Policy, load_policy, merge_policy
+from trainsentry.gateway.policy.storm import StormState, job_key
 
 POLICY = load_policy()
 CHANNELS = {"feishu", "phone", "sheet", "console"}

@@ -9,9 +9,9 @@ import pytest
 
 from tests.gateway.policy.factory import at, expire, fire, resolve
 from trainsentry.alerts import AlertChange, AlertStatus
-from trainsentry.gateway import dedup
-from trainsentry.gateway.dedup import Decision, FingerprintState, Notice, Suppression
-from trainsentry.gateway.policy import Policy, load_policy, merge_policy
+from trainsentry.gateway.policy import dedup
+from trainsentry.gateway.policy.dedup import Decision, FingerprintState, Notice, Suppression
+from trainsentry.gateway.policy.rules import Policy, load_policy, merge_policy
 
 # R=3600 K=4 T=900 H=600, as shipped.
 POLICY = load_policy()
@@ -36,7 +36,7 @@ def run(
             assert state is not None
             state, decisions = dedup.tick(state, at(step.when))
         else:
-            state, decisions = dedup.decide(state, step, policy, step.at)
+            state, decisions = dedup.advance(state, step, policy, step.at)
         out.extend(decisions)
         state = FingerprintState.from_json(json.loads(json.dumps(state.to_json())))
     return state, out
@@ -141,7 +141,7 @@ def test_decide_releases_a_due_hold_before_the_change() -> None:
     state, _ = run([fire(0), resolve(60, 0), fire(120), resolve(180, 120)])
     assert state is not None
     late = fire(180 + H + 30)
-    new_state, decisions = dedup.decide(state, late, POLICY, late.at)
+    new_state, decisions = dedup.advance(state, late, POLICY, late.at)
     assert [(d.notice, d.released) for d in decisions] == [
         (Notice.RESOLVED, True),
         (Notice.RECURRENCE, False),
@@ -164,7 +164,7 @@ def test_tick_without_hold_changes_nothing() -> None:
 def test_state_of_another_fingerprint_is_refused() -> None:
     state, _ = run([fire(0)])
     with pytest.raises(ValueError, match="fp-1"):
-        dedup.decide(state, fire(10, fingerprint="fp-2"), POLICY, at(10))
+        dedup.advance(state, fire(10, fingerprint="fp-2"), POLICY, at(10))
 
 
 def test_state_json_is_small_and_round_trips() -> None:

@@ -10,7 +10,7 @@ import yaml
 
 from trainsentry.alerts import Priority
 from trainsentry.assets import data_file, rules_dir
-from trainsentry.gateway.policy import (
+from trainsentry.gateway.policy.rules import (
     PolicyError,
     deep_merge,
     default_policy_raw,
@@ -125,7 +125,7 @@ def test_invalid_policies_are_rejected_with_a_reason(
 def test_missing_route_default_is_rejected() -> None:
     raw = default_policy_raw()
     del raw["routing"]["defaults"]["P2"]
-    from trainsentry.gateway.policy import Policy
+    from trainsentry.gateway.policy.rules import Policy
 
     with pytest.raises(ValueError, match="P2"):
         Policy.model_validate(raw)

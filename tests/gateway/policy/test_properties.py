@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from tests.gateway.policy.factory import at, change
 from trainsentry.alerts import AlertChange, ChangeKind, NotificationDraft
-from trainsentry.gateway.decide import decide, decide_tick
-from trainsentry.gateway.dedup import FingerprintState
-from trainsentry.gateway.policy import Policy, load_policy, merge_policy
-from trainsentry.gateway.storm import StormState, job_key
+from trainsentry.gateway.policy.decide import decide, decide_tick
+from trainsentry.gateway.policy.dedup import FingerprintState
+from trainsentry.gateway.policy.rules import Policy, load_policy, merge_policy
+from trainsentry.gateway.policy.storm import StormState, job_key
 
 BASE = load_policy()
 POLICIES = {

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from trainsentry.alerts import Priority
-from trainsentry.gateway.policy import load_policy, merge_policy
-from trainsentry.gateway.route import route, unconfigured_names
+from trainsentry.gateway.policy.route import route, unconfigured_names
+from trainsentry.gateway.policy.rules import load_policy, merge_policy
 
 POLICY = load_policy()
 TEAM_A = {"alertname": "GPUHot", "namespace": "team-a", "trainingjob": "llm", "component": "gpu"}

@@ -11,9 +11,9 @@ import pytest
 
 from tests.gateway.policy.factory import at, fire, make_alert
 from trainsentry.alerts import AlertStatus, Priority
-from trainsentry.gateway.decide import TickResult, decide, decide_tick
-from trainsentry.gateway.policy import load_policy, merge_policy
-from trainsentry.gateway.storm import (
+from trainsentry.gateway.policy.decide import TickResult, decide, decide_tick
+from trainsentry.gateway.policy.rules import load_policy, merge_policy
+from trainsentry.gateway.policy.storm import (
     OTHER,
     StormEntry,
     StormMessageKind,

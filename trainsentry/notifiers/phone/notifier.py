@@ -1,7 +1,7 @@
 """The `phone` channel: places the calls the escalation timeline plans.
 
-The gateway turns each `CallDue` from `gateway.escalation.plan` into an outbox row with
-`call_payload(...)` (kind "call", idempotency key = the call's), and the outbox hands it
+The gateway turns each `CallDue` from `gateway/policy/escalation.plan` into an outbox row with
+`escalation.call_payload(...)` (kind "call", idempotency key = the call's), and the outbox hands it
 here; the configured provider (Feishu urgent_phone by default, Twilio, or an HTTP voice
 gateway) places the call.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any, NotRequired
+from typing import NotRequired
 
 from typing_extensions import TypedDict
 
-from trainsentry.gateway.escalation import CallDue, Person
+from trainsentry.alerts import Person
 from trainsentry.notifiers.base import OutboundNotification, PermanentError, Receipt, Withdrawn
 from trainsentry.notifiers.feishu.app import FeishuAppClient
 from trainsentry.notifiers.phone.base import PhoneCall, PhoneProvider
@@ -53,34 +53,6 @@ class CallPayload(TypedDict):
     text: str
     message_id: NotRequired[str]
     cancelled: NotRequired[str]
-
-
-def call_text(priority: str, alertname: str, job: str, summary: str) -> str:
-    """What the voice says: short, speakable, no URLs."""
-    where = f" on job {job}" if job else ""
-    words = f"trainsentry {priority} alert {alertname}{where}."
-    if summary:
-        words += f" {summary}."
-    return words + " Acknowledge it in Feishu to stop the calls."
-
-
-def call_payload(call: CallDue, text: str, message_id: str | None = None) -> dict[str, Any]:
-    payload: dict[str, Any] = {
-        "priority": call.priority.value,
-        "status": "firing",
-        "alert_id": call.alert_id,
-        "step": call.step,
-        "layer": call.layer,
-        "person": {
-            "name": call.person.name,
-            "phone": call.person.phone,
-            "feishu_open_id": call.person.feishu_open_id,
-        },
-        "text": text,
-    }
-    if message_id:
-        payload["message_id"] = message_id
-    return payload
 
 
 def phone_call_from(notification: OutboundNotification) -> PhoneCall:

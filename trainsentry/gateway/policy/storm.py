@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from trainsentry.alerts import Alert, AlertStatus, Priority
-from trainsentry.gateway.policy import Policy, StormPolicy
+from trainsentry.gateway.policy.rules import Policy, StormPolicy
 
 OTHER = "(other)"
 # Sliding-window resolution: the window is counted in this many buckets.

@@ -6,7 +6,7 @@ planned is recorded in the state, so it is never planned twice, and every call c
 deterministic idempotency key (`esc:<alert_id>:<step>:<person>`) so an outbox that crashed
 between planning and persisting can still drop the duplicate.
 
-Timeline for one incident (an alert occurrence at or above `Policy.min_priority`):
+Timeline for one incident (an alert occurrence at or above `EscalationPolicy.min_priority`):
 step 0 calls the on-call of layer 1 at once; if nobody acknowledges within
 `ack_timeout`, step 1 calls again (while `calls_per_layer` allows), then the next layer,
 and so on until the last layer's calls are used up ("exhausted"). Acknowledge or resolve
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from trainsentry.alerts import Priority
+from trainsentry.alerts import Person, Priority
 
 STATE_VERSION = 1
 
@@ -30,14 +30,6 @@ OPEN = "open"
 ACKED = "acked"
 RESOLVED = "resolved"
 EXHAUSTED = "exhausted"
-
-
-@dataclass(frozen=True, slots=True)
-class Person:
-    name: str
-    phone: str = ""
-    feishu_open_id: str = ""
-    email: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +60,7 @@ class Roster:
 
 
 @dataclass(frozen=True, slots=True)
-class Policy:
+class EscalationPolicy:
     min_priority: Priority = Priority.P0
     ack_timeout: timedelta = timedelta(minutes=5)
     calls_per_layer: int = 1
@@ -114,7 +106,11 @@ def _copy(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _open(
-    incidents: dict[str, Any], alert_id: int, priority: Priority, now: datetime, policy: Policy
+    incidents: dict[str, Any],
+    alert_id: int,
+    priority: Priority,
+    now: datetime,
+    policy: EscalationPolicy,
 ) -> dict[str, Any] | None:
     """Adds the incident of a firing alert in place; None if known or below the threshold."""
     key = str(alert_id)
@@ -135,7 +131,11 @@ def _open(
 
 
 def open_incident(
-    state: dict[str, Any], alert_id: int, priority: Priority, now: datetime, policy: Policy
+    state: dict[str, Any],
+    alert_id: int,
+    priority: Priority,
+    now: datetime,
+    policy: EscalationPolicy,
 ) -> dict[str, Any]:
     """Starts escalating a firing alert; a no-op if known or below `policy.min_priority`."""
     new = _copy(state)
@@ -167,12 +167,12 @@ def resolve(state: dict[str, Any], alert_id: int, now: datetime) -> dict[str, An
     return _stop(state, alert_id, RESOLVED, now)
 
 
-def total_steps(roster: Roster, policy: Policy) -> int:
+def total_steps(roster: Roster, policy: EscalationPolicy) -> int:
     return len(roster.layers) * policy.calls_per_layer
 
 
 def plan(
-    state: dict[str, Any], now: datetime, *, roster: Roster, policy: Policy
+    state: dict[str, Any], now: datetime, *, roster: Roster, policy: EscalationPolicy
 ) -> tuple[dict[str, Any], list[CallDue]]:
     """Advances every open incident whose next step is due; returns the calls to place.
 
@@ -184,7 +184,7 @@ def plan(
 
 
 def _advance(
-    incidents: dict[str, Any], now: datetime, roster: Roster, policy: Policy
+    incidents: dict[str, Any], now: datetime, roster: Roster, policy: EscalationPolicy
 ) -> list[CallDue]:
     """`plan` in place."""
     due: list[CallDue] = []
@@ -223,7 +223,7 @@ def _advance(
 
 
 @dataclass(frozen=True, slots=True)
-class Page:
+class IncidentPage:
     """A fresh page of a firing alert: opens its incident; `text` is what the calls say."""
 
     alert_id: int
@@ -235,11 +235,11 @@ def batch(
     state: dict[str, Any],
     now: datetime,
     *,
-    pages: Sequence[Page] = (),
+    pages: Sequence[IncidentPage] = (),
     resolved: Collection[int] = (),
     forget_before: datetime | None = None,
     roster: Roster,
-    policy: Policy,
+    policy: EscalationPolicy,
 ) -> tuple[dict[str, Any], list[CallDue]]:
     """One batch of the alert policy, copying the state once: opens the incidents of `pages`,
     ends those of `resolved` alerts, forgets incidents stopped before `forget_before`, and
@@ -297,7 +297,7 @@ class Escalator:
     """`plan` and friends bound to one roster and policy."""
 
     roster: Roster
-    policy: Policy
+    policy: EscalationPolicy
 
     def open(
         self, state: dict[str, Any], alert_id: int, priority: Priority, now: datetime
@@ -312,7 +312,7 @@ class Escalator:
         state: dict[str, Any],
         now: datetime,
         *,
-        pages: Sequence[Page] = (),
+        pages: Sequence[IncidentPage] = (),
         resolved: Collection[int] = (),
         forget_before: datetime | None = None,
     ) -> tuple[dict[str, Any], list[CallDue]]:
@@ -330,3 +330,34 @@ class Escalator:
 def layers_from(names_and_members: Sequence[tuple[str, Sequence[Person]]]) -> Roster:
     """A roster where every layer calls all its members (handy in tests and the demo)."""
     return Roster(tuple(Layer(name, tuple(members)) for name, members in names_and_members))
+
+
+# The call notifications (kind "call") the gateway writes for the phone channel.
+
+
+def call_text(priority: str, alertname: str, job: str, summary: str) -> str:
+    """What the voice says: short, speakable, no URLs."""
+    where = f" on job {job}" if job else ""
+    words = f"trainsentry {priority} alert {alertname}{where}."
+    if summary:
+        words += f" {summary}."
+    return words + " Acknowledge it in Feishu to stop the calls."
+
+
+def call_payload(call: CallDue, text: str, message_id: str | None = None) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "priority": call.priority.value,
+        "status": "firing",
+        "alert_id": call.alert_id,
+        "step": call.step,
+        "layer": call.layer,
+        "person": {
+            "name": call.person.name,
+            "phone": call.person.phone,
+            "feishu_open_id": call.person.feishu_open_id,
+        },
+        "text": text,
+    }
+    if message_id:
+        payload["message_id"] = message_id
+    return payload

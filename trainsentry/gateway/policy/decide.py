@@ -6,36 +6,40 @@ and `NotificationDraft`s out. Idempotency keys depend only on what is announced 
 fingerprint + occurrence + notice, or job + storm episode + summary number) and the
 channel, so replaying a change or a late tick yields the same keys.
 
-`PolicyMetrics` turns results into Prometheus counters (the gateway calls `observe`).
+The payload builders are in payload.py; `PolicyMetrics` (gateway/metrics.py) counts results.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter
-
 from trainsentry.alerts import (
-    GO_ZERO_TIME,
     Alert,
     AlertChange,
     AlertStatus,
     NotificationDraft,
     Priority,
 )
-from trainsentry.gateway import dedup
-from trainsentry.gateway.classify import Classification, classify
-from trainsentry.gateway.dedup import Decision, FingerprintState, Notice
-from trainsentry.gateway.policy import Policy
-from trainsentry.gateway.route import route
-from trainsentry.gateway.storm import (
+from trainsentry.gateway.policy import dedup
+from trainsentry.gateway.policy.classify import Classification, classify
+from trainsentry.gateway.policy.dedup import Decision, FingerprintState, Notice
+from trainsentry.gateway.policy.payload import (
+    ALERT_KIND,
+    STORM_KIND,
+    alert_from_json,
+    alert_payload,
+    alert_to_json,
+    idempotency_key,
+    storm_payload,
+)
+from trainsentry.gateway.policy.route import route
+from trainsentry.gateway.policy.rules import Policy
+from trainsentry.gateway.policy.storm import (
     StormEntry,
     StormMessage,
-    StormMessageKind,
     StormState,
     Verdict,
     collapse,
@@ -44,39 +48,6 @@ from trainsentry.gateway.storm import (
     observe_new,
     verdict,
 )
-
-ALERT_KIND = "alert"  # NotificationDraft.kind of one alert's notice (payload contract)
-STORM_KIND = "storm"  # NotificationDraft.kind of a storm message
-
-
-def idempotency_key(*parts: str) -> str:
-    """A stable key for a notification: same parts, same key, across replays and replicas."""
-    digest = hashlib.sha256("\x1f".join(("v1", *parts)).encode("utf-8")).hexdigest()
-    return digest[:40]
-
-
-def alert_to_json(alert: Alert) -> dict[str, Any]:
-    return {
-        "fingerprint": alert.fingerprint,
-        "status": alert.status.value,
-        "labels": dict(alert.labels),
-        "annotations": dict(alert.annotations),
-        "starts_at": alert.starts_at.isoformat(),
-        "ends_at": None if alert.ends_at is None else alert.ends_at.isoformat(),
-        "generator_url": alert.generator_url,
-    }
-
-
-def alert_from_json(data: Mapping[str, Any]) -> Alert:
-    return Alert(
-        fingerprint=data["fingerprint"],
-        status=AlertStatus(data["status"]),
-        labels=dict(data["labels"]),
-        annotations=dict(data["annotations"]),
-        starts_at=datetime.fromisoformat(data["starts_at"]),
-        ends_at=None if data.get("ends_at") is None else datetime.fromisoformat(data["ends_at"]),
-        generator_url=data.get("generator_url", ""),
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,86 +148,6 @@ class _Out:
                         reason=payload["reason"],
                     )
                 )
-
-
-def _iso(value: datetime | None) -> str | None:
-    if value is None or value == GO_ZERO_TIME:
-        return None
-    return value.isoformat()
-
-
-def alert_payload(
-    decision: Decision,
-    alert: Alert,
-    alert_id: int | None,
-    classification: Classification,
-    *,
-    route_id: str = "",
-) -> dict[str, Any]:
-    """What a channel needs to render one alert notice (see notifiers/payload.py)."""
-    notice = decision.notice
-    # A flapping notice is not a resolution (that is held), whichever change triggered it.
-    resolved = notice is Notice.RESOLVED
-    payload: dict[str, Any] = {
-        "priority": classification.priority.value,
-        "status": (AlertStatus.RESOLVED if resolved else AlertStatus.FIRING).value,
-        "event": notice.value if notice is not None else "",
-        "fingerprint": alert.fingerprint,
-        "alertname": alert.name,
-        "labels": dict(alert.labels),
-        "annotations": dict(alert.annotations),
-        "starts_at": alert.starts_at.isoformat(),
-        "ends_at": _iso(alert.ends_at),
-        "generator_url": alert.generator_url,
-        "reason": classification.reason,
-        "rule_id": classification.rule_id,
-        "rule_ids": list(classification.rule_ids),
-        "route": route_id,
-        "recurrences": decision.recurrences,
-        "flap_transitions": decision.flap_transitions,
-        "expired": decision.expired,
-        "at": decision.at.isoformat(),
-    }
-    if notice is Notice.RECURRENCE:
-        payload["count"] = decision.recurrences + 1
-    elif notice is Notice.FLAPPING:
-        payload["count"] = decision.flap_transitions
-    if decision.held_until is not None:
-        payload["held_until"] = decision.held_until.isoformat()
-    if alert.job is not None:
-        payload["job"] = str(alert.job)
-    if alert_id is not None:
-        payload["alert_id"] = alert_id
-    return payload
-
-
-def storm_payload(message: StormMessage, policy: Policy, *, route_id: str = "") -> dict[str, Any]:
-    """What a channel needs to render a storm message (see notifiers/payload.py)."""
-    rules = policy.storm
-    summary = message.summary
-    only_resolved = summary.get("total", 0) > 0 and summary.get("firing", 1) == 0
-    ended = message.kind is StormMessageKind.ENDED
-    reason = {
-        StormMessageKind.STARTED: (
-            f"alert storm: {summary.get('total', 0)} new alerts of {message.job} within "
-            f"{rules.window:g}s (more than {rules.threshold}); one summary every "
-            f"{rules.summary_interval:g}s until it calms down"
-        ),
-        StormMessageKind.SUMMARY: f"alert storm summary #{message.seq} for {message.job}",
-        StormMessageKind.ENDED: f"alert storm over for {message.job}",
-    }[message.kind]
-    return {
-        "priority": message.priority.value,
-        "status": (AlertStatus.RESOLVED if ended or only_resolved else AlertStatus.FIRING).value,
-        "event": message.kind.value,
-        "labels": dict(message.labels),
-        "job": message.job,
-        "reason": reason,
-        "rule_id": "storm",
-        "route": route_id,
-        "storm": dict(summary),
-        "at": message.at.isoformat(),
-    }
 
 
 def _context(alert: Alert, alert_id: int | None, classification: Classification) -> dict[str, Any]:
@@ -386,7 +277,7 @@ def decide(
 
     storm, messages = due(storm, now, policy)
     out.storm_messages(messages)
-    fp, decisions = dedup.decide(fingerprint_state, change, policy, now)
+    fp, decisions = dedup.advance(fingerprint_state, change, policy, now)
     for decision in decisions:
         if decision.released and fingerprint_state is not None:
             held_alert, held_id, held_class = _held_subject(
@@ -457,81 +348,3 @@ def decide_tick(
         collapsed=out.collapsed,
         unconfigured=tuple(dict.fromkeys(out.unconfigured)),
     )
-
-
-class PolicyMetrics:
-    """Counters for the policy's decisions (issue 3, part 6). One instance per registry."""
-
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        kwargs: dict[str, Any] = {} if registry is None else {"registry": registry}
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
-        self.classified = Counter(
-            "trainsentry_alerts_classified_total",
-            "Alert changes classified, by priority.",
-            ["priority"],
-            **kwargs,
-        )
-        self.notices = Counter(
-            "trainsentry_policy_notices_total",
-            "Alert notices the policy decided to announce (before storm collapse), by kind.",
-            ["notice"],
-            **kwargs,
-        )
-        self.suppressed = Counter(
-            "trainsentry_notifications_suppressed_total",
-            "Alert changes not announced, by reason (repeat, stale, flapping, held, "
-            "resolve-unseen, storm).",
-            ["reason"],
-            **kwargs,
-        )
-        self.storms = Counter(
-            "trainsentry_storms_total",
-            "Alert storms entered (per job).",
-            **kwargs,
-        )
-        self.storm_messages = Counter(
-            "trainsentry_storm_messages_total",
-            "Storm messages produced, by kind.",
-            ["kind"],
-            **kwargs,
-        )
-        self.drafts = Counter(
-            "trainsentry_notifications_drafted_total",
-            "Notification drafts produced for the outbox, by channel and kind.",
-            ["channel", "kind"],
-            **kwargs,
-        )
-        self.unconfigured = Counter(
-            "trainsentry_route_unconfigured_total",
-            "Notifications routed to a channel this gateway has no notifier for.",
-            ["channel"],
-            **kwargs,
-        )
-
-    def _child(self, counter: Counter, *values: str) -> Any:
-        # prometheus_client's labels() costs more than the policy's own work per alert
-        key = (id(counter), values)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = counter.labels(*values)
-        return child
-
-    def observe(self, result: DecideResult | TickResult) -> None:
-        child = self._child
-        if isinstance(result, DecideResult):
-            child(self.classified, result.classification.priority.value).inc()
-        for decision in result.decisions:
-            if decision.notice is not None:
-                child(self.notices, decision.notice.value).inc()
-            elif decision.suppressed is not None:
-                child(self.suppressed, decision.suppressed.value).inc()
-        if result.collapsed:
-            child(self.suppressed, "storm").inc(result.collapsed)
-        for message in result.storm_messages:
-            child(self.storm_messages, message.kind.value).inc()
-            if message.kind is StormMessageKind.STARTED:
-                self.storms.inc()
-        for draft in result.drafts:
-            child(self.drafts, draft.channel, draft.kind).inc()
-        for channel in result.unconfigured:
-            child(self.unconfigured, channel).inc()

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from trainsentry.alerts import AlertChange, AlertStatus, ChangeKind
-from trainsentry.gateway.policy import Policy
+from trainsentry.gateway.policy.rules import Policy
 
 # Transitions kept for flap counting are pruned to the window; this bounds a pathological flood.
 _MAX_TRANSITIONS = 256
@@ -261,7 +261,7 @@ def _resolve(
     return new, Decision(notice=Notice.RESOLVED, **base)
 
 
-def decide(
+def advance(
     state: FingerprintState | None, change: AlertChange, policy: Policy, now: datetime
 ) -> tuple[FingerprintState, list[Decision]]:
     """Applies one change. First releases a hold that `now` has passed (its notice comes

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from trainsentry.alerts import JobRef, Priority
-from trainsentry.gateway.policy import Policy
-from trainsentry.gateway.policy import Route as RouteRule
+from trainsentry.gateway.policy.rules import Policy
+from trainsentry.gateway.policy.rules import Route as RouteRule
 
 
 @dataclass(frozen=True, slots=True)

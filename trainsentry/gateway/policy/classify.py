@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import Any
 
 from trainsentry.alerts import Alert, Priority, parse_priority
-from trainsentry.gateway.policy import AlertnameRule, Policy
+from trainsentry.gateway.policy.rules import AlertnameRule, Policy
 
 
 @dataclass(frozen=True, slots=True)
