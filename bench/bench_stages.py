@@ -31,11 +31,11 @@ import orjson
 
 from bench.bench_intake import ALERTS_PER_POST, bodies
 from bench.sqlite_floor import GROUP_COMMIT, engine_seconds
-from trainsentry.gateway.intake import parse_webhook
 from trainsentry.gateway.policy.decide import decide
 from trainsentry.gateway.policy.rules import load_policy
-from trainsentry.gateway.policy_plan import PolicyPlan
-from trainsentry.gateway.policy_worker import PolicyWorker
+from trainsentry.gateway.stages.intake import parse_webhook
+from trainsentry.gateway.stages.planning.plan import PolicyPlan
+from trainsentry.gateway.stages.planning.worker import PolicyWorker
 from trainsentry.store.engine import create_engine, migrate
 from trainsentry.store.inbox import claim_inbox
 from trainsentry.store.writes import record_receipts

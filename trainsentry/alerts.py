@@ -12,7 +12,7 @@ from typing import Any
 GO_ZERO_TIME = datetime(1, 1, 1, tzinfo=UTC)
 # Alert ids are 64-bit in the store: a larger number names no alert (and SQLite refuses it).
 MAX_ALERT_ID = 2**63 - 1
-#: The alert a stalled rank's probe raises through the gateway (gateway/hang_trigger.py);
+#: The alert a stalled rank's probe raises through the gateway (gateway/stages/hang_trigger.py);
 #: not a Prometheus rule, so the operator counts it among the hang alerts by this name.
 PROBE_HANG_ALERT = "TrainingCollectiveStalled"
 

@@ -142,7 +142,7 @@ def config_settings(objs: Sequence[Manifest]) -> Any:
 
 def diagnosis_settings(objs: Sequence[Manifest]) -> dict[str, Any] | None:
     """The diagnosis section as the chart wrote it (None when it wrote none)."""
-    from trainsentry.gateway.diagnosis import DiagnosisSettings
+    from trainsentry.gateway.stages.diagnosis import DiagnosisSettings
 
     section: dict[str, Any] = config_settings(objs).diagnosis
     DiagnosisSettings.model_validate(section)
@@ -156,7 +156,7 @@ def test_gateway_is_told_to_write_last_alert_when_allowed() -> None:
 
 
 def test_gateway_diagnosis_settings_reach_the_config_file() -> None:
-    from trainsentry.gateway.diagnosis import DiagnosisSettings
+    from trainsentry.gateway.stages.diagnosis import DiagnosisSettings
 
     section = config_settings(rendered("everything-on")).diagnosis
     settings = DiagnosisSettings.model_validate(section)

@@ -1,4 +1,4 @@
-"""The policy's real payloads (gateway/decide.py) render on every channel: the shared contract."""
+"""The policy's real payloads (gateway/policy/payload.py) render on every channel."""
 
 from __future__ import annotations
 

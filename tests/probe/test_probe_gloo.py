@@ -20,7 +20,7 @@ from rules.jobscope import render_for_job
 from probe.probe_harness import TOKEN, GlooJob, free_port, launch_job, scrape, value
 from tests.support.realservers import start_prometheus
 from trainsentry.assets import rules_dir
-from trainsentry.gateway.hang_enrichment import RankEndpoint, enrich_hang
+from trainsentry.gateway.stages.hang_enrichment import RankEndpoint, enrich_hang
 
 pytestmark = [pytest.mark.torch, pytest.mark.e2e]
 torch = pytest.importorskip("torch")

@@ -21,10 +21,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from trainsentry.alerts import MAX_ALERT_ID, AlertChange, JobRef, Priority, utcnow
 from trainsentry.config import GatewaySettings
-from trainsentry.gateway.ack import AckService
-from trainsentry.gateway.diagnosis import DiagnosisSettings, EndpointResolver, HangDiagnoser
-from trainsentry.gateway.hang_enrichment import HangVerdict
-from trainsentry.gateway.hang_trigger import (
+from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
+from trainsentry.gateway.policy.escalation import Escalator
+from trainsentry.gateway.policy.rules import load_policy
+from trainsentry.gateway.stages.ack import AckService
+from trainsentry.gateway.stages.diagnosis import DiagnosisSettings, EndpointResolver, HangDiagnoser
+from trainsentry.gateway.stages.hang_enrichment import HangVerdict
+from trainsentry.gateway.stages.hang_trigger import (
     MAX_TRIGGER_BYTES,
     TriggerKeys,
     TriggerRejected,
@@ -32,22 +35,20 @@ from trainsentry.gateway.hang_trigger import (
     parse_trigger,
     trigger_webhook,
 )
-from trainsentry.gateway.intake import (
+from trainsentry.gateway.stages.intake import (
     IntakeRejected,
     IntakeWriter,
     PlanHook,
     StoreUnavailable,
     parse_webhook,
 )
-from trainsentry.gateway.job_status import JobStatusFeeder
-from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
-from trainsentry.gateway.outbox import Outbox
-from trainsentry.gateway.paging import Paging
-from trainsentry.gateway.policy.escalation import Escalator
-from trainsentry.gateway.policy.rules import load_policy
-from trainsentry.gateway.policy_plan import PolicyPlan, Ticker
-from trainsentry.gateway.policy_worker import PolicyWorker
-from trainsentry.gateway.truncated import fetch_group
+from trainsentry.gateway.stages.job_status import JobStatusFeeder
+from trainsentry.gateway.stages.outbox import Outbox
+from trainsentry.gateway.stages.paging import Paging
+from trainsentry.gateway.stages.planning.plan import PolicyPlan
+from trainsentry.gateway.stages.planning.ticker import Ticker
+from trainsentry.gateway.stages.planning.worker import PolicyWorker
+from trainsentry.gateway.stages.truncated import fetch_group
 from trainsentry.kubeclient import default_api_client
 from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import Notifier

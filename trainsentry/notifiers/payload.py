@@ -82,9 +82,9 @@ class NotificationPayload(TypedDict):
     storm: NotRequired[StormSummary]
     diagnosis: NotRequired[str]  # one-line verdict of the hang analyzer, if any
     message_id: NotRequired[str]  # kind "ack": the Feishu card to update in place
-    # Written by the policy (gateway/decide.py); channels may show them.
+    # Written by the policy (gateway/policy/payload.py); channels may show them.
     # firing | recurrence | flapping | resolved | expired | acked | storm_started |
-    # storm_summary | storm_ended (what the policy decided; see gateway/decide.py)
+    # storm_summary | storm_ended (what the policy decided; see gateway/policy/payload.py)
     event: NotRequired[str]
     job: NotRequired[str]  # "namespace/name" of the training job
     rule_ids: NotRequired[list[str]]

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from trainsentry.gateway.intake import IntakeRejected, parse_webhook
+from trainsentry.gateway.stages.intake import IntakeRejected, parse_webhook
 from trainsentry.store.writes import IncomingReceipt
 
 log = logging.getLogger("trainsentry.truncated")

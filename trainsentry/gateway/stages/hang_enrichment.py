@@ -30,9 +30,9 @@ from typing import Any
 import httpx
 
 from trainsentry.alerts import JobRef
-from trainsentry.gateway.hang_stacks import checkpointing, fetch_stacks, stack_phrase
+from trainsentry.gateway.stages.hang_stacks import checkpointing, fetch_stacks, stack_phrase
 
-log = logging.getLogger("trainsentry.gateway.hang_enrichment")
+log = logging.getLogger("trainsentry.gateway.stages.hang_enrichment")
 
 DEFAULT_TIMEOUT_S = 3.0
 DEFAULT_DEADLINE_S = 5.0

@@ -21,7 +21,6 @@ from sqlalchemy import case, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trainsentry.alerts import NotificationDraft, Priority
-from trainsentry.gateway.outbox import CANCELLED, PENDING, SENDING
 from trainsentry.gateway.policy.escalation import (
     OPEN,
     CallDue,
@@ -33,6 +32,7 @@ from trainsentry.gateway.policy.escalation import (
     new_state,
     next_wakeup,
 )
+from trainsentry.gateway.stages.outbox import CANCELLED, PENDING, SENDING
 from trainsentry.notifiers.phone.notifier import CANCELLED_MARK
 from trainsentry.store.policy_state import claim_due, load_states, save_states
 from trainsentry.store.schema import alerts, notifications

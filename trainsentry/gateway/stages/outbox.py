@@ -65,7 +65,7 @@ class _Outcome:
 
 
 @dataclass(frozen=True, slots=True)
-class RetryPolicy:
+class SendRetry:
     max_attempts: int = 8
     base_delay: float = 1.0
     max_delay: float = 300.0
@@ -90,7 +90,7 @@ class Outbox:
         *,
         metrics: GatewayMetrics | None = None,
         worker_id: str | None = None,
-        retry: RetryPolicy | None = None,
+        retry: SendRetry | None = None,
         rate_limits: Mapping[str, list[tuple[int, float]]] | None = None,
         lease_seconds: float = 60.0,
         claim_batch: int = 200,
@@ -102,7 +102,7 @@ class Outbox:
         self._notifiers = dict(notifiers)
         self._metrics = metrics
         self.worker_id = worker_id or default_worker_id()
-        self._retry = retry or RetryPolicy()
+        self._retry = retry or SendRetry()
         # The channels' own gate (notifiers/ratelimit.py): a send counts from its answer, so
         # the provider never sees more than the limit, however late a request arrives there.
         # The outbox waits for its turn rather than giving up (max_wait).

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
     from trainsentry.config import ConfigError, describe_invalid, load_settings
     from trainsentry.gateway.app import CardCallbackSettings, Diagnosis, create_app
-    from trainsentry.gateway.diagnosis import build_diagnosis_parts
+    from trainsentry.gateway.stages.diagnosis import build_diagnosis_parts
     from trainsentry.logs import configure_logging
     from trainsentry.store.engine import StoreError, async_url
 

@@ -25,14 +25,14 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from trainsentry.alerts import Alert, AlertChange, ChangeKind, JobRef, NotificationDraft
-from trainsentry.gateway.hang_enrichment import (
+from trainsentry.gateway.stages.hang_enrichment import (
     HangVerdict,
     PodAddress,
     RankEndpoint,
     endpoints_for_pods,
     enrich_hang,
 )
-from trainsentry.gateway.hang_trigger import ALERTNAME as TRIGGER_ALERTNAME
+from trainsentry.gateway.stages.hang_trigger import ALERTNAME as TRIGGER_ALERTNAME
 from trainsentry.kubeclient import default_api_client
 from trainsentry.store.schema import alerts, notifications
 

@@ -29,7 +29,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from trainsentry.alerts import AlertChange, utcnow
-from trainsentry.gateway.intake import PlanHook
+from trainsentry.gateway.stages.intake import PlanHook
 from trainsentry.store.inbox import Claimed, claim_inbox, clear_inbox
 from trainsentry.tasks import OwnedTask, wait_for_event
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.alerts import AlertStatus
-from trainsentry.gateway.intake import IntakeRejected, label_fingerprint, parse_webhook
+from trainsentry.gateway.stages.intake import IntakeRejected, label_fingerprint, parse_webhook
 
 
 def test_valid_body_converts_every_field() -> None:

@@ -38,7 +38,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainsentry.alerts import PROBE_HANG_ALERT, JobRef
-from trainsentry.gateway.intake import label_fingerprint
+from trainsentry.gateway.stages.intake import label_fingerprint
 
 ALERTNAME = PROBE_HANG_ALERT
 MAX_TRIGGER_BYTES = 8 * 1024

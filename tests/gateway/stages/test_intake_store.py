@@ -10,7 +10,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.support.webhook_factory import BASE_TIME, encode, make_alert, make_body
-from trainsentry.gateway.intake import parse_webhook
+from trainsentry.gateway.stages.intake import parse_webhook
 from trainsentry.store import StoreError, create_engine, migrate
 from trainsentry.store.migrations import MIGRATIONS
 from trainsentry.store.schema import SCHEMA_VERSION, alert_events, alerts, schema_version
@@ -125,7 +125,7 @@ async def test_an_unexpected_error_fails_only_its_webhook_and_the_writer_lives_o
     # task, or every later webhook would wait forever for its answer.
     import asyncio
 
-    from trainsentry.gateway import intake
+    from trainsentry.gateway.stages import intake
 
     real = intake.record_receipts
 

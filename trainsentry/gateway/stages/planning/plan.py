@@ -1,5 +1,5 @@
-"""The alert policy wired to the store: the PlanHook the intake calls inside its transaction,
-and the ticker that fires the policy's timers and expires stale alerts.
+"""The alert policy wired to the store: the PlanHook the planning worker calls inside its
+transaction (the ticker that fires the policy's timers is ticker.py).
 
 The decisions themselves are pure (`decide.decide`, `decide.decide_tick`); this module only
 loads their states, counts the blast radius, and writes states, priorities and outbox rows.
@@ -7,17 +7,15 @@ loads their states, counts the blast radius, and writes states, priorities and o
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
-from trainsentry.alerts import AlertChange, ChangeKind, NotificationDraft, utcnow
+from trainsentry.alerts import AlertChange, ChangeKind, NotificationDraft
 from trainsentry.gateway.metrics import PolicyMetrics
-from trainsentry.gateway.paging import Paging
 from trainsentry.gateway.policy.classify import Classification
 from trainsentry.gateway.policy.decide import decide, decide_tick
 from trainsentry.gateway.policy.dedup import FingerprintState
@@ -25,6 +23,7 @@ from trainsentry.gateway.policy.payload import ALERT_KIND, alert_to_json, idempo
 from trainsentry.gateway.policy.route import ARCHIVE_CHANNELS, unconfigured_names
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.storm import StormState, job_key
+from trainsentry.gateway.stages.paging import Paging
 from trainsentry.store.policy_state import (
     claim_due,
     distinct_nodes,
@@ -33,8 +32,7 @@ from trainsentry.store.policy_state import (
     window_start,
 )
 from trainsentry.store.queries import set_priorities
-from trainsentry.store.writes import expire_stale, insert_notifications
-from trainsentry.tasks import OwnedTask
+from trainsentry.store.writes import insert_notifications
 
 log = logging.getLogger("trainsentry.policy")
 
@@ -240,63 +238,3 @@ class PolicyPlan:
         written = await insert_notifications(conn, drafts, now) + calls_written
         self.drafted += written
         return written
-
-
-class Ticker:
-    """Runs the policy's timers and the stale-alert sweep every `interval` seconds."""
-
-    def __init__(
-        self,
-        engine: AsyncEngine,
-        plan: PolicyPlan,
-        *,
-        interval: float = 1.0,
-        stale_after: float = 24.5 * 3600,
-        on_drafts: Any = None,
-        on_expired: Callable[[Sequence[AlertChange], int], None] | None = None,
-        clock: Callable[[], datetime] = utcnow,
-        lock: asyncio.Lock | None = None,
-    ) -> None:
-        self._engine = engine
-        # After the commit, with the changes of alerts it expired: what follows any planned
-        # change (job status, hang diagnosis), as for the policy worker's batches.
-        self._on_expired = on_expired
-        # Shared with the policy worker: on SQLite reads run before the write lock is taken,
-        # so two policy transactions of one process must not interleave.
-        self._lock = lock or asyncio.Lock()
-        self._clock = clock
-        self._plan = plan
-        self._interval = interval
-        self._stale_after = stale_after
-        self._on_drafts = on_drafts
-        self._task = OwnedTask("policy-ticker", self._run)
-
-    async def run_once(self, now: datetime | None = None) -> int:
-        now = now or self._clock()
-        async with self._lock, self._engine.begin() as conn:
-            written = await self._plan.tick(conn, now)
-            expired = await expire_stale(conn, now, self._stale_after)
-            if expired:
-                log.info("expired stale alerts count=%d", len(expired))
-                written += await self._plan(conn, expired, now)
-        if expired and self._on_expired is not None:
-            self._on_expired(expired, written)
-        if written and self._on_drafts is not None:
-            self._on_drafts()
-        return written
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.run_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("policy tick failed")
-            await asyncio.sleep(self._interval)
-
-    def start(self) -> None:
-        self._task.start()
-
-    async def stop(self) -> None:
-        await self._task.stop()

@@ -19,10 +19,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from tests.support.old_stores import create_version_2_schema
 from tests.support.webhook_factory import BASE_TIME, encode, make_alert, make_body
 from trainsentry.alerts import AlertChange, AlertStatus, ChangeKind
-from trainsentry.gateway.intake import parse_webhook
 from trainsentry.gateway.policy.rules import load_policy
-from trainsentry.gateway.policy_plan import PolicyPlan
-from trainsentry.gateway.policy_worker import PolicyWorker
+from trainsentry.gateway.stages.intake import parse_webhook
+from trainsentry.gateway.stages.planning.plan import PolicyPlan
+from trainsentry.gateway.stages.planning.worker import PolicyWorker
 from trainsentry.store import create_engine, migrate
 from trainsentry.store.bulk import (
     Encoder,

@@ -12,7 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.support.receiver import Receiver
 from trainsentry.alerts import NotificationDraft, Priority, utcnow
-from trainsentry.gateway.outbox import Outbox, RetryPolicy
+from trainsentry.gateway.stages.outbox import Outbox
+from trainsentry.gateway.stages.outbox import SendRetry as RetryPolicy
 from trainsentry.notifiers.ratelimit import RateLimit, SlidingWindow
 from trainsentry.notifiers.webhook import WebhookNotifier
 from trainsentry.store import create_engine

@@ -16,9 +16,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.support.webhook_factory import BASE_TIME, encode, make_alert, make_body
 from trainsentry.alerts import Person, Priority
-from trainsentry.gateway.ack import AckService
-from trainsentry.gateway.intake import parse_webhook
-from trainsentry.gateway.paging import ESCALATION_KEY, ESCALATION_SCOPE, Paging
 from trainsentry.gateway.policy.escalation import (
     EscalationPolicy,
     Escalator,
@@ -27,8 +24,11 @@ from trainsentry.gateway.policy.escalation import (
     new_state,
 )
 from trainsentry.gateway.policy.rules import load_policy
-from trainsentry.gateway.policy_plan import PolicyPlan
-from trainsentry.gateway.policy_worker import PolicyWorker
+from trainsentry.gateway.stages.ack import AckService
+from trainsentry.gateway.stages.intake import parse_webhook
+from trainsentry.gateway.stages.paging import ESCALATION_KEY, ESCALATION_SCOPE, Paging
+from trainsentry.gateway.stages.planning.plan import PolicyPlan
+from trainsentry.gateway.stages.planning.worker import PolicyWorker
 from trainsentry.store.policy_state import load_states, save_states
 from trainsentry.store.schema import notifications, policy_state
 from trainsentry.store.writes import record_receipts

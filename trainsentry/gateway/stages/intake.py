@@ -4,7 +4,7 @@
 `IntakeWriter` is the single writer: requests queue up and are committed together (group
 commit), each caller's future resolving only after its transaction committed — so a 200 means
 the alerts are on disk, each change queued in the policy inbox in the same transaction. The
-alert policy runs after the commit (gateway/policy_worker.py), so a slow policy or a storm's
+alert policy runs after the commit (stages/planning/worker.py), so a slow policy or a storm's
 backlog never delays the answer to Alertmanager.
 """
 

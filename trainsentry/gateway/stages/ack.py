@@ -19,9 +19,9 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from trainsentry.alerts import NotificationDraft, Priority
-from trainsentry.gateway.paging import Paging
 from trainsentry.gateway.policy.payload import idempotency_key
 from trainsentry.gateway.policy.route import CHANNEL_KINDS
+from trainsentry.gateway.stages.paging import Paging
 from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import NotifierError
 from trainsentry.store.schema import alert_events, alerts

@@ -13,16 +13,16 @@ from typing import Any
 
 import pytest
 
-from trainsentry.gateway.hang_enrichment import HangVerdict, with_stacks
-from trainsentry.gateway.hang_stacks import checkpointing, stack_phrase
-from trainsentry.gateway.hang_trigger import (
+from trainsentry.gateway.stages.hang_enrichment import HangVerdict, with_stacks
+from trainsentry.gateway.stages.hang_stacks import checkpointing, stack_phrase
+from trainsentry.gateway.stages.hang_trigger import (
     MAX_TRIGGER_BYTES,
     TriggerKeys,
     TriggerRejected,
     parse_trigger,
     trigger_webhook,
 )
-from trainsentry.gateway.intake import parse_webhook
+from trainsentry.gateway.stages.intake import parse_webhook
 from trainsentry.probe.identity import ProbeConfig
 from trainsentry.probe.runtime import Probe
 from trainsentry.probe.stacks import phase
@@ -221,7 +221,7 @@ async def _gateway(tmp_path: Path, hosts: list[str] | None) -> Any:
 
     from trainsentry.config import GatewaySettings
     from trainsentry.gateway.app import Diagnosis, create_app
-    from trainsentry.gateway.diagnosis import DiagnosisSettings, StaticEndpoints
+    from trainsentry.gateway.stages.diagnosis import DiagnosisSettings, StaticEndpoints
 
     settings = GatewaySettings(
         listen="127.0.0.1:0", db=f"sqlite:///{tmp_path / 'gw.db'}", webhook_token=SecretStr("w")
@@ -307,7 +307,7 @@ def test_the_analysis_measures_waits_against_each_dumps_own_capture_time(
     import os
 
     import trainsentry.diagnostics as diagnostics
-    from trainsentry.gateway.hang_enrichment import (
+    from trainsentry.gateway.stages.hang_enrichment import (
         FetchResult,
         RankEndpoint,
         _captured_ns,
@@ -371,7 +371,7 @@ async def test_a_probe_stall_the_dumps_do_not_confirm_is_not_paged(
     from tests.support.receiver import Receiver
     from trainsentry.config import GatewaySettings
     from trainsentry.gateway.app import Diagnosis, create_app
-    from trainsentry.gateway.diagnosis import DiagnosisSettings, StaticEndpoints
+    from trainsentry.gateway.stages.diagnosis import DiagnosisSettings, StaticEndpoints
     from trainsentry.notifiers.webhook import WebhookNotifier
 
     runners = await _probes(scenario)
