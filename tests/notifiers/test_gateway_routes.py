@@ -18,8 +18,10 @@ from aiohttp.test_utils import TestServer
 from tests.support.feishu_server import FeishuContractServer, Hook
 from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.config import Settings
-from trainsentry.gateway.app import GATEWAY_KEY, WEBHOOK_PATH, create_app
+from trainsentry.gateway.app import WEBHOOK_PATH
+from trainsentry.gateway.assemble import create_app
 from trainsentry.gateway.channels import build
+from trainsentry.gateway.pipeline import GATEWAY_KEY
 
 SHEET = "shtcnArchive"
 ENV = {

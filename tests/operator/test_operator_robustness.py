@@ -554,7 +554,7 @@ async def test_a_probe_hang_trigger_makes_the_job_hung_with_the_rank_named(
 
     from trainsentry.config import GatewaySettings
     from trainsentry.diagnostics.synthetic import make_dump
-    from trainsentry.gateway.app import Diagnosis, create_app
+    from trainsentry.gateway.assemble import Diagnosis, create_app
     from trainsentry.gateway.stages.diagnosis import DiagnosisSettings, StaticEndpoints
 
     probe_token, world, culprit = "probe-token", 4, 2

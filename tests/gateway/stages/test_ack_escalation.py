@@ -25,7 +25,9 @@ from tests.support.receiver import Receiver
 from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.alerts import Person
 from trainsentry.config import GatewaySettings
-from trainsentry.gateway.app import GATEWAY_KEY, WEBHOOK_PATH, create_app
+from trainsentry.gateway.app import WEBHOOK_PATH
+from trainsentry.gateway.assemble import create_app
+from trainsentry.gateway.pipeline import GATEWAY_KEY
 from trainsentry.gateway.policy.escalation import EscalationPolicy, Escalator, Layer, Roster
 from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import Notifier

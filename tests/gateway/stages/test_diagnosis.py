@@ -24,7 +24,9 @@ from tests.support.receiver import Receiver
 from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.config import GatewaySettings
 from trainsentry.diagnostics.synthetic import make_dump
-from trainsentry.gateway.app import GATEWAY_KEY, WEBHOOK_PATH, Diagnosis, create_app
+from trainsentry.gateway.app import WEBHOOK_PATH
+from trainsentry.gateway.assemble import Diagnosis, create_app
+from trainsentry.gateway.pipeline import GATEWAY_KEY
 from trainsentry.gateway.stages.diagnosis import DiagnosisSettings, StaticEndpoints
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.notifiers.webhook import WebhookNotifier

@@ -220,7 +220,7 @@ async def _gateway(tmp_path: Path, hosts: list[str] | None) -> Any:
     from pydantic import SecretStr
 
     from trainsentry.config import GatewaySettings
-    from trainsentry.gateway.app import Diagnosis, create_app
+    from trainsentry.gateway.assemble import Diagnosis, create_app
     from trainsentry.gateway.stages.diagnosis import DiagnosisSettings, StaticEndpoints
 
     settings = GatewaySettings(
@@ -370,7 +370,7 @@ async def test_a_probe_stall_the_dumps_do_not_confirm_is_not_paged(
 
     from tests.support.receiver import Receiver
     from trainsentry.config import GatewaySettings
-    from trainsentry.gateway.app import Diagnosis, create_app
+    from trainsentry.gateway.assemble import Diagnosis, create_app
     from trainsentry.gateway.stages.diagnosis import DiagnosisSettings, StaticEndpoints
     from trainsentry.notifiers.webhook import WebhookNotifier
 

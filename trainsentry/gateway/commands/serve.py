@@ -42,13 +42,11 @@ def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from trainsentry.config import ConfigError, describe_invalid, load_settings
-    from trainsentry.gateway.app import CardCallbackSettings, Diagnosis, create_app
-    from trainsentry.gateway.stages.diagnosis import build_diagnosis_parts
+    from trainsentry.gateway.assemble import app_from_settings
     from trainsentry.logs import configure_logging
     from trainsentry.store.engine import StoreError, async_url
 
     configure_logging(args.log_level)
-    from trainsentry.gateway.channels import build
 
     try:
         settings = load_settings(
@@ -59,24 +57,7 @@ def run(args: argparse.Namespace) -> int:
         )
         gateway = settings.gateway
         async_url(gateway.db)  # refuses a URL no driver takes, without showing its password
-        channels = build(settings)
-        diagnosis_parts = build_diagnosis_parts(settings.diagnosis, os.environ)
-        built = channels.built
-        card_callback = None
-        if built is not None and built.callback_path and built.verification_token:
-            card_callback = CardCallbackSettings(
-                built.callback_path, built.verification_token, built.encrypt_key
-            )
-        # loads and checks the policy file (TRAINSENTRY_POLICY_FILE): PolicyError is a ValueError
-        app = create_app(
-            gateway,
-            notifiers=channels.notifiers,
-            rate_limits=channels.rate_limits,
-            escalator=built.escalator if built is not None else None,
-            silences=built.silences if built is not None else None,
-            card_callback=card_callback,
-            diagnosis=Diagnosis(*diagnosis_parts) if diagnosis_parts is not None else None,
-        )
+        app = app_from_settings(settings, os.environ)
     except (ConfigError, StoreError, ValueError) as exc:
         logging.getLogger("trainsentry").error("configuration error: %s", describe_invalid(exc))
         return 2

@@ -9,14 +9,13 @@ import httpx
 import pytest
 import yaml
 
+from tests.notifiers.helpers import notification
 from tests.support.feishu_server import FeishuContractServer, Hook
 from trainsentry.alerts import Priority
+from trainsentry.gateway.channels import build_channels
 from trainsentry.notifiers.base import Notifier, PermanentError
-from trainsentry.notifiers.factory import build_channels
 from trainsentry.notifiers.feishu.bot import BotWebhook, FeishuBotNotifier, WebhookRouter
 from trainsentry.notifiers.settings import ChannelsSettings, SecretMissing
-
-from .helpers import notification
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "channels.md"
 ENV = {
