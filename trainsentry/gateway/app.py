@@ -21,7 +21,6 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import SecretStr
-from sqlalchemy.exc import SQLAlchemyError
 
 from trainsentry.alerts import MAX_ALERT_ID, JobRef, Priority, utcnow
 from trainsentry.config import GatewaySettings
@@ -42,6 +41,7 @@ from trainsentry.notifiers.feishu.callback import CardAction, action_response, c
 from trainsentry.notifiers.feishu.card import alert_card
 from trainsentry.notifiers.payload import parse_payload
 from trainsentry.store import check_reachable
+from trainsentry.store.errors import DatabaseError
 from trainsentry.store.inbox import inbox_waiting
 from trainsentry.store.queries import (
     get_alert,
@@ -163,7 +163,7 @@ async def receive_hang_trigger(request: web.Request) -> web.Response:
             body = trigger_webhook(trigger, starts_at, gateway.clock())
             receipt = parse_webhook(body, received_at=gateway.clock())
             outcome = await gateway.writer.submit(receipt)
-        except (StoreUnavailable, SQLAlchemyError) as exc:
+        except (StoreUnavailable, DatabaseError) as exc:
             gateway.metrics.receipts.labels("unavailable").inc()
             return _error(503, f"store unavailable, retry: {type(exc).__name__}")
         except IntakeRejected as exc:
@@ -251,7 +251,7 @@ def _read_guard(handler: Callable[[web.Request], Awaitable[web.StreamResponse]])
             return await handler(request)
         except web.HTTPBadRequest as exc:
             return _error(400, exc.reason)
-        except (OSError, SQLAlchemyError) as exc:
+        except (OSError, DatabaseError) as exc:
             return _error(503, f"store unavailable, retry: {type(exc).__name__}")
 
     return guarded
@@ -342,7 +342,7 @@ async def post_ack(request: web.Request) -> web.Response:
     silence = timedelta(minutes=minutes) if minutes else None
     try:
         result = await gateway.ack.acknowledge(alert_id, who.strip(), silence)
-    except (OSError, SQLAlchemyError) as exc:
+    except (OSError, DatabaseError) as exc:
         return _error(503, f"store unavailable, retry: {type(exc).__name__}")
     if result is None:
         return _error(404, f"no alert {alert_id}")
@@ -361,7 +361,7 @@ def _card_handler(
         silence = timedelta(seconds=action.duration_s) if action.duration_s else None
         try:
             result = await gateway.ack.acknowledge(action.alert_id, action.who, silence)
-        except (OSError, SQLAlchemyError) as exc:
+        except (OSError, DatabaseError) as exc:
             log.warning("card action: store unavailable (%s)", type(exc).__name__)
             return {"toast": {"type": "error", "content": "store unavailable, press again"}}
         if result is None:

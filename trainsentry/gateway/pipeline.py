@@ -16,7 +16,6 @@ from datetime import datetime
 from typing import Any
 
 from aiohttp import web
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from trainsentry.alerts import utcnow
 from trainsentry.config import GatewaySettings
@@ -29,6 +28,7 @@ from trainsentry.gateway.stages.job_status import JobStatusFeeder
 from trainsentry.gateway.stages.outbox import Outbox
 from trainsentry.gateway.stages.planning.ticker import Ticker
 from trainsentry.gateway.stages.planning.worker import PolicyWorker
+from trainsentry.store.engine import Engine
 
 
 @dataclass
@@ -36,7 +36,7 @@ class Gateway:
     """Everything the handlers share; stored in the app under GATEWAY_KEY."""
 
     settings: GatewaySettings
-    engine: AsyncEngine
+    engine: Engine
     metrics: GatewayMetrics
     writer: IntakeWriter
     outbox: Outbox

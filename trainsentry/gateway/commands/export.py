@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import datetime
 from pathlib import Path
 
 HELP = "export stored alert occurrences as CSV/XLSX rows (the sheet archive's columns)"
@@ -31,7 +32,6 @@ def run(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
     from trainsentry.store.engine import StoreMissing, StoreUrlError
-    from trainsentry.store.queries import export_alert_rows
 
     since = None
     if args.since:
@@ -54,3 +54,20 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(f"wrote {count} rows to {args.out}")
     return 0
+
+
+async def export_alert_rows(db_url: str, out: Path, since: datetime | None = None) -> int:
+    """Writes every stored occurrence (optionally since a time) as archive rows; returns the
+    number of rows. StoreMissing when there is no store at `db_url`."""
+    from trainsentry.notifiers.export import export_rows
+    from trainsentry.notifiers.rows import row_from_alert
+    from trainsentry.store.queries import load_occurrences_for_export
+
+    rows: list[list[str]] = [  # export_rows writes the header
+        row_from_alert(
+            o.alert, alert_id=o.alert_id, priority=o.priority, reason=o.reason, acked_by=o.acked_by
+        )
+        for o in await load_occurrences_for_export(db_url, since)
+    ]
+    export_rows(rows, out)
+    return len(rows)

@@ -15,16 +15,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from trainsentry.alerts import NotificationDraft, Priority
 from trainsentry.gateway.policy.payload import idempotency_key
 from trainsentry.gateway.policy.route import CHANNEL_KINDS
 from trainsentry.gateway.stages.paging import Paging
 from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import NotifierError
-from trainsentry.store.schema import alert_events, alerts
+from trainsentry.store import alert_state
+from trainsentry.store.engine import Engine
 from trainsentry.store.writes import insert_notifications
 
 log = logging.getLogger("trainsentry.ack")
@@ -63,7 +61,7 @@ class AckResult:
 class AckService:
     def __init__(
         self,
-        engine: AsyncEngine,
+        engine: Engine,
         *,
         channels: Collection[str],
         clock: Callable[[], datetime],
@@ -87,23 +85,13 @@ class AckService:
         """None when there is no such alert."""
         now = self._clock()
         async with self._lock, self._engine.begin() as conn:
-            query = select(alerts).where(alerts.c.id == alert_id)
-            if conn.dialect.name == "postgresql":
-                query = query.with_for_update()
-            row = (await conn.execute(query)).first()
+            row = await alert_state.lock_alert(conn, alert_id)
             if row is None:
                 return None
             already = row.acked_at is not None
             acked_by, acked_at = (row.acked_by, row.acked_at) if already else (who, now)
             if not already:
-                await conn.execute(
-                    update(alerts).where(alerts.c.id == alert_id).values(acked_at=now, acked_by=who)
-                )
-                await conn.execute(
-                    alert_events.insert().values(
-                        alert_id=alert_id, kind="acked", at=now, detail={"by": who}
-                    )
-                )
+                await alert_state.acknowledge(conn, alert_id, who, now)
             stopped = False
             if self._paging is not None:
                 stopped = await self._paging.acknowledge(conn, alert_id, who, now)
@@ -179,17 +167,12 @@ class AckService:
             log.warning("silence failed alert_id=%d error=%r", result.alert_id, str(exc))
             return _replace(result, silence_error=str(exc))
         async with self._engine.begin() as conn:
-            await conn.execute(
-                alert_events.insert().values(
-                    alert_id=result.alert_id,
-                    kind="silenced",
-                    at=now,
-                    detail={
-                        "by": who,
-                        "silence_id": silence_id,
-                        "seconds": duration.total_seconds(),
-                    },
-                )
+            await alert_state.record_event(
+                conn,
+                result.alert_id,
+                "silenced",
+                now,
+                {"by": who, "silence_id": silence_id, "seconds": duration.total_seconds()},
             )
         return _replace(result, silence_id=silence_id)
 

@@ -21,8 +21,6 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select, update
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from trainsentry.alerts import Alert, AlertChange, ChangeKind, JobRef, NotificationDraft
 from trainsentry.gateway.stages.hang_enrichment import (
@@ -34,7 +32,8 @@ from trainsentry.gateway.stages.hang_enrichment import (
 )
 from trainsentry.gateway.stages.hang_trigger import ALERTNAME as TRIGGER_ALERTNAME
 from trainsentry.kubeclient import default_api_client
-from trainsentry.store.schema import alerts, notifications
+from trainsentry.store.alert_state import save_verdict
+from trainsentry.store.engine import Engine
 
 log = logging.getLogger("trainsentry.diagnosis")
 
@@ -128,7 +127,7 @@ def build_diagnosis_parts(
 class HangDiagnoser:
     def __init__(
         self,
-        engine: AsyncEngine,
+        engine: Engine,
         settings: DiagnosisSettings,
         resolver: EndpointResolver,
         probe_token: str,
@@ -210,40 +209,25 @@ class HangDiagnoser:
     async def _store(self, alert_id: int, verdict: HangVerdict, *, quiet: bool) -> None:
         now = self._clock()
         async with self._engine.begin() as conn:
-            await conn.execute(
-                update(alerts).where(alerts.c.id == alert_id).values(verdict=verdict.to_dict())
-            )
-            rows = (
-                await conn.execute(
-                    select(notifications.c.id, notifications.c.payload).where(
-                        notifications.c.alert_id == alert_id,
-                        notifications.c.status == "pending",
-                    )
-                )
-            ).all()
             # Not a hang after all (`_not_a_page`): the held pages are cancelled, not sent.
+            released = await save_verdict(
+                conn,
+                alert_id,
+                verdict.to_dict(),
+                {"diagnosis": verdict.summary, "culprit_ranks": list(verdict.culprit_ranks)},
+                now,
+                cancel=quiet,
+            )
             if quiet:
                 if len(self._quiet) >= 10_000:  # bounded; a forgotten one only costs a notice
                     self._quiet.pop()
                 self._quiet.add(alert_id)
-            for row in rows:
-                payload = dict(row.payload)
-                payload["diagnosis"] = verdict.summary
-                payload["culprit_ranks"] = list(verdict.culprit_ranks)
-                values: dict[str, Any] = {"payload": payload, "next_attempt_at": now}
-                if quiet:
-                    values["status"] = "cancelled"
-                await conn.execute(
-                    update(notifications)
-                    .where(notifications.c.id == row.id, notifications.c.status == "pending")
-                    .values(**values)
-                )
         log.info(
             "diagnosis stored alert_id=%d verdict=%s culprits=%s released=%d",
             alert_id,
             verdict.verdict,
             list(verdict.culprit_ranks),
-            len(rows),
+            released,
         )
         if self._on_release is not None:
             self._on_release()

@@ -20,10 +20,10 @@ from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from trainsentry.alerts import GO_ZERO_TIME, Alert, AlertChange, AlertStatus, utcnow
+from trainsentry.store.engine import Connection, Engine
+from trainsentry.store.errors import DatabaseError, DriverError, StoreDown
 from trainsentry.store.writes import IncomingReceipt, ReceiptOutcome, record_receipts
 from trainsentry.tasks import OwnedTask
 
@@ -218,7 +218,7 @@ class StoreUnavailable(RuntimeError):
 
 
 # The policy hook: turns changes into outbox rows inside the caller's transaction.
-PlanHook = Callable[[AsyncConnection, Sequence[AlertChange], datetime], Awaitable[int]]
+PlanHook = Callable[[Connection, Sequence[AlertChange], datetime], Awaitable[int]]
 
 
 @dataclass(slots=True)
@@ -232,7 +232,7 @@ class IntakeWriter:
 
     def __init__(
         self,
-        engine: AsyncEngine,
+        engine: Engine,
         *,
         max_batch_alerts: int = 5000,
         on_commit: Callable[[Sequence[ReceiptOutcome]], None] | None = None,
@@ -284,7 +284,7 @@ class IntakeWriter:
                 for item in batch:
                     await self._commit_batch([item])
                 return
-            if isinstance(exc, OperationalError | DBAPIError | OSError | SQLAlchemyError):
+            if isinstance(exc, StoreDown | DriverError | OSError | DatabaseError):
                 log.warning("intake store_error=%s receipts=%d", type(exc).__name__, len(batch))
                 reason = (str(exc).splitlines() or [type(exc).__name__])[0]
             else:
@@ -305,7 +305,7 @@ class IntakeWriter:
             try:
                 async with self._engine.begin() as conn:
                     return await record_receipts(conn, receipts)
-            except DBAPIError as exc:
+            except DriverError as exc:
                 if attempt < 2 and _is_retryable_conflict(exc):
                     await asyncio.sleep(0.01 * (attempt + 1))
                     continue
@@ -313,7 +313,7 @@ class IntakeWriter:
         raise AssertionError("unreachable")
 
 
-def _is_retryable_conflict(exc: DBAPIError) -> bool:
+def _is_retryable_conflict(exc: DriverError) -> bool:
     # PostgreSQL replicas can deadlock or conflict on the same occurrences; retrying is right.
     # Not SQLite's "database is locked": it comes after waiting the whole busy timeout (10 s),
     # and waiting it twice more would only keep Alertmanager waiting for its 503.
@@ -324,7 +324,7 @@ def _is_retryable_conflict(exc: DBAPIError) -> bool:
 def _is_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, OSError):
         return True
-    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+    if isinstance(exc, DriverError) and exc.connection_invalidated:
         return True
     text = str(exc).lower()
     return any(

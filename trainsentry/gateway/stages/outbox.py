@@ -27,9 +27,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Row, and_, bindparam, exists, func, select, update
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from trainsentry.alerts import Priority, utcnow
 from trainsentry.gateway.metrics import GatewayMetrics
 from trainsentry.notifiers.base import (
@@ -41,27 +38,23 @@ from trainsentry.notifiers.base import (
     Withdrawn,
 )
 from trainsentry.notifiers.ratelimit import RateGate, RateLimit, Slot
-from trainsentry.store.schema import notifications
+from trainsentry.store.engine import Engine
+from trainsentry.store.outbox import (
+    CANCELLED,
+    DEAD,
+    PENDING,
+    SENT,
+    busy_count,
+    claim_notifications,
+    next_due_at,
+    record_outcomes,
+    recover_expired_leases,
+    release_earlier_leases,
+)
+from trainsentry.store.outbox import SendOutcome as _Outcome
 from trainsentry.tasks import OwnedTask, wait_for_event
 
 log = logging.getLogger("trainsentry.outbox")
-
-PENDING, SENDING, SENT, DEAD = "pending", "sending", "sent", "dead"
-# A notification withdrawn before it went out (a stopped escalation's call): final, no failure.
-CANCELLED = "cancelled"
-
-
-@dataclass(frozen=True, slots=True)
-class _Outcome:
-    """What happened to one claimed row; written back in bulk by `_record`."""
-
-    id: int
-    status: str
-    attempts: int
-    sent_at: datetime | None = None
-    provider_id: str | None = None
-    last_error: str | None = None
-    next_attempt_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +78,7 @@ def default_worker_id() -> str:
 class Outbox:
     def __init__(
         self,
-        engine: AsyncEngine,
+        engine: Engine,
         notifiers: Mapping[str, Notifier],
         *,
         metrics: GatewayMetrics | None = None,
@@ -147,16 +140,10 @@ class Outbox:
         """Seconds until the next row becomes due (bounded), so retries are not late."""
         try:
             async with self._engine.connect() as conn:
-                next_due = (
-                    await conn.execute(
-                        select(func.min(notifications.c.next_attempt_at)).where(
-                            notifications.c.status == PENDING
-                        )
-                    )
-                ).scalar()
+                next_due = await next_due_at(conn)
         except Exception:
             return 1.0
-        if not isinstance(next_due, datetime):
+        if next_due is None:
             return 5.0
         return min(5.0, max(0.01, (next_due - self._clock()).total_seconds()))
 
@@ -193,17 +180,7 @@ class Outbox:
             if await self.run_once():
                 continue
             async with self._engine.connect() as conn:
-                busy = (
-                    await conn.execute(
-                        select(func.count()).where(
-                            (notifications.c.status == SENDING)
-                            | (
-                                (notifications.c.status == PENDING)
-                                & (notifications.c.next_attempt_at <= self._clock())
-                            )
-                        )
-                    )
-                ).scalar()
+                busy = await busy_count(conn, self._clock())
             if not busy:
                 return
             await asyncio.sleep(0.02)
@@ -216,17 +193,8 @@ class Outbox:
         rows claimed from this host (a restarted container keeps its pod's hostname) are
         released; a vanished replica's rows wait for their lease to expire.
         """
-        query = update(notifications).where(
-            notifications.c.status == SENDING, notifications.c.claimed_by != self.worker_id
-        )
-        if self._engine.dialect.name != "sqlite":
-            host = self.worker_id.split(":", 1)[0]
-            query = query.where(notifications.c.claimed_by.like(f"{host}:%"))
         async with self._engine.begin() as conn:
-            result = await conn.execute(
-                query.values(status=PENDING, claimed_by=None, claimed_until=None)
-            )
-        released = int(result.rowcount or 0)
+            released = await release_earlier_leases(conn, self.worker_id)
         if released:
             log.warning("released notifications left sending by an earlier run count=%d", released)
         return released
@@ -234,12 +202,7 @@ class Outbox:
     async def recover_expired_leases(self) -> int:
         now = self._clock()
         async with self._engine.begin() as conn:
-            result = await conn.execute(
-                update(notifications)
-                .where(notifications.c.status == SENDING, notifications.c.claimed_until < now)
-                .values(status=PENDING, claimed_by=None, claimed_until=None, next_attempt_at=now)
-            )
-        return int(result.rowcount or 0)
+            return await recover_expired_leases(conn, now)
 
     def _claim_limit(self, channel: str) -> int:
         """How many rows of `channel` to claim now: no more than its rate limits let us send
@@ -258,47 +221,19 @@ class Outbox:
         """Claims due rows of every channel (see `_claim_limit`): most urgent priority first
         ("P0" < "P1" < ... as text), then oldest; within a group strictly in order."""
         now = self._clock()
-        older = notifications.alias("older")
-        blocked_by_older = exists().where(
-            and_(
-                older.c.channel == notifications.c.channel,
-                older.c.group_key == notifications.c.group_key,
-                older.c.id < notifications.c.id,
-                older.c.status.in_((PENDING, SENDING)),
-            )
-        )
-        rows: list[Row[Any]] = []
+        rows: list[Any] = []
         async with self._engine.begin() as conn:
             for channel in self._notifiers:
-                due = (
-                    select(notifications.c.id)
-                    .where(
-                        notifications.c.status == PENDING,
-                        notifications.c.channel == channel,
-                        notifications.c.next_attempt_at <= now,
-                        ~blocked_by_older,
+                rows.extend(
+                    await claim_notifications(
+                        conn,
+                        channel,
+                        limit=self._claim_limit(channel),
+                        now=now,
+                        worker_id=self.worker_id,
+                        lease_until=now + self._lease,
                     )
-                    # a rate-limited channel's backlog of P3 cards must not hold back a P0
-                    .order_by(notifications.c.priority, notifications.c.id)
-                    .limit(self._claim_limit(channel))
                 )
-                if conn.dialect.name == "postgresql":
-                    due = due.with_for_update(skip_locked=True, of=notifications)
-                # Ids first, then the update: as a subquery of the UPDATE, PostgreSQL may run
-                # the LIMIT ... SKIP LOCKED select more than once and claim past the limit.
-                ids = (await conn.execute(due)).scalars().all()
-                if not ids:
-                    continue
-                stmt = (
-                    update(notifications)
-                    .where(notifications.c.id.in_(ids))
-                    .where(notifications.c.status == PENDING)
-                    .values(
-                        status=SENDING, claimed_by=self.worker_id, claimed_until=now + self._lease
-                    )
-                    .returning(*notifications.c)
-                )
-                rows.extend((await conn.execute(stmt)).all())
         return sorted(
             (
                 OutboundNotification(
@@ -393,39 +328,8 @@ class Outbox:
         """Writes the outcomes of one claimed batch in one transaction (only rows we still own)."""
         if not outcomes:
             return
-        now = self._clock()
-        stmt = (
-            update(notifications)
-            .where(
-                notifications.c.id == bindparam("b_id"),
-                notifications.c.claimed_by == self.worker_id,
-            )
-            .values(
-                status=bindparam("b_status"),
-                attempts=bindparam("b_attempts"),
-                sent_at=bindparam("b_sent_at"),
-                provider_id=bindparam("b_provider_id"),
-                # a success keeps the last error, for the record of why it took several tries
-                last_error=func.coalesce(bindparam("b_last_error"), notifications.c.last_error),
-                next_attempt_at=bindparam("b_next"),
-                claimed_by=None,
-                claimed_until=None,
-            )
-        )
-        params = [
-            {
-                "b_id": o.id,
-                "b_status": o.status,
-                "b_attempts": o.attempts,
-                "b_sent_at": o.sent_at,
-                "b_provider_id": o.provider_id,
-                "b_last_error": o.last_error,
-                "b_next": o.next_attempt_at or now,
-            }
-            for o in outcomes
-        ]
         async with self._engine.begin() as conn:
-            await conn.execute(stmt, params)
+            await record_outcomes(conn, self.worker_id, outcomes, self._clock())
 
     async def aclose(self) -> None:
         await self.stop()

@@ -17,9 +17,6 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from trainsentry.alerts import NotificationDraft, Priority
 from trainsentry.gateway.policy.escalation import (
     OPEN,
@@ -32,10 +29,11 @@ from trainsentry.gateway.policy.escalation import (
     new_state,
     next_wakeup,
 )
-from trainsentry.gateway.stages.outbox import CANCELLED, PENDING, SENDING
 from trainsentry.notifiers.phone.notifier import CANCELLED_MARK
+from trainsentry.store.alert_state import acked_among
+from trainsentry.store.engine import Connection
+from trainsentry.store.outbox import cancel_calls
 from trainsentry.store.policy_state import claim_due, load_states, save_states
-from trainsentry.store.schema import alerts, notifications
 
 ESCALATION_SCOPE = "escalation"
 ESCALATION_KEY = "incidents"
@@ -59,25 +57,17 @@ def _page(draft: NotificationDraft) -> IncidentPage:
     return IncidentPage(draft.alert_id, draft.priority, text)
 
 
-async def _acked(conn: AsyncConnection, alert_ids: Sequence[int]) -> set[int]:
-    """Those of `alert_ids` someone has acknowledged."""
-    if not alert_ids:
-        return set()
-    query = select(alerts.c.id).where(alerts.c.id.in_(alert_ids), alerts.c.acked_at.is_not(None))
-    return {int(alert_id) for (alert_id,) in await conn.execute(query)}
-
-
 class Paging:
     def __init__(self, escalator: Escalator, channel: str = PHONE_CHANNEL) -> None:
         self.escalator = escalator
         self.channel = channel
         self._texts: dict[int, str] = {}
 
-    async def _load(self, conn: AsyncConnection) -> dict[str, Any]:
+    async def _load(self, conn: Connection) -> dict[str, Any]:
         found = await load_states(conn, ESCALATION_SCOPE, [ESCALATION_KEY])
         return found.get(ESCALATION_KEY) or new_state()
 
-    async def _save(self, conn: AsyncConnection, state: dict[str, Any], now: datetime) -> None:
+    async def _save(self, conn: Connection, state: dict[str, Any], now: datetime) -> None:
         await save_states(
             conn, ESCALATION_SCOPE, {ESCALATION_KEY: (state, next_wakeup(state))}, now
         )
@@ -105,7 +95,7 @@ class Paging:
 
     async def page(
         self,
-        conn: AsyncConnection,
+        conn: Connection,
         pages: Sequence[NotificationDraft],
         resolved_alert_ids: Sequence[int],
         now: datetime,
@@ -116,7 +106,7 @@ class Paging:
             return []
         state = await self._load(conn)
         # An alert acked before its firing was planned (a backlog, a restart) is being handled.
-        acked = await _acked(conn, [d.alert_id for d in pages if d.alert_id is not None])
+        acked = await acked_among(conn, [d.alert_id for d in pages if d.alert_id is not None])
         opened = [_page(d) for d in pages if d.alert_id is not None and d.alert_id not in acked]
         paged = {page.alert_id for page in opened}
         ending = sorted(
@@ -131,7 +121,7 @@ class Paging:
         await self._save(conn, state, now)
         return self._call_drafts(calls, state)
 
-    async def tick(self, conn: AsyncConnection, now: datetime) -> list[NotificationDraft]:
+    async def tick(self, conn: Connection, now: datetime) -> list[NotificationDraft]:
         """The next escalation steps whose time has come."""
         due = await claim_due(conn, ESCALATION_SCOPE, now)
         if ESCALATION_KEY not in due:
@@ -140,9 +130,7 @@ class Paging:
         await self._save(conn, state, now)
         return self._call_drafts(calls, state)
 
-    async def acknowledge(
-        self, conn: AsyncConnection, alert_id: int, who: str, now: datetime
-    ) -> bool:
+    async def acknowledge(self, conn: Connection, alert_id: int, who: str, now: datetime) -> bool:
         """Stops the escalation of `alert_id`; True if one was running."""
         state = await self._load(conn)
         incident = state["incidents"].get(str(alert_id))
@@ -155,9 +143,7 @@ class Paging:
         await self._save(conn, state, now)
         return running
 
-    async def _cancel_calls(
-        self, conn: AsyncConnection, alert_ids: Sequence[int], why: str
-    ) -> None:
+    async def _cancel_calls(self, conn: Connection, alert_ids: Sequence[int], why: str) -> None:
         """Calls of stopped escalations that have not rung yet never will.
 
         Done here, in the transaction that stops the escalation, rather than by the phone
@@ -167,28 +153,7 @@ class Paging:
         the outbox, which records that attempt; it gets a "cancelled" mark in its payload, so
         should the attempt fail the phone channel refuses its retry instead of ringing.
         """
-        for start in range(0, len(alert_ids), 1000):
-            pending = notifications.c.status == PENDING
-            stmt = (
-                update(notifications)
-                .where(
-                    notifications.c.channel == self.channel,
-                    notifications.c.kind == CALL_KIND,
-                    notifications.c.alert_id.in_(alert_ids[start : start + 1000]),
-                    notifications.c.status.in_((PENDING, SENDING)),
-                )
-                .values(
-                    status=case((pending, CANCELLED), else_=notifications.c.status),
-                    last_error=case((pending, why), else_=notifications.c.last_error),
-                )
-                .returning(notifications.c.id, notifications.c.payload)
-            )
-            for row in (await conn.execute(stmt)).all():
-                await conn.execute(
-                    update(notifications)
-                    .where(notifications.c.id == row.id)
-                    .values(payload={**row.payload, CANCELLED_MARK: why})
-                )
+        await cancel_calls(conn, self.channel, CALL_KIND, alert_ids, why, CANCELLED_MARK)
 
     def is_page(self, draft: NotificationDraft) -> bool:
         return draft.channel == self.channel and draft.kind != CALL_KIND

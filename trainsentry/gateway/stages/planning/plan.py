@@ -12,8 +12,6 @@ from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from trainsentry.alerts import AlertChange, ChangeKind, NotificationDraft
 from trainsentry.gateway.metrics import PolicyMetrics
 from trainsentry.gateway.policy.classify import Classification
@@ -24,6 +22,7 @@ from trainsentry.gateway.policy.route import ARCHIVE_CHANNELS, unconfigured_name
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.storm import StormState, job_key
 from trainsentry.gateway.stages.paging import Paging
+from trainsentry.store.engine import Connection
 from trainsentry.store.policy_state import (
     claim_due,
     distinct_nodes,
@@ -114,7 +113,7 @@ class PolicyPlan:
         ) = None
 
     async def __call__(
-        self, conn: AsyncConnection, changes: Sequence[AlertChange], now: datetime
+        self, conn: Connection, changes: Sequence[AlertChange], now: datetime
     ) -> int:
         fingerprints = {change.alert.fingerprint for change in changes}
         jobs = {job_key(change.alert.labels) for change in changes}
@@ -185,7 +184,7 @@ class PolicyPlan:
 
     async def _escalate(
         self,
-        conn: AsyncConnection,
+        conn: Connection,
         drafts: list[NotificationDraft],
         resolved_alert_ids: list[int],
         now: datetime,
@@ -196,7 +195,7 @@ class PolicyPlan:
         others = [d for d in drafts if not self.paging.is_page(d)]
         return others + await self.paging.page(conn, pages, resolved_alert_ids, now)
 
-    async def tick(self, conn: AsyncConnection, now: datetime) -> int:
+    async def tick(self, conn: Connection, now: datetime) -> int:
         """Fires due timers (held resolutions, storm summaries, calm storms)."""
         calls = await self.paging.tick(conn, now) if self.paging is not None else []
         calls_written = await insert_notifications(conn, calls, now)

@@ -13,10 +13,9 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from trainsentry.alerts import AlertChange, utcnow
 from trainsentry.gateway.stages.planning.plan import PolicyPlan
+from trainsentry.store.engine import Engine
 from trainsentry.store.writes import expire_stale
 from trainsentry.tasks import OwnedTask
 
@@ -28,7 +27,7 @@ class Ticker:
 
     def __init__(
         self,
-        engine: AsyncEngine,
+        engine: Engine,
         plan: PolicyPlan,
         *,
         interval: float = 1.0,

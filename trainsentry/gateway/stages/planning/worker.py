@@ -25,24 +25,23 @@ import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from trainsentry.alerts import AlertChange, utcnow
 from trainsentry.gateway.stages.intake import PlanHook
+from trainsentry.store.engine import Engine
+from trainsentry.store.errors import DatabaseError
 from trainsentry.store.inbox import Claimed, claim_inbox, clear_inbox
 from trainsentry.tasks import OwnedTask, wait_for_event
 
 log = logging.getLogger("trainsentry.policy")
 
 # The store failing (unavailable, locked, a deadlock) is no fault of a change: retried as is.
-_STORE_ERRORS = (SQLAlchemyError, OSError)
+_STORE_ERRORS = (DatabaseError, OSError)
 
 
 class PolicyWorker:
     def __init__(
         self,
-        engine: AsyncEngine,
+        engine: Engine,
         plan: PlanHook,
         *,
         # ~60 ms of policy per batch here: with 1,000 the intake answered half as many alerts/s
