@@ -34,6 +34,7 @@ from trainsentry.gateway.policy.payload import (
     alert_to_json,
     idempotency_key,
     storm_payload,
+    storm_summary,
 )
 from trainsentry.gateway.policy.route import route
 from trainsentry.gateway.policy.rules import Policy
@@ -106,7 +107,7 @@ class _Out:
         channels, route_id = self._route(classification.priority, alert.labels, paging=paging)
         payload = alert_payload(decision, alert, alert_id, classification, route_id=route_id)
         if storm is not None:
-            payload["storm"] = dict(storm)
+            payload["storm"] = storm_summary(storm)
         occurrence = decision.occurrence.isoformat()
         for channel in channels:
             self.drafts.append(

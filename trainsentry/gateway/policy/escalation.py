@@ -23,6 +23,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from trainsentry.alerts import Person, Priority
+from trainsentry.notifiers.payload import CallPayload
 
 STATE_VERSION = 1
 
@@ -344,8 +345,9 @@ def call_text(priority: str, alertname: str, job: str, summary: str) -> str:
     return words + " Acknowledge it in Feishu to stop the calls."
 
 
-def call_payload(call: CallDue, text: str, message_id: str | None = None) -> dict[str, Any]:
-    payload: dict[str, Any] = {
+def call_payload(call: CallDue, text: str, message_id: str | None = None) -> CallPayload:
+    """Pure: the payload of a kind="call" notification (the phone channel's contract)."""
+    payload: CallPayload = {
         "priority": call.priority.value,
         "status": "firing",
         "alert_id": call.alert_id,

@@ -10,13 +10,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from trainsentry.alerts import GO_ZERO_TIME, Alert, AlertStatus
 from trainsentry.gateway.policy.classify import Classification
 from trainsentry.gateway.policy.dedup import Decision, Notice
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.storm import StormMessage, StormMessageKind
+from trainsentry.notifiers.payload import NotificationPayload, StatusName, StormSummary
 
 ALERT_KIND = "alert"  # NotificationDraft.kind of one alert's notice (payload contract)
 
@@ -60,6 +61,17 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat()
 
 
+def status_name(resolved: bool) -> StatusName:
+    """Pure: the payload's `status` (the values of `AlertStatus`)."""
+    return "resolved" if resolved else "firing"
+
+
+def storm_summary(summary: Mapping[str, Any]) -> StormSummary:
+    """Pure: a storm summary as the payload carries it. `storm.render_summary` builds it (a
+    plain dict, so its extra keys pass); the channels' contract tests check its shape."""
+    return cast(StormSummary, dict(summary))
+
+
 def alert_payload(
     decision: Decision,
     alert: Alert,
@@ -67,14 +79,14 @@ def alert_payload(
     classification: Classification,
     *,
     route_id: str = "",
-) -> dict[str, Any]:
+) -> NotificationPayload:
     """What a channel needs to render one alert notice (see notifiers/payload.py)."""
     notice = decision.notice
     # A flapping notice is not a resolution (that is held), whichever change triggered it.
     resolved = notice is Notice.RESOLVED
-    payload: dict[str, Any] = {
+    payload: NotificationPayload = {
         "priority": classification.priority.value,
-        "status": (AlertStatus.RESOLVED if resolved else AlertStatus.FIRING).value,
+        "status": status_name(resolved),
         "event": notice.value if notice is not None else "",
         "fingerprint": alert.fingerprint,
         "alertname": alert.name,
@@ -105,7 +117,9 @@ def alert_payload(
     return payload
 
 
-def storm_payload(message: StormMessage, policy: Policy, *, route_id: str = "") -> dict[str, Any]:
+def storm_payload(
+    message: StormMessage, policy: Policy, *, route_id: str = ""
+) -> NotificationPayload:
     """What a channel needs to render a storm message (see notifiers/payload.py)."""
     rules = policy.storm
     summary = message.summary
@@ -122,13 +136,13 @@ def storm_payload(message: StormMessage, policy: Policy, *, route_id: str = "") 
     }[message.kind]
     return {
         "priority": message.priority.value,
-        "status": (AlertStatus.RESOLVED if ended or only_resolved else AlertStatus.FIRING).value,
+        "status": status_name(ended or only_resolved),
         "event": message.kind.value,
         "labels": dict(message.labels),
         "job": message.job,
         "reason": reason,
         "rule_id": "storm",
         "route": route_id,
-        "storm": dict(summary),
+        "storm": storm_summary(summary),
         "at": message.at.isoformat(),
     }

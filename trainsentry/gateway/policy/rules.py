@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from trainsentry.alerts import Priority
 from trainsentry.assets import data_file
+from trainsentry.labels import GPU_LABELS, NODE_LABELS
 
 DEFAULT_POLICY_FILE = "policy.yaml"
 
@@ -179,8 +180,8 @@ class Policy(_Strict):
     blast_radius: BlastRadiusPolicy = Field(default_factory=BlastRadiusPolicy)
     dedup: DedupPolicy = Field(default_factory=DedupPolicy)
     storm: StormPolicy = Field(default_factory=StormPolicy)
-    node_labels: tuple[str, ...] = ("node", "Hostname", "hostname", "instance")
-    gpu_labels: tuple[str, ...] = ("gpu", "GPU_I_ID", "UUID", "device")
+    node_labels: tuple[str, ...] = NODE_LABELS
+    gpu_labels: tuple[str, ...] = GPU_LABELS
     routing: RoutingPolicy = Field(default_factory=RoutingPolicy)
 
     @field_validator("version")

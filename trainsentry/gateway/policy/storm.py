@@ -21,20 +21,27 @@ from typing import Any
 
 from trainsentry.alerts import Alert, AlertStatus, Priority
 from trainsentry.gateway.policy.rules import Policy, StormPolicy
+from trainsentry.labels import (
+    JOB_NAME_LABELS,
+    NAMESPACE_LABEL,
+    SCRAPE_JOB_LABEL,
+    first_label,
+    job_name_of,
+)
 
 OTHER = "(other)"
 # Sliding-window resolution: the window is counted in this many buckets.
 _BUCKETS_PER_WINDOW = 30
-_JOB_LABELS = ("namespace", "trainingjob", "job_name", "job")
+_JOB_LABELS = (NAMESPACE_LABEL, *JOB_NAME_LABELS, SCRAPE_JOB_LABEL)
 
 
 def job_key(labels: Mapping[str, str]) -> str:
     """The storm unit an alert belongs to."""
-    namespace = labels.get("namespace", "")
-    name = labels.get("trainingjob") or labels.get("job_name")
+    namespace = labels.get(NAMESPACE_LABEL, "")
+    name = job_name_of(labels)
     if name:
         return f"trainingjob:{namespace}/{name}"
-    job = labels.get("job", "")
+    job = labels.get(SCRAPE_JOB_LABEL, "")
     if namespace or job:
         return f"job:{namespace}/{job}"
     return "cluster"
@@ -43,14 +50,6 @@ def job_key(labels: Mapping[str, str]) -> str:
 def job_labels(labels: Mapping[str, str]) -> dict[str, str]:
     """The labels that identify the job (what a storm summary is routed by)."""
     return {name: labels[name] for name in _JOB_LABELS if labels.get(name)}
-
-
-def first_label(labels: Mapping[str, str], names: Iterable[str]) -> str:
-    for name in names:
-        value = labels.get(name)
-        if value:
-            return value
-    return ""
 
 
 @dataclass(frozen=True, slots=True)

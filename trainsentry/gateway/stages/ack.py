@@ -21,6 +21,7 @@ from trainsentry.gateway.policy.route import CHANNEL_KINDS
 from trainsentry.gateway.stages.paging import Paging
 from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import NotifierError
+from trainsentry.notifiers.payload import NotificationPayload
 from trainsentry.store import alert_state
 from trainsentry.store.engine import Engine
 from trainsentry.store.writes import insert_notifications
@@ -99,7 +100,13 @@ class AckService:
             if not already:
                 await insert_notifications(conn, self._drafts(row, payload), now)
         result = AckResult(
-            alert_id, str(acked_by), acked_at, already, stopped, str(row.status), payload=payload
+            alert_id,
+            str(acked_by),
+            acked_at,
+            already,
+            stopped,
+            str(row.status),
+            payload=dict(payload),
         )
         if silence is not None:
             result = await self._silence(result, dict(row.labels), who, silence, now)
@@ -113,8 +120,10 @@ class AckService:
         return result
 
     @staticmethod
-    def _payload(row: Any, who: str, now: datetime, silence: timedelta | None) -> dict[str, Any]:
-        payload: dict[str, Any] = {
+    def _payload(
+        row: Any, who: str, now: datetime, silence: timedelta | None
+    ) -> NotificationPayload:
+        payload: NotificationPayload = {
             "priority": row.priority or "P3",
             "status": row.status,
             "event": "acked",
@@ -135,7 +144,7 @@ class AckService:
             payload["silenced_until"] = (now + silence).isoformat()
         return payload
 
-    def _drafts(self, row: Any, payload: dict[str, Any]) -> list[NotificationDraft]:
+    def _drafts(self, row: Any, payload: NotificationPayload) -> list[NotificationDraft]:
         who = payload["acked_by"]
         return [
             NotificationDraft(
@@ -143,7 +152,7 @@ class AckService:
                 kind="ack",
                 priority=Priority(payload["priority"]),
                 idempotency_key=idempotency_key("ack", channel, str(row.id)),
-                payload=payload,
+                payload=dict(payload),
                 alert_id=row.id,
                 group_key=f"alert:{row.fingerprint}",  # after the alert's own cards
                 reason=f"acknowledged by {who}",

@@ -85,7 +85,7 @@ class Paging:
                     kind=CALL_KIND,
                     priority=call.priority,
                     idempotency_key=call.idempotency_key,
-                    payload=call_payload(call, text),
+                    payload=dict(call_payload(call, text)),
                     alert_id=call.alert_id,
                     group_key=f"escalation:{call.alert_id}",
                     reason=f"escalation step {call.step + 1} ({call.layer})",

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import NotRequired
-
-from typing_extensions import TypedDict
 
 from trainsentry.alerts import Person
 from trainsentry.notifiers.base import OutboundNotification, PermanentError, Receipt, Withdrawn
@@ -33,26 +30,6 @@ CALL_KIND = "call"
 CANCELLED_MARK = "cancelled"
 # A cap of our own (Twilio queues calls at about 1 per second per number by default).
 RATE_LIMITS: tuple[RateLimit, ...] = (RateLimit(1, 1.0),)
-
-
-class PersonPayload(TypedDict):
-    name: str
-    phone: NotRequired[str]
-    feishu_open_id: NotRequired[str]
-
-
-class CallPayload(TypedDict):
-    """Payload of a kind="call" notification."""
-
-    priority: str
-    status: str  # always "firing": resolved alerts are never called
-    alert_id: int
-    step: int
-    layer: str
-    person: PersonPayload
-    text: str
-    message_id: NotRequired[str]
-    cancelled: NotRequired[str]
 
 
 def phone_call_from(notification: OutboundNotification) -> PhoneCall:
