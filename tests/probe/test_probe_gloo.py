@@ -53,13 +53,23 @@ def stalled_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GlooJob]:
         {"STALL_RANK": str(STALL_RANK), "STALL_STEP": str(STALL_STEP)},
     )
     try:
-        wait_for(lambda: _peers_waiting(job), 60, "peers to wait >2 s in a collective", job)
+        wait_for(
+            lambda: _peers_waiting(job),
+            60,
+            "peers to wait >2 s in a collective, the stalled rank idle",
+            job,
+        )
         yield job
     finally:
         job.stop()
 
 
 def _peers_waiting(job: GlooJob) -> bool:
+    # The stalled rank's own last all_reduce must have settled as completed in its recorder too:
+    # on a loaded machine gloo can retire it a moment after its peers already wait in the next.
+    s = scrape(job.ports[STALL_RANK])
+    if value(s, P + "inflight_seq", pg="0") != -1:
+        return False
     for rank in PEERS:
         s = scrape(job.ports[rank])
         age = value(s, P + "inflight_seconds", rank=str(rank), pg="0")
