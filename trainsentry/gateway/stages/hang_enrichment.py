@@ -32,7 +32,7 @@ import httpx
 from trainsentry.alerts import JobRef
 from trainsentry.gateway.stages.hang_stacks import checkpointing, fetch_stacks, stack_phrase
 
-log = logging.getLogger("trainsentry.gateway.stages.hang_enrichment")
+log = logging.getLogger("trainsentry.gateway.hang_enrichment")
 
 DEFAULT_TIMEOUT_S = 3.0
 DEFAULT_DEADLINE_S = 5.0

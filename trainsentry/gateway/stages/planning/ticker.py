@@ -19,7 +19,7 @@ from trainsentry.store.engine import Engine
 from trainsentry.store.writes import expire_stale
 from trainsentry.tasks import OwnedTask
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("trainsentry.policy")  # the planning stage's logger, as before the split
 
 
 class Ticker:
