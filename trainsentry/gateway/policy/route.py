@@ -80,10 +80,11 @@ def route(
     `configured`: channel names this gateway has notifiers for (None: all, names unexpanded).
     A routed kind (`feishu`) becomes its configured channels (`feishu_bot`, `feishu_app`);
     routed names standing for none are reported in `unconfigured`, not returned, except
-    archive names: the gateway's archive takes every change by itself (policy_plan.py), so a
-    route naming it needs nothing more. `policy.routing.always` channels
-    (console) are added when configured. `paging=False` drops the paging channels (phone):
-    resolves, recurrences, flapping notices and storm summaries never ring a phone.
+    archive names: the gateway's archive takes every change by itself
+    (stages/planning/plan.py), so a route naming it needs nothing more.
+    `policy.routing.always` channels (console) are added when configured. `paging=False`
+    drops the paging channels (phone): resolves, recurrences, flapping notices and storm
+    summaries never ring a phone.
     """
     routing = policy.routing
     chosen: tuple[str, ...] | None = None

@@ -71,8 +71,8 @@ class AckService:
         lock: asyncio.Lock | None = None,
     ) -> None:
         self._engine = engine
-        # The policy's lock (policy_worker.py): on SQLite a transaction reads before it takes
-        # the write lock, so the ticker could plan calls from the escalation state it read
+        # The policy's lock (stages/planning/worker.py): on SQLite a transaction reads before
+        # it takes the write lock, so the ticker could plan calls from the escalation state it read
         # before this ack committed, and write that state back over the ack.
         self._lock = lock or asyncio.Lock()
         self._chat_channels = sorted(CHAT_CHANNELS & set(channels))
