@@ -34,7 +34,8 @@ from trainsentry.gateway.stages.diagnosis import (
     DiagnosisSettings,
     EndpointResolver,
     HangDiagnoser,
-    build_diagnosis_parts,
+    KubernetesEndpoints,
+    StaticEndpoints,
 )
 from trainsentry.gateway.stages.hang_enrichment import HangVerdict
 from trainsentry.gateway.stages.hang_trigger import TriggerKeys, TriggerSources
@@ -49,6 +50,7 @@ from trainsentry.kubeclient import default_api_client
 from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
+from trainsentry.notifiers.settings import SecretMissing, read_secret
 from trainsentry.store import create_engine, migrate
 from trainsentry.store.queries import first_occurrence
 from trainsentry.store.writes import ReceiptOutcome
@@ -241,3 +243,22 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
         card_callback=card_callback,
         diagnosis=Diagnosis(*diagnosis_parts) if diagnosis_parts is not None else None,
     )
+
+
+def build_diagnosis_parts(
+    raw: Mapping[str, Any], env: Mapping[str, str]
+) -> tuple[DiagnosisSettings, EndpointResolver, str] | None:
+    """From the `diagnosis:` config section: None when there is no way to find ranks."""
+    settings = DiagnosisSettings.model_validate(dict(raw))
+    if not settings.enabled or not (settings.static_endpoints or settings.kubernetes):
+        return None
+    try:
+        token = read_secret(settings.probe_token_env, env)
+    except SecretMissing:
+        raise ValueError(
+            f"diagnosis needs the probes' token in {settings.probe_token_env}"
+        ) from None
+    resolver: EndpointResolver = (
+        KubernetesEndpoints() if settings.kubernetes else StaticEndpoints(settings.static_endpoints)
+    )
+    return settings, resolver, token

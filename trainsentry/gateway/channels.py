@@ -1,5 +1,7 @@
 """Which channels this gateway sends to, built from settings once at start: the single
-channel factory (`build`, `build_channels`) and the single secret reader (`read_secret`).
+channel factory (`build`, `build_channels`). Every secret is read through one function,
+`notifiers.settings.read_secret` (here, in the channels' `from_settings`, and for the
+probes' token in assemble.py), with the environment this module is given.
 
 - `console` always (to a file when `gateway.console_file` is set);
 - each entry of `webhooks:` as a generic JSON webhook channel under its own name;

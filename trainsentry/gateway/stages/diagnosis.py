@@ -108,22 +108,6 @@ class KubernetesEndpoints:
         )
 
 
-def build_diagnosis_parts(
-    raw: Mapping[str, Any], env: Mapping[str, str]
-) -> tuple[DiagnosisSettings, EndpointResolver, str] | None:
-    """From the `diagnosis:` config section: None when there is no way to find ranks."""
-    settings = DiagnosisSettings.model_validate(dict(raw))
-    if not settings.enabled or not (settings.static_endpoints or settings.kubernetes):
-        return None
-    token = env.get(settings.probe_token_env, "")
-    if not token:
-        raise ValueError(f"diagnosis needs the probes' token in {settings.probe_token_env}")
-    resolver: EndpointResolver = (
-        KubernetesEndpoints() if settings.kubernetes else StaticEndpoints(settings.static_endpoints)
-    )
-    return settings, resolver, token
-
-
 class HangDiagnoser:
     def __init__(
         self,
