@@ -1,0 +1,140 @@
+"""`trainsentry oncall now`, run as a real process, on the issue's example (example.yaml):
+right at every handoff from 19 October to 2 November 2026, across the DST change of 25
+October. The expected table is worked out by hand from the example, not by our code: nights
+(dave, erin alternating daily from 19 Oct) 20:00-08:00 win over the weekly primary (alice,
+then bob from Monday 26 Oct 09:00, alice again 2 Nov), carol's override wins on 27 Oct
+12:00-18:00; Berlin is +02:00 until 25 Oct 03:00, then +01:00."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).with_name("example.yaml")
+
+# (local time of the change, who is paged from then on, through which layer)
+HANDOFFS = [
+    ("2026-10-19T09:00:00+02:00", "alice", "primary"),
+    ("2026-10-19T20:00:00+02:00", "dave", "nights"),
+    ("2026-10-20T08:00:00+02:00", "alice", "primary"),
+    ("2026-10-20T20:00:00+02:00", "erin", "nights"),
+    ("2026-10-21T08:00:00+02:00", "alice", "primary"),
+    ("2026-10-21T20:00:00+02:00", "dave", "nights"),
+    ("2026-10-22T08:00:00+02:00", "alice", "primary"),
+    ("2026-10-22T20:00:00+02:00", "erin", "nights"),
+    ("2026-10-23T08:00:00+02:00", "alice", "primary"),
+    ("2026-10-23T20:00:00+02:00", "dave", "nights"),
+    ("2026-10-24T08:00:00+02:00", "alice", "primary"),
+    ("2026-10-24T20:00:00+02:00", "erin", "nights"),  # a 13-hour night: clocks go back
+    ("2026-10-25T08:00:00+01:00", "alice", "primary"),
+    ("2026-10-25T20:00:00+01:00", "dave", "nights"),
+    ("2026-10-26T08:00:00+01:00", "alice", "primary"),
+    ("2026-10-26T09:00:00+01:00", "bob", "primary"),  # weekly handoff, still 09:00 local
+    ("2026-10-26T20:00:00+01:00", "erin", "nights"),
+    ("2026-10-27T08:00:00+01:00", "bob", "primary"),
+    ("2026-10-27T12:00:00+01:00", "carol", "override"),
+    ("2026-10-27T18:00:00+01:00", "bob", "primary"),
+    ("2026-10-27T20:00:00+01:00", "dave", "nights"),
+    ("2026-10-28T08:00:00+01:00", "bob", "primary"),
+    ("2026-10-28T20:00:00+01:00", "erin", "nights"),
+    ("2026-10-29T08:00:00+01:00", "bob", "primary"),
+    ("2026-10-29T20:00:00+01:00", "dave", "nights"),
+    ("2026-10-30T08:00:00+01:00", "bob", "primary"),
+    ("2026-10-30T20:00:00+01:00", "erin", "nights"),
+    ("2026-10-31T08:00:00+01:00", "bob", "primary"),
+    ("2026-10-31T20:00:00+01:00", "dave", "nights"),
+    ("2026-11-01T08:00:00+01:00", "bob", "primary"),
+    ("2026-11-01T20:00:00+01:00", "erin", "nights"),
+    ("2026-11-02T08:00:00+01:00", "bob", "primary"),
+    ("2026-11-02T09:00:00+01:00", "alice", "primary"),
+]
+
+
+def run_cli(*args: str) -> tuple[int, str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINSENTRY_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "trainsentry", "oncall", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def now_json(at: str) -> dict[str, object]:
+    code, out, err = run_cli("now", "--config", str(EXAMPLE), "--at", at, "--json")
+    assert code == 0, err
+    answer: dict[str, object] = json.loads(out)
+    return answer
+
+
+def test_right_at_every_handoff_across_the_october_change() -> None:
+    # Asked in UTC (`Z`), answered in Berlin time: the conversion is part of what is tested.
+    ats = [datetime.fromisoformat(local).astimezone(UTC) for local, _, _ in HANDOFFS]
+    queries = [at.strftime("%Y-%m-%dT%H:%M:%SZ") for at in ats]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        answers = list(pool.map(now_json, queries))
+        before = list(
+            pool.map(now_json, [(at - timedelta(seconds=1)).isoformat() for at in ats[1:]])
+        )
+    for i, (local, name, layer) in enumerate(HANDOFFS):
+        answer = answers[i]
+        assert answer["schedule"] == "gpu-infra"
+        assert answer["at"] == local
+        first = answer["on_call"][0]  # type: ignore[index]
+        assert (first["name"], first["layer"]) == (name, layer), local
+        if i + 1 < len(HANDOFFS):
+            assert first["until"] == HANDOFFS[i + 1][0], local
+            # One second before the next handoff nothing has changed yet.
+            assert before[i]["on_call"][0]["name"] == name, local  # type: ignore[index]
+
+
+def test_whole_answer_shape_with_backups() -> None:
+    answer = now_json("2026-10-27T13:00")  # no offset: Berlin time
+    assert answer == {
+        "schedule": "gpu-infra",
+        "at": "2026-10-27T13:00:00+01:00",
+        "on_call": [
+            {"name": "carol", "layer": "override", "until": "2026-10-27T18:00:00+01:00"},
+            {"name": "bob", "layer": "primary", "until": "2026-11-02T09:00:00+01:00"},
+        ],
+    }
+
+
+def test_text_output(tmp_path: Path) -> None:
+    code, out, _ = run_cli("now", "--config", str(EXAMPLE), "--at", "2026-10-25T02:30+01:00")
+    assert code == 0
+    assert out.splitlines() == [
+        "gpu-infra at 2026-10-25T02:30:00+01:00:",
+        "  1. erin (nights) until 2026-10-25T08:00:00+01:00",
+        "  2. alice (primary) until 2026-10-26T09:00:00+01:00",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("config", "args", "code", "expected"),
+    [
+        ("oncall: {people: {a: {}}, schedules: {s: {timezone: Mars/Olympus, layers: []}}}", [], 1,
+         "oncall.schedules.s.timezone: unknown time zone 'Mars/Olympus'"),
+        ("gateway: {}", [], 1, "no top-level oncall: section"),
+        ("oncall: [", [], 1, "cannot read"),
+        (EXAMPLE.read_text(), ["--schedule", "nope"], 2, "no schedule 'nope'"),
+        (EXAMPLE.read_text(), ["--at", "yesterday"], 2, "not an ISO 8601 date-time"),
+    ],
+)  # fmt: skip
+def test_errors_are_one_clear_line(
+    tmp_path: Path, config: str, args: list[str], code: int, expected: str
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(config)
+    got, out, err = run_cli("now", "--config", str(path), *args)
+    assert got == code, (out, err)
+    assert expected in err and "Traceback" not in err
