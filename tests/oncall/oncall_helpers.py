@@ -26,3 +26,45 @@ def schedule(timezone: str, layers: list[dict[str, Any]], overrides: Any = ()) -
 def utc(text: str) -> datetime:
     """'2026-10-26T08:00' read as UTC."""
     return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+# The issue's example (example.yaml) worked out by hand, not by our code: nights (dave, erin
+# alternating daily from 19 Oct) 20:00-08:00 win over the weekly primary (alice, then bob from
+# Monday 26 Oct 09:00, alice again 2 Nov); carol's override wins on 27 Oct 12:00-18:00; Berlin
+# is +02:00 until 25 Oct 03:00, then +01:00.
+# (local time of the change, who is paged from then on, through which layer)
+HANDOFFS = [
+    ("2026-10-19T09:00:00+02:00", "alice", "primary"),
+    ("2026-10-19T20:00:00+02:00", "dave", "nights"),
+    ("2026-10-20T08:00:00+02:00", "alice", "primary"),
+    ("2026-10-20T20:00:00+02:00", "erin", "nights"),
+    ("2026-10-21T08:00:00+02:00", "alice", "primary"),
+    ("2026-10-21T20:00:00+02:00", "dave", "nights"),
+    ("2026-10-22T08:00:00+02:00", "alice", "primary"),
+    ("2026-10-22T20:00:00+02:00", "erin", "nights"),
+    ("2026-10-23T08:00:00+02:00", "alice", "primary"),
+    ("2026-10-23T20:00:00+02:00", "dave", "nights"),
+    ("2026-10-24T08:00:00+02:00", "alice", "primary"),
+    ("2026-10-24T20:00:00+02:00", "erin", "nights"),  # a 13-hour night: clocks go back
+    ("2026-10-25T08:00:00+01:00", "alice", "primary"),
+    ("2026-10-25T20:00:00+01:00", "dave", "nights"),
+    ("2026-10-26T08:00:00+01:00", "alice", "primary"),
+    ("2026-10-26T09:00:00+01:00", "bob", "primary"),  # weekly handoff, still 09:00 local
+    ("2026-10-26T20:00:00+01:00", "erin", "nights"),
+    ("2026-10-27T08:00:00+01:00", "bob", "primary"),
+    ("2026-10-27T12:00:00+01:00", "carol", "override"),
+    ("2026-10-27T18:00:00+01:00", "bob", "primary"),
+    ("2026-10-27T20:00:00+01:00", "dave", "nights"),
+    ("2026-10-28T08:00:00+01:00", "bob", "primary"),
+    ("2026-10-28T20:00:00+01:00", "erin", "nights"),
+    ("2026-10-29T08:00:00+01:00", "bob", "primary"),
+    ("2026-10-29T20:00:00+01:00", "dave", "nights"),
+    ("2026-10-30T08:00:00+01:00", "bob", "primary"),
+    ("2026-10-30T20:00:00+01:00", "erin", "nights"),
+    ("2026-10-31T08:00:00+01:00", "bob", "primary"),
+    ("2026-10-31T20:00:00+01:00", "dave", "nights"),
+    ("2026-11-01T08:00:00+01:00", "bob", "primary"),
+    ("2026-11-01T20:00:00+01:00", "erin", "nights"),
+    ("2026-11-02T08:00:00+01:00", "bob", "primary"),
+    ("2026-11-02T09:00:00+01:00", "alice", "primary"),
+]
