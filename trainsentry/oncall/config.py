@@ -106,7 +106,13 @@ def _name(value: Any, field: str) -> str:
 
 @lru_cache(maxsize=1)
 def _zones() -> frozenset[str]:
-    return frozenset(available_timezones())
+    # The scan of the system's zone files also finds names that are not IANA zones.
+    return frozenset(
+        name
+        for name in available_timezones()
+        if name not in ("localtime", "posixrules", "Factory")
+        and not name.startswith(("posix/", "right/"))
+    )
 
 
 def parse_timezone(value: Any, field: str) -> ZoneInfo:
