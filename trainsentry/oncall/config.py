@@ -1,10 +1,10 @@
-"""The `oncall:` configuration section and maintenance-window requests: parsed, validated and
-turned into the frozen types of oncall/types.py.
+"""The `oncall:` configuration section: parsed, validated and turned into the frozen types of
+oncall/types.py (maintenance-window requests: oncall/windows.py, with the same helpers).
 
-Pure: nothing here reads the clock or a file (the caller passes the mapping and, for a
-window, the creation time). Any bad input raises OncallConfigError whose message names each
-wrong field (`oncall.schedules.gpu-infra.layers[1].members[0]: unknown person 'zed'`); no
-input makes it raise anything else.
+Pure: nothing here reads the clock or a file. Any bad input raises OncallConfigError whose
+message names each wrong field, like
+`oncall.schedules.gpu-infra.layers[1].members[0]: unknown person 'zed'`; no input makes it
+raise anything else.
 
 "Overlapping", as refused here: two overrides of one schedule covering the same instant
 (which one would win is not said), two ranges of one restriction covering the same minute,
@@ -21,18 +21,14 @@ from functools import lru_cache, partial
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, available_timezones
 
-from trainsentry.oncall.maintenance import first_occurrence
 from trainsentry.oncall.schedule import wall_to_instant
 from trainsentry.oncall.types import (
     OVERRIDE_LAYER,
     HourRange,
     Layer,
-    MaintenanceWindow,
-    Matcher,
     OncallConfig,
     Override,
     Person,
-    Recurrence,
     Restriction,
     Schedule,
 )
@@ -40,7 +36,6 @@ from trainsentry.oncall.types import (
 DEFAULT_MAX_WINDOW = timedelta(hours=168)
 MIN_SHIFT = timedelta(hours=1)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SHIFT = re.compile(r"^([1-9][0-9]{0,4})([mhdw])$")
 _UNITS = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 _HOURS = re.compile(r"^([0-2][0-9]):([0-5][0-9])-([0-2][0-9]):([0-5][0-9])$")
@@ -316,141 +311,3 @@ def _max_window(value: Any, field: str) -> timedelta:
     if isinstance(hours, bool) or not isinstance(hours, int | float) or not 0 < hours <= 24 * 366:
         raise _Bad(f"{field}.maintenance.max_window_hours", "must be a number of hours, 0-8784")
     return timedelta(hours=hours)
-
-
-_WINDOW_KEYS = {
-    "matchers", "reason", "created_by", "starts_at", "ends_at", "timezone",
-    "rrule", "start", "duration_minutes", "since",
-}  # fmt: skip
-_ONE_OFF_KEYS = {"starts_at", "ends_at"}
-_RECURRING_KEYS = {"rrule", "start", "duration_minutes", "since"}
-_FREQ = re.compile(r"(?:^|;)FREQ=(SECONDLY|MINUTELY)(?:;|$)")
-
-
-def _matchers(value: Any, field: str) -> tuple[Matcher, ...]:
-    if not isinstance(value, Mapping) or not value:
-        raise _Bad(field, "must map at least one label to a value or to {regex: ...}")
-    found = []
-    for label, want in value.items():
-        where = f"{field}.{str(label)[:64]}"
-        if not isinstance(label, str) or not _LABEL.match(label):
-            raise _Bad(where, "is not a label name")
-        if isinstance(want, str):
-            found.append(Matcher(label=label, value=want))
-            continue
-        raw = _mapping(want, where, {"regex"}, {"regex"})
-        if not isinstance(raw["regex"], str):
-            raise _Bad(f"{where}.regex", "must be a string")
-        try:
-            found.append(Matcher(label=label, pattern=re.compile(raw["regex"])))
-        except (re.error, RecursionError, OverflowError) as exc:
-            raise _Bad(f"{where}.regex", f"not a regular expression: {exc}") from None
-    return tuple(found)
-
-
-def _recurrence(raw: dict[str, Any], field: str, created_at: datetime) -> Recurrence:
-    tz = parse_timezone(raw.get("timezone"), f"{field}.timezone")
-    text = _text(raw.get("rrule"), f"{field}.rrule").upper()
-    if text.startswith("RRULE:"):
-        text = text[len("RRULE:") :]
-    if _FREQ.search(text):
-        raise _Bad(f"{field}.rrule", "FREQ must be HOURLY or longer")
-    if "\n" in text or "DTSTART" in text:
-        raise _Bad(f"{field}.rrule", "give one RRULE line; the start comes from start and since")
-    start_text = raw.get("start")
-    match = (
-        re.match(r"^([0-2][0-9]):([0-5][0-9])$", start_text)
-        if isinstance(start_text, str)
-        else None
-    )
-    if match is None or int(match.group(1)) > 23:
-        raise _Bad(f"{field}.start", "must be a local time 'HH:MM', like \"02:00\"")
-    minutes = raw.get("duration_minutes")
-    if isinstance(minutes, bool) or not isinstance(minutes, int) or minutes <= 0:
-        raise _Bad(f"{field}.duration_minutes", "must be a whole number of minutes above 0")
-    since = raw.get("since")
-    anchor = (
-        created_at.astimezone(tz).date()
-        if since is None
-        else _datetime(since, f"{field}.since").date()
-    )
-    recurrence = Recurrence(
-        rrule=text,
-        start=time(int(match.group(1)), int(match.group(2))),
-        anchor=anchor,
-        tz=tz,
-        duration=timedelta(minutes=minutes),
-    )
-    try:
-        first = first_occurrence(recurrence)
-    except (ValueError, TypeError, KeyError, IndexError, OverflowError) as exc:
-        raise _Bad(f"{field}.rrule", f"not an RRULE: {str(exc)[:120]}") from None
-    if first is None:
-        raise _Bad(f"{field}.rrule", f"never fires (no occurrence within 10 years of {anchor})")
-    return recurrence
-
-
-def parse_window(
-    value: Any,
-    *,
-    window_id: str,
-    created_at: datetime,
-    max_window: timedelta = DEFAULT_MAX_WINDOW,
-    field: str = "window",
-) -> MaintenanceWindow:
-    """Pure: a maintenance window from its request body. One-off: `starts_at`, `ends_at`
-    (with a UTC offset, or local to `timezone`); recurring: `rrule`, `start` ('HH:MM'),
-    `duration_minutes`, `timezone` and optionally `since` (the rule's first day; default:
-    `created_at`'s date there). A window (an occurrence) longer than `max_window` is refused."""
-    problems = _Problems()
-    raw = problems.check(lambda: _mapping(value, field, _WINDOW_KEYS, {"matchers"}))
-    problems.raise_any()
-    assert raw is not None
-    matchers = problems.check(lambda: _matchers(raw["matchers"], f"{field}.matchers"))
-    texts = {}
-    for key in ("reason", "created_by"):
-        item = raw.get(key, "")
-        if not isinstance(item, str):
-            problems.found.append(f"{field}.{key}: must be a string")
-        texts[key] = item if isinstance(item, str) else ""
-    one_off, recurring = _ONE_OFF_KEYS & set(raw), _RECURRING_KEYS & set(raw)
-    starts_at = ends_at = None
-    recurrence = None
-    if one_off and recurring:
-        problems.found.append(
-            f"{field}: give starts_at/ends_at or rrule/start/duration_minutes, not both"
-        )
-    elif recurring:
-        recurrence = problems.check(lambda: _recurrence(raw, field, created_at))
-        if recurrence is not None and recurrence.duration > max_window:
-            problems.found.append(f"{field}.duration_minutes: longer than the cap ({max_window})")
-    else:
-        tz = problems.check(
-            lambda: (
-                None
-                if raw.get("timezone") is None
-                else parse_timezone(raw["timezone"], f"{field}.timezone")
-            )
-        )
-        for key in sorted(_ONE_OFF_KEYS - set(raw)):
-            problems.found.append(f"{field}.{key}: is required")
-        if not problems.found:
-            starts_at = problems.check(lambda: _instant(raw["starts_at"], f"{field}.starts_at", tz))
-            ends_at = problems.check(lambda: _instant(raw["ends_at"], f"{field}.ends_at", tz))
-        if starts_at is not None and ends_at is not None:
-            if ends_at <= starts_at:
-                problems.found.append(f"{field}.ends_at: is not after starts_at")
-            elif ends_at - starts_at > max_window:
-                problems.found.append(
-                    f"{field}.ends_at: the window is longer than the cap ({max_window})"
-                )
-    problems.raise_any()
-    return MaintenanceWindow(
-        id=window_id,
-        matchers=matchers or (),
-        reason=texts["reason"],
-        created_by=texts["created_by"],
-        starts_at=starts_at,
-        ends_at=ends_at,
-        recurring=recurrence,
-    )
