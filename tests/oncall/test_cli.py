@@ -89,6 +89,8 @@ def test_text_output(tmp_path: Path) -> None:
         ("oncall: [", [], 1, "cannot read"),
         (EXAMPLE.read_text(), ["--schedule", "nope"], 2, "no schedule 'nope'"),
         (EXAMPLE.read_text(), ["--at", "yesterday"], 2, "not an ISO 8601 date-time"),
+        (EXAMPLE.read_text(), ["--at", "9999-12-31T00:00Z"], 2, "not between the years"),
+        (EXAMPLE.read_text(), ["--at", "0001-01-01T00:00"], 2, "not between the years"),
     ],
 )  # fmt: skip
 def test_errors_are_one_clear_line(

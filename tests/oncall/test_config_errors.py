@@ -70,6 +70,8 @@ CASES = [
     (f"{O0}.end", "2026-10-27T12:00", "oncall.schedules.s.overrides[0].end: is not after start"),
     (f"{L0}.end", "2026-10-01T00:00", "oncall.schedules.s.layers[0].end: is not after start"),
     (f"{L0}.start", "next monday", "oncall.schedules.s.layers[0].start: not an ISO 8601"),
+    (f"{L0}.start", "0001-01-01T00:00", "layers[0].start: must lie between the years 1900"),
+    (f"{O0}.end", "9999-12-31T23:59", "overrides[0].end: must lie between the years 1900"),
     (f"{L0}.shift", "1y", "oncall.schedules.s.layers[0].shift: must be a number and a unit"),
     (f"{L0}.shift", "0h", "oncall.schedules.s.layers[0].shift: must be a number and a unit"),
     (f"{L0}.shift", "30m", "oncall.schedules.s.layers[0].shift: must be at least 1h"),

@@ -30,9 +30,12 @@ Exit codes:
 
 def _iso(value: str) -> datetime:
     try:
-        return datetime.fromisoformat(value)
+        moment = datetime.fromisoformat(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an ISO 8601 date-time: {value!r}") from None
+    if not 1900 <= moment.year <= 8999:  # `until` looks 400 days ahead; dates end at 9999
+        raise argparse.ArgumentTypeError(f"{value!r} is not between the years 1900 and 8999")
+    return moment
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -120,14 +120,18 @@ def parse_timezone(value: Any, field: str) -> ZoneInfo:
 
 def _datetime(value: Any, field: str) -> datetime:
     if isinstance(value, datetime):
-        return value
-    if isinstance(value, date):
-        return datetime.combine(value, time(0))
-    text = _text(value, field)
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        raise _Bad(field, f"not an ISO 8601 date-time: {text[:40]!r}") from None
+        moment = value
+    elif isinstance(value, date):
+        moment = datetime.combine(value, time(0))
+    else:
+        text = _text(value, field)
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            raise _Bad(field, f"not an ISO 8601 date-time: {text[:40]!r}") from None
+    if not 1900 <= moment.year <= 8999:  # the math looks ahead; dates end at 9999
+        raise _Bad(field, "must lie between the years 1900 and 8999")
+    return moment
 
 
 def _wall(value: Any, field: str, tz: ZoneInfo) -> datetime:
