@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from trainsentry.oncall.config import parse_oncall
 from trainsentry.oncall.types import Schedule
 
+EXAMPLE = Path(__file__).with_name("example.yaml")  # the example, as in docs
 PEOPLE = {name: {} for name in ("alice", "bob", "carol", "dave", "erin", "frank")}
 
 
@@ -68,3 +73,15 @@ HANDOFFS = [
     ("2026-11-02T08:00:00+01:00", "bob", "primary"),
     ("2026-11-02T09:00:00+01:00", "alice", "primary"),
 ]
+
+
+def run_cli(*args: str) -> tuple[int, str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINSENTRY_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "trainsentry", "oncall", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    return done.returncode, done.stdout, done.stderr

@@ -5,29 +5,12 @@ October (oncall_helpers.HANDOFFS, worked out by hand)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from oncall_helpers import HANDOFFS
-
-EXAMPLE = Path(__file__).with_name("example.yaml")
-
-
-def run_cli(*args: str) -> tuple[int, str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINSENTRY_")}
-    done = subprocess.run(
-        [sys.executable, "-m", "trainsentry", "oncall", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
-    return done.returncode, done.stdout, done.stderr
+from oncall_helpers import EXAMPLE, HANDOFFS, run_cli
 
 
 def now_json(at: str) -> dict[str, object]:

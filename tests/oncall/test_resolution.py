@@ -129,3 +129,11 @@ def test_until_is_the_next_change_not_the_next_boundary() -> None:
     s = schedule("UTC", [{**WEEKLY, "members": ["alice", "alice", "bob"]}])
     assert answer(s, "2026-06-02T00:00") == [("alice", "primary", "2026-06-15T09:00")]
     assert on_call(s, utc("2026-06-02T00:00"), horizon=timedelta(days=3))[0].until is None
+
+
+def test_a_start_with_an_offset_is_converted_to_local_wall_time() -> None:
+    # 07:00Z is 09:00 in Berlin in June; handoffs then stay at 09:00 local.
+    s = schedule("Europe/Berlin", [{**WEEKLY, "start": "2026-06-01T07:00:00+00:00"}])
+    assert answer(s, "2026-06-01T07:00") == [("alice", "primary", "2026-06-08T07:00")]
+    assert answer(s, "2026-11-09T08:00")[0][:2] == ("bob", "primary")  # 09:00 CET, 23 weeks on
+    assert entries_at(s, utc("2026-11-09T07:59"))[0][0] == "alice"
