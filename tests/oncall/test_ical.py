@@ -3,7 +3,7 @@ paged, in UTC, matching the hand-made table of test_cli.py across the October ch
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import yaml
@@ -74,3 +74,7 @@ def test_an_empty_range_is_a_valid_calendar() -> None:
     )
     calendar = Calendar.from_ical(feed)
     assert calendar.walk("VEVENT") == []
+    # An empty or reversed range has no events either (not a zero-length one).
+    at = datetime(2026, 10, 27, 13, tzinfo=UTC)
+    for end in (at, at - timedelta(hours=1)):
+        assert Calendar.from_ical(render_ics(s, at, end, at)).walk("VEVENT") == []

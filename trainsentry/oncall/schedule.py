@@ -155,8 +155,11 @@ def boundaries(schedule: Schedule, a: datetime, b: datetime) -> list[datetime]:
 
 
 def timeline(schedule: Schedule, start: datetime, end: datetime) -> list[Segment]:
-    """Pure: the answer from `start` to `end` as segments; neighbours always differ."""
+    """Pure: the answer from `start` to `end` as segments; neighbours always differ; none
+    when `end` is not after `start`."""
     segments: list[Segment] = []
+    if end <= start:
+        return segments
     points = [start, *(p for p in boundaries(schedule, start, end) if p < end), end]
     for here, there in pairwise(points):
         entries = entries_at(schedule, here)
