@@ -5,6 +5,9 @@ minute and keeps the latest time the clock has shown (`shown`); an event at wall
 happened once `shown` >= W (docs/oncall.md: "at the first instant the clock shows W or
 later"). From that alone it counts handoffs, opens and closes restrictions and overrides.
 Layers, overrides and hours are read from the same raw configuration, by its own code.
+Besides the fixed year, random schedules (hypothesis) are checked for four days around a
+clock change in zones with a 30-minute change (Lord Howe), a change at midnight (Santiago)
+and none (Kolkata).
 """
 
 from __future__ import annotations
@@ -16,11 +19,16 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from oncall_helpers import schedule
 
 from trainsentry.oncall.schedule import on_call, timeline
 
-SHIFTS = {"1w": timedelta(weeks=1), "1d": timedelta(days=1), "12h": timedelta(hours=12)}
+
+def shift_of(text: str) -> timedelta:
+    unit = {"h": timedelta(hours=1), "d": timedelta(days=1), "w": timedelta(weeks=1)}[text[-1]]
+    return int(text[:-1]) * unit
 
 
 def layers(odd_start: str, odd_hours: str) -> list[dict[str, Any]]:
@@ -89,7 +97,7 @@ def reference(
             (
                 layer["name"],
                 wall(layer["start"]),
-                SHIFTS[layer["shift"]],
+                shift_of(layer["shift"]),
                 layer["members"],
                 ranges,
                 wall(layer["end"]) if "end" in layer else None,
@@ -165,3 +173,67 @@ def test_a_year_minute_by_minute(zone: str) -> None:
             continue
         assert (answer[0].name, answer[0].layer) == expected[i][0]
         assert answer[0].until == ref_handoffs[nxt], t
+
+
+# Zones: two DST directions, a 30-minute DST (Lord Howe), none (Kolkata), southern (Santiago).
+ZONES = [
+    "Europe/Berlin",
+    "America/New_York",
+    "Australia/Lord_Howe",
+    "Asia/Kolkata",
+    "America/Santiago",
+]
+# A day with a clock change in each (2026), the random layers start around it.
+CHANGE_DAYS = {"Europe/Berlin": "2026-10-24", "America/New_York": "2026-03-07",
+               "Australia/Lord_Howe": "2026-04-04", "Asia/Kolkata": "2026-03-28",
+               "America/Santiago": "2026-04-04"}  # fmt: skip
+_clock = st.tuples(st.integers(0, 23), st.sampled_from([0, 15, 30, 45]))
+
+
+@st.composite
+def random_schedule(draw: st.DrawFn) -> tuple[str, list[dict[str, Any]], list[dict[str, str]]]:
+    zone = draw(st.sampled_from(ZONES))
+    day = datetime.fromisoformat(CHANGE_DAYS[zone])
+    raw_layers = []
+    for i in range(draw(st.integers(1, 3))):
+        hour, minute = draw(_clock)
+        start = day + timedelta(days=draw(st.integers(-2, 1)), hours=hour, minutes=minute)
+        layer: dict[str, Any] = {
+            "name": f"l{i}",
+            "start": start.isoformat(),
+            "shift": draw(st.sampled_from(["1h", "3h", "12h", "1d", "2d", "1w"])),
+            "members": draw(
+                st.lists(st.sampled_from(["alice", "bob", "carol", "dave"]), min_size=1, max_size=3)
+            ),
+        }
+        if draw(st.booleans()):
+            (h1, m1), (h2, m2) = draw(_clock), draw(_clock)
+            if (h1, m1) != (h2, m2):
+                layer["restrict"] = {"hours": f"{h1:02d}:{m1:02d}-{h2:02d}:{m2:02d}"}
+        raw_layers.append(layer)
+    overrides = []
+    if draw(st.booleans()):
+        hour, minute = draw(_clock)
+        begin = day + timedelta(hours=hour, minutes=minute)
+        length = timedelta(minutes=15 * draw(st.integers(1, 12 * 4)))
+        overrides.append(
+            {"who": "erin", "start": begin.isoformat(), "end": (begin + length).isoformat()}
+        )
+    return zone, raw_layers, overrides
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=random_schedule())
+def test_random_schedules_around_a_clock_change(
+    case: tuple[str, list[dict[str, Any]], list[dict[str, str]]],
+) -> None:
+    zone, raw_layers, raw_overrides = case
+    s = schedule(zone, raw_layers, raw_overrides)
+    start = datetime.fromisoformat(CHANGE_DAYS[zone]).replace(tzinfo=UTC) - timedelta(days=1)
+    minutes = 4 * 24 * 60
+    expected = reference(zone, raw_layers, raw_overrides, start, minutes)
+    segments = timeline(s, start, start + timedelta(minutes=minutes))
+    starts = [seg.start for seg in segments]
+    for i in range(minutes):
+        t = start + timedelta(minutes=i)
+        assert segments[bisect_right(starts, t) - 1].entries == expected[i], t.isoformat()
