@@ -12,6 +12,12 @@ from pathlib import Path
 import pytest
 from oncall_helpers import EXAMPLE, HANDOFFS, run_cli
 
+SECOND_SCHEDULE = """\
+    b:
+      timezone: UTC
+      layers: [{name: p, start: "2026-01-05T09:00", shift: 1w, members: [alice]}]
+"""
+
 
 def now_json(at: str) -> dict[str, object]:
     code, out, err = run_cli("now", "--config", str(EXAMPLE), "--at", at, "--json")
@@ -71,6 +77,8 @@ def test_text_output(tmp_path: Path) -> None:
         ("gateway: {}", [], 1, "no top-level oncall: section"),
         ("oncall: [", [], 1, "cannot read"),
         (EXAMPLE.read_text(), ["--schedule", "nope"], 2, "no schedule 'nope'"),
+        (EXAMPLE.read_text() + SECOND_SCHEDULE, [], 2,
+         "has several schedules; pick one with --schedule: ['b', 'gpu-infra']"),
         (EXAMPLE.read_text(), ["--at", "yesterday"], 2, "not an ISO 8601 date-time"),
         (EXAMPLE.read_text(), ["--at", "9999-12-31T00:00Z"], 2, "not between the years"),
         (EXAMPLE.read_text(), ["--at", "0001-01-01T00:00"], 2, "not between the years"),
