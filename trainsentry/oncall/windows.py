@@ -110,11 +110,11 @@ def _recurrence(
     text = _text(raw.get("rrule"), f"{field}.rrule").upper()
     if text.startswith("RRULE:"):
         text = text[len("RRULE:") :]
-    refusal = _rrule_refusal(text) if "\n" not in text and "DTSTART" not in text else None
-    if refusal is not None:
-        raise _Bad(f"{field}.rrule", refusal)
     if "\n" in text or "DTSTART" in text:
         raise _Bad(f"{field}.rrule", "give one RRULE line; the start comes from start and since")
+    refusal = _rrule_refusal(text)
+    if refusal is not None:
+        raise _Bad(f"{field}.rrule", refusal)
     start_text = raw.get("start")
     match = (
         re.match(r"^([0-2][0-9]):([0-5][0-9])$", start_text)
