@@ -249,6 +249,11 @@ class RankDump:
     listed_ranks: frozenset[int] = frozenset()
     #: This rank's own group rank per group, as its p2p entries state it.
     own_local: dict[str, int] = field(default_factory=dict)
+    #: `pg_status.last_started_collective` per group (-1: not recorded; only NCCL with
+    #: TORCH_NCCL_ENABLE_TIMING=1 records it).
+    last_started: dict[str, int] = field(default_factory=dict)
+    #: When the dump was taken (the caller's, a sidecar's or the file's time); 0 unknown.
+    captured_ns: int = 0
 
 
 class SignatureCache:
@@ -454,17 +459,7 @@ def parse_dump(
             listed.update(r for r in ranks if r >= 0)
             if name and ranks:
                 pg_ranks[name] = ranks
-    last_enqueued: dict[str, int] = {}
-    status = dump.get("pg_status")
-    if isinstance(status, dict):
-        for key, value in status.items():
-            if not isinstance(value, dict):
-                continue
-            name = str(key) if str(key) in by_pg else pg_id_to_name.get(str(key), str(key))
-            try:
-                last_enqueued[name] = int(value.get("last_enqueued_collective", -1))
-            except (TypeError, ValueError):
-                continue
+    last_enqueued, last_started = _pg_status(dump.get("pg_status"), by_pg, pg_id_to_name)
     arrays = {name: columns.to_arrays() for name, columns in by_pg.items()}
     return RankDump(
         rank,
@@ -477,7 +472,43 @@ def parse_dump(
         latest,
         listed_ranks=frozenset(listed),
         own_local=own_local,
+        last_started=last_started,
     )
+
+
+def _status_int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return -1
+
+
+def _pg_status(
+    status: Any, by_pg: dict[str, PgColumns], pg_id_to_name: dict[str, str]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """(last enqueued, last started) per group name from `pg_status`.
+
+    Pure. torch keys `pg_status` by the rank's local `pg_id` (the order this process created
+    its groups), while entries name the group by its global name: with `new_group` groups
+    (TP pairs, DP groups) id "2" is often another group than the one named "2". The id is
+    mapped through the entries' own `pg_id`; a key no entry maps (that group's entries left
+    the ring buffer) is dropped rather than guessed. Only dumps whose entries carry no
+    `pg_id` at all (before 2.2) are matched by name.
+    """
+    enqueued: dict[str, int] = {}
+    started: dict[str, int] = {}
+    if not isinstance(status, dict):
+        return enqueued, started
+    ids_known = any(key != "None" for key in pg_id_to_name)
+    for key, value in status.items():
+        if not isinstance(value, dict):
+            continue
+        name = pg_id_to_name.get(str(key)) if ids_known else str(key)
+        if name is None or (not ids_known and name not in by_pg):
+            continue
+        enqueued[name] = _status_int(value.get("last_enqueued_collective", -1))
+        started[name] = _status_int(value.get("last_started_collective", -1))
+    return enqueued, started
 
 
 def _coalesced_signature(table: SignatureTable, ids: list[int]) -> int:
