@@ -32,3 +32,21 @@ def test_tp_dp_hang_names_the_rank_that_stopped(fr_corpus: dict[str, Path], vari
     tp = [h for h in out["hangs"] if h["description"] == "tp-1"]
     assert [(h["seq"], h["arrived_ranks"], h["missing_ranks"]) for h in tp] == [(4, [2], [3])]
     assert 2 in out["hang"]["victim_ranks"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cascade_names_the_rank_that_skipped(fr_corpus: dict[str, Path], variant: str) -> None:
+    """Rank 6 skips the sub-group all_reduce of step 3 and enters the world one: 4, 5 and 7
+    wait for it in the sub-group, so they never reach the world collective. The waits form a
+    cycle (6 waits on them in the world, they wait on 6); rank 6's own history (sub-group
+    before world in step 2) says it skipped. Before, the verdict named 4, 5, 6 and 7."""
+    out = analyze([fr_corpus["cascade"] / variant]).to_dict()
+    assert out["verdict"] == "hang"
+    assert out["root_cause_ranks"] == [6]
+    assert out["victim_ranks"] == [4, 5, 7]
+    assert out["skipped_ranks"] == [6]
+    assert out["culprit_ranks"] == [6]
+    assert out["hang"]["description"] == "sub"
+    assert out["hang"]["missing_ranks"] == [6]
+    world = [h for h in out["hangs"] if h["description"] == "default_pg"]
+    assert [(h["seq"], h["missing_ranks"]) for h in world] == [(3, [4, 5, 7])]

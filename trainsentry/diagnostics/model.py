@@ -115,6 +115,9 @@ class Stream:
     last_enqueued: int = -1
     #: For p2p streams: the global peer rank of each event (-1 if unknown).
     peer: IntArray | None = None
+    #: `pg_status.last_started_collective` (NCCL with TORCH_NCCL_ENABLE_TIMING=1 only);
+    #: -1 if not recorded.
+    last_started: int = -1
 
     @property
     def reached(self) -> int:
@@ -221,9 +224,20 @@ class Trace:
     ranks_with_data: set[int] = field(default_factory=set)
     #: When the capture ended: the latest timestamp seen (or the dump files' mtime).
     capture_end_ns: int = 0
+    #: Per rank, when its dump was taken (see `readers.flight_recorder.capture_time`);
+    #: ranks not listed use `capture_end_ns`.
+    captured_ns: dict[int, int] = field(default_factory=dict)
+    #: Where those times came from: "option", "sidecar", "mtime", "entries" (sorted, unique).
+    captured_from: list[str] = field(default_factory=list)
     topology: Topology | None = None
     ras: list[RasCommunicator] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: NCCL RAS reports read (one may name no communicator at all).
+    reports_read: int = 0
+
+    def captured_at(self, rank: int) -> int:
+        """When `rank`'s record was captured: its own dump's time, else the capture's end."""
+        return self.captured_ns.get(rank, self.capture_end_ns)
 
     def streams_of(self, comm: str) -> list[Stream]:
         members = self.communicators[comm].ranks
