@@ -7,6 +7,7 @@ ranks the scenario was built to produce.
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,56 @@ def test_cascade_names_the_rank_that_skipped(fr_corpus: dict[str, Path], variant
     assert out["hang"]["missing_ranks"] == [6]
     world = [h for h in out["hangs"] if h["description"] == "default_pg"]
     assert [(h["seq"], h["missing_ranks"]) for h in world] == [(3, [4, 5, 7])]
+
+
+def _as_split_group(source: Path, target: Path) -> Path:
+    """The split scenario's dumps as `split_group` records them: both halves named "1".
+
+    split_group needs a device bound to the default group (gloo on a CPU refuses: "No device
+    associated with the default pg"), so the job made the halves with new_group ("1" and
+    "2"); renaming "2" to "1" in the entries and the pg_config is the only difference."""
+    target.mkdir()
+    for path in sorted(source.iterdir()):
+        dump = pickle.loads(path.read_bytes())
+        for entry in dump["entries"]:
+            if entry["process_group"][0] == "2":
+                entry["process_group"] = ("1", entry["process_group"][1])
+        config = dump["pg_config"]
+        if "2" in config:
+            config["1"] = {**config.pop("2"), "name": "1"}
+        (target / path.name).write_bytes(pickle.dumps(dump))
+    return target
+
+
+def test_split_groups_sharing_a_name_are_told_apart(
+    fr_corpus: dict[str, Path], tmp_path: Path
+) -> None:
+    """{0,1} all_reduce 8 floats, {2,3} 4 floats, both named "1"; rank 3 stops before the
+    third. Merged by name they looked like a size mismatch between {0,1} and {2,3}; told
+    apart by the membership each rank's pg_config declares, {2,3} hangs on rank 3."""
+    out = analyze([_as_split_group(fr_corpus["split"] / "pgcfg", tmp_path / "split")]).to_dict()
+    assert out["mismatches"] == []
+    assert out["verdict"] == "hang"
+    assert out["root_cause_ranks"] == [3]
+    hang = out["hang"]
+    assert (hang["communicator"], hang["seq"], hang["arrived_ranks"], hang["missing_ranks"]) == (
+        "1{2-3}",
+        3,
+        [2],
+        [3],
+    )
+    assert [h["communicator"] for h in out["hangs"]] == ["1{2-3}"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rooted_collectives_and_uneven_all_to_all_are_not_mismatches(
+    fr_corpus: dict[str, Path], variant: str
+) -> None:
+    """A healthy job: gather/scatter to root 0 (gloo records the non-roots' gathered or
+    scattered side empty: `[]` sizes and dtypes), reduce, broadcast, and all_to_all_single
+    with uneven splits (rank r sends r + 1 + j to rank j: sizes differ on every rank). They
+    were called dtype and size mismatches."""
+    out = analyze([fr_corpus["rooted"] / variant]).to_dict()
+    assert out["mismatches"] == []
+    assert out["verdict"] == "ok"
+    assert out["culprit_ranks"] == []
