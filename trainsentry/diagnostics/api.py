@@ -113,7 +113,7 @@ def _report(
         notes.insert(
             0,
             f"rank(s) {_listed(without_input)} left no readable {_WHAT.get(trace.format, 'input')}"
-            ": what they did is unknown; they are counted as not arrived where a group needs them",
+            ": what they did is unknown",
         )
     for stuck in hang.hangs:
         note = membership_note(stuck)
@@ -162,6 +162,7 @@ def _ranks_without_input(trace: Trace) -> list[int]:
         return []
     known: set[int] = set()
     for comm in trace.communicators.values():
-        if comm.membership_known:
+        # The world's ranks are 0..n-1: every rank below one seen is certainly in the job.
+        if comm.membership_known or comm.desc == "default_pg":
             known.update(comm.ranks)
     return sorted(known - trace.ranks_with_data)
