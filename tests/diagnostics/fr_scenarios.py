@@ -29,6 +29,8 @@ Scenarios (rank numbers are global):
 - `cascade`: 8 ranks, sub-group {4,5,6,7}; each step is a sub-group all_reduce (members) then
   a world all_reduce. In step 3 rank 6 skips the sub-group all_reduce and goes on to the
   world one: 4, 5 and 7 wait for it in the sub-group, everyone else waits in the world.
+- `size`: 4 ranks, three all_reduces of 8 floats, then rank 2 all_reduces 12 (a size
+  mismatch; gloo aborts it right after, so the others dump first).
 
 (gloo records no send/recv in the Flight Recorder, so pipeline hangs are tested on the real
 NCCL dumps in ../shared/nccl/pp instead.)
@@ -46,7 +48,8 @@ from pathlib import Path
 
 BLOCK_S = 1.5
 IDLE_S = 2.5
-WORLD = {"tpdp": 8, "rooted": 4, "split": 4, "cascade": 8}
+WORLD = {"tpdp": 8, "rooted": 4, "split": 4, "cascade": 8, "size": 4}
+SIZE_CULPRIT = 2
 SPLIT_NAME = "1"  # what split_group would name both halves (the first group after the world)
 
 
@@ -122,7 +125,20 @@ def _run(rank: int, scenario: str, outdir: str, port: int) -> None:
                 break
             if not done(dist.all_reduce(t, async_op=True)):
                 break
-    time.sleep(IDLE_S)
+    elif scenario == "size":
+        for _ in range(3):
+            done(dist.all_reduce(t, async_op=True))
+        store = dist.distributed_c10d._get_default_store()
+        if rank == SIZE_CULPRIT:
+            # gloo aborts the process once it sees the bad size: the others dump first, the
+            # culprit enqueues its larger tensor and dumps at once.
+            while store.add("dumped", 0) < world - 1:
+                time.sleep(0.01)
+            dist.all_reduce(torch.ones(12), async_op=True)
+        else:
+            dist.all_reduce(t, async_op=True)
+    if not (scenario == "size" and rank == SIZE_CULPRIT):
+        time.sleep(IDLE_S)
     _dump(rank, outdir, mine)
     # No rank may exit before every rank has dumped: a closed connection fails the peers'
     # pending gloo ops, which the recorder then marks retired.
