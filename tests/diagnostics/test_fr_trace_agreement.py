@@ -127,7 +127,7 @@ def test_real_nccl_pipeline_where_fr_trace_differs() -> None:
     each rank's own sends and receives (rank 1 does a recv and a send per step, rank 0 only
     a send), so #5 on one rank is not #5's partner on another. Every one of those operations
     completed (the dumps say `completed`); the only incomplete ones are the waits on rank 2.
-    trainsentry pairs a send with its peer's receive by the peers the entries name, names
+    trainsentry follows each pending send or receive to the peer it names, names
     rank 2 and calls nothing a mismatch."""
     from nccl_artifacts import watchdog_dump
 
