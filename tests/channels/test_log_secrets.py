@@ -50,7 +50,8 @@ VOICE_TEMPLATE = (
 
 
 class Pager:
-    """A paging webhook whose URL carries a token in its path: 200, or 500 when `failing`."""
+    """A paging webhook whose URL carries a token in its path: 200, or when `failing` 500
+    once, then 404 with a body that repeats the request's path and query."""
 
     def __init__(self, failing: bool) -> None:
         self.failing = failing
@@ -61,8 +62,10 @@ class Pager:
         self.requests.append(
             (request.match_info["token"], request.headers.get("Authorization", ""))
         )
-        if self.failing:
+        if self.failing and len(self.requests) == 1:
             return web.Response(status=500, text="pager down")
+        if self.failing:  # as many web frameworks do, the error page echoes the request
+            return web.Response(status=404, text=f"Cannot POST {request.path_qs}")
         return web.json_response({"ok": True})
 
     @asynccontextmanager
@@ -162,7 +165,8 @@ async def post_alerts(url: str) -> None:
     ids=["success-info", "failure-info", "success-debug", "failure-debug"],
 )
 async def test_no_secret_in_any_log_line(tmp_path: Path, failing: bool, level: str) -> None:
-    # failure: Feishu expects another signing secret (19021), the pager answers 500, the voice
+    # failure: Feishu expects another signing secret (19021), the pager answers 500 then 404
+    # echoing its URL, the voice
     # gateway 500 then 403, and "down" refuses connections; success: all but "down" accept.
     hooks = {BOT_HOOK: Hook(secret="another-secret" if failing else BOT_SIGN)}
     feishu = FeishuContractServer(hooks=hooks)
