@@ -2,10 +2,12 @@
 
 Synthetic NCCL-style dumps (default 1,024 ranks x 2,000 entries, pickle, torch 2.13's
 format) in which one rank never issued the last collective. Each tool runs as its own
-process; we report both verdicts, wall time, CPU time and peak RSS (median of --repeats
-runs) and the ratios. Then the real Megatrace sample (target < 2 s).
+process, in alternating pairs (trainsentry, then fr_trace, --pairs times) so both see the
+same machine load; we report both verdicts, wall time, CPU time and peak RSS (medians over
+the pairs), the ratios of the medians and each pair's wall-time ratio. Then the real
+Megatrace sample (target < 2 s).
 
-    .venv/bin/python -m bench.bench_analyze [--ranks 1024] [--entries 2000] [--repeats 3]
+    .venv/bin/python -m bench.bench_analyze [--ranks 1024] [--entries 2000] [--pairs 3]
 
 Not run by the test suite. Needs torch (for fr_trace).
 """
@@ -75,9 +77,9 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=1024)
     parser.add_argument("--entries", type=int, default=2000)
     parser.add_argument("--missing-rank", type=int, default=517, help="taken modulo --ranks")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="Megatrace sample runs")
     parser.add_argument(
-        "--fr-repeats", type=int, default=1, help="fr_trace runs (each takes minutes at full size)"
+        "--pairs", type=int, default=3, help="alternating (trainsentry, fr_trace) pairs"
     )
     args = parser.parse_args()
     args.missing_rank %= args.ranks
@@ -96,15 +98,27 @@ def main() -> int:
         )
         print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
 
-        ours = [
-            run_measured([sys.executable, "-c", OURS, str(workdir)]) for _ in range(args.repeats)
-        ]
-        theirs = [
-            run_measured(
-                [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(workdir)]
+        ours: list[Run] = []
+        theirs: list[Run] = []
+        for pair in range(args.pairs):
+            ours.append(run_measured([sys.executable, "-c", OURS, str(workdir)]))
+            theirs.append(
+                run_measured(
+                    [
+                        sys.executable,
+                        "-m",
+                        "torch.distributed.flight_recorder.fr_trace",
+                        str(workdir),
+                    ]
+                )
             )
-            for _ in range(args.fr_repeats)
-        ]
+            a, b = ours[-1], theirs[-1]
+            print(
+                f"pair {pair + 1}: trainsentry {a.wall_s:.2f} s wall, {a.cpu_s:.2f} s CPU; "
+                f"fr_trace {b.wall_s:.2f} s wall, {b.cpu_s:.2f} s CPU; "
+                f"ratio {b.wall_s / a.wall_s:.1f}x",
+                flush=True,
+            )
         our_result = json.loads(ours[-1].stdout.strip().splitlines()[-1])
         their_missing = fr_trace_missing(theirs[-1].stdout)
         print()

@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "operator": "trainsentry.operator.command",
     "probe": "trainsentry.probe.command",
     "report": "trainsentry.reports.command",
+    "oncall": "trainsentry.oncall.command",
 }
 
 

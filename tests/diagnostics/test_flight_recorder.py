@@ -386,3 +386,28 @@ def test_p2p_on_the_default_group_keeps_slow_detection() -> None:
     report = analyze_trace(_trace(dumps))
     assert [s.rank for s in report.slow.slow_ranks] == [2]
     assert report.verdict == "slow"
+
+
+def test_coalesced_uneven_all_to_all_and_markers_are_not_mismatches() -> None:
+    """A coalesced group of an all_to_all with uneven splits (sizes differ on every rank) and
+    an all_reduce, closed by NCCL's `ALLGATHER_coalesced` marker whose sizes differ too: each
+    member compared as its collective defines it (PyTorch's `Op.match`), so no mismatch."""
+    dumps = {r: make_dump(r, 4, 6, "ok") for r in range(4)}
+    for rank, dump in dumps.items():
+        template = dict(dump["entries"][-1])
+        for name, numel in (
+            ("nccl:all_to_all", 10 + rank),
+            ("nccl:all_reduce", 16),
+            ("nccl:ALLGATHER_coalesced", 4 * (rank + 1)),
+        ):
+            dump["entries"].append(
+                dict(
+                    template,
+                    collective_seq_id=7,
+                    profiling_name=name,
+                    input_sizes=[[numel]],
+                    output_sizes=[[numel]],
+                )
+            )
+    report = analyze_trace(_trace(dumps))
+    assert report.blocking_mismatches == []

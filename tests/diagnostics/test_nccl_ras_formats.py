@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.support.nccl_artifacts import nccl_dir
+from trainsentry.cli import main as cli_main
 from trainsentry.diagnostics import AnalyzeError, analyze
 
 HEADER_2289 = """NCCL version 2.28.9 compiled with CUDA 13.0
@@ -662,3 +663,28 @@ def test_shuffled_nccl_lines_never_crash(tmp_path: Path, seed: int) -> None:
     except AnalyzeError:
         return
     assert report.verdict in ("ok", "hang")
+
+
+def test_no_communicator_data_is_verdict_ok_with_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ncclras` prints "No communicator data collected!" under its Communicators heading
+    (src/ras/client_support.cc, rasClientRunComms) when no process it reached holds a
+    communicator: nothing to diagnose, not an unreadable input (it was exit 1). A DEAD
+    process listed beside it is still named in the notes."""
+    comms = "Communicators... (0.002s)\n=============\n\nNo communicator data collected!\n"
+    path = tmp_path / "ras.txt"
+    path.write_text(comms)
+    code = cli_main(["analyze", str(path), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["verdict"] == "ok"
+    assert any("No communicator data collected" in n for n in out["notes"])
+    path.write_text(
+        comms + "\nErrors\n======\n\nDEAD\n"
+        "  1 job process is considered dead (unreachable via the RAS network)\n"
+        "  Process 3748990 on node node1 managing GPU 3\n\nWarnings\n========\n"
+    )
+    code = cli_main(["analyze", str(path), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert any("3748990" in n and "dead" in n for n in out["notes"])

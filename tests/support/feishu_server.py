@@ -4,7 +4,12 @@ Deliberately independent of trainsentry's code (its own signature check, its own
 - custom bot webhooks `POST /open-apis/bot/v2/hook/{token}`: signature (19021), keyword
   (19024), IP allow list (19022), 5/s and 100/min per bot answering 11232, 20 KB body limit,
   card JSON 2.0 shape check;
-- `POST /open-apis/auth/v3/tenant_access_token/internal` with expiring tokens;
+- `POST /open-apis/auth/v3/tenant_access_token/internal` with expiring tokens, refusing an
+  unknown app_id (10003 "invalid param") or a wrong app_secret (10014 "app secret invalid"),
+  both HTTP 400; `token_answers` queues answers to give first (rate limits, 5xx);
+- frequency limits answered as Feishu's "Rate limits" page documents: HTTP 429 (400 on some
+  older APIs), code 99991400 "request trigger frequency limit", with the headers
+  `x-ogw-ratelimit-limit` and `x-ogw-ratelimit-reset` (seconds until the window resets);
 - `POST /open-apis/im/v1/messages` (uuid de-duplication), `PATCH .../messages/{id}`,
   `PATCH .../messages/{id}/urgent_phone`;
 - Sheets: `sheets/query`, `sheets_batch_update` (addSheet), `values_append` and
@@ -36,6 +41,8 @@ CARD_TEMPLATES = {
 }  # fmt: skip
 INVALID_TOKEN = 99991663
 APP_RATE_LIMITED = 99991400
+INVALID_PARAM = 10003  # the token endpoint's answer to an unknown app_id
+APP_SECRET_INVALID = 10014
 RANGE_ERROR = 90202
 BAD_PARAMS = 19002  # our stand-in for "params error" (Feishu does not document one code)
 
@@ -63,6 +70,15 @@ class Window:
                 return False
         self.times.append(now)
         return True
+
+
+def rate_limited(status: int = 429, reset_s: int = 1, limit: int = 100) -> web.Response:
+    """Feishu's documented frequency-limit answer (HTTP 429, or 400 from older APIs)."""
+    return web.json_response(
+        {"code": APP_RATE_LIMITED, "msg": "request trigger frequency limit"},
+        status=status,
+        headers={"x-ogw-ratelimit-limit": str(limit), "x-ogw-ratelimit-reset": str(reset_s)},
+    )
 
 
 def sign(timestamp: str, secret: str) -> str:
@@ -195,6 +211,9 @@ class FeishuContractServer:
         self.rejections: list[tuple[str, int]] = []  # (what, code)
         self.tokens: dict[str, float] = {}  # token -> expires at (monotonic)
         self.tokens_issued = 0
+        self.token_requests = 0
+        # answers the token endpoint gives before its real logic, first one first
+        self.token_answers: list[web.Response] = []
         self.messages: dict[str, dict[str, Any]] = {}
         self.uuids: dict[str, str] = {}
         self.urgent_calls: list[tuple[str, list[str]]] = []
@@ -308,10 +327,19 @@ class FeishuContractServer:
 
     # ----------------------------------------------------------------- app auth
     async def token(self, request: web.Request) -> web.Response:
+        self.token_requests += 1
+        if self.token_answers:
+            return self.token_answers.pop(0)
         body = await request.json()
         app_id, secret = body.get("app_id"), body.get("app_secret")
-        if app_id not in self.apps or not hmac.compare_digest(self.apps[app_id], str(secret)):
-            return web.json_response({"code": 10014, "msg": "app secret invalid"}, status=400)
+        if app_id not in self.apps:
+            self.rejections.append(("token", INVALID_PARAM))
+            return web.json_response({"code": INVALID_PARAM, "msg": "invalid param"}, status=400)
+        if not hmac.compare_digest(self.apps[app_id], str(secret)):
+            self.rejections.append(("token", APP_SECRET_INVALID))
+            return web.json_response(
+                {"code": APP_SECRET_INVALID, "msg": "app secret invalid"}, status=400
+            )
         now = time.monotonic()
         # Feishu hands back the current token while it has plenty of life left.
         for tok, expires in self.tokens.items():
@@ -340,7 +368,8 @@ class FeishuContractServer:
                 "auth", INVALID_TOKEN, "Invalid access token for authorization", 400
             )
         if not self.app_window.admit(time.monotonic()):
-            return self._reject("app", APP_RATE_LIMITED, "request trigger frequency limit", 400)
+            self.rejections.append(("app", APP_RATE_LIMITED))
+            return rate_limited()
         return None
 
     # ----------------------------------------------------------------- messages

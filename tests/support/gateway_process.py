@@ -21,6 +21,7 @@ def start_gateway(
     config: Path | None = None,
     env: Mapping[str, str] | None = None,
     console_file: Path | None = None,
+    log_level: str | None = None,
 ) -> RunningServer:
     full_env = dict(env or {})
     if token:
@@ -34,6 +35,8 @@ def start_gateway(
             args += ["--config", str(config)]
         if console_file is not None:
             args += ["--console-file", str(console_file)]
+        if log_level is not None:
+            args += ["--log-level", log_level]
         return args
 
     return start_server(tmp_path, "gateway", argv, ready_path="/readyz", env=full_env)

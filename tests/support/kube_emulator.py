@@ -26,7 +26,8 @@ Added on top of kmock:
   a ValueError answers 422 (the operator tests plug in strict schema validation).
 - call recording: every resource call is kept in `calls` as `ApiCall(verb, group, resource,
   subresource)`, where verb is the RBAC verb (get, list, watch, create, patch, delete), with
-  its User-Agent in `agents`; `recorded_calls(exclude_agent="kmock/")` leaves out the
+  its User-Agent in `agents` and its namespace (None: cluster-scoped or all namespaces) in
+  `namespaces`; `recorded_calls(exclude_agent="kmock/")` leaves out the
   tests' own requests.
 - an index of object keys per resource, so lists stay linear in large runs (kmock scans
   every stored object on every request).
@@ -167,6 +168,7 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         self.rv = 0
         self.calls: list[ApiCall] = []
         self.agents: list[str] = []  # the User-Agent of each call, parallel to `calls`
+        self.namespaces: list[str | None] = []  # the namespace of each call (RBAC scope)
         self.faults: list[Fault] = []
         self.history_limit = _HISTORY_LIMIT
         # Called with every object as it would be stored after a create or patch; a raised
@@ -238,6 +240,7 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         group = resource.group or ""
         self.calls.append(ApiCall(verb, group, resource.plural, request.subresource or ""))
         self.agents.append(str(request.headers.get("User-Agent", "")))
+        self.namespaces.append(request.namespace or None)
         if not any(resource == known for known in self._get_resources()):
             raise kmock.KubernetesResourceNotFoundError()
         self._raise_injected_fault(verb, resource.plural, request.subresource)

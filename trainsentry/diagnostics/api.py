@@ -37,8 +37,13 @@ def analyze(
     min_lag_ms: float = DEFAULT_MIN_LAG_MS,
     progress: Progress | None = None,
     workers: int | None = None,
+    captured_at_ns: int | None = None,
 ) -> Report:
     """Analyse trace files or directories of them.
+
+    Waits are measured against when each dump was taken: `captured_at_ns` if given, else a
+    sidecar `<dump>.captured_at_ns`, else the file's mtime (Flight Recorder), never the
+    clock of this call.
 
     `workers` bounds the processes used to parse large Flight Recorder inputs (default: one
     per CPU from 64 files / 32 MB on; 1 keeps everything in this process).
@@ -62,13 +67,21 @@ def analyze(
                 break
     chosen, rejected = (format, []) if format != "auto" else detect_format(files)
     readable = [f for f in files if f not in {r for r, _ in rejected}]
-    trace = read_trace(chosen, readable, topology, progress, total=len(files), workers=workers)
+    trace = read_trace(
+        chosen,
+        readable,
+        topology,
+        progress,
+        total=len(files),
+        workers=workers,
+        captured_at_ns=captured_at_ns,
+    )
     for path, reason in [*rejected, *((p, "no such file or directory") for p in absent)]:
         trace.inputs.append(str(path))
         trace.errors.append(InputError(str(path), reason))
     if trace.topology is None:
         trace.topology = topology
-    if not trace.streams and not trace.ras:
+    if not trace.streams and not trace.ras and not trace.reports_read:
         details = "; ".join(f"{e.path}: {e.message}" for e in trace.errors[:5])
         raise AnalyzeError(
             f"no readable trace data ({details})" if details else "no readable trace data"
@@ -94,6 +107,14 @@ def _report(
     mismatch = analyze_mismatches(trace)
     slow = analyze_slow(trace, alpha, min_lag_ms)
     notes = list(trace.notes)
+    notes.extend(hang.notes)
+    without_input = _ranks_without_input(trace)
+    if without_input:
+        notes.insert(
+            0,
+            f"rank(s) {_listed(without_input)} left no readable {_WHAT.get(trace.format, 'input')}"
+            ": what they did is unknown",
+        )
     for stuck in hang.hangs:
         note = membership_note(stuck)
         if note is not None:
@@ -121,4 +142,27 @@ def _report(
         ranks=len(ranks),
         notes=notes,
         elapsed_s=time.perf_counter() - started,
+        captured_at_ns=trace.capture_end_ns if trace.format == "fr" else 0,
+        captured_from=list(trace.captured_from),
+        ranks_without_input=without_input,
     )
+
+
+_WHAT = {"fr": "Flight Recorder dump", "megatrace": "Megatrace log"}
+
+
+def _listed(ranks: list[int], limit: int = 16) -> str:
+    shown = ", ".join(map(str, ranks[:limit]))
+    return shown + (f", ... (+{len(ranks) - limit})" if len(ranks) > limit else "")
+
+
+def _ranks_without_input(trace: Trace) -> list[int]:
+    """Pure: ranks of the job (per the communicators' known membership) with no data."""
+    if trace.format == "ras":
+        return []
+    known: set[int] = set()
+    for comm in trace.communicators.values():
+        # The world's ranks are 0..n-1: every rank below one seen is certainly in the job.
+        if comm.membership_known or comm.desc == "default_pg":
+            known.update(comm.ranks)
+    return sorted(known - trace.ranks_with_data)

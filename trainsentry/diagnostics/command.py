@@ -60,6 +60,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
+        "--captured-at-ns",
+        type=int,
+        default=None,
+        metavar="NS",
+        help="when the dumps were taken (ns since the epoch); waits are measured against it "
+        "(default: a <dump>.captured_at_ns file beside each dump, else the dump's mtime)",
+    )
+    parser.add_argument(
         "--min-idle",
         type=float,
         default=None,
@@ -97,7 +105,11 @@ def run(args: argparse.Namespace) -> int:
         "min_idle_s": DEFAULT_MIN_IDLE_S if args.min_idle is None else args.min_idle,
         "alpha": DEFAULT_ALPHA if args.alpha is None else args.alpha,
         "min_lag_ms": DEFAULT_MIN_LAG_MS if args.min_lag_ms is None else args.min_lag_ms,
+        "captured_at_ns": args.captured_at_ns,
     }
+    if args.captured_at_ns is not None and args.captured_at_ns <= 0:
+        print("trainsentry analyze: --captured-at-ns must be positive", file=sys.stderr)
+        return EXIT_USAGE
     try:
         report = _analyze_with_progress(analyze, args.paths, options)
     except (AnalyzeError, TopologyError) as exc:
@@ -165,8 +177,14 @@ def print_summary(report: Report) -> None:
     if primary is not None:
         waited = "unknown" if primary.waited_s is None else f"{primary.waited_s:.1f} s"
         console.print(
-            f"[bold]hang[/] on {primary.comm} ({primary.desc}) at seq {primary.seq}: {primary.op}"
+            f"[bold]hang[/] on {primary.comm} ({primary.desc or 'no description'}) at seq "
+            f"{primary.seq}: {primary.op}"
         )
+        if primary.not_started_ranks:
+            console.print(
+                f"  every rank enqueued it; never started on rank(s): "
+                f"[bold red]{_ranks(primary.not_started_ranks)}[/]"
+            )
         missing = _ranks(primary.missing_ranks)
         if primary.unidentified is None and not primary.missing_ranks:
             missing = "unknown (group membership unknown, see notes)"
@@ -184,6 +202,11 @@ def print_summary(report: Report) -> None:
             f"  root cause rank(s): [bold red]{_ranks(report.hang.root_cause_ranks)}"
             f"[/]; victims: {_ranks(report.hang.victim_ranks)}"
         )
+        if report.hang.skipped_ranks:
+            console.print(
+                f"  rank(s) {_ranks(report.hang.skipped_ranks)} skipped a collective and moved "
+                "on; the ranks waiting for them are victims"
+            )
         if primary.no_dump_ranks:
             console.print(f"  no dump from rank(s): {_ranks(primary.no_dump_ranks)}")
         others = [h for h in report.hang.hangs if h is not primary]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trainsentry.diagnostics.model import RasCommunicator, State, Stream, Trace
+from trainsentry.diagnostics.model import State, Stream, Trace
 
 DEFAULT_MIN_IDLE_S = 2.0
 
@@ -44,6 +44,11 @@ class CommHang:
     first_arrival_ns: int
     #: Members of the group nothing names (see `Communicator.unidentified`).
     unidentified: int | None = 0
+    #: Members that enqueued the collective but never started it while others did (NCCL
+    #: with TORCH_NCCL_ENABLE_TIMING=1: a GPU stuck in an earlier kernel).
+    not_started_ranks: tuple[int, ...] = ()
+    #: Whether the dumps record when collectives start (None: not asked, e.g. ranks missing).
+    timing_recorded: bool | None = None
 
     @property
     def membership_known(self) -> bool:
@@ -68,12 +73,20 @@ class HangAnalysis:
     victim_ranks: list[int] = field(default_factory=list)
     #: Communicators that look stuck at the end of the capture but not for long enough.
     too_recent: list[CommHang] = field(default_factory=list)
+    #: Ranks that enqueued a stuck collective but never started it (see CommHang).
+    not_started_ranks: list[int] = field(default_factory=list)
+    #: Ranks found to have skipped a collective and moved on (a cascade's first cause).
+    skipped_ranks: list[int] = field(default_factory=list)
+    #: What the analysis could not tell, in words (no timing recorded, ...).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def primary(self) -> CommHang | None:
         """The hang that involves a root cause and has waited the longest."""
         roots = set(self.root_cause_ranks)
-        involved = [h for h in self.hangs if roots & set(h.missing_ranks)] or self.hangs
+        involved = [
+            h for h in self.hangs if roots & {*h.missing_ranks, *h.not_started_ranks}
+        ] or self.hangs
         if not involved:
             return None
         return max(involved, key=lambda h: (h.waited_s or 0.0, -h.seq))
@@ -119,23 +132,50 @@ def _comm_hang(trace: Trace, comm_id: str, min_idle_s: float) -> tuple[CommHang 
     arrived = tuple(sorted(r for r in reached if reached[r] >= seq))
     missing = tuple(sorted({r for r in reached if reached[r] < seq} | set(no_dump)))
     arrival_times: list[int] = []
+    waits: list[float] = []
+    started: set[int] = set()
     op = "?"
     incomplete_on_arrived = True
     for rank in arrived:
         mine = streams.get(rank)
+        if mine is not None and mine.last_started >= seq:
+            started.add(rank)
         i = _event_at(mine, seq) if mine is not None else None
         if mine is None or i is None:
             continue  # reached it per pg_status, but the entry left the ring buffer
         arrival_times.append(int(mine.time_ns[i]))
+        # Each rank's wait is measured against its own dump's time, never our clock.
+        waits.append((trace.captured_at(rank) - int(mine.time_ns[i])) / 1e9)
         op = trace.signatures[int(mine.signature[i])].describe()
+        if int(mine.state[i]) >= State.STARTED:
+            started.add(rank)
         if states_known and int(mine.state[i]) == State.COMPLETED:
             incomplete_on_arrived = False
     if not arrival_times:
         return None, False
     first = min(arrival_times)
-    waited = max(0.0, (trace.capture_end_ns - first) / 1e9)
+    waited = max(0.0, *waits)
+    timing: bool | None = None
+    not_started: tuple[int, ...] = ()
+    if states_known and not missing:
+        timing = any(
+            s.last_started >= 0 or bool(np.any(s.state == State.STARTED)) for s in streams.values()
+        )
+        if timing and started:
+            not_started = tuple(r for r in arrived if r not in started)
     hang = CommHang(
-        comm_id, comm.desc, op, seq, arrived, missing, no_dump, waited, first, comm.unidentified
+        comm_id,
+        comm.desc,
+        op,
+        seq,
+        arrived,
+        missing,
+        no_dump,
+        waited,
+        first,
+        comm.unidentified,
+        not_started,
+        timing,
     )
     agreed = incomplete_on_arrived if states_known else bool(missing)
     if not agreed:
@@ -154,7 +194,7 @@ def _p2p_waits(trace: Trace, min_idle_s: float) -> list[P2PWait]:
         i = _event_at(stream, pending)
         if i is None or int(stream.peer[i]) < 0:
             continue
-        waited = (trace.capture_end_ns - int(stream.time_ns[i])) / 1e9
+        waited = (trace.captured_at(stream.rank) - int(stream.time_ns[i])) / 1e9
         if waited >= min_idle_s:
             op = trace.signatures[int(stream.signature[i])].op
             waits.append(
@@ -199,18 +239,115 @@ def analyze_hangs(trace: Trace, min_idle_s: float = DEFAULT_MIN_IDLE_S) -> HangA
     analysis.p2p_waits = _p2p_waits(trace, min_idle_s)
     edges: dict[int, set[int]] = {}
     for hang in analysis.hangs:
+        blockers = {*hang.missing_ranks, *hang.not_started_ranks}
         for waiter in hang.arrived_ranks:
-            edges.setdefault(waiter, set()).update(hang.missing_ranks)
+            if waiter not in hang.not_started_ranks:
+                edges.setdefault(waiter, set()).update(blockers)
     for wait in analysis.p2p_waits:
         edges.setdefault(wait.rank, set()).add(wait.peer)
+    analysis.not_started_ranks = sorted({r for h in analysis.hangs for r in h.not_started_ranks})
+    analysis.notes = _timing_notes(analysis.hangs)
     if not edges:
         return analysis
+    analysis.skipped_ranks = _skippers(trace, analysis.hangs)
+    for rank in analysis.skipped_ranks:
+        edges.pop(rank, None)  # its own wait is the consequence of what it skipped
     analysis.root_cause_ranks = _root_causes(edges)
-    missing = {r for h in analysis.hangs for r in h.missing_ranks}
+    analysis.hangs.extend(_p2p_hangs(trace, analysis))
+    missing = {r for h in analysis.hangs for r in (*h.missing_ranks, *h.not_started_ranks)}
     analysis.victim_ranks = sorted(
         (missing | {w.peer for w in analysis.p2p_waits}) - set(analysis.root_cause_ranks)
     )
     return analysis
+
+
+def _previous_time(trace: Trace, comm: str, rank: int, seq: int) -> int | None:
+    stream = trace.streams.get((comm, rank))
+    i = _event_at(stream, seq - 1) if stream is not None and seq > 1 else None
+    return int(stream.time_ns[i]) if stream is not None and i is not None else None
+
+
+def _skippers(trace: Trace, hangs: list[CommHang]) -> list[int]:
+    """Ranks missing from one stuck collective while waiting in another that, by their own
+    history, comes later in their program: they skipped the first and moved on.
+
+    Pure. Rank m is missing from C#s and waits in D#j. If m issued C#(s-1) before D#(j-1)
+    (its previous iteration ran C, then D), it should have issued C#s before D#j, so its wait
+    in D is its own doing and it is a cause; if D#(j-1) came first, m is blocked in D before
+    ever reaching C#s: a victim. Without both previous entries nothing is concluded.
+    """
+    waiting_in: dict[int, list[CommHang]] = {}
+    for hang in hangs:
+        for rank in hang.arrived_ranks:
+            waiting_in.setdefault(rank, []).append(hang)
+    skipped = set()
+    for hang in hangs:
+        for rank in hang.missing_ranks:
+            for other in waiting_in.get(rank, ()):
+                before_c = _previous_time(trace, hang.comm, rank, hang.seq)
+                before_d = _previous_time(trace, other.comm, rank, other.seq)
+                if before_c is not None and before_d is not None and before_c < before_d:
+                    skipped.add(rank)
+    return sorted(skipped)
+
+
+def _p2p_hangs(trace: Trace, analysis: HangAnalysis) -> list[CommHang]:
+    """A p2p communicator whose waits lead to a root cause is a hang naming that rank.
+
+    Pure. Waiting senders and receivers arrived; the root causes they wait on are missing.
+    """
+    roots = set(analysis.root_cause_ranks)
+    by_comm: dict[str, list[P2PWait]] = {}
+    for wait in analysis.p2p_waits:
+        by_comm.setdefault(wait.comm, []).append(wait)
+    hangs = []
+    for comm_id, waits in sorted(by_comm.items()):
+        blamed = [w for w in waits if w.peer in roots]
+        if not blamed:
+            continue
+        comm = trace.communicators.get(comm_id)
+        first = min(blamed, key=lambda w: -w.waited_s)
+        stream = trace.streams[(comm_id, first.rank)]
+        i = _event_at(stream, first.seq)
+        hangs.append(
+            CommHang(
+                comm=comm_id,
+                desc=comm.desc if comm is not None else "",
+                op=f"{first.op} {first.rank}->{first.peer}"
+                if first.op == "send"
+                else f"{first.op} {first.rank}<-{first.peer}",
+                seq=first.seq,
+                arrived_ranks=tuple(sorted({w.rank for w in blamed})),
+                missing_ranks=tuple(sorted({w.peer for w in blamed})),
+                no_dump_ranks=tuple(
+                    sorted(r for r in {w.peer for w in blamed} if r not in trace.ranks_with_data)
+                ),
+                waited_s=max(w.waited_s for w in blamed),
+                first_arrival_ns=int(stream.time_ns[i]) if i is not None else 0,
+            )
+        )
+    return hangs
+
+
+def _timing_notes(hangs: list[CommHang]) -> list[str]:
+    """Pure: what a hang every member entered says, with and without start times."""
+    notes = []
+    for hang in hangs:
+        if hang.missing_ranks or hang.timing_recorded is None:
+            continue
+        if hang.not_started_ranks:
+            notes.append(
+                f"{hang.comm}: every rank enqueued seq {hang.seq}, but rank(s) "
+                f"{list(hang.not_started_ranks)[:8]} never started it while the others did "
+                "(a GPU stuck in earlier work, e.g. a compute kernel)"
+            )
+        elif not hang.timing_recorded:
+            notes.append(
+                f"{hang.comm}: every rank enqueued seq {hang.seq} and none completed it; the "
+                "dumps do not record which rank started it, so the stuck rank cannot be told "
+                "(set TORCH_NCCL_ENABLE_TIMING=1 on NCCL jobs to record it)"
+            )
+    return notes
 
 
 def membership_note(hang: CommHang) -> str | None:
@@ -237,54 +374,3 @@ def membership_note(hang: CommHang) -> str | None:
         f"membership is unknown (no usable pg_config); the rank(s) that never arrived may be "
         f"among them"
     )
-
-
-def _ras_hang(comm: RasCommunicator) -> CommHang | None:
-    behind: dict[int, tuple[str, int]] = {}
-    arrived: set[int] = set()
-    for op, counts in comm.counts.items():
-        values = list(counts.values()) + ([comm.majority[op]] if op in comm.majority else [])
-        if not values:
-            continue
-        top = max(values)
-        for rank, count in counts.items():
-            if count < top:
-                if rank not in behind or count < behind[rank][1]:
-                    behind[rank] = (op, count)
-            else:
-                arrived.add(rank)
-    missing = set(behind) | set(comm.missing_ranks)
-    if not missing:
-        return None
-    if behind:
-        op, count = min(behind.values(), key=lambda v: v[1])
-        seq = count + 1
-    else:
-        op, seq = "?", -1
-    return CommHang(
-        comm=comm.hash,
-        desc=f"{comm.size}-rank communicator (RAS, communicator ranks)",
-        op=op,
-        seq=seq,
-        arrived_ranks=tuple(sorted(arrived - missing)),
-        missing_ranks=tuple(sorted(missing)),
-        no_dump_ranks=tuple(sorted(comm.dead_ranks)),
-        waited_s=None,
-        first_arrival_ns=0,
-    )
-
-
-def analyze_ras(trace: Trace) -> HangAnalysis:
-    """RAS has counts, not timelines: ranks behind the others (or unreachable) are missing.
-
-    A RAS snapshot is taken while the job is live, so a rank behind on a count is only a
-    suspect if the job is in fact stuck; the caller's idle evidence is the RAS query itself.
-    """
-    analysis = HangAnalysis()
-    for comm in trace.ras:
-        hang = _ras_hang(comm)
-        if hang is not None:
-            analysis.hangs.append(hang)
-    roots = {r for h in analysis.hangs for r in h.missing_ranks}
-    analysis.root_cause_ranks = sorted(roots)
-    return analysis

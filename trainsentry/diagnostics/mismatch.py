@@ -1,7 +1,10 @@
 """Mismatches: ranks of one communicator that disagree about the same sequence number.
 
-For each collective sequence number every member's signature (op, sizes, dtypes; a
-coalesced group as a whole) must be equal. Where they differ, the ranks outside the
+For each collective sequence number every member's signature must be equal as the
+collective defines it (`OpSignature.match_key`, the way PyTorch's fr analysis compares):
+op, sizes and dtypes in general; a coalesced group by its type; all_to_all (uneven splits)
+by op and dtype; gather / reduce by their input and scatter by its output, the side every
+rank has (non-root ranks record the other side empty). Where they differ, the ranks outside the
 largest agreeing group are the culprits (with two equal-sized groups we cannot tell and
 say so). all_gather / reduce_scatter also need output = input x group size (resp. the
 reverse) on each rank. A state mismatch is an entry left incomplete on a rank while a later
@@ -69,12 +72,12 @@ def _kind(expected: OpSignature, found: OpSignature) -> str:
     return "size"
 
 
-def _comm_mismatch_seqs(trace: Trace, comm_id: str) -> np.ndarray:
+def _comm_mismatch_seqs(trace: Trace, comm_id: str, keys: np.ndarray) -> np.ndarray:
     streams = [s for s in trace.streams_of(comm_id) if len(s.seq)]
     if len(streams) < 2:
         return np.empty(0, dtype=np.int64)
     seqs = np.concatenate([s.seq for s in streams])
-    sigs = np.concatenate([s.signature for s in streams])
+    sigs = keys[np.concatenate([s.signature for s in streams])]
     order = np.lexsort((sigs, seqs))
     seqs, sigs = seqs[order], sigs[order]
     differs = (seqs[1:] == seqs[:-1]) & (sigs[1:] != sigs[:-1])
@@ -83,6 +86,7 @@ def _comm_mismatch_seqs(trace: Trace, comm_id: str) -> np.ndarray:
 
 def analyze_mismatches(trace: Trace, max_per_comm: int = 3) -> MismatchAnalysis:
     analysis = MismatchAnalysis()
+    keys = trace.signatures.key_ids()  # signatures compared as the collective defines them
     for comm_id, comm in trace.communicators.items():
         streams = trace.streams_of(comm_id)
         if len(comm.ranks) < 2 or not streams or any(s.is_p2p for s in streams):
@@ -90,14 +94,14 @@ def analyze_mismatches(trace: Trace, max_per_comm: int = 3) -> MismatchAnalysis:
         # Members nothing names still count (their number comes from the gathers' sizes);
         # when even the group's size is unknown, the size rule has nothing to check against.
         group_size = None if comm.unidentified is None else len(comm.ranks) + comm.unidentified
-        bad_seqs = _comm_mismatch_seqs(trace, comm_id)
+        bad_seqs = _comm_mismatch_seqs(trace, comm_id, keys)
         analysis.total += len(bad_seqs)
         for seq in bad_seqs[:max_per_comm]:
             per_rank: dict[int, int] = {}
             for stream in streams:
                 i = int(np.searchsorted(stream.seq, seq))
                 if i < len(stream.seq) and int(stream.seq[i]) == int(seq):
-                    per_rank[stream.rank] = int(stream.signature[i])
+                    per_rank[stream.rank] = int(keys[int(stream.signature[i])])
             counts = Counter(per_rank.values()).most_common()
             majority_id = counts[0][0]
             tie = len(counts) > 1 and counts[0][1] == counts[1][1]

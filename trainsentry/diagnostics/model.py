@@ -41,6 +41,19 @@ SCATTER_OPS = frozenset(
 )
 
 
+#: Sizes differ per rank by design (uneven splits, every MoE layer): compared by op and dtype.
+ALL_TO_ALL_OPS = frozenset(
+    {"all_to_all", "all_to_all_single", "alltoall", "alltoall_base", "all_to_allv"}
+)
+#: Rooted collectives: only the root has the gathered / scattered side (the others record
+#: it empty), so only the side every rank has is compared.
+INPUT_ONLY_OPS = frozenset({"gather", "reduce"})
+OUTPUT_ONLY_OPS = frozenset({"scatter"})
+#: The entry that closes a coalesced group; its sizes are not the members' (torch matches
+#: it by type only).
+COALESCED_MARKERS = frozenset({"coalesced", "ALLGATHER_coalesced", "REDUCE_SCATTER_coalesced"})
+
+
 @dataclass(frozen=True, slots=True)
 class OpSignature:
     """What a rank said it was doing at one sequence number; equal signatures match.
@@ -66,6 +79,31 @@ class OpSignature:
         if small <= 0 or big % small:
             return None
         return big // small
+
+    def match_key(self) -> OpSignature:
+        """What ranks must agree on, as the collective defines it (PyTorch's fr analysis,
+        `Op.match`, compares the same way).
+
+        Pure. A coalesced group: member by member, each by its own key; the group's marker
+        entry (`coalesced`, `ALLGATHER_coalesced`, ...) by its type only. all_to_all:
+        op and dtypes, not sizes. gather / reduce: the input every rank has; scatter: the
+        output every rank has. Everything else: the whole signature.
+        """
+        if self.parts:
+            return OpSignature(
+                self.op,
+                parts=tuple(p.match_key() for p in self.parts if p.op not in COALESCED_MARKERS),
+            )
+        if self.op in COALESCED_MARKERS:
+            return OpSignature(self.op)
+        if self.op in ALL_TO_ALL_OPS:
+            dtypes = tuple(sorted({*self.input_dtypes, *self.output_dtypes}))
+            return OpSignature(self.op, input_dtypes=dtypes)
+        if self.op in INPUT_ONLY_OPS:
+            return OpSignature(self.op, self.input_sizes, (), self.input_dtypes, ())
+        if self.op in OUTPUT_ONLY_OPS:
+            return OpSignature(self.op, (), self.output_sizes, (), self.output_dtypes)
+        return self
 
     def describe(self) -> str:
         if self.parts:
@@ -95,6 +133,18 @@ class SignatureTable:
     def __getitem__(self, signature_id: int) -> OpSignature:
         return self._items[signature_id]
 
+    def key_ids(self) -> IntArray:
+        """Signature id -> id of its `match_key` (equal ids: the ranks agree)."""
+        keys: dict[OpSignature, int] = {}
+        out = np.empty(max(1, len(self._items)), dtype=np.int64)
+        for i, sig in enumerate(self._items):
+            key = sig.match_key()
+            found = keys.get(key)
+            if found is None:
+                found = keys[key] = i
+            out[i] = found
+        return out
+
     def __len__(self) -> int:
         return len(self._items)
 
@@ -115,6 +165,9 @@ class Stream:
     last_enqueued: int = -1
     #: For p2p streams: the global peer rank of each event (-1 if unknown).
     peer: IntArray | None = None
+    #: `pg_status.last_started_collective` (NCCL with TORCH_NCCL_ENABLE_TIMING=1 only);
+    #: -1 if not recorded.
+    last_started: int = -1
 
     @property
     def reached(self) -> int:
@@ -221,9 +274,20 @@ class Trace:
     ranks_with_data: set[int] = field(default_factory=set)
     #: When the capture ended: the latest timestamp seen (or the dump files' mtime).
     capture_end_ns: int = 0
+    #: Per rank, when its dump was taken (see `readers.flight_recorder.capture_time`);
+    #: ranks not listed use `capture_end_ns`.
+    captured_ns: dict[int, int] = field(default_factory=dict)
+    #: Where those times came from: "option", "sidecar", "mtime", "entries" (sorted, unique).
+    captured_from: list[str] = field(default_factory=list)
     topology: Topology | None = None
     ras: list[RasCommunicator] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: NCCL RAS reports read (one may name no communicator at all).
+    reports_read: int = 0
+
+    def captured_at(self, rank: int) -> int:
+        """When `rank`'s record was captured: its own dump's time, else the capture's end."""
+        return self.captured_ns.get(rank, self.capture_end_ns)
 
     def streams_of(self, comm: str) -> list[Stream]:
         members = self.communicators[comm].ranks

@@ -28,11 +28,35 @@ def _hang_dict(hang: CommHang, analysis: HangAnalysis | None = None) -> dict[str
         "waited_s": None if hang.waited_s is None else round(hang.waited_s, 3),
         "membership_known": hang.membership_known,
         "unidentified_members": hang.unidentified,
+        "not_started_ranks": list(hang.not_started_ranks),
+        "timing_recorded": hang.timing_recorded,
     }
     if analysis is not None:
         out["root_cause_ranks"] = list(analysis.root_cause_ranks)
         out["victim_ranks"] = list(analysis.victim_ranks)
     return out
+
+
+def culprit_ranks(report: dict[str, Any]) -> list[int]:
+    """Pure: the ranks a reader should name, by verdict (what `Report.culprit_ranks` says).
+
+    hang: the root causes (a rank that never arrived, never started, skipped a collective
+    or never posted its side of a send/recv), else the primary hang's missing ranks;
+    mismatch: the blocking mismatches' culprits; slow: the slow ranks; ok: none.
+    """
+    verdict = report.get("verdict")
+    if verdict == "hang":
+        hang = report.get("hang") or {}
+        return list(report.get("root_cause_ranks") or hang.get("missing_ranks") or [])
+    if verdict == "mismatch":
+        seen: dict[int, None] = {}
+        for m in report.get("mismatches") or []:
+            if m.get("kind") != "state":
+                seen.update(dict.fromkeys(m.get("culprit_ranks") or []))
+        return list(seen)
+    if verdict == "slow":
+        return [int(s["rank"]) for s in report.get("slow_ranks") or []]
+    return []
 
 
 def _slow_dict(slow: SlowRank) -> dict[str, Any]:
@@ -64,6 +88,11 @@ class Report:
     ranks: int = 0
     notes: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    #: When the dumps were taken, and from what ("option", "sidecar", "mtime", "entries").
+    captured_at_ns: int = 0
+    captured_from: list[str] = field(default_factory=list)
+    #: Ranks the job has that left no input at all (no dump / log).
+    ranks_without_input: list[int] = field(default_factory=list)
 
     @property
     def primary_hang(self) -> CommHang | None:
@@ -72,6 +101,22 @@ class Report:
     @property
     def blocking_mismatches(self) -> list[Any]:
         return [m for m in self.mismatch.mismatches if m.kind != "state"]
+
+    def _verdict_parts(self) -> dict[str, Any]:
+        primary = self.primary_hang
+        return {
+            "root_cause_ranks": list(self.hang.root_cause_ranks),
+            "hang": {"missing_ranks": list(primary.missing_ranks)} if primary else None,
+            "mismatches": [
+                {"kind": m.kind, "culprit_ranks": list(m.culprit_ranks)}
+                for m in self.mismatch.mismatches
+            ],
+            "slow_ranks": [{"rank": s.rank} for s in self.slow.slow_ranks],
+        }
+
+    @property
+    def culprit_ranks(self) -> list[int]:
+        return culprit_ranks({**self._verdict_parts(), "verdict": self.verdict})
 
     def to_dict(self) -> dict[str, Any]:
         primary = self.primary_hang
@@ -86,6 +131,14 @@ class Report:
             ),
             "ranks": self.ranks,
             "communicators": self.communicators,
+            "culprit_ranks": culprit_ranks({**self._verdict_parts(), "verdict": self.verdict}),
+            "root_cause_ranks": list(self.hang.root_cause_ranks),
+            "victim_ranks": list(self.hang.victim_ranks),
+            "not_started_ranks": list(self.hang.not_started_ranks),
+            "skipped_ranks": list(self.hang.skipped_ranks),
+            "ranks_without_input": list(self.ranks_without_input),
+            "captured_at_ns": self.captured_at_ns or None,
+            "captured_from": list(self.captured_from),
             "hang": _hang_dict(primary, self.hang) if primary else None,
             "hangs": [_hang_dict(h) for h in self.hang.hangs],
             "p2p_waits": [

@@ -13,6 +13,8 @@ _CONFIG_NAMES = frozenset({"config.yaml", "config.yml"})
 _HEAD_BYTES = 4096
 #: A probe's /status JSON: not a trace, but maps NCCL RAS processes to global ranks.
 PROBE_STATUS = "probe-status"
+#: `<dump>.captured_at_ns`: when the dump beside it was taken (nanoseconds since the epoch).
+CAPTURED_AT_SUFFIX = ".captured_at_ns"
 
 
 def list_inputs(paths: list[Path]) -> tuple[list[Path], list[Path]]:
@@ -27,6 +29,8 @@ def list_inputs(paths: list[Path]) -> tuple[list[Path], list[Path]]:
                 for part in candidate.relative_to(path if path.is_dir() else candidate.parent).parts
             ):
                 continue
+            if candidate.name.endswith(CAPTURED_AT_SUFFIX):
+                continue  # a dump's capture time, read beside the dump
             if candidate.name in _CONFIG_NAMES:
                 configs.append(candidate)
             else:
@@ -85,6 +89,7 @@ def read_trace(
     progress: Callable[[int, int], None] | None = None,
     total: int | None = None,
     workers: int | None = None,
+    captured_at_ns: int | None = None,
 ) -> Trace:
     done = 0
     count = total if total is not None else len(files)
@@ -106,6 +111,8 @@ def read_trace(
     else:
         from trainsentry.diagnostics.readers.flight_recorder import read_flight_recorder
 
-        trace = read_flight_recorder(files, on_file=tick, workers=workers, topology=topology)
+        trace = read_flight_recorder(
+            files, on_file=tick, workers=workers, topology=topology, captured_at_ns=captured_at_ns
+        )
     trace.topology = topology
     return trace

@@ -36,7 +36,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -52,8 +52,10 @@ from trainsentry.diagnostics.model import (
     find_gaps,
     make_stream,
 )
+from trainsentry.diagnostics.readers import CAPTURED_AT_SUFFIX
 from trainsentry.diagnostics.topology import Topology
 
+_V = TypeVar("_V")
 SUPPORTED_MAJOR = 2
 MAX_KNOWN_MINOR = 10
 _RANK_SUFFIX = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)$")
@@ -110,6 +112,8 @@ def decode_dump(data: bytes, source: str) -> dict[str, Any]:
         raise FlightRecorderError(f"{source}: corrupt or truncated dump ({exc})") from exc
     if not isinstance(dump, dict):
         raise FlightRecorderError(f"{source}: top level is {type(dump).__name__}, not a dict")
+    if "entries" not in dump and "version" in dump and "pg_status" in dump:
+        dump["entries"] = []  # a recorder with nothing in it (gloo records no send/recv)
     if not isinstance(dump.get("entries"), list):
         raise FlightRecorderError(f"{source}: no 'entries' list (is this a Flight Recorder dump?)")
     return dump
@@ -249,6 +253,11 @@ class RankDump:
     listed_ranks: frozenset[int] = frozenset()
     #: This rank's own group rank per group, as its p2p entries state it.
     own_local: dict[str, int] = field(default_factory=dict)
+    #: `pg_status.last_started_collective` per group (-1: not recorded; only NCCL with
+    #: TORCH_NCCL_ENABLE_TIMING=1 records it).
+    last_started: dict[str, int] = field(default_factory=dict)
+    #: When the dump was taken (the caller's, a sidecar's or the file's time); 0 unknown.
+    captured_ns: int = 0
 
 
 class SignatureCache:
@@ -454,17 +463,7 @@ def parse_dump(
             listed.update(r for r in ranks if r >= 0)
             if name and ranks:
                 pg_ranks[name] = ranks
-    last_enqueued: dict[str, int] = {}
-    status = dump.get("pg_status")
-    if isinstance(status, dict):
-        for key, value in status.items():
-            if not isinstance(value, dict):
-                continue
-            name = str(key) if str(key) in by_pg else pg_id_to_name.get(str(key), str(key))
-            try:
-                last_enqueued[name] = int(value.get("last_enqueued_collective", -1))
-            except (TypeError, ValueError):
-                continue
+    last_enqueued, last_started = _pg_status(dump.get("pg_status"), by_pg, pg_id_to_name)
     arrays = {name: columns.to_arrays() for name, columns in by_pg.items()}
     return RankDump(
         rank,
@@ -477,7 +476,43 @@ def parse_dump(
         latest,
         listed_ranks=frozenset(listed),
         own_local=own_local,
+        last_started=last_started,
     )
+
+
+def _status_int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return -1
+
+
+def _pg_status(
+    status: Any, by_pg: dict[str, PgColumns], pg_id_to_name: dict[str, str]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """(last enqueued, last started) per group name from `pg_status`.
+
+    Pure. torch keys `pg_status` by the rank's local `pg_id` (the order this process created
+    its groups), while entries name the group by its global name: with `new_group` groups
+    (TP pairs, DP groups) id "2" is often another group than the one named "2". The id is
+    mapped through the entries' own `pg_id`; a key no entry maps (that group's entries left
+    the ring buffer) is dropped rather than guessed. Only dumps whose entries carry no
+    `pg_id` at all (before 2.2) are matched by name.
+    """
+    enqueued: dict[str, int] = {}
+    started: dict[str, int] = {}
+    if not isinstance(status, dict):
+        return enqueued, started
+    ids_known = any(key != "None" for key in pg_id_to_name)
+    for key, value in status.items():
+        if not isinstance(value, dict):
+            continue
+        name = pg_id_to_name.get(str(key)) if ids_known else str(key)
+        if name is None or (not ids_known and name not in by_pg):
+            continue
+        enqueued[name] = _status_int(value.get("last_enqueued_collective", -1))
+        started[name] = _status_int(value.get("last_started_collective", -1))
+    return enqueued, started
 
 
 def _coalesced_signature(table: SignatureTable, ids: list[int]) -> int:
@@ -612,6 +647,63 @@ def _peer_lookup(comm: Communicator, own: dict[int, int]) -> np.ndarray | None:
     return lookup
 
 
+def _span(ranks: tuple[int, ...]) -> str:
+    """Pure: 0,1,2,3,8 -> "0-3,8"."""
+    parts: list[str] = []
+    for rank in ranks:
+        if parts and rank == int(parts[-1].rsplit("-", 1)[-1]) + 1:
+            parts[-1] = f"{parts[-1].split('-', 1)[0]}-{rank}"
+        else:
+            parts.append(str(rank))
+    return ",".join(parts)
+
+
+def _renamed(table: dict[str, _V], renames: dict[str, str]) -> dict[str, _V]:
+    return {renames.get(key, key): value for key, value in table.items()}
+
+
+def _split_groups_apart(dumps: list[RankDump]) -> list[str]:
+    """Give groups that share a name but not their members (`split_group` names every
+    split by one counter: {0,1} and {2,3} are both "1") an id of their own,
+    `name{members}`, in every per-group table of the dumps; returns notes.
+
+    A group is (name, membership): the membership is the one the rank's own pg_config
+    declares for that name. A rank that declares none joins the one declared membership
+    that contains it; if none does, it stays under the bare name, and a note says the
+    groups could not all be told apart.
+    """
+    memberships: dict[str, set[tuple[int, ...]]] = {}
+    for d in dumps:
+        for name, ranks in d.pg_ranks.items():
+            if d.rank in ranks:
+                memberships.setdefault(name, set()).add(ranks)
+    split = {name: sets for name, sets in memberships.items() if len(sets) > 1}
+    if not split:
+        return []
+    notes = []
+    for d in dumps:
+        renames: dict[str, str] = {}
+        for name, sets in split.items():
+            own = d.pg_ranks.get(name)
+            if own is None or d.rank not in own:
+                holding = [m for m in sets if d.rank in m]
+                own = holding[0] if len(holding) == 1 else None
+            if own is not None:
+                renames[name] = f"{name}{{{_span(own)}}}"
+            elif name in d.by_pg:
+                notes.append(
+                    f"rank {d.rank}: group {name!r} has several memberships and this rank's "
+                    "dump declares none of them; its entries stay under the bare name"
+                )
+        d.by_pg = _renamed(d.by_pg, renames)
+        d.pg_desc = _renamed(d.pg_desc, renames)
+        d.pg_ranks = _renamed(d.pg_ranks, renames)
+        d.last_enqueued = _renamed(d.last_enqueued, renames)
+        d.last_started = _renamed(d.last_started, renames)
+        d.own_local = _renamed(d.own_local, renames)
+    return notes
+
+
 def join_dumps(dumps: list[RankDump], trace: Trace, named_ranks: set[int] | None = None) -> Trace:
     """Join per-rank dumps into communicators and streams.
 
@@ -619,6 +711,7 @@ def join_dumps(dumps: list[RankDump], trace: Trace, named_ranks: set[int] | None
     has them even though they contribute no data. `trace.topology`, if set, gives the world
     size when the dumps do not.
     """
+    trace.notes.extend(_split_groups_apart(dumps))
     members: dict[str, set[int]] = {}
     declared: dict[str, tuple[int, ...]] = {}
     descs: dict[str, str] = {}
@@ -627,6 +720,8 @@ def join_dumps(dumps: list[RankDump], trace: Trace, named_ranks: set[int] | None
     for d in dumps:
         trace.ranks_with_data.add(d.rank)
         trace.capture_end_ns = max(trace.capture_end_ns, d.latest_ns)
+        if d.captured_ns:
+            trace.captured_ns[d.rank] = d.captured_ns
         known_ranks.add(d.rank)
         known_ranks.update(d.listed_ranks)
         for pg in d.by_pg:
@@ -671,6 +766,7 @@ def join_dumps(dumps: list[RankDump], trace: Trace, named_ranks: set[int] | None
                     table,
                     d.last_enqueued.get(pg, -1),
                 )
+                stream.last_started = d.last_started.get(pg, -1)
                 trace.streams[(pg, d.rank)] = stream
                 trace.gaps.extend(find_gaps(stream))
             if len(p2p_picks):
@@ -728,9 +824,32 @@ class _ChunkResult:
     errors: list[tuple[int, str]]  # (index in the input list, message)
     notes: list[str]
     done: int
+    sources: set[str] = field(default_factory=set)
 
 
-def _read_one(path: Path, rank: int, cache: SignatureCache) -> RankDump:
+def capture_time(path: Path, given_ns: int | None = None) -> tuple[int, str]:
+    """(when the dump at `path` was taken, where that came from).
+
+    The caller's time (`--captured-at-ns`, "option") wins; then a sidecar file
+    `<dump>.captured_at_ns` holding nanoseconds since the epoch ("sidecar", written by
+    whatever fetched the dump); then the file's mtime ("mtime"). Never the clock of the
+    analysis: a dump analysed an hour later must not have waited an hour longer.
+    """
+    if given_ns is not None:
+        return given_ns, "option"
+    sidecar = path.with_name(path.name + CAPTURED_AT_SUFFIX)
+    try:
+        text = sidecar.read_text(encoding="ascii").strip()
+        if text.isdigit():
+            return int(text), "sidecar"
+    except (OSError, UnicodeDecodeError):
+        pass
+    return os.stat(path).st_mtime_ns, "mtime"
+
+
+def _read_one(
+    path: Path, rank: int, cache: SignatureCache, captured_at_ns: int | None = None
+) -> tuple[RankDump, str]:
     data = path.read_bytes()
     decoded = decode_dump(data, str(path))
     try:
@@ -739,12 +858,18 @@ def _read_one(path: Path, rank: int, cache: SignatureCache) -> RankDump:
         if isinstance(exc, FlightRecorderError):
             raise
         raise FlightRecorderError(f"{path}: unexpected entry structure ({exc!r})") from exc
-    dump.latest_ns = max(dump.latest_ns, os.stat(path).st_mtime_ns)
-    return dump
+    dump.captured_ns, source = capture_time(path, captured_at_ns)
+    # An entry later than the stated capture time (a clock ahead) still bounds it.
+    if dump.latest_ns > dump.captured_ns:
+        dump.captured_ns, source = dump.latest_ns, "entries"
+    dump.latest_ns = dump.captured_ns
+    return dump, source
 
 
 def _read_chunk(
-    items: list[tuple[int, str, int]], on_file: Callable[[], None] | None = None
+    items: list[tuple[int, str, int]],
+    on_file: Callable[[], None] | None = None,
+    captured_at_ns: int | None = None,
 ) -> _ChunkResult:
     """Read (index, path, rank) items with a private signature table (runs in workers too)."""
     # Dumps are millions of small containers that die by refcount right after parsing;
@@ -758,9 +883,10 @@ def _read_chunk(
         for index, name, rank in items:
             path = Path(name)
             try:
-                dump = _read_one(path, rank, cache)
+                dump, source = _read_one(path, rank, cache, captured_at_ns)
                 dump.index = index
                 result.dumps.append(dump)
+                result.sources.add(source)
                 if dump.version[1] > MAX_KNOWN_MINOR:
                     result.notes.append(
                         f"{path}: version {dump.version[0]}.{dump.version[1]} is newer than "
@@ -793,7 +919,10 @@ def _worker_count(paths: list[Path], requested: int | None) -> int:
 
 
 def _read_in_workers(
-    items: list[tuple[int, str, int]], count: int, on_file: Callable[[], None] | None
+    items: list[tuple[int, str, int]],
+    count: int,
+    on_file: Callable[[], None] | None,
+    captured_at_ns: int | None = None,
 ) -> list[_ChunkResult]:
     """Fork workers (only from a single-threaded caller: forking a threaded server is unsafe,
     and spawn would re-import the caller's __main__)."""
@@ -807,7 +936,9 @@ def _read_in_workers(
     try:
         context = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(max_workers=count, mp_context=context) as pool:
-            for future in as_completed([pool.submit(_read_chunk, chunk) for chunk in chunks]):
+            for future in as_completed(
+                [pool.submit(_read_chunk, chunk, None, captured_at_ns) for chunk in chunks]
+            ):
                 result = future.result()
                 results.append(result)
                 if on_file is not None:
@@ -816,7 +947,7 @@ def _read_in_workers(
     except (BrokenProcessPool, OSError):
         done = {index for result in results for index in _indices(result)}
         rest = [item for item in items if item[0] not in done]
-        results.append(_read_chunk(rest, on_file))
+        results.append(_read_chunk(rest, on_file, captured_at_ns))
     return results
 
 
@@ -829,6 +960,7 @@ def read_flight_recorder(
     on_file: Callable[[], None] | None = None,
     workers: int | None = None,
     topology: Topology | None = None,
+    captured_at_ns: int | None = None,
 ) -> Trace:
     """Read one dump per rank; a bad file becomes an `InputError`, the others are analysed.
 
@@ -857,10 +989,11 @@ def read_flight_recorder(
     count = _worker_count([Path(p) for _, p, _ in items], workers)
     results: list[_ChunkResult] = []
     if count > 1 and threading.active_count() == 1:
-        results = _read_in_workers(items, count, on_file)
+        results = _read_in_workers(items, count, on_file, captured_at_ns)
     else:
-        results.append(_read_chunk(items, on_file))
+        results.append(_read_chunk(items, on_file, captured_at_ns))
     dumps: list[RankDump] = []
+    sources: set[str] = set()
     for chunk_result in results:
         remap = np.asarray(
             [trace.signatures.intern(sig) for sig in chunk_result.signatures] or [0], dtype=np.int64
@@ -870,8 +1003,10 @@ def read_flight_recorder(
                 columns.signature = remap[columns.signature]
             dumps.append(dump)
         messages.update(dict(chunk_result.errors))
+        sources.update(chunk_result.sources)
         trace.notes.extend(chunk_result.notes)
     for index in sorted(messages):
         trace.errors.append(InputError(str(paths[index]), messages[index]))
     dumps.sort(key=lambda d: d.rank)
+    trace.captured_from = sorted(sources)
     return join_dumps(dumps, trace, set(seen_ranks))

@@ -123,14 +123,24 @@ def _parse_slow(line: str) -> tuple[int, int, str, int, str, int, str | None] | 
     return (int(m["rank"]), t_ns, m["op"], int(m["count"]), m["stream"], int(m["seq"]), m["hash"])
 
 
-def parse_lines(lines: Iterable[str], source: str) -> list[RawStream]:
-    """Parse one rank's log. Blank lines are skipped; a malformed line is an error."""
+def parse_lines(
+    lines: Iterable[str], source: str, notes: list[str] | None = None
+) -> list[RawStream]:
+    """Parse one rank's log. Blank lines are skipped; a malformed line is an error, except
+    a last line cut short (no newline: the log was copied or the process killed while it
+    wrote), which is dropped with a note in `notes`."""
     streams: dict[str, RawStream] = {}
     op_names: dict[str, str] = {}
     for number, line in enumerate(lines, start=1):
         parsed = _parse_fast(line) or _parse_slow(line)
         if parsed is None:
             if not line.strip():
+                continue
+            if not line.endswith("\n") and notes is not None:
+                notes.append(
+                    f"{source}:{number}: last line cut short ({line[:60]!r}); ignored, the "
+                    "rank's record ends one line earlier"
+                )
                 continue
             raise MegatraceFormatError(f"{source}:{number}: not a Megatrace line: {line[:80]!r}")
         rank, t_ns, op, count, pointer, seq, group_hash = parsed
@@ -294,7 +304,7 @@ def read_megatrace(
         trace.inputs.append(str(path))
         try:
             with path.open(encoding="utf-8", errors="strict") as handle:
-                raws.extend(parse_lines(handle, str(path)))
+                raws.extend(parse_lines(handle, str(path), trace.notes))
         except (OSError, UnicodeDecodeError, MegatraceFormatError) as exc:
             trace.errors.append(InputError(str(path), str(exc)))
         if on_file is not None:

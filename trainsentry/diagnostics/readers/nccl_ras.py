@@ -417,6 +417,24 @@ def read_nccl_ras(paths: list[Path], on_file: Callable[[], None] | None = None) 
         return trace
     trace.ras, notes = merge_reports(reports, statuses)
     trace.notes.extend(notes)
+    trace.reports_read = len(reports)
+    if not trace.ras:
+        trace.notes.append(
+            f"NCCL RAS: {len(reports)} report(s) read, none names a communicator (ncclras says "
+            "'No communicator data collected!' when no process it reached holds an NCCL "
+            "communicator: not created yet, or already destroyed). No collective to diagnose: "
+            "verdict ok means RAS saw no collective, not that the job is healthy"
+        )
+        gone = {p.describe(): "dead" for r in reports for p in r.dead_processes}
+        for r in reports:
+            for p in r.unresponsive_processes:
+                gone.setdefault(p.describe(), "unresponsive")
+        if gone:
+            listed = "; ".join(f"{who} ({state})" for who, state in list(gone.items())[:8])
+            trace.notes.append(
+                f"NCCL RAS: {len(gone)} job process(es) unreachable, with no communicator left "
+                f"to place them in: {listed}"
+            )
     trace.ranks_with_data = {g for c in trace.ras for g in c.global_ranks.values()}
     trace.notes.extend(state_notes(trace, len(reports)))
     trace.notes.extend(culprit_notes(trace, _identity_map(statuses)))

@@ -1,0 +1,123 @@
+"""The real NCCL Flight Recorder dumps in ../shared/nccl (H100, torch 2.11.0+cu130, NCCL 2.28.9).
+
+`pp/`: a 4-stage send/recv pipeline whose rank 2 stops; `compute_timing/`: rank 3's GPU spins
+in a compute kernel queued before all_reduce #20, TORCH_NCCL_ENABLE_TIMING=1; `hang/`: rank 2
+never calls all_reduce #20. Watchdog pickles, unedited (tests that need a variant copy them
+and say what they change).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+from nccl_artifacts import nccl_dir, watchdog_dump
+
+from trainsentry.cli import main as cli_main
+from trainsentry.diagnostics import analyze
+
+
+def _latest_entry_ns(case: str) -> int:
+    latest = 0
+    for rank in range(4):
+        for entry in watchdog_dump(case, rank)["entries"]:
+            for key in ("time_created_ns", "time_discovered_started_ns"):
+                if isinstance(entry.get(key), int):
+                    latest = max(latest, entry[key])
+    return latest
+
+
+def test_pipeline_hang_names_the_stage_that_never_posted() -> None:
+    """Rank 1 waits in `send 1->2`, rank 3 in `recv 3<-2`, rank 0 behind rank 1: rank 2 is the
+    root cause (it was `ok` before: p2p waits were listed but made no verdict)."""
+    out = analyze([nccl_dir() / "pp" / "watchdog"]).to_dict()
+    assert out["verdict"] == "hang"
+    assert out["root_cause_ranks"] == [2]
+    assert out["culprit_ranks"] == [2]
+    assert out["hang"]["communicator"] == "0/p2p"
+    assert out["hang"]["missing_ranks"] == [2]
+    assert out["hang"]["arrived_ranks"] == [1, 3]
+    waits = {(w["rank"], w["peer"], w["op"]) for w in out["p2p_waits"]}
+    assert {(1, 2, "send"), (3, 2, "recv")} <= waits
+
+
+def test_stuck_gpu_with_timing_names_the_rank_that_never_started() -> None:
+    """Every rank enqueued all_reduce #20; ranks 0-2 started it, rank 3 (GPU busy) did not."""
+    out = analyze([nccl_dir() / "compute_timing" / "watchdog"]).to_dict()
+    assert out["verdict"] == "hang"
+    assert out["hang"]["seq"] == 20
+    assert out["hang"]["missing_ranks"] == []
+    assert out["hang"]["not_started_ranks"] == [3]
+    assert out["hang"]["timing_recorded"] is True
+    assert out["not_started_ranks"] == [3]
+    assert out["root_cause_ranks"] == [3]
+    assert out["culprit_ranks"] == [3]
+    assert any("never started" in n and "[3]" in n for n in out["notes"])
+
+
+def test_stuck_gpu_without_timing_says_what_to_switch_on(tmp_path: Path) -> None:
+    """The same dumps as NCCL writes them with timing off: `last_started_collective` -1 and
+    in-flight entries `scheduled` with no start time (as in pp/, recorded without timing)."""
+    for rank in range(4):
+        dump = watchdog_dump("compute_timing", rank)
+        for status in dump["pg_status"].values():
+            status["last_started_collective"] = -1
+        for entry in dump["entries"]:
+            entry["time_discovered_started_ns"] = None
+            if entry["state"] == "started":
+                entry["state"] = "scheduled"
+        (tmp_path / f"fr_nccl_rank_{rank}").write_bytes(pickle.dumps(dump))
+    out = analyze([tmp_path]).to_dict()
+    assert out["verdict"] == "hang"
+    assert out["hang"]["timing_recorded"] is False
+    assert out["hang"]["not_started_ranks"] == [] and out["root_cause_ranks"] == []
+    assert any("TORCH_NCCL_ENABLE_TIMING=1" in n for n in out["notes"])
+
+
+def test_wait_is_measured_against_the_given_capture_time(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--captured-at-ns 25 s after the last entry: waited ~25 s, whatever the files' mtime
+    (copied here today, a day after the hang) and whenever the analysis runs."""
+    at = _latest_entry_ns("hang") + 25 * 10**9
+    code = cli_main(
+        ["analyze", str(nccl_dir() / "hang" / "watchdog"), "--json", f"--captured-at-ns={at}"]
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert code == 3
+    assert out["hang"]["missing_ranks"] == [2]
+    assert 25 <= out["hang"]["waited_s"] < 27
+    assert out["captured_from"] == ["option"] and out["captured_at_ns"] == at
+
+
+def test_sidecar_then_mtime_give_the_capture_time(tmp_path: Path) -> None:
+    source = nccl_dir() / "hang" / "watchdog"
+    last = _latest_entry_ns("hang")
+    for rank in range(4):
+        shutil.copy(source / f"fr_nccl_rank_{rank}", tmp_path / f"fr_nccl_rank_{rank}")
+        os.utime(tmp_path / f"fr_nccl_rank_{rank}", ns=(last + 40 * 10**9,) * 2)
+    by_mtime = analyze([tmp_path]).to_dict()
+    assert by_mtime["captured_from"] == ["mtime"]
+    assert 40 <= by_mtime["hang"]["waited_s"] < 42
+    for rank in range(4):
+        (tmp_path / f"fr_nccl_rank_{rank}.captured_at_ns").write_text(str(last + 10 * 10**9))
+    by_sidecar = analyze([tmp_path]).to_dict()
+    assert by_sidecar["captured_from"] == ["sidecar"]
+    assert 10 <= by_sidecar["hang"]["waited_s"] < 12
+    assert len(by_sidecar["inputs"]) == 4  # the sidecars are not read as dumps
+
+
+def test_snapshot_of_a_running_job_is_not_a_hang(capsys: pytest.CaptureFixture[str]) -> None:
+    """Taken 0.5 s after ranks 0, 1, 3 entered all_reduce #20, these dumps are what a live job
+    looks like between two collectives: the end of the record, not a hang."""
+    at = _latest_entry_ns("hang") + 500_000_000
+    code = cli_main(
+        ["analyze", str(nccl_dir() / "hang" / "watchdog"), "--json", f"--captured-at-ns={at}"]
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["verdict"] == "ok"
+    assert any("not a hang" in n for n in out["notes"])
