@@ -104,3 +104,14 @@ def test_rooted_collectives_and_uneven_all_to_all_are_not_mismatches(
     assert out["mismatches"] == []
     assert out["verdict"] == "ok"
     assert out["culprit_ranks"] == []
+
+
+def test_cascade_summary_says_who_skipped(
+    fr_corpus: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trainsentry.cli import main as cli_main
+
+    assert cli_main(["analyze", str(fr_corpus["cascade"] / "json")]) == 3
+    summary = " ".join(capsys.readouterr().out.split())
+    assert "root cause rank(s): 6; victims: 4, 5, 7" in summary
+    assert "rank(s) 6 skipped a collective and moved on" in summary
