@@ -7,7 +7,7 @@ same machine load; we report both verdicts, wall time, CPU time and peak RSS (me
 the pairs), the ratios of the medians and each pair's wall-time ratio. Then the real
 Megatrace sample (target < 2 s).
 
-    .venv/bin/python bench/bench_analyze.py [--ranks 1024] [--entries 2000] [--pairs 3]
+    .venv/bin/python -m bench.bench_analyze [--ranks 1024] [--entries 2000] [--pairs 3]
 
 Not run by the test suite. Needs torch (for fr_trace).
 """

@@ -6,7 +6,7 @@
 3. Escalation `plan` over 1,000 open incidents (the JSON state deep-copied each call) vs
    a bare `copy.deepcopy` of the same state (the floor `plan` cannot beat).
 
-    .venv/bin/python bench/bench_channels.py [--rounds 7]
+    .venv/bin/python -m bench.bench_channels [--rounds 7]
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from trainsentry.alerts import Priority
-from trainsentry.gateway.escalation import Escalator, Layer, Person, Policy, Roster, new_state
+from trainsentry.alerts import Person, Priority
+from trainsentry.gateway.policy.escalation import EscalationPolicy as Policy
+from trainsentry.gateway.policy.escalation import Escalator, Layer, Roster, new_state
 from trainsentry.notifiers.feishu import card as cards
 from trainsentry.notifiers.payload import parse_payload
 

@@ -12,7 +12,7 @@ Baseline in the same run: the stall threshold itself (the 20 s floor once the gr
 history), so the report also shows what the path adds after the threshold: detection,
 trigger, dumps, stacks, analysis, send.
 
-    .venv/bin/python bench/bench_hang_page.py [--runs 3] [--train 30]
+    .venv/bin/python -m bench.bench_hang_page [--runs 3] [--train 30]
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,22 +33,17 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests")]  # the contract server and the training worker
+from tests.support.ports import free_port
 
-from contract.feishu_server import FeishuContractServer, Hook  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+
+from tests.support.feishu_server import FeishuContractServer, Hook  # noqa: E402
 
 WORKER = REPO / "tests" / "probe" / "train_worker.py"
 WORLD = 4
 STALLED = 2
 TOKEN = "bench-probe-token"
 SECRET = "bench-bot-secret"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Feishu:

@@ -9,7 +9,7 @@ The gateway answers once alerts and events are committed; its alert policy works
 stored changes right after (the policy inbox). "planned" is the rate from the first post until
 the inbox is empty again (read from /metrics): what a storm costs end to end.
 
-    .venv/bin/python bench/bench_intake.py [--db postgresql://...] [--posts 600] [--rounds 3]
+    .venv/bin/python -m bench.bench_intake [--db postgresql://...] [--posts 600] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,15 +29,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import aiohttp
-from sqlite_floor import engine_seconds
+
+from bench.sqlite_floor import engine_seconds
+from tests.support.ports import free_port
 
 ALERTS_PER_POST = 50
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def bodies(count: int, offset: int) -> list[bytes]:

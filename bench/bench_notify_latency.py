@@ -12,7 +12,7 @@ receiver. The baseline is the same client POSTing the same body straight to the 
    together: the P0's latency (claimed first from the policy inbox) against the P2's (behind
    the storm's backlog, which is P2 too).
 
-    .venv/bin/python bench/bench_notify_latency.py [--alerts 200] [--storm 20000]
+    .venv/bin/python -m bench.bench_notify_latency [--alerts 200] [--storm 20000]
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,13 +32,9 @@ from typing import Any
 import aiohttp
 import yaml
 from aiohttp import web
-from bench_intake import inbox_depth_in  # bench/ is on sys.path when run as a script
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from bench.bench_intake import inbox_depth_in
+from tests.support.ports import free_port
 
 
 class Receiver:

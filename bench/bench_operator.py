@@ -2,12 +2,12 @@
 status; peak RSS of the operator process.
 
 The operator runs as the real CLI (`trainsentry operator`) in its own process, so its RSS is
-its own; the Kubernetes API is the test emulator (tests/kube_emulator.py) in this process.
+its own; the Kubernetes API is the test emulator (tests/support/kube_emulator.py) in this process.
 Baseline in the same run: a small batch (default 50 jobs, several rounds, median) gives the
 per-job time; the big batch (default 500) is compared to it (ratio of per-job times; 1.0 means
 linear scaling). Targets: big batch < 60 s, RSS < 300 MB.
 
-    .venv/bin/python bench/bench_operator.py [--jobs 500] [--baseline 50] [--rounds 3]
+    .venv/bin/python -m bench.bench_operator [--jobs 500] [--baseline 50] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests/operator")]
 
 import kmock  # noqa: E402
-from kube_emulator import KubeEmulator  # noqa: E402
+
+from tests.support.kube_emulator import KubeEmulator  # noqa: E402
 
 TJ = "trainsentry.io/v1alpha1/trainingjobs"
 PODS_PER_JOB = 2

@@ -6,7 +6,7 @@ INTERVAL seconds, its /metrics scraped every second) inside the same process gro
 both modes see the same machine state. Prints per-mode medians and the median of the
 per-round on/off ratios (target: overhead < 1%).
 
-    .venv/bin/python bench/bench_probe.py [--world 2] [--rounds 10] [--steps 200]
+    .venv/bin/python -m bench.bench_probe [--world 2] [--rounds 10] [--steps 200]
                                           [--interval 2.0]
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import tempfile
 import threading
@@ -23,12 +22,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from tests.support.ports import free_port
 
 
 def _scraper(port: int, stop: threading.Event) -> None:
@@ -159,7 +153,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "results.json"
-        mp.spawn(_worker, args=(args.world, _free_port(), args, str(out)), nprocs=args.world)
+        mp.spawn(_worker, args=(args.world, free_port(), args, str(out)), nprocs=args.world)
         payload = json.loads(out.read_text())
     results = payload["results"]
 

@@ -12,7 +12,7 @@ SQLite file in a temp dir, `synchronous=FULL` as the gateway runs it. Rounds use
 and fresh alerts; medians are printed. The throughput benchmark is bench_intake.py; this one
 says which stage to work on.
 
-    .venv/bin/python bench/bench_stages.py [--webhooks 320] [--rounds 3]
+    .venv/bin/python -m bench.bench_stages [--webhooks 320] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from bench_intake import ALERTS_PER_POST, bodies
-from sqlite_floor import GROUP_COMMIT, engine_seconds
 
-from trainsentry.gateway.decide import decide
-from trainsentry.gateway.intake import parse_webhook
-from trainsentry.gateway.policy import load_policy
-from trainsentry.gateway.policy_plan import PolicyPlan
-from trainsentry.gateway.policy_worker import PolicyWorker
+from bench.bench_intake import ALERTS_PER_POST, bodies
+from bench.sqlite_floor import GROUP_COMMIT, engine_seconds
+from trainsentry.gateway.policy.decide import decide
+from trainsentry.gateway.policy.rules import load_policy
+from trainsentry.gateway.stages.intake import parse_webhook
+from trainsentry.gateway.stages.planning.plan import PolicyPlan
+from trainsentry.gateway.stages.planning.worker import PolicyWorker
 from trainsentry.store.engine import create_engine, migrate
 from trainsentry.store.inbox import claim_inbox
 from trainsentry.store.writes import record_receipts
@@ -87,7 +87,7 @@ async def one_round(tmp: Path, round_no: int, webhooks: int) -> dict[str, tuple[
 
 def _decide_all(changes: list[Any], plan: PolicyPlan) -> None:
     """decide() over the changes, threading each job's and fingerprint's state through."""
-    from trainsentry.gateway.storm import job_key
+    from trainsentry.gateway.policy.storm import job_key
 
     fp_states: dict[str, Any] = {}
     storms: dict[str, Any] = {}

@@ -10,7 +10,7 @@ Prometheus measures each rule group's evaluation time itself (`/api/v1/rules`); 
 script samples it every evaluation and prints medians per file and the ratio
 job-scoped / cluster-wide. Not run by the test suite.
 
-    .venv/bin/python bench/rules_eval.py [--nodes 16] [--job-nodes 4] [--seconds 60]
+    .venv/bin/python -m bench.rules_eval [--nodes 16] [--job-nodes 4] [--seconds 60]
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import threading
 import time
 import urllib.parse
@@ -32,10 +31,9 @@ import yaml
 from aiohttp import web
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests")]
 
-from realservers import free_port, start_prometheus  # noqa: E402
-from rules.jobscope import membership_group, render_for_job  # noqa: E402
+from tests.rules.jobscope import membership_group, render_for_job  # noqa: E402
+from tests.support.realservers import free_port, start_prometheus  # noqa: E402
 
 RULE_FILES = ("gpu.yaml", "fabric.yaml", "node.yaml", "kubernetes.yaml")
 DCGM_GAUGES = (

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainsentry.gateway.intake import parse_webhook
+from trainsentry.gateway.stages.intake import parse_webhook
 from trainsentry.store.bulk import Encoder
 from trainsentry.store.engine import create_engine, migrate
 from trainsentry.store.writes import _ALERT_COLUMNS, _RECEIPT_COLUMNS, _occurrence_row

@@ -6,10 +6,10 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from pg_databases import drop_pg_database, make_pg_database
-from receiver import Receiver
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from tests.support.pg_databases import drop_pg_database, make_pg_database
+from tests.support.receiver import Receiver
 from trainsentry.store import create_engine, migrate
 
 
@@ -39,7 +39,7 @@ async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
 
 @pytest.fixture
 async def receiver() -> AsyncIterator[Receiver]:
-    """A local HTTP server counting what a webhook channel sends (tests/receiver.py)."""
+    """A local HTTP server counting what a webhook channel sends (tests/support/receiver.py)."""
     r = Receiver()
     await r.start()
     yield r

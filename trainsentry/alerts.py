@@ -8,11 +8,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from trainsentry.labels import NAMESPACE_LABEL, job_name_of, node_of
+
 # Alertmanager writes this for "no end time" (Go's zero time.Time).
 GO_ZERO_TIME = datetime(1, 1, 1, tzinfo=UTC)
 # Alert ids are 64-bit in the store: a larger number names no alert (and SQLite refuses it).
 MAX_ALERT_ID = 2**63 - 1
-#: The alert a stalled rank's probe raises through the gateway (gateway/hang_trigger.py);
+#: The alert a stalled rank's probe raises through the gateway (gateway/stages/hang_trigger.py);
 #: not a Prometheus rule, so the operator counts it among the hang alerts by this name.
 PROBE_HANG_ALERT = "TrainingCollectiveStalled"
 
@@ -46,20 +48,6 @@ def parse_priority(value: str) -> Priority | None:
     return _PRIORITIES.get(value.strip().upper())
 
 
-# Labels that name the node an alert is about, most specific first (dcgm-exporter uses
-# Hostname, node_exporter series carry instance).
-NODE_LABELS: tuple[str, ...] = ("node", "Hostname", "hostname", "instance")
-
-
-def node_of(labels: Mapping[str, str], names: tuple[str, ...] = NODE_LABELS) -> str:
-    """The node an alert's labels point at, or "" when none does."""
-    for name in names:
-        value = labels.get(name)
-        if value:
-            return value
-    return ""
-
-
 class AlertStatus(enum.StrEnum):
     FIRING = "firing"
     RESOLVED = "resolved"
@@ -74,10 +62,10 @@ class JobRef:
 
     @classmethod
     def from_labels(cls, labels: Mapping[str, str]) -> JobRef | None:
-        name = labels.get("trainingjob") or labels.get("job_name")
+        name = job_name_of(labels)
         if not name:
             return None
-        return cls(namespace=labels.get("namespace", ""), name=name)
+        return cls(namespace=labels.get(NAMESPACE_LABEL, ""), name=name)
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}" if self.namespace else self.name
@@ -157,3 +145,13 @@ class NotificationDraft:
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Person:
+    """Someone the escalation calls (a roster member): how to reach them by phone or Feishu."""
+
+    name: str
+    phone: str = ""
+    feishu_open_id: str = ""
+    email: str = ""

@@ -16,14 +16,15 @@ from types import ModuleType
 from trainsentry import __version__
 
 COMMANDS: dict[str, str] = {
-    "gateway": "trainsentry.gateway.command",
-    "ack": "trainsentry.gateway.ack_command",
-    "export": "trainsentry.gateway.export_command",
+    "gateway": "trainsentry.gateway.commands.serve",
+    "ack": "trainsentry.gateway.commands.ack",
+    "export": "trainsentry.gateway.commands.export",
     "demo": "trainsentry.demo",
     "analyze": "trainsentry.diagnostics.command",
     "operator": "trainsentry.operator.command",
     "probe": "trainsentry.probe.command",
     "report": "trainsentry.reports.command",
+    "oncall": "trainsentry.oncall.command",
 }
 
 

@@ -98,7 +98,7 @@ class Settings(BaseModel):
     webhooks: dict[str, WebhookChannelSettings] = Field(default_factory=dict)
     channels: dict[str, Any] = Field(default_factory=dict)
     reports: dict[str, Any] = Field(default_factory=dict)  # validated by reports/settings.py
-    diagnosis: dict[str, Any] = Field(default_factory=dict)  # validated by gateway/diagnosis.py
+    diagnosis: dict[str, Any] = Field(default_factory=dict)  # gateway/stages/diagnosis.py
 
 
 # Environment variables that map onto settings (non-secret and secret).

@@ -56,8 +56,21 @@ class AlertRule:
         return self.annotations.get("why") or self.annotations.get("description", "")
 
 
-def parse_thresholds(value: str) -> tuple[tuple[str, str], ...]:
-    """`"a=1, b=2"` -> (("a", "1"), ("b", "2")); raises ValueError on a malformed item."""
+def parse_thresholds(value: str, *, strict: bool = True) -> tuple[tuple[str, str], ...]:
+    """Pure: the `thresholds` annotation, `"a=1, b=2"` -> (("a", "1"), ("b", "2")), defaults
+    kept as written. The one parser of that annotation.
+
+    strict (the rule-file checks, `trainsentry rules`): a malformed item raises ValueError.
+    Lenient (the operator rendering rules it was given): items without `name=` are skipped
+    and anything after `=` is the default, so one bad item never stops a job's rules.
+    """
+    if not strict:
+        lenient: list[tuple[str, str]] = []
+        for item in value.split(","):
+            name, sep, default = item.strip().partition("=")
+            if sep and name.strip():
+                lenient.append((name.strip(), default.strip()))
+        return tuple(lenient)
     if not value.strip():
         return ()
     items: list[tuple[str, str]] = []

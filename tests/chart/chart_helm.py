@@ -22,7 +22,7 @@ RELEASE = "ts"
 NAMESPACE = "trainsentry"
 KUBE_VERSIONS = ("1.30.0", "1.37.0")
 # The values sets the issue asks for; each is a file in tests/chart/values/.
-VALUES_SETS = ("defaults", "ha-postgres", "exporters-off", "everything-on")
+VALUES_SETS = ("defaults", "ha-postgres", "exporters-off", "everything-on", "operator-namespaces")
 
 Manifest = dict[str, Any]
 

@@ -1,5 +1,7 @@
 """The operator's ClusterRole grants exactly the API calls the operator makes: those its
-tests record against the emulator (tests/operator/api_calls.json), and nothing more."""
+tests record against the emulator (tests/operator/api_calls.json), and nothing more. With
+`operator.namespaces` the namespaced ones move into a Role per watched namespace and the
+ClusterRole keeps only Nodes (tests/operator/test_operator_rbac.py runs the operator so)."""
 
 from __future__ import annotations
 
@@ -37,11 +39,26 @@ def recorded_calls() -> set[Grant]:
     return grants
 
 
-def granted(values: str) -> set[Grant]:
-    role = one(rendered(values), "ClusterRole", "-operator")
+# Kubernetes' cluster-scoped resources among those the operator uses.
+CLUSTER_SCOPED = {"nodes", "clusterkopfpeerings"}
+
+
+def granted(values: str, kind: str = "ClusterRole") -> set[Grant]:
+    return rule_grants(one(rendered(values), kind, "-operator")["rules"])
+
+
+def rule_grants(rules: Sequence[Any]) -> set[Grant]:
     grants = set()
-    for rule in role["rules"]:
-        assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+    for rule in rules:
+        assert "nonResourceURLs" not in rule
+        if "resourceNames" in rule:
+            # only the peering object has a name known in advance
+            assert rule == {
+                "apiGroups": ["kopf.dev"],
+                "resources": ["clusterkopfpeerings"],
+                "resourceNames": ["trainsentry"],
+                "verbs": ["patch"],
+            }
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 for verb in rule["verbs"]:
@@ -74,6 +91,7 @@ def test_cluster_role_is_bound_to_the_operator_only() -> None:
         {"kind": "ServiceAccount", "name": account, "namespace": operator["metadata"]["namespace"]}
     ]
     # No other Role/ClusterRole in the chart: the other components get no API access.
+    # (operator.namespaces adds the operator's own Roles: test_namespaces_move_writes_...)
     assert [o["kind"] for o in objs if o["kind"] in ("Role", "ClusterRole")] == ["ClusterRole"]
     for obj in objs:
         if obj["kind"] == "Deployment" and obj is not operator:
@@ -142,7 +160,7 @@ def config_settings(objs: Sequence[Manifest]) -> Any:
 
 def diagnosis_settings(objs: Sequence[Manifest]) -> dict[str, Any] | None:
     """The diagnosis section as the chart wrote it (None when it wrote none)."""
-    from trainsentry.gateway.diagnosis import DiagnosisSettings
+    from trainsentry.gateway.stages.diagnosis import DiagnosisSettings
 
     section: dict[str, Any] = config_settings(objs).diagnosis
     DiagnosisSettings.model_validate(section)
@@ -156,9 +174,62 @@ def test_gateway_is_told_to_write_last_alert_when_allowed() -> None:
 
 
 def test_gateway_diagnosis_settings_reach_the_config_file() -> None:
-    from trainsentry.gateway.diagnosis import DiagnosisSettings
+    from trainsentry.gateway.stages.diagnosis import DiagnosisSettings
 
     section = config_settings(rendered("everything-on")).diagnosis
     settings = DiagnosisSettings.model_validate(section)
     assert (settings.kubernetes, settings.hold_seconds) == (True, 4)
     assert settings.alertnames == ["TrainingJobHang"]
+
+
+def test_ha_patches_only_its_own_peering_object() -> None:
+    rules = one(rendered("ha-postgres"), "ClusterRole", "-operator")["rules"]
+    patch = [r for r in rules if "clusterkopfpeerings" in r["resources"] and "patch" in r["verbs"]]
+    peering = one(rendered("ha-postgres"), "ClusterKopfPeering")
+    assert patch and all(r["resourceNames"] == [peering["metadata"]["name"]] for r in patch)
+
+
+def test_namespaces_move_writes_into_roles_in_those_namespaces() -> None:
+    objs = rendered("operator-namespaces")
+    calls = recorded_calls()
+    cluster = granted("operator-namespaces")
+    assert cluster == {c for c in calls if c[2].split("/")[0] in CLUSTER_SCOPED} != set()
+    assert {resource for _, _, resource in cluster} == {"nodes"}
+    roles = find(objs, "Role", "-operator")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for role in roles:
+        # every namespaced call, and only those, in each watched namespace
+        assert rule_grants(role["rules"]) == {c for c in calls if c not in cluster}
+        binding = one(
+            [o for o in find(objs, "RoleBinding", "-operator")
+             if o["metadata"]["namespace"] == role["metadata"]["namespace"]],
+            "RoleBinding",
+        )  # fmt: skip
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": role["metadata"]["name"],
+        }
+        assert binding["subjects"] == one(objs, "ClusterRoleBinding", "-operator")["subjects"]
+    operator = one(objs, "Deployment", "-operator")["spec"]["template"]["spec"]
+    args = operator["containers"][0]["args"]
+    assert "--all-namespaces" not in args
+    assert [a for a in args if a.startswith("--namespace")] == [
+        "--namespace=team-a",
+        "--namespace=team-b",
+    ]
+
+
+def test_ha_with_namespaces_is_refused(tmp_path: Path) -> None:
+    from chart.chart_helm import HelmFailed
+
+    with pytest.raises(HelmFailed, match=r"operator\.ha with operator\.namespaces"):
+        template("defaults", {"operator": {"ha": True, "namespaces": ["team-a"]}}, tmp_path)
+
+
+@pytest.mark.parametrize("name", ["Team-A", "team_a", "-a", "a" * 64, "*"])
+def test_namespace_names_must_be_exact_dns_labels(name: str, tmp_path: Path) -> None:
+    from chart.chart_helm import HelmFailed
+
+    with pytest.raises(HelmFailed):
+        template("defaults", {"operator": {"namespaces": [name]}}, tmp_path)

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 import yaml
-from realservers import start_server
-from webhook_factory import encode, make_alert, make_body
 
 from chart.chart_helm import REPO, VALUES_SETS, find, one, rendered, template
+from tests.support.realservers import start_server
+from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.config import _ENV_MAP, load_settings
 from trainsentry.notifiers.settings import ChannelsSettings
 from trainsentry.reports.settings import report_settings

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nccl_artifacts import nccl_dir
 
+from tests.support.nccl_artifacts import nccl_dir
 from trainsentry.cli import main as cli_main
 from trainsentry.diagnostics import AnalyzeError, analyze
 

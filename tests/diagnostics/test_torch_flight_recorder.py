@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from diagnostics import fr_job
+from tests.support.ports import free_port
 from trainsentry.cli import main as cli_main
 from trainsentry.diagnostics import analyze
 
@@ -24,18 +24,12 @@ pytestmark = pytest.mark.torch
 SCENARIOS = ("hang", "size", "slow", "lost")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     dirs = {name: tmp_path_factory.mktemp(f"fr_{name}") for name in SCENARIOS}
     with ThreadPoolExecutor(len(SCENARIOS)) as pool:
         futures = {
-            name: pool.submit(fr_job.launch, name, str(path), _free_port())
+            name: pool.submit(fr_job.launch, name, str(path), free_port())
             for name, path in dirs.items()
         }
         for future in futures.values():
@@ -45,7 +39,7 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     if len(_dump_files(dirs["size"])) < fr_job.WORLD_SIZE:
         for stale in _dump_files(dirs["size"]):
             stale.unlink()
-        fr_job.launch("size", str(dirs["size"]), _free_port())
+        fr_job.launch("size", str(dirs["size"]), free_port())
     return dirs
 
 

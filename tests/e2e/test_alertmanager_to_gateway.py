@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gateway_process import start_gateway
-from realservers import http_json, logs_on_error, start_alertmanager, wait_for
+
+from tests.support.gateway_process import start_gateway
+from tests.support.realservers import http_json, logs_on_error, start_alertmanager, wait_for
 
 pytestmark = pytest.mark.e2e
 TOKEN = "am-token-123"
@@ -73,9 +74,11 @@ def test_alertmanager_delivers_stores_and_resolves(tmp_path: Path, db_url: str) 
                 items = http_json(f"{gateway.url}/api/v1/alerts?status={status}", token=TOKEN)[
                     "items"
                 ]
-                return items if len(items) == 2 else None
+                # Priorities are written by the planning stage after intake stored the alert.
+                planned = all(a["priority"] is not None for a in items)
+                return items if len(items) == 2 and planned else None
 
-            firing = wait_for(lambda: stored("firing"), 20, "two firing alerts")
+            firing = wait_for(lambda: stored("firing"), 20, "two firing alerts, planned")
             assert {a["labels"]["node"] for a in firing} == {"gpu-01", "gpu-02"}
             assert {a["priority"] for a in firing} == {"P0"}
             now = datetime.now(UTC)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from gateway_process import start_gateway
 from sqlalchemy import func, select
-from webhook_factory import encode, make_alert, make_body
 
+from tests.support.gateway_process import start_gateway
+from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.store import create_engine
 from trainsentry.store.schema import alert_events, alerts
 

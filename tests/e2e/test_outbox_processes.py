@@ -11,9 +11,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 import yaml
-from gateway_process import start_gateway
-from receiver import ThreadedReceiver
-from webhook_factory import encode, make_alert, make_body
+
+from tests.support.gateway_process import start_gateway
+from tests.support.receiver import ThreadedReceiver
+from tests.support.webhook_factory import encode, make_alert, make_body
 
 pytestmark = pytest.mark.e2e
 TOKEN = "outbox-token"

@@ -16,11 +16,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import SecretStr
 from sqlalchemy.ext.asyncio import AsyncConnection
-from webhook_factory import encode, make_alert, make_body
 
+from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.alerts import AlertChange, NotificationDraft, Priority
 from trainsentry.config import GatewaySettings
-from trainsentry.gateway.app import GATEWAY_KEY, WEBHOOK_PATH, create_app
+from trainsentry.gateway.app import WEBHOOK_PATH
+from trainsentry.gateway.assemble import create_app
+from trainsentry.gateway.pipeline import GATEWAY_KEY
 from trainsentry.notifiers.base import OutboundNotification, Receipt, RetryableError
 from trainsentry.store.writes import insert_notifications
 

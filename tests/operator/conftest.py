@@ -1,4 +1,4 @@
-"""Fixtures for the operator tests. Makes `tests/kube_emulator.py` and this directory's
+"""Fixtures for the operator tests. Makes `tests/support/kube_emulator.py` and this directory's
 `operator_harness.py` importable by their plain names."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ for _path in (Path(__file__).resolve().parents[1], Path(__file__).resolve().pare
         sys.path.insert(0, str(_path))
 
 import kmock  # noqa: E402
-from kube_emulator import KubeEmulator  # noqa: E402
 from operator_harness import OPERATOR_CALLS, TESTS_RECORDED, Validator, declare_cluster  # noqa: E402
 
+from tests.support.kube_emulator import KubeEmulator  # noqa: E402
 from trainsentry.operator.reconcile import Sources, load_sources  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"

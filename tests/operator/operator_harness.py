@@ -19,10 +19,11 @@ import jsonschema
 import kopf
 import kubernetes_validate
 import yaml
-from kube_emulator import ApiCall, KubeEmulator, eventually
 from kubernetes_asyncio.client import Configuration
 from referencing import Registry, Resource
 
+from tests.support.eventually import eventually
+from tests.support.kube_emulator import ApiCall, KubeEmulator
 from trainsentry.operator.handlers import OperatorOptions, build_registry
 from trainsentry.operator.kube import RetryPolicy
 from trainsentry.operator.reconcile import Sources

@@ -10,14 +10,15 @@ from typing import Any
 
 import aiohttp
 from aiohttp.test_utils import TestServer
-from kube_emulator import KubeEmulator
 from kubernetes_asyncio.client import ApiClient, Configuration
 from operator_harness import NS, TJ, post, trainingjob
 from pydantic import SecretStr
-from webhook_factory import encode, make_alert, make_body
 
+from tests.support.kube_emulator import KubeEmulator
+from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.config import GatewaySettings
-from trainsentry.gateway.app import WEBHOOK_PATH, create_app
+from trainsentry.gateway.app import WEBHOOK_PATH
+from trainsentry.gateway.assemble import create_app
 
 TJ_PATH = f"/apis/trainsentry.io/v1alpha1/namespaces/{NS}/trainingjobs"
 TOKEN = "t"

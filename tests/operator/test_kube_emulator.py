@@ -1,4 +1,4 @@
-"""Tests of the extensions in tests/kube_emulator.py, over real HTTP."""
+"""Tests of the extensions in tests/support/kube_emulator.py, over real HTTP."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Any
 
 import kmock
 import pytest
-from kube_emulator import ApiCall, KubeEmulator, eventually, label_selector_matches
+
+from tests.support.eventually import eventually
+from tests.support.kube_emulator import ApiCall, KubeEmulator, label_selector_matches
 
 TJ = "/apis/trainsentry.io/v1alpha1/namespaces/ns1/trainingjobs"
 CM = "/api/v1/namespaces/ns1/configmaps"

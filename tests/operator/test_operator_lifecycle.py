@@ -6,7 +6,6 @@ import asyncio
 from typing import Any
 
 import pytest
-from kube_emulator import KubeEmulator, eventually
 from operator_harness import (
     MONITORS,
     NS,
@@ -22,6 +21,8 @@ from operator_harness import (
     trainingjob,
 )
 
+from tests.support.eventually import eventually
+from tests.support.kube_emulator import KubeEmulator
 from trainsentry.operator.reconcile import Sources
 
 TJ_PATH = f"/apis/trainsentry.io/v1alpha1/namespaces/{NS}/trainingjobs"

@@ -15,7 +15,6 @@ from typing import Any
 import kmock
 import kopf
 import pytest
-from kube_emulator import KubeEmulator, eventually
 from kubernetes_asyncio.client import ApiClient, Configuration
 from operator_harness import (
     MONITORS,
@@ -33,6 +32,8 @@ from operator_harness import (
     trainingjob,
 )
 
+from tests.support.eventually import eventually
+from tests.support.kube_emulator import KubeEmulator
 from trainsentry.operator.kube import Kube, KubeError, RetryPolicy
 from trainsentry.operator.login import login_handler
 from trainsentry.operator.nodes import CLAIM_PREFIX
@@ -553,8 +554,8 @@ async def test_a_probe_hang_trigger_makes_the_job_hung_with_the_rank_named(
 
     from trainsentry.config import GatewaySettings
     from trainsentry.diagnostics.synthetic import make_dump
-    from trainsentry.gateway.app import Diagnosis, create_app
-    from trainsentry.gateway.diagnosis import DiagnosisSettings, StaticEndpoints
+    from trainsentry.gateway.assemble import Diagnosis, create_app
+    from trainsentry.gateway.stages.diagnosis import DiagnosisSettings, StaticEndpoints
 
     probe_token, world, culprit = "probe-token", 4, 2
     await seed(cluster, "g", ["gpu-1", "gpu-2"])

@@ -21,8 +21,14 @@ from typing import Any
 import pytest
 from operator_harness import NS, Validator, pod
 from pod_scrape import scrape_configs
-from realservers import free_port, http_json, logs_on_error, start_prometheus, wait_for
 
+from tests.support.realservers import (
+    free_port,
+    http_json,
+    logs_on_error,
+    start_prometheus,
+    wait_for,
+)
 from trainsentry.operator.reconcile import Sources
 from trainsentry.operator.render import render_children
 from trainsentry.operator.spec import JobIdentity, TrainingJobSpec

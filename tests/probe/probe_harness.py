@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,16 +13,11 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.ports import free_port
+
 WORKER = Path(__file__).with_name("train_worker.py")
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "test-probe-token-1234"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 Sample = tuple[str, dict[str, str], float]

@@ -48,8 +48,8 @@ def eventually(check: Callable[[], bool], timeout: float, what: str, job: GlooJo
 def job_with_gateway(tmp_path: Path, **env: str) -> Iterator[tuple[GlooJob, Any, Any]]:
     """A gateway (diagnosis on, the job's probes as static endpoints, a chat receiver), then
     the job, whose probes post their triggers to it."""
-    from gateway_process import start_gateway
-    from receiver import ThreadedReceiver
+    from tests.support.gateway_process import start_gateway
+    from tests.support.receiver import ThreadedReceiver
 
     ports = {rank: free_port() for rank in range(WORLD)}
     with ThreadedReceiver() as chat:

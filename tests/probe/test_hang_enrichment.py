@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from probe.probe_harness import free_port
-from trainsentry.gateway.hang_enrichment import (
+from trainsentry.gateway.stages.hang_enrichment import (
     PodAddress,
     RankEndpoint,
     culprit_ranks,

@@ -20,9 +20,9 @@ from typing import Any
 
 import httpx
 import pytest
-from nccl_artifacts import generic_json_during_hang, nccl_json
 
 from probe.probe_harness import TOKEN, scrape, value
+from tests.support.nccl_artifacts import generic_json_during_hang, nccl_json
 from trainsentry.probe.identity import ProbeConfig
 from trainsentry.probe.progress import parse_dump
 from trainsentry.probe.recorders import PyGroup, Recorders, find_recorders, merge_dumps

@@ -15,12 +15,12 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from realservers import start_prometheus
 from rules.jobscope import render_for_job
 
 from probe.probe_harness import TOKEN, GlooJob, free_port, launch_job, scrape, value
+from tests.support.realservers import start_prometheus
 from trainsentry.assets import rules_dir
-from trainsentry.gateway.hang_enrichment import RankEndpoint, enrich_hang
+from trainsentry.gateway.stages.hang_enrichment import RankEndpoint, enrich_hang
 
 pytestmark = [pytest.mark.torch, pytest.mark.e2e]
 torch = pytest.importorskip("torch")
@@ -53,13 +53,23 @@ def stalled_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GlooJob]:
         {"STALL_RANK": str(STALL_RANK), "STALL_STEP": str(STALL_STEP)},
     )
     try:
-        wait_for(lambda: _peers_waiting(job), 60, "peers to wait >2 s in a collective", job)
+        wait_for(
+            lambda: _peers_waiting(job),
+            60,
+            "peers to wait >2 s in a collective, the stalled rank idle",
+            job,
+        )
         yield job
     finally:
         job.stop()
 
 
 def _peers_waiting(job: GlooJob) -> bool:
+    # The stalled rank's own last all_reduce must have settled as completed in its recorder too:
+    # on a loaded machine gloo can retire it a moment after its peers already wait in the next.
+    s = scrape(job.ports[STALL_RANK])
+    if value(s, P + "inflight_seq", pg="0") != -1:
+        return False
     for rank in PEERS:
         s = scrape(job.ports[rank])
         age = value(s, P + "inflight_seconds", rank=str(rank), pg="0")
@@ -273,9 +283,9 @@ def test_hang_page_through_alertmanager_and_gateway_names_the_stalled_rank(
 ) -> None:
     """The whole loop: probes → Prometheus (hang fires) → Alertmanager → gateway, which
     fetches every rank's dump, stores the verdict and sends the page naming rank 2."""
-    from gateway_process import start_gateway
-    from realservers import start_alertmanager
-    from receiver import ThreadedReceiver
+    from tests.support.gateway_process import start_gateway
+    from tests.support.realservers import start_alertmanager
+    from tests.support.receiver import ThreadedReceiver
 
     gateway_token = "gw-token"
     with ThreadedReceiver() as chat:

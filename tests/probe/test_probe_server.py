@@ -129,8 +129,7 @@ def test_dump_and_ras_are_disabled_without_a_token(tmp_path: Path) -> None:
 def test_watchdog_dumps_are_listed_and_served_behind_the_token(tmp_path: Path) -> None:
     """Dumps torch's watchdog wrote on a timeout (here: the real ones of the H100 hang)
     outlive the rank that wrote them; any probe of the pod serves them."""
-    from nccl_artifacts import nccl_dir
-
+    from tests.support.nccl_artifacts import nccl_dir
     from trainsentry.probe.identity import ProbeConfig
     from trainsentry.probe.recorders import Recorders
     from trainsentry.probe.runtime import Probe

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nccl_artifacts import nccl_json, watchdog_dump
-
+from tests.support.nccl_artifacts import nccl_json, watchdog_dump
 from trainsentry.probe.progress import (
     FrSnapshot,
     InFlight,

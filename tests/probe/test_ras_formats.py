@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import json
 
-from nccl_artifacts import nccl_dir
-
 from probe.fake_ras_server import JSON_REPORT, FakeRasServer
+from tests.support.nccl_artifacts import nccl_dir
 from trainsentry.probe import ras
 
 MISSING_2289 = """        {

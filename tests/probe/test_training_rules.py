@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ import pytest
 import yaml
 from rules.jobscope import render_for_job
 
+from tests.support.promtool import promtool
 from trainsentry import rulesdoc
 from trainsentry.assets import rules_dir
 
@@ -20,10 +20,6 @@ pytestmark = pytest.mark.skipif(shutil.which("promtool") is None, reason="promto
 RULES = rules_dir() / "training.yaml"
 UNIT_TESTS = rules_dir() / "tests" / "training_test.yaml"
 MEMBERSHIP = "trainsentry:job_pod:info"
-
-
-def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=120, cwd=cwd)
 
 
 def alert_rules() -> list[rulesdoc.AlertRule]:

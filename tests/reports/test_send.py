@@ -9,7 +9,6 @@ import csv
 import io
 import json
 import re
-import socket
 from collections.abc import Iterator
 from datetime import timedelta
 from email import message_from_bytes, policy
@@ -22,6 +21,7 @@ import yaml
 from aiosmtpd.controller import Controller
 from sqlalchemy import select
 
+from tests.support.ports import free_port
 from trainsentry.reports import command
 from trainsentry.store import create_engine, migrate
 from trainsentry.store.schema import report_runs
@@ -54,15 +54,9 @@ def main(argv: list[str]) -> int:
     return command.run(parser.parse_args(argv[1:]))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def smtp() -> Iterator[tuple[Inbox, int]]:
-    inbox, port = Inbox(), _free_port()
+    inbox, port = Inbox(), free_port()
     controller = Controller(inbox, hostname="127.0.0.1", port=port)
     controller.start()
     try:
@@ -208,7 +202,7 @@ def test_failed_send_is_not_recorded_and_catch_up(
     db_url = f"sqlite:///{tmp_path / 'store.db'}"
     inbox, port = smtp
     _seed(db_url)
-    down = _config(tmp_path, _free_port())  # nothing listens there
+    down = _config(tmp_path, free_port())  # nothing listens there
     code, results = _send(capsys, down, db_url, "--now", AFTER.isoformat(), "--team", "cluster")
     assert code == 1 and results[0]["status"] == "failed"
     assert _runs(db_url) == {}  # the claim was withdrawn: the next run tries again

@@ -7,14 +7,10 @@ from datetime import date, timedelta
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from trainsentry.reports.figures import Durations, nearest_rank
 from trainsentry.reports.period import parse_period
-from trainsentry.reports.stats import (
-    Durations,
-    Scope,
-    StatsOptions,
-    collect,
-    nearest_rank,
-)
+from trainsentry.reports.stats import StatsOptions, collect
+from trainsentry.store.report_loads import Scope
 
 from .seed import AFTER, T0, TZ, seed_week
 

@@ -21,8 +21,11 @@ from typing import Any
 
 import pytest
 import yaml
-from gateway_process import start_gateway
-from realservers import (
+
+from rules import fixture_exporter as fx
+from rules.jobscope import membership_group, render_for_job
+from tests.support.gateway_process import start_gateway
+from tests.support.realservers import (
     RunningServer,
     http_json,
     logs_on_error,
@@ -31,9 +34,6 @@ from realservers import (
     start_server,
     wait_for,
 )
-
-from rules import fixture_exporter as fx
-from rules.jobscope import membership_group, render_for_job
 from trainsentry.assets import dashboards_dir, rules_dir
 
 pytestmark = pytest.mark.e2e

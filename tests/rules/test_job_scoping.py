@@ -7,13 +7,13 @@ overridden, then checks with promtool that alerts only cover the job's nodes/pod
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from rules.jobscope import render_for_job
+from tests.support.promtool import promtool
 from trainsentry.assets import rules_dir
 
 RUNBOOK = "https://github.com/trainsentry/trainsentry/blob/main/docs/alerts.md#"
@@ -32,15 +32,11 @@ def _series(name: str, values: str = "1x15", **labels: str) -> dict[str, str]:
     return {"series": f"{name}{{{selector}}}", "values": values}
 
 
-def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=60)
-
-
 def test_rendered_rules_are_valid_and_drop_cluster_scope(tmp_path: Path) -> None:
     paths = [
         _render(tmp_path, n) for n in ("gpu.yaml", "fabric.yaml", "node.yaml", "kubernetes.yaml")
     ]
-    result = _promtool("check", "rules", *map(str, paths))
+    result = promtool("check", "rules", *map(str, paths))
     assert result.returncode == 0, result.stdout + result.stderr
     gpu = yaml.safe_load(paths[0].read_text())
     names = {r["alert"] for g in gpu["groups"] for r in g["rules"]}
@@ -145,5 +141,5 @@ def test_job_scoped_alerts_cover_only_the_job_and_use_overrides(tmp_path: Path) 
     }
     test_file = tmp_path / "tj_test.yaml"
     test_file.write_text(yaml.safe_dump(tests, sort_keys=False, allow_unicode=True))
-    result = _promtool("test", "rules", str(test_file))
+    result = promtool("test", "rules", str(test_file))
     assert result.returncode == 0, result.stdout + result.stderr

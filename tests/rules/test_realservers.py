@@ -7,7 +7,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from realservers import (
+
+from tests.support.realservers import (
     ServerStartError,
     free_port,
     start_alertmanager,

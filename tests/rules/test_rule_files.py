@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.promtool import promtool
 from trainsentry import rulesdoc
 from trainsentry.assets import dashboards_dir, data_file, rules_dir
 
@@ -28,9 +29,7 @@ DCGM_ALIASES = {"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"}
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["promtool", *args], capture_output=True, text=True, timeout=120, cwd=rules_dir()
-    )
+    return promtool(*args, cwd=rules_dir())
 
 
 def _rules(names: tuple[str, ...] = OWN_RULE_FILES) -> list[rulesdoc.AlertRule]:

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from old_stores import create_version_2_schema
 from sqlalchemy import Connection, inspect, select, text
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine
-from webhook_factory import BASE_TIME
 
+from tests.support.old_stores import create_version_2_schema
+from tests.support.webhook_factory import BASE_TIME
 from trainsentry.store.engine import StoreMissing, check_schema, create_engine, migrate
 from trainsentry.store.migrations import MIGRATIONS
 from trainsentry.store.schema import SCHEMA_VERSION, schema_version

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pg_databases import drop_pg_database, make_pg_database
 from sqlalchemy import text
 
+from tests.support.pg_databases import drop_pg_database, make_pg_database
 from trainsentry.store.engine import (
     StoreError,
     StoreMissing,

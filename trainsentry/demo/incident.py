@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trainsentry.assets import data_file
-from trainsentry.gateway.intake import label_fingerprint
+from trainsentry.gateway.stages.intake import label_fingerprint
 
 MAX_ALERTS_PER_WEBHOOK = 50
 

@@ -17,7 +17,9 @@ from trainsentry.config import GatewaySettings
 from trainsentry.demo.html import write_preview
 from trainsentry.demo.incident import load_incident
 from trainsentry.demo.previews import CallPreview, CardPreview, PreviewLog, SheetPreview
-from trainsentry.gateway.app import GATEWAY_KEY, WEBHOOK_PATH, create_app
+from trainsentry.gateway.app import WEBHOOK_PATH
+from trainsentry.gateway.assemble import create_app
+from trainsentry.gateway.pipeline import GATEWAY_KEY
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.reports.delivery import write_preview as write_report_preview

@@ -1,14 +1,19 @@
-"""The gateway's HTTP surface (aiohttp): webhook intake, read API, health and metrics."""
+"""The gateway's HTTP surface (aiohttp): thin handlers only.
+
+Webhook intake (`POST /api/v1/alertmanager`), the probes' hang triggers
+(`POST /api/v1/hang-triggers`), the read API, acks (API and the Feishu card button), health
+and metrics. Each handler validates its request and hands it to a stage; the stages are
+built and started by assemble.py and found under `GATEWAY_KEY` (pipeline.py).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import importlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,67 +21,40 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import SecretStr
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from trainsentry.alerts import MAX_ALERT_ID, AlertChange, JobRef, Priority, utcnow
+from trainsentry.alerts import MAX_ALERT_ID, JobRef, Priority, utcnow
 from trainsentry.config import GatewaySettings
-from trainsentry.gateway.ack import AckService
-from trainsentry.gateway.decide import PolicyMetrics
-from trainsentry.gateway.diagnosis import DiagnosisSettings, EndpointResolver, HangDiagnoser
-from trainsentry.gateway.escalation import Escalator
-from trainsentry.gateway.hang_enrichment import HangVerdict
-from trainsentry.gateway.hang_trigger import (
+from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
+from trainsentry.gateway.stages.hang_trigger import (
     MAX_TRIGGER_BYTES,
-    TriggerKeys,
     TriggerRejected,
-    TriggerSources,
     parse_trigger,
     trigger_webhook,
 )
-from trainsentry.gateway.intake import (
+from trainsentry.gateway.stages.intake import (
     IntakeRejected,
-    IntakeWriter,
-    PlanHook,
     StoreUnavailable,
     parse_webhook,
 )
-from trainsentry.gateway.job_status import JobStatusFeeder
-from trainsentry.gateway.metrics import GatewayMetrics
-from trainsentry.gateway.outbox import Outbox
-from trainsentry.gateway.paging import Paging
-from trainsentry.gateway.policy import load_policy
-from trainsentry.gateway.policy_plan import PolicyPlan, Ticker
-from trainsentry.gateway.policy_worker import PolicyWorker
-from trainsentry.gateway.truncated import fetch_group
-from trainsentry.kubeclient import default_api_client
-from trainsentry.notifiers.alertmanager import SilenceClient
-from trainsentry.notifiers.base import Notifier
-from trainsentry.notifiers.console import ConsoleNotifier
-from trainsentry.store import check_reachable, create_engine, migrate
+from trainsentry.gateway.stages.truncated import fetch_group
+from trainsentry.notifiers.feishu.callback import CardAction, action_response, card_action_handler
+from trainsentry.notifiers.feishu.card import alert_card
+from trainsentry.notifiers.payload import parse_payload
+from trainsentry.store import check_reachable
+from trainsentry.store.errors import DatabaseError
 from trainsentry.store.inbox import inbox_waiting
 from trainsentry.store.queries import (
-    first_occurrence,
     get_alert,
     list_alerts,
     list_notifications,
     outbox_depth,
 )
-from trainsentry.store.writes import IncomingReceipt, ReceiptOutcome
+from trainsentry.store.writes import IncomingReceipt
 
 log = logging.getLogger("trainsentry.gateway")
 
 WEBHOOK_PATH = "/api/v1/alertmanager"
 HANG_TRIGGER_PATH = "/api/v1/hang-triggers"
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    """Hang diagnosis: its settings, how ranks are found, and the probes' bearer token."""
-
-    settings: DiagnosisSettings
-    resolver: EndpointResolver
-    probe_token: str = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -86,39 +64,6 @@ class CardCallbackSettings:
     path: str
     verification_token: str = field(repr=False)
     encrypt_key: str | None = field(default=None, repr=False)
-
-
-@dataclass
-class Gateway:
-    """Everything the handlers share; stored in the app under GATEWAY_KEY."""
-
-    settings: GatewaySettings
-    engine: AsyncEngine
-    metrics: GatewayMetrics
-    writer: IntakeWriter
-    outbox: Outbox
-    policy_worker: PolicyWorker | None = None
-    ticker: Ticker | None = None
-    ack: AckService | None = None
-    diagnoser: HangDiagnoser | None = None
-    trigger_keys: TriggerKeys | None = None
-    trigger_sources: TriggerSources | None = None
-    job_status: JobStatusFeeder | None = None
-    classified: Callable[[], Mapping[int, str]] = dict
-    clock: Callable[[], datetime] = utcnow
-    background: list[asyncio.Task[Any]] = field(default_factory=list)
-
-    async def settle(self) -> None:
-        """Plans every stored change, fires due timers and sends everything pending, now
-        (the demo and tests drive a gateway on virtual time with this)."""
-        if self.policy_worker is not None:
-            await self.policy_worker.drain()
-        if self.ticker is not None:
-            await self.ticker.run_once()
-        await self.outbox.drain()
-
-
-GATEWAY_KEY = web.AppKey("gateway", Gateway)
 
 
 def _error(status: int, reason: str, **extra: Any) -> web.Response:
@@ -218,7 +163,7 @@ async def receive_hang_trigger(request: web.Request) -> web.Response:
             body = trigger_webhook(trigger, starts_at, gateway.clock())
             receipt = parse_webhook(body, received_at=gateway.clock())
             outcome = await gateway.writer.submit(receipt)
-        except (StoreUnavailable, SQLAlchemyError) as exc:
+        except (StoreUnavailable, DatabaseError) as exc:
             gateway.metrics.receipts.labels("unavailable").inc()
             return _error(503, f"store unavailable, retry: {type(exc).__name__}")
         except IntakeRejected as exc:
@@ -306,7 +251,7 @@ def _read_guard(handler: Callable[[web.Request], Awaitable[web.StreamResponse]])
             return await handler(request)
         except web.HTTPBadRequest as exc:
             return _error(400, exc.reason)
-        except (OSError, SQLAlchemyError) as exc:
+        except (OSError, DatabaseError) as exc:
             return _error(503, f"store unavailable, retry: {type(exc).__name__}")
 
     return guarded
@@ -397,7 +342,7 @@ async def post_ack(request: web.Request) -> web.Response:
     silence = timedelta(minutes=minutes) if minutes else None
     try:
         result = await gateway.ack.acknowledge(alert_id, who.strip(), silence)
-    except (OSError, SQLAlchemyError) as exc:
+    except (OSError, DatabaseError) as exc:
         return _error(503, f"store unavailable, retry: {type(exc).__name__}")
     if result is None:
         return _error(404, f"no alert {alert_id}")
@@ -407,14 +352,8 @@ async def post_ack(request: web.Request) -> web.Response:
 def _card_handler(
     app: web.Application, callback: CardCallbackSettings
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """The Feishu card button: ack (and silence) through the same AckService."""
-    from trainsentry.notifiers.feishu.callback import (
-        CardAction,
-        action_response,
-        card_action_handler,
-    )
-    from trainsentry.notifiers.feishu.card import alert_card
-    from trainsentry.notifiers.payload import parse_payload
+    """The Feishu card button: ack (and silence) through the same AckService
+    (stages/ack.py → stages/paging.py: the phone stops, pending calls are cancelled)."""
 
     async def on_action(action: CardAction) -> dict[str, Any] | None:
         gateway = app[GATEWAY_KEY]
@@ -422,7 +361,7 @@ def _card_handler(
         silence = timedelta(seconds=action.duration_s) if action.duration_s else None
         try:
             result = await gateway.ack.acknowledge(action.alert_id, action.who, silence)
-        except (OSError, SQLAlchemyError) as exc:
+        except (OSError, DatabaseError) as exc:
             log.warning("card action: store unavailable (%s)", type(exc).__name__)
             return {"toast": {"type": "error", "content": "store unavailable, press again"}}
         if result is None:
@@ -496,152 +435,8 @@ async def json_errors(
         raise
 
 
-def _record_commit(gateway: Gateway, outcomes: Sequence[ReceiptOutcome]) -> None:
-    metrics = gateway.metrics
-    for outcome in outcomes:
-        metrics.receipts.labels("replay" if outcome.times_received > 1 else "stored").inc()
-        metrics.alerts_stored.inc(outcome.new)
-        metrics.duplicates.inc(outcome.unchanged)
-        for change in outcome.changes:
-            metrics.alert_changes.labels(change.kind.value).inc()
-    if gateway.policy_worker is not None:
-        gateway.policy_worker.wake()
-
-
-def _record_verdict(gateway: Gateway, change: AlertChange, verdict: HangVerdict) -> None:
-    """A hang's diagnosis reaches the job's status (lastAlert.diagnosis: which rank)."""
-    if gateway.job_status is None or verdict.verdict not in ("hang", "mismatch"):
-        return
-    priority = Priority(gateway.classified().get(change.alert_id, "P0"))
-    gateway.job_status.feed_verdict(change, priority, verdict.summary, verdict.culprit_ranks)
-
-
-def _record_planned(gateway: Gateway, changes: Sequence[AlertChange], written: int) -> None:
-    """After the policy's commit: what follows a decided change, then wake the outbox."""
-    gateway.metrics.policy_planned.inc(len(changes))
-    if gateway.diagnoser is not None:
-        gateway.diagnoser.start(changes)
-    if gateway.job_status is not None:
-        gateway.job_status.feed(changes, gateway.classified())
-    if written:
-        gateway.outbox.wake()
-
-
-def create_app(
-    settings: GatewaySettings,
-    *,
-    notifiers: Mapping[str, Notifier] | None = None,
-    plan: PlanHook | None = None,
-    metrics: GatewayMetrics | None = None,
-    tick_interval: float = 1.0,
-    clock: Callable[[], datetime] = utcnow,
-    rate_limits: Mapping[str, list[tuple[int, float]]] | None = None,
-    escalator: Escalator | None = None,
-    silences: SilenceClient | None = None,
-    card_callback: CardCallbackSettings | None = None,
-    diagnosis: Diagnosis | None = None,
-    kube_api: Callable[[], Awaitable[Any]] | None = None,
-) -> web.Application:
-    """Builds the gateway app; the store is opened (and its schema checked) at startup."""
-    if notifiers is None:
-        notifiers = {"console": ConsoleNotifier(settings.console_file)}
-    gateway_metrics = metrics or GatewayMetrics()
-    paging = Paging(escalator) if escalator is not None else None
-    if plan is None:
-        plan = PolicyPlan(
-            load_policy(settings.policy_file),
-            channels=tuple(notifiers),
-            metrics=PolicyMetrics(gateway_metrics.registry),
-            paging=paging,
-        )
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[json_errors])
-
-    async def lifecycle(app: web.Application) -> Any:
-        engine = create_engine(settings.db)
-        await migrate(engine)
-        outbox = Outbox(
-            engine, notifiers, metrics=gateway_metrics, rate_limits=rate_limits, clock=clock
-        )
-        writer = IntakeWriter(
-            engine, on_commit=lambda outcomes: _record_commit(app[GATEWAY_KEY], outcomes)
-        )
-        gateway = Gateway(settings, engine, gateway_metrics, writer, outbox, clock=clock)
-        policy_lock = asyncio.Lock()
-        gateway.policy_worker = PolicyWorker(
-            engine,
-            plan,
-            on_planned=lambda changes, written: _record_planned(gateway, changes, written),
-            on_set_aside=lambda _change: gateway_metrics.policy_failed.inc(),
-            clock=clock,
-            lock=policy_lock,
-        )
-        gateway.ack = AckService(
-            engine,
-            channels=tuple(notifiers),
-            clock=clock,
-            paging=paging,
-            silences=silences,
-            lock=policy_lock,
-        )
-        if isinstance(plan, PolicyPlan):
-            policy_plan = plan
-            gateway.classified = lambda: policy_plan.classified
-        if settings.trainingjob_status:
-            gateway.job_status = JobStatusFeeder(kube_api or default_api_client)
-        if diagnosis is not None and diagnosis.settings.enabled and isinstance(plan, PolicyPlan):
-            gateway.diagnoser = HangDiagnoser(
-                engine,
-                diagnosis.settings,
-                diagnosis.resolver,
-                diagnosis.probe_token,
-                clock=clock,
-                on_release=outbox.wake,
-                on_verdict=lambda change, verdict: _record_verdict(gateway, change, verdict),
-            )
-            plan.hold = gateway.diagnoser.hold
-
-            async def earliest(fingerprint: str) -> datetime | None:
-                async with engine.connect() as conn:
-                    return await first_occurrence(conn, fingerprint)
-
-            gateway.trigger_keys = TriggerKeys(earliest)
-            gateway.trigger_sources = TriggerSources(gateway.diagnoser.rank_hosts)
-            # Import the analyzer (numpy, scipy) now, not while the first hang page is held.
-            await asyncio.to_thread(importlib.import_module, "trainsentry.diagnostics")
-        if isinstance(plan, PolicyPlan):
-            gateway.ticker = Ticker(
-                engine,
-                plan,
-                interval=tick_interval,
-                stale_after=settings.stale_after_seconds,
-                on_drafts=outbox.wake,
-                on_expired=lambda changes, written: _record_planned(gateway, changes, written),
-                clock=clock,
-                lock=policy_lock,
-            )
-            gateway.ticker.start()
-        app[GATEWAY_KEY] = gateway
-        gateway.writer.start()
-        gateway.policy_worker.start()
-        # Before the worker and anything else can claim: rows an earlier run left in flight.
-        await outbox.release_leases_of_earlier_runs()
-        outbox.start()
-        log.info("gateway started db=%s listen=%s", engine.dialect.name, settings.listen)
-        yield
-        await gateway.writer.stop()
-        await gateway.policy_worker.stop()
-        if gateway.diagnoser is not None:
-            await gateway.diagnoser.stop()
-        if gateway.job_status is not None:
-            await gateway.job_status.stop()
-        if gateway.ticker is not None:
-            await gateway.ticker.stop()
-        await outbox.aclose()
-        for task in list(gateway.background):
-            task.cancel()
-        await engine.dispose()
-
-    app.cleanup_ctx.append(lifecycle)
+def add_routes(app: web.Application, card_callback: CardCallbackSettings | None = None) -> None:
+    """The gateway's HTTP surface; the handlers find the assembled stages under GATEWAY_KEY."""
     app.router.add_post(WEBHOOK_PATH, receive_webhook)
     app.router.add_post(HANG_TRIGGER_PATH, receive_hang_trigger)
     app.router.add_get("/api/v1/alerts", get_alerts)
@@ -653,4 +448,3 @@ def create_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
-    return app

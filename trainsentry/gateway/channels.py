@@ -1,9 +1,17 @@
-"""Which channels this gateway sends to, built from settings once at start.
+"""Which channels this gateway sends to, built from settings once at start: the single
+channel factory (`build`, `build_channels`). Every secret is read through one function,
+`notifiers.settings.read_secret` (here, in the channels' `from_settings`, and for the
+probes' token in assemble.py), with the environment this module is given.
 
 - `console` always (to a file when `gateway.console_file` is set);
 - each entry of `webhooks:` as a generic JSON webhook channel under its own name;
-- the `channels:` section (Feishu bot/app/sheet, phone, email) through notifiers/factory.py.
-Secrets are read from the environment here; a missing one fails the start, not the first alert.
+- the `channels:` section (Feishu bot/app/sheet, phone, email, Alertmanager silences, the
+  escalation roster) through `build_channels`.
+Secrets are read from the environment here, once; a missing one fails the start (naming the
+variable, never showing a value), not the first alert.
+
+A new channel: its package under notifiers/ (notifier + settings model, importing only
+alerts.py and notifiers/base.py), a field in `ChannelsSettings`, one branch in `build_channels`.
 """
 
 from __future__ import annotations
@@ -11,26 +19,111 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from trainsentry.config import ConfigError, Settings, describe_invalid
+from trainsentry.gateway.policy.escalation import Escalator
+from trainsentry.gateway.policy.roster import escalation_policy_of, roster_of
+from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
+from trainsentry.notifiers.email import EmailNotifier
+from trainsentry.notifiers.feishu.app import FeishuAppClient, FeishuAppNotifier
+from trainsentry.notifiers.feishu.bot import FeishuBotNotifier
+from trainsentry.notifiers.feishu.sheet import FeishuSheetArchive
+from trainsentry.notifiers.phone.notifier import PhoneNotifier
+from trainsentry.notifiers.ratelimit import as_pairs
+from trainsentry.notifiers.settings import ChannelsSettings, SecretMissing, read_secret
 from trainsentry.notifiers.webhook import WebhookNotifier
+
+
+@dataclass
+class BuiltChannels:
+    notifiers: dict[str, Notifier] = field(default_factory=dict)
+    feishu_app: FeishuAppClient | None = None
+    silences: SilenceClient | None = None
+    escalator: Escalator | None = None
+    # For the card callback handler (see feishu/callback.py), when configured.
+    callback_path: str | None = None
+    verification_token: str | None = field(default=None, repr=False)
+    encrypt_key: str | None = field(default=None, repr=False)
+
+    @property
+    def outbox_rate_limits(self) -> dict[str, list[tuple[int, float]]]:
+        """`(count, seconds)` limits per channel, the form the outbox takes."""
+        return {
+            name: as_pairs(limits)
+            for name, notifier in self.notifiers.items()
+            if (limits := getattr(notifier, "rate_limits", ()))
+        }
+
+    async def aclose(self) -> None:
+        for notifier in self.notifiers.values():
+            await notifier.aclose()
+        if self.feishu_app is not None:
+            await self.feishu_app.aclose()  # closing twice is harmless
+        if self.silences is not None:
+            await self.silences.aclose()
+
+
+def build_channels(
+    settings: ChannelsSettings, env: Mapping[str, str] | None = None
+) -> BuiltChannels:
+    built = BuiltChannels()
+    if settings.feishu_bot is not None:
+        bot = FeishuBotNotifier.from_settings(settings.feishu_bot, env)
+        built.notifiers[bot.name] = bot
+    if settings.feishu_app is not None:
+        app_settings = settings.feishu_app
+        # Each channel owns its client (and closes it); they share the app credentials.
+        built.feishu_app = FeishuAppClient.from_settings(app_settings, env)
+        if app_settings.chats:
+            app_notifier = FeishuAppNotifier.from_settings(app_settings, built.feishu_app)
+            built.notifiers[app_notifier.name] = app_notifier
+        if app_settings.callback is not None:
+            callback = app_settings.callback
+            built.callback_path = callback.path
+            built.verification_token = read_secret(callback.verification_token_env, env)
+            if callback.encrypt_key_env:
+                built.encrypt_key = read_secret(callback.encrypt_key_env, env)
+    if settings.feishu_sheet is not None:
+        if settings.feishu_app is None:
+            raise ValueError("channels.feishu_sheet needs channels.feishu_app (credentials)")
+        sheet = FeishuSheetArchive.from_settings(
+            settings.feishu_sheet, FeishuAppClient.from_settings(settings.feishu_app, env)
+        )
+        built.notifiers[sheet.name] = sheet
+    if settings.phone is not None:
+        feishu = (
+            FeishuAppClient.from_settings(settings.feishu_app, env)
+            if settings.feishu_app is not None
+            else None
+        )
+        phone = PhoneNotifier.from_settings(settings.phone, feishu=feishu, env=env)
+        built.notifiers[phone.name] = phone
+    if settings.email is not None:
+        email = EmailNotifier.from_settings(settings.email, env)
+        built.notifiers[email.name] = email
+    if settings.alertmanager is not None:
+        built.silences = SilenceClient.from_settings(settings.alertmanager, env)
+    if settings.escalation is not None:
+        built.escalator = Escalator(
+            roster_of(settings.escalation), escalation_policy_of(settings.escalation)
+        )
+    return built
 
 
 @dataclass
 class Channels:
     notifiers: dict[str, Notifier]
     rate_limits: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
-    built: Any = None  # notifiers.factory.BuiltChannels when `channels:` is configured
+    built: BuiltChannels | None = None  # when `channels:` is configured
 
 
 def _env_value(name: str, env: Mapping[str, str]) -> str:
-    value = env.get(name, "")
-    if not value:
-        raise ConfigError(f"environment variable {name} (a secret) is not set")
-    return value
+    try:
+        return read_secret(name, env)
+    except SecretMissing as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def build(settings: Settings, env: Mapping[str, str] | None = None) -> Channels:
@@ -49,9 +142,6 @@ def build(settings: Settings, env: Mapping[str, str] | None = None) -> Channels:
             rate_limits[name] = list(hook.rate_limits)
     built = None
     if settings.channels:
-        from trainsentry.notifiers.factory import build_channels
-        from trainsentry.notifiers.settings import ChannelsSettings, SecretMissing
-
         try:
             built = build_channels(ChannelsSettings.model_validate(settings.channels), env)
         except (SecretMissing, ValueError) as exc:

@@ -1,8 +1,14 @@
-"""The gateway's own Prometheus metrics (one registry per app, so tests can run several)."""
+"""The gateway's own Prometheus metrics (one registry per app, so tests can run several), and
+the policy's decision counters (`PolicyMetrics.observe`, called by the planning stage)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from trainsentry.gateway.policy.decide import DecideResult, TickResult
+from trainsentry.gateway.policy.storm import StormMessageKind
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -95,3 +101,81 @@ class GatewayMetrics:
             ["channel"],
             registry=r,
         )
+
+
+class PolicyMetrics:
+    """Counters for the policy's decisions (issue 3, part 6). One instance per registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        kwargs: dict[str, Any] = {} if registry is None else {"registry": registry}
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self.classified = Counter(
+            "trainsentry_alerts_classified_total",
+            "Alert changes classified, by priority.",
+            ["priority"],
+            **kwargs,
+        )
+        self.notices = Counter(
+            "trainsentry_policy_notices_total",
+            "Alert notices the policy decided to announce (before storm collapse), by kind.",
+            ["notice"],
+            **kwargs,
+        )
+        self.suppressed = Counter(
+            "trainsentry_notifications_suppressed_total",
+            "Alert changes not announced, by reason (repeat, stale, flapping, held, "
+            "resolve-unseen, storm).",
+            ["reason"],
+            **kwargs,
+        )
+        self.storms = Counter(
+            "trainsentry_storms_total",
+            "Alert storms entered (per job).",
+            **kwargs,
+        )
+        self.storm_messages = Counter(
+            "trainsentry_storm_messages_total",
+            "Storm messages produced, by kind.",
+            ["kind"],
+            **kwargs,
+        )
+        self.drafts = Counter(
+            "trainsentry_notifications_drafted_total",
+            "Notification drafts produced for the outbox, by channel and kind.",
+            ["channel", "kind"],
+            **kwargs,
+        )
+        self.unconfigured = Counter(
+            "trainsentry_route_unconfigured_total",
+            "Notifications routed to a channel this gateway has no notifier for.",
+            ["channel"],
+            **kwargs,
+        )
+
+    def _child(self, counter: Counter, *values: str) -> Any:
+        # prometheus_client's labels() costs more than the policy's own work per alert
+        key = (id(counter), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = counter.labels(*values)
+        return child
+
+    def observe(self, result: DecideResult | TickResult) -> None:
+        child = self._child
+        if isinstance(result, DecideResult):
+            child(self.classified, result.classification.priority.value).inc()
+        for decision in result.decisions:
+            if decision.notice is not None:
+                child(self.notices, decision.notice.value).inc()
+            elif decision.suppressed is not None:
+                child(self.suppressed, decision.suppressed.value).inc()
+        if result.collapsed:
+            child(self.suppressed, "storm").inc(result.collapsed)
+        for message in result.storm_messages:
+            child(self.storm_messages, message.kind.value).inc()
+            if message.kind is StormMessageKind.STARTED:
+                self.storms.inc()
+        for draft in result.drafts:
+            child(self.drafts, draft.channel, draft.kind).inc()
+        for channel in result.unconfigured:
+            child(self.unconfigured, channel).inc()

@@ -1,7 +1,10 @@
 """The payload contract between the alert policy and the channels.
 
-The policy writes `NotificationDraft.payload` as a plain JSON dict; every channel reads it
-through `parse_payload`, which checks it against the TypedDicts below. Only `priority` and
+The one home of the payload types. The gateway's builders return them, so mypy checks the
+writing side (`gateway/policy/payload.py`: alert and storm notices, `gateway/stages/ack.py`:
+acks, `gateway/policy/escalation.call_payload`: calls); the policy stores the result in
+`NotificationDraft.payload` as a plain JSON dict, and every channel reads it back through
+`parse_payload`, which checks it against the TypedDicts below. Only `priority` and
 `status` are required; everything else is optional and a card/row simply leaves it out.
 Keys not listed here are accepted and dropped, so the policy can add fields first and the
 channels pick them up later.
@@ -11,7 +14,7 @@ Notification kinds (`OutboundNotification.kind`) the channels understand:
 - ``storm``: many alerts collapsed into one summary. Uses ``storm``.
 - ``ack``: an alert was acknowledged / silenced; the card is re-sent or updated. Uses
   ``acked_by`` / ``silenced_until``.
-- ``call``: a phone call the escalation planned (see `notifiers.phone.notifier`).
+- ``call``: a phone call the escalation planned (`CallPayload`; the phone channel places it).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import Any, Literal, NotRequired
 
 from pydantic import TypeAdapter, ValidationError
 from typing_extensions import TypedDict
+
+from trainsentry.labels import GPU_LABELS, NODE_LABELS, RANK_LABELS, first_label, job_text
 
 PriorityName = Literal["P0", "P1", "P2", "P3"]
 StatusName = Literal["firing", "resolved"]
@@ -82,9 +87,9 @@ class NotificationPayload(TypedDict):
     storm: NotRequired[StormSummary]
     diagnosis: NotRequired[str]  # one-line verdict of the hang analyzer, if any
     message_id: NotRequired[str]  # kind "ack": the Feishu card to update in place
-    # Written by the policy (gateway/decide.py); channels may show them.
+    # Written by the policy (gateway/policy/payload.py); channels may show them.
     # firing | recurrence | flapping | resolved | expired | acked | storm_started |
-    # storm_summary | storm_ended (what the policy decided; see gateway/decide.py)
+    # storm_summary | storm_ended (what the policy decided; see gateway/policy/payload.py)
     event: NotRequired[str]
     job: NotRequired[str]  # "namespace/name" of the training job
     rule_ids: NotRequired[list[str]]
@@ -94,6 +99,26 @@ class NotificationPayload(TypedDict):
     expired: NotRequired[bool]
     held_until: NotRequired[str]
     at: NotRequired[str]  # when the policy decided (ISO 8601)
+
+
+class PersonPayload(TypedDict):
+    name: str
+    phone: NotRequired[str]
+    feishu_open_id: NotRequired[str]
+
+
+class CallPayload(TypedDict):
+    """Payload of a kind="call" notification."""
+
+    priority: str
+    status: str  # always "firing": resolved alerts are never called
+    alert_id: int
+    step: int
+    layer: str
+    person: PersonPayload
+    text: str
+    message_id: NotRequired[str]
+    cancelled: NotRequired[str]
 
 
 _ADAPTER: TypeAdapter[NotificationPayload] = TypeAdapter(NotificationPayload)
@@ -113,12 +138,7 @@ def parse_payload(raw: dict[str, Any]) -> NotificationPayload:
 
 def label(payload: NotificationPayload, *names: str) -> str:
     """The first non-empty label among `names` (exporters name the same thing differently)."""
-    labels = payload.get("labels") or {}
-    for name in names:
-        value = labels.get(name)
-        if value:
-            return value
-    return ""
+    return first_label(payload.get("labels") or {}, names)
 
 
 def annotation(payload: NotificationPayload, name: str) -> str:
@@ -133,20 +153,16 @@ def job_of(payload: NotificationPayload) -> str:
     """`namespace/name` of the training job, or "" when the payload does not say."""
     if payload.get("job"):
         return payload.get("job", "")
-    name = label(payload, "trainingjob", "job_name")
-    if not name:
-        return ""
-    namespace = label(payload, "namespace")
-    return f"{namespace}/{name}" if namespace else name
+    return job_text(payload.get("labels") or {})
 
 
 def node_of(payload: NotificationPayload) -> str:
-    return label(payload, "node", "Hostname", "hostname", "instance")
+    return label(payload, *NODE_LABELS)
 
 
 def gpu_of(payload: NotificationPayload) -> str:
-    return label(payload, "gpu", "GPU_I_ID", "UUID", "device")
+    return label(payload, *GPU_LABELS)
 
 
 def rank_of(payload: NotificationPayload) -> str:
-    return label(payload, "rank", "global_rank")
+    return label(payload, *RANK_LABELS)

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainsentry.alerts import Priority
-from trainsentry.gateway.escalation import Layer, Person, Policy, Roster
 
 
 class SecretMissing(LookupError):
@@ -98,9 +97,6 @@ class PersonSettings(_Model):
     feishu_open_id: str = ""
     email: str = ""
 
-    def person(self) -> Person:
-        return Person(self.name, self.phone, self.feishu_open_id, self.email)
-
 
 class LayerSettings(_Model):
     name: str
@@ -108,29 +104,12 @@ class LayerSettings(_Model):
     rotation_start: datetime | None = None
     shift_hours: float | None = Field(default=None, gt=0)
 
-    def layer(self) -> Layer:
-        start = self.rotation_start
-        if start is not None and start.tzinfo is None:
-            start = start.replace(tzinfo=UTC)
-        shift = timedelta(hours=self.shift_hours) if self.shift_hours else None
-        return Layer(self.name, tuple(m.person() for m in self.members), start, shift)
-
 
 class EscalationSettings(_Model):
     min_priority: Priority = Priority.P0
     ack_timeout_min: float = Field(default=5.0, gt=0)
     calls_per_layer: int = Field(default=1, ge=1)
     layers: list[LayerSettings] = Field(default_factory=list)
-
-    def roster(self) -> Roster:
-        return Roster(tuple(layer.layer() for layer in self.layers))
-
-    def policy(self) -> Policy:
-        return Policy(
-            min_priority=self.min_priority,
-            ack_timeout=timedelta(minutes=self.ack_timeout_min),
-            calls_per_layer=self.calls_per_layer,
-        )
 
 
 class TwilioSettings(_Model):

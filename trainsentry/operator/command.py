@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     from trainsentry import assets
+    from trainsentry.logs import quiet_url_loggers
     from trainsentry.operator.handlers import OperatorOptions, build_registry
     from trainsentry.operator.login import load_api_config, login_handler
     from trainsentry.operator.reconcile import load_sources
@@ -91,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
     )
+    quiet_url_loggers()
     log = logging.getLogger("trainsentry.operator")
     try:
         sources = load_sources(

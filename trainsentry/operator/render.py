@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainsentry import rulesdoc
 from trainsentry.operator.spec import (
     JOB_LABEL,
     MANAGED_BY,
@@ -66,21 +67,12 @@ def child_names(job_name: str) -> dict[str, str]:
 # --- thresholds ----------------------------------------------------------------------------
 
 
-def parse_thresholds(annotation: str) -> dict[str, str]:
-    """`"a=85, b=0.5"` → `{"a": "85", "b": "0.5"}` (defaults kept as written)."""
-    result: dict[str, str] = {}
-    for item in annotation.split(","):
-        name, sep, default = item.strip().partition("=")
-        if sep and name.strip():
-            result[name.strip()] = default.strip()
-    return result
-
-
 def known_thresholds(rule_files: Iterable[RuleFile]) -> dict[str, str]:
     """Every tunable threshold of the rule files: name → default as written."""
     result: dict[str, str] = {}
     for rule in _all_rules(rule_files):
-        result.update(parse_thresholds(str(rule.get("annotations", {}).get("thresholds", ""))))
+        thresholds = str(rule.get("annotations", {}).get("thresholds", ""))
+        result.update(rulesdoc.parse_thresholds(thresholds, strict=False))
     return result
 
 
@@ -101,7 +93,7 @@ def apply_thresholds(rule: Mapping[str, Any], overrides: Mapping[str, float]) ->
         if section in rule:
             result[section] = dict(rule[section] or {})
     annotations = result.get("annotations") or {}
-    declared = parse_thresholds(str(annotations.get("thresholds", "")))
+    declared = dict(rulesdoc.parse_thresholds(str(annotations.get("thresholds", "")), strict=False))
     wanted = {name: default for name, default in declared.items() if name in overrides}
     if not wanted:
         return result

@@ -17,7 +17,8 @@ matplotlib.use("Agg")
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from trainsentry.reports.stats import PRIORITIES, Hotspot
+from trainsentry.reports.figures import Hotspot
+from trainsentry.reports.stats import PRIORITIES
 
 PRIORITY_COLOURS = {"P0": "#d83931", "P1": "#de7802", "P2": "#d4a106", "P3": "#245bdb"}
 _SIZE = (6.3, 2.8)  # inches; at 100 dpi 630 px: the mail column (680 - border - padding), 1:1

@@ -114,7 +114,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     from pydantic import ValidationError
 
     from trainsentry.config import ConfigError, describe_invalid
-    from trainsentry.gateway.policy import PolicyError, load_policy
+    from trainsentry.gateway.policy.rules import PolicyError, load_policy
     from trainsentry.notifiers.settings import ChannelsSettings
     from trainsentry.reports.settings import report_settings
     from trainsentry.reports.stats import StatsOptions

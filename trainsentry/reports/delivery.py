@@ -1,11 +1,12 @@
 """Sending the weekly report: once per audience and period, recorded in `report_runs`.
 
-Idempotency: before mailing, a run *claims* the period by writing its `report_runs` row with
-`detail.state = "sending"` (the primary key makes two concurrent runs collide; the loser
-skips). After the SMTP server took the mail the row becomes `"sent"`. If sending fails the
-claim is withdrawn (or the previous record restored), so the next run tries again. A claim
-older than `STALE_CLAIM` (a run that died mid-send) may be taken over. Crash between the
-SMTP answer and the update: the next run sends again (at-least-once, never silently none).
+Idempotency (the table's SQL is store/report_runs.py): before mailing, a run *claims* the
+period by writing its `report_runs` row with `detail.state = "sending"` (the primary key
+makes two concurrent runs collide; the loser skips). After the SMTP server took the mail
+the row becomes `"sent"`. If sending fails the claim is withdrawn (or the previous record
+restored), so the next run tries again. A claim older than `STALE_CLAIM` (a run that died
+mid-send) may be taken over. Crash between the SMTP answer and the update: the next run
+sends again (at-least-once, never silently none).
 
 Catch-up: `send` without an explicit period sends every full week after the newest one
 already sent for the audience, up to the last full week (at most `catch_up_weeks`).
@@ -17,26 +18,22 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
-from sqlalchemy.exc import IntegrityError, OperationalError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-
 from trainsentry.notifiers.email import SmtpConfig, send_email
 from trainsentry.reports.digest import digest_card, post_digest
+from trainsentry.reports.figures import WeeklyStats
 from trainsentry.reports.period import Period, due_weeks, last_full_week, parse_period
 from trainsentry.reports.settings import ReportSettings
-from trainsentry.reports.stats import StatsOptions, WeeklyStats, collect
+from trainsentry.reports.stats import StatsOptions, collect
 from trainsentry.reports.weekly import RenderedReport, RenderOptions, render, to_message
-from trainsentry.store.schema import report_runs
+from trainsentry.store.engine import Engine
+from trainsentry.store.report_runs import SENT, claim, last_sent_week, mark_sent, release
 
 log = logging.getLogger(__name__)
 
-STALE_CLAIM = timedelta(minutes=30)
-SENDING, SENT = "sending", "sent"
 
 DigestPoster = Callable[[WeeklyStats, RenderedReport, str], Awaitable[None]]
 
@@ -69,89 +66,6 @@ def run_key(audience: str, period: Period) -> str:
     return f"weekly/{audience}/{period.key}"
 
 
-async def last_sent_week(conn: AsyncConnection, audience: str, tz: str) -> date | None:
-    """First day of the newest week already sent to `audience` in zone `tz`."""
-    prefix = f"weekly/{audience}/week:"
-    rows = await conn.execute(
-        select(report_runs.c.period_key, report_runs.c.detail).where(
-            report_runs.c.period_key.startswith(prefix, autoescape=True)
-        )
-    )
-    newest: date | None = None
-    for row in rows:
-        day, _, zone_name = row.period_key.removeprefix(prefix).partition(":")
-        if zone_name != tz or (row.detail or {}).get("state") != SENT:
-            continue
-        try:
-            first = date.fromisoformat(day)
-        except ValueError:
-            continue
-        newest = first if newest is None or first > newest else newest
-    return newest
-
-
-async def claim(
-    engine: AsyncEngine, key: str, now: datetime, recipients: Sequence[str], *, force: bool
-) -> tuple[bool, dict[str, Any] | None, str]:
-    """(claimed, previous row to restore on failure, why not)."""
-    try:
-        return await _claim(engine, key, now, recipients, force=force)
-    except OperationalError as exc:
-        # SQLite: a concurrent run wrote first and our snapshot is stale (SQLITE_BUSY).
-        if engine.dialect.name == "sqlite" and "locked" in str(exc):
-            return False, None, "another run is sending it"
-        raise
-
-
-async def _claim(
-    engine: AsyncEngine, key: str, now: datetime, recipients: Sequence[str], *, force: bool
-) -> tuple[bool, dict[str, Any] | None, str]:
-    async with engine.begin() as conn:
-        row = (
-            await conn.execute(select(report_runs).where(report_runs.c.period_key == key))
-        ).first()
-        previous = None if row is None else dict(row._mapping)
-        if previous is not None and not force:
-            state = (previous["detail"] or {}).get("state", SENT)
-            if state == SENT:
-                return False, None, f"already sent at {previous['sent_at'].isoformat()}"
-            if now - previous["sent_at"] < STALE_CLAIM:
-                return False, None, "another run is sending it"
-        if previous is not None:
-            await conn.execute(delete(report_runs).where(report_runs.c.period_key == key))
-        sends = int(((previous or {}).get("detail") or {}).get("sends", 0))
-        try:
-            await conn.execute(
-                insert(report_runs).values(
-                    period_key=key,
-                    sent_at=now,
-                    recipients=list(recipients),
-                    detail={"state": SENDING, "sends": sends, "forced": force},
-                )
-            )
-        except IntegrityError:
-            return False, None, "another run is sending it"
-    return True, previous, ""
-
-
-async def release(engine: AsyncEngine, key: str, previous: dict[str, Any] | None) -> None:
-    async with engine.begin() as conn:
-        await conn.execute(delete(report_runs).where(report_runs.c.period_key == key))
-        if previous is not None:
-            await conn.execute(insert(report_runs).values(**previous))
-
-
-async def mark_sent(
-    engine: AsyncEngine, key: str, at: datetime, recipients: Sequence[str], detail: dict[str, Any]
-) -> None:
-    async with engine.begin() as conn:
-        await conn.execute(
-            update(report_runs)
-            .where(report_runs.c.period_key == key)
-            .values(sent_at=at, recipients=list(recipients), detail=detail)
-        )
-
-
 def render_options(settings: ReportSettings, period: Period) -> RenderOptions:
     start, end = period.start, period.end
     link = settings.link(
@@ -164,7 +78,7 @@ def render_options(settings: ReportSettings, period: Period) -> RenderOptions:
 
 
 async def build(
-    engine: AsyncEngine,
+    engine: Engine,
     settings: ReportSettings,
     period: Period,
     audience: str,
@@ -187,7 +101,7 @@ def periods_to_send(
 
 
 async def send_reports(
-    engine: AsyncEngine,
+    engine: Engine,
     settings: ReportSettings,
     smtp: SmtpConfig,
     *,
@@ -215,7 +129,7 @@ async def send_reports(
 
 
 async def _send_one(
-    engine: AsyncEngine,
+    engine: Engine,
     settings: ReportSettings,
     smtp: SmtpConfig,
     period: Period,
@@ -294,7 +208,7 @@ def feishu_digest_poster(url: str, secret: str | None, timeout_s: float) -> Dige
 
 
 async def write_preview(
-    engine: AsyncEngine,
+    engine: Engine,
     out: Path,
     *,
     now: datetime,

@@ -16,7 +16,7 @@ import httpx
 
 from trainsentry.notifiers.feishu.bot import classify_response, signed_body
 from trainsentry.notifiers.feishu.card import compact_json, escape_md
-from trainsentry.reports.stats import WeeklyStats
+from trainsentry.reports.figures import WeeklyStats
 
 
 def digest_card(

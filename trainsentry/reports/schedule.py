@@ -13,20 +13,19 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from trainsentry.alerts import utcnow
 from trainsentry.notifiers.email import SmtpConfig
 from trainsentry.reports.delivery import DigestPoster, Outcome, send_reports
 from trainsentry.reports.settings import ReportSettings
 from trainsentry.reports.stats import StatsOptions
+from trainsentry.store.engine import Engine
 from trainsentry.tasks import wait_for_event
 
 log = logging.getLogger(__name__)
 
 
 async def report_loop(
-    engine: AsyncEngine,
+    engine: Engine,
     settings: ReportSettings,
     smtp: SmtpConfig,
     *,

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from trainsentry.reports.period import WEEKDAYS, zone
-from trainsentry.reports.stats import Scope
+from trainsentry.store.report_loads import Scope
 
 CLUSTER = "cluster"
 

@@ -1,8 +1,8 @@
 """Weekly statistics over the store: a connection and a period in, a `WeeklyStats` out.
 
-Two layers: `load_*` read rows for a period (the only I/O), `compute` turns rows into
-numbers (pure, unit-tested with hand-computed weeks). `collect` runs both, for the period
-and the one before it (for the change column).
+Two layers: the store's `load_*` (store/report_loads.py) read rows for a period (the only
+I/O), `compute` here turns rows into numbers (pure, unit-tested with hand-computed weeks).
+`collect` runs both, for the period and the one before it (for the change column).
 
 Definitions (also in docs/reports.md):
 - An *occurrence* is one alert row (fingerprint + startsAt). It belongs to the period in
@@ -26,23 +26,40 @@ import statistics
 from bisect import bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import date, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from trainsentry.alerts import Priority
+from trainsentry.labels import GPU_ID_LABELS, first_label
+from trainsentry.reports.figures import (
+    Change,
+    Durations,
+    Headline,
+    Hotspot,
+    JobCount,
+    Pages,
+    RuleNoise,
+    Storm,
+    WeeklyStats,
+    XidSeen,
+)
 from trainsentry.reports.period import Period
-from trainsentry.store.schema import alerts, notifications
+from trainsentry.store.engine import Connection
+from trainsentry.store.report_loads import (
+    Occurrence,
+    PageRow,
+    Scope,
+    StormRow,
+    load_history,
+    load_occurrences,
+    load_pages,
+    load_storms,
+)
 
+# The default scope: every alert.
+EVERYTHING = Scope()
 PRIORITIES: tuple[str, ...] = tuple(p.value for p in Priority)
-HARDWARE_COMPONENTS = frozenset({"gpu", "fabric", "node"})
-NODE_LABELS = ("node", "Hostname", "hostname", "instance")
-GPU_LABELS = ("gpu", "GPU_I_ID", "UUID")
-NO_JOB = "(no job)"
-_IN_CHUNK = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,385 +85,7 @@ class StatsOptions:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Scope:
-    """Which alerts a report covers: everything, or the given namespaces / `ns/name` jobs."""
-
-    name: str = "cluster"
-    namespaces: frozenset[str] = frozenset()
-    jobs: frozenset[str] = frozenset()
-
-    @property
-    def everything(self) -> bool:
-        return not self.namespaces and not self.jobs
-
-    def covers(self, namespace: str, job: str) -> bool:
-        if self.everything:
-            return True
-        return namespace in self.namespaces or f"{namespace}/{job}" in self.jobs
-
-
-# ---------------------------------------------------------------- rows
-
-
-@dataclass(frozen=True, slots=True)
-class Occurrence:
-    id: int
-    fingerprint: str
-    alertname: str
-    priority: str
-    component: str
-    namespace: str
-    job: str
-    labels: Mapping[str, str]
-    summary: str
-    starts_at: datetime
-    created_at: datetime
-    resolved_at: datetime | None
-    acked_at: datetime | None
-    acked_by: str | None
-
-    @property
-    def job_ref(self) -> str:
-        if not self.job:
-            return NO_JOB
-        return f"{self.namespace}/{self.job}" if self.namespace else self.job
-
-    @property
-    def node(self) -> str:
-        return first_label(self.labels, NODE_LABELS)
-
-    @property
-    def hardware(self) -> bool:
-        return self.component in HARDWARE_COMPONENTS
-
-
-@dataclass(frozen=True, slots=True)
-class PageRow:
-    alert_id: int | None
-    status: str
-    acked_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class StormRow:
-    job: str
-    event: str
-    at: datetime
-    total: int
-    priority: str
-
-
-def first_label(labels: Mapping[str, str], names: Iterable[str]) -> str:
-    for name in names:
-        value = labels.get(name)
-        if value:
-            return str(value)
-    return ""
-
-
-def _priority(row_priority: str | None, labels: Mapping[str, str]) -> str:
-    for value in (row_priority, labels.get("priority")):
-        if value in PRIORITIES:
-            return str(value)
-    return Priority.P3.value  # unclassified alerts count as informational
-
-
-def _occurrence(row: Any) -> Occurrence:
-    labels = {str(k): str(v) for k, v in (row.labels or {}).items()}
-    annotations = row.annotations or {}
-    return Occurrence(
-        id=int(row.id),
-        fingerprint=row.fingerprint,
-        alertname=row.alertname or labels.get("alertname", ""),
-        priority=_priority(row.priority, labels),
-        component=labels.get("component", "") or "unknown",
-        namespace=row.job_namespace or "",
-        job=row.job_name or "",
-        labels=labels,
-        summary=str(annotations.get("summary", "")),
-        starts_at=row.starts_at,
-        created_at=row.created_at,
-        resolved_at=row.resolved_at,
-        acked_at=row.acked_at,
-        acked_by=row.acked_by,
-    )
-
-
-def _scope_clause(scope: Scope) -> Any:
-    if scope.everything:
-        return None
-    clauses: list[Any] = []
-    if scope.namespaces:
-        clauses.append(alerts.c.job_namespace.in_(sorted(scope.namespaces)))
-    for ref in sorted(scope.jobs):
-        namespace, _, name = ref.rpartition("/")
-        clauses.append(and_(alerts.c.job_namespace == namespace, alerts.c.job_name == name))
-    return or_(*clauses)
-
-
-async def load_occurrences(
-    conn: AsyncConnection, start: datetime, end: datetime, scope: Scope = Scope()
-) -> list[Occurrence]:
-    """Occurrences that started in [start, end), oldest first."""
-    query = (
-        select(alerts)
-        .where(alerts.c.starts_at >= start, alerts.c.starts_at < end)
-        .order_by(alerts.c.starts_at, alerts.c.id)
-    )
-    clause = _scope_clause(scope)
-    if clause is not None:
-        query = query.where(clause)
-    return [_occurrence(row) for row in await conn.execute(query)]
-
-
-async def load_history(
-    conn: AsyncConnection, fingerprints: Iterable[str], start: datetime, lookback: timedelta
-) -> list[Occurrence]:
-    """Earlier occurrences of `fingerprints` that were still open or resolved at most
-    `lookback` before `start` (what recurrence and flapping need to look back at)."""
-    found: list[Occurrence] = []
-    wanted = sorted(set(fingerprints))
-    for i in range(0, len(wanted), _IN_CHUNK):
-        query = select(alerts).where(
-            alerts.c.fingerprint.in_(wanted[i : i + _IN_CHUNK]),
-            alerts.c.starts_at < start,
-            or_(alerts.c.resolved_at.is_(None), alerts.c.resolved_at >= start - lookback),
-        )
-        found.extend(_occurrence(row) for row in await conn.execute(query))
-    return sorted(found, key=lambda o: (o.starts_at, o.id))
-
-
-async def load_pages(
-    conn: AsyncConnection,
-    start: datetime,
-    end: datetime,
-    channels: Sequence[str],
-    scope: Scope = Scope(),
-) -> list[PageRow]:
-    query = (
-        select(notifications.c.alert_id, notifications.c.status, alerts.c.acked_at)
-        .select_from(notifications.outerjoin(alerts, notifications.c.alert_id == alerts.c.id))
-        .where(
-            notifications.c.channel.in_(list(channels)),
-            notifications.c.created_at >= start,
-            notifications.c.created_at < end,
-        )
-    )
-    clause = _scope_clause(scope)
-    if clause is not None:
-        query = query.where(clause)
-    return [
-        PageRow(None if row.alert_id is None else int(row.alert_id), row.status, row.acked_at)
-        for row in await conn.execute(query)
-    ]
-
-
-def _storm_job(key: str) -> tuple[str, str]:
-    """("ns", "name") of a storm job key such as "trainingjob:ns/name"."""
-    _, _, ref = key.partition(":")
-    namespace, _, name = ref.rpartition("/")
-    return namespace, name
-
-
-async def load_storms(
-    conn: AsyncConnection, start: datetime, end: datetime, scope: Scope = Scope()
-) -> list[StormRow]:
-    query = select(
-        notifications.c.group_key, notifications.c.payload, notifications.c.priority
-    ).where(
-        notifications.c.kind == "storm",
-        notifications.c.created_at >= start,
-        notifications.c.created_at < end,
-    )
-    rows: list[StormRow] = []
-    for row in await conn.execute(query):
-        payload = row.payload or {}
-        job = str(payload.get("job") or row.group_key.removeprefix("storm:"))
-        if not scope.covers(*_storm_job(job)):
-            continue
-        try:
-            at = datetime.fromisoformat(str(payload["at"]))
-        except (KeyError, ValueError):
-            continue
-        total = int((payload.get("storm") or {}).get("total", 0) or 0)
-        # the policy names them storm_started / storm_summary / storm_ended
-        event = str(payload.get("event", "")).removeprefix("storm_")
-        rows.append(StormRow(job, event, at, total, row.priority))
-    return rows
-
-
 # ---------------------------------------------------------------- numbers
-
-
-@dataclass(frozen=True, slots=True)
-class Durations:
-    count: int = 0
-    median_s: float | None = None
-    p90_s: float | None = None
-
-    @classmethod
-    def of(cls, seconds: Sequence[float]) -> Durations:
-        if not seconds:
-            return cls()
-        return cls(len(seconds), float(statistics.median(seconds)), nearest_rank(seconds, 0.9))
-
-
-def nearest_rank(values: Sequence[float], q: float) -> float:
-    """The q-quantile by the nearest-rank method: the ceil(q*n)-th smallest value."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q * len(ordered)))
-    return float(ordered[rank - 1])
-
-
-@dataclass(frozen=True, slots=True)
-class RuleNoise:
-    alertname: str
-    component: str
-    fired: int
-    median_lifetime_s: float | None
-    short_lived: int  # resolved within StatsOptions.short_lived_s
-
-    @property
-    def tuning_candidate(self) -> bool:
-        return self.fired >= 3 and self.short_lived * 2 >= self.fired
-
-
-@dataclass(frozen=True, slots=True)
-class Hotspot:
-    key: str
-    count: int
-    alertnames: tuple[str, ...]  # most frequent first
-
-
-@dataclass(frozen=True, slots=True)
-class XidSeen:
-    code: str
-    count: int
-    gpus: int  # distinct node/GPU pairs that reported it
-
-
-@dataclass(frozen=True, slots=True)
-class Storm:
-    job: str
-    started_at: datetime
-    alerts: int  # largest total a summary of this storm reported
-    peak: str
-    ended_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class JobCount:
-    job: str
-    total: int
-    by_priority: Mapping[str, int]
-
-
-@dataclass(frozen=True, slots=True)
-class Pages:
-    incidents: int = 0  # distinct alerts paged
-    calls: int = 0  # page notifications sent
-    acked: int = 0  # paged incidents acknowledged by the period's end
-
-
-@dataclass(frozen=True, slots=True)
-class Headline:
-    """The numbers compared against the previous period."""
-
-    total: int
-    by_priority: Mapping[str, int]
-    new: int
-    recurring: int
-    flapping: int
-    storms: int
-    mtta_median_s: float | None
-    mttr_median_s: float | None
-    pages: int
-    pages_acked: int
-    hardware: int
-
-
-@dataclass(frozen=True, slots=True)
-class Change:
-    name: str
-    current: float | None
-    previous: float | None
-    unit: str = "count"  # or "seconds"
-    lower_is_better: bool = True
-
-    @property
-    def delta(self) -> float | None:
-        if self.current is None or self.previous is None:
-            return None
-        return self.current - self.previous
-
-    @property
-    def percent(self) -> float | None:
-        if self.delta is None or not self.previous:
-            return None
-        return 100.0 * self.delta / self.previous
-
-    @property
-    def verdict(self) -> str:
-        """better / worse / same / n/a."""
-        if self.delta is None:
-            return "n/a"
-        if self.delta == 0:
-            return "same"
-        return "better" if (self.delta < 0) == self.lower_is_better else "worse"
-
-
-@dataclass(frozen=True, slots=True)
-class WeeklyStats:
-    period: Period
-    scope: Scope
-    occurrences: tuple[Occurrence, ...]
-    classes: Mapping[int, str]  # occurrence id -> new / recurring / flapping
-    by_priority: Mapping[str, int]
-    by_component: Mapping[str, int]
-    by_job: tuple[JobCount, ...]
-    flapping_fingerprints: int
-    storms: tuple[Storm, ...]
-    mtta: Mapping[str, Durations]  # by priority and "all"
-    mttr: Mapping[str, Durations]
-    open_at_end: int
-    unacked_p0_p1: int
-    top_rules: tuple[RuleNoise, ...]
-    hot_nodes: tuple[Hotspot, ...]
-    hot_gpus: tuple[Hotspot, ...]
-    hot_ports: tuple[Hotspot, ...]
-    xids: tuple[XidSeen, ...]
-    pages: Pages
-    per_day: tuple[tuple[date, Mapping[str, int]], ...]
-    mttr_per_day: tuple[tuple[date, float | None], ...]
-    previous: Headline | None = None
-    changes: tuple[Change, ...] = field(default=())
-
-    @property
-    def total(self) -> int:
-        return len(self.occurrences)
-
-    def count_class(self, name: str) -> int:
-        return sum(1 for c in self.classes.values() if c == name)
-
-    @property
-    def hardware(self) -> int:
-        return sum(1 for o in self.occurrences if o.hardware)
-
-    def headline(self) -> Headline:
-        return Headline(
-            total=self.total,
-            by_priority=dict(self.by_priority),
-            new=self.count_class("new"),
-            recurring=self.count_class("recurring"),
-            flapping=self.count_class("flapping"),
-            storms=len(self.storms),
-            mtta_median_s=self.mtta["all"].median_s,
-            mttr_median_s=self.mttr["all"].median_s,
-            pages=self.pages.incidents,
-            pages_acked=self.pages.acked,
-            hardware=self.hardware,
-        )
 
 
 def _before(moment: datetime | None, end: datetime) -> datetime | None:
@@ -597,7 +236,7 @@ def _hardware(
         (
             (f"{o.node} GPU {gpu}", o.alertname)
             for o in hardware
-            if o.component == "gpu" and (gpu := first_label(o.labels, GPU_LABELS))
+            if o.component == "gpu" and (gpu := first_label(o.labels, GPU_ID_LABELS))
         ),
         top,
     )
@@ -615,7 +254,7 @@ def _hardware(
         xid = occ.labels.get("xid")
         if xid:
             xid_counts[xid] += 1
-            xid_gpus[xid].add(f"{occ.node}/{first_label(occ.labels, GPU_LABELS)}")
+            xid_gpus[xid].add(f"{occ.node}/{first_label(occ.labels, GPU_ID_LABELS)}")
     xids = tuple(
         XidSeen(code, n, len(xid_gpus[code]))
         for code, n in sorted(xid_counts.items(), key=lambda kv: (-kv[1], _xid_order(kv[0])))
@@ -648,7 +287,7 @@ def compute(
     pages: Sequence[PageRow] = (),
     storms: Sequence[StormRow] = (),
     opts: StatsOptions = StatsOptions(),
-    scope: Scope = Scope(),
+    scope: Scope = EVERYTHING,
 ) -> WeeklyStats:
     """All statistics of one period from its rows (pure)."""
     end = period.end
@@ -736,10 +375,10 @@ def compare(current: WeeklyStats, previous: Headline) -> WeeklyStats:
 
 
 async def collect_period(
-    conn: AsyncConnection,
+    conn: Connection,
     period: Period,
     opts: StatsOptions = StatsOptions(),
-    scope: Scope = Scope(),
+    scope: Scope = EVERYTHING,
 ) -> WeeklyStats:
     """Loads the rows of `period` and computes its statistics (no comparison)."""
     start, end = period.start, period.end
@@ -752,10 +391,10 @@ async def collect_period(
 
 
 async def collect(
-    conn: AsyncConnection,
+    conn: Connection,
     period: Period,
     opts: StatsOptions = StatsOptions(),
-    scope: Scope = Scope(),
+    scope: Scope = EVERYTHING,
 ) -> WeeklyStats:
     """Statistics of `period` compared against the period before it."""
     current = await collect_period(conn, period, opts, scope)

@@ -31,9 +31,11 @@ import yaml
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 from trainsentry.assets import rules_dir
+from trainsentry.labels import GPU_ID_LABELS, first_label
 from trainsentry.notifiers.email import Attachment, build_message
 from trainsentry.reports import charts
-from trainsentry.reports.stats import GPU_LABELS, PRIORITIES, Change, WeeklyStats, first_label
+from trainsentry.reports.figures import Change, WeeklyStats
+from trainsentry.reports.stats import PRIORITIES
 
 CHART_NAMES = ("per_day", "mttr", "nodes")
 CSV_COLUMNS = (
@@ -236,7 +238,7 @@ def occurrences_csv(stats: WeeklyStats) -> bytes:
                 occ.namespace,
                 occ.job,
                 occ.node,
-                first_label(occ.labels, GPU_LABELS),
+                first_label(occ.labels, GPU_ID_LABELS),
                 occ.labels.get("xid", ""),
                 occ.starts_at.isoformat(),
                 occ.created_at.isoformat(),

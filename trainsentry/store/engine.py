@@ -15,6 +15,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from trainsentry.alerts import utcnow
 from trainsentry.store.schema import SCHEMA_VERSION, metadata, schema_version
 
+# The handles a stage holds (stages never import SQLAlchemy): an engine opened by
+# `create_engine`, and a connection inside `engine.begin()` / `engine.connect()`.
+Engine = AsyncEngine
+Connection = AsyncConnection
+
 
 class StoreError(RuntimeError):
     """The store cannot be used (bad URL, unreachable, or a schema we cannot handle)."""

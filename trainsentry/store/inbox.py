@@ -59,7 +59,8 @@ _SELECT = (
     "JOIN alerts a ON a.id = e.alert_id "
 )
 _ORDER = "ORDER BY i.urgency, i.event_id LIMIT ?"
-# SQLite: one gateway, one policy transaction at a time (policy_worker.py), batches in order.
+# SQLite: one gateway, one policy transaction at a time (gateway/stages/planning/
+# worker.py), batches in order.
 _CLAIM_SQLITE = _SELECT + _ORDER
 # PostgreSQL replicas claim side by side, skipping rows another replica holds. A change whose
 # fingerprint has an earlier change still in the inbox (held by another replica, or not yet

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from trainsentry.alerts import Alert, AlertStatus
 from trainsentry.store.bulk import run_steps, update_steps
 from trainsentry.store.schema import alert_events, alerts, notifications, webhook_receipts
 
@@ -174,15 +174,24 @@ async def set_priorities(conn: AsyncConnection, decided: Sequence[tuple[int, str
     await run_steps(conn, steps)
 
 
-async def export_alert_rows(db_url: str, out: Path, since: datetime | None = None) -> int:
-    """Writes every stored occurrence (optionally since a time) as archive rows; returns the
-    number of rows. StoreMissing when there is no store at `db_url`."""
-    from trainsentry.alerts import Alert, AlertStatus
-    from trainsentry.notifiers.export import export_rows
-    from trainsentry.notifiers.rows import row_from_alert
+@dataclass(frozen=True, slots=True)
+class StoredOccurrence:
+    """One stored alert occurrence as the archive export needs it."""
+
+    alert: Alert
+    alert_id: int
+    priority: str | None
+    reason: str
+    acked_by: str
+
+
+async def load_occurrences_for_export(
+    db_url: str, since: datetime | None = None
+) -> list[StoredOccurrence]:
+    """Every stored occurrence (optionally those started since a time), oldest id first.
+    Read only: StoreMissing when there is no store at `db_url` (never created empty)."""
     from trainsentry.store.engine import check_schema, create_engine
 
-    # Read only: a missing SQLite file is refused (StoreMissing), never created empty.
     engine = create_engine(db_url, must_exist=True)
     try:
         await check_schema(engine)
@@ -190,7 +199,7 @@ async def export_alert_rows(db_url: str, out: Path, since: datetime | None = Non
             query = select(alerts).order_by(alerts.c.id)
             if since is not None:
                 query = query.where(alerts.c.starts_at >= since)
-            rows: list[list[str]] = []  # export_rows writes the header
+            found: list[StoredOccurrence] = []
             for row in await conn.execute(query):
                 alert = Alert(
                     fingerprint=row.fingerprint,
@@ -201,16 +210,15 @@ async def export_alert_rows(db_url: str, out: Path, since: datetime | None = Non
                     ends_at=row.resolved_at if row.status == "resolved" else None,
                     generator_url=row.generator_url,
                 )
-                rows.append(
-                    row_from_alert(
+                found.append(
+                    StoredOccurrence(
                         alert,
-                        alert_id=int(row.id),
-                        priority=row.priority,
-                        reason=row.priority_reason or "",
-                        acked_by=row.acked_by or "",
+                        int(row.id),
+                        row.priority,
+                        row.priority_reason or "",
+                        row.acked_by or "",
                     )
                 )
     finally:
         await engine.dispose()
-    export_rows(rows, out)
-    return len(rows)
+    return found

@@ -163,7 +163,7 @@ notifications = Table(
     Column("reason", Text, nullable=False, default=""),
     Column("payload", Json, nullable=False),
     # pending -> sending -> sent | pending (retry) | dead; a phone call whose escalation
-    # stopped before it rang: cancelled (gateway/paging.py)
+    # stopped before it rang: cancelled (gateway/stages/paging.py)
     Column("status", String(16), nullable=False, default="pending"),
     Column("attempts", Integer, nullable=False, default=0),
     Column("next_attempt_at", UTCDateTime, nullable=False),

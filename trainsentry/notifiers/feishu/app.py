@@ -19,6 +19,7 @@ import httpx
 
 from trainsentry.alerts import Priority
 from trainsentry.notifiers.base import (
+    NotifierError,
     OutboundNotification,
     PermanentError,
     RateLimitedError,
@@ -37,7 +38,14 @@ TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
 # Feishu documents im/v1/messages at 1000/min and 50/s per app.
 RATE_LIMITS: tuple[RateLimit, ...] = (RateLimit(50, 1.0), RateLimit(1000, 60.0))
 TOKEN_INVALID_CODES = frozenset({99991661, 99991663, 99991668, 99991677})
+# 99991400: Feishu's "request trigger frequency limit" (HTTP 429, or 400 from older APIs);
+# 11232: the message service's frequency limit.
 RATE_LIMITED_CODES = frozenset({99991400, 11232})
+# What the tenant_access_token endpoint answers to credentials it will never accept: an
+# unknown app_id (10003 "invalid param") or a wrong app_secret (10014 "app secret invalid").
+CREDENTIAL_CODES = frozenset({10003, 10014})
+DEFAULT_TOKEN_LIFETIME_S = 7200.0  # Feishu's documented maximum
+DEFAULT_RATE_LIMIT_WAIT_S = 1.0
 UUID_MAX = 50
 
 
@@ -94,13 +102,17 @@ class FeishuAppClient:
             except httpx.HTTPError as exc:
                 raise RetryableError(f"Feishu token request failed: {type(exc).__name__}") from exc
             answer = _json(response)
-            code = answer.get("code", response.status_code)
-            if response.status_code >= 500:
-                raise RetryableError(f"Feishu token HTTP {response.status_code}")
-            if code != 0 or "tenant_access_token" not in answer:
-                log.error("event=feishu_token_refused app_id=%s code=%s", self.app_id, code)
-                raise PermanentError(f"Feishu refused the app credentials (code {code})", code=code)
-            expire = float(answer.get("expire", 7200))
+            refused = token_failure(response.status_code, response.headers, answer)
+            if refused is not None:
+                level = logging.WARNING if refused.retryable else logging.ERROR
+                log.log(
+                    level,
+                    "event=feishu_token_%s app_id=%s http=%s code=%s",
+                    "unavailable" if refused.retryable else "refused",
+                    self.app_id, response.status_code, refused.code,
+                )  # fmt: skip
+                raise refused
+            expire = _expire_s(answer)
             # Refresh with a margin, but never later than half-way through a short lifetime.
             margin = min(self._refresh_margin_s, expire / 2)
             self._token = str(answer["tenant_access_token"])
@@ -199,6 +211,55 @@ class FeishuAppClient:
 def dedup_uuid(key: str) -> str:
     """Feishu's message `uuid` is at most 50 characters; longer keys are hashed."""
     return key if len(key) <= UUID_MAX else hashlib.sha256(key.encode()).hexdigest()[:40]
+
+
+def token_failure(
+    status: int, headers: Mapping[str, str], answer: Mapping[str, Any]
+) -> NotifierError | None:
+    """Pure: the error a tenant_access_token answer means, or None when it carries a token.
+
+    Only a refusal of the credentials is permanent (a CREDENTIAL_CODES code, or HTTP 401 /
+    403): nothing but a person fixing the app_id or secret helps. A frequency limit (HTTP 429
+    or code 99991400, whatever the status) waits `x-ogw-ratelimit-reset` seconds; a 5xx, an
+    answer that is not JSON or lacks the token, or a code we do not know is retried with
+    back-off, so a Feishu hiccup on the token endpoint never kills a page.
+    """
+    code = answer.get("code")
+    if status == 429 or code in RATE_LIMITED_CODES:
+        wait = ratelimit_reset_s(headers)
+        return RateLimitedError(
+            f"Feishu token endpoint rate limited (HTTP {status}, code {code})",
+            code=code if code is not None else status,
+            retry_after=DEFAULT_RATE_LIMIT_WAIT_S if wait is None else wait,
+        )
+    if status >= 500:
+        return RetryableError(f"Feishu token HTTP {status}", code=status)
+    token = answer.get("tenant_access_token")
+    if status < 300 and code == 0 and isinstance(token, str) and token:
+        return None
+    if code in CREDENTIAL_CODES or status in (401, 403):
+        return PermanentError(f"Feishu refused the app credentials (code {code})", code=code)
+    return RetryableError(f"Feishu token answer HTTP {status} code {code} has no token", code=code)
+
+
+def ratelimit_reset_s(headers: Mapping[str, str]) -> float | None:
+    """Pure: Feishu's `x-ogw-ratelimit-reset` (seconds until the limit resets), if usable."""
+    try:
+        value = float(headers.get("x-ogw-ratelimit-reset", ""))
+    except ValueError:
+        return None
+    return value if 0 <= value <= 3600 else None
+
+
+def _expire_s(answer: Mapping[str, Any]) -> float:
+    """Pure: the token's lifetime, within Feishu's documented 0..2 h (0: fetch anew next time)."""
+    try:
+        value = float(answer.get("expire", DEFAULT_TOKEN_LIFETIME_S))
+    except (TypeError, ValueError):
+        return DEFAULT_TOKEN_LIFETIME_S
+    if value != value:  # NaN
+        return 0.0
+    return min(max(value, 0.0), DEFAULT_TOKEN_LIFETIME_S)
 
 
 def _json(response: httpx.Response) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from trainsentry.gateway.escalation import Person
+from trainsentry.alerts import Person
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """The `phone` channel: places the calls the escalation timeline plans.
 
-The gateway turns each `CallDue` from `gateway.escalation.plan` into an outbox row with
-`call_payload(...)` (kind "call", idempotency key = the call's), and the outbox hands it
+The gateway turns each `CallDue` from `gateway/policy/escalation.plan` into an outbox row with
+`escalation.call_payload(...)` (kind "call", idempotency key = the call's), and the outbox hands it
 here; the configured provider (Feishu urgent_phone by default, Twilio, or an HTTP voice
 gateway) places the call.
 """
@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any, NotRequired
 
-from typing_extensions import TypedDict
-
-from trainsentry.gateway.escalation import CallDue, Person
+from trainsentry.alerts import Person
 from trainsentry.notifiers.base import OutboundNotification, PermanentError, Receipt, Withdrawn
 from trainsentry.notifiers.feishu.app import FeishuAppClient
 from trainsentry.notifiers.phone.base import PhoneCall, PhoneProvider
@@ -29,58 +26,10 @@ log = logging.getLogger(__name__)
 CHANNEL = "phone"
 CALL_KIND = "call"
 # Set in a call's payload (the reason) when its escalation stopped while the call was being
-# placed (gateway/paging.py `_cancel_calls`): a retry of it must not ring.
+# placed (gateway/stages/paging.py `_cancel_calls`): a retry of it must not ring.
 CANCELLED_MARK = "cancelled"
 # A cap of our own (Twilio queues calls at about 1 per second per number by default).
 RATE_LIMITS: tuple[RateLimit, ...] = (RateLimit(1, 1.0),)
-
-
-class PersonPayload(TypedDict):
-    name: str
-    phone: NotRequired[str]
-    feishu_open_id: NotRequired[str]
-
-
-class CallPayload(TypedDict):
-    """Payload of a kind="call" notification."""
-
-    priority: str
-    status: str  # always "firing": resolved alerts are never called
-    alert_id: int
-    step: int
-    layer: str
-    person: PersonPayload
-    text: str
-    message_id: NotRequired[str]
-    cancelled: NotRequired[str]
-
-
-def call_text(priority: str, alertname: str, job: str, summary: str) -> str:
-    """What the voice says: short, speakable, no URLs."""
-    where = f" on job {job}" if job else ""
-    words = f"trainsentry {priority} alert {alertname}{where}."
-    if summary:
-        words += f" {summary}."
-    return words + " Acknowledge it in Feishu to stop the calls."
-
-
-def call_payload(call: CallDue, text: str, message_id: str | None = None) -> dict[str, Any]:
-    payload: dict[str, Any] = {
-        "priority": call.priority.value,
-        "status": "firing",
-        "alert_id": call.alert_id,
-        "step": call.step,
-        "layer": call.layer,
-        "person": {
-            "name": call.person.name,
-            "phone": call.person.phone,
-            "feishu_open_id": call.person.feishu_open_id,
-        },
-        "text": text,
-    }
-    if message_id:
-        payload["message_id"] = message_id
-    return payload
 
 
 def phone_call_from(notification: OutboundNotification) -> PhoneCall:

@@ -17,7 +17,7 @@ import httpx
 from jinja2 import StrictUndefined, TemplateError
 from jinja2.sandbox import SandboxedEnvironment
 
-from trainsentry.gateway.escalation import Person
+from trainsentry.alerts import Person
 from trainsentry.notifiers.base import PermanentError, RateLimitedError, RetryableError
 from trainsentry.notifiers.phone.base import CallReceipt, PhoneCall
 from trainsentry.notifiers.settings import WebhookPhoneSettings, read_secret

@@ -1,0 +1,318 @@
+"""Storm collapse: job keys, entering/leaving storm mode, summaries, and the 20,000-alert storm."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter, defaultdict, deque
+from datetime import datetime
+
+import pytest
+
+from tests.gateway.policy.factory import at, fire, make_alert
+from trainsentry.alerts import AlertStatus, Priority
+from trainsentry.gateway.policy.decide import TickResult, decide, decide_tick
+from trainsentry.gateway.policy.rules import load_policy, merge_policy
+from trainsentry.gateway.policy.storm import (
+    OTHER,
+    StormEntry,
+    StormMessageKind,
+    StormState,
+    Tally,
+    build_summary,
+    collapse,
+    due,
+    job_key,
+    observe_new,
+    render_summary,
+)
+
+POLICY = load_policy()
+
+
+@pytest.mark.parametrize(
+    ("labels", "key"),
+    [
+        ({"namespace": "a", "trainingjob": "llm", "job": "dcgm"}, "trainingjob:a/llm"),
+        ({"namespace": "a", "job_name": "llm"}, "trainingjob:a/llm"),
+        ({"namespace": "a", "job": "dcgm-exporter"}, "job:a/dcgm-exporter"),
+        ({"namespace": "a"}, "job:a/"),
+        ({"node": "n1"}, "cluster"),
+    ],
+)
+def test_job_key(labels: dict[str, str], key: str) -> None:
+    assert job_key(labels) == key
+
+
+def _state() -> StormState:
+    return StormState.new({"namespace": "a", "trainingjob": "llm"})
+
+
+def test_enters_storm_above_s_in_w_and_not_at_s() -> None:
+    policy = merge_policy(POLICY, {"storm": {"threshold": 5, "window": 60}})
+    state = _state()
+    for i in range(5):
+        state, messages = observe_new(state, at(i), Priority.P2, policy)
+        assert messages == [] and not state.active
+    state, messages = observe_new(state, at(5), Priority.P1, policy)
+    assert state.active and [m.kind for m in messages] == [StormMessageKind.STARTED]
+    assert messages[0].summary["total"] == 6 and messages[0].priority is Priority.P1
+    # Already in storm: no second start.
+    state, messages = observe_new(state, at(6), Priority.P2, policy)
+    assert messages == []
+
+
+def test_slow_arrivals_never_storm() -> None:
+    policy = merge_policy(POLICY, {"storm": {"threshold": 5, "window": 60}})
+    state = _state()
+    for i in range(100):  # one every 15 s: 4 per window
+        state, messages = observe_new(state, at(i * 15), Priority.P2, policy)
+        assert not messages
+    assert not state.active
+    assert len(state.buckets) <= 31  # the window's buckets, not the history
+
+
+def test_summary_per_interval_then_end_when_calm() -> None:
+    policy = merge_policy(
+        POLICY,
+        {"storm": {"threshold": 2, "window": 60, "summary_interval": 30, "calm_after": 90}},
+    )
+    state = _state()
+    for i in range(3):
+        state, _ = observe_new(state, at(i), Priority.P2, policy)
+    assert state.active
+    alert = make_alert({"node": "n1", "gpu": "0"})
+    for i in range(4):
+        entry = StormEntry(alert, Priority.P2, AlertStatus.FIRING, at(3 + i))
+        state = collapse(state, entry, policy)
+    state, messages = due(state, at(29), policy)
+    assert messages == []
+    state, messages = due(state, at(31.9), policy)
+    assert messages == []  # entered at t=2: the first summary is due at 32
+    state, messages = due(state, at(33), policy)
+    assert [m.kind for m in messages] == [StormMessageKind.SUMMARY]
+    assert messages[0].summary["total"] == 4 and messages[0].at == at(32)  # 2 + 30: on schedule
+    # Nothing collected since: no empty summary.
+    state, messages = due(state, at(70), policy)
+    assert messages == []
+    # Calm: 90 s after the last hot arrival (t=2).
+    state, messages = due(state, at(92), policy)
+    assert [m.kind for m in messages] == [StormMessageKind.ENDED]
+    assert messages[0].summary["ended"] is True and not state.active
+
+
+def test_late_due_sends_one_summary_and_the_end() -> None:
+    policy = merge_policy(
+        POLICY, {"storm": {"threshold": 1, "summary_interval": 10, "calm_after": 60}}
+    )
+    state = _state()
+    for i in range(2):
+        state, _ = observe_new(state, at(i), Priority.P2, policy)
+    state = collapse(
+        state, StormEntry(make_alert(), Priority.P2, AlertStatus.FIRING, at(2)), policy
+    )
+    state, messages = due(state, at(1000), policy)
+    assert [m.kind for m in messages] == [StormMessageKind.SUMMARY, StormMessageKind.ENDED]
+    assert [m.seq for m in messages] == [1, 2]
+
+
+def test_tally_counts_and_caps_keys() -> None:
+    policy = merge_policy(POLICY, {"storm": {"max_keys": 3, "top_lines": 2}})
+    tally = Tally()
+    for i in range(10):
+        alert = make_alert(
+            {"alertname": f"A{i % 2}", "node": f"n{i}", "gpu": "1"}, fingerprint=f"f{i}"
+        )
+        priority = Priority.P0 if i == 7 else Priority.P2
+        tally = tally.add(StormEntry(alert, priority, AlertStatus.FIRING, at(i)), policy)
+    assert tally.total == 10 and tally.firing == 10
+    assert tally.by_alertname == {"A0": 5, "A1": 5}
+    assert tally.by_node == {"n0": 1, "n1": 1, "n2": 1, OTHER: 7}
+    assert sum(tally.by_gpu.values()) == 10
+    assert tally.by_priority == {"P2": 9, "P0": 1}
+    assert tally.priority is Priority.P0
+    assert [line["fingerprint"] for line in tally.top] == ["f7", "f0"]  # most urgent first
+    assert Tally.from_json(json.loads(json.dumps(tally.to_json()))) == tally
+
+
+def test_build_summary_equals_the_incremental_summary() -> None:
+    policy = merge_policy(POLICY, {"storm": {"list_url": "https://ts/alerts?job={job}"}})
+    entries = [
+        StormEntry(
+            make_alert({"alertname": f"A{i % 3}", "node": f"n{i % 4}", "gpu": str(i % 8)},
+                       fingerprint=f"f{i}"),
+            Priority(f"P{i % 4}"),
+            AlertStatus.FIRING if i % 5 else AlertStatus.RESOLVED,
+            at(i),
+            alert_id=i,
+        )
+        for i in range(40)
+    ]  # fmt: skip
+    summary = build_summary(entries, policy, job="trainingjob:a/llm", start=at(0), end=at(60))
+    tally = Tally()
+    for entry in entries:
+        tally = tally.add(entry, policy)
+    assert summary == render_summary(
+        tally, policy, job="trainingjob:a/llm", start=at(0), end=at(60)
+    )
+    assert summary["total"] == 40 and summary["resolved"] == 8 and summary["firing"] == 32
+    assert sum(summary["by_node"].values()) == 40
+    assert summary["list_url"] == "https://ts/alerts?job=trainingjob:a/llm"
+    assert summary["window_s"] == 60
+    assert summary["items"][0]["priority"] == "P0"
+
+
+def test_storm_state_round_trips_through_json() -> None:
+    state = _state()
+    for i in range(30):
+        state, _ = observe_new(state, at(i * 0.5), Priority.P1, POLICY)
+        state = collapse(
+            state,
+            StormEntry(make_alert({"node": f"n{i}"}), Priority.P1, AlertStatus.FIRING, at(i)),
+            POLICY,
+        )
+    assert state.active
+    assert StormState.from_json(json.loads(json.dumps(state.to_json()))) == state
+
+
+# --- The scenario of issue 3: 20,000 alerts over 60 s for one job across 1,000 nodes. ---
+
+CHANNELS = {"feishu", "phone", "sheet", "console"}
+N_ALERTS, SPAN_S, N_NODES = 20_000, 60.0, 1_000
+
+
+class BlastCounter:
+    """Distinct nodes per alertname within the blast window (what the gateway's store counts)."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self.seen: dict[str, deque[tuple[float, str]]] = defaultdict(deque)
+        self.counts: dict[str, Counter[str]] = defaultdict(Counter)
+
+    def add(self, alertname: str, node: str, t: float) -> int:
+        seen, counts = self.seen[alertname], self.counts[alertname]
+        seen.append((t, node))
+        counts[node] += 1
+        while seen and seen[0][0] <= t - self.window:
+            _, old = seen.popleft()
+            counts[old] -= 1
+            if not counts[old]:
+                del counts[old]
+        return len(counts)
+
+
+def _storm_labels(i: int) -> dict[str, str]:
+    alertname = ("NCCLTimeout", "GPUXidError", "IBPortDown")[i // 8000]
+    labels = {
+        "alertname": alertname,
+        "namespace": "team-a",
+        "trainingjob": "llm-70b",
+        "node": f"node-{i % N_NODES:04d}",
+        "gpu": str((i // N_NODES) % 8),
+        "priority": "P2",
+    }
+    if alertname == "GPUXidError" and i % 50 == 0:
+        labels["xid"] = "79"  # P0 by the XID table: must page once per job, not per node
+    return labels
+
+
+def test_storm_of_20000_alerts_over_1000_nodes() -> None:
+    policy = POLICY
+    started = time.perf_counter()
+    storm: StormState | None = None
+    messages_by_minute: Counter[int] = Counter()
+    feishu_individual: set[str] = set()
+    phone_pages = 0
+    summary_firing = 0
+    summaries = 0
+    blast = BlastCounter(policy.blast_radius.window)
+
+    def account(drafts_time: float, result_drafts: list, tick: TickResult | None = None) -> None:  # type: ignore[type-arg]
+        nonlocal phone_pages, summary_firing, summaries
+        for draft in result_drafts:
+            messages_by_minute[int(drafts_time // 60)] += 1
+            if draft.channel == "phone":
+                phone_pages += 1
+            if draft.channel != "feishu":
+                continue
+            if draft.kind == "alert":
+                assert draft.payload["status"] == "firing"
+                feishu_individual.add(draft.payload["fingerprint"])
+            elif draft.payload["event"] in ("storm_summary", "storm_ended"):
+                summaries += 1
+                storm_part = draft.payload["storm"]
+                summary_firing += storm_part["firing"]
+                assert sum(storm_part["by_node"].values()) == storm_part["total"]
+                assert sum(storm_part["by_priority"].values()) == storm_part["total"]
+
+    next_tick = 1.0
+    for i in range(N_ALERTS):
+        t = i * SPAN_S / N_ALERTS
+        while next_tick <= t:  # the gateway's timer, once a second
+            tick = decide_tick([], [storm] if storm else [], policy=policy, now=at(next_tick),
+                               channels=CHANNELS)  # fmt: skip
+            storm = tick.storm_states.get(storm.job, storm) if storm else storm
+            account(next_tick, tick.drafts)
+            next_tick += 1.0
+        labels = _storm_labels(i)
+        nodes = blast.add(labels["alertname"], labels["node"], t)
+        result = decide(
+            fire(t, fingerprint=f"fp-{i}", labels=labels, alert_id=i),
+            fingerprint_state=None,
+            storm_state=storm,
+            distinct_nodes_in_window=nodes,
+            policy=policy,
+            now=at(t),
+            channels=CHANNELS,
+        )
+        storm = result.storm_state
+        if i % 97 == 0:  # the gateway persists it as JSON between changes; so do we, sampled
+            storm = StormState.from_json(json.loads(json.dumps(storm.to_json())))
+            assert storm == result.storm_state
+        account(t, result.drafts)
+    assert storm is not None and storm.active
+    t = next_tick
+    while storm.active:
+        tick = decide_tick([], [storm], policy=policy, now=at(t), channels=CHANNELS)
+        storm = tick.storm_states.get(storm.job, storm)
+        account(t, tick.drafts)
+        t += 1.0
+        assert t < 1000, "the storm never calmed down"
+    elapsed = time.perf_counter() - started
+
+    per_minute = dict(sorted(messages_by_minute.items()))
+    print(f"storm: {N_ALERTS} alerts -> {sum(per_minute.values())} channel messages "
+          f"{per_minute} per minute, {summaries} summaries, {phone_pages} phone pages, "
+          f"{elapsed:.1f}s")  # fmt: skip
+    assert max(per_minute.values()) <= 100
+    # Every alert accounted for: sent on its own before the storm, or counted in a summary.
+    assert len(feishu_individual) + summary_firing == N_ALERTS
+    assert len(feishu_individual) <= policy.storm.threshold + 1  # + the one P0 page
+    # The P0s (XID 79 on 160 GPUs) rang the phone once for the job, not once per node.
+    assert phone_pages == 1
+    assert not storm.active
+
+
+def test_storm_messages_are_timed_by_schedule_not_by_tick() -> None:
+    policy = merge_policy(POLICY, {"storm": {"threshold": 2}})
+    storm: StormState | None = None
+    for i in range(5):
+        result = decide(
+            fire(i, fingerprint=f"fp-{i}", labels={"node": f"n{i}"}),
+            fingerprint_state=None,
+            storm_state=storm,
+            distinct_nodes_in_window=1,
+            policy=policy,
+            now=at(i),
+        )
+        storm = result.storm_state
+    assert storm is not None
+    early: datetime = at(200)
+    late: datetime = at(900)
+    keys_early = {
+        d.idempotency_key for d in decide_tick([], [storm], policy=policy, now=early).drafts
+    }
+    keys_late = {
+        d.idempotency_key for d in decide_tick([], [storm], policy=policy, now=late).drafts
+    }
+    assert keys_early and keys_early == keys_late

@@ -1,0 +1,402 @@
+"""A probe's hang trigger at the gateway: validation, one alert per (job, pg, seq) across
+ranks and restarts, and what the card says about the culprit's stack."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainsentry.gateway.stages.hang_enrichment import HangVerdict, with_stacks
+from trainsentry.gateway.stages.hang_stacks import checkpointing, stack_phrase
+from trainsentry.gateway.stages.hang_trigger import (
+    MAX_TRIGGER_BYTES,
+    TriggerKeys,
+    TriggerRejected,
+    parse_trigger,
+    trigger_webhook,
+)
+from trainsentry.gateway.stages.intake import parse_webhook
+from trainsentry.probe.identity import ProbeConfig
+from trainsentry.probe.runtime import Probe
+from trainsentry.probe.stacks import phase
+from trainsentry.probe.stall import Stall
+
+NOW = datetime(2026, 11, 25, 3, 0, tzinfo=UTC)
+
+
+def probe_body(rank: int, waited: float) -> bytes:
+    """What a real probe posts (Probe.trigger_body), for one rank."""
+    probe = Probe(
+        ProbeConfig(
+            rank=rank,
+            world_size=4,
+            pod=f"llama-w-{rank}",
+            node="gpu-07",
+            trainingjob="llama",
+            namespace="team-a",
+            port=0,
+            bind="127.0.0.1",
+        )
+    )
+    try:
+        stall = Stall("3", "tp-1", 4812, "all_reduce", "started", waited, 20.0)
+        return json.dumps(probe.trigger_body(stall)).encode()
+    finally:
+        probe.server.stop()
+
+
+def test_triggers_of_one_collective_from_different_ranks_are_one_alert() -> None:
+    alerts = []
+    for rank, waited in ((0, 21.3), (1, 22.9), (3, 20.1)):
+        trigger = parse_trigger(probe_body(rank, waited))
+        receipt = parse_webhook(trigger_webhook(trigger, NOW), received_at=NOW)
+        (alert,) = receipt.alerts
+        alerts.append(alert)
+    assert len({(a.fingerprint, a.starts_at) for a in alerts}) == 1
+    labels = alerts[0].labels
+    assert labels == {
+        "alertname": "TrainingCollectiveStalled",
+        "namespace": "team-a",
+        "trainingjob": "llama",
+        "pg": "3",
+        "seq": "4812",
+        "priority": "P0",
+        "component": "training",
+        "source": "probe",
+    }
+    assert "tp-1" in alerts[0].annotations["summary"]
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"namespace": "Team A"}, "namespace"),
+        ({"trainingjob": "x" * 300}, "trainingjob"),
+        ({"seq": -1}, "seq"),
+        ({"seq": "twenty"}, "seq"),
+        ({"waited_s": None}, "waited_s"),
+        ({"pg": ""}, "pg"),
+        ({"pod": "p" * 1000}, "pod"),
+    ],
+)
+def test_bad_triggers_are_refused_with_the_field_named(change: dict, reason: str) -> None:
+    body = json.loads(probe_body(0, 21.0))
+    body.update(change)
+    with pytest.raises(TriggerRejected, match=reason):
+        parse_trigger(json.dumps(body).encode())
+
+
+def test_oversized_and_non_json_triggers_are_refused() -> None:
+    with pytest.raises(TriggerRejected, match="larger than"):
+        parse_trigger(b"{" + b" " * MAX_TRIGGER_BYTES + b"}")
+    with pytest.raises(TriggerRejected, match="not a hang trigger"):
+        parse_trigger(b"\xff\xfe")
+
+
+def test_unknown_keys_never_become_labels() -> None:
+    body = json.loads(probe_body(0, 21.0))
+    body["labels"] = {"priority": "P3", "team": "evil"}
+    body["receiver"] = "elsewhere"
+    trigger = parse_trigger(json.dumps(body).encode())
+    (alert,) = parse_webhook(trigger_webhook(trigger, NOW), received_at=NOW).alerts
+    assert "team" not in alert.labels and alert.labels["priority"] == "P0"
+
+
+def test_every_trigger_of_a_key_gets_the_first_ones_start_also_after_a_restart() -> None:
+    stored: dict[str, datetime] = {}
+
+    async def lookup(fingerprint: str) -> datetime | None:
+        return stored.get(fingerprint)
+
+    async def scenario() -> None:
+        keys = TriggerKeys(lookup)
+        first = parse_trigger(probe_body(0, 21.0))
+        later = parse_trigger(probe_body(1, 29.5))
+        async with keys.lock(first):
+            start, is_first = await keys.starts_at(first, NOW)
+        assert is_first and start == NOW - timedelta(seconds=21)
+        async with keys.lock(later):
+            again, is_first = await keys.starts_at(later, NOW + timedelta(seconds=3))
+        assert (again, is_first) == (start, False)
+        (alert,) = parse_webhook(trigger_webhook(first, start), received_at=NOW).alerts
+        stored[alert.fingerprint] = start
+        restarted = TriggerKeys(lookup)  # memory gone: the store answers
+        async with restarted.lock(later):
+            after, is_first = await restarted.starts_at(later, NOW + timedelta(seconds=60))
+        assert (after, is_first) == (start, False)
+
+    asyncio.run(scenario())
+
+
+# ------------------------------------------------------------- what the culprit is doing
+
+
+def _stack_of(target: threading.Thread, ready: threading.Event) -> dict:
+    """A real /stack answer, taken while `target` (made the "main" thread) is blocked."""
+    target.start()
+    ready.wait(5)
+    time.sleep(0.2)
+    probe = Probe(ProbeConfig(rank=2, pod="llama-w-2", node="gpu-07", port=0, bind="127.0.0.1"))
+    try:
+        stack = probe.stack()
+    finally:
+        probe.server.stop()
+    threads = stack["threads"]
+    mine = next(t for t in threads if t["thread"] == target.name)
+    for t in threads:
+        t["main"] = t is mine
+    stack["threads"] = [mine] + [t for t in threads if t is not mine]
+    return stack
+
+
+def fetch_next_batch(ready: threading.Event, stop: threading.Event) -> None:
+    ready.set()
+    while not stop.is_set():
+        time.sleep(0.05)
+
+
+def test_the_card_says_where_the_culprit_is() -> None:
+    ready, stop = threading.Event(), threading.Event()
+    thread = threading.Thread(target=fetch_next_batch, args=(ready, stop), name="trainer")
+    try:
+        stack = _stack_of(thread, ready)
+    finally:
+        stop.set()
+        thread.join()
+    phrase = stack_phrase(stack)
+    assert phrase.startswith("test_hang_trigger.py:")
+    assert "fetch_next_batch: time.sleep(0.05)" in phrase and checkpointing(stack) == ""
+    verdict = HangVerdict("team-a/llama", "hang", "rank 2 never entered all_reduce #9", (2,))
+    told = with_stacks(verdict, {2: stack}, {2: ("llama-w-2", "gpu-07")})
+    assert told.verdict == "hang"
+    assert told.summary == f"rank 2 never entered all_reduce #9; rank 2 is in {phrase}"
+
+
+def test_a_culprit_in_a_checkpoint_phase_is_not_a_hang() -> None:
+    ready, stop = threading.Event(), threading.Event()
+
+    def save() -> None:
+        with phase("checkpoint"):
+            fetch_next_batch(ready, stop)
+
+    thread = threading.Thread(target=save, name="saver")
+    try:
+        stack = _stack_of(thread, ready)
+    finally:
+        stop.set()
+        thread.join()
+    assert checkpointing(stack) == "a marked checkpoint phase"
+    verdict = HangVerdict("team-a/llama", "hang", "rank 2 never entered barrier #3", (2,))
+    told = with_stacks(verdict, {2: stack}, {2: ("llama-w-2", "gpu-07")})
+    assert told.verdict == "checkpoint"
+    assert told.summary.startswith("rank 2 (pod llama-w-2, node gpu-07) is saving a checkpoint")
+    two = HangVerdict("team-a/llama", "hang", "ranks 1, 2 never entered barrier #3", (1, 2))
+    assert with_stacks(two, {2: stack}, {}).verdict == "hang"  # rank 1 unexplained: a hang
+
+
+# ------------------------------------------------------------- the endpoint
+
+
+async def _post(server: Any, body: bytes, token: str | None = "probe-token") -> tuple[int, str]:
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        aiohttp.ClientSession(headers=headers) as http,
+        http.post(server.make_url("/api/v1/hang-triggers"), data=body) as answer,
+    ):
+        return answer.status, await answer.text()
+
+
+async def _gateway(tmp_path: Path, hosts: list[str] | None) -> Any:
+    from aiohttp.test_utils import TestServer
+    from pydantic import SecretStr
+
+    from trainsentry.config import GatewaySettings
+    from trainsentry.gateway.assemble import Diagnosis, create_app
+    from trainsentry.gateway.stages.diagnosis import DiagnosisSettings, StaticEndpoints
+
+    settings = GatewaySettings(
+        listen="127.0.0.1:0", db=f"sqlite:///{tmp_path / 'gw.db'}", webhook_token=SecretStr("w")
+    )
+    diagnosis = None
+    if hosts is not None:
+        endpoints = StaticEndpoints({"team-a/llama": [f"{h}:9401" for h in hosts]})
+        diagnosis = Diagnosis(DiagnosisSettings(hold_seconds=1), endpoints, "probe-token")
+    server = TestServer(create_app(settings, diagnosis=diagnosis), host="127.0.0.1")
+    await server.start_server()
+    return server
+
+
+async def test_the_endpoint_takes_triggers_only_from_the_jobs_ranks(tmp_path: Path) -> None:
+    body = probe_body(1, 21.0)
+    server = await _gateway(tmp_path, ["127.0.0.1", "127.0.0.3"])
+    try:
+        assert (await _post(server, body, token=None))[0] == 401
+        assert (await _post(server, body, token="wrong"))[0] == 401
+        status, text = await _post(server, b'{"namespace": "team-a"}')
+        assert status == 400 and "trainingjob" in text
+        assert (await _post(server, b"x" * (MAX_TRIGGER_BYTES + 1)))[0] == 413
+        other = json.loads(body)
+        other["trainingjob"] = "someone-elses-job"
+        status, text = await _post(server, json.dumps(other).encode())
+        assert status == 403 and "team-a/someone-elses-job" in text
+        status, text = await _post(server, body)
+        assert status == 202, text
+        assert json.loads(text)["first"] is True
+        status, text = await _post(server, probe_body(3, 24.0))
+        assert (status, json.loads(text)["first"], json.loads(text)["new"]) == (202, False, 0)
+    finally:
+        await server.close()
+    (tmp_path / "other").mkdir()
+    server = await _gateway(tmp_path / "other", ["10.0.0.7"])  # the sender is not a rank
+    try:
+        status, text = await _post(server, body)
+        assert status == 403 and "127.0.0.1 is not a rank of TrainingJob team-a/llama" in text
+    finally:
+        await server.close()
+
+
+async def test_without_diagnosis_the_endpoint_says_it_is_off(tmp_path: Path) -> None:
+    server = await _gateway(tmp_path, None)
+    try:
+        status, text = await _post(server, probe_body(1, 21.0))
+        assert status == 404 and "no hang diagnosis" in text
+    finally:
+        await server.close()
+
+
+async def test_the_end_of_a_stall_resolves_its_alert_and_an_unknown_end_is_ignored(
+    tmp_path: Path,
+) -> None:
+    server = await _gateway(tmp_path, ["127.0.0.1"])
+    ended = json.loads(probe_body(1, 40.0))
+    ended["resolved"] = True
+    try:
+        status, text = await _post(server, json.dumps(ended).encode())
+        assert (status, json.loads(text)["status"]) == (200, "ignored")
+        assert (await _post(server, probe_body(1, 21.0)))[0] == 202
+        status, text = await _post(server, json.dumps(ended).encode())
+        assert status == 202, text
+        import aiohttp
+
+        async with (
+            aiohttp.ClientSession(headers={"Authorization": "Bearer w"}) as http,
+            http.get(server.make_url("/api/v1/alerts")) as answer,
+        ):
+            items = (await answer.json())["items"]
+        assert [(a["alertname"], a["status"]) for a in items] == [
+            ("TrainingCollectiveStalled", "resolved")
+        ]
+    finally:
+        await server.close()
+
+
+def test_the_analysis_measures_waits_against_each_dumps_own_capture_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The probe says when it took the dump (X-Trainsentry-Captured-At-Ns); the dump files the
+    analyzer reads carry that time as their mtime, not the time the gateway wrote them."""
+    import os
+
+    import trainsentry.diagnostics as diagnostics
+    from trainsentry.gateway.stages.hang_enrichment import (
+        FetchResult,
+        RankEndpoint,
+        _captured_ns,
+        diagnose,
+    )
+
+    seen: dict[str, int] = {}
+
+    class Report:
+        def to_dict(self) -> dict:
+            return {"verdict": "ok", "ranks": 2}
+
+    def analyze(paths: list[str], format: str) -> Report:
+        for name in os.listdir(paths[0]):
+            seen[name] = os.stat(os.path.join(paths[0], name)).st_mtime_ns
+        return Report()
+
+    monkeypatch.setattr(diagnostics, "analyze", analyze)
+    taken = time.time_ns() - 90 * 10**9
+    results = [
+        FetchResult(RankEndpoint("a:1"), 0, "p0", "n0", b"{}", captured_ns=taken),
+        FetchResult(RankEndpoint("a:2"), 1, "p1", "n1", b"{}"),
+    ]
+    before = time.time_ns()
+    diagnose("team-a/llama", results)
+    assert seen["rank_0.json"] == taken
+    assert seen["rank_1.json"] >= before - 10**9  # no header: the time it arrived
+    assert _captured_ns(str(taken)) == taken
+    assert _captured_ns("12") == 0 and _captured_ns("-5") == 0 and _captured_ns("") == 0
+
+
+async def _probes(scenario: str, world: int = 4) -> list[Any]:
+    """Probe stand-ins serving synthetic dumps of one scenario (the diagnostics' own)."""
+    from aiohttp import web
+
+    from trainsentry.diagnostics.synthetic import make_dump
+
+    runners = []
+    for rank in range(world):
+        dump = json.dumps(make_dump(rank, world, 30, scenario=scenario, culprit=2)).encode()
+
+        async def serve(request: web.Request, dump: bytes = dump, rank: int = rank) -> Any:
+            return web.Response(body=dump, headers={"X-Trainsentry-Rank": str(rank)})
+
+        app = web.Application()
+        app.router.add_get("/dump", serve)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runners.append(runner)
+    return runners
+
+
+@pytest.mark.parametrize(("scenario", "paged"), [("ok", False), ("hang", True)])
+async def test_a_probe_stall_the_dumps_do_not_confirm_is_not_paged(
+    tmp_path: Path, scenario: str, paged: bool
+) -> None:
+    from aiohttp.test_utils import TestServer
+    from pydantic import SecretStr
+
+    from tests.support.receiver import Receiver
+    from trainsentry.config import GatewaySettings
+    from trainsentry.gateway.assemble import Diagnosis, create_app
+    from trainsentry.gateway.stages.diagnosis import DiagnosisSettings, StaticEndpoints
+    from trainsentry.notifiers.webhook import WebhookNotifier
+
+    runners = await _probes(scenario)
+    receiver = Receiver()
+    await receiver.start()
+    addresses = [f"127.0.0.1:{r.addresses[0][1]}" for r in runners]
+    settings = GatewaySettings(
+        listen="127.0.0.1:0", db=f"sqlite:///{tmp_path / 'gw.db'}", webhook_token=SecretStr("w")
+    )
+    diagnosis = Diagnosis(
+        DiagnosisSettings(hold_seconds=3, deadline_seconds=2, request_timeout_seconds=1),
+        StaticEndpoints({"team-a/llama": addresses}),
+        "probe-token",
+    )
+    notifiers = {"feishu": WebhookNotifier(receiver.url, name="feishu")}
+    server = TestServer(
+        create_app(settings, notifiers=notifiers, diagnosis=diagnosis), host="127.0.0.1"
+    )
+    await server.start_server()
+    try:
+        assert (await _post(server, probe_body(1, 21.0)))[0] == 202
+        await asyncio.sleep(4.5)  # past the hold: a page would have gone out
+        assert bool(receiver.bodies) is paged, receiver.bodies
+    finally:
+        await server.close()
+        await receiver.stop()
+        for runner in runners:
+            await runner.cleanup()

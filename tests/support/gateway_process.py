@@ -1,0 +1,50 @@
+"""Runs the real gateway (`trainsentry gateway`) as a subprocess on a free loopback port;
+`close_in_process` closes one started in-process with aiohttp's TestServer."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from aiohttp.test_utils import TestServer
+
+from tests.support.realservers import RunningServer, start_server
+
+
+def start_gateway(
+    tmp_path: Path,
+    db_url: str,
+    *,
+    token: str | None = None,
+    config: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    console_file: Path | None = None,
+    log_level: str | None = None,
+) -> RunningServer:
+    full_env = dict(env or {})
+    if token:
+        full_env["TRAINSENTRY_WEBHOOK_TOKEN"] = token
+        full_env.setdefault("TRAINSENTRY_API_TOKEN", token)
+
+    def argv(port: int, _workdir: Path) -> list[str]:
+        args = [sys.executable, "-m", "trainsentry", "gateway", "--listen", f"127.0.0.1:{port}"]
+        args += ["--db", db_url]
+        if config is not None:
+            args += ["--config", str(config)]
+        if console_file is not None:
+            args += ["--console-file", str(console_file)]
+        if log_level is not None:
+            args += ["--log-level", log_level]
+        return args
+
+    return start_server(tmp_path, "gateway", argv, ready_path="/readyz", env=full_env)
+
+
+async def close_in_process(server: TestServer) -> None:
+    """Closes an in-process gateway, then lets the loop run briefly: a connection close still
+    in progress when pytest-asyncio tears the loop down has hung that teardown (about 1 run in
+    10 of the ack-with-silence test; the cause is not found yet)."""
+    await server.close()
+    await asyncio.sleep(0.2)

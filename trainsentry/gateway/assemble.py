@@ -1,0 +1,264 @@
+"""The one place the gateway is put together: settings → store → channels → stages → HTTP app.
+
+`app_from_settings` is what `trainsentry gateway` runs: it builds the channels
+(channels.py: the single channel factory and secret reader) and the hang diagnosis from the
+settings, then `create_app`. `create_app` opens the store when the app starts and starts the
+stages in pipeline order; tests call it directly and may inject a `plan` (any PlanHook) in
+place of the policy: then the policy's timers, the classification record and the hang hold
+(which belong to the real policy, `PolicyPlan`) are left out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from aiohttp import web
+
+from trainsentry.alerts import AlertChange, Priority, utcnow
+from trainsentry.config import GatewaySettings, Settings
+from trainsentry.gateway.app import CardCallbackSettings, add_routes, json_errors
+from trainsentry.gateway.channels import build
+from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
+from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
+from trainsentry.gateway.policy.escalation import Escalator
+from trainsentry.gateway.policy.rules import load_policy
+from trainsentry.gateway.stages.ack import AckService
+from trainsentry.gateway.stages.diagnosis import (
+    DiagnosisSettings,
+    EndpointResolver,
+    HangDiagnoser,
+    KubernetesEndpoints,
+    StaticEndpoints,
+)
+from trainsentry.gateway.stages.hang_enrichment import HangVerdict
+from trainsentry.gateway.stages.hang_trigger import TriggerKeys, TriggerSources
+from trainsentry.gateway.stages.intake import IntakeWriter, PlanHook
+from trainsentry.gateway.stages.job_status import JobStatusFeeder
+from trainsentry.gateway.stages.outbox import Outbox
+from trainsentry.gateway.stages.paging import Paging
+from trainsentry.gateway.stages.planning.plan import PolicyPlan
+from trainsentry.gateway.stages.planning.ticker import Ticker
+from trainsentry.gateway.stages.planning.worker import PolicyWorker
+from trainsentry.kubeclient import default_api_client
+from trainsentry.notifiers.alertmanager import SilenceClient
+from trainsentry.notifiers.base import Notifier
+from trainsentry.notifiers.console import ConsoleNotifier
+from trainsentry.notifiers.settings import SecretMissing, read_secret
+from trainsentry.store import create_engine, migrate
+from trainsentry.store.queries import first_occurrence
+from trainsentry.store.writes import ReceiptOutcome
+
+log = logging.getLogger("trainsentry.gateway")
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """Hang diagnosis: its settings, how ranks are found, and the probes' bearer token."""
+
+    settings: DiagnosisSettings
+    resolver: EndpointResolver
+    probe_token: str = field(repr=False)
+
+
+def _record_commit(gateway: Gateway, outcomes: Sequence[ReceiptOutcome]) -> None:
+    metrics = gateway.metrics
+    for outcome in outcomes:
+        metrics.receipts.labels("replay" if outcome.times_received > 1 else "stored").inc()
+        metrics.alerts_stored.inc(outcome.new)
+        metrics.duplicates.inc(outcome.unchanged)
+        for change in outcome.changes:
+            metrics.alert_changes.labels(change.kind.value).inc()
+    if gateway.policy_worker is not None:
+        gateway.policy_worker.wake()
+
+
+def _record_verdict(gateway: Gateway, change: AlertChange, verdict: HangVerdict) -> None:
+    """A hang's diagnosis reaches the job's status (lastAlert.diagnosis: which rank)."""
+    if gateway.job_status is None or verdict.verdict not in ("hang", "mismatch"):
+        return
+    priority = Priority(gateway.classified().get(change.alert_id, "P0"))
+    gateway.job_status.feed_verdict(change, priority, verdict.summary, verdict.culprit_ranks)
+
+
+def _record_planned(gateway: Gateway, changes: Sequence[AlertChange], written: int) -> None:
+    """After the policy's commit: what follows a decided change, then wake the outbox."""
+    gateway.metrics.policy_planned.inc(len(changes))
+    if gateway.diagnoser is not None:
+        gateway.diagnoser.start(changes)
+    if gateway.job_status is not None:
+        gateway.job_status.feed(changes, gateway.classified())
+    if written:
+        gateway.outbox.wake()
+
+
+def create_app(
+    settings: GatewaySettings,
+    *,
+    notifiers: Mapping[str, Notifier] | None = None,
+    plan: PlanHook | None = None,
+    metrics: GatewayMetrics | None = None,
+    tick_interval: float = 1.0,
+    clock: Callable[[], datetime] = utcnow,
+    rate_limits: Mapping[str, list[tuple[int, float]]] | None = None,
+    escalator: Escalator | None = None,
+    silences: SilenceClient | None = None,
+    card_callback: CardCallbackSettings | None = None,
+    diagnosis: Diagnosis | None = None,
+    kube_api: Callable[[], Awaitable[Any]] | None = None,
+) -> web.Application:
+    """Builds the gateway app; the store is opened (and its schema checked) at startup."""
+    if notifiers is None:
+        notifiers = {"console": ConsoleNotifier(settings.console_file)}
+    gateway_metrics = metrics or GatewayMetrics()
+    paging = Paging(escalator) if escalator is not None else None
+    # The real policy, unless a test injected its own PlanHook (then: no timers, no hold).
+    policy_plan: PolicyPlan | None = None
+    if plan is None:
+        policy_plan = PolicyPlan(
+            load_policy(settings.policy_file),
+            channels=tuple(notifiers),
+            metrics=PolicyMetrics(gateway_metrics.registry),
+            paging=paging,
+        )
+        plan = policy_plan
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[json_errors])
+
+    async def lifecycle(app: web.Application) -> Any:
+        engine = create_engine(settings.db)
+        await migrate(engine)
+        outbox = Outbox(
+            engine, notifiers, metrics=gateway_metrics, rate_limits=rate_limits, clock=clock
+        )
+        writer = IntakeWriter(
+            engine, on_commit=lambda outcomes: _record_commit(app[GATEWAY_KEY], outcomes)
+        )
+        gateway = Gateway(settings, engine, gateway_metrics, writer, outbox, clock=clock)
+        policy_lock = asyncio.Lock()
+        gateway.policy_worker = PolicyWorker(
+            engine,
+            plan,
+            on_planned=lambda changes, written: _record_planned(gateway, changes, written),
+            on_set_aside=lambda _change: gateway_metrics.policy_failed.inc(),
+            clock=clock,
+            lock=policy_lock,
+        )
+        gateway.ack = AckService(
+            engine,
+            channels=tuple(notifiers),
+            clock=clock,
+            paging=paging,
+            silences=silences,
+            lock=policy_lock,
+        )
+        if policy_plan is not None:
+            gateway.classified = lambda: policy_plan.classified
+        if settings.trainingjob_status:
+            gateway.job_status = JobStatusFeeder(kube_api or default_api_client)
+        if diagnosis is not None and diagnosis.settings.enabled and policy_plan is not None:
+            gateway.diagnoser = HangDiagnoser(
+                engine,
+                diagnosis.settings,
+                diagnosis.resolver,
+                diagnosis.probe_token,
+                clock=clock,
+                on_release=outbox.wake,
+                on_verdict=lambda change, verdict: _record_verdict(gateway, change, verdict),
+            )
+            policy_plan.hold = gateway.diagnoser.hold
+
+            async def earliest(fingerprint: str) -> datetime | None:
+                async with engine.connect() as conn:
+                    return await first_occurrence(conn, fingerprint)
+
+            gateway.trigger_keys = TriggerKeys(earliest)
+            gateway.trigger_sources = TriggerSources(gateway.diagnoser.rank_hosts)
+            # Import the analyzer (numpy, scipy) now, not while the first hang page is held.
+            await asyncio.to_thread(importlib.import_module, "trainsentry.diagnostics")
+        if policy_plan is not None:
+            gateway.ticker = Ticker(
+                engine,
+                policy_plan,
+                interval=tick_interval,
+                stale_after=settings.stale_after_seconds,
+                on_drafts=outbox.wake,
+                on_expired=lambda changes, written: _record_planned(gateway, changes, written),
+                clock=clock,
+                lock=policy_lock,
+            )
+            gateway.ticker.start()
+        app[GATEWAY_KEY] = gateway
+        gateway.writer.start()
+        gateway.policy_worker.start()
+        # Before the worker and anything else can claim: rows an earlier run left in flight.
+        await outbox.release_leases_of_earlier_runs()
+        outbox.start()
+        log.info("gateway started db=%s listen=%s", engine.dialect.name, settings.listen)
+        yield
+        await gateway.writer.stop()
+        await gateway.policy_worker.stop()
+        if gateway.diagnoser is not None:
+            await gateway.diagnoser.stop()
+        if gateway.job_status is not None:
+            await gateway.job_status.stop()
+        if gateway.ticker is not None:
+            await gateway.ticker.stop()
+        await outbox.aclose()
+        for task in list(gateway.background):
+            task.cancel()
+        await engine.dispose()
+
+    app.cleanup_ctx.append(lifecycle)
+    add_routes(app, card_callback)
+    return app
+
+
+def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) -> web.Application:
+    """What `trainsentry gateway` serves: channels and hang diagnosis built from `settings`
+    (secrets read from `env`, default the process environment), then `create_app`.
+
+    Raises ConfigError (a channel or secret is wrong) or ValueError (the policy file)."""
+    env = os.environ if env is None else env
+    channels = build(settings, env)
+    diagnosis_parts = build_diagnosis_parts(settings.diagnosis, env)
+    built = channels.built
+    card_callback = None
+    if built is not None and built.callback_path and built.verification_token:
+        card_callback = CardCallbackSettings(
+            built.callback_path, built.verification_token, built.encrypt_key
+        )
+    # loads and checks the policy file (TRAINSENTRY_POLICY_FILE): PolicyError is a ValueError
+    return create_app(
+        settings.gateway,
+        notifiers=channels.notifiers,
+        rate_limits=channels.rate_limits,
+        escalator=built.escalator if built is not None else None,
+        silences=built.silences if built is not None else None,
+        card_callback=card_callback,
+        diagnosis=Diagnosis(*diagnosis_parts) if diagnosis_parts is not None else None,
+    )
+
+
+def build_diagnosis_parts(
+    raw: Mapping[str, Any], env: Mapping[str, str]
+) -> tuple[DiagnosisSettings, EndpointResolver, str] | None:
+    """From the `diagnosis:` config section: None when there is no way to find ranks."""
+    settings = DiagnosisSettings.model_validate(dict(raw))
+    if not settings.enabled or not (settings.static_endpoints or settings.kubernetes):
+        return None
+    try:
+        token = read_secret(settings.probe_token_env, env)
+    except SecretMissing:
+        raise ValueError(
+            f"diagnosis needs the probes' token in {settings.probe_token_env}"
+        ) from None
+    resolver: EndpointResolver = (
+        KubernetesEndpoints() if settings.kubernetes else StaticEndpoints(settings.static_endpoints)
+    )
+    return settings, resolver, token

@@ -1,0 +1,76 @@
+"""`trainsentry gateway`: run the alert gateway."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+HELP = "run the alert gateway (Alertmanager webhook intake, policy, outbox, channels)"
+DESCRIPTION = """\
+Runs the alert gateway: POST /api/v1/alertmanager takes Alertmanager webhooks (v4), stores
+every alert before answering, and sends notifications through the durable outbox.
+
+Settings: flags > TRAINSENTRY_* environment > --config FILE > defaults.
+Secrets only from the environment: TRAINSENTRY_WEBHOOK_TOKEN (bearer token Alertmanager
+must send), TRAINSENTRY_API_TOKEN (read and ack API).
+
+Exit codes: 0 stopped cleanly, 1 could not start (store unreachable, schema too new),
+2 bad arguments or configuration (also: a policy file missing or invalid, a database URL
+no driver takes).
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--listen", metavar="HOST:PORT", help="address to listen on (0.0.0.0:9095)")
+    parser.add_argument("--db", metavar="URL", help="sqlite:///PATH (default) or postgresql://...")
+    parser.add_argument("--config", metavar="FILE", type=Path, help="YAML settings file")
+    parser.add_argument(
+        "--console-file", metavar="FILE", type=Path, help="append console notifications here"
+    )
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+        help="DEBUG, INFO (INFO), WARNING, ERROR",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from trainsentry.config import ConfigError, describe_invalid, load_settings
+    from trainsentry.gateway.assemble import app_from_settings
+    from trainsentry.logs import configure_logging
+    from trainsentry.store.engine import StoreError, async_url
+
+    configure_logging(args.log_level)
+
+    try:
+        settings = load_settings(
+            args.config,
+            overrides={
+                "gateway": {"listen": args.listen, "db": args.db, "console_file": args.console_file}
+            },
+        )
+        gateway = settings.gateway
+        async_url(gateway.db)  # refuses a URL no driver takes, without showing its password
+        app = app_from_settings(settings, os.environ)
+    except (ConfigError, StoreError, ValueError) as exc:
+        logging.getLogger("trainsentry").error("configuration error: %s", describe_invalid(exc))
+        return 2
+    try:
+        web.run_app(
+            app,
+            host=gateway.host,
+            port=gateway.port,
+            print=None,
+            access_log=None,
+            handle_signals=True,
+        )
+    except Exception as exc:
+        logging.getLogger("trainsentry").error("gateway failed: %s: %s", type(exc).__name__, exc)
+        return 1
+    return 0

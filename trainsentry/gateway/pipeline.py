@@ -1,0 +1,67 @@
+"""The assembled gateway the HTTP handlers share: one `Gateway` per app, under GATEWAY_KEY.
+
+assemble.py builds it (settings → store → channels → stages) when the app starts; app.py's
+handlers only read it. Hand-offs between the stages (docs/architecture.md):
+the intake writer's queue → the store's inbox table (same transaction as the alerts) →
+the planning worker → the outbox table (same transaction as the policy's states) → the
+outbox sender → the channels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from aiohttp import web
+
+from trainsentry.alerts import utcnow
+from trainsentry.config import GatewaySettings
+from trainsentry.gateway.metrics import GatewayMetrics
+from trainsentry.gateway.stages.ack import AckService
+from trainsentry.gateway.stages.diagnosis import HangDiagnoser
+from trainsentry.gateway.stages.hang_trigger import TriggerKeys, TriggerSources
+from trainsentry.gateway.stages.intake import IntakeWriter
+from trainsentry.gateway.stages.job_status import JobStatusFeeder
+from trainsentry.gateway.stages.outbox import Outbox
+from trainsentry.gateway.stages.planning.ticker import Ticker
+from trainsentry.gateway.stages.planning.worker import PolicyWorker
+from trainsentry.store.engine import Engine
+
+
+@dataclass
+class Gateway:
+    """Everything the handlers share; stored in the app under GATEWAY_KEY."""
+
+    settings: GatewaySettings
+    engine: Engine
+    metrics: GatewayMetrics
+    writer: IntakeWriter
+    outbox: Outbox
+    policy_worker: PolicyWorker | None = None
+    ticker: Ticker | None = None
+    ack: AckService | None = None
+    diagnoser: HangDiagnoser | None = None
+    trigger_keys: TriggerKeys | None = None
+    trigger_sources: TriggerSources | None = None
+    job_status: JobStatusFeeder | None = None
+    classified: Callable[[], Mapping[int, str]] = dict
+    clock: Callable[[], datetime] = utcnow
+    background: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    async def settle(self) -> None:
+        """Plans every stored change, fires due timers and sends everything pending, now
+        (the demo and tests drive a gateway on virtual time with this)."""
+        if self.policy_worker is not None:
+            await self.policy_worker.drain()
+        if self.ticker is not None:
+            await self.ticker.run_once()
+        await self.outbox.drain()
+
+
+GATEWAY_KEY = web.AppKey("gateway", Gateway)
+
+
+GATEWAY_KEY = web.AppKey("gateway", Gateway)

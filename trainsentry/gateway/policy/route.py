@@ -1,0 +1,115 @@
+"""Who hears about what: priority × job/namespace/labels → channel names (pure)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+
+from trainsentry.alerts import JobRef, Priority
+from trainsentry.gateway.policy.rules import Policy
+from trainsentry.gateway.policy.rules import Route as RouteRule
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    channels: tuple[str, ...]  # in route order, no duplicates
+    route_id: str  # the route that matched, or "default:P1"
+    unconfigured: tuple[str, ...] = ()  # routed but not configured in this gateway (dropped)
+
+
+# A route may name a kind of channel instead of one channel: the shipped policy routes to
+# `feishu` and `sheet`, whichever Feishu channels this gateway runs (docs/policy.md).
+CHANNEL_KINDS: Mapping[str, tuple[str, ...]] = {
+    "feishu": ("feishu", "feishu_bot", "feishu_app"),
+    "sheet": ("sheet", "feishu_sheet"),
+}
+# Channels that archive every change of every alert (policy_plan.archive_draft).
+ARCHIVE_CHANNELS = frozenset(CHANNEL_KINDS["sheet"])
+
+
+def expand(name: str, configured: Collection[str]) -> tuple[str, ...]:
+    """The configured channels a routed name stands for (none: it is not configured)."""
+    return tuple(member for member in CHANNEL_KINDS.get(name, (name,)) if member in configured)
+
+
+def unconfigured_names(policy: Policy, configured: Collection[str]) -> list[str]:
+    """Channel names the routing uses that stand for no configured channel (`always` and
+    archive names excepted: those are optional), for a warning at start."""
+    routing = policy.routing
+    named = [name for rule in routing.routes for name in rule.channels]
+    named += [name for names in routing.defaults.values() for name in names]
+    optional = set(routing.always) | ARCHIVE_CHANNELS
+    return sorted({n for n in named if n not in optional and not expand(n, configured)})
+
+
+@lru_cache(maxsize=512)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+def _matches(rule: RouteRule, priority: Priority, labels: Mapping[str, str]) -> bool:
+    if rule.priorities and priority not in rule.priorities:
+        return False
+    if rule.namespaces and labels.get("namespace", "") not in rule.namespaces:
+        return False
+    if rule.jobs:
+        job = JobRef.from_labels(labels)
+        if job is None or job.name not in rule.jobs:
+            return False
+    return all(
+        _compiled(pattern).fullmatch(labels.get(name, "")) for name, pattern in rule.labels.items()
+    )
+
+
+def _unique(names: Collection[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(names))
+
+
+def route(
+    priority: Priority,
+    labels: Mapping[str, str],
+    policy: Policy,
+    *,
+    configured: Collection[str] | None = None,
+    paging: bool = True,
+) -> RouteDecision:
+    """The channels for a notification of `priority` about an alert (or job) with `labels`.
+
+    `configured`: channel names this gateway has notifiers for (None: all, names unexpanded).
+    A routed kind (`feishu`) becomes its configured channels (`feishu_bot`, `feishu_app`);
+    routed names standing for none are reported in `unconfigured`, not returned, except
+    archive names: the gateway's archive takes every change by itself
+    (stages/planning/plan.py), so a route naming it needs nothing more.
+    `policy.routing.always` channels (console) are added when configured. `paging=False`
+    drops the paging channels (phone): resolves, recurrences, flapping notices and storm
+    summaries never ring a phone.
+    """
+    routing = policy.routing
+    chosen: tuple[str, ...] | None = None
+    route_id = f"default:{priority.value}"
+    for rule in routing.routes:
+        if _matches(rule, priority, labels):
+            chosen, route_id = rule.channels, f"route:{rule.id}"
+            break
+    if chosen is None:
+        chosen = routing.defaults[priority]
+    names = [*chosen, *routing.always]
+    if not paging:
+        names = [name for name in names if name not in routing.paging_channels]
+    wanted = _unique(names)
+    if configured is None:
+        return RouteDecision(channels=wanted, route_id=route_id)
+    always = set(routing.always)
+    channels: list[str] = []
+    unconfigured: list[str] = []
+    for name in wanted:
+        members = expand(name, configured)
+        if members:
+            channels.extend(members)
+        elif name not in always and name not in ARCHIVE_CHANNELS:
+            unconfigured.append(name)
+    return RouteDecision(
+        channels=_unique(channels), route_id=route_id, unconfigured=tuple(unconfigured)
+    )

@@ -1,0 +1,263 @@
+"""The alert policy as data: classification, XID table, blast radius, dedup, storms, routes.
+
+The shipped default lives in `trainsentry/data/policy.yaml`. `load_policy` reads it, merges
+a policy file and any number of override mappings over it (config, later a TrainingJob),
+and validates the result. `merge_policy` applies overrides to an already loaded policy.
+
+Merge rule: mappings merge key by key; lists and scalars replace. So an override can
+change one XID entry or one default route without repeating the rest, and a list such as
+`alertname_rules` is given whole when it is given at all.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from trainsentry.alerts import Priority
+from trainsentry.assets import data_file
+from trainsentry.labels import GPU_LABELS, NODE_LABELS
+
+DEFAULT_POLICY_FILE = "policy.yaml"
+
+Seconds = Annotated[float, Field(gt=0)]
+
+
+class PolicyError(ValueError):
+    """The policy (file or override) is invalid; the message says where and why."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_regex(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"invalid regex {value!r}: {exc}") from exc
+    return value
+
+
+class AlertnameRule(_Strict):
+    """Sets the base priority of alerts whose alertname (and labels) match."""
+
+    id: str = Field(min_length=1)
+    alertname: str = ".*"
+    labels: dict[str, str] = Field(default_factory=dict)
+    priority: Priority
+    reason: str = ""
+
+    @field_validator("alertname")
+    @classmethod
+    def _alertname_regex(cls, value: str) -> str:
+        return _check_regex(value)
+
+    @field_validator("labels")
+    @classmethod
+    def _label_regexes(cls, value: dict[str, str]) -> dict[str, str]:
+        for pattern in value.values():
+            _check_regex(pattern)
+        return value
+
+
+class HardwareRule(AlertnameRule):
+    """Raises the priority of alerts whose name or labels show a hardware fault."""
+
+
+class XidEntry(_Strict):
+    name: str
+    priority: Priority
+    action: str = ""
+
+
+class ClassificationPolicy(_Strict):
+    default_priority: Priority = Priority.P2
+    alertname_rules: tuple[AlertnameRule, ...] = ()
+    severity: dict[str, Priority] = Field(default_factory=dict)
+    xid_labels: tuple[str, ...] = ("xid",)
+    xid: dict[int, XidEntry] = Field(default_factory=dict)
+    hardware_rules: tuple[HardwareRule, ...] = ()
+
+    @field_validator("severity")
+    @classmethod
+    def _lowercase_severities(cls, value: dict[str, Priority]) -> dict[str, Priority]:
+        return {key.strip().lower(): prio for key, prio in value.items()}
+
+    @model_validator(mode="after")
+    def _unique_rule_ids(self) -> ClassificationPolicy:
+        ids = [r.id for r in (*self.alertname_rules, *self.hardware_rules)]
+        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate rule ids: {duplicates}")
+        return self
+
+
+class BlastRadiusPolicy(_Strict):
+    enabled: bool = True
+    nodes: int = Field(default=8, ge=2)
+    window: Seconds = 300
+    raise_by: int = Field(default=1, ge=1, le=3)
+
+
+class DedupPolicy(_Strict):
+    recurrence_window: Seconds = 3600
+    flap_transitions: int = Field(default=4, ge=2)
+    flap_window: Seconds = 900
+    flap_hold: Seconds = 600
+
+
+class StormPolicy(_Strict):
+    enabled: bool = True
+    threshold: int = Field(default=20, ge=1)
+    window: Seconds = 60
+    summary_interval: Seconds = 60
+    calm_after: Seconds = 120
+    top_lines: int = Field(default=10, ge=0, le=100)
+    max_keys: int = Field(default=50, ge=1, le=1000)
+    list_url: str = ""  # placeholders: {job}, {start}, {end}
+
+    @field_validator("list_url")
+    @classmethod
+    def _known_placeholders(cls, value: str) -> str:
+        try:
+            value.format(job="j", start="s", end="e")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"list_url may use only {{job}}, {{start}}, {{end}}: {exc}") from exc
+        return value
+
+
+class Route(_Strict):
+    """One route: every matcher given must match; an empty list/mapping matches anything."""
+
+    id: str = Field(min_length=1)
+    priorities: tuple[Priority, ...] = ()
+    namespaces: tuple[str, ...] = ()
+    jobs: tuple[str, ...] = ()
+    labels: dict[str, str] = Field(default_factory=dict)
+    channels: tuple[str, ...]
+
+    @field_validator("labels")
+    @classmethod
+    def _label_regexes(cls, value: dict[str, str]) -> dict[str, str]:
+        for pattern in value.values():
+            _check_regex(pattern)
+        return value
+
+
+class RoutingPolicy(_Strict):
+    routes: tuple[Route, ...] = ()
+    defaults: dict[Priority, tuple[str, ...]] = Field(
+        default_factory=lambda: {
+            Priority.P0: ("feishu", "phone", "sheet"),
+            Priority.P1: ("feishu", "sheet"),
+            Priority.P2: ("feishu", "sheet"),
+            Priority.P3: ("sheet",),
+        }
+    )
+    paging_channels: tuple[str, ...] = ("phone",)
+    always: tuple[str, ...] = ("console",)
+
+    @model_validator(mode="after")
+    def _every_priority_has_defaults(self) -> RoutingPolicy:
+        missing = [p.value for p in Priority if p not in self.defaults]
+        if missing:
+            raise ValueError(f"routing.defaults lacks {missing}")
+        ids = [r.id for r in self.routes]
+        if len(ids) != len(set(ids)):
+            raise ValueError("route ids must be unique")
+        return self
+
+
+class Policy(_Strict):
+    version: int = 1
+    classification: ClassificationPolicy = Field(default_factory=ClassificationPolicy)
+    blast_radius: BlastRadiusPolicy = Field(default_factory=BlastRadiusPolicy)
+    dedup: DedupPolicy = Field(default_factory=DedupPolicy)
+    storm: StormPolicy = Field(default_factory=StormPolicy)
+    node_labels: tuple[str, ...] = NODE_LABELS
+    gpu_labels: tuple[str, ...] = GPU_LABELS
+    routing: RoutingPolicy = Field(default_factory=RoutingPolicy)
+
+    @field_validator("version")
+    @classmethod
+    def _known_version(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError(f"unsupported policy version {value} (this gateway reads 1)")
+        return value
+
+
+def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """`override` over `base`: mappings merge recursively, everything else replaces."""
+    merged: dict[str, Any] = dict(base)
+    for key, value in override.items():
+        # YAML reads XID keys as ints, JSON/env as strings: one key per code either way.
+        key = _normal_key(key, merged)
+        current = merged.get(key)
+        if isinstance(current, Mapping) and isinstance(value, Mapping):
+            merged[key] = deep_merge(current, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _normal_key(key: Any, existing: Mapping[Any, Any]) -> Any:
+    if isinstance(key, str) and key.isdigit() and int(key) in existing:
+        return int(key)
+    if isinstance(key, int) and str(key) in existing:
+        return str(key)
+    return key
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise PolicyError(f"cannot read policy file {path}: {exc}") from exc
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise PolicyError(f"policy file {path} must hold a mapping at the top")
+    return loaded
+
+
+def _validate(raw: Mapping[str, Any], where: str) -> Policy:
+    try:
+        return Policy.model_validate(raw)
+    except ValueError as exc:
+        raise PolicyError(f"{where}: {exc}") from exc
+
+
+def default_policy_raw() -> dict[str, Any]:
+    """The shipped policy file as a plain mapping."""
+    return _read_yaml(data_file(DEFAULT_POLICY_FILE))
+
+
+def load_policy(
+    path: Path | None = None,
+    overrides: Sequence[Mapping[str, Any]] | Mapping[str, Any] = (),
+) -> Policy:
+    """The shipped policy, with the file at `path` and then each override merged over it."""
+    raw = default_policy_raw()
+    where = str(data_file(DEFAULT_POLICY_FILE))
+    if path is not None:
+        raw = deep_merge(raw, _read_yaml(path))
+        where = str(path)
+    layers = [overrides] if isinstance(overrides, Mapping) else list(overrides)
+    for layer in layers:
+        raw = deep_merge(raw, layer)
+        where = f"{where} + overrides"
+    return _validate(raw, where)
+
+
+def merge_policy(base: Policy, override: Mapping[str, Any]) -> Policy:
+    """`base` with `override` merged over it (e.g. a TrainingJob's `spec.alerting.policy`)."""
+    if not override:
+        return base
+    raw = deep_merge(base.model_dump(mode="python"), override)
+    return _validate(raw, "policy override")

@@ -1,0 +1,192 @@
+"""Acknowledging an alert: one behaviour behind the API, the CLI and the Feishu card button.
+
+An ack records who and when (once; a second ack changes nothing), stops the phone
+escalation everywhere, and queues an `ack` notification so the chat cards show who took it.
+With a duration and an Alertmanager configured, it also creates a silence matching the
+alert's labels (after the ack is committed: a slow Alertmanager never delays the ack).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from trainsentry.alerts import NotificationDraft, Priority
+from trainsentry.gateway.policy.payload import idempotency_key
+from trainsentry.gateway.policy.route import CHANNEL_KINDS
+from trainsentry.gateway.stages.paging import Paging
+from trainsentry.notifiers.alertmanager import SilenceClient
+from trainsentry.notifiers.base import NotifierError
+from trainsentry.notifiers.payload import NotificationPayload
+from trainsentry.store import alert_state
+from trainsentry.store.engine import Engine
+from trainsentry.store.writes import insert_notifications
+
+log = logging.getLogger("trainsentry.ack")
+
+# Channels whose message about an alert is updated to show the ack.
+# Where an ack is shown: every chat channel (route.py's `feishu` kind) and the console.
+CHAT_CHANNELS = frozenset({*CHANNEL_KINDS["feishu"], "console"})
+
+
+@dataclass(frozen=True, slots=True)
+class AckResult:
+    alert_id: int
+    acked_by: str
+    acked_at: datetime
+    already_acked: bool
+    escalation_stopped: bool
+    status: str
+    silence_id: str | None = None
+    silence_error: str | None = None
+    # what the chat channels render for the ack (the card redrawn with who acknowledged)
+    payload: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "alert_id": self.alert_id,
+            "acked_by": self.acked_by,
+            "acked_at": self.acked_at.isoformat(),
+            "already_acked": self.already_acked,
+            "escalation_stopped": self.escalation_stopped,
+            "status": self.status,
+            "silence_id": self.silence_id,
+            "silence_error": self.silence_error,
+        }
+
+
+class AckService:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        channels: Collection[str],
+        clock: Callable[[], datetime],
+        paging: Paging | None = None,
+        silences: SilenceClient | None = None,
+        lock: asyncio.Lock | None = None,
+    ) -> None:
+        self._engine = engine
+        # The policy's lock (stages/planning/worker.py): on SQLite a transaction reads before
+        # it takes the write lock, so the ticker could plan calls from the escalation state it read
+        # before this ack committed, and write that state back over the ack.
+        self._lock = lock or asyncio.Lock()
+        self._chat_channels = sorted(CHAT_CHANNELS & set(channels))
+        self._clock = clock
+        self._paging = paging
+        self._silences = silences
+
+    async def acknowledge(
+        self, alert_id: int, who: str, silence: timedelta | None = None
+    ) -> AckResult | None:
+        """None when there is no such alert."""
+        now = self._clock()
+        async with self._lock, self._engine.begin() as conn:
+            row = await alert_state.lock_alert(conn, alert_id)
+            if row is None:
+                return None
+            already = row.acked_at is not None
+            acked_by, acked_at = (row.acked_by, row.acked_at) if already else (who, now)
+            if not already:
+                await alert_state.acknowledge(conn, alert_id, who, now)
+            stopped = False
+            if self._paging is not None:
+                stopped = await self._paging.acknowledge(conn, alert_id, who, now)
+            payload = self._payload(row, str(acked_by), now, silence)
+            if not already:
+                await insert_notifications(conn, self._drafts(row, payload), now)
+        result = AckResult(
+            alert_id,
+            str(acked_by),
+            acked_at,
+            already,
+            stopped,
+            str(row.status),
+            payload=dict(payload),
+        )
+        if silence is not None:
+            result = await self._silence(result, dict(row.labels), who, silence, now)
+        log.info(
+            "alert acknowledged alert_id=%d by=%s already=%s escalation_stopped=%s",
+            alert_id,
+            who,
+            already,
+            stopped,
+        )
+        return result
+
+    @staticmethod
+    def _payload(
+        row: Any, who: str, now: datetime, silence: timedelta | None
+    ) -> NotificationPayload:
+        payload: NotificationPayload = {
+            "priority": row.priority or "P3",
+            "status": row.status,
+            "event": "acked",
+            "alert_id": row.id,
+            "alertname": row.alertname,
+            "fingerprint": row.fingerprint,
+            "labels": dict(row.labels),
+            "annotations": dict(row.annotations),
+            "starts_at": row.starts_at.isoformat(),
+            "acked_by": who,
+            "at": now.isoformat(),
+        }
+        if row.job_name:
+            payload["job"] = (
+                f"{row.job_namespace}/{row.job_name}" if row.job_namespace else row.job_name
+            )
+        if silence is not None:
+            payload["silenced_until"] = (now + silence).isoformat()
+        return payload
+
+    def _drafts(self, row: Any, payload: NotificationPayload) -> list[NotificationDraft]:
+        who = payload["acked_by"]
+        return [
+            NotificationDraft(
+                channel=channel,
+                kind="ack",
+                priority=Priority(payload["priority"]),
+                idempotency_key=idempotency_key("ack", channel, str(row.id)),
+                payload=dict(payload),
+                alert_id=row.id,
+                group_key=f"alert:{row.fingerprint}",  # after the alert's own cards
+                reason=f"acknowledged by {who}",
+            )
+            for channel in self._chat_channels
+        ]
+
+    async def _silence(
+        self,
+        result: AckResult,
+        labels: dict[str, str],
+        who: str,
+        duration: timedelta,
+        now: datetime,
+    ) -> AckResult:
+        if self._silences is None:
+            return _replace(result, silence_error="no Alertmanager configured for silences")
+        try:
+            silence_id = await self._silences.create_silence(labels, duration, who=who, now=now)
+        except NotifierError as exc:
+            log.warning("silence failed alert_id=%d error=%r", result.alert_id, str(exc))
+            return _replace(result, silence_error=str(exc))
+        async with self._engine.begin() as conn:
+            await alert_state.record_event(
+                conn,
+                result.alert_id,
+                "silenced",
+                now,
+                {"by": who, "silence_id": silence_id, "seconds": duration.total_seconds()},
+            )
+        return _replace(result, silence_id=silence_id)
+
+
+def _replace(result: AckResult, **changes: Any) -> AckResult:
+    from dataclasses import replace
+
+    return replace(result, **changes)

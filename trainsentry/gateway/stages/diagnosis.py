@@ -1,0 +1,237 @@
+"""Diagnosed hang alerts: the page names the rank that never arrived.
+
+When a hang alert of a TrainingJob fires, its notifications are written to the outbox held
+for `hold_seconds` (inside the intake transaction). Right after the commit the gateway finds
+the job's ranks (a static list, or the Kubernetes API by the TrainingJob's pod selector),
+fetches every rank's Flight Recorder dump (`hang_enrichment.enrich_hang`: bounded
+concurrency, per-request timeouts, an overall deadline below the hold), runs the analyzer,
+stores the verdict with the alert and releases the held notifications with the verdict in
+their payload (`diagnosis`). If anything fails or takes too long, the notifications go out
+at the end of the hold without a verdict: the page is never lost and never late by more
+than the hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Collection, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trainsentry.alerts import Alert, AlertChange, ChangeKind, JobRef, NotificationDraft
+from trainsentry.gateway.stages.hang_enrichment import (
+    HangVerdict,
+    PodAddress,
+    RankEndpoint,
+    endpoints_for_pods,
+    enrich_hang,
+)
+from trainsentry.gateway.stages.hang_trigger import ALERTNAME as TRIGGER_ALERTNAME
+from trainsentry.kubeclient import default_api_client
+from trainsentry.store.alert_state import save_verdict
+from trainsentry.store.engine import Engine
+
+log = logging.getLogger("trainsentry.diagnosis")
+
+DEFAULT_HANG_ALERTS = ("TrainingJobHang", "TrainingRankStalledBehindPeers", TRIGGER_ALERTNAME)
+
+
+class DiagnosisSettings(BaseModel):
+    """The `diagnosis:` section of the config file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    alertnames: list[str] = Field(default_factory=lambda: list(DEFAULT_HANG_ALERTS))
+    hold_seconds: float = Field(default=6.0, gt=0, le=60)
+    deadline_seconds: float = Field(default=4.0, gt=0, le=60)
+    request_timeout_seconds: float = Field(default=2.0, gt=0, le=60)
+    concurrency: int = Field(default=32, ge=1, le=512)
+    probe_token_env: str = "TRAINSENTRY_PROBE_TOKEN"
+    # "namespace/name" (or "name") -> probe addresses "ip:port", for clusters without API access
+    # and for the demo; otherwise the Kubernetes API is asked (needs RBAC: get trainingjobs,
+    # list pods).
+    static_endpoints: dict[str, list[str]] = Field(default_factory=dict)
+    kubernetes: bool = False
+
+
+class EndpointResolver(Protocol):
+    async def __call__(self, job: JobRef) -> list[RankEndpoint]: ...
+
+
+class StaticEndpoints:
+    def __init__(self, table: Mapping[str, Sequence[str]]) -> None:
+        self._table = {key: list(value) for key, value in table.items()}
+
+    async def __call__(self, job: JobRef) -> list[RankEndpoint]:
+        addresses = self._table.get(str(job)) or self._table.get(job.name) or []
+        return [RankEndpoint(address) for address in addresses]
+
+
+class KubernetesEndpoints:
+    """The job's running pods, found by the TrainingJob's selector; one endpoint per rank."""
+
+    def __init__(self, api_client: Any | None = None) -> None:
+        self._api_client = api_client
+
+    async def _client(self) -> Any:
+        if self._api_client is None:
+            self._api_client = await default_api_client()
+        return self._api_client
+
+    async def __call__(self, job: JobRef) -> list[RankEndpoint]:
+        from kubernetes_asyncio import client
+
+        from trainsentry.operator.spec import TrainingJobSpec
+
+        api_client = await self._client()
+        custom = client.CustomObjectsApi(api_client)
+        body = await custom.get_namespaced_custom_object(
+            "trainsentry.io", "v1alpha1", job.namespace, "trainingjobs", job.name
+        )
+        spec = TrainingJobSpec.model_validate(body.get("spec") or {})
+        core = client.CoreV1Api(api_client)
+        pods = await core.list_namespaced_pod(
+            job.namespace, label_selector=spec.pod_selector().as_string()
+        )
+        running = [
+            PodAddress(pod.metadata.name, pod.status.pod_ip or "", pod.spec.node_name or "")
+            for pod in pods.items
+            if pod.status is not None and pod.status.phase == "Running"
+        ]
+        return endpoints_for_pods(
+            running, base_port=spec.probe.port, ranks_per_pod=spec.ranksPerPod
+        )
+
+
+class HangDiagnoser:
+    def __init__(
+        self,
+        engine: Engine,
+        settings: DiagnosisSettings,
+        resolver: EndpointResolver,
+        probe_token: str,
+        *,
+        clock: Callable[[], datetime],
+        on_release: Callable[[], None] | None = None,
+        on_verdict: Callable[[AlertChange, HangVerdict], None] | None = None,
+    ) -> None:
+        self._engine = engine
+        self.settings = settings
+        self._alertnames = frozenset(settings.alertnames)
+        self._resolver = resolver
+        self.token = probe_token
+        self._clock = clock
+        self._on_release = on_release
+        self._on_verdict = on_verdict
+        self._tasks: set[asyncio.Task[HangVerdict | None]] = set()
+        self._quiet: set[int] = set()  # alerts whose page was cancelled (checkpoint)
+
+    async def rank_hosts(self, job: JobRef) -> list[str]:
+        """The hosts (IP addresses) of the job's rank endpoints, as the diagnosis finds them."""
+        endpoints = await self._resolver(job)
+        return [h for e in endpoints if (h := urlsplit(e.base_url).hostname)]
+
+    def is_hang(self, alert: Alert) -> bool:
+        return alert.name in self._alertnames and alert.job is not None
+
+    def hold(
+        self, changes: Sequence[AlertChange], drafts: Sequence[NotificationDraft], now: datetime
+    ) -> None:
+        """Holds the notifications of newly firing hang alerts until their diagnosis; the
+        resolution of an alert whose page was cancelled (a checkpoint, not a hang) is written
+        cancelled too: nobody was paged, so nobody is told it is over. (Remembered in memory:
+        after a restart such a resolution is sent.)"""
+        held = {
+            c.alert_id for c in changes if c.kind is ChangeKind.FIRING and self.is_hang(c.alert)
+        }
+        until = now + timedelta(seconds=self.settings.hold_seconds)
+        for draft in drafts:
+            if draft.alert_id in held:
+                draft.extra["not_before"] = until
+            elif draft.alert_id in self._quiet:
+                draft.extra["status"] = "cancelled"
+
+    def start(self, changes: Collection[AlertChange]) -> None:
+        """After the commit: diagnose each newly firing hang alert in the background."""
+        for change in changes:
+            if change.kind is ChangeKind.FIRING and self.is_hang(change.alert):
+                task = asyncio.create_task(self.diagnose(change))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def diagnose(self, change: AlertChange) -> HangVerdict | None:
+        job = change.alert.job
+        assert job is not None
+        try:
+            endpoints = await asyncio.wait_for(
+                self._resolver(job), timeout=self.settings.request_timeout_seconds
+            )
+            if not endpoints:
+                log.warning("diagnosis: no rank endpoints for job=%s", job)
+                return None
+            verdict = await enrich_hang(
+                job,
+                endpoints,
+                self.token,
+                timeout_s=self.settings.request_timeout_seconds,
+                deadline_s=self.settings.deadline_seconds,
+                concurrency=self.settings.concurrency,
+            )
+            await self._store(change.alert_id, verdict, quiet=_not_a_page(change, verdict))
+            if self._on_verdict is not None:
+                self._on_verdict(change, verdict)
+            return verdict
+        except Exception as exc:  # a failed diagnosis must never lose the page
+            log.warning("diagnosis failed job=%s error=%s: %s", job, type(exc).__name__, exc)
+            return None
+
+    async def _store(self, alert_id: int, verdict: HangVerdict, *, quiet: bool) -> None:
+        now = self._clock()
+        async with self._engine.begin() as conn:
+            # Not a hang after all (`_not_a_page`): the held pages are cancelled, not sent.
+            released = await save_verdict(
+                conn,
+                alert_id,
+                verdict.to_dict(),
+                {"diagnosis": verdict.summary, "culprit_ranks": list(verdict.culprit_ranks)},
+                now,
+                cancel=quiet,
+            )
+            if quiet:
+                if len(self._quiet) >= 10_000:  # bounded; a forgotten one only costs a notice
+                    self._quiet.pop()
+                self._quiet.add(alert_id)
+        log.info(
+            "diagnosis stored alert_id=%d verdict=%s culprits=%s released=%d",
+            alert_id,
+            verdict.verdict,
+            list(verdict.culprit_ranks),
+            released,
+        )
+        if self._on_release is not None:
+            self._on_release()
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _not_a_page(change: AlertChange, verdict: HangVerdict) -> bool:
+    """Pure: whether a diagnosed hang alert's held pages are cancelled instead of sent.
+
+    - `checkpoint`: every culprit is saving a checkpoint while its peers wait (healthy).
+    - A probe's own stall alert whose dumps show no hang (`ok`, `slow`): the group moved on
+      before the diagnosis looked (a long but finished wait, e.g. on a loaded node); the
+      probe's threshold is adaptive, so this is a judgement the dumps overrule. The
+      Prometheus rules' alerts keep their page: their thresholds are the user's choice.
+    A diagnosis that could not look (`unknown`) never cancels: the page goes out.
+    """
+    if verdict.verdict == "checkpoint":
+        return True
+    return change.alert.name == TRIGGER_ALERTNAME and verdict.verdict in ("ok", "slow")

@@ -1,0 +1,163 @@
+"""Phone paging with escalation, wired to the store.
+
+The policy routes a fresh P0 page to the paging channel ("phone"). Instead of calling once,
+that page opens an escalation incident (pure timeline in `escalation.py`): layer 1 is called
+now, and while nobody acknowledges, the next step is called after `ack_timeout`. Acks (card
+button, CLI, API) and resolves stop it. The escalation state is one JSON document in
+`policy_state` (scope "escalation"), locked while it changes, with `due_at` = next call, so the
+ticker wakes up for it and a restart resumes the timeline without repeating a call (call
+notifications carry stable idempotency keys). A resolved alert's incident is dropped, so the
+state holds the escalations of firing alerts only, and a stop cancels the calls of the
+incident that have not rung yet, in the same transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from trainsentry.alerts import NotificationDraft, Priority
+from trainsentry.gateway.policy.escalation import (
+    OPEN,
+    CallDue,
+    Escalator,
+    IncidentPage,
+    acknowledge,
+    call_payload,
+    call_text,
+    new_state,
+    next_wakeup,
+)
+from trainsentry.notifiers.phone.notifier import CANCELLED_MARK
+from trainsentry.store.alert_state import acked_among
+from trainsentry.store.engine import Connection
+from trainsentry.store.outbox import cancel_calls
+from trainsentry.store.policy_state import claim_due, load_states, save_states
+
+ESCALATION_SCOPE = "escalation"
+ESCALATION_KEY = "incidents"
+PHONE_CHANNEL = "phone"
+CALL_KIND = "call"
+# An incident acked or exhausted while its alert fires is kept until the alert resolves (a
+# page of a known alert opens nothing), or this long if the resolve never reaches us (e.g.
+# paging was off meanwhile).
+FORGET_STOPPED_AFTER = timedelta(days=7)
+
+
+def _page(draft: NotificationDraft) -> IncidentPage:
+    assert draft.alert_id is not None
+    payload = draft.payload
+    text = call_text(
+        draft.priority.value,
+        str(payload.get("alertname", "")),
+        str(payload.get("job", "")),
+        str((payload.get("annotations") or {}).get("summary", "")),
+    )
+    return IncidentPage(draft.alert_id, draft.priority, text)
+
+
+class Paging:
+    def __init__(self, escalator: Escalator, channel: str = PHONE_CHANNEL) -> None:
+        self.escalator = escalator
+        self.channel = channel
+        self._texts: dict[int, str] = {}
+
+    async def _load(self, conn: Connection) -> dict[str, Any]:
+        found = await load_states(conn, ESCALATION_SCOPE, [ESCALATION_KEY])
+        return found.get(ESCALATION_KEY) or new_state()
+
+    async def _save(self, conn: Connection, state: dict[str, Any], now: datetime) -> None:
+        await save_states(
+            conn, ESCALATION_SCOPE, {ESCALATION_KEY: (state, next_wakeup(state))}, now
+        )
+
+    def _call_drafts(
+        self, calls: Sequence[CallDue], state: dict[str, Any]
+    ) -> list[NotificationDraft]:
+        drafts = []
+        for call in calls:
+            incident = state["incidents"].get(str(call.alert_id), {})
+            text = incident.get("text") or f"trainsentry {call.priority.value} alert."
+            drafts.append(
+                NotificationDraft(
+                    channel=self.channel,
+                    kind=CALL_KIND,
+                    priority=call.priority,
+                    idempotency_key=call.idempotency_key,
+                    payload=dict(call_payload(call, text)),
+                    alert_id=call.alert_id,
+                    group_key=f"escalation:{call.alert_id}",
+                    reason=f"escalation step {call.step + 1} ({call.layer})",
+                )
+            )
+        return drafts
+
+    async def page(
+        self,
+        conn: Connection,
+        pages: Sequence[NotificationDraft],
+        resolved_alert_ids: Sequence[int],
+        now: datetime,
+    ) -> list[NotificationDraft]:
+        """Opens incidents for the policy's page drafts, ends those of resolved alerts
+        (also when they fired in this same batch), and returns the calls due now."""
+        if not pages and not resolved_alert_ids:
+            return []
+        state = await self._load(conn)
+        # An alert acked before its firing was planned (a backlog, a restart) is being handled.
+        acked = await acked_among(conn, [d.alert_id for d in pages if d.alert_id is not None])
+        opened = [_page(d) for d in pages if d.alert_id is not None and d.alert_id not in acked]
+        paged = {page.alert_id for page in opened}
+        ending = sorted(
+            {i for i in resolved_alert_ids if i in paged or str(i) in state["incidents"]}
+        )
+        if not opened and not ending:
+            return []  # resolves of alerts that never paged: nothing to change
+        state, calls = self.escalator.batch(
+            state, now, pages=opened, resolved=ending, forget_before=now - FORGET_STOPPED_AFTER
+        )
+        await self._cancel_calls(conn, ending, "alert resolved")
+        await self._save(conn, state, now)
+        return self._call_drafts(calls, state)
+
+    async def tick(self, conn: Connection, now: datetime) -> list[NotificationDraft]:
+        """The next escalation steps whose time has come."""
+        due = await claim_due(conn, ESCALATION_SCOPE, now)
+        if ESCALATION_KEY not in due:
+            return []
+        state, calls = self.escalator.plan(due[ESCALATION_KEY], now)
+        await self._save(conn, state, now)
+        return self._call_drafts(calls, state)
+
+    async def acknowledge(self, conn: Connection, alert_id: int, who: str, now: datetime) -> bool:
+        """Stops the escalation of `alert_id`; True if one was running."""
+        state = await self._load(conn)
+        incident = state["incidents"].get(str(alert_id))
+        if incident is None:
+            return False  # never paged, or resolved (and forgotten): nothing to stop
+        running = bool(incident["status"] == OPEN)
+        state = acknowledge(state, alert_id, who, now)
+        # also after exhaustion: the last layer's call may still be waiting for a retry
+        await self._cancel_calls(conn, [alert_id], f"acknowledged by {who}")
+        await self._save(conn, state, now)
+        return running
+
+    async def _cancel_calls(self, conn: Connection, alert_ids: Sequence[int], why: str) -> None:
+        """Calls of stopped escalations that have not rung yet never will.
+
+        Done here, in the transaction that stops the escalation, rather than by the phone
+        channel reading the incident before it dials: the stop and the cancellation commit
+        together or not at all, so a crash leaves either a running escalation with its calls
+        or neither (no page lost, none rung twice). A call being placed right now belongs to
+        the outbox, which records that attempt; it gets a "cancelled" mark in its payload, so
+        should the attempt fail the phone channel refuses its retry instead of ringing.
+        """
+        await cancel_calls(conn, self.channel, CALL_KIND, alert_ids, why, CANCELLED_MARK)
+
+    def is_page(self, draft: NotificationDraft) -> bool:
+        return draft.channel == self.channel and draft.kind != CALL_KIND
+
+    @staticmethod
+    def min_priority(escalator: Escalator) -> Priority:
+        return escalator.policy.min_priority

@@ -1,0 +1,239 @@
+"""The alert policy wired to the store: the PlanHook the planning worker calls inside its
+transaction (the ticker that fires the policy's timers is ticker.py).
+
+The decisions themselves are pure (`decide.decide`, `decide.decide_tick`); this module only
+loads their states, counts the blast radius, and writes states, priorities and outbox rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Sequence
+from datetime import datetime
+from typing import Any
+
+from trainsentry.alerts import AlertChange, ChangeKind, NotificationDraft
+from trainsentry.gateway.metrics import PolicyMetrics
+from trainsentry.gateway.policy.classify import Classification
+from trainsentry.gateway.policy.decide import decide, decide_tick
+from trainsentry.gateway.policy.dedup import FingerprintState
+from trainsentry.gateway.policy.payload import ALERT_KIND, alert_to_json, idempotency_key
+from trainsentry.gateway.policy.route import ARCHIVE_CHANNELS, unconfigured_names
+from trainsentry.gateway.policy.rules import Policy
+from trainsentry.gateway.policy.storm import StormState, job_key
+from trainsentry.gateway.stages.paging import Paging
+from trainsentry.store.engine import Connection
+from trainsentry.store.policy_state import (
+    claim_due,
+    distinct_nodes,
+    load_states,
+    save_states,
+    window_start,
+)
+from trainsentry.store.queries import set_priorities
+from trainsentry.store.writes import insert_notifications
+
+log = logging.getLogger("trainsentry.policy")
+
+FINGERPRINT_SCOPE = "fingerprint"
+STORM_SCOPE = "storm"
+
+
+def _fp_row(state: FingerprintState) -> tuple[dict[str, Any], datetime | None]:
+    return state.to_json(), state.hold_until
+
+
+def _storm_row(state: StormState, policy: Policy) -> tuple[dict[str, Any], datetime | None]:
+    return state.to_json(), state.next_due(policy)
+
+
+def archive_draft(
+    channel: str, change: AlertChange, classification: Classification
+) -> NotificationDraft:
+    """The archive row notification for one state change of an occurrence."""
+    alert = change.alert
+    # the alert as stored: its status is already resolved for resolved and expired changes
+    payload: dict[str, Any] = {
+        **alert_to_json(alert),
+        "event": change.kind.value,
+        "alertname": alert.name,
+        "priority": classification.priority.value,
+        "reason": classification.reason,
+        "rule_id": classification.rule_id,
+        "expired": change.kind is ChangeKind.EXPIRED,
+        "at": change.at.isoformat(),
+        "alert_id": change.alert_id,
+    }
+    if alert.job is not None:
+        payload["job"] = str(alert.job)
+    return NotificationDraft(
+        channel=channel,
+        kind=ALERT_KIND,
+        priority=classification.priority,
+        idempotency_key=idempotency_key(
+            "archive", channel, str(change.alert_id), change.kind.value, change.at.isoformat()
+        ),
+        payload=payload,
+        alert_id=change.alert_id,
+        group_key=f"occurrence:{change.alert_id}",  # the resolve update follows the append
+        reason=f"{classification.rule_id}: {classification.reason}",
+    )
+
+
+class PolicyPlan:
+    """Changes in, states + priorities + outbox rows written, in the caller's transaction."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        channels: Collection[str],
+        *,
+        metrics: PolicyMetrics | None = None,
+        paging: Paging | None = None,
+    ) -> None:
+        self.policy = policy
+        self.paging = paging
+        # Archive channels get every occurrence (one row, updated on resolve), whatever dedup
+        # and storm collapse decide for the chat and phone channels.
+        self.archive_channels = frozenset(channels) & ARCHIVE_CHANNELS
+        self.channels = frozenset(channels) - self.archive_channels
+        if missing := unconfigured_names(policy, channels):
+            log.warning(
+                "the policy routes to channels this gateway does not have, dropped: %s "
+                "(configure them, or change policy.routing)",
+                ", ".join(missing),
+            )
+        self.metrics = metrics
+        self.drafted = 0
+        # alert id -> classified priority of the last batch (read after its commit)
+        self.classified: dict[int, str] = {}
+        # Set by the app when hang diagnosis is on: holds drafts of alerts being diagnosed.
+        self.hold: (
+            Callable[[Sequence[AlertChange], Sequence[NotificationDraft], datetime], None] | None
+        ) = None
+
+    async def __call__(
+        self, conn: Connection, changes: Sequence[AlertChange], now: datetime
+    ) -> int:
+        fingerprints = {change.alert.fingerprint for change in changes}
+        jobs = {job_key(change.alert.labels) for change in changes}
+        fp_states = {
+            key: FingerprintState.from_json(data)
+            for key, data in (await load_states(conn, FINGERPRINT_SCOPE, fingerprints)).items()
+        }
+        storm_states = {
+            key: StormState.from_json(data)
+            for key, data in (await load_states(conn, STORM_SCOPE, jobs)).items()
+        }
+        blast = await distinct_nodes(
+            conn,
+            [
+                (
+                    c.alert.job.namespace if c.alert.job else "",
+                    c.alert.job.name if c.alert.job else "",
+                    c.alert.name,
+                )
+                for c in changes
+                if c.kind is ChangeKind.FIRING
+            ],
+            window_start(now, self.policy.blast_radius.window),
+        )
+        drafts: list[NotificationDraft] = []
+        priorities: list[tuple[int, str, str]] = []
+        self.classified = {}
+        for change in changes:
+            alert = change.alert
+            job = alert.job
+            result = decide(
+                change,
+                fingerprint_state=fp_states.get(alert.fingerprint),
+                storm_state=storm_states.get(job_key(alert.labels)),
+                distinct_nodes_in_window=blast.get(
+                    (job.namespace if job else "", job.name if job else "", alert.name), 1
+                ),
+                policy=self.policy,
+                now=now,
+                channels=self.channels,
+            )
+            fp_states[alert.fingerprint] = result.fingerprint_state
+            storm_states[result.storm_state.job] = result.storm_state
+            drafts.extend(result.drafts)
+            for channel in sorted(self.archive_channels):
+                drafts.append(archive_draft(channel, change, result.classification))
+            if self.metrics is not None:
+                self.metrics.observe(result)
+            if change.kind is ChangeKind.FIRING:
+                c = result.classification
+                priorities.append((change.alert_id, c.priority.value, f"{c.rule_id}: {c.reason}"))
+                self.classified[change.alert_id] = c.priority.value
+        await save_states(
+            conn, FINGERPRINT_SCOPE, {k: _fp_row(v) for k, v in fp_states.items()}, now
+        )
+        await save_states(
+            conn, STORM_SCOPE, {k: _storm_row(v, self.policy) for k, v in storm_states.items()}, now
+        )
+        await set_priorities(conn, priorities)
+        if self.paging is not None:
+            resolved = [c.alert_id for c in changes if c.kind is not ChangeKind.FIRING]
+            drafts = await self._escalate(conn, drafts, resolved, now)
+        if self.hold is not None:
+            self.hold(changes, drafts, now)
+        written = await insert_notifications(conn, drafts, now)
+        self.drafted += written
+        return written
+
+    async def _escalate(
+        self,
+        conn: Connection,
+        drafts: list[NotificationDraft],
+        resolved_alert_ids: list[int],
+        now: datetime,
+    ) -> list[NotificationDraft]:
+        """Page drafts open escalations instead of calling once; calls due now are returned."""
+        assert self.paging is not None
+        pages = [d for d in drafts if self.paging.is_page(d)]
+        others = [d for d in drafts if not self.paging.is_page(d)]
+        return others + await self.paging.page(conn, pages, resolved_alert_ids, now)
+
+    async def tick(self, conn: Connection, now: datetime) -> int:
+        """Fires due timers (held resolutions, storm summaries, calm storms)."""
+        calls = await self.paging.tick(conn, now) if self.paging is not None else []
+        calls_written = await insert_notifications(conn, calls, now)
+        due_fps = await claim_due(conn, FINGERPRINT_SCOPE, now)
+        due_storms = await claim_due(conn, STORM_SCOPE, now)
+        if not due_fps and not due_storms:
+            return calls_written
+        fp_states = [FingerprintState.from_json(data) for data in due_fps.values()]
+        # A released resolution may touch a storm that is not itself due: load those too.
+        extra_jobs = {
+            job_key(dict(fp.context.get("alert", {}).get("labels", {}))) for fp in fp_states
+        } - set(due_storms)
+        storms = {**due_storms, **(await load_states(conn, STORM_SCOPE, extra_jobs))}
+        result = decide_tick(
+            fp_states,
+            [StormState.from_json(data) for data in storms.values()],
+            policy=self.policy,
+            now=now,
+            channels=self.channels,
+        )
+        if self.metrics is not None:
+            self.metrics.observe(result)
+        fp_rows = {k: _fp_row(v) for k, v in result.fingerprint_states.items()}
+        # States that were due but did not change must not stay due forever.
+        for fp in fp_states:
+            if fp.fingerprint not in fp_rows and fp.hold_until is not None and fp.hold_until <= now:
+                fp_rows[fp.fingerprint] = (fp.to_json(), None)
+        storm_rows = {k: _storm_row(v, self.policy) for k, v in result.storm_states.items()}
+        for key, data in due_storms.items():
+            if key not in storm_rows:
+                state = StormState.from_json(data)
+                due_at = state.next_due(self.policy)
+                storm_rows[key] = (data, due_at if due_at is not None and due_at > now else None)
+        await save_states(conn, FINGERPRINT_SCOPE, fp_rows, now)
+        await save_states(conn, STORM_SCOPE, storm_rows, now)
+        drafts = list(result.drafts)
+        if self.paging is not None:
+            drafts = await self._escalate(conn, drafts, [], now)
+        written = await insert_notifications(conn, drafts, now) + calls_written
+        self.drafted += written
+        return written

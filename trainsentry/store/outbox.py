@@ -1,0 +1,222 @@
+"""The outbox table's SQL: claiming due rows, writing send outcomes, leases, cancellations.
+
+The sending loop (gateway/stages/outbox.py) decides what to send and how to back off; this
+module only reads and writes the `notifications` table, inside the caller's transaction.
+
+Invariants kept here:
+- A row is claimed (status `sending`, `claimed_by`, `claimed_until`) before it is sent; on
+  PostgreSQL the due rows are selected `FOR UPDATE SKIP LOCKED`, so with several replicas
+  each row is claimed by exactly one of them.
+- Order per (channel, group_key): a row is due only when no older row of its group is still
+  pending or being sent.
+- Outcomes are written only for rows the writer still owns (`claimed_by`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Row, and_, bindparam, case, exists, func, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from trainsentry.store.schema import notifications
+
+PENDING, SENDING, SENT, DEAD = "pending", "sending", "sent", "dead"
+# A notification withdrawn before it went out (a stopped escalation's call): final, no failure.
+CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True, slots=True)
+class SendOutcome:
+    """What happened to one claimed row; written back in bulk by `record_outcomes`."""
+
+    id: int
+    status: str
+    attempts: int
+    sent_at: datetime | None = None
+    provider_id: str | None = None
+    last_error: str | None = None
+    next_attempt_at: datetime | None = None
+
+
+async def next_due_at(conn: AsyncConnection) -> datetime | None:
+    """When the earliest pending row becomes due (None when nothing is pending)."""
+    value = (
+        await conn.execute(
+            select(func.min(notifications.c.next_attempt_at)).where(
+                notifications.c.status == PENDING
+            )
+        )
+    ).scalar()
+    return value if isinstance(value, datetime) else None
+
+
+async def busy_count(conn: AsyncConnection, now: datetime) -> int:
+    """Rows being sent, plus pending rows already due."""
+    return int(
+        (
+            await conn.execute(
+                select(func.count()).where(
+                    (notifications.c.status == SENDING)
+                    | (
+                        (notifications.c.status == PENDING)
+                        & (notifications.c.next_attempt_at <= now)
+                    )
+                )
+            )
+        ).scalar()
+        or 0
+    )
+
+
+async def release_earlier_leases(conn: AsyncConnection, worker_id: str) -> int:
+    """Rows an earlier run of this gateway left `sending` are pending again.
+
+    With SQLite there is one gateway, so every `sending` row not claimed by `worker_id` is
+    ours. On PostgreSQL only rows claimed from this host (`worker_id` is "host:...") are
+    released; a vanished replica's rows wait for their lease to expire."""
+    query = update(notifications).where(
+        notifications.c.status == SENDING, notifications.c.claimed_by != worker_id
+    )
+    if conn.dialect.name != "sqlite":
+        host = worker_id.split(":", 1)[0]
+        query = query.where(notifications.c.claimed_by.like(f"{host}:%"))
+    result = await conn.execute(query.values(status=PENDING, claimed_by=None, claimed_until=None))
+    return int(result.rowcount or 0)
+
+
+async def recover_expired_leases(conn: AsyncConnection, now: datetime) -> int:
+    """Rows whose lease ran out (their sender crashed) are pending and due again."""
+    result = await conn.execute(
+        update(notifications)
+        .where(notifications.c.status == SENDING, notifications.c.claimed_until < now)
+        .values(status=PENDING, claimed_by=None, claimed_until=None, next_attempt_at=now)
+    )
+    return int(result.rowcount or 0)
+
+
+async def claim_notifications(
+    conn: AsyncConnection,
+    channel: str,
+    *,
+    limit: int,
+    now: datetime,
+    worker_id: str,
+    lease_until: datetime,
+) -> list[Row[Any]]:
+    """Claims up to `limit` due rows of `channel`: most urgent priority first ("P0" < "P1" <
+    ... as text), then oldest; at most the oldest open row of each group. The claimed rows
+    (all columns) are returned."""
+    older = notifications.alias("older")
+    blocked_by_older = exists().where(
+        and_(
+            older.c.channel == notifications.c.channel,
+            older.c.group_key == notifications.c.group_key,
+            older.c.id < notifications.c.id,
+            older.c.status.in_((PENDING, SENDING)),
+        )
+    )
+    due = (
+        select(notifications.c.id)
+        .where(
+            notifications.c.status == PENDING,
+            notifications.c.channel == channel,
+            notifications.c.next_attempt_at <= now,
+            ~blocked_by_older,
+        )
+        # a rate-limited channel's backlog of P3 cards must not hold back a P0
+        .order_by(notifications.c.priority, notifications.c.id)
+        .limit(limit)
+    )
+    if conn.dialect.name == "postgresql":
+        due = due.with_for_update(skip_locked=True, of=notifications)
+    # Ids first, then the update: as a subquery of the UPDATE, PostgreSQL may run
+    # the LIMIT ... SKIP LOCKED select more than once and claim past the limit.
+    ids = (await conn.execute(due)).scalars().all()
+    if not ids:
+        return []
+    stmt = (
+        update(notifications)
+        .where(notifications.c.id.in_(ids))
+        .where(notifications.c.status == PENDING)
+        .values(status=SENDING, claimed_by=worker_id, claimed_until=lease_until)
+        .returning(*notifications.c)
+    )
+    return list((await conn.execute(stmt)).all())
+
+
+async def record_outcomes(
+    conn: AsyncConnection, worker_id: str, outcomes: Sequence[SendOutcome], now: datetime
+) -> None:
+    """Writes the outcomes of claimed rows in one statement (only rows `worker_id` owns)."""
+    if not outcomes:
+        return
+    stmt = (
+        update(notifications)
+        .where(
+            notifications.c.id == bindparam("b_id"),
+            notifications.c.claimed_by == worker_id,
+        )
+        .values(
+            status=bindparam("b_status"),
+            attempts=bindparam("b_attempts"),
+            sent_at=bindparam("b_sent_at"),
+            provider_id=bindparam("b_provider_id"),
+            # a success keeps the last error, for the record of why it took several tries
+            last_error=func.coalesce(bindparam("b_last_error"), notifications.c.last_error),
+            next_attempt_at=bindparam("b_next"),
+            claimed_by=None,
+            claimed_until=None,
+        )
+    )
+    params = [
+        {
+            "b_id": o.id,
+            "b_status": o.status,
+            "b_attempts": o.attempts,
+            "b_sent_at": o.sent_at,
+            "b_provider_id": o.provider_id,
+            "b_last_error": o.last_error,
+            "b_next": o.next_attempt_at or now,
+        }
+        for o in outcomes
+    ]
+    await conn.execute(stmt, params)
+
+
+async def cancel_calls(
+    conn: AsyncConnection,
+    channel: str,
+    kind: str,
+    alert_ids: Sequence[int],
+    why: str,
+    mark: str,
+) -> None:
+    """Rows of `kind` on `channel` for `alert_ids` that have not gone out never will: pending
+    ones become `cancelled` (reason `why`); one being sent right now keeps its status (the
+    outbox records that attempt) and gets `payload[mark] = why`, so a retry refuses to ring."""
+    for start in range(0, len(alert_ids), 1000):
+        pending = notifications.c.status == PENDING
+        stmt = (
+            update(notifications)
+            .where(
+                notifications.c.channel == channel,
+                notifications.c.kind == kind,
+                notifications.c.alert_id.in_(alert_ids[start : start + 1000]),
+                notifications.c.status.in_((PENDING, SENDING)),
+            )
+            .values(
+                status=case((pending, CANCELLED), else_=notifications.c.status),
+                last_error=case((pending, why), else_=notifications.c.last_error),
+            )
+            .returning(notifications.c.id, notifications.c.payload)
+        )
+        for row in (await conn.execute(stmt)).all():
+            await conn.execute(
+                update(notifications)
+                .where(notifications.c.id == row.id)
+                .values(payload={**row.payload, mark: why})
+            )
