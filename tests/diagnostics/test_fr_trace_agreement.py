@@ -88,7 +88,7 @@ def test_missing_ranks_and_culprits_equal_fr_trace(
 
 
 def _nccl(case: str) -> Path:
-    from nccl_artifacts import nccl_dir
+    from tests.support.nccl_artifacts import nccl_dir
 
     return nccl_dir() / case / "watchdog"
 
@@ -129,7 +129,7 @@ def test_real_nccl_pipeline_where_fr_trace_differs() -> None:
     completed (the dumps say `completed`); the only incomplete ones are the waits on rank 2.
     trainsentry follows each pending send or receive to the peer it names, names
     rank 2 and calls nothing a mismatch."""
-    from nccl_artifacts import watchdog_dump
+    from tests.support.nccl_artifacts import watchdog_dump
 
     flagged = [c for c in _fr_trace_nccl("pp").collectives if not c.pass_check]
     assert flagged and all(

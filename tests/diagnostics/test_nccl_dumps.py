@@ -15,8 +15,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from nccl_artifacts import nccl_dir, watchdog_dump
 
+from tests.support.nccl_artifacts import nccl_dir, watchdog_dump
 from trainsentry.cli import main as cli_main
 from trainsentry.diagnostics import analyze
 
