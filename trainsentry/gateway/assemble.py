@@ -205,7 +205,7 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
     if settings.trainingjob_status:
         gateway.job_status = JobStatusFeeder(w.kube_api or default_api_client)
     if w.diagnosis is not None and w.diagnosis.settings.enabled and policy_plan is not None:
-        await _add_hang_diagnosis(gateway, w.diagnosis, policy_plan)
+        await _add_hang_diagnosis(gateway, w.diagnosis, policy_plan, w.paging, policy_lock)
     if policy_plan is not None:
         gateway.ticker = Ticker(
             engine,
@@ -220,7 +220,13 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
     return gateway
 
 
-async def _add_hang_diagnosis(gateway: Gateway, diagnosis: Diagnosis, plan: PolicyPlan) -> None:
+async def _add_hang_diagnosis(
+    gateway: Gateway,
+    diagnosis: Diagnosis,
+    plan: PolicyPlan,
+    paging: Paging | None,
+    policy_lock: asyncio.Lock,
+) -> None:
     """Hang alerts are held for the diagnosis; the probes' triggers are accepted."""
     engine = gateway.engine
     gateway.diagnoser = HangDiagnoser(
@@ -231,6 +237,8 @@ async def _add_hang_diagnosis(gateway: Gateway, diagnosis: Diagnosis, plan: Poli
         clock=gateway.clock,
         on_release=gateway.outbox.wake,
         on_verdict=lambda change, verdict: _record_verdict(gateway, change, verdict),
+        paging=paging,
+        lock=policy_lock,
     )
     plan.hold = gateway.diagnoser.hold
 
