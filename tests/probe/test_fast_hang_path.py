@@ -67,7 +67,7 @@ def phone_channels() -> dict[str, Any]:
 
 @contextmanager
 def job_with_gateway(
-    tmp_path: Path, *, voice: Any = None, **env: str
+    tmp_path: Path, *, voice: Any = None, checkpoint_limit: float | None = None, **env: str
 ) -> Iterator[tuple[GlooJob, Any, Any]]:
     """A gateway (diagnosis on, the job's probes as static endpoints, a chat receiver, and
     with `voice` a phone escalation calling that receiver), then the job, whose probes post
@@ -85,6 +85,8 @@ def job_with_gateway(
         }
         if voice is not None:
             settings["channels"] = phone_channels()
+        if checkpoint_limit is not None:
+            settings["diagnosis"]["checkpoint_limit_seconds"] = checkpoint_limit
         config.write_text(yaml.safe_dump(settings))
         with start_gateway(
             tmp_path,
@@ -182,6 +184,10 @@ def test_a_rank_saving_a_checkpoint_is_not_paged(tmp_path: Path) -> None:
         eventually(over, 60, "the stall's end to resolve the alert", job)
         assert cards(chat) == []
         assert voice.bodies == []
+        # The pages held for the checkpoint limit (30 min) were cancelled when it ended.
+        assert outbox(gw, "pending") == []
+        cancelled = {(n["channel"], n["payload"].get("status")) for n in outbox(gw, "cancelled")}
+        assert {("feishu", "firing"), ("phone", "firing")} <= cancelled, cancelled
     assert sent == []
     verdict = alerts[0]["verdict"]
     assert verdict["verdict"] == "checkpoint", verdict
@@ -189,6 +195,41 @@ def test_a_rank_saving_a_checkpoint_is_not_paged(tmp_path: Path) -> None:
         "rank 2 (pod llama-w-2, node node-1) is saving a checkpoint (torch.save)"
         in (verdict["summary"])
     )
+
+
+def test_a_checkpoint_past_its_limit_is_paged(tmp_path: Path) -> None:
+    """Rank 2 saves for 40 s; the job's checkpoint limit is 8 s: once its peers have waited
+    8 s the card and the first call go out, saying so; the save's end then resolves it."""
+    from tests.support.receiver import ThreadedReceiver
+
+    env = {"STALL_RANK": "2", "STALL_STEP": "3", "STALL_MODE": "save", "STALL_SECONDS": "40"}
+    with (
+        ThreadedReceiver() as voice,
+        job_with_gateway(tmp_path, voice=voice, checkpoint_limit=8, **env) as (job, _gw, chat),
+    ):
+        eventually(lambda: bool(cards(chat)), 60, "the checkpoint's card", job)
+        arrived = time.time()
+        eventually(lambda: bool(voice.bodies), 20, "the first call", job)
+        card = cards(chat)[0]
+        started = stalled_at(tmp_path, 2)
+    assert card["culprit_ranks"] == [2]
+    assert (
+        "rank 2 (pod llama-w-2, node node-1) is saving a checkpoint (torch.save) past the "
+        "job's checkpoint limit (8 s); its peers still wait"
+    ) in card["diagnosis"], card
+    # Not before the limit (the peers began waiting at the stall), and not much after it.
+    assert 8 <= arrived - started < 25, arrived - started
+
+
+def outbox(gw: Any, status: str) -> list[dict[str, Any]]:
+    answer = httpx.get(
+        f"{gw.url}/api/v1/notifications",
+        params={"status": status},
+        headers={"Authorization": f"Bearer {API}"},
+        timeout=5,
+    )
+    items: list[dict[str, Any]] = answer.json()["items"]
+    return items
 
 
 def test_a_slow_job_is_not_paged(tmp_path: Path) -> None:
