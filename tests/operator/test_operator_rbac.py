@@ -16,10 +16,11 @@ from typing import Any
 
 import kmock
 from chart.chart_helm import template
-from kube_emulator import KubeEmulator, eventually
 from operator_harness import NS, TJ, OperatorThread, declare_cluster, delete, node, patch, pod, post
 from operator_harness import trainingjob as make_trainingjob
 
+from tests.support.eventually import eventually
+from tests.support.kube_emulator import KubeEmulator
 from trainsentry.operator.reconcile import Sources
 
 TJ_PATH = f"/apis/trainsentry.io/v1alpha1/namespaces/{NS}/trainingjobs"

@@ -9,7 +9,6 @@ built and started by assemble.py and found under `GATEWAY_KEY` (pipeline.py).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections import Counter
@@ -39,6 +38,7 @@ from trainsentry.gateway.stages.intake import (
 from trainsentry.gateway.stages.truncated import fetch_group
 from trainsentry.notifiers.feishu.callback import CardAction, action_response, card_action_handler
 from trainsentry.notifiers.feishu.card import alert_card
+from trainsentry.notifiers.feishu.sign import secrets_equal
 from trainsentry.notifiers.payload import parse_payload
 from trainsentry.store import check_reachable
 from trainsentry.store.errors import DatabaseError
@@ -75,9 +75,7 @@ def _authorized(request: web.Request, token: SecretStr | None) -> bool:
         return True
     header = request.headers.get("Authorization", "")
     scheme, _, given = header.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(
-        given.strip().encode(), token.get_secret_value().encode()
-    )
+    return scheme.lower() == "bearer" and secrets_equal(given.strip(), token.get_secret_value())
 
 
 def _unauthorized() -> web.Response:

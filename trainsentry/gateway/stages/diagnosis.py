@@ -31,6 +31,7 @@ from trainsentry.gateway.stages.hang_enrichment import (
     enrich_hang,
 )
 from trainsentry.gateway.stages.hang_trigger import ALERTNAME as TRIGGER_ALERTNAME
+from trainsentry.gateway.stages.paging import Paging
 from trainsentry.kubeclient import default_api_client
 from trainsentry.store.alert_state import save_verdict
 from trainsentry.store.engine import Engine
@@ -119,6 +120,8 @@ class HangDiagnoser:
         clock: Callable[[], datetime],
         on_release: Callable[[], None] | None = None,
         on_verdict: Callable[[AlertChange, HangVerdict], None] | None = None,
+        paging: Paging | None = None,
+        lock: asyncio.Lock | None = None,
     ) -> None:
         self._engine = engine
         self.settings = settings
@@ -128,6 +131,10 @@ class HangDiagnoser:
         self._clock = clock
         self._on_release = on_release
         self._on_verdict = on_verdict
+        # A page cancelled (not a hang) also stops its phone escalation, under the policy's
+        # lock like an ack: the escalation state is one document the ticker also writes.
+        self._paging = paging
+        self._lock = lock or asyncio.Lock()
         self._tasks: set[asyncio.Task[HangVerdict | None]] = set()
         self._quiet: set[int] = set()  # alerts whose page was cancelled (checkpoint)
 
@@ -192,8 +199,11 @@ class HangDiagnoser:
 
     async def _store(self, alert_id: int, verdict: HangVerdict, *, quiet: bool) -> None:
         now = self._clock()
-        async with self._engine.begin() as conn:
-            # Not a hang after all (`_not_a_page`): the held pages are cancelled, not sent.
+        async with self._lock, self._engine.begin() as conn:
+            # Not a hang after all (`_not_a_page`): the held pages are cancelled, not sent,
+            # and the escalation they opened stops (its later steps would ring otherwise).
+            if quiet and self._paging is not None:
+                await self._paging.acknowledge(conn, alert_id, f"diagnosis: {verdict.verdict}", now)
             released = await save_verdict(
                 conn,
                 alert_id,

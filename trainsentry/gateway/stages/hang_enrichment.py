@@ -254,23 +254,49 @@ def summarize(report: Mapping[str, Any], identities: Mapping[int, tuple[str, str
     verdict = report.get("verdict", "ok")
     hang = report.get("hang")
     if verdict == "hang" and hang:
-        missing = [int(r) for r in hang.get("missing_ranks") or []]
+        # The root causes (a cascade's skipper, a send/recv's silent peer, a GPU that never
+        # started the collective), else the primary hang's missing ranks.
+        missing = [int(r) for r in report.get("culprit_ranks") or hang.get("missing_ranks") or []]
+        not_started = {int(r) for r in report.get("not_started_ranks") or []}
         no_dump = [int(r) for r in hang.get("ranks_without_dump") or []]
         pg = hang.get("description") or hang.get("communicator")
         # The analyzer describes the op with its shapes ("all_reduce 4x16 Float"): keep the name.
         op = str(hang.get("op") or "a collective").split(" ")[0]
         where = f"{op} #{hang.get('seq')} of pg {pg}"
-        waiting = int(hang.get("arrived_count") or 0)
+        # A rank that never started the collective also "arrived" (it enqueued it): not waiting.
+        waiting = int(hang.get("arrived_count") or 0) - len(not_started & set(missing))
         waited = hang.get("waited_s")
+        p2p = [
+            f"rank {w.get('rank')} waits in {w.get('op')} "
+            f"{'to' if w.get('op') == 'send' else 'from'} {w.get('peer')}"
+            for w in report.get("p2p_waits") or []
+            if int(w.get("peer", -1)) in missing
+        ]
         tail = f"; {waiting} rank{'s' if waiting != 1 else ''} waiting"
         if waited is not None:
             tail += f" {round(float(waited))} s"
-        if missing:
+        if missing and not_started.issuperset(missing):
+            sentence = (
+                f"{_ranks_phrase(missing, identities)} never started {where} "
+                f"(every rank enqueued it; the GPU is stuck in earlier work){tail}"
+            )
+        elif missing and p2p:
+            sentence = (
+                f"{_ranks_phrase(missing, identities)} never posted its side of a send/recv: "
+                + ", ".join(p2p[:3])
+                + tail
+            )
+        elif missing:
             sentence = f"{_ranks_phrase(missing, identities)} never entered {where}{tail}"
         elif no_dump:
             sentence = (
                 f"{where} is stuck; {_ranks_phrase(no_dump, identities)} did not answer "
                 f"for a dump{tail}"
+            )
+        elif hang.get("timing_recorded") is False:
+            sentence = (
+                f"{where} is stuck{tail}; every rank entered it and the dumps do not say "
+                "which one never started it (set TORCH_NCCL_ENABLE_TIMING=1)"
             )
         else:
             sentence = f"{where} is stuck{tail}"
@@ -362,10 +388,16 @@ def diagnose(job: str, results: Sequence[FetchResult]) -> HangVerdict:
 
 
 def culprit_ranks(report: Mapping[str, Any]) -> tuple[int, ...]:
-    """The ranks the analyzer blames, by verdict."""
+    """The ranks the analyzer blames, by verdict: its own `culprit_ranks` (root causes first);
+    for a hang nobody is blamed for, the ranks that did not answer for a dump."""
     hang = report.get("hang")
     if report.get("verdict") == "hang" and hang:
-        blamed = hang.get("missing_ranks") or hang.get("ranks_without_dump") or ()
+        blamed = (
+            report.get("culprit_ranks")
+            or hang.get("missing_ranks")
+            or hang.get("ranks_without_dump")
+            or ()
+        )
         return tuple(int(r) for r in blamed)
     if report.get("verdict") == "mismatch":
         return tuple(

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import hmac
 import json
 import logging
 import time
@@ -31,7 +30,7 @@ from typing import Any, Literal
 from aiohttp import web
 
 from trainsentry.alerts import MAX_ALERT_ID
-from trainsentry.notifiers.feishu.sign import event_signature_ok
+from trainsentry.notifiers.feishu.sign import event_signature_ok, secrets_equal, wire_bytes
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +92,13 @@ def _legacy_signature_ok(headers: Mapping[str, str], body: bytes, token: str) ->
     ts = headers.get("X-Lark-Request-Timestamp", "")
     nonce = headers.get("X-Lark-Request-Nonce", "")
     signature = headers.get("X-Lark-Signature", "")
-    digest = hashlib.sha1((ts + nonce + token).encode() + body).hexdigest()
-    return bool(signature) and hmac.compare_digest(digest, signature.lower())
+    digest = hashlib.sha1(wire_bytes(ts + nonce + token) + body).hexdigest()
+    return bool(signature) and secrets_equal(digest, signature.lower())
 
 
 def _check_fresh(headers: Mapping[str, str], now: float, max_skew_s: float) -> None:
     ts = headers.get("X-Lark-Request-Timestamp", "")
-    if not ts.isdigit():
+    if not (ts.isascii() and ts.isdigit()):
         raise CallbackRejected("missing request timestamp")
     if abs(now - int(ts)) > max_skew_s:
         raise CallbackRejected("request timestamp too old or in the future (replay?)")
@@ -138,13 +137,13 @@ def parse_callback(
         raise CallbackRejected("encrypted body but no encrypt key configured", status=400)
 
     if outer.get("type") == "url_verification":
-        if not hmac.compare_digest(str(outer.get("token", "")), verification_token):
+        if not secrets_equal(str(outer.get("token", "")), verification_token):
             raise CallbackRejected("verification token mismatch")
         return Challenge(str(outer.get("challenge", "")))
 
     if outer.get("schema") == "2.0":
         header = _object(outer.get("header"))
-        if not hmac.compare_digest(str(header.get("token", "")), verification_token):
+        if not secrets_equal(str(header.get("token", "")), verification_token):
             raise CallbackRejected("verification token mismatch")
         if encrypt_key and not signed:
             raise CallbackRejected("unsigned callback although an encrypt key is configured")

@@ -18,10 +18,28 @@ def bot_sign(timestamp: int, secret: str) -> str:
     return base64.b64encode(hmac.new(key, b"", hashlib.sha256).digest()).decode("ascii")
 
 
+def wire_bytes(value: str) -> bytes:
+    """Pure: `value` as the bytes it came in, for comparing and signing; never raises.
+
+    aiohttp decodes header values as UTF-8 with `surrogateescape`, so a header's bytes come
+    back exactly; a lone surrogate from a JSON escape (which no real secret holds) is kept
+    with `surrogatepass`, so it compares unequal instead of raising."""
+    try:
+        return value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogatepass")
+
+
+def secrets_equal(given: str, expected: str) -> bool:
+    """Pure: constant-time comparison of a presented secret with the configured one, on
+    bytes (`hmac.compare_digest` raises TypeError for non-ASCII `str`)."""
+    return hmac.compare_digest(wire_bytes(given), wire_bytes(expected))
+
+
 def event_signature(timestamp: str, nonce: str, encrypt_key: str, body: bytes) -> str:
     """`X-Lark-Signature` of an event or card callback request (hex SHA-256)."""
     digest = hashlib.sha256()
-    digest.update((timestamp + nonce + encrypt_key).encode())
+    digest.update(wire_bytes(timestamp + nonce + encrypt_key))
     digest.update(body)
     return digest.hexdigest()
 
@@ -30,4 +48,4 @@ def event_signature_ok(
     timestamp: str, nonce: str, encrypt_key: str, body: bytes, signature: str
 ) -> bool:
     expected = event_signature(timestamp, nonce, encrypt_key, body)
-    return hmac.compare_digest(expected, signature.strip().lower())
+    return secrets_equal(expected, signature.strip().lower())
