@@ -129,3 +129,17 @@ def test_group_described_by_pg_config_when_entries_say_undefined(
         (tmp_path / path.name).write_bytes(pickle.dumps(dump))
     out = analyze([tmp_path]).to_dict()
     assert {h["description"] for h in out["hangs"]} == {"tp-1", "dp-0", "dp-1"}
+
+
+def test_split_group_rank_without_pg_config_joins_the_membership_that_holds_it(
+    fr_corpus: dict[str, Path], tmp_path: Path
+) -> None:
+    """Rank 3's dump loses its pg_config: rank 2 declares {2,3} for "1", so rank 3's "1"
+    entries join that group; the answer is the same."""
+    folder = _as_split_group(fr_corpus["split"] / "pgcfg", tmp_path / "split")
+    dump = pickle.loads((folder / "fr_rank_3").read_bytes())
+    dump["pg_config"] = {}
+    (folder / "fr_rank_3").write_bytes(pickle.dumps(dump))
+    out = analyze([folder]).to_dict()
+    assert out["mismatches"] == [] and out["root_cause_ranks"] == [3]
+    assert [(h["communicator"], h["missing_ranks"]) for h in out["hangs"]] == [("1{2-3}", [3])]
