@@ -347,25 +347,30 @@ async def post_ack(request: web.Request) -> web.Response:
     return web.json_response(result.to_json())
 
 
+async def card_ack(gateway: Gateway, action: CardAction) -> dict[str, Any] | None:
+    """A Feishu card button press (Acknowledge / Silence): the same AckService as the API
+    (stages/ack.py → stages/paging.py: the phone stops, calls not rung yet are cancelled);
+    the answer redraws the pressed card, showing who acknowledged (and the silence)."""
+    assert gateway.ack is not None
+    silence = timedelta(seconds=action.duration_s) if action.duration_s else None
+    try:
+        result = await gateway.ack.acknowledge(action.alert_id, action.who, silence)
+    except (OSError, DatabaseError) as exc:
+        log.warning("card action: store unavailable (%s)", type(exc).__name__)
+        return {"toast": {"type": "error", "content": "store unavailable, press again"}}
+    if result is None:
+        return {"toast": {"type": "error", "content": f"no alert {action.alert_id}"}}
+    return action_response(action, alert_card(parse_payload(result.payload)))
+
+
 def _card_handler(
     app: web.Application, callback: CardCallbackSettings
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """The Feishu card button: ack (and silence) through the same AckService
-    (stages/ack.py → stages/paging.py: the phone stops, pending calls are cancelled)."""
+    """The card callback route: Feishu's verification and decryption
+    (notifiers/feishu/callback.py), then `card_ack`."""
 
     async def on_action(action: CardAction) -> dict[str, Any] | None:
-        gateway = app[GATEWAY_KEY]
-        assert gateway.ack is not None
-        silence = timedelta(seconds=action.duration_s) if action.duration_s else None
-        try:
-            result = await gateway.ack.acknowledge(action.alert_id, action.who, silence)
-        except (OSError, DatabaseError) as exc:
-            log.warning("card action: store unavailable (%s)", type(exc).__name__)
-            return {"toast": {"type": "error", "content": "store unavailable, press again"}}
-        if result is None:
-            return {"toast": {"type": "error", "content": f"no alert {action.alert_id}"}}
-        # the pressed card is redrawn in place, showing who acknowledged (and the silence)
-        return action_response(action, alert_card(parse_payload(result.payload)))
+        return await card_ack(app[GATEWAY_KEY], action)
 
     return card_action_handler(
         on_action,
