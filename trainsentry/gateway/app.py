@@ -24,6 +24,7 @@ from pydantic import SecretStr
 from trainsentry.alerts import MAX_ALERT_ID, JobRef, Priority, utcnow
 from trainsentry.config import GatewaySettings
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
+from trainsentry.gateway.policy.delivery import parse_retry_request
 from trainsentry.gateway.stages.hang_trigger import (
     MAX_TRIGGER_BYTES,
     TriggerRejected,
@@ -363,6 +364,34 @@ async def card_ack(gateway: Gateway, action: CardAction) -> dict[str, Any] | Non
     return action_response(action, alert_card(parse_payload(result.payload)))
 
 
+async def post_notifications_retry(request: web.Request) -> web.Response:
+    """POST /api/v1/notifications/retry {"by": WHO, "ids"|"channel"|"since"|"all": ...}:
+    dead notifications are sent again (who and when kept with them). API token only."""
+    gateway = request.app[GATEWAY_KEY]
+    token = gateway.settings.api_token
+    if token is None:
+        return _error(403, "re-sending needs TRAINSENTRY_API_TOKEN set on the gateway")
+    if not _authorized(request, token):
+        return _unauthorized()
+    try:
+        body = await request.json() if request.can_read_body else {}
+    except ValueError:
+        return _error(400, "body must be JSON")
+    selection = parse_retry_request(body, gateway.clock())
+    if isinstance(selection, str):
+        return _error(400, selection)
+    try:
+        retried = await gateway.outbox.retry_dead(
+            by=selection.by,
+            ids=selection.ids,
+            channel=selection.channel,
+            created_since=selection.created_since,
+        )
+    except (OSError, DatabaseError) as exc:
+        return _error(503, f"store unavailable, retry: {type(exc).__name__}")
+    return web.json_response({"retried": retried, "by": selection.by})
+
+
 def _card_handler(
     app: web.Application, callback: CardCallbackSettings
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -446,6 +475,7 @@ def add_routes(app: web.Application, card_callback: CardCallbackSettings | None 
     app.router.add_get("/api/v1/alerts/{alert_id}", get_alert_detail)
     app.router.add_get("/api/v1/notifications", get_notifications)
     app.router.add_post("/api/v1/alerts/{alert_id}/ack", post_ack)
+    app.router.add_post("/api/v1/notifications/retry", post_notifications_retry)
     if card_callback is not None:
         app.router.add_post(card_callback.path, _card_handler(app, card_callback))
     app.router.add_get("/healthz", healthz)

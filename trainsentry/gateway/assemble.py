@@ -27,6 +27,7 @@ from trainsentry.gateway.app import CardCallbackSettings, add_routes, json_error
 from trainsentry.gateway.channels import build
 from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
+from trainsentry.gateway.policy.delivery import DeliveryRules
 from trainsentry.gateway.policy.escalation import Escalator
 from trainsentry.gateway.policy.rules import load_policy
 from trainsentry.gateway.stages.ack import AckService
@@ -178,7 +179,19 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
     settings, clock, policy_plan = w.settings, w.clock, w.policy_plan
     engine = create_engine(settings.db)
     await migrate(engine)
-    outbox = Outbox(engine, w.notifiers, metrics=w.metrics, rate_limits=w.rate_limits, clock=clock)
+    outbox = Outbox(
+        engine,
+        w.notifiers,
+        metrics=w.metrics,
+        rules=DeliveryRules(
+            give_up_after={Priority(p): s for p, s in settings.give_up_after_seconds.items()}
+        ),
+        rate_limits=w.rate_limits,
+        lease_seconds=settings.outbox_lease_seconds,
+        send_deadline=settings.send_deadline_seconds,
+        slots=settings.send_slots_per_channel,
+        clock=clock,
+    )
     writer = IntakeWriter(
         engine, on_commit=lambda outcomes: _record_commit(app[GATEWAY_KEY], outcomes)
     )
