@@ -78,6 +78,27 @@ def _authorized(request: web.Request, token: SecretStr | None) -> bool:
     return scheme.lower() == "bearer" and secrets_equal(given.strip(), token.get_secret_value())
 
 
+def read_token(settings: GatewaySettings) -> SecretStr | None:
+    """The token of the read API and of acks: the API token, else the webhook token (so a
+    gateway with only the webhook token set does not answer everyone's reads)."""
+    return settings.api_token or settings.webhook_token
+
+
+def open_endpoints(settings: GatewaySettings) -> list[str]:
+    """Pure: the endpoint groups anyone who reaches the listen address can use unauthenticated.
+
+    Acks are refused (403) without a token, the card callback always needs Feishu's
+    verification token and hang triggers the probes' token, so only these can be open."""
+    groups = []
+    if settings.webhook_token is None:
+        groups.append(f"webhook intake (POST {WEBHOOK_PATH}): set TRAINSENTRY_WEBHOOK_TOKEN")
+    if read_token(settings) is None:
+        groups.append(
+            "read API (GET /api/v1/alerts, /api/v1/notifications): set TRAINSENTRY_API_TOKEN"
+        )
+    return groups
+
+
 def _unauthorized() -> web.Response:
     response = _error(401, "missing or wrong bearer token")
     response.headers["WWW-Authenticate"] = 'Bearer realm="trainsentry"'
@@ -243,7 +264,7 @@ def _path_alert_id(request: web.Request) -> int:
 
 def _read_guard(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
     async def guarded(request: web.Request) -> web.StreamResponse:
-        if not _authorized(request, request.app[GATEWAY_KEY].settings.api_token):
+        if not _authorized(request, read_token(request.app[GATEWAY_KEY].settings)):
             return _unauthorized()
         try:
             return await handler(request)
@@ -304,14 +325,10 @@ async def get_notifications(request: web.Request) -> web.StreamResponse:
     return web.json_response({"items": page.items, "next_before": page.next_before})
 
 
-def _ack_token(settings: GatewaySettings) -> SecretStr | None:
-    return settings.api_token or settings.webhook_token
-
-
 async def post_ack(request: web.Request) -> web.Response:
     """POST /api/v1/alerts/{id}/ack {"by": "...", "silence_minutes": 60}: authenticated."""
     gateway = request.app[GATEWAY_KEY]
-    token = _ack_token(gateway.settings)
+    token = read_token(gateway.settings)
     if token is None:
         return _error(403, "acks need TRAINSENTRY_API_TOKEN set on the gateway")
     if not _authorized(request, token):
