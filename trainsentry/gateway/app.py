@@ -34,6 +34,7 @@ from trainsentry.gateway.stages.intake import (
     IntakeRejected,
     StoreUnavailable,
     parse_webhook,
+    text_problem,
 )
 from trainsentry.gateway.stages.truncated import fetch_group
 from trainsentry.notifiers.feishu.callback import CardAction, action_response, card_action_handler
@@ -254,6 +255,19 @@ def _query_choice(request: web.Request, name: str, choices: Sequence[str]) -> st
     return value
 
 
+def _query_text(request: web.Request, name: str) -> str | None:
+    """A free-text filter: one the store could never hold (NUL, a lone surrogate) is a 400,
+    the same on both backends, not a 503 from PostgreSQL."""
+    value = request.query.get(name) or None
+    if value is None:
+        return None
+    if len(value) > 1024:
+        raise web.HTTPBadRequest(reason=f"{name} is longer than 1024 characters")
+    if (problem := text_problem(value)) is not None:
+        raise web.HTTPBadRequest(reason=f"{name}: {problem}")
+    return value
+
+
 def _path_alert_id(request: web.Request) -> int:
     """The `{alert_id}` of the path: ids are 64-bit in the store (SQLite refuses more)."""
     raw = request.match_info["alert_id"]
@@ -288,7 +302,7 @@ async def get_alerts(request: web.Request) -> web.StreamResponse:
             conn,
             status=status,
             priority=priority,
-            job=request.query.get("job") or None,
+            job=_query_text(request, "job"),
             limit=limit or 100,
             before=before,
         )
@@ -316,7 +330,7 @@ async def get_notifications(request: web.Request) -> web.StreamResponse:
     async with gateway.engine.connect() as conn:
         page = await list_notifications(
             conn,
-            channel=request.query.get("channel") or None,
+            channel=_query_text(request, "channel"),
             status=status,
             alert_id=alert_id,
             limit=limit or 100,
@@ -347,6 +361,8 @@ async def post_ack(request: web.Request) -> web.Response:
     minutes = body.get("silence_minutes")
     if not isinstance(who, str) or not who.strip() or len(who) > 200:
         return _error(400, "'by' (who acknowledges) is required, up to 200 characters")
+    if (problem := text_problem(who)) is not None:
+        return _error(400, f"'by': {problem}")
     if minutes is not None and (
         isinstance(minutes, bool)
         or not isinstance(minutes, int | float)
