@@ -7,6 +7,7 @@ Precedence: command-line flag > environment variable > config file > default.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -68,6 +69,16 @@ class GatewaySettings(BaseModel):
     webhook_token: SecretStr | None = Field(default=None, exclude=True)
     api_token: SecretStr | None = Field(default=None, exclude=True)
 
+    @field_validator("webhook_token", "api_token")
+    @classmethod
+    def _strip_token(cls, value: SecretStr | None) -> SecretStr | None:
+        """A Secret made from an echoed file ends in a newline; the presented token is
+        stripped, so the configured one is too. Blank is unset."""
+        if value is None:
+            return None
+        stripped = value.get_secret_value().strip()
+        return SecretStr(stripped) if stripped else None
+
     @field_validator("listen")
     @classmethod
     def _check_listen(cls, value: str) -> str:
@@ -96,6 +107,16 @@ class GatewaySettings(BaseModel):
     @property
     def port(self) -> int:
         return int(self.listen.rpartition(":")[2])
+
+    @property
+    def loopback_only(self) -> bool:
+        """Only this host can connect (127.0.0.0/8, ::1 or localhost)."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:  # a host name: it may resolve to any interface
+            return False
 
 
 class WebhookChannelSettings(BaseModel):

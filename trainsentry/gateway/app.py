@@ -35,6 +35,7 @@ from trainsentry.gateway.stages.intake import (
     IntakeRejected,
     StoreUnavailable,
     parse_webhook,
+    text_problem,
 )
 from trainsentry.gateway.stages.truncated import fetch_group
 from trainsentry.notifiers.feishu.callback import CardAction, action_response, card_action_handler
@@ -77,6 +78,27 @@ def _authorized(request: web.Request, token: SecretStr | None) -> bool:
     header = request.headers.get("Authorization", "")
     scheme, _, given = header.partition(" ")
     return scheme.lower() == "bearer" and secrets_equal(given.strip(), token.get_secret_value())
+
+
+def read_token(settings: GatewaySettings) -> SecretStr | None:
+    """The token of the read API and of acks: the API token, else the webhook token (so a
+    gateway with only the webhook token set does not answer everyone's reads)."""
+    return settings.api_token or settings.webhook_token
+
+
+def open_endpoints(settings: GatewaySettings) -> list[str]:
+    """Pure: the endpoint groups anyone who reaches the listen address can use unauthenticated.
+
+    Acks are refused (403) without a token, the card callback always needs Feishu's
+    verification token and hang triggers the probes' token, so only these can be open."""
+    groups = []
+    if settings.webhook_token is None:
+        groups.append(f"webhook intake (POST {WEBHOOK_PATH}): set TRAINSENTRY_WEBHOOK_TOKEN")
+    if read_token(settings) is None:
+        groups.append(
+            "read API (GET /api/v1/alerts, /api/v1/notifications): set TRAINSENTRY_API_TOKEN"
+        )
+    return groups
 
 
 def _unauthorized() -> web.Response:
@@ -234,6 +256,19 @@ def _query_choice(request: web.Request, name: str, choices: Sequence[str]) -> st
     return value
 
 
+def _query_text(request: web.Request, name: str) -> str | None:
+    """A free-text filter: one the store could never hold (NUL, a lone surrogate) is a 400,
+    the same on both backends, not a 503 from PostgreSQL."""
+    value = request.query.get(name) or None
+    if value is None:
+        return None
+    if len(value) > 1024:
+        raise web.HTTPBadRequest(reason=f"{name} is longer than 1024 characters")
+    if (problem := text_problem(value)) is not None:
+        raise web.HTTPBadRequest(reason=f"{name}: {problem}")
+    return value
+
+
 def _path_alert_id(request: web.Request) -> int:
     """The `{alert_id}` of the path: ids are 64-bit in the store (SQLite refuses more)."""
     raw = request.match_info["alert_id"]
@@ -244,7 +279,7 @@ def _path_alert_id(request: web.Request) -> int:
 
 def _read_guard(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
     async def guarded(request: web.Request) -> web.StreamResponse:
-        if not _authorized(request, request.app[GATEWAY_KEY].settings.api_token):
+        if not _authorized(request, read_token(request.app[GATEWAY_KEY].settings)):
             return _unauthorized()
         try:
             return await handler(request)
@@ -268,7 +303,7 @@ async def get_alerts(request: web.Request) -> web.StreamResponse:
             conn,
             status=status,
             priority=priority,
-            job=request.query.get("job") or None,
+            job=_query_text(request, "job"),
             limit=limit or 100,
             before=before,
         )
@@ -296,7 +331,7 @@ async def get_notifications(request: web.Request) -> web.StreamResponse:
     async with gateway.engine.connect() as conn:
         page = await list_notifications(
             conn,
-            channel=request.query.get("channel") or None,
+            channel=_query_text(request, "channel"),
             status=status,
             alert_id=alert_id,
             limit=limit or 100,
@@ -305,14 +340,10 @@ async def get_notifications(request: web.Request) -> web.StreamResponse:
     return web.json_response({"items": page.items, "next_before": page.next_before})
 
 
-def _ack_token(settings: GatewaySettings) -> SecretStr | None:
-    return settings.api_token or settings.webhook_token
-
-
 async def post_ack(request: web.Request) -> web.Response:
     """POST /api/v1/alerts/{id}/ack {"by": "...", "silence_minutes": 60}: authenticated."""
     gateway = request.app[GATEWAY_KEY]
-    token = _ack_token(gateway.settings)
+    token = read_token(gateway.settings)
     if token is None:
         return _error(403, "acks need TRAINSENTRY_API_TOKEN set on the gateway")
     if not _authorized(request, token):
@@ -331,6 +362,8 @@ async def post_ack(request: web.Request) -> web.Response:
     minutes = body.get("silence_minutes")
     if not isinstance(who, str) or not who.strip() or len(who) > 200:
         return _error(400, "'by' (who acknowledges) is required, up to 200 characters")
+    if (problem := text_problem(who)) is not None:
+        return _error(400, f"'by': {problem}")
     if minutes is not None and (
         isinstance(minutes, bool)
         or not isinstance(minutes, int | float)

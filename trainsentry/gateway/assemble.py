@@ -23,7 +23,12 @@ from aiohttp import web
 
 from trainsentry.alerts import AlertChange, Priority, utcnow
 from trainsentry.config import GatewaySettings, Settings
-from trainsentry.gateway.app import CardCallbackSettings, add_routes, json_errors
+from trainsentry.gateway.app import (
+    CardCallbackSettings,
+    add_routes,
+    json_errors,
+    open_endpoints,
+)
 from trainsentry.gateway.channels import build
 from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
@@ -279,6 +284,10 @@ async def _start(app: web.Application, gateway: Gateway) -> None:
     log.info(
         "gateway started db=%s listen=%s", gateway.engine.dialect.name, gateway.settings.listen
     )
+    settings = gateway.settings
+    if not settings.loopback_only:
+        for group in open_endpoints(settings):
+            log.warning("auth open: anyone who reaches %s can use the %s", settings.listen, group)
 
 
 async def _stop(gateway: Gateway) -> None:
@@ -309,8 +318,10 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
     built = channels.built
     card_callback = None
     if built is not None and built.callback_path and built.verification_token:
-        card_callback = CardCallbackSettings(
-            built.callback_path, built.verification_token, built.encrypt_key
+        card_callback = CardCallbackSettings(  # stripped like the gateway's tokens
+            built.callback_path,
+            built.verification_token.strip(),
+            built.encrypt_key.strip() if built.encrypt_key else None,
         )
     # loads and checks the policy file (TRAINSENTRY_POLICY_FILE): PolicyError is a ValueError
     return create_app(

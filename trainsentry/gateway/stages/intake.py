@@ -34,6 +34,8 @@ log = logging.getLogger("trainsentry.intake")
 # carry a NUL escaped (the parser refuses raw control characters), so bodies without `\u0000`
 # skip the check (`_refuse_nul`); a pattern on every string cost a third of the validation.
 NUL_REJECTED = "NUL character not allowed"
+SURROGATE_REJECTED = "unpaired UTF-16 surrogate not allowed"
+MAX_TRUNCATED = 2**31 - 1
 LabelName = Annotated[str, Field(min_length=1, max_length=1024)]
 
 
@@ -56,7 +58,8 @@ class WebhookPayload(BaseModel):
 
     version: Literal["4"]
     groupKey: str = ""
-    truncatedAlerts: int = Field(default=0, ge=0)
+    # a 32-bit column on PostgreSQL (64-bit on SQLite): the same bound for both
+    truncatedAlerts: int = Field(default=0, ge=0, le=MAX_TRUNCATED)
     status: Literal["firing", "resolved"]
     receiver: str = ""
     groupLabels: dict[LabelName, str] = Field(default_factory=dict)
@@ -111,18 +114,38 @@ def _to_alert(item: WebhookAlert) -> Alert:
     )
 
 
-def _has_surrogates(value: object) -> bool:
+def text_problem(value: str) -> str | None:
+    """Pure: why `value` can never be stored as text (PostgreSQL refuses NUL, neither store
+    takes an unpaired UTF-16 surrogate), or None when it can."""
+    if "\x00" in value:
+        return NUL_REJECTED
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return SURROGATE_REJECTED
+    return None
+
+
+def _shown(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _surrogate_at(value: object, where: str) -> str | None:
+    """Pure: the path of the first string (key or value) holding an unpaired surrogate."""
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return True
-        return False
+        return where if text_problem(value) == SURROGATE_REJECTED else None
     if isinstance(value, dict):
-        return any(_has_surrogates(k) or _has_surrogates(v) for k, v in value.items())
+        for key, item in value.items():
+            path = f"{where}.{_shown(key)}" if where else _shown(key)
+            if text_problem(key) == SURROGATE_REJECTED:
+                return path
+            if (found := _surrogate_at(item, path)) is not None:
+                return found
     if isinstance(value, list):
-        return any(_has_surrogates(v) for v in value)
-    return False
+        for index, item in enumerate(value):
+            if (found := _surrogate_at(item, f"{where}.{index}")) is not None:
+                return found
+    return None
 
 
 def parse_webhook(body: bytes, received_at: datetime | None = None) -> IncomingReceipt:
@@ -177,8 +200,10 @@ def _validate_explaining(body: bytes) -> tuple[WebhookPayload, str]:
     if not isinstance(data, dict):
         raise IntakeRejected("body must be a JSON object (Alertmanager webhook v4)")
     # Escapes are the only way a lone surrogate gets in; they cannot be stored as UTF-8.
-    if "\\u" in text and _has_surrogates(data):
-        raise IntakeRejected("body contains unpaired UTF-16 surrogates")
+    if "\\u" in text and (where := _surrogate_at(data, "")) is not None:
+        raise IntakeRejected(
+            "body contains unpaired UTF-16 surrogates", [f"{where}: {SURROGATE_REJECTED}"]
+        )
     try:
         return WebhookPayload.model_validate(data), text
     except ValidationError as exc:

@@ -205,6 +205,9 @@ def _action(
             raise CallbackRejected("silence duration out of range", status=400)
     if not who:
         raise CallbackRejected("callback names no operator", status=400)
+    if "\x00" in who or not who.isprintable() or len(who) > 200:
+        # an open_id is short printable ASCII; this one could never be stored as `acked_by`
+        raise CallbackRejected("operator id is not printable text", status=400)
     return CardAction(
         alert_id=alert_id,
         action=name,
