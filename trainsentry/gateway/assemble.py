@@ -30,6 +30,7 @@ from trainsentry.gateway.app import (
     open_endpoints,
 )
 from trainsentry.gateway.channels import build
+from trainsentry.gateway.limits import BodyLimits, body_limits
 from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.escalation import Escalator
@@ -133,7 +134,12 @@ def create_app(
             paging=paging,
         )
         plan = policy_plan
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[json_errors])
+    limits = BodyLimits(
+        read_timeout_s=settings.body_timeout_s, max_readers=settings.max_body_readers
+    )
+    app = web.Application(
+        client_max_size=settings.max_body_bytes, middlewares=[body_limits(limits), json_errors]
+    )
 
     async def lifecycle(app: web.Application) -> Any:
         engine = create_engine(settings.db)
