@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "gateway": "trainsentry.gateway.commands.serve",
     "ack": "trainsentry.gateway.commands.ack",
     "export": "trainsentry.gateway.commands.export",
+    "outbox": "trainsentry.gateway.commands.outbox",
     "demo": "trainsentry.demo",
     "analyze": "trainsentry.diagnostics.command",
     "operator": "trainsentry.operator.command",

@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 
 class ConfigError(ValueError):
@@ -52,6 +60,15 @@ class GatewaySettings(BaseModel):
     # resolved as expired. Keep it above the longest Alertmanager repeat_interval of the routes
     # that reach the gateway (the shipped routes repeat P3 every 24 h).
     stale_after_seconds: float = Field(default=24.5 * 3600, gt=0)
+    # The outbox (docs/gateway.md, "Delivery guarantees"): concurrent sends per channel, the
+    # total time one send may take (connect, request, the whole answer), the claim lease
+    # (longer than the deadline), and how long a failing notification is retried, per priority.
+    send_slots_per_channel: int = Field(default=16, ge=1, le=256)
+    send_deadline_seconds: float = Field(default=30.0, gt=0)
+    outbox_lease_seconds: float = Field(default=60.0, gt=0)
+    give_up_after_seconds: dict[str, float] = Field(
+        default_factory=lambda: {"P0": 3600.0, "P1": 3600.0, "P2": 1800.0, "P3": 1800.0}
+    )
     # Secrets: from the environment only.
     webhook_token: SecretStr | None = Field(default=None, exclude=True)
     api_token: SecretStr | None = Field(default=None, exclude=True)
@@ -73,6 +90,19 @@ class GatewaySettings(BaseModel):
         if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
             raise ValueError(f"listen must be HOST:PORT, got {value!r}")
         return value
+
+    @field_validator("give_up_after_seconds")
+    @classmethod
+    def _check_give_up(cls, value: dict[str, float]) -> dict[str, float]:
+        if set(value) != {"P0", "P1", "P2", "P3"} or not all(v > 0 for v in value.values()):
+            raise ValueError("give_up_after_seconds needs P0, P1, P2 and P3, each above 0")
+        return value
+
+    @model_validator(mode="after")
+    def _check_lease(self) -> GatewaySettings:
+        if self.send_deadline_seconds >= self.outbox_lease_seconds:
+            raise ValueError("send_deadline_seconds must be shorter than outbox_lease_seconds")
+        return self
 
     @property
     def host(self) -> str:

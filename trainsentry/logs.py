@@ -5,7 +5,7 @@ token is the last path segment; pager and voice URLs often hold a key in the que
 third-party loggers that write request URLs or headers are held at WARNING whatever the
 process's level: httpx logs every request's full URL at INFO, httpcore and hpack (HTTP/2)
 trace requests and headers at DEBUG, urllib3 logs URLs at DEBUG. Our own log lines name a
-channel or webhook group, never its URL (tests/channels/test_log_secrets.py greps every
+channel or webhook group, never its URL (tests/notifiers/test_log_secrets.py greps every
 line of a real gateway's log for the secrets it was given, at INFO and DEBUG).
 """
 

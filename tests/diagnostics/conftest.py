@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import socket
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,14 +18,9 @@ from pathlib import Path
 import pytest
 
 from diagnostics import fr_scenarios
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _complete(path: Path, scenario: str) -> bool:
@@ -42,7 +36,7 @@ def _make(scenario: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     for _attempt in range(2):
         work = Path(tempfile.mkdtemp(prefix=f".{scenario}-", dir=target.parent))
-        fr_scenarios.generate(scenario, str(work), _free_port())
+        fr_scenarios.generate(scenario, str(work), free_port())
         if _complete(work, scenario):
             shutil.rmtree(target, ignore_errors=True)
             os.replace(work, target)

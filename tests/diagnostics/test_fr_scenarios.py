@@ -104,3 +104,42 @@ def test_rooted_collectives_and_uneven_all_to_all_are_not_mismatches(
     assert out["mismatches"] == []
     assert out["verdict"] == "ok"
     assert out["culprit_ranks"] == []
+
+
+def test_cascade_summary_says_who_skipped(
+    fr_corpus: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trainsentry.cli import main as cli_main
+
+    assert cli_main(["analyze", str(fr_corpus["cascade"] / "json")]) == 3
+    summary = " ".join(capsys.readouterr().out.split())
+    assert "root cause rank(s): 6; victims: 4, 5, 7" in summary
+    assert "rank(s) 6 skipped a collective and moved on" in summary
+
+
+def test_group_described_by_pg_config_when_entries_say_undefined(
+    fr_corpus: dict[str, Path], tmp_path: Path
+) -> None:
+    """A group made without `group_desc` records "undefined" in its entries; where the
+    pg_config describes it (NCCL's does), the hang carries that description."""
+    for path in sorted((fr_corpus["tpdp"] / "pgcfg").iterdir()):
+        dump = pickle.loads(path.read_bytes())
+        for entry in dump["entries"]:
+            entry["process_group"] = (entry["process_group"][0], "undefined")
+        (tmp_path / path.name).write_bytes(pickle.dumps(dump))
+    out = analyze([tmp_path]).to_dict()
+    assert {h["description"] for h in out["hangs"]} == {"tp-1", "dp-0", "dp-1"}
+
+
+def test_split_group_rank_without_pg_config_joins_the_membership_that_holds_it(
+    fr_corpus: dict[str, Path], tmp_path: Path
+) -> None:
+    """Rank 3's dump loses its pg_config: rank 2 declares {2,3} for "1", so rank 3's "1"
+    entries join that group; the answer is the same."""
+    folder = _as_split_group(fr_corpus["split"] / "pgcfg", tmp_path / "split")
+    dump = pickle.loads((folder / "fr_rank_3").read_bytes())
+    dump["pg_config"] = {}
+    (folder / "fr_rank_3").write_bytes(pickle.dumps(dump))
+    out = analyze([folder]).to_dict()
+    assert out["mismatches"] == [] and out["root_cause_ranks"] == [3]
+    assert [(h["communicator"], h["missing_ranks"]) for h in out["hangs"]] == [("1{2-3}", [3])]

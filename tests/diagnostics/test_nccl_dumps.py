@@ -121,3 +121,11 @@ def test_snapshot_of_a_running_job_is_not_a_hang(capsys: pytest.CaptureFixture[s
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["verdict"] == "ok"
     assert any("not a hang" in n for n in out["notes"])
+
+
+def test_summary_names_the_rank_that_never_started(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli_main(["analyze", str(nccl_dir() / "compute_timing" / "watchdog")])
+    summary = " ".join(capsys.readouterr().out.split())
+    assert code == 3
+    assert "never started on rank(s): 3" in summary
+    assert "root cause rank(s): 3" in summary

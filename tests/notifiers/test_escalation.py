@@ -21,6 +21,7 @@ from trainsentry.gateway.policy.escalation import (
     forget_stopped,
     new_state,
     next_wakeup,
+    postpone,
     resolve,
 )
 from trainsentry.gateway.policy.escalation import EscalationPolicy as Policy
@@ -169,3 +170,21 @@ def test_roster_from_settings() -> None:
 def test_naive_times_are_refused() -> None:
     with pytest.raises(ValueError, match="timezone"):
         ESC.open(new_state(), 1, Priority.P0, datetime(2026, 1, 1))
+
+
+def test_a_held_page_postpones_the_next_step() -> None:
+    """A checkpoint within its limit: layer 1's call waits in the outbox until minute 30, so
+    layer 2 comes an ack timeout after that, not at minute 5; a stopped incident stays."""
+    state, calls = run(ESC, ESC.open(new_state(), 1, Priority.P0, T0), [0])
+    assert who(calls) == [(1, "a", 0)]
+    state = postpone(state, 1, T0 + timedelta(minutes=35))
+    assert next_wakeup(state) == T0 + timedelta(minutes=35)
+    state, calls = run(ESC, state, [5, 34.9])
+    assert calls == []
+    state, calls = run(ESC, state, [35])
+    assert who(calls) == [(1, "b", 1), (1, "c", 1)]
+    # never earlier than already planned, and an acked incident is left alone
+    later = postpone(state, 1, T0)
+    assert next_wakeup(later) == next_wakeup(state)
+    acked = acknowledge(state, 1, "alice", T0 + timedelta(minutes=36))
+    assert postpone(acked, 1, T0 + timedelta(hours=2)) == acked

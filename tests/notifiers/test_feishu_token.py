@@ -1,7 +1,7 @@
 """The tenant_access_token endpoint: a rate limit or a 5xx is retried, only a credential
 refusal is permanent (issue 19, item 7).
 
-Answers are Feishu's documented ones (contract server, tests/contract/feishu_server.py):
+Answers are Feishu's documented ones (contract server, tests/support/feishu_server.py):
 "Rate limits" (server-docs/api-call-guide/frequency-control): HTTP 429, or 400 from older
 APIs, code 99991400 "request trigger frequency limit", `x-ogw-ratelimit-reset` seconds; the
 token endpoint refuses a wrong secret with HTTP 400 code 10014 "app secret invalid" and an

@@ -44,10 +44,34 @@ def eventually(check: Callable[[], bool], timeout: float, what: str, job: GlooJo
     raise AssertionError(f"timed out waiting for {what}\n{job.output()}")
 
 
+# A voice gateway for P0 escalations: each step 3 s after the last, two layers.
+VOICE_TEMPLATE = '{"phone": {{ phone|tojson }}, "text": {{ text|tojson }}}'
+
+
+def phone_channels() -> dict[str, Any]:
+    member = {"name": "alice", "phone": "+8613800000001"}
+    hook = {"url_env": "VOICE_URL", "body_template": VOICE_TEMPLATE}
+    return {
+        "phone": {"provider": "webhook", "webhook": hook},
+        "escalation": {
+            "min_priority": "P0",
+            "ack_timeout_min": 0.05,
+            "calls_per_layer": 2,
+            "layers": [
+                {"name": "primary", "members": [member]},
+                {"name": "leads", "members": [member]},
+            ],
+        },
+    }
+
+
 @contextmanager
-def job_with_gateway(tmp_path: Path, **env: str) -> Iterator[tuple[GlooJob, Any, Any]]:
-    """A gateway (diagnosis on, the job's probes as static endpoints, a chat receiver), then
-    the job, whose probes post their triggers to it."""
+def job_with_gateway(
+    tmp_path: Path, *, voice: Any = None, checkpoint_limit: float | None = None, **env: str
+) -> Iterator[tuple[GlooJob, Any, Any]]:
+    """A gateway (diagnosis on, the job's probes as static endpoints, a chat receiver, and
+    with `voice` a phone escalation calling that receiver), then the job, whose probes post
+    their triggers to it."""
     from tests.support.gateway_process import start_gateway
     from tests.support.receiver import ThreadedReceiver
 
@@ -55,20 +79,21 @@ def job_with_gateway(tmp_path: Path, **env: str) -> Iterator[tuple[GlooJob, Any,
     with ThreadedReceiver() as chat:
         config = tmp_path / "gateway.yaml"
         endpoints = [f"127.0.0.1:{ports[r]}" for r in range(WORLD)]
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "webhooks": {"feishu": {"url": chat.url}},
-                    "diagnosis": {"static_endpoints": {"team-a/llama": endpoints}},
-                }
-            )
-        )
+        settings: dict[str, Any] = {
+            "webhooks": {"feishu": {"url": chat.url}},
+            "diagnosis": {"static_endpoints": {"team-a/llama": endpoints}},
+        }
+        if voice is not None:
+            settings["channels"] = phone_channels()
+        if checkpoint_limit is not None:
+            settings["diagnosis"]["checkpoint_limit_seconds"] = checkpoint_limit
+        config.write_text(yaml.safe_dump(settings))
         with start_gateway(
             tmp_path,
             f"sqlite:///{tmp_path / 'gateway.db'}",
             token=API,
             config=config,
-            env={"TRAINSENTRY_PROBE_TOKEN": TOKEN},
+            env={"TRAINSENTRY_PROBE_TOKEN": TOKEN, "VOICE_URL": voice.url if voice else ""},
         ) as gw:
             job = launch_job(
                 tmp_path / "job",
@@ -132,8 +157,19 @@ def test_two_ranks_stalled_in_different_places_are_both_named(tmp_path: Path) ->
 
 
 def test_a_rank_saving_a_checkpoint_is_not_paged(tmp_path: Path) -> None:
+    """No card and no call: the first call is cancelled with the card, and the escalation
+    stops (its next steps, 3 s apart, would otherwise ring while the save goes on)."""
+    from tests.support.receiver import ThreadedReceiver
+
     env = {"STALL_RANK": "2", "STALL_STEP": "3", "STALL_MODE": "save", "STALL_SECONDS": "25"}
-    with job_with_gateway(tmp_path, **env) as (job, gw, chat):
+    with (
+        ThreadedReceiver() as voice,
+        job_with_gateway(tmp_path, voice=voice, **env) as (
+            job,
+            gw,
+            chat,
+        ),
+    ):
 
         def diagnosed() -> bool:
             return any(a.get("verdict") for a in stored(gw))
@@ -147,6 +183,11 @@ def test_a_rank_saving_a_checkpoint_is_not_paged(tmp_path: Path) -> None:
 
         eventually(over, 60, "the stall's end to resolve the alert", job)
         assert cards(chat) == []
+        assert voice.bodies == []
+        # The pages held for the checkpoint limit (30 min) were cancelled when it ended.
+        assert outbox(gw, "pending") == []
+        cancelled = {(n["channel"], n["payload"].get("status")) for n in outbox(gw, "cancelled")}
+        assert {("feishu", "firing"), ("phone", "firing")} <= cancelled, cancelled
     assert sent == []
     verdict = alerts[0]["verdict"]
     assert verdict["verdict"] == "checkpoint", verdict
@@ -154,6 +195,41 @@ def test_a_rank_saving_a_checkpoint_is_not_paged(tmp_path: Path) -> None:
         "rank 2 (pod llama-w-2, node node-1) is saving a checkpoint (torch.save)"
         in (verdict["summary"])
     )
+
+
+def test_a_checkpoint_past_its_limit_is_paged(tmp_path: Path) -> None:
+    """Rank 2 saves for 40 s; the job's checkpoint limit is 8 s: once its peers have waited
+    8 s the card and the first call go out, saying so; the save's end then resolves it."""
+    from tests.support.receiver import ThreadedReceiver
+
+    env = {"STALL_RANK": "2", "STALL_STEP": "3", "STALL_MODE": "save", "STALL_SECONDS": "40"}
+    with (
+        ThreadedReceiver() as voice,
+        job_with_gateway(tmp_path, voice=voice, checkpoint_limit=8, **env) as (job, _gw, chat),
+    ):
+        eventually(lambda: bool(cards(chat)), 60, "the checkpoint's card", job)
+        arrived = time.time()
+        eventually(lambda: bool(voice.bodies), 20, "the first call", job)
+        card = cards(chat)[0]
+        started = stalled_at(tmp_path, 2)
+    assert card["culprit_ranks"] == [2]
+    assert (
+        "rank 2 (pod llama-w-2, node node-1) is saving a checkpoint (torch.save) past the "
+        "job's checkpoint limit (8 s); its peers still wait"
+    ) in card["diagnosis"], card
+    # Not before the limit (the peers began waiting at the stall), and not much after it.
+    assert 8 <= arrived - started < 25, arrived - started
+
+
+def outbox(gw: Any, status: str) -> list[dict[str, Any]]:
+    answer = httpx.get(
+        f"{gw.url}/api/v1/notifications",
+        params={"status": status},
+        headers={"Authorization": f"Bearer {API}"},
+        timeout=5,
+    )
+    items: list[dict[str, Any]] = answer.json()["items"]
+    return items
 
 
 def test_a_slow_job_is_not_paged(tmp_path: Path) -> None:

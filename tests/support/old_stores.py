@@ -2,19 +2,58 @@
 
 from __future__ import annotations
 
+from sqlalchemy import Index, MetaData, Table
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.support.webhook_factory import BASE_TIME
 from trainsentry.store.migrations import MIGRATIONS
 from trainsentry.store.schema import metadata, policy_inbox, schema_version
 
+# Columns that later versions added to tables version 1 created: {version: {table: names}}.
+ADDED_COLUMNS: dict[int, dict[str, tuple[str, ...]]] = {
+    4: {"notifications": ("failing_since", "retried_by", "retried_at")},
+}
+
+
+def version_1_tables() -> list[Table]:
+    """Version 1's tables as it created them: today's, less the tables and columns that
+    later versions added (their indexes included)."""
+    later = {
+        table: set(names) for added in ADDED_COLUMNS.values() for table, names in added.items()
+    }
+    old = MetaData()
+    tables = []
+    for table in metadata.sorted_tables:
+        if table is policy_inbox:
+            continue
+        drop = later.get(table.name, set())
+        if not drop:
+            tables.append(table.to_metadata(old))
+            continue
+        copy = Table(table.name, old, *(c._copy() for c in table.columns if c.name not in drop))
+        for index in table.indexes:
+            if not any(c.name in drop for c in index.columns):
+                Index(index.name, *(copy.c[c.name] for c in index.columns))
+        tables.append(copy)
+    return tables
+
 
 async def create_version_2_schema(conn: AsyncConnection) -> None:
     """In `conn`'s transaction: the schema as version 2 left it (the inbox without its
-    urgency column)."""
-    v1_tables = [t for t in metadata.sorted_tables if t is not policy_inbox]
-    await conn.run_sync(lambda sync: metadata.create_all(sync, tables=v1_tables))
+    urgency column, the outbox without version 4's columns)."""
+    v1_tables = version_1_tables()
+    await conn.run_sync(lambda sync: v1_tables[0].metadata.create_all(sync))
     for step in MIGRATIONS[2]:
         assert not isinstance(step, str)
         await conn.run_sync(step)
     await conn.execute(schema_version.insert().values(version=2, applied_at=BASE_TIME))
+
+
+async def create_version_3_schema(conn: AsyncConnection) -> None:
+    """In `conn`'s transaction: the schema as version 3 left it (the outbox without
+    version 4's columns)."""
+    await create_version_2_schema(conn)
+    for step in MIGRATIONS[3]:
+        assert isinstance(step, str)
+        await conn.exec_driver_sql(step)
+    await conn.execute(schema_version.insert().values(version=3, applied_at=BASE_TIME))

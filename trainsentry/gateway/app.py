@@ -24,6 +24,7 @@ from pydantic import SecretStr
 from trainsentry.alerts import MAX_ALERT_ID, JobRef, Priority, utcnow
 from trainsentry.config import GatewaySettings
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
+from trainsentry.gateway.policy.delivery import parse_retry_request
 from trainsentry.gateway.stages.hang_trigger import (
     MAX_TRIGGER_BYTES,
     TriggerRejected,
@@ -380,25 +381,58 @@ async def post_ack(request: web.Request) -> web.Response:
     return web.json_response(result.to_json())
 
 
+async def card_ack(gateway: Gateway, action: CardAction) -> dict[str, Any] | None:
+    """A Feishu card button press (Acknowledge / Silence): the same AckService as the API
+    (stages/ack.py → stages/paging.py: the phone stops, calls not rung yet are cancelled);
+    the answer redraws the pressed card, showing who acknowledged (and the silence)."""
+    assert gateway.ack is not None
+    silence = timedelta(seconds=action.duration_s) if action.duration_s else None
+    try:
+        result = await gateway.ack.acknowledge(action.alert_id, action.who, silence)
+    except (OSError, DatabaseError) as exc:
+        log.warning("card action: store unavailable (%s)", type(exc).__name__)
+        return {"toast": {"type": "error", "content": "store unavailable, press again"}}
+    if result is None:
+        return {"toast": {"type": "error", "content": f"no alert {action.alert_id}"}}
+    return action_response(action, alert_card(parse_payload(result.payload)))
+
+
+async def post_notifications_retry(request: web.Request) -> web.Response:
+    """POST /api/v1/notifications/retry {"by": WHO, "ids"|"channel"|"since"|"all": ...}:
+    dead notifications are sent again (who and when kept with them). API token only."""
+    gateway = request.app[GATEWAY_KEY]
+    token = gateway.settings.api_token
+    if token is None:
+        return _error(403, "re-sending needs TRAINSENTRY_API_TOKEN set on the gateway")
+    if not _authorized(request, token):
+        return _unauthorized()
+    try:
+        body = await request.json() if request.can_read_body else {}
+    except ValueError:
+        return _error(400, "body must be JSON")
+    selection = parse_retry_request(body, gateway.clock())
+    if isinstance(selection, str):
+        return _error(400, selection)
+    try:
+        retried = await gateway.outbox.retry_dead(
+            by=selection.by,
+            ids=selection.ids,
+            channel=selection.channel,
+            created_since=selection.created_since,
+        )
+    except (OSError, DatabaseError) as exc:
+        return _error(503, f"store unavailable, retry: {type(exc).__name__}")
+    return web.json_response({"retried": retried, "by": selection.by})
+
+
 def _card_handler(
     app: web.Application, callback: CardCallbackSettings
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """The Feishu card button: ack (and silence) through the same AckService
-    (stages/ack.py → stages/paging.py: the phone stops, pending calls are cancelled)."""
+    """The card callback route: Feishu's verification and decryption
+    (notifiers/feishu/callback.py), then `card_ack`."""
 
     async def on_action(action: CardAction) -> dict[str, Any] | None:
-        gateway = app[GATEWAY_KEY]
-        assert gateway.ack is not None
-        silence = timedelta(seconds=action.duration_s) if action.duration_s else None
-        try:
-            result = await gateway.ack.acknowledge(action.alert_id, action.who, silence)
-        except (OSError, DatabaseError) as exc:
-            log.warning("card action: store unavailable (%s)", type(exc).__name__)
-            return {"toast": {"type": "error", "content": "store unavailable, press again"}}
-        if result is None:
-            return {"toast": {"type": "error", "content": f"no alert {action.alert_id}"}}
-        # the pressed card is redrawn in place, showing who acknowledged (and the silence)
-        return action_response(action, alert_card(parse_payload(result.payload)))
+        return await card_ack(app[GATEWAY_KEY], action)
 
     return card_action_handler(
         on_action,
@@ -474,6 +508,7 @@ def add_routes(app: web.Application, card_callback: CardCallbackSettings | None 
     app.router.add_get("/api/v1/alerts/{alert_id}", get_alert_detail)
     app.router.add_get("/api/v1/notifications", get_notifications)
     app.router.add_post("/api/v1/alerts/{alert_id}/ack", post_ack)
+    app.router.add_post("/api/v1/notifications/retry", post_notifications_retry)
     if card_callback is not None:
         app.router.add_post(card_callback.path, _card_handler(app, card_callback))
     app.router.add_get("/healthz", healthz)

@@ -33,6 +33,7 @@ from trainsentry.gateway.channels import build
 from trainsentry.gateway.limits import BodyLimits, body_limits
 from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
+from trainsentry.gateway.policy.delivery import DeliveryRules
 from trainsentry.gateway.policy.escalation import Escalator
 from trainsentry.gateway.policy.rules import load_policy
 from trainsentry.gateway.stages.ack import AckService
@@ -134,6 +135,20 @@ def create_app(
             paging=paging,
         )
         plan = policy_plan
+    wiring = _Wiring(
+        settings=settings,
+        notifiers=notifiers,
+        metrics=gateway_metrics,
+        plan=plan,
+        policy_plan=policy_plan,
+        paging=paging,
+        tick_interval=tick_interval,
+        clock=clock,
+        rate_limits=rate_limits,
+        silences=silences,
+        diagnosis=diagnosis,
+        kube_api=kube_api,
+    )
     limits = BodyLimits(
         read_timeout_s=settings.body_timeout_s, max_readers=settings.max_body_readers
     )
@@ -142,97 +157,160 @@ def create_app(
     )
 
     async def lifecycle(app: web.Application) -> Any:
-        engine = create_engine(settings.db)
-        await migrate(engine)
-        outbox = Outbox(
-            engine, notifiers, metrics=gateway_metrics, rate_limits=rate_limits, clock=clock
-        )
-        writer = IntakeWriter(
-            engine, on_commit=lambda outcomes: _record_commit(app[GATEWAY_KEY], outcomes)
-        )
-        gateway = Gateway(settings, engine, gateway_metrics, writer, outbox, clock=clock)
-        policy_lock = asyncio.Lock()
-        gateway.policy_worker = PolicyWorker(
-            engine,
-            plan,
-            on_planned=lambda changes, written: _record_planned(gateway, changes, written),
-            on_set_aside=lambda _change: gateway_metrics.policy_failed.inc(),
-            clock=clock,
-            lock=policy_lock,
-        )
-        gateway.ack = AckService(
-            engine,
-            channels=tuple(notifiers),
-            clock=clock,
-            paging=paging,
-            silences=silences,
-            lock=policy_lock,
-        )
-        if policy_plan is not None:
-            gateway.classified = lambda: policy_plan.classified
-        if settings.trainingjob_status:
-            gateway.job_status = JobStatusFeeder(kube_api or default_api_client)
-        if diagnosis is not None and diagnosis.settings.enabled and policy_plan is not None:
-            gateway.diagnoser = HangDiagnoser(
-                engine,
-                diagnosis.settings,
-                diagnosis.resolver,
-                diagnosis.probe_token,
-                clock=clock,
-                on_release=outbox.wake,
-                on_verdict=lambda change, verdict: _record_verdict(gateway, change, verdict),
-            )
-            policy_plan.hold = gateway.diagnoser.hold
-
-            async def earliest(fingerprint: str) -> datetime | None:
-                async with engine.connect() as conn:
-                    return await first_occurrence(conn, fingerprint)
-
-            gateway.trigger_keys = TriggerKeys(earliest)
-            gateway.trigger_sources = TriggerSources(gateway.diagnoser.rank_hosts)
-            # Import the analyzer (numpy, scipy) now, not while the first hang page is held.
-            await asyncio.to_thread(importlib.import_module, "trainsentry.diagnostics")
-        if policy_plan is not None:
-            gateway.ticker = Ticker(
-                engine,
-                policy_plan,
-                interval=tick_interval,
-                stale_after=settings.stale_after_seconds,
-                on_drafts=outbox.wake,
-                on_expired=lambda changes, written: _record_planned(gateway, changes, written),
-                clock=clock,
-                lock=policy_lock,
-            )
-            gateway.ticker.start()
-        app[GATEWAY_KEY] = gateway
-        gateway.writer.start()
-        gateway.policy_worker.start()
-        # Before the worker and anything else can claim: rows an earlier run left in flight.
-        await outbox.release_leases_of_earlier_runs()
-        outbox.start()
-        log.info("gateway started db=%s listen=%s", engine.dialect.name, settings.listen)
-        if not settings.loopback_only:
-            for group in open_endpoints(settings):
-                log.warning(
-                    "auth open: anyone who reaches %s can use the %s", settings.listen, group
-                )
+        gateway = await _open(app, wiring)
+        await _start(app, gateway)
         yield
-        await gateway.writer.stop()
-        await gateway.policy_worker.stop()
-        if gateway.diagnoser is not None:
-            await gateway.diagnoser.stop()
-        if gateway.job_status is not None:
-            await gateway.job_status.stop()
-        if gateway.ticker is not None:
-            await gateway.ticker.stop()
-        await outbox.aclose()
-        for task in list(gateway.background):
-            task.cancel()
-        await engine.dispose()
+        await _stop(gateway)
 
     app.cleanup_ctx.append(lifecycle)
     add_routes(app, card_callback)
     return app
+
+
+@dataclass(frozen=True)
+class _Wiring:
+    """What `create_app` was given, for the start of the app."""
+
+    settings: GatewaySettings
+    notifiers: Mapping[str, Notifier]
+    metrics: GatewayMetrics
+    plan: PlanHook
+    policy_plan: PolicyPlan | None  # the real policy; None when a test injected `plan`
+    paging: Paging | None
+    tick_interval: float
+    clock: Callable[[], datetime]
+    rate_limits: Mapping[str, list[tuple[int, float]]] | None
+    silences: SilenceClient | None
+    diagnosis: Diagnosis | None
+    kube_api: Callable[[], Awaitable[Any]] | None
+
+
+async def _open(app: web.Application, w: _Wiring) -> Gateway:
+    """The store, then the stages in pipeline order (none started yet)."""
+    settings, clock, policy_plan = w.settings, w.clock, w.policy_plan
+    engine = create_engine(settings.db)
+    await migrate(engine)
+    outbox = Outbox(
+        engine,
+        w.notifiers,
+        metrics=w.metrics,
+        rules=DeliveryRules(
+            give_up_after={Priority(p): s for p, s in settings.give_up_after_seconds.items()}
+        ),
+        rate_limits=w.rate_limits,
+        lease_seconds=settings.outbox_lease_seconds,
+        send_deadline=settings.send_deadline_seconds,
+        slots=settings.send_slots_per_channel,
+        clock=clock,
+    )
+    writer = IntakeWriter(
+        engine, on_commit=lambda outcomes: _record_commit(app[GATEWAY_KEY], outcomes)
+    )
+    gateway = Gateway(settings, engine, w.metrics, writer, outbox, clock=clock)
+    policy_lock = asyncio.Lock()
+    gateway.policy_worker = PolicyWorker(
+        engine,
+        w.plan,
+        on_planned=lambda changes, written: _record_planned(gateway, changes, written),
+        on_set_aside=lambda _change: w.metrics.policy_failed.inc(),
+        clock=clock,
+        lock=policy_lock,
+    )
+    gateway.ack = AckService(
+        engine,
+        channels=tuple(w.notifiers),
+        clock=clock,
+        paging=w.paging,
+        silences=w.silences,
+        lock=policy_lock,
+    )
+    if policy_plan is not None:
+        gateway.classified = lambda: policy_plan.classified
+    if settings.trainingjob_status:
+        gateway.job_status = JobStatusFeeder(w.kube_api or default_api_client)
+    if w.diagnosis is not None and w.diagnosis.settings.enabled and policy_plan is not None:
+        await _add_hang_diagnosis(gateway, w.diagnosis, policy_plan, w.paging, policy_lock)
+    if policy_plan is not None:
+        gateway.ticker = Ticker(
+            engine,
+            policy_plan,
+            interval=w.tick_interval,
+            stale_after=settings.stale_after_seconds,
+            on_drafts=outbox.wake,
+            on_expired=lambda changes, written: _record_planned(gateway, changes, written),
+            clock=clock,
+            lock=policy_lock,
+        )
+    return gateway
+
+
+async def _add_hang_diagnosis(
+    gateway: Gateway,
+    diagnosis: Diagnosis,
+    plan: PolicyPlan,
+    paging: Paging | None,
+    policy_lock: asyncio.Lock,
+) -> None:
+    """Hang alerts are held for the diagnosis; the probes' triggers are accepted."""
+    engine = gateway.engine
+    gateway.diagnoser = HangDiagnoser(
+        engine,
+        diagnosis.settings,
+        diagnosis.resolver,
+        diagnosis.probe_token,
+        clock=gateway.clock,
+        on_release=gateway.outbox.wake,
+        on_verdict=lambda change, verdict: _record_verdict(gateway, change, verdict),
+        paging=paging,
+        lock=policy_lock,
+    )
+    plan.hold = gateway.diagnoser.hold
+
+    async def earliest(fingerprint: str) -> datetime | None:
+        async with engine.connect() as conn:
+            return await first_occurrence(conn, fingerprint)
+
+    gateway.trigger_keys = TriggerKeys(earliest)
+    gateway.trigger_sources = TriggerSources(gateway.diagnoser.rank_hosts)
+    # Import the analyzer (numpy, scipy) now, not while the first hang page is held.
+    await asyncio.to_thread(importlib.import_module, "trainsentry.diagnostics")
+
+
+async def _start(app: web.Application, gateway: Gateway) -> None:
+    """Starts the stages; the outbox last, after the leases an earlier run left."""
+    if gateway.ticker is not None:
+        gateway.ticker.start()
+    app[GATEWAY_KEY] = gateway
+    gateway.writer.start()
+    assert gateway.policy_worker is not None
+    gateway.policy_worker.start()
+    # Before the worker and anything else can claim: rows an earlier run left in flight.
+    await gateway.outbox.release_leases_of_earlier_runs()
+    gateway.outbox.start()
+    log.info(
+        "gateway started db=%s listen=%s", gateway.engine.dialect.name, gateway.settings.listen
+    )
+    settings = gateway.settings
+    if not settings.loopback_only:
+        for group in open_endpoints(settings):
+            log.warning("auth open: anyone who reaches %s can use the %s", settings.listen, group)
+
+
+async def _stop(gateway: Gateway) -> None:
+    """Stops the stages in pipeline order, then closes the store."""
+    await gateway.writer.stop()
+    if gateway.policy_worker is not None:
+        await gateway.policy_worker.stop()
+    if gateway.diagnoser is not None:
+        await gateway.diagnoser.stop()
+    if gateway.job_status is not None:
+        await gateway.job_status.stop()
+    if gateway.ticker is not None:
+        await gateway.ticker.stop()
+    await gateway.outbox.aclose()
+    for task in list(gateway.background):
+        task.cancel()
+    await gateway.engine.dispose()
 
 
 def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) -> web.Application:

@@ -140,6 +140,9 @@ class TrainingJobSpec(_Model):
     probe: Probe = Field(default_factory=Probe)
     exporters: Exporters = Field(default_factory=Exporters)
     thresholds: dict[str, float] = Field(default_factory=dict)
+    # Read by the gateway's hang diagnosis: a checkpoint is paged once its peers have waited
+    # this long (unset: the gateway's diagnosis.checkpoint_limit_seconds, 30 min).
+    checkpointLimitSeconds: int | None = Field(default=None, ge=60, le=7 * 86400)
     alerting: Alerting = Field(default_factory=Alerting)
     prometheus: PrometheusOptions = Field(default_factory=PrometheusOptions)
     dashboard: Dashboard = Field(default_factory=Dashboard)

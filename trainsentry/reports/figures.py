@@ -78,6 +78,18 @@ class Pages:
 
 
 @dataclass(frozen=True, slots=True)
+class Hangs:
+    """Hang incidents of the period: one per job and stall (its hang alerts merged)."""
+
+    incidents: int = 0
+    paged: int = 0  # a notification went out
+    not_paged: int = 0  # the diagnosis held the page back (checkpoint, not confirmed)
+    #: stall start -> first notification, over the paged incidents.
+    detection: Durations = Durations()
+    max_detection_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Headline:
     """The numbers compared against the previous period."""
 
@@ -149,6 +161,7 @@ class WeeklyStats:
     mttr_per_day: tuple[tuple[date, float | None], ...]
     previous: Headline | None = None
     changes: tuple[Change, ...] = field(default=())
+    hangs: Hangs = Hangs()
 
     @property
     def total(self) -> int:

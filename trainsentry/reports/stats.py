@@ -17,6 +17,12 @@ Definitions (also in docs/reports.md):
 - Storms come from the storm messages the policy sent (outbox rows of kind "storm").
 - Pages are outbox rows of the paging channels (default "phone"): incidents paged = distinct
   alerts, calls = rows sent; an incident is acknowledged when its alert was acked.
+- A *hang* is one job's stall: its hang alerts (`hang_alertnames`: the probe's trigger and
+  the fallback rules) whose starts lie within `hang_merge_s` of the first one's. Time to
+  detection = first notification sent for any of them - the stall's start (the probe's
+  `stalled_since`; for a hang only the rules saw, the first rule's `startsAt`, so the rule's
+  threshold and `for:` are not counted). Not paged = no notification went out before the
+  period's end (the diagnosis found a checkpoint, or no hang).
 """
 
 from __future__ import annotations
@@ -30,11 +36,12 @@ from dataclasses import dataclass, replace
 from datetime import date, datetime, timedelta
 from typing import Any
 
-from trainsentry.alerts import Priority
+from trainsentry.alerts import PROBE_HANG_ALERT, Priority
 from trainsentry.labels import GPU_ID_LABELS, first_label
 from trainsentry.reports.figures import (
     Change,
     Durations,
+    Hangs,
     Headline,
     Hotspot,
     JobCount,
@@ -51,6 +58,7 @@ from trainsentry.store.report_loads import (
     PageRow,
     Scope,
     StormRow,
+    load_first_notices,
     load_history,
     load_occurrences,
     load_pages,
@@ -72,6 +80,12 @@ class StatsOptions:
     short_lived_s: float = 300.0  # an occurrence resolved faster than this is "short-lived"
     top: int = 10
     paging_channels: tuple[str, ...] = ("phone",)
+    hang_alertnames: tuple[str, ...] = (
+        "TrainingJobHang",
+        "TrainingRankStalledBehindPeers",
+        PROBE_HANG_ALERT,
+    )
+    hang_merge_s: float = 900.0
 
     @classmethod
     def from_policy(cls, policy: Any, **overrides: Any) -> StatsOptions:
@@ -280,6 +294,50 @@ def _per_day(
     return per_day, medians
 
 
+def _stall_start(occ: Occurrence) -> datetime:
+    return occ.stalled_since or occ.starts_at
+
+
+def hang_incidents(
+    occs: Sequence[Occurrence],
+    first_notices: Mapping[int, datetime],
+    end: datetime,
+    opts: StatsOptions = StatsOptions(),
+) -> Hangs:
+    """Pure: the period's hangs and their time to detection (see the module docstring)."""
+    names = set(opts.hang_alertnames)
+    by_job: dict[str, list[Occurrence]] = defaultdict(list)
+    for occ in occs:
+        if occ.alertname in names:
+            by_job[occ.job_ref].append(occ)
+    incidents: list[list[Occurrence]] = []
+    for found in by_job.values():
+        found.sort(key=lambda o: (_stall_start(o), o.id))
+        group: list[Occurrence] = []
+        for occ in found:
+            if (
+                group
+                and (_stall_start(occ) - _stall_start(group[0])).total_seconds() > opts.hang_merge_s
+            ):
+                incidents.append(group)
+                group = []
+            group.append(occ)
+        incidents.append(group)
+    detections: list[float] = []
+    for incident in incidents:
+        stalled = min(_stall_start(o) for o in incident)
+        sent = [t for o in incident if (t := _before(first_notices.get(o.id), end)) is not None]
+        if sent:
+            detections.append(max(0.0, (min(sent) - stalled).total_seconds()))
+    return Hangs(
+        incidents=len(incidents),
+        paged=len(detections),
+        not_paged=len(incidents) - len(detections),
+        detection=Durations.of(detections),
+        max_detection_s=max(detections) if detections else None,
+    )
+
+
 def compute(
     period: Period,
     occurrences: Sequence[Occurrence],
@@ -288,6 +346,7 @@ def compute(
     storms: Sequence[StormRow] = (),
     opts: StatsOptions = StatsOptions(),
     scope: Scope = EVERYTHING,
+    first_notices: Mapping[int, datetime] | None = None,
 ) -> WeeklyStats:
     """All statistics of one period from its rows (pure)."""
     end = period.end
@@ -347,6 +406,7 @@ def compute(
         pages=_pages(pages, end),
         per_day=per_day,
         mttr_per_day=mttr_per_day,
+        hangs=hang_incidents(occs, first_notices or {}, end, opts),
     )
 
 
@@ -387,7 +447,9 @@ async def collect_period(
     history = await load_history(conn, (o.fingerprint for o in occurrences), start, lookback)
     pages = await load_pages(conn, start, end, opts.paging_channels, scope)
     storms = await load_storms(conn, start, end, scope)
-    return compute(period, occurrences, history, pages, storms, opts, scope)
+    names = set(opts.hang_alertnames)
+    notices = await load_first_notices(conn, (o.id for o in occurrences if o.alertname in names))
+    return compute(period, occurrences, history, pages, storms, opts, scope, notices)
 
 
 async def collect(

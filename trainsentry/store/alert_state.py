@@ -16,6 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trainsentry.store.schema import alert_events, alerts, notifications
 
+#: `last_error` of a notification held back past its diagnosis (a checkpoint within its limit).
+HELD_MARK = "held: checkpoint within its limit"
+
 
 async def lock_alert(conn: AsyncConnection, alert_id: int) -> Row[Any] | None:
     """The alert's row (all columns), locked for this transaction on PostgreSQL; None if
@@ -59,10 +62,13 @@ async def save_verdict(
     now: datetime,
     *,
     cancel: bool,
+    hold_until: datetime | None = None,
 ) -> int:
     """Stores a hang diagnosis with its alert and releases the alert's held notifications:
     every pending one gets `payload_update` merged into its payload and is due `now`, or,
-    with `cancel`, becomes `cancelled` (not a page after all). Returns how many it touched."""
+    with `cancel`, becomes `cancelled` (not a page after all), or, with `hold_until`, stays
+    held until then, marked `HELD_MARK` (a checkpoint within its limit: `cancel_held` drops
+    it when the stall ends first). Returns how many it touched."""
     await conn.execute(update(alerts).where(alerts.c.id == alert_id).values(verdict=dict(verdict)))
     rows = (
         await conn.execute(
@@ -77,9 +83,29 @@ async def save_verdict(
         values: dict[str, Any] = {"payload": payload, "next_attempt_at": now}
         if cancel:
             values["status"] = "cancelled"
+        elif hold_until is not None:
+            values.update(next_attempt_at=hold_until, last_error=HELD_MARK)
         await conn.execute(
             update(notifications)
             .where(notifications.c.id == row.id, notifications.c.status == "pending")
             .values(**values)
         )
     return len(rows)
+
+
+async def cancel_held(conn: AsyncConnection, alert_ids: Sequence[int], why: str) -> set[int]:
+    """Notifications `save_verdict` holds (`HELD_MARK`) of `alert_ids` are never sent: they
+    become `cancelled` with `why`. Returns the alerts that had such a row (never paged)."""
+    if not alert_ids:
+        return set()
+    rows = await conn.execute(
+        update(notifications)
+        .where(
+            notifications.c.alert_id.in_(list(alert_ids)),
+            notifications.c.status == "pending",
+            notifications.c.last_error == HELD_MARK,
+        )
+        .values(status="cancelled", last_error=why)
+        .returning(notifications.c.alert_id)
+    )
+    return {int(row.alert_id) for row in rows}

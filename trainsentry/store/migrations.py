@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import Column, Connection, ForeignKey, MetaData, Table
+from sqlalchemy import Column, Connection, DateTime, ForeignKey, MetaData, Table
 
 from trainsentry.store.schema import Id, alert_events
 
@@ -29,6 +29,17 @@ def _create_policy_inbox_v2(conn: Connection) -> None:
     ).create(conn)
 
 
+def _add_delivery_columns_v4(conn: Connection) -> None:
+    # Each backend's own spelling of a timezone-aware timestamp (as create_all writes it).
+    stamp = conn.dialect.type_compiler_instance.process(DateTime(timezone=True))
+    for column, sql_type in (
+        ("failing_since", stamp),
+        ("retried_by", "TEXT"),
+        ("retried_at", stamp),
+    ):
+        conn.exec_driver_sql(f"ALTER TABLE notifications ADD COLUMN {column} {sql_type}")
+
+
 MIGRATIONS: dict[int, list[Step]] = {
     1: [],
     # 2: the policy runs after the intake's commit, from a durable inbox of events
@@ -38,4 +49,7 @@ MIGRATIONS: dict[int, list[Step]] = {
         "ALTER TABLE policy_inbox ADD COLUMN urgency SMALLINT NOT NULL DEFAULT 2",
         "CREATE INDEX ix_policy_inbox_claim ON policy_inbox (urgency, event_id)",
     ],
+    # 4: the outbox gives up by elapsed time (failing_since); dead rows can be re-sent, and
+    # who did it is kept (retried_by, retried_at)
+    4: [_add_delivery_columns_v4],
 }

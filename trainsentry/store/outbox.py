@@ -40,17 +40,19 @@ class SendOutcome:
     provider_id: str | None = None
     last_error: str | None = None
     next_attempt_at: datetime | None = None
+    # the failing streak's start (None: sent, cancelled, or only rate-limited so far)
+    failing_since: datetime | None = None
 
 
-async def next_due_at(conn: AsyncConnection) -> datetime | None:
-    """When the earliest pending row becomes due (None when nothing is pending)."""
-    value = (
-        await conn.execute(
-            select(func.min(notifications.c.next_attempt_at)).where(
-                notifications.c.status == PENDING
-            )
-        )
-    ).scalar()
+async def next_due_at(conn: AsyncConnection, channel: str | None = None) -> datetime | None:
+    """When the earliest pending row (of `channel`, if given) becomes due (None when
+    nothing is pending)."""
+    query = select(func.min(notifications.c.next_attempt_at)).where(
+        notifications.c.status == PENDING
+    )
+    if channel is not None:
+        query = query.where(notifications.c.channel == channel)
+    value = (await conn.execute(query)).scalar()
     return value if isinstance(value, datetime) else None
 
 
@@ -168,6 +170,7 @@ async def record_outcomes(
             # a success keeps the last error, for the record of why it took several tries
             last_error=func.coalesce(bindparam("b_last_error"), notifications.c.last_error),
             next_attempt_at=bindparam("b_next"),
+            failing_since=bindparam("b_failing_since"),
             claimed_by=None,
             claimed_until=None,
         )
@@ -181,10 +184,66 @@ async def record_outcomes(
             "b_provider_id": o.provider_id,
             "b_last_error": o.last_error,
             "b_next": o.next_attempt_at or now,
+            "b_failing_since": o.failing_since,
         }
         for o in outcomes
     ]
     await conn.execute(stmt, params)
+
+
+async def renew_leases(
+    conn: AsyncConnection, worker_id: str, ids: Sequence[int], until: datetime
+) -> set[int]:
+    """Extends the lease of the rows among `ids` that `worker_id` still holds (status
+    `sending`, claimed by it) to `until`; returns those ids. A row missing from the answer
+    was taken back (its lease ran out and another replica claimed it): never send it."""
+    held: set[int] = set()
+    for start in range(0, len(ids), 1000):
+        result = await conn.execute(
+            update(notifications)
+            .where(
+                notifications.c.id.in_(ids[start : start + 1000]),
+                notifications.c.status == SENDING,
+                notifications.c.claimed_by == worker_id,
+            )
+            .values(claimed_until=until)
+            .returning(notifications.c.id)
+        )
+        held.update(int(i) for i in result.scalars())
+    return held
+
+
+async def requeue_dead(
+    conn: AsyncConnection,
+    *,
+    ids: Sequence[int] | None,
+    channel: str | None,
+    created_since: datetime | None,
+    by: str,
+    now: datetime,
+) -> list[int]:
+    """Dead rows matching every filter given (`ids`, `channel`, created at or after
+    `created_since`; none given: every dead row) are pending and due now, with a new failing
+    streak; who asked and when is kept in `retried_by`/`retried_at`. Returns their ids."""
+    query = update(notifications).where(notifications.c.status == DEAD)
+    if ids is not None:
+        query = query.where(notifications.c.id.in_(list(ids)))
+    if channel is not None:
+        query = query.where(notifications.c.channel == channel)
+    if created_since is not None:
+        query = query.where(notifications.c.created_at >= created_since)
+    result = await conn.execute(
+        query.values(
+            status=PENDING,
+            next_attempt_at=now,
+            failing_since=None,
+            claimed_by=None,
+            claimed_until=None,
+            retried_by=by,
+            retried_at=now,
+        ).returning(notifications.c.id)
+    )
+    return sorted(int(i) for i in result.scalars())
 
 
 async def cancel_calls(

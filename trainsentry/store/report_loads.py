@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trainsentry.alerts import Priority
@@ -65,6 +65,11 @@ class Occurrence:
     resolved_at: datetime | None
     acked_at: datetime | None
     acked_by: str | None
+    #: The hang diagnosis' verdict ("hang", "checkpoint", "ok", ...), "" when none was made.
+    verdict: str = ""
+    #: When the stall began, as the probe's trigger said (its `stalled_since` annotation,
+    #: kept only when it lies within a day before `starts_at`); None for other alerts.
+    stalled_since: datetime | None = None
 
     @property
     def job_ref(self) -> str:
@@ -122,7 +127,23 @@ def _occurrence(row: Any) -> Occurrence:
         resolved_at=row.resolved_at,
         acked_at=row.acked_at,
         acked_by=row.acked_by,
+        verdict=str(row.verdict.get("verdict", "")) if isinstance(row.verdict, dict) else "",
+        stalled_since=_stalled_since(annotations.get("stalled_since"), row.starts_at),
     )
+
+
+def _stalled_since(raw: Any, starts_at: datetime) -> datetime | None:
+    """The trigger's stall start if it is a time within a day before `starts_at`, else None
+    (annotations are attacker-controlled: anything else is ignored, never an error)."""
+    if not isinstance(raw, str) or len(raw) > 64:
+        return None
+    try:
+        since = datetime.fromisoformat(raw)
+    except ValueError:
+        return None
+    if since.tzinfo is None or not starts_at - timedelta(days=1) <= since <= starts_at:
+        return None
+    return since
 
 
 def _scope_clause(scope: Scope) -> Any:
@@ -226,3 +247,25 @@ async def load_storms(
         event = str(payload.get("event", "")).removeprefix("storm_")
         rows.append(StormRow(job, event, at, total, row.priority))
     return rows
+
+
+async def load_first_notices(
+    conn: AsyncConnection, alert_ids: Iterable[int]
+) -> dict[int, datetime]:
+    """alert id -> when its first notification (any channel) was sent; alerts with none sent
+    (a hang the diagnosis did not page) are absent."""
+    found: dict[int, datetime] = {}
+    wanted = sorted(set(alert_ids))
+    for i in range(0, len(wanted), _IN_CHUNK):
+        query = (
+            select(notifications.c.alert_id, func.min(notifications.c.sent_at))
+            .where(
+                notifications.c.alert_id.in_(wanted[i : i + _IN_CHUNK]),
+                notifications.c.sent_at.is_not(None),
+            )
+            .group_by(notifications.c.alert_id)
+        )
+        for alert_id, first in await conn.execute(query):
+            if first is not None:
+                found[int(alert_id)] = first
+    return found

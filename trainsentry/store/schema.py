@@ -37,7 +37,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -172,6 +172,12 @@ notifications = Table(
     Column("sent_at", UTCDateTime, nullable=True),
     Column("provider_id", Text, nullable=True),
     Column("last_error", Text, nullable=True),
+    # since when the row's sends fail without a break (None once sent, or never failed); the
+    # outbox gives up by this elapsed time, not by attempts (gateway/policy/delivery.py)
+    Column("failing_since", UTCDateTime, nullable=True),
+    # the last manual re-send of a dead row (`trainsentry outbox retry`, the API): who, when
+    Column("retried_by", Text, nullable=True),
+    Column("retried_at", UTCDateTime, nullable=True),
 )
 Index("ix_notifications_due", notifications.c.status, notifications.c.next_attempt_at)
 Index(

@@ -72,6 +72,8 @@ def test_triggers_of_one_collective_from_different_ranks_are_one_alert() -> None
         "source": "probe",
     }
     assert "tp-1" in alerts[0].annotations["summary"]
+    # When the stall began, for the weekly report's time to detection: NOW - waited.
+    assert alerts[0].annotations["stalled_since"] == (NOW - timedelta(seconds=21.3)).isoformat()
 
 
 @pytest.mark.parametrize(

@@ -12,15 +12,18 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.support.receiver import Receiver
 from trainsentry.alerts import NotificationDraft, Priority, utcnow
+from trainsentry.gateway.policy.delivery import DeliveryRules
 from trainsentry.gateway.stages.outbox import Outbox
-from trainsentry.gateway.stages.outbox import SendRetry as RetryPolicy
 from trainsentry.notifiers.ratelimit import RateLimit, SlidingWindow
 from trainsentry.notifiers.webhook import WebhookNotifier
 from trainsentry.store import create_engine
 from trainsentry.store.schema import notifications
 from trainsentry.store.writes import insert_notifications
 
-FAST_RETRY = RetryPolicy(max_attempts=4, base_delay=0.01, max_delay=0.05)
+# Scaled time: give up after 0.3 s of failing, back off from 10 ms to 50 ms.
+FAST_RETRY = DeliveryRules(
+    give_up_after=dict.fromkeys(Priority, 0.3), base_delay=0.01, max_delay=0.05
+)
 
 
 def drafts(count: int, group: str = "g", prefix: str = "n") -> list[NotificationDraft]:
@@ -81,7 +84,7 @@ async def drain(outbox: Outbox, rounds: int = 200) -> None:
 async def test_retries_then_sends_once(engine: AsyncEngine, receiver: Receiver) -> None:
     receiver.fail_first = 2
     await enqueue(engine, drafts(1))
-    outbox = Outbox(engine, {"webhook": WebhookNotifier(receiver.url)}, retry=FAST_RETRY)
+    outbox = Outbox(engine, {"webhook": WebhookNotifier(receiver.url)}, rules=FAST_RETRY)
     await drain(outbox)
     await outbox.aclose()
     assert receiver.requests == 3 and receiver.unique == 1
@@ -96,16 +99,20 @@ async def test_permanent_error_and_exhausted_retries_end_dead(
     receiver.fail_first = 10**6
     await enqueue(engine, drafts(2))
     notifier = WebhookNotifier(receiver.url.replace("/hook", "/missing"))  # 404: permanent
-    outbox = Outbox(engine, {"webhook": notifier}, retry=FAST_RETRY)
+    outbox = Outbox(engine, {"webhook": notifier}, rules=FAST_RETRY)
     await drain(outbox)
     assert await statuses(engine) == {"dead": 2}
     assert receiver.requests == 0
 
     await enqueue(engine, drafts(1, group="h", prefix="m"))
-    outbox2 = Outbox(engine, {"webhook": WebhookNotifier(receiver.url)}, retry=FAST_RETRY)
+    outbox2 = Outbox(engine, {"webhook": WebhookNotifier(receiver.url)}, rules=FAST_RETRY)
+    started = asyncio.get_running_loop().time()
     await drain(outbox2)
-    assert receiver.requests == FAST_RETRY.max_attempts  # 500 every time, then dead
+    failing_for = asyncio.get_running_loop().time() - started
     assert await statuses(engine) == {"dead": 3}
+    # 500 every time: dead once it has failed for 0.3 s (the last try placed at that moment)
+    assert 0.3 <= failing_for < 1.5
+    assert receiver.requests >= 4
     await outbox.aclose()
     await outbox2.aclose()
 
@@ -115,7 +122,7 @@ async def test_order_is_kept_per_group_across_retries(
 ) -> None:
     receiver.rate_limit_every = 3  # every third request is told to slow down
     await enqueue(engine, drafts(6, group="a", prefix="a") + drafts(6, group="b", prefix="b"))
-    outbox = Outbox(engine, {"webhook": WebhookNotifier(receiver.url)}, retry=FAST_RETRY)
+    outbox = Outbox(engine, {"webhook": WebhookNotifier(receiver.url)}, rules=FAST_RETRY)
     await drain(outbox)
     await outbox.aclose()
     for group in ("a", "b"):
@@ -130,7 +137,7 @@ async def test_rate_limits_are_never_exceeded(engine: AsyncEngine, receiver: Rec
     outbox = Outbox(
         engine,
         {"webhook": WebhookNotifier(receiver.url)},
-        retry=FAST_RETRY,
+        rules=FAST_RETRY,
         rate_limits={"webhook": [(3, 0.5)]},
     )
     await drain(outbox)
@@ -154,7 +161,7 @@ async def test_a_p0_is_claimed_before_an_older_backlog_but_not_before_its_own_gr
     await enqueue(engine, [ranked("p0", "alert:p0", Priority.P0)])
     # one row per claim, as a rate-limited channel's backlog would be claimed
     outbox = Outbox(
-        engine, {"webhook": WebhookNotifier(receiver.url)}, retry=FAST_RETRY, claim_batch=1
+        engine, {"webhook": WebhookNotifier(receiver.url)}, rules=FAST_RETRY, claim_batch=1
     )
     await drain(outbox)
     await outbox.aclose()
@@ -189,7 +196,7 @@ async def test_a_claimed_batch_is_sent_most_urgent_first(
     outbox = Outbox(
         engine,
         {"webhook": WebhookNotifier(receiver.url)},
-        retry=FAST_RETRY,
+        rules=FAST_RETRY,
         rate_limits={"webhook": [(1, 0.05)]},
     )
     await drain(outbox)
@@ -222,6 +229,7 @@ async def test_expired_lease_is_taken_over(engine: AsyncEngine, receiver: Receiv
         {"webhook": WebhookNotifier(receiver.url)},
         worker_id="crashed",
         lease_seconds=30,
+        send_deadline=10,
         clock=lambda: now,
     )
     claimed = await crashed.claim()  # claimed, then the worker "dies" before sending

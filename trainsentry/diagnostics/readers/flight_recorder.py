@@ -56,6 +56,8 @@ from trainsentry.diagnostics.readers import CAPTURED_AT_SUFFIX
 from trainsentry.diagnostics.topology import Topology
 
 _V = TypeVar("_V")
+#: What entries carry for a group created without `group_desc`.
+_NO_DESC = frozenset({"", "undefined"})
 SUPPORTED_MAJOR = 2
 MAX_KNOWN_MINOR = 10
 _RANK_SUFFIX = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)$")
@@ -463,6 +465,9 @@ def parse_dump(
             listed.update(r for r in ranks if r >= 0)
             if name and ranks:
                 pg_ranks[name] = ranks
+            desc = value.get("desc")
+            if name and isinstance(desc, str) and desc and pg_desc.get(name) in _NO_DESC:
+                pg_desc[name] = desc  # entries without a description: pg_config's
     last_enqueued, last_started = _pg_status(dump.get("pg_status"), by_pg, pg_id_to_name)
     arrays = {name: columns.to_arrays() for name, columns in by_pg.items()}
     return RankDump(

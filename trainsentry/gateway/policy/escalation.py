@@ -163,6 +163,16 @@ def acknowledge(state: dict[str, Any], alert_id: int, who: str, now: datetime) -
     return new
 
 
+def postpone(state: dict[str, Any], alert_id: int, until: datetime) -> dict[str, Any]:
+    """Pure: the next step of `alert_id`'s open incident comes no earlier than `until` (its
+    page is held back, e.g. a checkpoint within its limit); a stopped incident is unchanged."""
+    new = _copy(state)
+    incident = new["incidents"].get(str(alert_id))
+    if incident is not None and incident["status"] == OPEN and incident["next_at"] is not None:
+        incident["next_at"] = _iso(max(_time(incident["next_at"]), until))
+    return new
+
+
 def resolve(state: dict[str, Any], alert_id: int, now: datetime) -> dict[str, Any]:
     """Stops the escalation because the alert resolved."""
     return _stop(state, alert_id, RESOLVED, now)

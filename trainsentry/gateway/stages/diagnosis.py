@@ -31,9 +31,10 @@ from trainsentry.gateway.stages.hang_enrichment import (
     enrich_hang,
 )
 from trainsentry.gateway.stages.hang_trigger import ALERTNAME as TRIGGER_ALERTNAME
+from trainsentry.gateway.stages.paging import Paging
 from trainsentry.kubeclient import default_api_client
-from trainsentry.store.alert_state import save_verdict
-from trainsentry.store.engine import Engine
+from trainsentry.store.alert_state import cancel_held, save_verdict
+from trainsentry.store.engine import Connection, Engine
 
 log = logging.getLogger("trainsentry.diagnosis")
 
@@ -57,10 +58,20 @@ class DiagnosisSettings(BaseModel):
     # list pods).
     static_endpoints: dict[str, list[str]] = Field(default_factory=dict)
     kubernetes: bool = False
+    # A checkpoint (every culprit saving one while its peers wait) is paged only once the
+    # peers have waited this long; a TrainingJob's spec.checkpointLimitSeconds overrides it.
+    checkpoint_limit_seconds: float = Field(default=1800.0, ge=5, le=7 * 86400)
 
 
 class EndpointResolver(Protocol):
     async def __call__(self, job: JobRef) -> list[RankEndpoint]: ...
+
+
+def checkpoint_limit_of(resolver: EndpointResolver, job: JobRef) -> float | None:
+    """The job's own checkpoint limit, where its resolver read one (the TrainingJob's
+    `spec.checkpointLimitSeconds`, seen by the last call for that job), else None."""
+    limits = getattr(resolver, "checkpoint_limits", None)
+    return limits.get(job) if isinstance(limits, dict) else None
 
 
 class StaticEndpoints:
@@ -77,6 +88,8 @@ class KubernetesEndpoints:
 
     def __init__(self, api_client: Any | None = None) -> None:
         self._api_client = api_client
+        #: job -> spec.checkpointLimitSeconds as last read (absent: the spec sets none)
+        self.checkpoint_limits: dict[JobRef, float] = {}
 
     async def _client(self) -> Any:
         if self._api_client is None:
@@ -94,6 +107,10 @@ class KubernetesEndpoints:
             "trainsentry.io", "v1alpha1", job.namespace, "trainingjobs", job.name
         )
         spec = TrainingJobSpec.model_validate(body.get("spec") or {})
+        if spec.checkpointLimitSeconds is None:
+            self.checkpoint_limits.pop(job, None)
+        elif len(self.checkpoint_limits) < 10_000 or job in self.checkpoint_limits:
+            self.checkpoint_limits[job] = float(spec.checkpointLimitSeconds)
         core = client.CoreV1Api(api_client)
         pods = await core.list_namespaced_pod(
             job.namespace, label_selector=spec.pod_selector().as_string()
@@ -119,6 +136,8 @@ class HangDiagnoser:
         clock: Callable[[], datetime],
         on_release: Callable[[], None] | None = None,
         on_verdict: Callable[[AlertChange, HangVerdict], None] | None = None,
+        paging: Paging | None = None,
+        lock: asyncio.Lock | None = None,
     ) -> None:
         self._engine = engine
         self.settings = settings
@@ -128,6 +147,10 @@ class HangDiagnoser:
         self._clock = clock
         self._on_release = on_release
         self._on_verdict = on_verdict
+        # A page cancelled (not a hang) also stops its phone escalation, under the policy's
+        # lock like an ack: the escalation state is one document the ticker also writes.
+        self._paging = paging
+        self._lock = lock or asyncio.Lock()
         self._tasks: set[asyncio.Task[HangVerdict | None]] = set()
         self._quiet: set[int] = set()  # alerts whose page was cancelled (checkpoint)
 
@@ -139,21 +162,31 @@ class HangDiagnoser:
     def is_hang(self, alert: Alert) -> bool:
         return alert.name in self._alertnames and alert.job is not None
 
-    def hold(
-        self, changes: Sequence[AlertChange], drafts: Sequence[NotificationDraft], now: datetime
+    async def hold(
+        self,
+        conn: Connection,
+        changes: Sequence[AlertChange],
+        drafts: Sequence[NotificationDraft],
+        now: datetime,
     ) -> None:
-        """Holds the notifications of newly firing hang alerts until their diagnosis; the
-        resolution of an alert whose page was cancelled (a checkpoint, not a hang) is written
-        cancelled too: nobody was paged, so nobody is told it is over. (Remembered in memory:
+        """Holds the notifications of newly firing hang alerts until their diagnosis. When a
+        hang alert resolves, pages still held for a checkpoint's limit are cancelled (the
+        save ended in time), and the resolution of an alert nobody was paged for (those, or
+        a page the diagnosis cancelled) is written cancelled too: nobody is told it is over.
+        (Held pages are known to the store; cancelled ones are remembered in memory, so
         after a restart such a resolution is sent.)"""
         held = {
             c.alert_id for c in changes if c.kind is ChangeKind.FIRING and self.is_hang(c.alert)
         }
+        ended = [
+            c.alert_id for c in changes if c.kind is not ChangeKind.FIRING and self.is_hang(c.alert)
+        ]
+        unpaged = await cancel_held(conn, ended, "the checkpoint ended within its limit")
         until = now + timedelta(seconds=self.settings.hold_seconds)
         for draft in drafts:
             if draft.alert_id in held:
                 draft.extra["not_before"] = until
-            elif draft.alert_id in self._quiet:
+            elif draft.alert_id in self._quiet or draft.alert_id in unpaged:
                 draft.extra["status"] = "cancelled"
 
     def start(self, changes: Collection[AlertChange]) -> None:
@@ -182,7 +215,15 @@ class HangDiagnoser:
                 deadline_s=self.settings.deadline_seconds,
                 concurrency=self.settings.concurrency,
             )
-            await self._store(change.alert_id, verdict, quiet=_not_a_page(change, verdict))
+            page_summary, hold_until = verdict.summary, None
+            if verdict.verdict == "checkpoint":
+                limit = checkpoint_limit_of(self._resolver, job)
+                limit = self.settings.checkpoint_limit_seconds if limit is None else limit
+                page_summary, hold_until = past_checkpoint_limit(verdict, limit, self._clock())
+            quiet = _not_a_page(change, verdict)
+            await self._store(
+                change.alert_id, verdict, page_summary, quiet=quiet, hold_until=hold_until
+            )
             if self._on_verdict is not None:
                 self._on_verdict(change, verdict)
             return verdict
@@ -190,28 +231,45 @@ class HangDiagnoser:
             log.warning("diagnosis failed job=%s error=%s: %s", job, type(exc).__name__, exc)
             return None
 
-    async def _store(self, alert_id: int, verdict: HangVerdict, *, quiet: bool) -> None:
+    async def _store(
+        self,
+        alert_id: int,
+        verdict: HangVerdict,
+        page_summary: str,
+        *,
+        quiet: bool,
+        hold_until: datetime | None,
+    ) -> None:
         now = self._clock()
-        async with self._engine.begin() as conn:
-            # Not a hang after all (`_not_a_page`): the held pages are cancelled, not sent.
+        async with self._lock, self._engine.begin() as conn:
+            # Not a hang after all (`_not_a_page`): the held pages are cancelled, not sent,
+            # and the escalation they opened stops (its later steps would ring otherwise).
+            # A checkpoint within its limit: the pages (the first call too) wait until the
+            # limit and go out then unless the stall ends first (`settle`).
+            if quiet and self._paging is not None:
+                await self._paging.acknowledge(conn, alert_id, f"diagnosis: {verdict.verdict}", now)
+            elif hold_until is not None and self._paging is not None:
+                await self._paging.postpone(conn, alert_id, hold_until, now)
             released = await save_verdict(
                 conn,
                 alert_id,
                 verdict.to_dict(),
-                {"diagnosis": verdict.summary, "culprit_ranks": list(verdict.culprit_ranks)},
+                {"diagnosis": page_summary, "culprit_ranks": list(verdict.culprit_ranks)},
                 now,
                 cancel=quiet,
+                hold_until=hold_until,
             )
             if quiet:
                 if len(self._quiet) >= 10_000:  # bounded; a forgotten one only costs a notice
                     self._quiet.pop()
                 self._quiet.add(alert_id)
         log.info(
-            "diagnosis stored alert_id=%d verdict=%s culprits=%s released=%d",
+            "diagnosis stored alert_id=%d verdict=%s culprits=%s released=%d held_until=%s",
             alert_id,
             verdict.verdict,
             list(verdict.culprit_ranks),
             released,
+            hold_until.isoformat() if hold_until else "-",
         )
         if self._on_release is not None:
             self._on_release()
@@ -222,16 +280,32 @@ class HangDiagnoser:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
+def past_checkpoint_limit(
+    verdict: HangVerdict, limit_s: float, now: datetime
+) -> tuple[str, datetime | None]:
+    """Pure: what the page of a `checkpoint` verdict says, and when it goes out (None: now).
+
+    The peers began waiting `hang.waited_s` before the dumps were taken; once they have
+    waited `limit_s` the checkpoint is paged as one that does not end. Until then the pages
+    are held (the returned time); their text says what will be true when they go out.
+    """
+    hang = (verdict.report or {}).get("hang") or {}
+    waited = float(hang.get("waited_s") or 0.0)
+    page_at = now + timedelta(seconds=max(0.0, limit_s - waited))
+    minutes = f"{limit_s / 60:.0f} min" if limit_s >= 120 else f"{limit_s:.0f} s"
+    saving = verdict.summary.split("; its peers wait", 1)[0]
+    summary = f"{saving} past the job's checkpoint limit ({minutes}); its peers still wait"
+    return summary, (page_at if page_at > now else None)
+
+
 def _not_a_page(change: AlertChange, verdict: HangVerdict) -> bool:
     """Pure: whether a diagnosed hang alert's held pages are cancelled instead of sent.
 
-    - `checkpoint`: every culprit is saving a checkpoint while its peers wait (healthy).
+    (A `checkpoint` is not cancelled: its pages are held until the checkpoint limit.)
     - A probe's own stall alert whose dumps show no hang (`ok`, `slow`): the group moved on
       before the diagnosis looked (a long but finished wait, e.g. on a loaded node); the
       probe's threshold is adaptive, so this is a judgement the dumps overrule. The
       Prometheus rules' alerts keep their page: their thresholds are the user's choice.
     A diagnosis that could not look (`unknown`) never cancels: the page goes out.
     """
-    if verdict.verdict == "checkpoint":
-        return True
     return change.alert.name == TRIGGER_ALERTNAME and verdict.verdict in ("ok", "slow")

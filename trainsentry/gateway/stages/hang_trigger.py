@@ -123,6 +123,10 @@ def trigger_webhook(
             f"waited {trigger.waited_s:.0f} s in {what} of process group {trigger.pg} "
             f"({group}); its group's stall threshold is {trigger.threshold_s:.0f} s."
         ),
+        # When the stall began: the weekly report measures time to detection from it.
+        "stalled_since": ((now or starts_at) - timedelta(seconds=trigger.waited_s))
+        .astimezone(UTC)
+        .isoformat(),
         "why": (
             "A rank's probe saw its peers wait far longer than this process group normally "
             "takes: some rank never entered the collective. The diagnosis names it."

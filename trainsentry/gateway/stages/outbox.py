@@ -1,16 +1,23 @@
-"""The durable outbox: rows written by the intake transaction are sent here by channel.
+"""The durable outbox: rows written by the policy's transaction are sent here by channel.
 
-- A row is claimed before it is sent (status `sending`, a lease with our worker id). On
-  PostgreSQL the claim uses `FOR UPDATE SKIP LOCKED`, so with several gateway replicas each
-  row is sent by exactly one of them. A lease that expires (the sender crashed) puts the row
-  back to `pending`.
-- Order is kept per (channel, group_key): a row is only claimed when no older row of its group
-  is still pending or being sent.
-- Failures are retried with exponential backoff and full jitter; `RateLimitedError` waits at
-  least what the provider asked; `PermanentError` and `max_attempts` failures end as `dead`.
-- Delivery is at-least-once: a crash between a provider's answer and our commit resends the
-  rows whose outcome was not written yet (those in flight or waiting for the current write);
-  the idempotency key travels with them for providers that deduplicate.
+- Every channel has its own send slots (`slots`, 16 by default) and its own loop, which
+  claims no more rows than it has free slots: a slow or rate-limited channel never delays
+  another channel's sends, phone calls included.
+- Every send has a total deadline (`send_deadline`, 30 s: connect, request and the whole
+  answer, body included, for every channel); a send past it is a retryable failure. So an
+  endpoint that trickles its answer holds one slot for at most the deadline.
+- A row is claimed before it is sent (status `sending`, a lease with our worker id; on
+  PostgreSQL `FOR UPDATE SKIP LOCKED`). Leases of rows in hand are renewed every quarter
+  lease; a send starts only while its row's lease has more than the deadline left (renewed
+  first if not, and skipped if the row was taken back), so no other replica can claim a row
+  while it is being sent. A lease that expires (its holder crashed) puts the row back.
+- Order is kept per (channel, group_key): a row is only claimed when no older row of its
+  group is still pending or being sent.
+- Retries and giving up follow gateway/policy/delivery.py: by elapsed time of failing, not
+  by attempts; a rate-limit answer is never a failure. `PermanentError` ends `dead` at once.
+- Delivery is at-least-once: a row holds its slot until its outcome is committed, so after a
+  crash at most `slots` rows per channel went out without their outcome written, and only
+  those are sent again; the idempotency key travels with them for providers that deduplicate.
 """
 
 from __future__ import annotations
@@ -22,19 +29,21 @@ import os
 import random
 import secrets
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from trainsentry.alerts import Priority, utcnow
 from trainsentry.gateway.metrics import GatewayMetrics
+from trainsentry.gateway.policy.delivery import DeliveryRules, after_failure, after_rate_limit
 from trainsentry.notifiers.base import (
     Notifier,
     NotifierError,
     OutboundNotification,
     PermanentError,
     RateLimitedError,
+    RetryableError,
     Withdrawn,
 )
 from trainsentry.notifiers.ratelimit import RateGate, RateLimit, Slot
@@ -50,6 +59,8 @@ from trainsentry.store.outbox import (
     record_outcomes,
     recover_expired_leases,
     release_earlier_leases,
+    renew_leases,
+    requeue_dead,
 )
 from trainsentry.store.outbox import SendOutcome as _Outcome
 from trainsentry.tasks import OwnedTask, wait_for_event
@@ -57,22 +68,35 @@ from trainsentry.tasks import OwnedTask, wait_for_event
 log = logging.getLogger("trainsentry.outbox")
 
 
-@dataclass(frozen=True, slots=True)
-class SendRetry:
-    max_attempts: int = 8
-    base_delay: float = 1.0
-    max_delay: float = 300.0
-
-    def delay(self, attempts: int, rng: random.Random) -> float:
-        """Full-jitter exponential backoff for the attempt that just failed (1-based)."""
-        ceiling = min(self.max_delay, self.base_delay * (2 ** (attempts - 1)))
-        return rng.uniform(ceiling / 2, ceiling)
-
-
 def default_worker_id() -> str:
     """`host:pid:nonce`. The nonce tells runs apart that share host and pid: a restarted
     container keeps its pod's hostname and runs the gateway as PID 1 again."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+@dataclass(slots=True)
+class _Claimed:
+    """A row in hand: what the channel gets, the failing streak so far, our lease's end."""
+
+    row: OutboundNotification
+    failing_since: datetime | None
+    lease_until: datetime
+
+
+class _Lane:
+    """One channel's send slots and wake-up signal."""
+
+    def __init__(self, slots: int) -> None:
+        self.free = slots
+        self.changed = asyncio.Event()
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def take(self, count: int) -> None:
+        self.free -= count
+
+    def give(self) -> None:
+        self.free += 1
+        self.changed.set()
 
 
 class Outbox:
@@ -83,19 +107,22 @@ class Outbox:
         *,
         metrics: GatewayMetrics | None = None,
         worker_id: str | None = None,
-        retry: SendRetry | None = None,
+        rules: DeliveryRules | None = None,
         rate_limits: Mapping[str, list[tuple[int, float]]] | None = None,
         lease_seconds: float = 60.0,
-        claim_batch: int = 200,
-        concurrency: int = 16,
+        send_deadline: float = 30.0,
+        slots: int = 16,
+        claim_batch: int | None = None,
         clock: Callable[[], datetime] = utcnow,
         rng: random.Random | None = None,
     ) -> None:
+        if not 0 < send_deadline < lease_seconds:
+            raise ValueError("the send deadline must be shorter than the lease")
         self._engine = engine
         self._notifiers = dict(notifiers)
         self._metrics = metrics
         self.worker_id = worker_id or default_worker_id()
-        self._retry = retry or SendRetry()
+        self.rules = rules or DeliveryRules()
         # The channels' own gate (notifiers/ratelimit.py): a send counts from its answer, so
         # the provider never sees more than the limit, however late a request arrives there.
         # The outbox waits for its turn rather than giving up (max_wait).
@@ -105,15 +132,19 @@ class Outbox:
             if any(c > 0 for c, _ in limits)
         }
         self._lease = timedelta(seconds=lease_seconds)
-        self._claim_batch = claim_batch
-        self._semaphore = asyncio.Semaphore(concurrency)
+        self._deadline = send_deadline
+        self._claim_batch = claim_batch or slots
+        self._lanes = {channel: _Lane(slots) for channel in self._notifiers}
+        self._held: dict[int, _Claimed] = {}  # rows in hand, for lease renewal
         self._clock = clock
         self._rng = rng or random.Random()
-        self._wakeup = asyncio.Event()
+        self._unwritten: list[_Outcome] = []
+        self._writing = asyncio.Lock()
         self._task = OwnedTask("outbox", self.run)
 
     def wake(self) -> None:
-        self._wakeup.set()
+        for lane in self._lanes.values():
+            lane.changed.set()
 
     def start(self) -> None:
         self._task.start()
@@ -122,53 +153,89 @@ class Outbox:
         await self._task.stop()
 
     async def run(self) -> None:
-        while True:
-            try:
-                sent_any = await self.run_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # the store may be down; keep the loop alive
-                log.exception("outbox cycle failed")
-                sent_any = False
-            if sent_any:
-                continue
-            self._wakeup.clear()
-            timeout = await self._idle_wait()
-            await wait_for_event(self._wakeup, timeout)
+        """One loop per channel, and one that renews our leases and recovers expired ones."""
+        loops = [self._lane_loop(channel) for channel in self._lanes]
+        try:
+            await asyncio.gather(self._lease_loop(), *loops)
+        finally:
+            for lane in self._lanes.values():
+                for task in list(lane.tasks):
+                    task.cancel()
+                await asyncio.gather(*lane.tasks, return_exceptions=True)
 
-    async def _idle_wait(self) -> float:
-        """Seconds until the next row becomes due (bounded), so retries are not late."""
+    async def _lane_loop(self, channel: str) -> None:
+        lane = self._lanes[channel]
+        while True:
+            lane.changed.clear()
+            claimed: list[_Claimed] = []
+            if lane.free > 0:
+                try:
+                    claimed = await self._claim_channel(channel)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # the store may be down; keep the loop alive
+                    log.exception("outbox claim failed channel=%s", channel)
+            for item in claimed:
+                task = asyncio.create_task(self._send_one(item))
+                lane.tasks.add(task)
+                task.add_done_callback(lane.tasks.discard)
+            if claimed and lane.free > 0:
+                continue  # there may be more due rows than one claim took
+            await wait_for_event(lane.changed, await self._idle_wait(channel, lane))
+
+    async def _idle_wait(self, channel: str, lane: _Lane) -> float:
+        """Seconds until the channel's next row becomes due (bounded), so retries are not
+        late; a lane without free slots waits for one (a finished send sets `changed`)."""
+        if lane.free <= 0:
+            return 5.0
         try:
             async with self._engine.connect() as conn:
-                next_due = await next_due_at(conn)
+                next_due = await next_due_at(conn, channel)
         except Exception:
             return 1.0
         if next_due is None:
             return 5.0
         return min(5.0, max(0.01, (next_due - self._clock()).total_seconds()))
 
+    async def _lease_loop(self) -> None:
+        """Every quarter lease: renew the leases of the rows in hand, recover expired ones."""
+        while True:
+            try:
+                await self.renew_leases()
+                await self.recover_expired_leases()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("outbox lease upkeep failed")
+            await asyncio.sleep(self._lease.total_seconds() / 4)
+
+    async def renew_leases(self, ids: Sequence[int] | None = None) -> set[int]:
+        """Extends our lease on the rows in hand (or `ids` of them); returns those still ours.
+        A row another replica took back is dropped from our hands."""
+        wanted = [i for i in (self._held if ids is None else ids) if i in self._held]
+        if not wanted:
+            return set()
+        until = self._clock() + self._lease
+        async with self._engine.begin() as conn:
+            held = await renew_leases(conn, self.worker_id, wanted, until)
+        for row_id in wanted:
+            item = self._held.get(row_id)
+            if item is None:
+                continue
+            if row_id in held:
+                item.lease_until = until
+            else:
+                log.warning("notification taken back by another replica id=%d", row_id)
+        return held
+
     async def run_once(self) -> bool:
-        """Recovers expired leases, claims due rows, sends them. True if any were claimed."""
+        """Recovers expired leases, claims due rows of every channel (up to its free slots)
+        and sends them, waiting for all. True if any were claimed."""
         await self.recover_expired_leases()
-        claimed = await self.claim()
+        claimed = await self._claim_all()
         if not claimed:
             return False
-        # Each outcome is written as soon as its send finishes; outcomes that finish while a
-        # write is under way are written together by the next one (group commit). So a crash
-        # resends only rows in flight or waiting for that one write, and a burst of fast
-        # sends does not cost one transaction each.
-        unwritten: list[_Outcome] = []
-        writing = asyncio.Lock()
-
-        async def send_and_record(row: OutboundNotification) -> None:
-            unwritten.append(await self._deliver(row))
-            async with writing:
-                if unwritten:
-                    batch = unwritten[:]
-                    unwritten.clear()
-                    await self._record(batch)
-
-        await asyncio.gather(*(send_and_record(row) for row in claimed))
+        await asyncio.gather(*(self._send_one(item) for item in claimed))
         return True
 
     async def drain(self, within: float = 30.0) -> None:
@@ -204,72 +271,127 @@ class Outbox:
         async with self._engine.begin() as conn:
             return await recover_expired_leases(conn, now)
 
+    async def retry_dead(
+        self,
+        *,
+        by: str,
+        ids: Sequence[int] | None = None,
+        channel: str | None = None,
+        created_since: datetime | None = None,
+    ) -> list[int]:
+        """Re-sends dead rows matching the filters (audited: `by`, now); returns their ids."""
+        async with self._engine.begin() as conn:
+            requeued = await requeue_dead(
+                conn,
+                ids=ids,
+                channel=channel,
+                created_since=created_since,
+                by=by,
+                now=self._clock(),
+            )
+        if requeued:
+            log.warning("dead notifications re-sent by=%r count=%d", by, len(requeued))
+            self.wake()
+        return requeued
+
     def _claim_limit(self, channel: str) -> int:
-        """How many rows of `channel` to claim now: no more than its rate limits let us send
-        well within one lease, so a claimed row never outlives its lease waiting for a token."""
+        """How many rows of `channel` to claim now: no more than its free slots, and no more
+        than its rate limits let us send well within one lease, so a claimed row never
+        outlives its lease waiting for a token."""
+        limit = min(self._claim_batch, self._lanes[channel].free)
         gate = self._gates.get(channel)
         if gate is None:
-            return self._claim_batch
+            return limit
         horizon = self._lease.total_seconds() / 2
         allowed = min(
             max(1, int(limit.count * max(1.0, horizon / limit.per_seconds)))
             for limit in gate.limits
         )
-        return min(self._claim_batch, allowed)
+        return min(limit, allowed)
+
+    async def _claim_channel(self, channel: str) -> list[_Claimed]:
+        limit = self._claim_limit(channel)
+        if limit <= 0:
+            return []
+        now = self._clock()
+        lease_until = now + self._lease
+        async with self._engine.begin() as conn:
+            rows = await claim_notifications(
+                conn,
+                channel,
+                limit=limit,
+                now=now,
+                worker_id=self.worker_id,
+                lease_until=lease_until,
+            )
+        self._lanes[channel].take(len(rows))
+        claimed = sorted(
+            (_claimed(row, lease_until) for row in rows),
+            # at most one row per group is claimed, so this keeps each group's order
+            key=lambda c: (c.row.priority.level, c.row.id),
+        )
+        for item in claimed:
+            self._held[item.row.id] = item
+        return claimed
 
     async def claim(self) -> list[OutboundNotification]:
         """Claims due rows of every channel (see `_claim_limit`): most urgent priority first
         ("P0" < "P1" < ... as text), then oldest; within a group strictly in order."""
-        now = self._clock()
-        rows: list[Any] = []
-        async with self._engine.begin() as conn:
-            for channel in self._notifiers:
-                rows.extend(
-                    await claim_notifications(
-                        conn,
-                        channel,
-                        limit=self._claim_limit(channel),
-                        now=now,
-                        worker_id=self.worker_id,
-                        lease_until=now + self._lease,
-                    )
-                )
-        return sorted(
-            (
-                OutboundNotification(
-                    id=int(row.id),
-                    channel=row.channel,
-                    kind=row.kind,
-                    priority=Priority(row.priority),
-                    payload=dict(row.payload),
-                    idempotency_key=row.idempotency_key,
-                    group_key=row.group_key,
-                    created_at=row.created_at,
-                    attempts=int(row.attempts),
-                )
-                for row in rows
-            ),
-            # at most one row per group is claimed, so this keeps each group's order
-            key=lambda n: (n.priority.level, n.id),
-        )
+        return [item.row for item in await self._claim_all()]
 
-    async def _deliver(self, row: OutboundNotification) -> _Outcome:
+    async def _claim_all(self) -> list[_Claimed]:
+        claimed: list[_Claimed] = []
+        for channel in self._lanes:
+            claimed.extend(await self._claim_channel(channel))
+        return sorted(claimed, key=lambda c: (c.row.priority.level, c.row.id))
+
+    async def _send_one(self, item: _Claimed) -> None:
+        """Sends one claimed row and commits its outcome; its slot is held until then."""
+        lane = self._lanes[item.row.channel]
+        try:
+            outcome = await self._deliver(item)
+            if outcome is not None:
+                await self._record(outcome)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the store may be down: the row comes back after its lease
+            log.exception("outbox could not record id=%d", item.row.id)
+        finally:
+            self._held.pop(item.row.id, None)
+            lane.give()
+
+    async def _still_ours(self, item: _Claimed) -> bool:
+        """True when the row's lease outlasts a whole send (renewing it first if needed)."""
+        margin = timedelta(seconds=self._deadline + 1.0)
+        if item.lease_until - self._clock() > margin:
+            return True
+        return item.row.id in await self.renew_leases([item.row.id])
+
+    async def _deliver(self, item: _Claimed) -> _Outcome | None:
+        row = item.row
         notifier = self._notifiers[row.channel]
         gate = self._gates.get(row.channel)
-        async with self._semaphore:
-            slot = await gate.acquire() if gate is not None else None
-            assert not isinstance(slot, float)  # max_wait is infinite: it waits, never declines
+        slot = await gate.acquire() if gate is not None else None
+        assert not isinstance(slot, float)  # max_wait is infinite: it waits, never declines
+        try:
+            if not await self._still_ours(item):
+                return None  # another replica took it back: it sends it, not us
             started = self._clock()
             try:
-                receipt = await notifier.send(row)
+                async with asyncio.timeout(self._deadline):
+                    receipt = await notifier.send(row)
+            except TimeoutError:
+                return self._failed(
+                    item, RetryableError(f"no answer within the {self._deadline:g} s deadline")
+                )
             except NotifierError as exc:
-                return self._failed(row, exc)
+                return self._failed(item, exc)
             except Exception as exc:  # a bug in a channel must not stop the outbox
                 log.exception("channel=%s id=%d unexpected error", row.channel, row.id)
-                return self._failed(row, NotifierError(f"{type(exc).__name__}: {exc}"))
-            finally:
-                if gate is not None and isinstance(slot, Slot):
-                    gate.done(slot)
+                return self._failed(item, NotifierError(f"{type(exc).__name__}: {exc}"))
+        finally:
+            if gate is not None and isinstance(slot, Slot):
+                gate.done(slot)
         if self._metrics is not None:
             self._metrics.sends.labels(row.channel, "sent").inc()
             self._metrics.send_latency.labels(row.channel).observe(
@@ -283,55 +405,77 @@ class Outbox:
             provider_id=receipt.provider_id,
         )
 
-    def _failed(self, row: OutboundNotification, exc: NotifierError) -> _Outcome:
-        attempts = row.attempts + 1
-        error = f"{type(exc).__name__}: {exc}"[:2000]
+    def _failed(self, item: _Claimed, exc: NotifierError) -> _Outcome:
+        """The outcome of a failed try (gateway/policy/delivery.py decides retry or dead)."""
+        row, now = item.row, self._clock()
+        attempts, error = row.attempts + 1, f"{type(exc).__name__}: {exc}"[:2000]
         if isinstance(exc, Withdrawn):
             log.info("notification withdrawn channel=%s id=%d: %s", row.channel, row.id, exc)
-            outcome = _Outcome(row.id, CANCELLED, attempts, last_error=error)
-            label = "cancelled"
-        elif isinstance(exc, PermanentError) or attempts >= self._retry.max_attempts:
-            log.error(
-                "notification dead channel=%s id=%d attempts=%d error=%r",
-                row.channel,
-                row.id,
-                attempts,
-                error,
-            )
-            outcome = _Outcome(row.id, DEAD, attempts, last_error=error)
-            label = "dead"
+            label, verdict = "cancelled", None
+        elif isinstance(exc, RateLimitedError):
+            label = "rate_limited"
+            verdict = after_rate_limit(item.failing_since, now, exc.retry_after, self.rules)
         else:
-            delay = self._retry.delay(attempts, self._rng)
-            if isinstance(exc, RateLimitedError) and exc.retry_after is not None:
-                delay = max(delay, exc.retry_after)
-            log.warning(
-                "notification retry channel=%s id=%d attempts=%d in=%.2fs error=%r",
-                row.channel,
-                row.id,
-                attempts,
-                delay,
-                error,
-            )
-            outcome = _Outcome(
-                row.id,
-                PENDING,
-                attempts,
-                last_error=error,
-                next_attempt_at=self._clock() + timedelta(seconds=delay),
-            )
-            label = "rate_limited" if isinstance(exc, RateLimitedError) else "retry"
+            jitter = self._rng.random()
+            verdict = after_failure(row.priority, item.failing_since, now, self.rules, jitter)
+            label = "dead" if verdict.dead or isinstance(exc, PermanentError) else "retry"
         if self._metrics is not None:
             self._metrics.sends.labels(row.channel, label).inc()
-        return outcome
+        if verdict is None:
+            return _Outcome(row.id, CANCELLED, attempts, last_error=error)
+        since = verdict.failing_since
+        if label == "dead":
+            log.error(
+                "notification dead channel=%s id=%d attempts=%d failing_for=%.0fs error=%r",
+                *(row.channel, row.id, attempts, (now - (since or now)).total_seconds(), error),
+            )
+            return _Outcome(row.id, DEAD, attempts, last_error=error, failing_since=since)
+        retry_at = verdict.retry_at or now
+        log.warning(
+            "notification retry channel=%s id=%d attempts=%d in=%.2fs error=%r",
+            *(row.channel, row.id, attempts, (retry_at - now).total_seconds(), error),
+        )
+        return _Outcome(
+            row.id,
+            PENDING,
+            attempts,
+            last_error=error,
+            next_attempt_at=retry_at,
+            failing_since=since,
+        )
 
-    async def _record(self, outcomes: list[_Outcome]) -> None:
-        """Writes the outcomes of one claimed batch in one transaction (only rows we still own)."""
-        if not outcomes:
-            return
-        async with self._engine.begin() as conn:
-            await record_outcomes(conn, self.worker_id, outcomes, self._clock())
+    async def _record(self, outcome: _Outcome) -> None:
+        """Writes `outcome` (only for a row we still own). Outcomes that finish while a write
+        is under way are written together by the next one (group commit), so a burst of fast
+        sends does not cost one transaction each; each returns once its own is committed."""
+        self._unwritten.append(outcome)
+        async with self._writing:
+            if not self._unwritten:
+                return  # written by the write that held the lock before us
+            batch = self._unwritten[:]
+            self._unwritten.clear()
+            async with self._engine.begin() as conn:
+                await record_outcomes(conn, self.worker_id, batch, self._clock())
 
     async def aclose(self) -> None:
         await self.stop()
         for notifier in self._notifiers.values():
             await notifier.aclose()
+
+
+def _claimed(row: Any, lease_until: datetime) -> _Claimed:
+    return _Claimed(
+        OutboundNotification(
+            id=int(row.id),
+            channel=row.channel,
+            kind=row.kind,
+            priority=Priority(row.priority),
+            payload=dict(row.payload),
+            idempotency_key=row.idempotency_key,
+            group_key=row.group_key,
+            created_at=row.created_at,
+            attempts=int(row.attempts),
+        ),
+        row.failing_since,
+        lease_until,
+    )

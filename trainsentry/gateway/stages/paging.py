@@ -28,6 +28,7 @@ from trainsentry.gateway.policy.escalation import (
     call_text,
     new_state,
     next_wakeup,
+    postpone,
 )
 from trainsentry.notifiers.phone.notifier import CANCELLED_MARK
 from trainsentry.store.alert_state import acked_among
@@ -142,6 +143,18 @@ class Paging:
         await self._cancel_calls(conn, [alert_id], f"acknowledged by {who}")
         await self._save(conn, state, now)
         return running
+
+    async def postpone(
+        self, conn: Connection, alert_id: int, first_call_at: datetime, now: datetime
+    ) -> None:
+        """The escalation of `alert_id` whose first call is held until `first_call_at` (the
+        held call row itself waits in the outbox): its next step comes an ack timeout later."""
+        state = await self._load(conn)
+        if str(alert_id) not in state["incidents"]:
+            return
+        until = first_call_at + self.escalator.policy.ack_timeout
+        state = postpone(state, alert_id, until)
+        await self._save(conn, state, now)
 
     async def _cancel_calls(self, conn: Connection, alert_ids: Sequence[int], why: str) -> None:
         """Calls of stopped escalations that have not rung yet never will.

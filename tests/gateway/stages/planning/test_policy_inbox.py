@@ -16,7 +16,7 @@ from sqlalchemy import Connection, func, inspect, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from tests.support.old_stores import create_version_2_schema
+from tests.support.old_stores import create_version_2_schema, version_1_tables
 from tests.support.webhook_factory import BASE_TIME, encode, make_alert, make_body
 from trainsentry.alerts import AlertChange, AlertStatus, ChangeKind
 from trainsentry.gateway.policy.rules import load_policy
@@ -311,9 +311,9 @@ async def test_upgrading_a_version_1_store_adds_the_inbox_as_a_new_store_has_it(
 ) -> None:
     engine = create_engine(db_url)
     try:
-        v1_tables = [t for t in metadata.sorted_tables if t is not policy_inbox]
+        v1_tables = version_1_tables()
         async with engine.begin() as conn:
-            await conn.run_sync(lambda sync: metadata.create_all(sync, tables=v1_tables))
+            await conn.run_sync(lambda sync: v1_tables[0].metadata.create_all(sync))
             await conn.execute(schema_version.insert().values(version=1, applied_at=BASE_TIME))
         assert await migrate(engine) == SCHEMA_VERSION
         await intake(engine, [make_alert(1)])

@@ -8,7 +8,7 @@ loads their states, counts the blast radius, and writes states, priorities and o
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -32,6 +32,12 @@ from trainsentry.store.policy_state import (
 )
 from trainsentry.store.queries import set_priorities
 from trainsentry.store.writes import insert_notifications
+
+# The hang diagnosis' hook, inside the planning transaction: holds or cancels the drafts of
+# hang alerts (stages/diagnosis.py, HangDiagnoser.hold).
+HoldHook = Callable[
+    [Connection, Sequence[AlertChange], Sequence[NotificationDraft], datetime], Awaitable[None]
+]
 
 log = logging.getLogger("trainsentry.policy")
 
@@ -108,9 +114,7 @@ class PolicyPlan:
         # alert id -> classified priority of the last batch (read after its commit)
         self.classified: dict[int, str] = {}
         # Set by the app when hang diagnosis is on: holds drafts of alerts being diagnosed.
-        self.hold: (
-            Callable[[Sequence[AlertChange], Sequence[NotificationDraft], datetime], None] | None
-        ) = None
+        self.hold: HoldHook | None = None
 
     async def __call__(
         self, conn: Connection, changes: Sequence[AlertChange], now: datetime
@@ -177,7 +181,7 @@ class PolicyPlan:
             resolved = [c.alert_id for c in changes if c.kind is not ChangeKind.FIRING]
             drafts = await self._escalate(conn, drafts, resolved, now)
         if self.hold is not None:
-            self.hold(changes, drafts, now)
+            await self.hold(conn, changes, drafts, now)
         written = await insert_notifications(conn, drafts, now)
         self.drafted += written
         return written
