@@ -47,6 +47,10 @@ class GatewaySettings(BaseModel):
     listen: str = "0.0.0.0:9095"
     db: str = "sqlite:///trainsentry.db"
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    # A request's whole body must arrive within this (else 408 and the connection closes),
+    # and at most this many requests may be sending bodies at once (else 503, Retry-After).
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    max_body_readers: int = Field(default=256, ge=1)
     console_file: Path | None = None
     alertmanager_url: str | None = None
     policy_file: Path | None = None

@@ -26,6 +26,7 @@ from trainsentry.config import GatewaySettings, Settings
 from trainsentry.gateway.app import CardCallbackSettings, add_routes, json_errors
 from trainsentry.gateway.channels import build
 from trainsentry.gateway.http_auth import open_endpoints
+from trainsentry.gateway.limits import BodyLimits, body_limits
 from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.delivery import DeliveryRules
@@ -144,7 +145,12 @@ def create_app(
         diagnosis=diagnosis,
         kube_api=kube_api,
     )
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[json_errors])
+    limits = BodyLimits(
+        read_timeout_s=settings.body_timeout_s, max_readers=settings.max_body_readers
+    )
+    app = web.Application(
+        client_max_size=settings.max_body_bytes, middlewares=[body_limits(limits), json_errors]
+    )
 
     async def lifecycle(app: web.Application) -> Any:
         gateway = await _open(app, wiring)

@@ -1,0 +1,102 @@
+"""Request-body limits of the gateway's HTTP surface, as one aiohttp middleware.
+
+Every request that carries a body is bounded before any handler's own checks (the card
+callback reads its body before it can authenticate it):
+- a deadline for the whole body (`gateway.body_timeout_s`): a client that trickles its body
+  gets 408 and its connection is closed, so slow or hostile clients cannot hold connections;
+- at most `gateway.max_body_readers` requests receiving a body at once: more get 503 with
+  `Retry-After` and are closed without their body being read;
+- a response given before the body was read (401, 413) closes the connection instead of
+  waiting for the rest of the body;
+- a client that disconnects mid-body is a DEBUG line, not an ERROR traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+log = logging.getLogger("trainsentry.gateway")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class BodyLimits:
+    """Invariant: every body-carrying request ends within `read_timeout_s` of its handler
+    starting unless its body has fully arrived by then."""
+
+    read_timeout_s: float = 30.0
+    max_readers: int = 256
+
+
+def _refused(status: int, reason: str, **headers: str) -> web.Response:
+    response = web.json_response({"error": reason}, status=status, headers=headers)
+    response.force_close()
+    return response
+
+
+async def _send_and_close(request: web.Request, response: web.StreamResponse) -> None:
+    """Answers now and closes the connection: aiohttp would otherwise keep reading the rest
+    of an unread body for its lingering time (10 s), at whatever pace the client sends it."""
+    response.force_close()
+    await response.prepare(request)
+    await response.write_eof()
+    request.protocol.force_close()
+
+
+def body_limits(limits: BodyLimits) -> Middleware:
+    """The middleware enforcing `limits`; outermost, so it sees every response."""
+    readers = 0
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        nonlocal readers
+        if not request.body_exists:
+            return await handler(request)
+        if readers >= limits.max_readers:
+            return _refused(503, "too many requests sending bodies, retry", **{"Retry-After": "1"})
+        readers += 1
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(None) as scope:
+
+                def expire_if_body_pending() -> None:
+                    if not request.content.is_eof():
+                        scope.reschedule(loop.time())
+
+                timer = loop.call_later(limits.read_timeout_s, expire_if_body_pending)
+                try:
+                    response = await handler(request)
+                finally:
+                    timer.cancel()
+        except TimeoutError:
+            if not scope.expired():
+                raise
+            log.info(
+                "request body not received within %.0f s, closed: %s %s from %s",
+                limits.read_timeout_s, request.method, request.path, request.remote,
+            )  # fmt: skip
+            response = _refused(
+                408, f"request body not received within {limits.read_timeout_s:g} s"
+            )
+            await _send_and_close(request, response)
+            return response
+        except ConnectionError as exc:
+            log.debug(
+                "client went away mid-request: %s %s from %s (%s)",
+                request.method, request.path, request.remote, type(exc).__name__,
+            )  # fmt: skip
+            return _refused(400, "connection lost")
+        finally:
+            readers -= 1
+        if not request.content.is_eof() and not response.prepared:
+            await _send_and_close(request, response)  # answered before the body was read
+        return response
+
+    return middleware
