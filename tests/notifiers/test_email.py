@@ -193,3 +193,39 @@ def test_priority_type_is_used() -> None:
     notifier = EmailNotifier(SmtpConfig("h", 25, USER), {Priority.P0: ["x@example.com"]})
     assert notifier.recipients == {Priority.P0: ["x@example.com"]}
     assert "smtp-pass" not in repr(SmtpConfig("h", 25, USER, password="smtp-pass"))
+
+
+async def test_a_server_trickling_its_answers_is_cut_at_the_timeout() -> None:
+    """timeout_s bounds the whole session, not each read: a greeting sent one byte every
+    0.3 s (each read well within 1.5 s) ends the send at 1.5 s, worker thread included."""
+    import asyncio
+    import socket as sockets
+    import threading
+    import time
+
+    listener = sockets.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    closed = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = listener.accept()
+        try:
+            for byte in b"220 slow.example ESMTP ready\r\n" * 10:
+                conn.sendall(bytes([byte]))
+                time.sleep(0.3)
+        except OSError:
+            closed.set()  # the client cut the session
+        finally:
+            conn.close()
+
+    server = threading.Thread(target=trickle, daemon=True)
+    server.start()
+    config = SmtpConfig("127.0.0.1", port, "alerts@example.com", security="none", timeout_s=1.5)
+    message = build_message(config.sender, ["oncall@example.com"], "s", "t")
+    started = time.monotonic()
+    with pytest.raises(RetryableError):
+        await send_email(config, message)
+    took = time.monotonic() - started
+    listener.close()
+    assert 1.5 <= took < 3.0
+    assert await asyncio.to_thread(closed.wait, 5.0)

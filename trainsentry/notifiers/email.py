@@ -8,9 +8,12 @@ thread (`asyncio.to_thread`), never on the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import smtplib
+import socket
 import ssl
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from email.message import EmailMessage
@@ -107,13 +110,43 @@ def build_message(
     return message
 
 
+def _cut(smtp: smtplib.SMTP) -> None:
+    """Ends a session at its deadline: a shut-down socket wakes the blocked read at once."""
+    sock = smtp.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
 def _send_blocking(config: SmtpConfig, message: EmailMessage, recipients: Sequence[str]) -> None:
+    """One SMTP session, `timeout_s` in all (not only per read: a server that trickles its
+    answers never outlasts it), so the worker thread ends when the outbox stops waiting."""
     context = config.ssl_context or ssl.create_default_context()
     smtp: smtplib.SMTP
     if config.security == "tls":
-        smtp = smtplib.SMTP_SSL(config.host, config.port, timeout=config.timeout_s, context=context)
+        smtp = smtplib.SMTP_SSL(timeout=config.timeout_s, context=context)
     else:
-        smtp = smtplib.SMTP(config.host, config.port, timeout=config.timeout_s)
+        smtp = smtplib.SMTP(timeout=config.timeout_s)
+    watchdog = threading.Timer(config.timeout_s, _cut, args=(smtp,))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        _session(smtp, config, context, message, recipients)
+    finally:
+        watchdog.cancel()
+
+
+def _session(
+    smtp: smtplib.SMTP,
+    config: SmtpConfig,
+    context: ssl.SSLContext,
+    message: EmailMessage,
+    recipients: Sequence[str],
+) -> None:
+    # Made without a host (so the watchdog exists before the greeting is read), the session
+    # names the server for STARTTLS's certificate check as the constructor would have.
+    smtp._host = config.host  # type: ignore[attr-defined]
+    smtp.connect(config.host, config.port)
     with smtp:
         smtp.ehlo()
         if config.security == "starttls":

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -13,6 +15,7 @@ from tests.notifiers.helpers import alert_payload
 from tests.support.feishu_server import FeishuContractServer, Hook, Window
 from tests.support.receiver import Receiver
 from trainsentry.alerts import NotificationDraft, Priority
+from trainsentry.config import GatewaySettings
 from trainsentry.gateway.stages.outbox import Outbox
 from trainsentry.notifiers.feishu.bot import BotWebhook, FeishuBotNotifier, WebhookRouter
 from trainsentry.notifiers.webhook import WebhookNotifier
@@ -135,3 +138,16 @@ async def test_feishu_rate_limiting_for_hours_never_kills_a_card(engine: AsyncEn
         assert len(server.accepted["h"]) == 1
     status, attempts, failing_since = await row(engine)
     assert (status, attempts, failing_since) == ("sent", rate_limited + 1, None)
+
+
+def test_the_delivery_settings_are_checked() -> None:
+    settings = GatewaySettings()
+    assert settings.give_up_after_seconds == {"P0": 3600, "P1": 3600, "P2": 1800, "P3": 1800}
+    assert (settings.send_deadline_seconds, settings.outbox_lease_seconds) == (30, 60)
+    assert settings.send_slots_per_channel == 16
+    with pytest.raises(ValidationError, match="shorter than outbox_lease_seconds"):
+        GatewaySettings(send_deadline_seconds=60, outbox_lease_seconds=60)
+    with pytest.raises(ValidationError, match="needs P0, P1, P2 and P3"):
+        GatewaySettings(give_up_after_seconds={"P0": 60})
+    with pytest.raises(ValidationError, match="needs P0, P1, P2 and P3"):
+        GatewaySettings(give_up_after_seconds={"P0": 60, "P1": 60, "P2": 0, "P3": 60})

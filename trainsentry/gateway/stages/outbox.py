@@ -25,10 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import random
-import secrets
-import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -37,6 +34,7 @@ from typing import Any
 from trainsentry.alerts import Priority, utcnow
 from trainsentry.gateway.metrics import GatewayMetrics
 from trainsentry.gateway.policy.delivery import DeliveryRules, after_failure, after_rate_limit
+from trainsentry.gateway.stages.outbox_workers import default_worker_id, earlier_run
 from trainsentry.notifiers.base import (
     Notifier,
     NotifierError,
@@ -58,20 +56,17 @@ from trainsentry.store.outbox import (
     next_due_at,
     record_outcomes,
     recover_expired_leases,
-    release_earlier_leases,
+    release_leases,
     renew_leases,
     requeue_dead,
+    sending_claimers,
 )
 from trainsentry.store.outbox import SendOutcome as _Outcome
 from trainsentry.tasks import OwnedTask, wait_for_event
 
 log = logging.getLogger("trainsentry.outbox")
-
-
-def default_worker_id() -> str:
-    """`host:pid:nonce`. The nonce tells runs apart that share host and pid: a restarted
-    container keeps its pod's hostname and runs the gateway as PID 1 again."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+# How long a busy channel's loop waits for more free slots before claiming again.
+CLAIM_COALESCE_SECONDS = 0.02
 
 
 @dataclass(slots=True)
@@ -134,6 +129,7 @@ class Outbox:
         self._lease = timedelta(seconds=lease_seconds)
         self._deadline = send_deadline
         self._claim_batch = claim_batch or slots
+        self._slots = slots
         self._lanes = {channel: _Lane(slots) for channel in self._notifiers}
         self._held: dict[int, _Claimed] = {}  # rows in hand, for lease renewal
         self._clock = clock
@@ -168,6 +164,10 @@ class Outbox:
         while True:
             lane.changed.clear()
             claimed: list[_Claimed] = []
+            if 0 < lane.free < self._slots // 2:
+                # Most slots busy (a burst): let a few more free up, so one claim takes
+                # several rows instead of one transaction per row.
+                await asyncio.sleep(CLAIM_COALESCE_SECONDS)
             if lane.free > 0:
                 try:
                     claimed = await self._claim_channel(channel)
@@ -254,14 +254,21 @@ class Outbox:
         raise TimeoutError(f"the outbox did not drain within {within} s")
 
     async def release_leases_of_earlier_runs(self) -> int:
-        """At start: rows a previous run of this gateway left `sending` are pending again.
+        """At start: rows an earlier run of this gateway left `sending` are pending again.
 
         With SQLite there is one gateway, so every `sending` row is ours. On PostgreSQL only
-        rows claimed from this host (a restarted container keeps its pod's hostname) are
-        released; a vanished replica's rows wait for their lease to expire.
+        rows claimed from this host by an earlier run are released: a claimer with our PID (a
+        restarted container keeps its pod's hostname and runs the gateway as PID 1 again) or
+        with a PID no live process has. A live replica on the same host keeps its rows, and
+        a vanished replica's rows wait for their lease to expire.
         """
         async with self._engine.begin() as conn:
-            released = await release_earlier_leases(conn, self.worker_id)
+            claimers = None
+            if conn.dialect.name != "sqlite":
+                host = self.worker_id.split(":", 1)[0]
+                found = await sending_claimers(conn, host)
+                claimers = [c for c in found if c != self.worker_id and earlier_run(c)]
+            released = await release_leases(conn, self.worker_id, claimers)
         if released:
             log.warning("released notifications left sending by an earlier run count=%d", released)
         return released
