@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -21,8 +21,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import SecretStr
 
-from trainsentry.alerts import MAX_ALERT_ID, JobRef, Priority, utcnow
-from trainsentry.config import GatewaySettings
+from trainsentry.alerts import JobRef, Priority, utcnow
+from trainsentry.gateway.auth import authorized, read_token, unauthorized
+from trainsentry.gateway.params import path_alert_id, query_choice, query_int, query_text
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.delivery import parse_retry_request
 from trainsentry.gateway.stages.hang_trigger import (
@@ -40,7 +41,6 @@ from trainsentry.gateway.stages.intake import (
 from trainsentry.gateway.stages.truncated import fetch_group
 from trainsentry.notifiers.feishu.callback import CardAction, action_response, card_action_handler
 from trainsentry.notifiers.feishu.card import alert_card
-from trainsentry.notifiers.feishu.sign import secrets_equal
 from trainsentry.notifiers.payload import parse_payload
 from trainsentry.store import check_reachable
 from trainsentry.store.errors import DatabaseError
@@ -72,48 +72,13 @@ def _error(status: int, reason: str, **extra: Any) -> web.Response:
     return web.json_response({"error": reason, **extra}, status=status)
 
 
-def _authorized(request: web.Request, token: SecretStr | None) -> bool:
-    if token is None:
-        return True
-    header = request.headers.get("Authorization", "")
-    scheme, _, given = header.partition(" ")
-    return scheme.lower() == "bearer" and secrets_equal(given.strip(), token.get_secret_value())
-
-
-def read_token(settings: GatewaySettings) -> SecretStr | None:
-    """The token of the read API and of acks: the API token, else the webhook token (so a
-    gateway with only the webhook token set does not answer everyone's reads)."""
-    return settings.api_token or settings.webhook_token
-
-
-def open_endpoints(settings: GatewaySettings) -> list[str]:
-    """Pure: the endpoint groups anyone who reaches the listen address can use unauthenticated.
-
-    Acks are refused (403) without a token, the card callback always needs Feishu's
-    verification token and hang triggers the probes' token, so only these can be open."""
-    groups = []
-    if settings.webhook_token is None:
-        groups.append(f"webhook intake (POST {WEBHOOK_PATH}): set TRAINSENTRY_WEBHOOK_TOKEN")
-    if read_token(settings) is None:
-        groups.append(
-            "read API (GET /api/v1/alerts, /api/v1/notifications): set TRAINSENTRY_API_TOKEN"
-        )
-    return groups
-
-
-def _unauthorized() -> web.Response:
-    response = _error(401, "missing or wrong bearer token")
-    response.headers["WWW-Authenticate"] = 'Bearer realm="trainsentry"'
-    return response
-
-
 async def receive_webhook(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY_KEY]
     metrics = gateway.metrics
     started = time.perf_counter()
-    if not _authorized(request, gateway.settings.webhook_token):
+    if not authorized(request, gateway.settings.webhook_token):
         metrics.receipts.labels("unauthorized").inc()
-        return _unauthorized()
+        return unauthorized()
     cap = gateway.settings.max_body_bytes
     if request.content_length is not None and request.content_length > cap:
         metrics.receipts.labels("too_large").inc()
@@ -157,9 +122,9 @@ async def receive_hang_trigger(request: web.Request) -> web.Response:
     diagnoser, keys, sources = gateway.diagnoser, gateway.trigger_keys, gateway.trigger_sources
     if diagnoser is None or keys is None or sources is None:
         return _error(404, "hang triggers are off: this gateway has no hang diagnosis configured")
-    if not _authorized(request, SecretStr(diagnoser.token)):
+    if not authorized(request, SecretStr(diagnoser.token)):
         gateway.metrics.receipts.labels("unauthorized").inc()
-        return _unauthorized()
+        return unauthorized()
     if request.content_length is not None and request.content_length > MAX_TRIGGER_BYTES:
         return _error(413, f"body larger than {MAX_TRIGGER_BYTES} bytes")
     body = await request.content.read(MAX_TRIGGER_BYTES + 1)
@@ -234,53 +199,10 @@ def _complete_truncated(gateway: Gateway, receipt: IncomingReceipt) -> None:
     task.add_done_callback(gateway.background.remove)
 
 
-def _query_int(
-    request: web.Request, name: str, default: int | None, lo: int, hi: int
-) -> int | None:
-    raw = request.query.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise web.HTTPBadRequest(reason=f"{name} must be an integer") from None
-    if not lo <= value <= hi:
-        raise web.HTTPBadRequest(reason=f"{name} must be between {lo} and {hi}")
-    return value
-
-
-def _query_choice(request: web.Request, name: str, choices: Sequence[str]) -> str | None:
-    value = request.query.get(name) or None
-    if value is not None and value not in choices:
-        raise web.HTTPBadRequest(reason=f"{name} must be one of {', '.join(choices)}")
-    return value
-
-
-def _query_text(request: web.Request, name: str) -> str | None:
-    """A free-text filter: one the store could never hold (NUL, a lone surrogate) is a 400,
-    the same on both backends, not a 503 from PostgreSQL."""
-    value = request.query.get(name) or None
-    if value is None:
-        return None
-    if len(value) > 1024:
-        raise web.HTTPBadRequest(reason=f"{name} is longer than 1024 characters")
-    if (problem := text_problem(value)) is not None:
-        raise web.HTTPBadRequest(reason=f"{name}: {problem}")
-    return value
-
-
-def _path_alert_id(request: web.Request) -> int:
-    """The `{alert_id}` of the path: ids are 64-bit in the store (SQLite refuses more)."""
-    raw = request.match_info["alert_id"]
-    if not raw.isascii() or not raw.isdigit() or not 0 < int(raw) <= MAX_ALERT_ID:
-        raise web.HTTPBadRequest(reason=f"alert id must be an integer from 1 to {MAX_ALERT_ID}")
-    return int(raw)
-
-
 def _read_guard(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
     async def guarded(request: web.Request) -> web.StreamResponse:
-        if not _authorized(request, read_token(request.app[GATEWAY_KEY].settings)):
-            return _unauthorized()
+        if not authorized(request, read_token(request.app[GATEWAY_KEY].settings)):
+            return unauthorized()
         try:
             return await handler(request)
         except web.HTTPBadRequest as exc:
@@ -294,16 +216,16 @@ def _read_guard(handler: Callable[[web.Request], Awaitable[web.StreamResponse]])
 @_read_guard
 async def get_alerts(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY_KEY]
-    status = _query_choice(request, "status", ("firing", "resolved"))
-    priority = _query_choice(request, "priority", ("P0", "P1", "P2", "P3"))
-    limit = _query_int(request, "limit", 100, 1, 1000)
-    before = _query_int(request, "before", None, 1, 2**62)
+    status = query_choice(request, "status", ("firing", "resolved"))
+    priority = query_choice(request, "priority", ("P0", "P1", "P2", "P3"))
+    limit = query_int(request, "limit", 100, 1, 1000)
+    before = query_int(request, "before", None, 1, 2**62)
     async with gateway.engine.connect() as conn:
         page = await list_alerts(
             conn,
             status=status,
             priority=priority,
-            job=_query_text(request, "job"),
+            job=query_text(request, "job"),
             limit=limit or 100,
             before=before,
         )
@@ -313,7 +235,7 @@ async def get_alerts(request: web.Request) -> web.StreamResponse:
 @_read_guard
 async def get_alert_detail(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY_KEY]
-    alert_id = _path_alert_id(request)
+    alert_id = path_alert_id(request)
     async with gateway.engine.connect() as conn:
         item = await get_alert(conn, alert_id)
     if item is None:
@@ -324,14 +246,14 @@ async def get_alert_detail(request: web.Request) -> web.StreamResponse:
 @_read_guard
 async def get_notifications(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY_KEY]
-    status = _query_choice(request, "status", ("pending", "sending", "sent", "dead", "cancelled"))
-    limit = _query_int(request, "limit", 100, 1, 1000)
-    before = _query_int(request, "before", None, 1, 2**62)
-    alert_id = _query_int(request, "alert_id", None, 1, 2**62)
+    status = query_choice(request, "status", ("pending", "sending", "sent", "dead", "cancelled"))
+    limit = query_int(request, "limit", 100, 1, 1000)
+    before = query_int(request, "before", None, 1, 2**62)
+    alert_id = query_int(request, "alert_id", None, 1, 2**62)
     async with gateway.engine.connect() as conn:
         page = await list_notifications(
             conn,
-            channel=_query_text(request, "channel"),
+            channel=query_text(request, "channel"),
             status=status,
             alert_id=alert_id,
             limit=limit or 100,
@@ -346,10 +268,10 @@ async def post_ack(request: web.Request) -> web.Response:
     token = read_token(gateway.settings)
     if token is None:
         return _error(403, "acks need TRAINSENTRY_API_TOKEN set on the gateway")
-    if not _authorized(request, token):
-        return _unauthorized()
+    if not authorized(request, token):
+        return unauthorized()
     try:
-        alert_id = _path_alert_id(request)
+        alert_id = path_alert_id(request)
     except web.HTTPBadRequest as exc:
         return _error(400, exc.reason)
     try:
@@ -404,8 +326,8 @@ async def post_notifications_retry(request: web.Request) -> web.Response:
     token = gateway.settings.api_token
     if token is None:
         return _error(403, "re-sending needs TRAINSENTRY_API_TOKEN set on the gateway")
-    if not _authorized(request, token):
-        return _unauthorized()
+    if not authorized(request, token):
+        return unauthorized()
     try:
         body = await request.json() if request.can_read_body else {}
     except ValueError:

@@ -27,8 +27,8 @@ from trainsentry.gateway.app import (
     CardCallbackSettings,
     add_routes,
     json_errors,
-    open_endpoints,
 )
+from trainsentry.gateway.auth import open_endpoints
 from trainsentry.gateway.channels import build
 from trainsentry.gateway.limits import BodyLimits, body_limits
 from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
