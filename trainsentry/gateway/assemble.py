@@ -328,6 +328,7 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
             built.callback_path,
             built.verification_token.strip(),
             built.encrypt_key.strip() if built.encrypt_key else None,
+            built.callback_max_skew_s,
         )
     # loads and checks the policy file (TRAINSENTRY_POLICY_FILE): PolicyError is a ValueError
     return create_app(
