@@ -150,7 +150,10 @@ def create_app(
         kube_api=kube_api,
     )
     limits = BodyLimits(
-        read_timeout_s=settings.body_timeout_s, max_readers=settings.max_body_readers
+        read_timeout_s=settings.body_timeout_s,
+        max_readers=settings.max_body_readers,
+        max_bytes_in_flight=settings.max_body_bytes_in_flight,
+        max_body_bytes=settings.max_body_bytes,
     )
     app = web.Application(
         client_max_size=settings.max_body_bytes, middlewares=[body_limits(limits), json_errors]
