@@ -22,10 +22,19 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import SecretStr
 
 from trainsentry.alerts import JobRef, Priority, utcnow
-from trainsentry.gateway.auth import authorized, read_token, unauthorized
-from trainsentry.gateway.params import path_alert_id, query_choice, query_int, query_text
+from trainsentry.gateway.http_auth import WEBHOOK_PATH as WEBHOOK_PATH
+from trainsentry.gateway.http_auth import authorized as _authorized
+from trainsentry.gateway.http_auth import error_response as _error
+from trainsentry.gateway.http_auth import read_token
+from trainsentry.gateway.http_auth import unauthorized as _unauthorized
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.delivery import parse_retry_request
+from trainsentry.gateway.read_api import (
+    get_alert_detail,
+    get_alerts,
+    get_notifications,
+    path_alert_id,
+)
 from trainsentry.gateway.stages.hang_trigger import (
     MAX_TRIGGER_BYTES,
     TriggerRejected,
@@ -47,16 +56,12 @@ from trainsentry.store.callbacks import first_delivery, forget_delivery
 from trainsentry.store.errors import DatabaseError
 from trainsentry.store.inbox import inbox_waiting
 from trainsentry.store.queries import (
-    get_alert,
-    list_alerts,
-    list_notifications,
     outbox_depth,
 )
 from trainsentry.store.writes import IncomingReceipt
 
 log = logging.getLogger("trainsentry.gateway")
 
-WEBHOOK_PATH = "/api/v1/alertmanager"
 HANG_TRIGGER_PATH = "/api/v1/hang-triggers"
 
 
@@ -70,17 +75,13 @@ class CardCallbackSettings:
     max_skew_s: float = 300.0  # a signed request's timestamp may be this far from now
 
 
-def _error(status: int, reason: str, **extra: Any) -> web.Response:
-    return web.json_response({"error": reason, **extra}, status=status)
-
-
 async def receive_webhook(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY_KEY]
     metrics = gateway.metrics
     started = time.perf_counter()
-    if not authorized(request, gateway.settings.webhook_token):
+    if not _authorized(request, gateway.settings.webhook_token):
         metrics.receipts.labels("unauthorized").inc()
-        return unauthorized()
+        return _unauthorized()
     cap = gateway.settings.max_body_bytes
     if request.content_length is not None and request.content_length > cap:
         metrics.receipts.labels("too_large").inc()
@@ -124,9 +125,9 @@ async def receive_hang_trigger(request: web.Request) -> web.Response:
     diagnoser, keys, sources = gateway.diagnoser, gateway.trigger_keys, gateway.trigger_sources
     if diagnoser is None or keys is None or sources is None:
         return _error(404, "hang triggers are off: this gateway has no hang diagnosis configured")
-    if not authorized(request, SecretStr(diagnoser.token)):
+    if not _authorized(request, SecretStr(diagnoser.token)):
         gateway.metrics.receipts.labels("unauthorized").inc()
-        return unauthorized()
+        return _unauthorized()
     if request.content_length is not None and request.content_length > MAX_TRIGGER_BYTES:
         return _error(413, f"body larger than {MAX_TRIGGER_BYTES} bytes")
     body = await request.content.read(MAX_TRIGGER_BYTES + 1)
@@ -201,77 +202,14 @@ def _complete_truncated(gateway: Gateway, receipt: IncomingReceipt) -> None:
     task.add_done_callback(gateway.background.remove)
 
 
-def _read_guard(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
-    async def guarded(request: web.Request) -> web.StreamResponse:
-        if not authorized(request, read_token(request.app[GATEWAY_KEY].settings)):
-            return unauthorized()
-        try:
-            return await handler(request)
-        except web.HTTPBadRequest as exc:
-            return _error(400, exc.reason)
-        except (OSError, DatabaseError) as exc:
-            return _error(503, f"store unavailable, retry: {type(exc).__name__}")
-
-    return guarded
-
-
-@_read_guard
-async def get_alerts(request: web.Request) -> web.StreamResponse:
-    gateway = request.app[GATEWAY_KEY]
-    status = query_choice(request, "status", ("firing", "resolved"))
-    priority = query_choice(request, "priority", ("P0", "P1", "P2", "P3"))
-    limit = query_int(request, "limit", 100, 1, 1000)
-    before = query_int(request, "before", None, 1, 2**62)
-    async with gateway.engine.connect() as conn:
-        page = await list_alerts(
-            conn,
-            status=status,
-            priority=priority,
-            job=query_text(request, "job"),
-            limit=limit or 100,
-            before=before,
-        )
-    return web.json_response({"items": page.items, "next_before": page.next_before})
-
-
-@_read_guard
-async def get_alert_detail(request: web.Request) -> web.StreamResponse:
-    gateway = request.app[GATEWAY_KEY]
-    alert_id = path_alert_id(request)
-    async with gateway.engine.connect() as conn:
-        item = await get_alert(conn, alert_id)
-    if item is None:
-        return _error(404, f"no alert {alert_id}")
-    return web.json_response(item)
-
-
-@_read_guard
-async def get_notifications(request: web.Request) -> web.StreamResponse:
-    gateway = request.app[GATEWAY_KEY]
-    status = query_choice(request, "status", ("pending", "sending", "sent", "dead", "cancelled"))
-    limit = query_int(request, "limit", 100, 1, 1000)
-    before = query_int(request, "before", None, 1, 2**62)
-    alert_id = query_int(request, "alert_id", None, 1, 2**62)
-    async with gateway.engine.connect() as conn:
-        page = await list_notifications(
-            conn,
-            channel=query_text(request, "channel"),
-            status=status,
-            alert_id=alert_id,
-            limit=limit or 100,
-            before=before,
-        )
-    return web.json_response({"items": page.items, "next_before": page.next_before})
-
-
 async def post_ack(request: web.Request) -> web.Response:
     """POST /api/v1/alerts/{id}/ack {"by": "...", "silence_minutes": 60}: authenticated."""
     gateway = request.app[GATEWAY_KEY]
     token = read_token(gateway.settings)
     if token is None:
         return _error(403, "acks need TRAINSENTRY_API_TOKEN set on the gateway")
-    if not authorized(request, token):
-        return unauthorized()
+    if not _authorized(request, token):
+        return _unauthorized()
     try:
         alert_id = path_alert_id(request)
     except web.HTTPBadRequest as exc:
@@ -341,8 +279,8 @@ async def post_notifications_retry(request: web.Request) -> web.Response:
     token = gateway.settings.api_token
     if token is None:
         return _error(403, "re-sending needs TRAINSENTRY_API_TOKEN set on the gateway")
-    if not authorized(request, token):
-        return unauthorized()
+    if not _authorized(request, token):
+        return _unauthorized()
     try:
         body = await request.json() if request.can_read_body else {}
     except ValueError:

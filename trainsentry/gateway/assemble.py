@@ -23,13 +23,9 @@ from aiohttp import web
 
 from trainsentry.alerts import AlertChange, Priority, utcnow
 from trainsentry.config import GatewaySettings, Settings
-from trainsentry.gateway.app import (
-    CardCallbackSettings,
-    add_routes,
-    json_errors,
-)
-from trainsentry.gateway.auth import open_endpoints
+from trainsentry.gateway.app import CardCallbackSettings, add_routes, json_errors
 from trainsentry.gateway.channels import build
+from trainsentry.gateway.http_auth import open_endpoints
 from trainsentry.gateway.limits import BodyLimits, body_limits
 from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway

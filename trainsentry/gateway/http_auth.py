@@ -1,14 +1,22 @@
 """Who may call the gateway's HTTP endpoints: bearer tokens compared as bytes in constant
-time, the read token's fallback, and which endpoint groups are open (docs/gateway.md, "Who
-may call what")."""
+time (odd bytes are a 401, never a 5xx), the read token, and which endpoint groups are open
+when a token is unset (docs/gateway.md, "Who may call what")."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from aiohttp import web
 from pydantic import SecretStr
 
 from trainsentry.config import GatewaySettings
 from trainsentry.notifiers.feishu.sign import secrets_equal
+
+WEBHOOK_PATH = "/api/v1/alertmanager"
+
+
+def error_response(status: int, reason: str, **extra: Any) -> web.Response:
+    return web.json_response({"error": reason, **extra}, status=status)
 
 
 def authorized(request: web.Request, token: SecretStr | None) -> bool:
@@ -32,7 +40,7 @@ def open_endpoints(settings: GatewaySettings) -> list[str]:
     verification token and hang triggers the probes' token, so only these can be open."""
     groups = []
     if settings.webhook_token is None:
-        groups.append("webhook intake (POST /api/v1/alertmanager): set TRAINSENTRY_WEBHOOK_TOKEN")
+        groups.append(f"webhook intake (POST {WEBHOOK_PATH}): set TRAINSENTRY_WEBHOOK_TOKEN")
     if read_token(settings) is None:
         groups.append(
             "read API (GET /api/v1/alerts, /api/v1/notifications): set TRAINSENTRY_API_TOKEN"
@@ -41,6 +49,6 @@ def open_endpoints(settings: GatewaySettings) -> list[str]:
 
 
 def unauthorized() -> web.Response:
-    response = web.json_response({"error": "missing or wrong bearer token"}, status=401)
+    response = error_response(401, "missing or wrong bearer token")
     response.headers["WWW-Authenticate"] = 'Bearer realm="trainsentry"'
     return response

@@ -1,0 +1,126 @@
+"""The read API (`GET /api/v1/alerts`, `/api/v1/alerts/{id}`, `/api/v1/notifications`):
+bounded query parameters (a value the store could never hold is a 400 naming it, the same
+on both backends), the read token, 503 when the store is unavailable."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from aiohttp import web
+
+from trainsentry.alerts import MAX_ALERT_ID
+from trainsentry.gateway.http_auth import authorized, error_response, read_token, unauthorized
+from trainsentry.gateway.pipeline import GATEWAY_KEY
+from trainsentry.gateway.stages.intake import text_problem
+from trainsentry.store.errors import DatabaseError
+from trainsentry.store.queries import get_alert, list_alerts, list_notifications
+
+
+def _query_int(
+    request: web.Request, name: str, default: int | None, lo: int, hi: int
+) -> int | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    if len(raw) > 40:  # int() of a long digit string is slow, or refused past 4,300 digits
+        raise web.HTTPBadRequest(reason=f"{name} must be between {lo} and {hi}")
+    try:
+        value = int(raw)
+    except ValueError:
+        raise web.HTTPBadRequest(reason=f"{name} must be an integer") from None
+    if not lo <= value <= hi:
+        raise web.HTTPBadRequest(reason=f"{name} must be between {lo} and {hi}")
+    return value
+
+
+def _query_choice(request: web.Request, name: str, choices: Sequence[str]) -> str | None:
+    value = request.query.get(name) or None
+    if value is not None and value not in choices:
+        raise web.HTTPBadRequest(reason=f"{name} must be one of {', '.join(choices)}")
+    return value
+
+
+def _query_text(request: web.Request, name: str) -> str | None:
+    """A free-text filter: one the store could never hold (NUL, a lone surrogate) is a 400,
+    the same on both backends, not a 503 from PostgreSQL."""
+    value = request.query.get(name) or None
+    if value is None:
+        return None
+    if len(value) > 1024:
+        raise web.HTTPBadRequest(reason=f"{name} is longer than 1024 characters")
+    if (problem := text_problem(value)) is not None:
+        raise web.HTTPBadRequest(reason=f"{name}: {problem}")
+    return value
+
+
+def path_alert_id(request: web.Request) -> int:
+    """The `{alert_id}` of the path: ids are 64-bit in the store (SQLite refuses more)."""
+    raw = request.match_info["alert_id"]
+    # at most 19 digits before int(): a long digit run is slow, or refused past 4,300 digits
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 19 and 0 < int(raw) <= MAX_ALERT_ID):
+        raise web.HTTPBadRequest(reason=f"alert id must be an integer from 1 to {MAX_ALERT_ID}")
+    return int(raw)
+
+
+def _read_guard(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        if not authorized(request, read_token(request.app[GATEWAY_KEY].settings)):
+            return unauthorized()
+        try:
+            return await handler(request)
+        except web.HTTPBadRequest as exc:
+            return error_response(400, exc.reason)
+        except (OSError, DatabaseError) as exc:
+            return error_response(503, f"store unavailable, retry: {type(exc).__name__}")
+
+    return guarded
+
+
+@_read_guard
+async def get_alerts(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY_KEY]
+    status = _query_choice(request, "status", ("firing", "resolved"))
+    priority = _query_choice(request, "priority", ("P0", "P1", "P2", "P3"))
+    limit = _query_int(request, "limit", 100, 1, 1000)
+    before = _query_int(request, "before", None, 1, 2**62)
+    async with gateway.engine.connect() as conn:
+        page = await list_alerts(
+            conn,
+            status=status,
+            priority=priority,
+            job=_query_text(request, "job"),
+            limit=limit or 100,
+            before=before,
+        )
+    return web.json_response({"items": page.items, "next_before": page.next_before})
+
+
+@_read_guard
+async def get_alert_detail(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY_KEY]
+    alert_id = path_alert_id(request)
+    async with gateway.engine.connect() as conn:
+        item = await get_alert(conn, alert_id)
+    if item is None:
+        return error_response(404, f"no alert {alert_id}")
+    return web.json_response(item)
+
+
+@_read_guard
+async def get_notifications(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY_KEY]
+    status = _query_choice(request, "status", ("pending", "sending", "sent", "dead", "cancelled"))
+    limit = _query_int(request, "limit", 100, 1, 1000)
+    before = _query_int(request, "before", None, 1, 2**62)
+    alert_id = _query_int(request, "alert_id", None, 1, 2**62)
+    async with gateway.engine.connect() as conn:
+        page = await list_notifications(
+            conn,
+            channel=_query_text(request, "channel"),
+            status=status,
+            alert_id=alert_id,
+            limit=limit or 100,
+            before=before,
+        )
+    return web.json_response({"items": page.items, "next_before": page.next_before})
