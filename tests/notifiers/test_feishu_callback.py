@@ -133,6 +133,14 @@ def test_legacy_callback_signed_with_verification_token() -> None:
         signed_headers(body, TOKEN, algo="sha1"), body, verification_token=TOKEN, now=NOW
     )
     assert isinstance(ok, CardAction) and ok.who == "ou_bob" and ok.alert_id == 9
+    # no event id in the legacy scheme: the signature names the request, so a replay of the
+    # same signed request has the same id (the gateway drops it) and another request does not
+    headers = signed_headers(body, TOKEN, algo="sha1")
+    again = parse_callback(headers, body, verification_token=TOKEN, now=NOW)
+    assert isinstance(again, CardAction) and again.event_id == "sig:" + headers["X-Lark-Signature"]
+    later = signed_headers(body, TOKEN, ts=NOW + 1, algo="sha1")
+    other = parse_callback(later, body, verification_token=TOKEN, now=NOW)
+    assert isinstance(other, CardAction) and other.event_id != again.event_id
     with pytest.raises(CallbackRejected):
         parse_callback(
             signed_headers(body, "forged", algo="sha1"), body, verification_token=TOKEN, now=NOW

@@ -7,8 +7,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.support.webhook_factory import BASE_TIME
 from trainsentry.store.migrations import MIGRATIONS
-from trainsentry.store.schema import metadata, policy_inbox, schema_version
+from trainsentry.store.schema import callback_events, metadata, policy_inbox, schema_version
 
+# Tables that later versions added.
+ADDED_TABLES = {2: policy_inbox, 5: callback_events}
 # Columns that later versions added to tables version 1 created: {version: {table: names}}.
 ADDED_COLUMNS: dict[int, dict[str, tuple[str, ...]]] = {
     4: {"notifications": ("failing_since", "retried_by", "retried_at")},
@@ -24,7 +26,7 @@ def version_1_tables() -> list[Table]:
     old = MetaData()
     tables = []
     for table in metadata.sorted_tables:
-        if table is policy_inbox:
+        if table in ADDED_TABLES.values():
             continue
         drop = later.get(table.name, set())
         if not drop:

@@ -52,6 +52,7 @@ from trainsentry.notifiers.feishu.callback import CardAction, action_response, c
 from trainsentry.notifiers.feishu.card import alert_card
 from trainsentry.notifiers.payload import parse_payload
 from trainsentry.store import check_reachable
+from trainsentry.store.callbacks import first_delivery, forget_delivery
 from trainsentry.store.errors import DatabaseError
 from trainsentry.store.inbox import inbox_waiting
 from trainsentry.store.queries import (
@@ -71,6 +72,7 @@ class CardCallbackSettings:
     path: str
     verification_token: str = field(repr=False)
     encrypt_key: str | None = field(default=None, repr=False)
+    max_skew_s: float = 300.0  # a signed request's timestamp may be this far from now
 
 
 async def receive_webhook(request: web.Request) -> web.Response:
@@ -247,8 +249,21 @@ async def card_ack(gateway: Gateway, action: CardAction) -> dict[str, Any] | Non
     the answer redraws the pressed card, showing who acknowledged (and the silence)."""
     assert gateway.ack is not None
     silence = timedelta(seconds=action.duration_s) if action.duration_s else None
+    event_id = action.event_id
     try:
-        result = await gateway.ack.acknowledge(action.alert_id, action.who, silence)
+        if event_id is not None:
+            async with gateway.engine.begin() as conn:
+                first = await first_delivery(conn, event_id, gateway.clock())
+            if not first:  # a replay or a redelivery: acted on already, by some replica
+                log.info("card action repeated, dropped event_id=%s", event_id)
+                return {"toast": {"type": "info", "content": "already handled"}}
+        try:
+            result = await gateway.ack.acknowledge(action.alert_id, action.who, silence)
+        except Exception:
+            if event_id is not None:  # not acted on: Feishu's redelivery must be
+                async with gateway.engine.begin() as conn:
+                    await forget_delivery(conn, event_id)
+            raise
     except (OSError, DatabaseError) as exc:
         log.warning("card action: store unavailable (%s)", type(exc).__name__)
         return {"toast": {"type": "error", "content": "store unavailable, press again"}}
@@ -298,6 +313,7 @@ def _card_handler(
         on_action,
         verification_token=callback.verification_token,
         encrypt_key=callback.encrypt_key,
+        max_skew_s=callback.max_skew_s,
     )
 
 

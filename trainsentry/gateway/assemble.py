@@ -146,7 +146,10 @@ def create_app(
         kube_api=kube_api,
     )
     limits = BodyLimits(
-        read_timeout_s=settings.body_timeout_s, max_readers=settings.max_body_readers
+        read_timeout_s=settings.body_timeout_s,
+        max_readers=settings.max_body_readers,
+        max_bytes_in_flight=settings.max_body_bytes_in_flight,
+        max_body_bytes=settings.max_body_bytes,
     )
     app = web.Application(
         client_max_size=settings.max_body_bytes, middlewares=[body_limits(limits), json_errors]
@@ -324,6 +327,7 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
             built.callback_path,
             built.verification_token.strip(),
             built.encrypt_key.strip() if built.encrypt_key else None,
+            built.callback_max_skew_s,
         )
     # loads and checks the policy file (TRAINSENTRY_POLICY_FILE): PolicyError is a ValueError
     return create_app(

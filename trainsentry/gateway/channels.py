@@ -46,6 +46,7 @@ class BuiltChannels:
     callback_path: str | None = None
     verification_token: str | None = field(default=None, repr=False)
     encrypt_key: str | None = field(default=None, repr=False)
+    callback_max_skew_s: float = 300.0
 
     @property
     def outbox_rate_limits(self) -> dict[str, list[tuple[int, float]]]:
@@ -83,6 +84,7 @@ def build_channels(
             callback = app_settings.callback
             built.callback_path = callback.path
             built.verification_token = read_secret(callback.verification_token_env, env)
+            built.callback_max_skew_s = callback.max_skew_s
             if callback.encrypt_key_env:
                 built.encrypt_key = read_secret(callback.encrypt_key_env, env)
     if settings.feishu_sheet is not None:

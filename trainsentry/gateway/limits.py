@@ -4,8 +4,10 @@ Every request that carries a body is bounded before any handler's own checks (th
 callback reads its body before it can authenticate it):
 - a deadline for the whole body (`gateway.body_timeout_s`): a client that trickles its body
   gets 408 and its connection is closed, so slow or hostile clients cannot hold connections;
-- at most `gateway.max_body_readers` requests receiving a body at once: more get 503 with
-  `Retry-After` and are closed without their body being read;
+- at most `gateway.max_body_readers` requests receiving a body at once, and at most
+  `gateway.max_body_bytes_in_flight` bytes of bodies (each counted at its Content-Length, a
+  chunked one at `max_body_bytes`) held at once: more get 503 with `Retry-After` before
+  their body is read (aiohttp then reads and drops it for at most 10 s, holding nothing);
 - a response given before the body was read (401, 413) closes the connection instead of
   waiting for the rest of the body;
 - a client that disconnects mid-body is a DEBUG line, not an ERROR traceback.
@@ -33,6 +35,8 @@ class BodyLimits:
 
     read_timeout_s: float = 30.0
     max_readers: int = 256
+    max_bytes_in_flight: int = 64 * 1024 * 1024
+    max_body_bytes: int = 8 * 1024 * 1024  # what a body without Content-Length may reach
 
 
 def _refused(status: int, reason: str, **headers: str) -> web.Response:
@@ -53,15 +57,27 @@ async def _send_and_close(request: web.Request, response: web.StreamResponse) ->
 def body_limits(limits: BodyLimits) -> Middleware:
     """The middleware enforcing `limits`; outermost, so it sees every response."""
     readers = 0
+    in_flight = 0  # bytes of the bodies being received or handled
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        nonlocal readers
+        nonlocal readers, in_flight
         if not request.body_exists:
             return await handler(request)
+        size = request.content_length
+        # an oversized body is refused (413) by its handler before it is read: count it as
+        # the most it could hold
+        size = limits.max_body_bytes if size is None else min(size, limits.max_body_bytes)
         if readers >= limits.max_readers:
             return _refused(503, "too many requests sending bodies, retry", **{"Retry-After": "1"})
+        if in_flight + size > limits.max_bytes_in_flight and in_flight > 0:
+            log.info(
+                "body refused, %d bytes of bodies in memory already: %s %s from %s",
+                in_flight, request.method, request.path, request.remote,
+            )  # fmt: skip
+            return _refused(503, "too many bodies in memory, retry", **{"Retry-After": "1"})
         readers += 1
+        in_flight += size
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(None) as scope:
@@ -95,6 +111,7 @@ def body_limits(limits: BodyLimits) -> Middleware:
             return _refused(400, "connection lost")
         finally:
             readers -= 1
+            in_flight -= size
         if not request.content.is_eof() and not response.prepared:
             await _send_and_close(request, response)  # answered before the body was read
         return response

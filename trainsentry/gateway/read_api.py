@@ -23,6 +23,8 @@ def _query_int(
     raw = request.query.get(name)
     if raw is None or raw == "":
         return default
+    if len(raw) > 40:  # int() of a long digit string is slow, or refused past 4,300 digits
+        raise web.HTTPBadRequest(reason=f"{name} must be between {lo} and {hi}")
     try:
         value = int(raw)
     except ValueError:
@@ -55,7 +57,8 @@ def _query_text(request: web.Request, name: str) -> str | None:
 def path_alert_id(request: web.Request) -> int:
     """The `{alert_id}` of the path: ids are 64-bit in the store (SQLite refuses more)."""
     raw = request.match_info["alert_id"]
-    if not raw.isascii() or not raw.isdigit() or not 0 < int(raw) <= MAX_ALERT_ID:
+    # at most 19 digits before int(): a long digit run is slow, or refused past 4,300 digits
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 19 and 0 < int(raw) <= MAX_ALERT_ID):
         raise web.HTTPBadRequest(reason=f"alert id must be an integer from 1 to {MAX_ALERT_ID}")
     return int(raw)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import Column, Connection, DateTime, ForeignKey, MetaData, Table
+from sqlalchemy import Column, Connection, DateTime, ForeignKey, Index, MetaData, String, Table
 
-from trainsentry.store.schema import Id, alert_events
+from trainsentry.store.schema import Id, UTCDateTime, alert_events
 
 Step = str | Callable[[Connection], None]
 
@@ -40,6 +40,18 @@ def _add_delivery_columns_v4(conn: Connection) -> None:
         conn.exec_driver_sql(f"ALTER TABLE notifications ADD COLUMN {column} {sql_type}")
 
 
+def _create_callback_events_v5(conn: Connection) -> None:
+    # The table as version 5 defines it.
+    table = Table(
+        "callback_events",
+        MetaData(),
+        Column("event_id", String(128), primary_key=True),
+        Column("received_at", UTCDateTime, nullable=False),
+    )
+    Index("ix_callback_events_received", table.c.received_at)
+    table.create(conn)
+
+
 MIGRATIONS: dict[int, list[Step]] = {
     1: [],
     # 2: the policy runs after the intake's commit, from a durable inbox of events
@@ -52,4 +64,6 @@ MIGRATIONS: dict[int, list[Step]] = {
     # 4: the outbox gives up by elapsed time (failing_since); dead rows can be re-sent, and
     # who did it is kept (retried_by, retried_at)
     4: [_add_delivery_columns_v4],
+    # 5: Feishu card callbacks are acted on once, whichever replica a replay reaches
+    5: [_create_callback_events_v5],
 }

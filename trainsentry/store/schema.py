@@ -37,7 +37,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -208,3 +208,13 @@ report_runs = Table(
     Column("recipients", Json, nullable=False),
     Column("detail", Json, nullable=True),
 )
+
+# Feishu card callbacks already acted on, by Feishu's event id (store/callbacks.py): a replay
+# is dropped by whichever replica it reaches. Rows are kept a day.
+callback_events = Table(
+    "callback_events",
+    metadata,
+    Column("event_id", String(128), primary_key=True),
+    Column("received_at", UTCDateTime, nullable=False),
+)
+Index("ix_callback_events_received", callback_events.c.received_at)

@@ -76,16 +76,22 @@ def _rule_matches(rule: AlertnameRule, labels: Mapping[str, str]) -> bool:
     )
 
 
+# XID codes are small (NVIDIA's table ends in the hundreds); longer digit runs are no code.
+MAX_XID_DIGITS = 6
+
+
 def xid_code(alert: Alert, label_names: tuple[str, ...]) -> int | None:
-    """The XID code an alert carries in one of `label_names` (labels first, then annotations)."""
+    """Pure: the XID code an alert carries in one of `label_names` (labels first, then
+    annotations); None when none holds a code of at most MAX_XID_DIGITS digits."""
     for source in (alert.labels, alert.annotations):
         for name in label_names:
             raw = source.get(name, "").strip()
             # DCGM reports the code as a float sample value ("79" or "79.0").
             if raw.endswith(".0"):
                 raw = raw[:-2]
-            # isdigit() alone admits digits int() refuses (superscripts such as "²").
-            if raw.isascii() and raw.isdigit():
+            # isdigit() alone admits digits int() refuses (superscripts such as "²"); a label is
+            # attacker-sized, and int() refuses (or takes quadratic time on) long digit runs.
+            if raw.isascii() and raw.isdigit() and len(raw) <= MAX_XID_DIGITS:
                 return int(raw)
     return None
 

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 ActionName = Literal["ack", "silence"]
 MAX_SILENCE_S = 7 * 24 * 3600
+MAX_EVENT_ID = 128  # the store keeps event ids to drop replays (store/callbacks.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +167,9 @@ def parse_callback(
         _object(outer.get("action")).get("value"),
         who=str(outer.get("open_id") or outer.get("user_id") or ""),
         message_id=outer.get("open_message_id"),
-        event_id=None,
+        # no event id in the legacy scheme: its signature (over timestamp, nonce and body)
+        # names the request, and a replay must carry the very same one
+        event_id="sig:" + headers.get("X-Lark-Signature", "").strip().lower(),
         update_token=outer.get("token"),
     )
 
@@ -205,6 +208,11 @@ def _action(
             raise CallbackRejected("silence duration out of range", status=400)
     if not who:
         raise CallbackRejected("callback names no operator", status=400)
+    if event_id is not None and not (
+        isinstance(event_id, str) and event_id.isascii() and event_id.isprintable()
+        and len(event_id) <= MAX_EVENT_ID
+    ):  # fmt: skip
+        raise CallbackRejected("header.event_id is not a short printable id", status=400)
     if "\x00" in who or not who.isprintable() or len(who) > 200:
         # an open_id is short printable ASCII; this one could never be stored as `acked_by`
         raise CallbackRejected("operator id is not printable text", status=400)

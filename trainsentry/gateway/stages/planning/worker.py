@@ -12,10 +12,14 @@ while new webhooks keep being answered.
 
 A batch that fails on an error of the policy itself (a bug meeting some alert; store errors
 are only retried) is planned again one change at a time, so the other changes go on. A change
-that fails on its own `max_attempts` times, with the worker's backoff in between, is set
-aside: removed from the inbox, logged with its alert and the traceback, and counted
+that fails on its own is retried once after the worker's backoff, then (the policy is pure:
+what fails twice fails again) at once until it failed `max_attempts` times, and set aside:
+removed from the inbox, logged with its alert and the traceback, and counted
 (`trainsentry_policy_failed_total`, alert TrainsentryPolicyFailed). The alert stays stored;
-only its notification is lost, instead of every notification behind it.
+only its notification is lost, instead of every notification behind it. Invariant: a
+poisoned change delays the others by at most one backoff (the first, `2 * poll_interval`):
+the backoff starts over after each change set aside, so a run of poisoned changes does not
+grow it.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ class PolicyWorker:
         self._wake = asyncio.Event()
         self._task = OwnedTask("policy-worker", self._run)
         self.planned = 0  # changes planned by this worker since start
+        self.set_aside = 0  # changes set aside by this worker since start
 
     def start(self) -> None:
         self._task.start()
@@ -97,8 +102,11 @@ class PolicyWorker:
             except _STORE_ERRORS:
                 raise
             except Exception:
-                if not await self._set_aside_if_hopeless():
+                verdict = await self._after_failure()
+                if verdict == "backoff":
                     raise
+                if verdict == "aside":
+                    self.set_aside += 1
                 continue
             if not done:
                 break
@@ -120,16 +128,20 @@ class PolicyWorker:
             self._on_planned(claimed.changes, written)
         return len(claimed.changes)
 
-    async def _set_aside_if_hopeless(self) -> bool:
-        """After a change failed on its own: counts the failure and, at `max_attempts`,
-        removes the change from the inbox. True if it was removed."""
+    async def _after_failure(self) -> str:
+        """After a change failed on its own: counts the failure. "backoff": retry after the
+        worker's backoff (its first failure, or not the change's fault); "retry": at once (it
+        failed before, and the policy is pure); "aside": failed `max_attempts` times, removed
+        from the inbox."""
         claimed = self._claimed
         if claimed is None or len(claimed.event_ids) != 1:
-            return False  # failed before its change was claimed: not the change's fault
+            return "backoff"  # failed before its change was claimed: not the change's fault
         event_id, change = claimed.event_ids[0], claimed.changes[0]
         attempts = self._failures[event_id] = self._failures.get(event_id, 0) + 1
+        if attempts == 1:
+            return "backoff"  # the failure may have been transient
         if attempts < self._max_attempts:
-            return False
+            return "retry"
         async with self._lock, self._engine.begin() as conn:
             await clear_inbox(conn, [event_id])
         del self._failures[event_id]
@@ -146,7 +158,7 @@ class PolicyWorker:
         )
         if self._on_set_aside is not None:
             self._on_set_aside(change)
-        return True
+        return "aside"
 
     async def drain(self) -> int:
         """Plans until the inbox is empty (tests, the demo); returns the changes planned."""
@@ -160,14 +172,17 @@ class PolicyWorker:
         while True:
             await wait_for_event(self._wake, self._poll_interval)
             self._wake.clear()
+            set_aside = self.set_aside
             try:
                 planned = await self.run_once()
                 failures = 0
             except asyncio.CancelledError:
                 raise
             except Exception:
-                # The changes stay in the inbox; the next round retries them.
-                failures += 1
+                # The changes stay in the inbox; the next round retries them. A change set
+                # aside in this round ends the run of failures: the next poisoned change
+                # costs one short backoff, not a longer one.
+                failures = 1 if self.set_aside != set_aside else failures + 1
                 log.exception("policy batch failed; retrying (failure %d)", failures)
                 await asyncio.sleep(min(30.0, self._poll_interval * 2**failures))
                 continue
