@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from pydantic import SecretStr
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from tests.support.gateway_process import close_in_process
 from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.alerts import AlertChange, NotificationDraft, Priority
 from trainsentry.config import GatewaySettings
@@ -226,7 +227,7 @@ async def metrics_after_one_webhook(
         async with http.get(server.make_url("/metrics")) as response:
             return await response.text()
     finally:
-        await server.close()
+        await close_in_process(server)
 
 
 async def test_metrics_show_how_long_changes_wait_for_the_policy_by_urgency(

@@ -16,6 +16,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from tests.support.feishu_server import FeishuContractServer, Hook
+from tests.support.gateway_process import close_in_process
 from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.config import Settings
 from trainsentry.gateway.app import WEBHOOK_PATH
@@ -93,7 +94,7 @@ async def test_the_shipped_routes_reach_the_configured_feishu_channels(
             assert answer.status == 200, await answer.text()
         await server.app[GATEWAY_KEY].settle()
     finally:
-        await server.close()
+        await close_in_process(server)
         if channels.built is not None:
             await channels.built.aclose()
     # P1 to the critical group's bot, P2 to the warning group's, P3 to the archive only

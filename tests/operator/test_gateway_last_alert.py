@@ -14,6 +14,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from operator_harness import NS, TJ, post, trainingjob
 from pydantic import SecretStr
 
+from tests.support.gateway_process import close_in_process
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.config import GatewaySettings
@@ -102,7 +103,7 @@ async def test_gateway_feeds_last_alert(cluster: KubeEmulator, tmp_path: Any) ->
             await send([make_alert(2, labels={"trainingjob": "ghost", "namespace": NS})])
             await asyncio.sleep(0.3)
     finally:
-        await server.close()
+        await close_in_process(server)
 
 
 async def test_a_hang_alert_alertmanager_stopped_sending_clears_last_alert(
@@ -125,4 +126,4 @@ async def test_a_hang_alert_alertmanager_stopped_sending_clears_last_alert(
         await eventually(lambda: last_alert(cluster, "llama").get("status") == "resolved")
         assert last_alert(cluster, "llama")["name"] == "TrainingJobHang"
     finally:
-        await server.close()
+        await close_in_process(server)

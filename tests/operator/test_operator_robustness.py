@@ -33,6 +33,7 @@ from operator_harness import (
 )
 
 from tests.support.eventually import eventually
+from tests.support.gateway_process import close_in_process
 from tests.support.kube_emulator import KubeEmulator
 from trainsentry.operator.kube import Kube, KubeError, RetryPolicy
 from trainsentry.operator.login import login_handler
@@ -619,6 +620,6 @@ async def test_a_probe_hang_trigger_makes_the_job_hung_with_the_rank_named(
         assert status_of(cluster, "g")["phase"] == "Hung"
         assert took < 10
     finally:
-        await server.close()
+        await close_in_process(server)
         for runner in runners:
             await runner.cleanup()

@@ -78,8 +78,10 @@ def test_waiting_ranks_post_one_trigger_each_and_the_stack_names_the_stalled_fra
     assert {auth for _, auth, _ in gateway.seen} == {f"Bearer {TOKEN}"}
     assert sorted(b["rank"] for b in bodies) == sorted(peers), bodies
     assert len({(b["pg"], b["seq"]) for b in bodies}) == 1, bodies
-    assert all(b["rank"] != STALLED for _, _, b in gateway.seen)
     first = bodies[0]
+    # The stalled rank never posts the collective it never entered (on a loaded machine one
+    # of its earlier collectives may pass the 2 s threshold too, and then end).
+    assert all(b["seq"] < first["seq"] for _, _, b in gateway.seen if b["rank"] == STALLED)
     assert first["namespace"] == "team-a" and first["trainingjob"] == "llama"
     assert first["pg_desc"] == "default_pg" and first["waited_s"] >= first["threshold_s"] >= 2
     assert {b["pod"] for b in bodies} == {f"llama-w-{r}" for r in peers}

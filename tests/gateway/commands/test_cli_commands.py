@@ -13,6 +13,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 from pydantic import SecretStr
 
+from tests.support.gateway_process import close_in_process
 from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.config import GatewaySettings
 from trainsentry.gateway.app import WEBHOOK_PATH
@@ -61,7 +62,7 @@ async def test_ack_and_export_commands(db_url: str, tmp_path: Path) -> None:
         code, out = await run_cli("ack", "1", "--silence", "soon", "--gateway", gateway)
         assert code == 2
     finally:
-        await server.close()
+        await close_in_process(server)
 
     csv_path = tmp_path / "alerts.csv"
     code, out = await run_cli("export", "--db", db_url, "--out", str(csv_path))

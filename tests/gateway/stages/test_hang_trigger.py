@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.gateway_process import close_in_process
 from trainsentry.gateway.stages.hang_enrichment import HangVerdict, with_stacks
 from trainsentry.gateway.stages.hang_stacks import checkpointing, stack_phrase
 from trainsentry.gateway.stages.hang_trigger import (
@@ -256,14 +257,14 @@ async def test_the_endpoint_takes_triggers_only_from_the_jobs_ranks(tmp_path: Pa
         status, text = await _post(server, probe_body(3, 24.0))
         assert (status, json.loads(text)["first"], json.loads(text)["new"]) == (202, False, 0)
     finally:
-        await server.close()
+        await close_in_process(server)
     (tmp_path / "other").mkdir()
     server = await _gateway(tmp_path / "other", ["10.0.0.7"])  # the sender is not a rank
     try:
         status, text = await _post(server, body)
         assert status == 403 and "127.0.0.1 is not a rank of TrainingJob team-a/llama" in text
     finally:
-        await server.close()
+        await close_in_process(server)
 
 
 async def test_without_diagnosis_the_endpoint_says_it_is_off(tmp_path: Path) -> None:
@@ -272,7 +273,7 @@ async def test_without_diagnosis_the_endpoint_says_it_is_off(tmp_path: Path) -> 
         status, text = await _post(server, probe_body(1, 21.0))
         assert status == 404 and "no hang diagnosis" in text
     finally:
-        await server.close()
+        await close_in_process(server)
 
 
 async def test_the_end_of_a_stall_resolves_its_alert_and_an_unknown_end_is_ignored(
@@ -298,7 +299,7 @@ async def test_the_end_of_a_stall_resolves_its_alert_and_an_unknown_end_is_ignor
             ("TrainingCollectiveStalled", "resolved")
         ]
     finally:
-        await server.close()
+        await close_in_process(server)
 
 
 def test_the_analysis_measures_waits_against_each_dumps_own_capture_time(
@@ -398,7 +399,7 @@ async def test_a_probe_stall_the_dumps_do_not_confirm_is_not_paged(
         await asyncio.sleep(4.5)  # past the hold: a page would have gone out
         assert bool(receiver.bodies) is paged, receiver.bodies
     finally:
-        await server.close()
+        await close_in_process(server)
         await receiver.stop()
         for runner in runners:
             await runner.cleanup()
