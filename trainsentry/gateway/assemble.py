@@ -349,7 +349,11 @@ def build_diagnosis_parts(
     if not settings.enabled or not (settings.static_endpoints or settings.kubernetes):
         return None
     try:
-        token = read_secret(settings.probe_token_env, env)
+        # stripped like the gateway's own tokens: a Secret made from an echoed file ends in a
+        # newline, which no HTTP header can carry (the probe strips its copy the same way)
+        token = read_secret(settings.probe_token_env, env).strip()
+        if not token:
+            raise SecretMissing(settings.probe_token_env)
     except SecretMissing:
         raise ValueError(
             f"diagnosis needs the probes' token in {settings.probe_token_env}"

@@ -147,7 +147,9 @@ def config_from_env(env: Mapping[str, str] | None = None) -> ProbeConfig:
         ras=ras if ras in {"auto", "0", "1"} else "auto",
         ras_addr=env.get("NCCL_RAS_ADDR", "127.0.0.1:28028") or "127.0.0.1:28028",
         ras_interval_s=_float(env, "TRAINSENTRY_PROBE_RAS_INTERVAL", DEFAULT_RAS_INTERVAL_S),
-        token=env.get("TRAINSENTRY_PROBE_TOKEN") or None,
+        # stripped: a Secret made from an echoed file ends in a newline (the gateway strips
+        # its copy of this token too)
+        token=(env.get("TRAINSENTRY_PROBE_TOKEN") or "").strip() or None,
         dump_prefix=env.get("TORCH_FR_DUMP_TEMP_FILE")
         or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
         or TORCH_DEFAULT_DUMP_PREFIX,
