@@ -152,7 +152,8 @@ class HangDiagnoser:
         self._paging = paging
         self._lock = lock or asyncio.Lock()
         self._tasks: set[asyncio.Task[HangVerdict | None]] = set()
-        self._quiet: set[int] = set()  # alerts whose page was cancelled (checkpoint)
+        # alerts whose page the diagnosis cancelled (a probe stall the dumps do not confirm)
+        self._quiet: set[int] = set()
 
     async def rank_hosts(self, job: JobRef) -> list[str]:
         """The hosts (IP addresses) of the job's rank endpoints, as the diagnosis finds them."""

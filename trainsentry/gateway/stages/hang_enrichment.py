@@ -256,7 +256,9 @@ def summarize(report: Mapping[str, Any], identities: Mapping[int, tuple[str, str
     if verdict == "hang" and hang:
         # The root causes (a cascade's skipper, a send/recv's silent peer, a GPU that never
         # started the collective), else the primary hang's missing ranks.
-        missing = [int(r) for r in report.get("culprit_ranks") or hang.get("missing_ranks") or []]
+        from trainsentry.diagnostics.report import culprit_ranks as analyzer_culprits
+
+        missing = [int(r) for r in report.get("culprit_ranks") or analyzer_culprits(dict(report))]
         not_started = {int(r) for r in report.get("not_started_ranks") or []}
         no_dump = [int(r) for r in hang.get("ranks_without_dump") or []]
         pg = hang.get("description") or hang.get("communicator")
@@ -388,27 +390,15 @@ def diagnose(job: str, results: Sequence[FetchResult]) -> HangVerdict:
 
 
 def culprit_ranks(report: Mapping[str, Any]) -> tuple[int, ...]:
-    """The ranks the analyzer blames, by verdict: its own `culprit_ranks` (root causes first);
-    for a hang nobody is blamed for, the ranks that did not answer for a dump."""
-    hang = report.get("hang")
-    if report.get("verdict") == "hang" and hang:
-        blamed = (
-            report.get("culprit_ranks")
-            or hang.get("missing_ranks")
-            or hang.get("ranks_without_dump")
-            or ()
-        )
-        return tuple(int(r) for r in blamed)
-    if report.get("verdict") == "mismatch":
-        return tuple(
-            int(r)
-            for m in report.get("mismatches") or []
-            if m.get("kind") != "state"
-            for r in m.get("culprit_ranks") or []
-        )
-    if report.get("verdict") == "slow":
-        return tuple(int(s["rank"]) for s in report.get("slow_ranks") or [])
-    return ()
+    """The ranks the analyzer blames (`report["culprit_ranks"]`, or its rule applied to a
+    report without that field: `diagnostics.report.culprit_ranks`); for a hang it blames
+    nobody for, the ranks that did not answer for a dump."""
+    from trainsentry.diagnostics.report import culprit_ranks as analyzer_culprits
+
+    blamed = report.get("culprit_ranks") or analyzer_culprits(dict(report))
+    if not blamed and report.get("verdict") == "hang":
+        blamed = (report.get("hang") or {}).get("ranks_without_dump") or []
+    return tuple(int(r) for r in blamed)
 
 
 # ---------------------------------------------------------------- entry point
