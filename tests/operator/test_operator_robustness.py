@@ -32,6 +32,8 @@ from operator_harness import (
     trainingjob,
 )
 
+from tests.support.dump_probes import addresses as probe_addresses
+from tests.support.dump_probes import start_dump_probes
 from tests.support.eventually import eventually
 from tests.support.gateway_process import close_in_process
 from tests.support.kube_emulator import KubeEmulator
@@ -546,15 +548,12 @@ async def test_a_probe_hang_trigger_makes_the_job_hung_with_the_rank_named(
     """The fast hang path reaches the TrainingJob: a probe's trigger at the real gateway →
     one TrainingCollectiveStalled alert → lastAlert (P0), then the diagnosis (rank 2, from
     the ranks' dumps) in lastAlert → the operator's phase Hung, all within seconds."""
-    import json
 
     import aiohttp
-    from aiohttp import web
     from aiohttp.test_utils import TestServer
     from pydantic import SecretStr
 
     from trainsentry.config import GatewaySettings
-    from trainsentry.diagnostics.synthetic import make_dump
     from trainsentry.gateway.assemble import Diagnosis, create_app
     from trainsentry.gateway.stages.diagnosis import DiagnosisSettings, StaticEndpoints
 
@@ -563,22 +562,10 @@ async def test_a_probe_hang_trigger_makes_the_job_hung_with_the_rank_named(
     await post(cluster, TJ_PATH, trainingjob("g"))
     await eventually(lambda: status_of(cluster, "g").get("phase") == "Monitoring")
 
-    runners = []
-    for rank in range(world):
-        dump = json.dumps(make_dump(rank, world, 40, scenario="hang", culprit=culprit)).encode()
-
-        async def serve(request: web.Request, dump: bytes = dump, rank: int = rank) -> web.Response:
-            if request.headers.get("Authorization") != f"Bearer {probe_token}":
-                return web.Response(status=401)
-            return web.Response(body=dump, headers={"X-Trainsentry-Rank": str(rank)})
-
-        app = web.Application()
-        app.router.add_get("/dump", serve)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        runners.append(runner)
-    addresses = [f"127.0.0.1:{r.addresses[0][1]}" for r in runners]
+    runners = await start_dump_probes(
+        world, scenario="hang", culprit=culprit, entries=40, token=probe_token
+    )
+    addresses = probe_addresses(runners)
 
     async def api() -> ApiClient:
         return ApiClient(Configuration(host=str(cluster.url).rstrip("/")))

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.dump_probes import addresses, start_dump_probes
 from tests.support.gateway_process import close_in_process
 from trainsentry.gateway.stages.hang_enrichment import HangVerdict, with_stacks
 from trainsentry.gateway.stages.hang_stacks import checkpointing, stack_phrase
@@ -342,28 +343,6 @@ def test_the_analysis_measures_waits_against_each_dumps_own_capture_time(
     assert _captured_ns("12") == 0 and _captured_ns("-5") == 0 and _captured_ns("") == 0
 
 
-async def _probes(scenario: str, world: int = 4) -> list[Any]:
-    """Probe stand-ins serving synthetic dumps of one scenario (the diagnostics' own)."""
-    from aiohttp import web
-
-    from trainsentry.diagnostics.synthetic import make_dump
-
-    runners = []
-    for rank in range(world):
-        dump = json.dumps(make_dump(rank, world, 30, scenario=scenario, culprit=2)).encode()
-
-        async def serve(request: web.Request, dump: bytes = dump, rank: int = rank) -> Any:
-            return web.Response(body=dump, headers={"X-Trainsentry-Rank": str(rank)})
-
-        app = web.Application()
-        app.router.add_get("/dump", serve)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        runners.append(runner)
-    return runners
-
-
 @pytest.mark.parametrize(("scenario", "paged"), [("ok", False), ("hang", True)])
 async def test_a_probe_stall_the_dumps_do_not_confirm_is_not_paged(
     tmp_path: Path, scenario: str, paged: bool
@@ -377,16 +356,16 @@ async def test_a_probe_stall_the_dumps_do_not_confirm_is_not_paged(
     from trainsentry.gateway.stages.diagnosis import DiagnosisSettings, StaticEndpoints
     from trainsentry.notifiers.webhook import WebhookNotifier
 
-    runners = await _probes(scenario)
+    runners = await start_dump_probes(4, scenario=scenario, culprit=2, entries=30)
     receiver = Receiver()
     await receiver.start()
-    addresses = [f"127.0.0.1:{r.addresses[0][1]}" for r in runners]
+    probes = addresses(runners)
     settings = GatewaySettings(
         listen="127.0.0.1:0", db=f"sqlite:///{tmp_path / 'gw.db'}", webhook_token=SecretStr("w")
     )
     diagnosis = Diagnosis(
         DiagnosisSettings(hold_seconds=3, deadline_seconds=2, request_timeout_seconds=1),
-        StaticEndpoints({"team-a/llama": addresses}),
+        StaticEndpoints({"team-a/llama": probes}),
         "probe-token",
     )
     notifiers = {"feishu": WebhookNotifier(receiver.url, name="feishu")}
