@@ -79,27 +79,10 @@ def worker(rank: int, scenario: str, outdir: str, port: int) -> None:
 
 def launch(scenario: str, outdir: str, port: int, timeout_s: float = 120.0) -> list[int]:
     """Start the 4 ranks as separate processes (one rank's abort must not kill the others)."""
-    import subprocess
+    from tests.support.ranks import run_ranks
 
-    env = dict(os.environ, TORCH_FR_BUFFER_SIZE="2000", OMP_NUM_THREADS="1")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, "--rank", str(rank), scenario, outdir, str(port)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        for rank in range(WORLD_SIZE)
-    ]
-    codes = []
-    for proc in procs:
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        codes.append(proc.returncode)
-    return codes
+    env = {"TORCH_FR_BUFFER_SIZE": "2000", "OMP_NUM_THREADS": "1"}
+    return run_ranks(__file__, WORLD_SIZE, [scenario, outdir, str(port)], env, timeout_s)
 
 
 def main() -> None:

@@ -41,7 +41,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -178,29 +177,14 @@ def _dump(rank: int, outdir: str, groups: list[object]) -> None:
 
 def generate(scenario: str, outdir: str, port: int, timeout_s: float = 120.0) -> list[int]:
     """Run one scenario's ranks as separate processes; their return codes."""
-    env = dict(
-        os.environ,
-        TORCH_FR_BUFFER_SIZE="2000",
-        TORCH_NCCL_TRACE_BUFFER_SIZE="2000",
-        OMP_NUM_THREADS="1",
-    )
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, "--rank", str(r), scenario, outdir, str(port)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        for r in range(WORLD[scenario])
-    ]
-    codes = []
-    for proc in procs:
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        codes.append(proc.returncode)
+    from tests.support.ranks import run_ranks
+
+    env = {
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "OMP_NUM_THREADS": "1",
+    }
+    codes = run_ranks(__file__, WORLD[scenario], [scenario, outdir, str(port)], env, timeout_s)
     Path(outdir, "codes.json").write_text(json.dumps(codes))
     return codes
 
