@@ -66,4 +66,14 @@ MIGRATIONS: dict[int, list[Step]] = {
     4: [_add_delivery_columns_v4],
     # 5: Feishu card callbacks are acted on once, whichever replica a replay reaches
     5: [_create_callback_events_v5],
+    # 6, 7: numbers given to other branches of this work; the lead renumbers at merge
+    6: [],
+    7: [],
+    # 8: the retention purge (store/retention.py) finds old rows and clears references by index
+    8: [
+        "CREATE INDEX ix_webhook_receipts_last_received ON webhook_receipts (last_received_at)",
+        "CREATE INDEX ix_alerts_first_receipt ON alerts (first_receipt_id)",
+        "CREATE INDEX ix_alert_events_receipt ON alert_events (receipt_id)",
+        "CREATE INDEX ix_notifications_created ON notifications (created_at)",
+    ],
 }
