@@ -21,6 +21,7 @@ Invariants kept here:
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -264,7 +265,8 @@ async def store_size(engine: AsyncEngine) -> StoreSize | None:
     """The store's size (see StoreSize); None for an in-memory SQLite store."""
     if engine.dialect.name == "sqlite":
         path = sqlite_path(engine.url.render_as_string(hide_password=True))
-        return None if path is None else sqlite_size(path)
+        # a thread: a stat of a volume that hangs (NFS) must not stop the event loop
+        return None if path is None else await asyncio.to_thread(sqlite_size, path)
     async with engine.connect() as conn:
         size = (await conn.execute(text("SELECT pg_database_size(current_database())"))).scalar()
     return StoreSize(bytes=int(size or 0))
