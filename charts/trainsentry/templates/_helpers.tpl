@@ -276,3 +276,11 @@ affinity:
 {{- end -}}
 {{- toJson $out -}}
 {{- end -}}
+
+{{/*
+Where the operator keeps the jobs' dashboard ConfigMaps when it watches every namespace:
+where the chart's own dashboards go (the namespace Grafana's sidecar already watches).
+*/}}
+{{- define "trainsentry.operatorDashboardsNamespace" -}}
+{{- .Values.dashboards.namespace | default .Release.Namespace -}}
+{{- end }}
