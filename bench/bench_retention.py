@@ -60,7 +60,11 @@ async def seed(db: str, count: int) -> None:
                 for change in outcome.changes
             ]
             await insert_notifications(conn, drafts, at)
-            await conn.execute(notifications.update().values(status="sent", sent_at=at))
+            await conn.execute(
+                notifications.update()
+                .where(notifications.c.status == "pending")
+                .values(status="sent", sent_at=at)
+            )
     await engine.dispose()
 
 
