@@ -5,11 +5,15 @@ PostgreSQL take disjoint rows."""
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+import sqlite3
+from contextlib import closing
+from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import delete, func, select, update
+from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.support.webhook_factory import BASE_TIME, encode, make_alert, make_body
@@ -19,7 +23,15 @@ from trainsentry.gateway.metrics import GatewayMetrics
 from trainsentry.gateway.stages.intake import parse_webhook
 from trainsentry.gateway.stages.retention import Retention
 from trainsentry.store import create_engine
-from trainsentry.store.retention import batch_transaction, purge_alerts, purge_receipts
+from trainsentry.store.retention import (
+    batch_transaction,
+    old_alerts,
+    old_callback_events,
+    old_notifications,
+    old_receipts,
+    purge_alerts,
+    purge_receipts,
+)
 from trainsentry.store.schema import (
     alert_events,
     alerts,
@@ -250,3 +262,40 @@ async def test_an_alert_another_transaction_holds_is_left_for_the_next_round(
             assert (await purge_alerts(conn, NOW - timedelta(days=90), 100)).alerts == 1
     finally:
         await engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("build", "index"),
+    [
+        (old_alerts, "ix_alerts_created"),
+        (old_notifications, "ix_notifications_created"),
+        (old_receipts, "ix_webhook_receipts_last_received"),
+        (old_callback_events, "ix_callback_events_received"),
+    ],
+)
+async def test_a_batch_reads_only_old_rows_through_a_time_index_on_sqlite(
+    build: Any, index: str, tmp_path: Path
+) -> None:
+    """A SQLite batch holds the write lock: it must find its rows by time (a range of the
+    index), never by reading every finished row and sorting them (SQLite's planner has no
+    statistics and would pick the status index)."""
+    path = tmp_path / "plan.db"
+    engine = create_engine(f"sqlite:///{path}")
+    try:
+        from trainsentry.store import migrate
+
+        await migrate(engine)
+    finally:
+        await engine.dispose()
+    compiled = build(NOW, 500).compile(
+        dialect=sqlite_dialect(), compile_kwargs={"render_postcompile": True}
+    )
+    params: list[Any] = []
+    for value in compiled.construct_params().values():
+        if isinstance(value, datetime):
+            value = value.replace(tzinfo=None).isoformat(sep=" ")
+        params.extend(value if isinstance(value, list | tuple) else [value])
+    with closing(sqlite3.connect(path)) as db:
+        plan = [row[-1] for row in db.execute(f"EXPLAIN QUERY PLAN {compiled}", params)]
+    assert plan[0].startswith("SEARCH") and f"INDEX {index} (" in plan[0], plan
+    assert not any("TEMP B-TREE" in step for step in plan), plan

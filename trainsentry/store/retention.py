@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, exists, select, text, update
+from sqlalchemy import Select, delete, exists, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from trainsentry.store.engine import sqlite_path
@@ -78,6 +78,13 @@ async def batch_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnectio
         yield conn
 
 
+def _unindexed(column: Any) -> Any:
+    """`column` as an expression no index serves: SQLite's planner (no statistics) would
+    otherwise read every finished row through the status index and sort them, under the
+    write lock, instead of reading only the old ones through the time index."""
+    return column.concat("")
+
+
 def _postgresql(conn: AsyncConnection) -> bool:
     return conn.dialect.name == "postgresql"
 
@@ -86,15 +93,20 @@ def _ids(rows: Any) -> list[int]:
     return [int(row[0]) for row in rows]
 
 
-async def purge_receipts(conn: AsyncConnection, before: datetime, limit: int) -> Purged:
-    """Deletes up to `limit` receipts whose body no webhook brought since `before`; the
-    alerts and events that named them keep their rows, without the reference."""
-    query = (
+def old_receipts(before: datetime, limit: int) -> Select[Any]:
+    """The first `limit` receipts whose body no webhook brought since `before`."""
+    return (
         select(webhook_receipts.c.id)
         .where(webhook_receipts.c.last_received_at < before)
         .order_by(webhook_receipts.c.last_received_at)
         .limit(limit)
     )
+
+
+async def purge_receipts(conn: AsyncConnection, before: datetime, limit: int) -> Purged:
+    """Deletes up to `limit` receipts whose body no webhook brought since `before`; the
+    alerts and events that named them keep their rows, without the reference."""
+    query = old_receipts(before, limit)
     if _postgresql(conn):
         query = query.with_for_update(skip_locked=True)
     ids = _ids(await conn.execute(query))
@@ -127,22 +139,30 @@ def _old(column: Any, before: datetime) -> Any:
     return column.is_(None) | (column < before)
 
 
-async def purge_alerts(conn: AsyncConnection, before: datetime, limit: int) -> Purged:
-    """Deletes up to `limit` finished alerts (module docstring) with their events and
-    notifications."""
-    query = (
+def old_alerts(before: datetime, limit: int) -> Select[Any]:
+    """The first `limit` finished alerts (module docstring) last touched before `before`."""
+    return (
         select(alerts.c.id)
         .where(
-            alerts.c.status == RESOLVED,
+            # created before the cut (implied by the next line, and indexed): only the old
+            # alerts are read, however many recent ones the store holds
+            alerts.c.created_at < before,
+            _unindexed(alerts.c.status) == RESOLVED,
             alerts.c.last_received_at < before,
             _old(alerts.c.resolved_at, before),
             _old(alerts.c.acked_at, before),
             ~_unfinished_notification(alerts.c.id),
             ~_waiting_in_inbox(alerts.c.id),
         )
-        .order_by(alerts.c.status, alerts.c.id)
+        .order_by(alerts.c.created_at)
         .limit(limit)
     )
+
+
+async def purge_alerts(conn: AsyncConnection, before: datetime, limit: int) -> Purged:
+    """Deletes up to `limit` finished alerts (module docstring) with their events and
+    notifications."""
+    query = old_alerts(before, limit)
     if _postgresql(conn):
         query = query.with_for_update(of=alerts, skip_locked=True)
     ids = _ids(await conn.execute(query))
@@ -186,18 +206,23 @@ async def _still_busy(conn: AsyncConnection, ids: Sequence[int]) -> set[int]:
     return busy
 
 
-async def purge_notifications(conn: AsyncConnection, before: datetime, limit: int) -> Purged:
-    """Deletes up to `limit` notifications written before `before` that are sent, dead or
-    cancelled (pending and leased ones are never touched)."""
-    query = (
+def old_notifications(before: datetime, limit: int) -> Select[Any]:
+    """The first `limit` sent, dead or cancelled notifications written before `before`."""
+    return (
         select(notifications.c.id)
         .where(
             notifications.c.created_at < before,
-            notifications.c.status.in_(FINISHED_NOTIFICATIONS),
+            _unindexed(notifications.c.status).in_(FINISHED_NOTIFICATIONS),
         )
         .order_by(notifications.c.created_at)
         .limit(limit)
     )
+
+
+async def purge_notifications(conn: AsyncConnection, before: datetime, limit: int) -> Purged:
+    """Deletes up to `limit` notifications written before `before` that are sent, dead or
+    cancelled (pending and leased ones are never touched)."""
+    query = old_notifications(before, limit)
     if _postgresql(conn):
         query = query.with_for_update(skip_locked=True)
     ids = _ids(await conn.execute(query))
@@ -212,14 +237,19 @@ async def purge_notifications(conn: AsyncConnection, before: datetime, limit: in
     return Purged(notifications=result.rowcount)
 
 
-async def purge_callback_events(conn: AsyncConnection, before: datetime, limit: int) -> Purged:
-    """Deletes up to `limit` card-callback event ids recorded before `before`."""
-    query = (
+def old_callback_events(before: datetime, limit: int) -> Select[Any]:
+    """The first `limit` card-callback event ids recorded before `before`."""
+    return (
         select(callback_events.c.event_id)
         .where(callback_events.c.received_at < before)
         .order_by(callback_events.c.received_at)
         .limit(limit)
     )
+
+
+async def purge_callback_events(conn: AsyncConnection, before: datetime, limit: int) -> Purged:
+    """Deletes up to `limit` card-callback event ids recorded before `before`."""
+    query = old_callback_events(before, limit)
     if _postgresql(conn):
         query = query.with_for_update(skip_locked=True)
     ids = [str(row[0]) for row in await conn.execute(query)]
