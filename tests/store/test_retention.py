@@ -25,9 +25,8 @@ from trainsentry.gateway.stages.retention import Retention
 from trainsentry.store import create_engine
 from trainsentry.store.retention import (
     batch_transaction,
-    old_alerts,
+    next_by_time,
     old_callback_events,
-    old_notifications,
     old_receipts,
     purge_alerts,
     purge_receipts,
@@ -186,14 +185,33 @@ async def test_a_batch_deletes_at_most_its_limit_and_the_stage_purges_everything
     async with batch_transaction(engine) as conn:
         first = await purge_alerts(conn, NOW - timedelta(days=90), 3)
         receipts = await purge_receipts(conn, NOW - timedelta(days=7), 3)
-    assert first.alerts == 3 and first.alert_events == 3
-    assert receipts.receipts == 1
+    assert first.examined == 3 and first.purged.alerts == 3 and first.purged.alert_events == 3
+    assert receipts.purged.receipts == 1
     assert await count(engine, alerts) == 7
     metrics = GatewayMetrics()
     settings = SETTINGS.model_copy(update={"batch_size": 3, "pause_seconds": 0})
     done = await Retention(engine, settings, metrics=metrics).purge(NOW)
     assert done.alerts == 7 and await count(engine, alerts) == 0
     assert metrics.purged.labels("alerts")._value.get() == 7
+
+
+async def test_old_rows_that_stay_do_not_stop_the_purge_behind_them(engine: AsyncEngine) -> None:
+    """The oldest alerts still fire: a batch looks at them (at most its limit), deletes
+    nothing, and the next batch goes on after them to the finished ones."""
+    firing = [make_alert(i, starts_at=OLD - timedelta(hours=1)) for i in range(4)]
+    await store(engine, firing, OLD - timedelta(hours=1), 1)
+    await store(engine, [make_alert(i, status="resolved") for i in range(4, 9)], OLD, 2)
+    cut = NOW - timedelta(days=90)
+    async with batch_transaction(engine) as conn:
+        first = await purge_alerts(conn, cut, 3)
+    assert (first.examined, first.purged.alerts) == (3, 0)
+    async with batch_transaction(engine) as conn:
+        second = await purge_alerts(conn, cut, 3, first.after)
+    assert (second.examined, second.purged.alerts) == (3, 2)  # the last firing one, then two
+    settings = SETTINGS.model_copy(update={"batch_size": 3, "pause_seconds": 0})
+    done = await Retention(engine, settings, metrics=GatewayMetrics()).purge(NOW)
+    assert done.alerts == 3
+    assert {n for n in range(9) if await alert_id(engine, fp(n)) is not None} == {0, 1, 2, 3}
 
 
 async def test_retention_disabled_deletes_nothing(engine: AsyncEngine) -> None:
@@ -255,30 +273,37 @@ async def test_an_alert_another_transaction_holds_is_left_for_the_next_round(
             await intake.execute(select(alerts.c.id).where(alerts.c.id == held).with_for_update())
             async with asyncio.timeout(5), batch_transaction(engine) as conn:
                 done = await purge_alerts(conn, NOW - timedelta(days=90), 100)
-            assert done.alerts == 4
+            assert done.purged.alerts == 4
             await intake.rollback()
         assert await alert_id(engine, fp(2)) == held
         async with batch_transaction(engine) as conn:
-            assert (await purge_alerts(conn, NOW - timedelta(days=90), 100)).alerts == 1
+            assert (await purge_alerts(conn, NOW - timedelta(days=90), 100)).purged.alerts == 1
     finally:
         await engine.dispose()
+
+
+AFTER = (BASE_TIME, 12)  # a cursor: the next batch of a run starts after this row
 
 
 @pytest.mark.parametrize(
     ("build", "index"),
     [
-        (old_alerts, "ix_alerts_created"),
-        (old_notifications, "ix_notifications_created"),
-        (old_receipts, "ix_webhook_receipts_last_received"),
-        (old_callback_events, "ix_callback_events_received"),
+        (lambda: next_by_time(alerts, alerts.c.created_at, NOW, None, 500), "ix_alerts_created"),
+        (lambda: next_by_time(alerts, alerts.c.created_at, NOW, AFTER, 500), "ix_alerts_created"),
+        (
+            lambda: next_by_time(notifications, notifications.c.created_at, NOW, AFTER, 500),
+            "ix_notifications_created",
+        ),
+        (lambda: old_receipts(NOW, 500), "ix_webhook_receipts_last_received"),
+        (lambda: old_callback_events(NOW, 500), "ix_callback_events_received"),
     ],
+    ids=["alerts", "alerts-after", "notifications-after", "receipts", "callback-events"],
 )
 async def test_a_batch_reads_only_old_rows_through_a_time_index_on_sqlite(
     build: Any, index: str, tmp_path: Path
 ) -> None:
-    """A SQLite batch holds the write lock: it must find its rows by time (a range of the
-    index), never by reading every finished row and sorting them (SQLite's planner has no
-    statistics and would pick the status index)."""
+    """A SQLite batch holds the write lock: it must find its rows as a range of a time index,
+    in the index's order, never by reading every old row and sorting them."""
     path = tmp_path / "plan.db"
     engine = create_engine(f"sqlite:///{path}")
     try:
@@ -287,7 +312,7 @@ async def test_a_batch_reads_only_old_rows_through_a_time_index_on_sqlite(
         await migrate(engine)
     finally:
         await engine.dispose()
-    compiled = build(NOW, 500).compile(
+    compiled = build().compile(
         dialect=sqlite_dialect(), compile_kwargs={"render_postcompile": True}
     )
     params: list[Any] = []

@@ -8,9 +8,11 @@ Invariants kept here:
   notifications is pending or being sent; it goes with all its events and notifications, in
   one transaction. A notification only when it is sent, dead or cancelled. A receipt only when
   no webhook brought its body since the cut (references to it are cleared first).
-- A batch deletes at most `limit` rows of the kind it purges (an alert's batch: `limit` alerts
-  plus their events and notifications), so the write lock it takes is short and the intake
-  waits at most one batch.
+- A batch looks at most at `limit` rows of the kind it purges, the next ones by time through
+  a time index (keyset: the next batch starts after the last row looked at), and deletes at
+  most those (an alert's batch: up to `limit` alerts plus their events and notifications),
+  so the write lock it takes is short and the intake waits at most one batch, however many
+  rows must stay.
 - Races: on PostgreSQL the candidates are locked `FOR UPDATE SKIP LOCKED` (rows another
   transaction holds are left for the next round), which also stops anyone inserting an event
   or a notification for a locked alert; whether each locked alert may still go is then read
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, delete, exists, select, text, update
+from sqlalchemy import Select, Table, bindparam, delete, exists, select, text, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from trainsentry.store.engine import sqlite_path
@@ -78,19 +80,59 @@ async def batch_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnectio
         yield conn
 
 
-def _unindexed(column: Any) -> Any:
-    """`column` as an expression no index serves: SQLite's planner (no statistics) would
-    otherwise read every finished row through the status index and sort them, under the
-    write lock, instead of reading only the old ones through the time index."""
-    return column.concat("")
-
-
 def _postgresql(conn: AsyncConnection) -> bool:
     return conn.dialect.name == "postgresql"
 
 
 def _ids(rows: Any) -> list[int]:
     return [int(row[0]) for row in rows]
+
+
+# Where the next batch of one run starts: the (time, id) of the last row the batch looked at.
+After = tuple[datetime, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """What one batch did: the rows it deleted, how many rows of its kind it looked at (at
+    most its limit; fewer: the kind is done for this run), and where the next one starts."""
+
+    purged: Purged
+    examined: int
+    after: After | None = None
+
+
+def next_by_time(
+    table: Table, column: Any, before: datetime, after: After | None, limit: int
+) -> Select[Any]:
+    """The next `limit` rows of `table` by (`column`, id) older than `before`, after `after`:
+    a range of the time index, in its order, whatever else the rows hold. Later conditions
+    are checked on these rows only, so a batch reads at most `limit` rows however many old
+    rows must stay (firing alerts, pending notifications)."""
+    query = select(table.c.id, column).where(column < before)
+    if after is not None:
+        at, last_id = after
+        query = query.where(
+            tuple_(column, table.c.id)
+            > tuple_(
+                bindparam(None, at, type_=column.type),
+                bindparam(None, last_id, type_=table.c.id.type),
+            )
+        )
+    return query.order_by(column, table.c.id).limit(limit)
+
+
+async def _next_rows(
+    conn: AsyncConnection,
+    table: Table,
+    column: Any,
+    before: datetime,
+    after: After | None,
+    limit: int,
+) -> tuple[list[int], After | None]:
+    rows = (await conn.execute(next_by_time(table, column, before, after, limit))).all()
+    last = (rows[-1][1], int(rows[-1][0])) if rows else None
+    return [int(row[0]) for row in rows], last
 
 
 def old_receipts(before: datetime, limit: int) -> Select[Any]:
@@ -103,15 +145,18 @@ def old_receipts(before: datetime, limit: int) -> Select[Any]:
     )
 
 
-async def purge_receipts(conn: AsyncConnection, before: datetime, limit: int) -> Purged:
+async def purge_receipts(
+    conn: AsyncConnection, before: datetime, limit: int, after: After | None = None
+) -> Batch:
     """Deletes up to `limit` receipts whose body no webhook brought since `before`; the
-    alerts and events that named them keep their rows, without the reference."""
+    alerts and events that named them keep their rows, without the reference. (Every old
+    receipt goes, so no cursor: `after` is not used.)"""
     query = old_receipts(before, limit)
     if _postgresql(conn):
         query = query.with_for_update(skip_locked=True)
     ids = _ids(await conn.execute(query))
     if not ids:
-        return Purged()
+        return Batch(Purged(), 0)
     await conn.execute(
         update(alerts).where(alerts.c.first_receipt_id.in_(ids)).values(first_receipt_id=None)
     )
@@ -119,7 +164,7 @@ async def purge_receipts(conn: AsyncConnection, before: datetime, limit: int) ->
         update(alert_events).where(alert_events.c.receipt_id.in_(ids)).values(receipt_id=None)
     )
     result = await conn.execute(delete(webhook_receipts).where(webhook_receipts.c.id.in_(ids)))
-    return Purged(receipts=result.rowcount)
+    return Batch(Purged(receipts=result.rowcount), len(ids))
 
 
 def _unfinished_notification(alert_id: Any) -> Any:
@@ -139,51 +184,49 @@ def _old(column: Any, before: datetime) -> Any:
     return column.is_(None) | (column < before)
 
 
-def old_alerts(before: datetime, limit: int) -> Select[Any]:
-    """The first `limit` finished alerts (module docstring) last touched before `before`."""
-    return (
-        select(alerts.c.id)
-        .where(
-            # created before the cut (implied by the next line, and indexed): only the old
-            # alerts are read, however many recent ones the store holds
-            alerts.c.created_at < before,
-            _unindexed(alerts.c.status) == RESOLVED,
-            alerts.c.last_received_at < before,
-            _old(alerts.c.resolved_at, before),
-            _old(alerts.c.acked_at, before),
-            ~_unfinished_notification(alerts.c.id),
-            ~_waiting_in_inbox(alerts.c.id),
-        )
-        .order_by(alerts.c.created_at)
-        .limit(limit)
+def finished_alerts(ids: Sequence[int], before: datetime) -> Select[Any]:
+    """Among `ids`: the finished alerts (module docstring) last touched before `before`."""
+    return select(alerts.c.id).where(
+        alerts.c.id.in_(ids),
+        alerts.c.status == RESOLVED,
+        alerts.c.last_received_at < before,
+        _old(alerts.c.resolved_at, before),
+        _old(alerts.c.acked_at, before),
+        ~_unfinished_notification(alerts.c.id),
+        ~_waiting_in_inbox(alerts.c.id),
     )
 
 
-async def purge_alerts(conn: AsyncConnection, before: datetime, limit: int) -> Purged:
-    """Deletes up to `limit` finished alerts (module docstring) with their events and
-    notifications."""
-    query = old_alerts(before, limit)
+async def purge_alerts(
+    conn: AsyncConnection, before: datetime, limit: int, after: After | None = None
+) -> Batch:
+    """Looks at the next `limit` alerts created before `before` (after `after`) and deletes
+    the finished ones (module docstring) with their events and notifications."""
+    # created before the cut is implied by last received before it, and indexed
+    examined, last = await _next_rows(conn, alerts, alerts.c.created_at, before, after, limit)
+    if not examined:
+        return Batch(Purged(), 0)
+    query = finished_alerts(examined, before)
     if _postgresql(conn):
         query = query.with_for_update(of=alerts, skip_locked=True)
     ids = _ids(await conn.execute(query))
-    if not ids:
-        return Purged()
     # Read again now that the alerts are locked (a fresh snapshot on PostgreSQL): a
     # notification re-queued or an event queued in between keeps its alert.
-    kept = await _still_busy(conn, ids)
+    kept = await _still_busy(conn, ids) if ids else set()
     ids = [alert_id for alert_id in ids if alert_id not in kept]
     if not ids:
-        return Purged()
+        return Batch(Purged(), len(examined), last)
     gone_notifications = await conn.execute(
         delete(notifications).where(notifications.c.alert_id.in_(ids))
     )
     gone_events = await conn.execute(delete(alert_events).where(alert_events.c.alert_id.in_(ids)))
     gone_alerts = await conn.execute(delete(alerts).where(alerts.c.id.in_(ids)))
-    return Purged(
+    purged = Purged(
         alerts=gone_alerts.rowcount,
         alert_events=gone_events.rowcount,
         notifications=gone_notifications.rowcount,
     )
+    return Batch(purged, len(examined), last)
 
 
 async def _still_busy(conn: AsyncConnection, ids: Sequence[int]) -> set[int]:
@@ -206,35 +249,31 @@ async def _still_busy(conn: AsyncConnection, ids: Sequence[int]) -> set[int]:
     return busy
 
 
-def old_notifications(before: datetime, limit: int) -> Select[Any]:
-    """The first `limit` sent, dead or cancelled notifications written before `before`."""
-    return (
-        select(notifications.c.id)
-        .where(
-            notifications.c.created_at < before,
-            _unindexed(notifications.c.status).in_(FINISHED_NOTIFICATIONS),
-        )
-        .order_by(notifications.c.created_at)
-        .limit(limit)
+async def purge_notifications(
+    conn: AsyncConnection, before: datetime, limit: int, after: After | None = None
+) -> Batch:
+    """Looks at the next `limit` notifications written before `before` (after `after`) and
+    deletes those sent, dead or cancelled (pending and leased ones are never touched)."""
+    examined, last = await _next_rows(
+        conn, notifications, notifications.c.created_at, before, after, limit
     )
-
-
-async def purge_notifications(conn: AsyncConnection, before: datetime, limit: int) -> Purged:
-    """Deletes up to `limit` notifications written before `before` that are sent, dead or
-    cancelled (pending and leased ones are never touched)."""
-    query = old_notifications(before, limit)
+    if not examined:
+        return Batch(Purged(), 0)
+    query = select(notifications.c.id).where(
+        notifications.c.id.in_(examined), notifications.c.status.in_(FINISHED_NOTIFICATIONS)
+    )
     if _postgresql(conn):
         query = query.with_for_update(skip_locked=True)
     ids = _ids(await conn.execute(query))
     if not ids:
-        return Purged()
+        return Batch(Purged(), len(examined), last)
     # the status is checked again by the delete itself: a dead row re-queued in between stays
     result = await conn.execute(
         delete(notifications).where(
             notifications.c.id.in_(ids), notifications.c.status.in_(FINISHED_NOTIFICATIONS)
         )
     )
-    return Purged(notifications=result.rowcount)
+    return Batch(Purged(notifications=result.rowcount), len(examined), last)
 
 
 def old_callback_events(before: datetime, limit: int) -> Select[Any]:
@@ -247,16 +286,19 @@ def old_callback_events(before: datetime, limit: int) -> Select[Any]:
     )
 
 
-async def purge_callback_events(conn: AsyncConnection, before: datetime, limit: int) -> Purged:
-    """Deletes up to `limit` card-callback event ids recorded before `before`."""
+async def purge_callback_events(
+    conn: AsyncConnection, before: datetime, limit: int, after: After | None = None
+) -> Batch:
+    """Deletes up to `limit` card-callback event ids recorded before `before` (all old ones
+    go: `after` is not used)."""
     query = old_callback_events(before, limit)
     if _postgresql(conn):
         query = query.with_for_update(skip_locked=True)
     ids = [str(row[0]) for row in await conn.execute(query)]
     if not ids:
-        return Purged()
+        return Batch(Purged(), 0)
     result = await conn.execute(delete(callback_events).where(callback_events.c.event_id.in_(ids)))
-    return Purged(callback_events=result.rowcount)
+    return Batch(Purged(callback_events=result.rowcount), len(ids))
 
 
 # ---------------------------------------------------------------- size

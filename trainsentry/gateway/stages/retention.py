@@ -2,9 +2,10 @@
 finished rows older than their retention (store/retention.py) in bounded batches, and
 measures again (with `retention.enabled: false` it only measures).
 
-Each batch is its own short transaction (at most `batch_size` rows of one kind) followed by a
-pause of `pause_seconds`, so the intake's writes wait at most one batch, however much there is
-to delete. A kind is purged until a batch finds less than a full batch. Failures are logged
+Each batch is its own short transaction (it looks at most at `batch_size` rows of one kind,
+the next ones by time) followed by a pause of `pause_seconds`, so the intake's writes wait at
+most one batch, however much there is to delete. A kind is done for the run once a batch
+finds fewer than `batch_size` old rows to look at. Failures are logged
 and retried at the next interval; nothing else waits for this stage. With several replicas on
 one PostgreSQL each runs it; their batches take disjoint rows (SKIP LOCKED).
 """
@@ -23,6 +24,8 @@ from trainsentry.gateway.metrics import GatewayMetrics
 from trainsentry.store.callbacks import KEEP as CALLBACK_EVENTS_KEEP
 from trainsentry.store.engine import Connection, Engine
 from trainsentry.store.retention import (
+    After,
+    Batch,
     Purged,
     StoreSize,
     batch_transaction,
@@ -36,7 +39,7 @@ from trainsentry.tasks import OwnedTask
 
 log = logging.getLogger("trainsentry.retention")
 
-Purge = Callable[[Connection, datetime, int], Awaitable[Purged]]
+Purge = Callable[[Connection, datetime, int, After | None], Awaitable[Batch]]
 
 
 class Retention:
@@ -80,22 +83,23 @@ class Retention:
         """Deletes everything due at `now` (default: the clock), batch by batch."""
         now = now or self._clock()
         total = Purged()
-        for kind, purge, before in self._cuts(now):
+        for _kind, purge, before in self._cuts(now):
+            after: After | None = None
             while True:
-                done = await self._batch(purge, before)
-                total = _add(total, done)
-                # the rows a batch is bounded by (an alert batch: its alerts)
-                if getattr(done, kind) < self._settings.batch_size:
-                    break
+                batch = await self._batch(purge, before, after)
+                total = _add(total, batch.purged)
+                if batch.examined < self._settings.batch_size:
+                    break  # nothing older is left to look at in this run
+                after = batch.after
                 await asyncio.sleep(self._settings.pause_seconds)
         return total
 
-    async def _batch(self, purge: Purge, before: datetime) -> Purged:
+    async def _batch(self, purge: Purge, before: datetime, after: After | None) -> Batch:
         guard: AbstractAsyncContextManager[object] = self._lock or nullcontext()
         async with guard, batch_transaction(self._engine) as conn:
-            done = await purge(conn, before, self._settings.batch_size)
-        self._metrics.record_purged(done)
-        return done
+            batch = await purge(conn, before, self._settings.batch_size, after)
+        self._metrics.record_purged(batch.purged)
+        return batch
 
     async def run_once(self, now: datetime | None = None) -> Purged:
         """Measures the store and, unless retention is disabled, purges it."""
