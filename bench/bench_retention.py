@@ -37,8 +37,9 @@ from trainsentry.store.writes import insert_notifications, record_receipts
 async def seed(db: str, count: int) -> None:
     engine = create_engine(db)
     await migrate(engine)
-    at = utcnow() - timedelta(days=120)
+    first = utcnow() - timedelta(days=120)
     for start in range(0, count, 500):
+        at = first + timedelta(minutes=start // 500)  # one webhook of 500 alerts a minute
         alerts = [make_alert(start + i, status="resolved") for i in range(min(500, count - start))]
         for alert in alerts:
             alert["fingerprint"] = f"old-{alert['fingerprint']}"
