@@ -84,11 +84,11 @@ def storm_alerts(count: int, start: datetime) -> list[dict[str, Any]]:
                     "namespace": "ml",
                     "node": f"gpu-{(n // JOBS) % NODES:04d}",
                     "gpu": str(n % 8),
-                    "xid": "79",
+                    "xid": "13",
                     "priority": "P2",
                     "severity": "warning",
                 },
-                "annotations": {"summary": "XID 79 on a GPU", "description": "storm bench"},
+                "annotations": {"summary": "XID 13 on a GPU", "description": "storm bench"},
                 "startsAt": (start + timedelta(milliseconds=n)).isoformat(),
                 "generatorURL": "http://prometheus/graph",
             }
