@@ -133,18 +133,18 @@ async def end_window(
     return await get_window(conn, window_id)
 
 
-async def open_mutes(conn: AsyncConnection, alert_ids: Iterable[int]) -> set[int]:
-    """Of these alerts, those muted now (locked on PostgreSQL, as the policy's states are)."""
+async def mute_states(conn: AsyncConnection, alert_ids: Iterable[int]) -> dict[int, str]:
+    """Of these alerts, those a window muted: alert id -> state (locked on PostgreSQL, as the
+    policy's states are)."""
     wanted = sorted(set(alert_ids))
-    found: set[int] = set()
+    found: dict[int, str] = {}
     for start in range(0, len(wanted), 5000):
-        query = select(maintenance_mutes.c.alert_id).where(
-            maintenance_mutes.c.alert_id.in_(wanted[start : start + 5000]),
-            maintenance_mutes.c.state == MUTED,
+        query = select(maintenance_mutes.c.alert_id, maintenance_mutes.c.state).where(
+            maintenance_mutes.c.alert_id.in_(wanted[start : start + 5000])
         )
         if conn.dialect.name == "postgresql":
             query = query.with_for_update()
-        found.update(int(row.alert_id) for row in await conn.execute(query))
+        found.update({int(row.alert_id): row.state for row in await conn.execute(query)})
     return found
 
 

@@ -262,6 +262,45 @@ async def test_a_restart_in_the_middle_of_a_window_keeps_it_muting(
         await close_in_process(server)
 
 
+async def test_a_recurring_window_mutes_in_each_occurrence_only(
+    db_url: str, receiver: Receiver
+) -> None:
+    clock = Clock()
+    server = await start(db_url, receiver, clock)
+    try:
+        body = {
+            "matchers": {"node": "gpu-17"},
+            "rrule": "FREQ=DAILY",
+            "start": "03:00",
+            "duration_minutes": 60,
+            "timezone": "UTC",
+            "created_by": "ops",
+        }
+        status, window = await call(server, "POST", "/api/v1/maintenance", body)
+        assert status == 201 and window["current"] == {
+            "start": START.isoformat(),
+            "end": (START + timedelta(hours=1)).isoformat(),
+        }
+        await post_alerts(server, [make_alert(1, labels={**P0, "node": "gpu-17"})])
+        await settle(server)
+        assert phoned(receiver) == []
+        clock.now = START + timedelta(hours=1)  # the occurrence ends: still firing, notified
+        await settle(server)
+        assert phoned(receiver) == [(1, "firing")]
+        clock.now = START + timedelta(hours=5)  # between occurrences: not muted
+        await post_alerts(server, [make_alert(2, labels={**P0, "node": "gpu-17"})])
+        await settle(server)
+        assert phoned(receiver) == [(1, "firing"), (2, "firing")]
+        clock.now = START + timedelta(days=1, minutes=30)  # the next day's occurrence
+        await post_alerts(server, [make_alert(3, labels={**P0, "node": "gpu-17"})])
+        await settle(server)
+        assert len(phoned(receiver)) == 2
+        status, detail = await call(server, "GET", "/api/v1/alerts/3")
+        assert detail["muted_by"]["until"] == (START + timedelta(days=1, hours=1)).isoformat()
+    finally:
+        await close_in_process(server)
+
+
 BAD = [
     ({"matchers": {"node": "x"}, "created_by": "a", "starts_at": "2026-11-20T05:00:00Z",
       "ends_at": "2026-11-20T04:00:00Z"}, "window.ends_at"),

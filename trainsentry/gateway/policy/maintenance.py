@@ -8,7 +8,9 @@ Rules (docs/oncall.md, "Maintenance windows"):
   and a window active at `now` matches the alert's labels; the notices muted first are kept
   with the mute, to be written if the alert still fires when the window ends;
 - a resolve of a muted alert closes its mute and is itself muted: nothing was announced, so
-  nothing is owed; a resolve of an alert announced before the window went on is not muted;
+  nothing is owed; so is a resolve arriving after the mute closed as resolved (a resolution
+  the flap hold kept back); a resolve of an alert announced before the window went on, or
+  notified at the window's end, is not muted;
 - when a mute's stretch ends: an alert no longer firing owes nothing; one another window
   (or the window's next stretch) mutes now stays muted, under that window; else its held
   notices are written now, saying which window held them;
@@ -30,6 +32,7 @@ from trainsentry.oncall.maintenance import active_span, muted_by
 from trainsentry.oncall.types import MaintenanceWindow
 
 MAINTENANCE_EVENT = "maintenance_ending"  # payload `event` of the "ends soon" notice
+MUTED, RESOLVED = "muted", "resolved"  # the states of a stored mute (store/maintenance.py)
 
 
 @dataclass(frozen=True)
@@ -56,11 +59,13 @@ def mute(
     drafts: Sequence[NotificationDraft],
     *,
     windows: Sequence[MaintenanceWindow],
-    open_mutes: Collection[int],
+    mutes: Mapping[int, str],
     now: datetime,
     spare_channels: Collection[str] = (),
 ) -> Muting:
-    """Pure: splits the drafts of one planning batch into those sent and those muted."""
+    """Pure: splits the drafts of one planning batch into those sent and those muted.
+    `mutes`: the stored mutes of the drafts' alerts, alert id -> state (store/maintenance.py:
+    muted, notified, resolved)."""
     out = Muting()
     for draft in drafts:
         alert_id = draft.alert_id
@@ -68,10 +73,14 @@ def mute(
             out.kept.append(draft)
             continue
         firing = draft.payload.get("status") == "firing"
-        if alert_id in open_mutes:
+        state = mutes.get(alert_id)
+        if state == MUTED:
             out.muted += 1
             if not firing:
                 out.resolved.add(alert_id)
+            continue
+        if state == RESOLVED and not firing:
+            out.muted += 1  # its firing was never announced
             continue
         if alert_id in out.new:
             out.muted += 1

@@ -50,7 +50,7 @@ from trainsentry.store.maintenance import (
     insert_mutes,
     insert_window,
     list_windows,
-    open_mutes,
+    mute_states,
     remute,
 )
 
@@ -239,13 +239,13 @@ class MaintenanceService:
         if not candidates:
             return drafts
         live = await self._live(conn, now)
-        already = await open_mutes(conn, candidates)
-        if not live and not already:
+        states = await mute_states(conn, candidates)
+        if not live and not states:
             return drafts
         result = mute(
             drafts,
             windows=[item.window for item in live],
-            open_mutes=already,
+            mutes=states,
             now=now,
             spare_channels=spare_channels,
         )
