@@ -116,19 +116,22 @@ async def end_window(
     conn: AsyncConnection, window_id: str, *, by: str, now: datetime
 ) -> WindowRow | None:
     """Ends a window now (kept: who and when); its open mutes are due now. An already ended
-    window is returned unchanged. None: no such window."""
+    window is returned unchanged. None: no such window.
+
+    The mutes are updated before the window row: the ticker locks due mutes, then the window
+    row (its "ends soon" claim), so this order cannot wait on it in a cycle."""
     window = await get_window(conn, window_id)
     if window is None or window.ended_at is not None:
         return window
     await conn.execute(
-        update(maintenance_windows)
-        .where(maintenance_windows.c.id == window_id, maintenance_windows.c.ended_at.is_(None))
-        .values(ended_at=now, ended_by=by)
-    )
-    await conn.execute(
         update(maintenance_mutes)
         .where(maintenance_mutes.c.window_id == window_id, maintenance_mutes.c.state == MUTED)
         .values(until=now)
+    )
+    await conn.execute(
+        update(maintenance_windows)
+        .where(maintenance_windows.c.id == window_id, maintenance_windows.c.ended_at.is_(None))
+        .values(ended_at=now, ended_by=by)
     )
     return await get_window(conn, window_id)
 

@@ -22,10 +22,12 @@ from sqlalchemy import select
 from tests.support.gateway_process import close_in_process
 from tests.support.receiver import Receiver
 from tests.support.webhook_factory import encode, make_alert, make_body
+from trainsentry.alerts import Person
 from trainsentry.config import GatewaySettings, MaintenanceSettings
 from trainsentry.gateway.app import WEBHOOK_PATH
 from trainsentry.gateway.assemble import create_app
 from trainsentry.gateway.pipeline import GATEWAY_KEY
+from trainsentry.gateway.policy.escalation import EscalationPolicy, Escalator, Layer, Roster
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.notifiers.webhook import WebhookNotifier
@@ -297,6 +299,43 @@ async def test_a_recurring_window_mutes_in_each_occurrence_only(
         assert len(phoned(receiver)) == 2
         status, detail = await call(server, "GET", "/api/v1/alerts/3")
         assert detail["muted_by"]["until"] == (START + timedelta(days=1, hours=1)).isoformat()
+    finally:
+        await close_in_process(server)
+
+
+async def test_a_muted_p0_opens_its_phone_escalation_only_when_the_window_ends(
+    db_url: str, receiver: Receiver
+) -> None:
+    escalator = Escalator(
+        Roster((Layer("primary", (Person("alice", phone="+8613800000001"),)),)),
+        EscalationPolicy(ack_timeout=timedelta(minutes=5)),
+    )
+    clock = Clock()
+    server = await start(db_url, receiver, clock, escalator=escalator)
+    try:
+        await call(server, "POST", "/api/v1/maintenance", node_window("gpu-17", hours=1))
+        await post_alerts(
+            server,
+            [
+                make_alert(1, labels={**P0, "node": "gpu-17"}),
+                make_alert(2, labels={**P0, "node": "gpu-18"}),
+            ],
+        )
+        await settle(server)
+
+        def called() -> set[int]:
+            return {b["payload"]["alert_id"] for b in receiver.bodies if b.get("kind") == "call"}
+
+        assert called() == {2}
+        clock.now = START + timedelta(minutes=30)
+        await settle(server)
+        assert called() == {2}  # alert 1: muted, no escalation
+        clock.now = START + timedelta(hours=1)
+        await settle(server)
+        assert called() == {1, 2}
+        assert [
+            b["payload"]["person"]["name"] for b in receiver.bodies if b["payload"]["alert_id"] == 1
+        ] == ["alice"]
     finally:
         await close_in_process(server)
 
