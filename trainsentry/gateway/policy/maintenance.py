@@ -28,7 +28,7 @@ from trainsentry.alerts import NotificationDraft, Priority, parse_priority
 from trainsentry.gateway.policy.payload import ALERT_KIND, idempotency_key
 from trainsentry.gateway.policy.route import route
 from trainsentry.gateway.policy.rules import Policy
-from trainsentry.oncall.maintenance import active_span, muted_by
+from trainsentry.oncall.maintenance import active_span, labels_match
 from trainsentry.oncall.types import MaintenanceWindow
 
 MAINTENANCE_EVENT = "maintenance_ending"  # payload `event` of the "ends soon" notice
@@ -50,6 +50,29 @@ class Muting:
     muted: int = 0  # drafts held back
 
 
+def _active(
+    windows: Sequence[MaintenanceWindow], now: datetime
+) -> list[tuple[MaintenanceWindow, datetime]]:
+    """Pure: the windows active at `now`, each with the end of its stretch (worked out once
+    per batch: a recurring window's occurrence search is the expensive part)."""
+    found = []
+    for window in windows:
+        span = active_span(window, now)
+        if span is not None:
+            found.append((window, span[1]))
+    return found
+
+
+def _first_match(
+    active: Sequence[tuple[MaintenanceWindow, datetime]], labels: Mapping[str, str]
+) -> tuple[MaintenanceWindow, datetime] | None:
+    """Pure: `oncall.maintenance.muted_by` over windows already known to be active."""
+    for window, end in active:
+        if labels_match(window, labels):
+            return window, end
+    return None
+
+
 def _labels(draft: NotificationDraft) -> dict[str, str]:
     labels = draft.payload.get("labels")
     return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
@@ -67,6 +90,7 @@ def mute(
     `mutes`: the stored mutes of the drafts' alerts, alert id -> state (store/maintenance.py:
     muted, notified, resolved)."""
     out = Muting()
+    active = _active(windows, now)
     for draft in drafts:
         alert_id = draft.alert_id
         if alert_id is None or draft.kind != ALERT_KIND or draft.channel in spare_channels:
@@ -90,12 +114,11 @@ def mute(
             else:
                 del out.new[alert_id]  # fired and resolved in one batch: nothing owed
             continue
-        window = muted_by(windows, _labels(draft), now) if firing else None
-        if window is None:
+        match = _first_match(active, _labels(draft)) if firing else None
+        if match is None:
             out.kept.append(draft)
             continue
-        span = active_span(window, now)
-        out.new[alert_id] = NewMute(window.id, span[1] if span else now, (draft,))
+        out.new[alert_id] = NewMute(match[0].id, match[1], (draft,))
         out.muted += 1
     return out
 
@@ -117,14 +140,14 @@ def release(
     """Pure: mutes whose stretch ended, as (alert id, window id, still firing, labels, held
     drafts as `draft_to_json` wrote them): what each owes now."""
     out = Release()
+    active = _active(windows, now)
     for alert_id, window_id, firing, labels, drafts in due:
         if not firing:
             out.resolved.add(alert_id)
             continue
-        window = muted_by(windows, labels, now)
-        if window is not None:
-            span = active_span(window, now)
-            out.moved[alert_id] = (window.id, span[1] if span else now)
+        match = _first_match(active, labels)
+        if match is not None:
+            out.moved[alert_id] = (match[0].id, match[1])
             continue
         out.notified.add(alert_id)
         for data in drafts:
@@ -173,12 +196,7 @@ def ending_soon(
 ) -> list[tuple[MaintenanceWindow, datetime]]:
     """Pure: (window, end) of each window active at `now` whose stretch ends within
     `within_s` seconds."""
-    found = []
-    for window in windows:
-        span = active_span(window, now)
-        if span is not None and (span[1] - now).total_seconds() <= within_s:
-            found.append((window, span[1]))
-    return found
+    return [(w, end) for w, end in _active(windows, now) if (end - now).total_seconds() <= within_s]
 
 
 def ending_notice(
