@@ -356,15 +356,19 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
     )
 
 
-def build_job_alerting(raw: Mapping[str, Any], channels: Channels) -> JobAlerting | None:
-    """From the `job_alerting:` config section: None unless enabled (it needs the cluster)."""
+def build_job_alerting(
+    raw: Mapping[str, Any],
+    channels: Channels,
+    api_factory: Callable[[], Awaitable[Any]] = default_api_client,
+) -> JobAlerting | None:
+    """From the `job_alerting:` config section: None unless enabled (it needs the cluster);
+    adds the `feishu_job` channel to `channels`."""
     settings = JobAlertingSettings.model_validate(dict(raw))
     if not settings.enabled:
         return None
     built = channels.built
-    stage = JobAlerting(
-        settings, default_api_client, has_app=built is not None and built.feishu_app is not None
-    )
+    has_app = built is not None and built.feishu_app is not None
+    stage = JobAlerting(settings, api_factory, has_app=has_app)
     add_job_channel(channels, stage)
     return stage
 
