@@ -33,6 +33,9 @@ from trainsentry.gateway.channels import Channels, build
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.stages.job_alerting import JobAlerting
 
+# The API calls the job alerting stage makes, as the emulator records them; the chart's RBAC
+# for gateway.jobAlerting is checked against this file (tests/chart/test_rbac.py).
+API_CALLS = Path(__file__).resolve().parent / "job_alerting_api_calls.json"
 SIGNING = "team-b-signing-secret"
 GLOBAL_CHAT = "oc_global"
 ROSTER = """
@@ -352,6 +355,16 @@ async def test_bad_settings_get_a_condition_an_event_and_the_global_route(
         if s.name.endswith("_total")
     }
     assert fallbacks == {"ChatNotJoined": 1.0, "WebhookUnreachable": 1.0}
+    # every API call the stage made is one the chart grants (tests/chart/test_rbac.py)
+    made = sorted(
+        [
+            call.verb,
+            call.group,
+            call.resource + (f"/{call.subresource}" if call.subresource else ""),
+        ]
+        for call in cluster.recorded_calls(exclude_agent="kmock/")
+    )
+    assert made == json.loads(API_CALLS.read_text())
     # the secret values reach no log line, condition or event
     seen = caplog.text + json.dumps(cluster.live(TJ)) + json.dumps(cluster.live("v1/events"))
     assert "token-never-logged" not in seen and feishu.hook_url("team-b") not in seen
