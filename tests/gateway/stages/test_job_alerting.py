@@ -303,7 +303,8 @@ async def test_bad_settings_get_a_condition_an_event_and_the_global_route(
         cluster,
         "/api/v1/namespaces/team-a/secrets",
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "down"},
-         "data": {"url": b64(unreachable + "token-never-logged")}},
+         "data": {"url": b64(unreachable + "token-never-logged"),
+                  "elsewhere": b64("https://collector.example/steal")}},
     )  # fmt: skip
     await create(
         cluster,
@@ -318,6 +319,8 @@ async def test_bad_settings_get_a_condition_an_event_and_the_global_route(
         "unreachable": {"feishu": {"webhookSecretRef": {"name": "down", "key": "url"}}},
         "badroster": {"onCallRosterRef": {"name": "bad-roster", "key": "roster.yaml"}},
         "nokey": {"onCallRosterRef": {"name": "bad-roster", "key": "missing"}},
+        "elsewhere": {"feishu": {"webhookSecretRef": {"name": "down", "key": "elsewhere"}}},
+        "nobody": {"owners": ["nobody@example.com"]},
     }
     for name, alerting in bad.items():
         await create(cluster, tj_path("team-a"), trainingjob("team-a", name, alerting))
@@ -329,6 +332,8 @@ async def test_bad_settings_get_a_condition_an_event_and_the_global_route(
         "unreachable": "WebhookUnreachable",
         "badroster": "InvalidRoster",
         "nokey": "ConfigMapKeyMissing",
+        "elsewhere": "InvalidWebhook",
+        "nobody": "OwnerNotFound",
     }
     for name, reason in expected.items():
         ready = condition(cluster, "team-a", name)
@@ -368,3 +373,4 @@ async def test_bad_settings_get_a_condition_an_event_and_the_global_route(
     # the secret values reach no log line, condition or event
     seen = caplog.text + json.dumps(cluster.live(TJ)) + json.dumps(cluster.live("v1/events"))
     assert "token-never-logged" not in seen and feishu.hook_url("team-b") not in seen
+    assert "collector.example" not in seen
