@@ -236,9 +236,16 @@ async def test_each_job_gets_its_own_chat_bot_owners_and_oncall(
         trainingjob(
             "team-b",
             "b",
-            {"feishu": {"webhookSecretRef": {"name": "bot", "key": "url", "secretKey": "sign"}}},
+            {
+                "feishu": {
+                    "webhookSecretRef": {"name": "bot", "key": "url", "secretKey": "sign"},
+                    "chatId": "oc_team_a_new",  # with both, the bot is used
+                }
+            },
         ),
     )
+    # owners alone: mentioned on the cards of the gateway's own Feishu channels
+    await create(cluster, tj_path("team-c"), trainingjob("team-c", "c", {"owners": ["ou_dan"]}))
     running = await start()
     await running.post(
         alert(1, "team-a", "a", "TrainingJobDown"),  # P0: card, mentions, a call
@@ -248,6 +255,8 @@ async def test_each_job_gets_its_own_chat_bot_owners_and_oncall(
     # Each job's card reaches its own chat or bot, and only there.
     assert jobs_in(chat_cards(feishu, "oc_team_a")) == ["team-a/a"]
     assert jobs_in(chat_cards(feishu, GLOBAL_CHAT)) == ["team-c/c"]
+    assert chat_cards(feishu, "oc_team_a_new") == []
+    assert "<at id=ou_dan></at>" in json.dumps(chat_cards(feishu, GLOBAL_CHAT))
     bot_cards = [body["card"] for _, body in feishu.accepted["team-b"]]
     assert jobs_in(bot_cards) == ["team-b/b"]  # accepted: the signature was checked
     assert all("sign" in body for _, body in feishu.accepted["team-b"])
@@ -259,7 +268,7 @@ async def test_each_job_gets_its_own_chat_bot_owners_and_oncall(
     # The P0 page rings the job's own on-call (from its ConfigMap), not the global one.
     rung = [user for _, users in feishu.urgent_calls for user in users]
     assert rung == ["ou_carol"]
-    for namespace, name in (("team-a", "a"), ("team-b", "b")):
+    for namespace, name in (("team-a", "a"), ("team-b", "b"), ("team-c", "c")):
         ready = condition(cluster, namespace, name)
         assert (ready["status"], ready["reason"]) == ("True", "Ready"), ready
     assert feishu.rejections == []
@@ -374,3 +383,26 @@ async def test_bad_settings_get_a_condition_an_event_and_the_global_route(
     seen = caplog.text + json.dumps(cluster.live(TJ)) + json.dumps(cluster.live("v1/events"))
     assert "token-never-logged" not in seen and feishu.hook_url("team-b") not in seen
     assert "collector.example" not in seen
+
+
+async def test_without_job_alerting_nothing_changes(tmp_path: Path) -> None:
+    settings = Settings.model_validate({"gateway": {"db": f"sqlite:///{tmp_path / 'g.db'}"}})
+    channels = build(settings, {})
+
+    async def no_cluster() -> ApiClient:
+        raise AssertionError("no Kubernetes API call without job_alerting")
+
+    assert build_job_alerting(settings.job_alerting, channels, no_cluster) is None
+    assert "feishu_job" not in channels.notifiers
+
+
+def test_the_operator_keeps_the_gateways_condition() -> None:
+    from trainsentry.operator.status import Condition, merge_conditions
+
+    old = [
+        {"type": "RulesReady", "status": "True", "reason": "Applied"},
+        {"type": "AlertingReady", "status": "False", "reason": "SecretNotFound", "message": "m"},
+    ]
+    merged = merge_conditions(old, [Condition("RulesReady", True, "Applied")], "now", 2)
+    assert [c["type"] for c in merged] == ["RulesReady", "AlertingReady"]
+    assert merged[1] == old[1]
