@@ -18,8 +18,9 @@ through the app's contact API (cached). When the job's own route fails for a rea
 its settings can fix (the app is not in the chat, an unknown chat, a webhook that refuses or
 cannot be reached), the card goes to the fallback channels instead and the failure is
 reported (`JobDestinations.report`: condition, event, metric); a success reports the route
-healthy again. Failures that are Feishu's, not the job's (rate limits, the app API down) are
-raised to the outbox as usual. The webhook URL and secret are never logged.
+healthy again. Failures that are Feishu's, not the job's (rate limits, the app API down, a
+card it refuses in any chat) are raised to the outbox as usual. The webhook URL and secret
+are never logged.
 """
 
 from __future__ import annotations
@@ -145,9 +146,11 @@ class FeishuJobNotifier:
         if destination is not None and (destination.chat_id or destination.webhook):
             try:
                 receipt = await self._own(card, destination)
-            except (RateLimitedError, _NotTheJobs):
+            except RateLimitedError:
                 raise
             except (PermanentError, RetryableError) as exc:
+                if destination.chat_id and exc.code not in CHAT_PROBLEMS:
+                    raise  # Feishu's trouble (or a card it refuses anywhere), not the job's
                 problem = _problem(exc, destination)
             else:
                 self.destinations.report(job, missing, fallback=False)
@@ -172,14 +175,7 @@ class FeishuJobNotifier:
         if destination.chat_id:
             if self._chat is None:
                 raise PermanentError("no Feishu app is configured for a job's chatId")
-            try:
-                return await self._chat.send(card, chat=destination.chat_id)
-            except PermanentError as exc:
-                if exc.code in CHAT_PROBLEMS:
-                    raise
-                raise _NotTheJobs(str(exc), code=exc.code) from exc
-            except RetryableError as exc:
-                raise _NotTheJobs(str(exc), code=exc.code) from exc
+            return await self._chat.send(card, chat=destination.chat_id)
         return await self._bot.send(card)
 
     async def _mentions(self, owners: list[str]) -> tuple[list[str], Problem | None]:
@@ -214,17 +210,11 @@ class FeishuJobNotifier:
         await self._bot.aclose()  # the app client belongs to the channels that built it
 
 
-class _NotTheJobs(RetryableError):
-    """The job's chat failed for a reason that is Feishu's, not the job's settings: retried."""
-
-
 def _problem(exc: Exception, destination: JobDestination) -> Problem:
     code = getattr(exc, "code", None)
-    if destination.chat_id:
-        if isinstance(code, int) and code in CHAT_PROBLEMS:
-            reason, words = CHAT_PROBLEMS[code]
-            return reason, words.format(chat=destination.chat_id)
-        return "ChatRefused", f"Feishu refused the card for chat {destination.chat_id}: {exc}"
+    if destination.chat_id and isinstance(code, int) and code in CHAT_PROBLEMS:
+        reason, words = CHAT_PROBLEMS[code]
+        return reason, words.format(chat=destination.chat_id)
     if isinstance(exc, RetryableError):
         return "WebhookUnreachable", f"the job's Feishu bot webhook failed: {exc}"
     return "WebhookRefused", f"the job's Feishu bot webhook refused the card: {exc}"
