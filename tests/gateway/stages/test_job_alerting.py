@@ -406,3 +406,31 @@ def test_the_operator_keeps_the_gateways_condition() -> None:
     merged = merge_conditions(old, [Condition("RulesReady", True, "Applied")], "now", 2)
     assert [c["type"] for c in merged] == ["RulesReady", "AlertingReady"]
     assert merged[1] == old[1]
+
+
+async def test_an_api_failure_keeps_a_known_jobs_route_and_names_a_new_ones(
+    cluster: KubeEmulator, feishu: FeishuContractServer, gateway: Any
+) -> None:
+    start, _ = gateway
+    await create(
+        cluster,
+        "/api/v1/namespaces/team-b/secrets",
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bot"},
+         "data": {"url": b64(feishu.hook_url("team-b"))}},
+    )  # fmt: skip
+    ref = {"webhookSecretRef": {"name": "bot", "key": "url"}}
+    await create(cluster, tj_path("team-b"), trainingjob("team-b", "b", {"feishu": ref}))
+    running = await start()
+    known = running.stage.destination("team-b/b")
+    assert known is not None and known.webhook is not None
+    await running.stage.stop()  # no background refresh: this test drives them
+    cluster.inject_fault("get", "secrets", 503, times=6)  # every retry of one read
+    await running.stage.refresh()
+    assert running.stage.destination("team-b/b") == known
+    roster = {"onCallRosterRef": {"name": "oncall", "key": "roster.yaml"}}
+    await create(cluster, tj_path("team-b"), trainingjob("team-b", "new", roster))
+    cluster.inject_fault("get", "configmaps", 503, times=6)
+    await running.stage.refresh()
+    await running.stage.settle()
+    assert condition(cluster, "team-b", "new")["reason"] == "ApiError"
+    assert condition(cluster, "team-b", "b")["status"] == "True"

@@ -299,6 +299,8 @@ class JobAlerting:
         try:
             return await self._check(kube, job, str(meta.get("uid", "")), alerting)
         except KubeError as exc:
+            if (known := self._state.settings.get(job)) is not None:
+                return known  # a passing API failure does not reroute a working job
             problem = ("ApiError", f"the gateway could not read the job's references: {exc}")
             return JobSettings(job, problems=(problem,), uid=str(meta.get("uid", "")))
 
@@ -479,3 +481,4 @@ class JobAlerting:
         await self.settle()
         if self._api is not None and hasattr(self._api, "close"):
             await self._api.close()
+        self._api = None  # a later refresh (tests) opens a new client
