@@ -65,6 +65,7 @@ EMAIL = re.compile(r"[^@\s]{1,64}@[^@\s]{1,190}")
 MAX_OWNERS = 20
 MAX_ROSTER_BYTES = 64 * 1024
 MAX_JOBS = 10_000
+REFRESH_TIMEOUT_S = 120.0
 
 
 class JobAlertingSettings(BaseModel):
@@ -463,8 +464,8 @@ class JobAlerting:
 
     async def _loop(self) -> None:
         while True:
-            try:
-                await self.refresh()
+            try:  # a hanging API server must not stop later refreshes
+                await asyncio.wait_for(self.refresh(), timeout=REFRESH_TIMEOUT_S)
             except Exception as exc:  # keep the last snapshot; try again next time
                 log.warning("job alerting refresh failed error=%s: %s", type(exc).__name__, exc)
             await asyncio.sleep(self.settings.refresh_seconds)

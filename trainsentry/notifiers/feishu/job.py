@@ -196,6 +196,8 @@ class FeishuJobNotifier:
                     log.warning("event=owner_lookup_failed error=%s", type(exc).__name__)
                     found = None
                 if found is not None:
+                    if len(self._emails) > 10_000:  # bounded: forgetting costs one lookup
+                        self._emails = {e: v for e, v in self._emails.items() if e in emails}
                     for email in stale:
                         self._emails[email] = (found.get(email), now)
             resolved = {e: self._emails[e][0] for e in emails if e in self._emails}
