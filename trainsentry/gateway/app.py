@@ -48,6 +48,7 @@ from trainsentry.gateway.stages.intake import (
     text_problem,
 )
 from trainsentry.gateway.stages.truncated import fetch_group
+from trainsentry.gateway.ui import add_ui_routes
 from trainsentry.notifiers.feishu.callback import CardAction, action_response, card_action_handler
 from trainsentry.notifiers.feishu.card import alert_card
 from trainsentry.notifiers.payload import parse_payload
@@ -390,3 +391,4 @@ def add_routes(app: web.Application, card_callback: CardCallbackSettings | None 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
+    add_ui_routes(app)

@@ -1,0 +1,325 @@
+"""Pure: the console's views (model.py) from store rows (store/console.py). No I/O; the time
+is passed in. Labels and annotations stay plain strings here; the templates escape them."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+from trainsentry.gateway.ui.model import (
+    PRIORITIES,
+    Card,
+    Delivery,
+    Diagnosis,
+    Filters,
+    Hardware,
+    IncidentView,
+    JobGroup,
+    JobView,
+    Link,
+    NowView,
+    RankCell,
+    Storm,
+    TimelineEntry,
+)
+from trainsentry.labels import GPU_ID_LABELS, NODE_LABELS, first_label
+from trainsentry.store.console import AlertRow, Incident
+
+MAX_FILTER = 200
+MAX_GRID = 4096  # ranks drawn one cell each; a larger job shows its culprits only
+MAX_CHOICES = 200
+
+
+class BadQuery(ValueError):
+    """A query parameter the console refuses (a 400 naming it)."""
+
+
+def text_param(raw: str | None, name: str) -> str:
+    """Pure: a free-text parameter: at most MAX_FILTER printable characters."""
+    value = (raw or "").strip()
+    if len(value) > MAX_FILTER:
+        raise BadQuery(f"{name} is longer than {MAX_FILTER} characters")
+    if value and not value.isprintable():
+        raise BadQuery(f"{name} holds characters that are not printable")
+    return value
+
+
+def parse_filters(query: Mapping[str, str]) -> Filters:
+    """Pure: the Now page's filters from the query string (400 on a bad one)."""
+    priority = (query.get("priority") or "").strip()
+    if priority and priority not in PRIORITIES:
+        raise BadQuery(f"priority must be one of {', '.join(PRIORITIES)}")
+    return Filters(
+        priority=priority,
+        namespace=text_param(query.get("namespace"), "namespace"),
+        job=text_param(query.get("job"), "job"),
+        component=text_param(query.get("component"), "component"),
+    )
+
+
+def age(since: datetime, now: datetime) -> str:
+    """Pure: "42 s", "5 min", "3 h 10 min", "2 d 4 h"."""
+    seconds = max(0, int((now - since).total_seconds()))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes = seconds // 60
+    if minutes < 60:
+        return f"{minutes} min"
+    hours = minutes // 60
+    if hours < 48:
+        return f"{hours} h {minutes % 60} min" if minutes % 60 else f"{hours} h"
+    return f"{hours // 24} d {hours % 24} h"
+
+
+def safe_url(url: str | None) -> str:
+    """Pure: the URL when it is http(s) with a host, else "" (a `javascript:` link in an
+    annotation is attacker-controlled)."""
+    if not url or len(url) > 4096:
+        return ""
+    parts = urlsplit(url.strip())
+    return url.strip() if parts.scheme in ("http", "https") and parts.netloc else ""
+
+
+def card(row: AlertRow, now: datetime) -> Card:
+    labels = row.labels
+    return Card(
+        id=row.id,
+        alertname=row.alertname or labels.get("alertname", ""),
+        priority=_priority(row),
+        summary=row.annotations.get("summary", "") or row.annotations.get("description", ""),
+        started=row.starts_at,
+        age=age(row.starts_at, now),
+        acked_by=row.acked_by if row.acked_at is not None else None,
+        node=row.node or first_label(labels, NODE_LABELS),
+        gpu=first_label(labels, GPU_ID_LABELS),
+        component=labels.get("component", ""),
+        namespace=row.namespace,
+        job=row.job,
+        resolved=row.resolved_at,
+    )
+
+
+def _priority(row: AlertRow) -> str:
+    for value in (row.priority, row.labels.get("priority")):
+        if value in PRIORITIES:
+            return str(value)
+    return "P3"
+
+
+def _order(c: Card) -> tuple[int, float]:
+    return PRIORITIES.index(c.priority), -c.started.timestamp()
+
+
+def now_view(
+    rows: Sequence[AlertRow],
+    storms: Mapping[str, Any],
+    filters: Filters,
+    now: datetime,
+    *,
+    truncated: bool,
+) -> NowView:
+    """Pure: the open alerts grouped by job (most urgent group first; in a group, most urgent
+    then newest first), the component filter applied, and the storms of the jobs."""
+    choices: dict[str, set[str]] = {"namespace": set(), "job": set(), "component": set()}
+    grouped: dict[tuple[str, str], list[Card]] = {}
+    for row in rows:
+        c = card(row, now)
+        choices["namespace"].add(c.namespace)
+        choices["job"].add(c.job)
+        choices["component"].add(c.component)
+        if filters.component and c.component != filters.component:
+            continue
+        grouped.setdefault((c.namespace, c.job), []).append(c)
+    groups = []
+    for (namespace, job), cards in grouped.items():
+        cards.sort(key=_order)
+        counts = Counter(c.priority for c in cards)
+        groups.append(
+            JobGroup(
+                namespace=namespace,
+                job=job,
+                cards=cards,
+                counts=dict(counts),
+                storm=_storm(storms, namespace, job),
+                unacked=sum(1 for c in cards if c.acked_by is None),
+            )
+        )
+    groups.sort(key=lambda g: (PRIORITIES.index(g.top), not g.job, -len(g.cards), g.title))
+    total = Counter(c.priority for g in groups for c in g.cards)
+    return NowView(
+        groups=groups,
+        total=sum(total.values()),
+        counts=dict(total),
+        filters=filters,
+        truncated=truncated,
+        choices={k: sorted(v - {""})[:MAX_CHOICES] for k, v in choices.items()},
+    )
+
+
+def _storm(storms: Mapping[str, Any], namespace: str, job: str) -> Storm | None:
+    """The job's storm when it is active: the policy keys storms by `job_key`
+    (gateway/policy/storm.py); alerts without a training job show the cluster's storm."""
+    key = f"trainingjob:{namespace}/{job}" if job else "cluster"
+    state = storms.get(key)
+    if isinstance(state, dict) and state.get("active"):
+        tally = state.get("tally") or {}
+        total = tally.get("total", 0) if isinstance(tally, dict) else 0
+        return Storm(since=str(state.get("episode") or ""), total=int(total or 0))
+    return None
+
+
+def _event_text(kind: str, detail: Any) -> str:
+    if not isinstance(detail, dict):
+        return ""
+    if kind in ("acked", "comment"):
+        comment = detail.get("comment")
+        return f"by {detail.get('by', '')}" + (f": {comment}" if comment else "")
+    if kind == "silenced":
+        minutes = round(float(detail.get("seconds") or 0) / 60)
+        return f"by {detail.get('by', '')} for {minutes} min (silence {detail.get('silence_id')})"
+    parts = [f"{k}={v}" for k, v in sorted(detail.items()) if not isinstance(v, dict | list)]
+    return ", ".join(parts)[:300]
+
+
+def _delivery(note: Mapping[str, Any]) -> Delivery:
+    payload = note.get("payload") or {}
+    person = payload.get("person") if isinstance(payload, dict) else None
+    to = ""
+    if isinstance(person, dict):
+        to = str(person.get("name") or "")
+    return Delivery(
+        channel=str(note["channel"]),
+        kind=str(note["kind"]),
+        status=str(note["status"]),
+        created=note["created_at"],
+        sent=note.get("sent_at"),
+        attempts=int(note.get("attempts") or 0),
+        to=to,
+        error=str(note.get("last_error") or ""),
+        reason=str(note.get("reason") or ""),
+    )
+
+
+def _links(incident: Incident) -> list[Link]:
+    annotations = incident.alert.annotations
+    found = [
+        ("Runbook", annotations.get("runbook_url")),
+        ("Grafana", annotations.get("grafana_url") or annotations.get("dashboard_url")),
+        ("Prometheus", incident.generator_url),
+    ]
+    return [Link(text, url) for text, raw in found if (url := safe_url(raw))]
+
+
+def incident_view(incident: Incident, now: datetime) -> IncidentView:
+    alert = incident.alert
+    return IncidentView(
+        card=card(alert, now),
+        status=alert.status,
+        labels=sorted(alert.labels.items()),
+        annotations=sorted(alert.annotations.items()),
+        timeline=[
+            TimelineEntry(e["at"], str(e["kind"]), _event_text(str(e["kind"]), e.get("detail")))
+            for e in incident.events
+        ],
+        deliveries=[_delivery(n) for n in incident.notifications],
+        links=_links(incident),
+        priority_reason=incident.priority_reason,
+        diagnosis=diagnosis(incident.verdict) if incident.verdict else None,
+        acked_at=alert.acked_at,
+    )
+
+
+def _ints(values: Iterable[Any]) -> list[int]:
+    out = []
+    for value in values or ():
+        try:
+            out.append(int(value))
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def diagnosis(verdict: Mapping[str, Any]) -> Diagnosis:
+    """Pure: the hang diagnosis drawn: one cell per rank (culprits, ranks without a dump,
+    ranks that never started the collective, slow ranks, the ranks that arrived), from the
+    verdict the gateway stored (stages/hang_enrichment.HangVerdict.to_dict)."""
+    report = verdict.get("report") or {}
+    hang = report.get("hang") or {}
+    culprits = _ints(verdict.get("culprit_ranks") or [])
+    slow = [s for s in report.get("slow_ranks") or [] if isinstance(s, dict)]
+    states: dict[int, tuple[str, str]] = {}
+    for rank in _ints(hang.get("arrived_ranks") or []):
+        states[rank] = ("arrived", "entered the collective and waits")
+    for s in slow:
+        lag = s.get("lag_ms") or 0
+        states[int(s.get("rank", -1))] = ("slow", f"persistently last (lag {float(lag):.0f} ms)")
+    for rank in _ints(report.get("not_started_ranks") or []):
+        states[rank] = ("notstarted", "enqueued the collective, never started it")
+    for rank in _ints(hang.get("ranks_without_dump") or []):
+        states[rank] = ("nodump", "did not answer for a dump")
+    for rank in _ints(hang.get("missing_ranks") or []):
+        states[rank] = ("culprit", "never entered the collective")
+    for rank in culprits:
+        note = states.get(rank, ("", "blamed by the analyzer"))[1]
+        states[rank] = ("culprit", note)
+    total = int(report.get("ranks") or 0) or (max(states) + 1 if states else 0)
+    shown = min(total, MAX_GRID)
+    cells = [
+        RankCell(r, *states.get(r, ("unknown", "no record of this rank"))) for r in range(shown)
+    ]
+    op = str(hang.get("op") or "").split(" ")[0]
+    seq = hang.get("seq")
+    waited = hang.get("waited_s")
+    return Diagnosis(
+        verdict=str(verdict.get("verdict") or "unknown"),
+        summary=str(verdict.get("summary") or ""),
+        culprits=culprits,
+        cells=cells,
+        ranks=total,
+        grid_truncated=total > shown,
+        collective=f"{op} #{seq}" if op and seq is not None else op,
+        group=str(hang.get("description") or hang.get("communicator") or ""),
+        waited_s=float(waited) if isinstance(waited, int | float) else None,
+        failed=[str(f) for f in verdict.get("ranks_failed") or []][:50],
+        slow=slow[:20],
+    )
+
+
+def hardware(rows: Sequence[AlertRow], top: int = 10) -> list[Hardware]:
+    """Pure: the nodes, GPUs and IB ports the job's alerts named most, `top` of each."""
+    nodes: Counter[str] = Counter()
+    gpus: Counter[str] = Counter()
+    ports: Counter[str] = Counter()
+    for row in rows:
+        labels = row.labels
+        node = row.node or first_label(labels, NODE_LABELS)
+        if node:
+            nodes[node] += 1
+        gpu = first_label(labels, GPU_ID_LABELS)
+        if gpu:
+            gpus[f"{node} GPU {gpu}" if node else f"GPU {gpu}"] += 1
+        if labels.get("port") and (labels.get("component") == "fabric" or labels.get("device")):
+            ports[" ".join(p for p in (node, labels.get("device", ""), "port") if p)
+                  + f" {labels['port']}"] += 1  # fmt: skip
+    found = [
+        Hardware(kind, name, count)
+        for kind, counter in (("node", nodes), ("GPU", gpus), ("IB port", ports))
+        for name, count in counter.most_common(top)
+    ]
+    return found
+
+
+def job_view(
+    namespace: str, job: str, rows: Sequence[AlertRow], now: datetime, days: int
+) -> JobView:
+    return JobView(
+        namespace=namespace,
+        job=job,
+        cards=[card(row, now) for row in rows],
+        hardware=hardware(rows),
+        by_alertname=Counter(row.alertname for row in rows).most_common(15),
+        days=days,
+    )
