@@ -48,7 +48,7 @@ def add_ui_routes(app: web.Application, *, feed_interval: float = 1.0) -> None:
 
     app.on_shutdown.append(close_feed)
     router = app.router
-    router.add_get("/ui", lambda _r: _redirect())
+    router.add_get("/ui", _redirect)
     router.add_get("/ui/", handlers.now_page)
     router.add_get("/ui/fragments/now", handlers.now_fragment)
     router.add_get("/ui/events", handlers.events)
@@ -63,5 +63,5 @@ def add_ui_routes(app: web.Application, *, feed_interval: float = 1.0) -> None:
     router.add_static("/ui/static", HERE / "static", append_version=False)
 
 
-async def _redirect() -> web.StreamResponse:
+async def _redirect(_request: web.Request) -> web.StreamResponse:
     raise web.HTTPMovedPermanently("/ui/")

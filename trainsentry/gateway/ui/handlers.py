@@ -38,6 +38,7 @@ log = logging.getLogger("trainsentry.ui")
 
 FEED_KEY = web.AppKey("ui_feed", ChangeFeed)
 TEMPLATES_KEY = web.AppKey("ui_templates", jinja2.Environment)
+CSRF_KEY = web.RequestKey("ui_csrf", str)  # the CSRF token the page's forms carry
 MAX_OPEN = 5000  # open alerts drawn on the Now page (more: the page says it is cut)
 HISTORY_DAYS = (7, 14, 28, 56)
 KEEPALIVE_S = 15.0
@@ -73,7 +74,7 @@ def _page(*, fragment: bool = False) -> Callable[[Any], Handler]:
             fresh = token is not None and not nonce
             if fresh:
                 nonce = auth.new_nonce()
-            request["ui_csrf"] = (
+            request[CSRF_KEY] = (
                 auth.csrf_token(auth.signing_key(token), nonce) if token and nonce else ""
             )
             try:
@@ -109,7 +110,7 @@ def _render(
     gateway = request.app[GATEWAY_KEY]
     text = env.get_template(template).render(
         viewer=who,
-        csrf=request.get("ui_csrf", ""),
+        csrf=request.get(CSRF_KEY, ""),
         token_set=read_token(gateway.settings) is not None,
         now=_now(gateway),
         **context,
@@ -322,7 +323,7 @@ async def login_page(request: web.Request) -> web.StreamResponse:
         raise web.HTTPSeeOther("/ui/")
     nonce = auth.new_nonce()
     who = auth.Viewer(None, False, "none")
-    request["ui_csrf"] = nonce
+    request[CSRF_KEY] = nonce
     response = _render(request, who, "login.html.j2", next=_next(request.query.get("next")),
                        failed=False)  # fmt: skip
     auth.set_cookie(response, request, "ts_login", nonce, 600)
@@ -357,7 +358,7 @@ async def login_post(request: web.Request) -> web.StreamResponse:
                        message="the sign-in form expired: load it again")  # fmt: skip
     if name is None or not secrets_equal(presented, token.get_secret_value()):
         log.info("console sign-in refused from %s", request.remote)
-        request["ui_csrf"] = nonce
+        request[CSRF_KEY] = nonce
         return _render(request, who, "login.html.j2", status=401, next=target, failed=True)
     hours = gateway.settings.console.session_hours
     expires = _now(gateway) + timedelta(hours=hours)
