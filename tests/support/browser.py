@@ -63,19 +63,19 @@ class Page:
             if not future.done():
                 future.set_exception(BrowserError("the browser closed the connection"))
 
-    async def send(self, method: str, timeout: float = 15.0, **params: Any) -> dict[str, Any]:
+    async def send(self, method: str, within: float = 15.0, **params: Any) -> dict[str, Any]:
         call_id = next(self._ids)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[call_id] = future
         await self._ws.send_str(json.dumps({"id": call_id, "method": method, "params": params}))
-        answer = await asyncio.wait_for(future, timeout)
+        answer = await asyncio.wait_for(future, within)
         if "error" in answer:
             raise BrowserError(f"{method}: {answer['error']}")
         return dict(answer.get("result") or {})
 
-    async def wait_event(self, method: str, timeout: float = 15.0) -> dict[str, Any]:
-        """The first event `method` not consumed yet (waiting for it up to `timeout`)."""
-        deadline = time.monotonic() + timeout
+    async def wait_event(self, method: str, within: float = 15.0) -> dict[str, Any]:
+        """The first event `method` not consumed yet (waiting for it up to `within` s)."""
+        deadline = time.monotonic() + within
         while True:
             for index, event in enumerate(self._events):
                 if event.get("method") == method:
@@ -83,7 +83,7 @@ class Page:
                     return event
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"no {method} within {timeout} s")
+                raise TimeoutError(f"no {method} within {within} s")
             self._event_arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._event_arrived.wait(), remaining)
@@ -103,9 +103,9 @@ class Page:
             raise BrowserError(f"{expression!r}: {answer['exceptionDetails']}")
         return answer.get("result", {}).get("value")
 
-    async def wait_for(self, expression: str, timeout: float = 10.0) -> Any:
-        """Polls `expression` until it is truthy; its value."""
-        deadline = time.monotonic() + timeout
+    async def wait_for(self, expression: str, within: float = 10.0) -> Any:
+        """Polls `expression` until it is truthy (for up to `within` s); its value."""
+        deadline = time.monotonic() + within
         while True:
             try:
                 value = await self.evaluate(expression)
@@ -114,7 +114,7 @@ class Page:
             if value:
                 return value
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{expression!r} still false after {timeout} s")
+                raise TimeoutError(f"{expression!r} still false after {within} s")
             await asyncio.sleep(0.1)
 
     async def text(self, selector: str = "body") -> str:
@@ -145,7 +145,7 @@ class Page:
             width=width, height=height, deviceScaleFactor=1, mobile=width < 600,
         )  # fmt: skip
         shot = await self.send("Page.captureScreenshot", format="png")
-        path.write_bytes(base64.b64decode(shot["data"]))
+        await asyncio.to_thread(path.write_bytes, base64.b64decode(shot["data"]))
 
     async def close(self) -> None:
         await self._ws.close()
@@ -174,8 +174,8 @@ class Browser:
         if os.geteuid() == 0:  # Chromium refuses its sandbox as root (containers, CI)
             args.insert(1, "--no-sandbox")
         log = (workdir / "chromium.log").open("wb")
-        process = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        process = await asyncio.create_subprocess_exec(
+            *args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         session = aiohttp.ClientSession()
         page: Page | None = None
@@ -196,19 +196,19 @@ class Browser:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
             try:
-                await asyncio.to_thread(process.wait, 10)
-            except subprocess.TimeoutExpired:
+                await asyncio.wait_for(process.wait(), 10)
+            except TimeoutError:
                 os.killpg(process.pid, signal.SIGKILL)
-                await asyncio.to_thread(process.wait)
+                await process.wait()
             log.close()
 
 
-async def _devtools_port(profile: Path, process: subprocess.Popen[bytes]) -> int:
+async def _devtools_port(profile: Path, process: asyncio.subprocess.Process) -> int:
     """Chromium writes the port it chose to DevToolsActivePort in the profile directory."""
     marker = profile / "DevToolsActivePort"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        if process.poll() is not None:
+        if process.returncode is not None:
             raise BrowserError(f"chromium exited with {process.returncode} (see chromium.log)")
         with contextlib.suppress(OSError, ValueError, IndexError):
             return int(marker.read_text().splitlines()[0])
