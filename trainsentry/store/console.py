@@ -9,7 +9,6 @@ the templates escape.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -233,7 +232,3 @@ async def job_alerts(
         query = query.where(alerts.c.job_namespace == namespace)
     return [_alert_row(row) for row in await conn.execute(query)]
 
-
-def newest_first(rows: Sequence[AlertRow]) -> list[AlertRow]:
-    """Pure: the rows by id, newest first (a merge of several listings)."""
-    return sorted(rows, key=lambda row: row.id, reverse=True)

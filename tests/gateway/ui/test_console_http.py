@@ -1,0 +1,216 @@
+"""The console over plain HTTP against a real in-process gateway, on SQLite and PostgreSQL:
+auth (read only without a token, sign-in, the trusted proxy header, CSRF and origin),
+bad parameters, history search, the job page's hardware, the drawn hang diagnosis and the
+live feed."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp.test_utils import TestServer
+
+from tests.gateway.ui.helpers import (
+    TOKEN,
+    alert,
+    hang_verdict,
+    post_alerts,
+    start,
+    store_verdict,
+)
+from tests.support.gateway_process import close_in_process
+from tests.support.webhook_factory import make_alert
+from trainsentry.config import ConsoleSettings
+
+
+async def get(server: TestServer, path: str, **kwargs: Any) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(server.make_url(path), allow_redirects=False, **kwargs) as r:
+            return r.status, await r.text()
+
+
+async def acked_by(server: TestServer, alert_id: int) -> str | None:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession(headers=headers) as session:
+        async with session.get(server.make_url(f"/api/v1/alerts/{alert_id}")) as r:
+            return (await r.json())["acked_by"]
+
+
+async def signed_in(server: TestServer, name: str = "erin") -> aiohttp.ClientSession:
+    """A client session that went through the login form as a browser does."""
+    session = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
+    async with session.get(server.make_url("/ui/login")) as r:
+        nonce = re.search(r'name="csrf" value="([^"]+)"', await r.text())
+    assert nonce is not None
+    form = {"csrf": nonce.group(1), "name": name, "token": TOKEN, "next": "/ui/"}
+    async with session.post(server.make_url("/ui/login"), data=form, allow_redirects=False) as r:
+        assert r.status == 303, await r.text()
+    return session
+
+
+def csrf_of(page: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found is not None
+    return found.group(1)
+
+
+async def test_without_a_token_the_console_is_read_only(db_url: str) -> None:
+    server = await start(db_url)
+    try:
+        await post_alerts(server, [alert(1, priority="P0")])
+        status, page = await get(server, "/ui/incidents/1")
+        assert status == 200 and "Read only" in page and 'id="action-ack"' not in page
+        async with aiohttp.ClientSession() as session:
+            url = server.make_url("/ui/incidents/1/ack")
+            async with session.post(url, data={"comment": "x"}) as r:
+                assert r.status == 403
+        assert await acked_by(server, 1) is None
+    finally:
+        await close_in_process(server)
+
+
+async def test_with_a_token_reads_need_a_sign_in_and_actions_need_csrf_and_origin(
+    db_url: str,
+) -> None:
+    server = await start(db_url, token=TOKEN)
+    try:
+        await post_alerts(server, [alert(1, priority="P1")], token=TOKEN)
+        for path in ("/ui/", "/ui/incidents/1", "/ui/history", "/ui/job?name=llama-70b"):
+            status, _ = await get(server, path)
+            assert status == 303, path
+        assert (await get(server, "/ui/fragments/now"))[0] == 401
+        assert (await get(server, "/ui/events"))[0] == 401
+        # a forged session cookie is no session
+        status, _ = await get(server, "/ui/", cookies={"ts_session": "eyJ1IjoiZXZlIn0.AAAA"})
+        assert status == 303
+        session = await signed_in(server)
+        try:
+            async with session.get(server.make_url("/ui/incidents/1")) as r:
+                page = await r.text()
+            url = server.make_url("/ui/incidents/1/ack")
+            form = {"csrf": csrf_of(page), "comment": ""}
+            async with session.post(url, data={"comment": ""}, allow_redirects=False) as r:
+                assert r.status == 403  # no token in the form
+            evil = {"Origin": "https://evil.example"}
+            async with session.post(url, data=form, headers=evil, allow_redirects=False) as r:
+                assert r.status == 403  # right token, another site's page
+            assert await acked_by(server, 1) is None
+            async with session.post(url, data=form, allow_redirects=False) as r:
+                assert r.status == 303
+            assert await acked_by(server, 1) == "erin"
+        finally:
+            await session.close()
+    finally:
+        await close_in_process(server)
+
+
+async def test_a_trusted_proxy_names_the_user_and_others_cannot(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'store.db'}"
+    trusted = ConsoleSettings(trusted_proxies=["127.0.0.0/8"], user_header="X-Auth-User")
+    server = await start(db, token=TOKEN, console=trusted)
+    try:
+        status, page = await get(server, "/ui/", headers={"X-Auth-User": "frank"})
+        assert status == 200 and "frank" in page
+    finally:
+        await close_in_process(server)
+    untrusted = ConsoleSettings(trusted_proxies=["10.0.0.0/8"], user_header="X-Auth-User")
+    server = await start(db, token=TOKEN, console=untrusted)
+    try:
+        status, _ = await get(server, "/ui/", headers={"X-Auth-User": "frank"})
+        assert status == 303
+    finally:
+        await close_in_process(server)
+
+
+async def test_bad_parameters_are_400_naming_them(tmp_path: Path) -> None:
+    server = await start(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        for path, word in (
+            ("/ui/?priority=P9", "priority"),
+            ("/ui/?job=" + "x" * 300, "job"),
+            ("/ui/?component=%00", "component"),
+            ("/ui/history?days=9999", "days"),
+            ("/ui/job", "name"),
+            ("/ui/incidents/99999999999999999999999", "alert id"),
+        ):
+            status, page = await get(server, path)
+            assert status == 400 and word in page, path
+        assert (await get(server, "/ui/incidents/5"))[0] == 404
+    finally:
+        await close_in_process(server)
+
+
+async def test_filters_history_search_and_job_hardware(db_url: str) -> None:
+    server = await start(db_url)
+    try:
+        port = {"component": "fabric", "device": "mlx5_3", "port": "1", "priority": "P1"}
+        await post_alerts(
+            server,
+            [
+                alert(1, priority="P0", node="gpu-0007", gpu="3"),
+                alert(2, priority="P2", node="gpu-0007", gpu="3"),
+                alert(3, node="gpu-0009", **port),
+                alert(4, priority="P3", trainingjob="other-job", rack="r42-special"),
+            ],
+        )
+        status, page = await get(server, "/ui/?priority=P0")
+        assert status == 200 and 'data-alert-id="1"' in page and 'data-alert-id="2"' not in page
+        status, page = await get(server, "/ui/?component=fabric")
+        assert 'data-alert-id="3"' in page and 'data-alert-id="1"' not in page
+        resolved = make_alert(4, status="resolved", labels={"trainingjob": "other-job",
+                                                             "rack": "r42-special"})  # fmt: skip
+        await post_alerts(server, [resolved])
+        status, page = await get(server, "/ui/history?q=R42-SPECIAL&days=56")
+        assert status == 200 and 'data-alert-id="4"' in page and 'data-alert-id="1"' not in page
+        _status, page = await get(server, "/ui/history?q=no-such-thing%25")
+        assert 'data-alert-id="4"' not in page
+        status, page = await get(server, "/ui/job?namespace=ml&name=llama-70b&days=56")
+        assert status == 200
+        hardware = page[page.index("Hardware that alerted most") : page.index("Alerts by name")]
+        rows = re.findall(r"<tr><td>([^<]+)</td><td>([^<]+)</td><td>(\d+)</td></tr>", hardware)
+        assert ("node", "gpu-0007", "2") in rows
+        assert ("GPU", "gpu-0007 GPU 3", "2") in rows
+        assert ("IB port", "gpu-0009 mlx5_3 port 1", "1") in rows
+    finally:
+        await close_in_process(server)
+
+
+async def test_a_hang_diagnosis_is_drawn_rank_by_rank(tmp_path: Path) -> None:
+    server = await start(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        await post_alerts(server, [alert(1, priority="P0", component="training")])
+        verdict = hang_verdict(tmp_path, world=16, culprit=5)
+        await store_verdict(server, 1, verdict)
+        status, page = await get(server, "/ui/incidents/1")
+        assert status == 200
+        cells = re.findall(r'class="rank s-(\w+)" title="rank (\d+):', page)
+        assert len(cells) == 16
+        assert [int(rank) for state, rank in cells if state == "culprit"] == [5]
+        assert all(state == "arrived" for state, rank in cells if rank != "5")
+        assert "Stuck collective" in page and "default_pg" in page
+        assert verdict["summary"].split(" ")[0] in page
+    finally:
+        await close_in_process(server)
+
+
+async def test_the_live_feed_says_change_when_the_store_moves(tmp_path: Path) -> None:
+    server = await start(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        _status, page = await get(server, "/ui/")
+        marker = re.search(r'id="live"[^>]*data-marker="([\d.]+)"', page)
+        assert marker is not None
+        async with aiohttp.ClientSession() as session:
+            url = server.make_url(f"/ui/events?since={marker.group(1)}")
+            async with session.get(url) as stream:
+                assert stream.headers["Content-Type"] == "text/event-stream"
+                assert await stream.content.readline() == b"retry: 2000\n"
+                await post_alerts(server, [alert(1)])
+                seen = b""
+                async with asyncio.timeout(10):
+                    while b"event: change" not in seen:
+                        seen += await stream.content.readline()
+    finally:
+        await close_in_process(server)
