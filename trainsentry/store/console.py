@@ -231,4 +231,3 @@ async def job_alerts(
     if namespace:
         query = query.where(alerts.c.job_namespace == namespace)
     return [_alert_row(row) for row in await conn.execute(query)]
-
