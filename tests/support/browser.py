@@ -138,12 +138,26 @@ class Page:
         if not found:
             raise BrowserError(f"nothing matches {selector}")
 
-    async def screenshot(self, path: Path, width: int = 1100, height: int = 800) -> None:
-        """A PNG of the page at `width` (the whole page's height, at most `height`)."""
+    async def viewport(self, width: int, height: int) -> None:
+        """The window's size as a page sees it (below 600 px wide: a phone, touch)."""
         await self.send(
             "Emulation.setDeviceMetricsOverride",
             width=width, height=height, deviceScaleFactor=1, mobile=width < 600,
         )  # fmt: skip
+
+    async def press(self, key: str) -> None:
+        """One key pressed and released, as the keyboard sends it (`j`, `Tab`, `Enter`)."""
+        codes = {"Enter": 13, "Tab": 9}
+        event: dict[str, Any] = {"key": key, "code": key if len(key) > 1 else f"Key{key.upper()}"}
+        if key in codes:
+            event["windowsVirtualKeyCode"] = codes[key]
+        text = {"Enter": "\r", "Tab": ""}.get(key, key)
+        await self.send("Input.dispatchKeyEvent", type="keyDown", text=text, **event)
+        await self.send("Input.dispatchKeyEvent", type="keyUp", **event)
+
+    async def screenshot(self, path: Path, width: int = 1100, height: int = 800) -> None:
+        """A PNG of the page's first `height` pixels at `width`."""
+        await self.viewport(width, height)
         shot = await self.send("Page.captureScreenshot", format="png")
         await asyncio.to_thread(path.write_bytes, base64.b64decode(shot["data"]))
 

@@ -162,3 +162,36 @@ async def test_login_and_csrf_are_enforced(page: Page, tmp_path: Path) -> None:
         await page.wait_for("document.body.innerText.includes('acknowledged by dave')")
     finally:
         await close_in_process(server)
+
+
+LONG = "x" * 300  # one word wider than any phone
+
+
+async def test_usable_on_a_phone_screen_and_by_keyboard(page: Page, tmp_path: Path) -> None:
+    server = await start(sqlite(tmp_path))
+    try:
+        await post_alerts(
+            server, [alert(i, priority=f"P{i % 4}", note=LONG, node=LONG) for i in range(12)]
+        )
+        await page.viewport(390, 800)
+        for path in ("/ui/", "/ui/incidents/1", "/ui/history", "/ui/job?name=llama-70b"):
+            await page.goto(str(server.make_url(path)))
+            wide = await page.evaluate("document.documentElement.scrollWidth")
+            assert wide <= 390, f"{path} scrolls sideways on a phone ({wide} px)"
+        await page.viewport(1100, 800)
+        await page.goto(str(server.make_url("/ui/")))
+        # Tab: the first stop is the skip link, then the console's own links
+        await page.press("Tab")
+        assert await page.evaluate("document.activeElement.className") == "skip"
+        # j / k move between incidents, Enter opens one
+        await page.press("j")
+        first = await page.evaluate("document.activeElement.getAttribute('data-alert-id')")
+        await page.press("j")
+        second = await page.evaluate("document.activeElement.getAttribute('data-alert-id')")
+        assert first and second and first != second
+        await page.press("k")
+        assert await page.evaluate("document.activeElement.getAttribute('data-alert-id')") == first
+        await page.press("Enter")
+        await page.wait_for(f"location.pathname === '/ui/incidents/{first}'")
+    finally:
+        await close_in_process(server)
