@@ -214,3 +214,39 @@ async def test_the_live_feed_says_change_when_the_store_moves(tmp_path: Path) ->
                         seen += await stream.content.readline()
     finally:
         await close_in_process(server)
+
+
+async def test_ack_comments_are_kept_the_same_from_the_api_and_the_console(db_url: str) -> None:
+    server = await start(db_url, token=TOKEN)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        await post_alerts(server, [alert(1, priority="P2")], token=TOKEN)
+        async with aiohttp.ClientSession(headers=headers) as api:
+            url = server.make_url("/api/v1/alerts/1/ack")
+            async with api.post(url, json={"by": "gina", "comment": "bad\x00"}) as r:
+                assert r.status == 400 and "comment" in (await r.json())["error"]
+            async with api.post(url, json={"by": "gina", "comment": "on it"}) as r:
+                assert r.status == 200
+        session = await signed_in(server, "hank")
+        try:
+            async with session.get(server.make_url("/ui/incidents/1")) as r:
+                page = await r.text()
+            form = {"csrf": csrf_of(page), "comment": "ib cable swapped"}
+            url = server.make_url("/ui/incidents/1/ack")
+            async with session.post(url, data=form) as r:
+                page = await r.text()
+                assert "already acknowledged by gina" in page
+            form["comment"] = "x" * 1001
+            async with session.post(url, data=form, allow_redirects=False) as r:
+                assert r.status == 400
+        finally:
+            await session.close()
+        async with aiohttp.ClientSession(headers=headers) as api:
+            async with api.get(server.make_url("/api/v1/alerts/1")) as r:
+                events = (await r.json())["events"]
+        assert [(e["kind"], e["detail"]) for e in events[1:]] == [
+            ("acked", {"by": "gina", "comment": "on it"}),
+            ("comment", {"by": "hank", "comment": "ib cable swapped"}),
+        ]
+    finally:
+        await close_in_process(server)
