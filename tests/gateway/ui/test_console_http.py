@@ -250,3 +250,18 @@ async def test_ack_comments_are_kept_the_same_from_the_api_and_the_console(db_ur
         ]
     finally:
         await close_in_process(server)
+
+
+async def test_a_job_in_a_storm_says_so(tmp_path: Path) -> None:
+    server = await start(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        status, page = await get(server, "/ui/")
+        assert 'class="storm"' not in page
+        burst = [alert(i, priority="P2") for i in range(40)]
+        await post_alerts(server, burst)
+        status, page = await get(server, "/ui/")
+        assert status == 200
+        group = page[page.index("ml/llama-70b") :]
+        assert 'class="storm"' in group and "storm since" in group
+    finally:
+        await close_in_process(server)
