@@ -14,12 +14,18 @@ from pathlib import Path
 from tests.gateway.ui.helpers import alert, hang_verdict, post_alerts, start, store_verdict
 from tests.support.browser import Browser
 from tests.support.webhook_factory import make_alert
+from trainsentry.alerts import Person
+from trainsentry.gateway.policy.escalation import EscalationPolicy, Escalator, Layer, Roster
 
 
 async def draw(out: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        server = await start(f"sqlite:///{work / 's.db'}")
+        roster = Roster(
+            (Layer("primary", (Person("alice"),)), Layer("secondary", (Person("bob"),)))
+        )
+        escalator = Escalator(roster, EscalationPolicy())
+        server = await start(f"sqlite:///{work / 's.db'}", escalator=escalator)
         try:
             hang = {"priority": "P0", "component": "training", "node": "gpu-0005"}
             await post_alerts(

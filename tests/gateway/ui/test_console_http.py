@@ -265,3 +265,37 @@ async def test_a_job_in_a_storm_says_so(tmp_path: Path) -> None:
         assert 'class="storm"' in group and "storm since" in group
     finally:
         await close_in_process(server)
+
+
+async def test_who_is_on_call_comes_from_the_escalation_roster(tmp_path: Path) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from trainsentry.alerts import Person
+    from trainsentry.gateway.policy.escalation import (
+        EscalationPolicy,
+        Escalator,
+        Layer,
+        Roster,
+    )
+
+    start_at = datetime(2026, 11, 20, tzinfo=UTC)
+    rotating = Layer(
+        "primary",
+        (Person("alice"), Person("bob")),
+        rotation_start=start_at,
+        shift=timedelta(days=1),
+    )
+    escalator = Escalator(Roster((rotating, Layer("lead", (Person("carol"),)))), EscalationPolicy())
+    db = f"sqlite:///{tmp_path / 'store.db'}"
+    server = await start(db, escalator=escalator, clock=lambda: start_at + timedelta(hours=25))
+    try:
+        _status, page = await get(server, "/ui/")
+        assert "<b>primary</b>: bob</li>" in page and "<b>lead</b>: carol</li>" in page
+    finally:
+        await close_in_process(server)
+    server = await start(db)
+    try:
+        _status, page = await get(server, "/ui/")
+        assert "Not known to this gateway: no phone escalation is configured" in page
+    finally:
+        await close_in_process(server)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
@@ -27,6 +28,7 @@ from trainsentry.gateway.ui.views import (
     incident_view,
     job_view,
     now_view,
+    on_call,
     parse_filters,
     text_param,
 )
@@ -142,7 +144,7 @@ async def _now_view(request: web.Request) -> tuple[Any, Marker]:
         )
         storms = await store.states_in_scope(conn, STORM_SCOPE)
     view = now_view(rows[:MAX_OPEN], storms, filters, _now(gateway), truncated=len(rows) > MAX_OPEN)
-    return view, marker
+    return replace(view, oncall=on_call(gateway.escalator, _now(gateway))), marker
 
 
 @_page()

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+from trainsentry.gateway.policy.escalation import Escalator
 from trainsentry.gateway.ui.model import (
     PRIORITIES,
     Card,
@@ -21,6 +22,7 @@ from trainsentry.gateway.ui.model import (
     JobView,
     Link,
     NowView,
+    OnCall,
     RankCell,
     Storm,
     TimelineEntry,
@@ -169,6 +171,18 @@ def _storm(storms: Mapping[str, Any], namespace: str, job: str) -> Storm | None:
         total = tally.get("total", 0) if isinstance(tally, dict) else 0
         return Storm(since=str(state.get("episode") or ""), total=int(total or 0))
     return None
+
+
+def on_call(escalator: Escalator | None, now: datetime) -> OnCall | None:
+    """Pure: who the phone escalation would call now, layer by layer (None: the gateway has
+    no escalation configured, so it does not know who is on call)."""
+    if escalator is None:
+        return None
+    layers = [
+        (layer.name, [person.name for person in layer.on_call(now)])
+        for layer in escalator.roster.layers
+    ]
+    return OnCall(layers=layers, source="the phone escalation's roster")
 
 
 def _event_text(kind: str, detail: Any) -> str:
