@@ -24,7 +24,10 @@ from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.notifiers.feishu.app import FeishuAppClient, FeishuAppNotifier
 from trainsentry.notifiers.webhook import WebhookNotifier
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed"),
+]
 
 EVIL = "<script>window.__xss = 1</script><img src=x onerror=window.__xss=2>"
 

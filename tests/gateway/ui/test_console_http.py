@@ -299,3 +299,27 @@ async def test_who_is_on_call_comes_from_the_escalation_roster(tmp_path: Path) -
         assert "Not known to this gateway: no phone escalation is configured" in page
     finally:
         await close_in_process(server)
+
+
+async def test_a_change_through_another_replica_reaches_the_live_feed(db_url: str) -> None:
+    """Two gateways on one store: an alert posted to B wakes a stream opened on A."""
+    first = await start(db_url)
+    second = await start(db_url)
+    try:
+        _status, page = await get(first, "/ui/")
+        marker = re.search(r'id="live"[^>]*data-marker="([\d.]+)"', page)
+        assert marker is not None
+        async with aiohttp.ClientSession() as session:
+            url = first.make_url(f"/ui/events?since={marker.group(1)}")
+            async with session.get(url) as stream:
+                assert await stream.content.readline() == b"retry: 2000\n"
+                await post_alerts(second, [alert(1, priority="P0")])
+                seen = b""
+                async with asyncio.timeout(10):
+                    while b"event: change" not in seen:
+                        seen += await stream.content.readline()
+        _status, page = await get(first, "/ui/fragments/now")
+        assert 'data-alert-id="1"' in page
+    finally:
+        await close_in_process(second)
+        await close_in_process(first)

@@ -8,8 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.gateway_process import start_gateway
 from tests.support.raw_http import raw_request
+
+pytestmark = pytest.mark.e2e
 
 
 def test_the_console_section_of_the_config_file_reaches_the_console(tmp_path: Path) -> None:
