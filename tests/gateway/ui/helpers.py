@@ -51,15 +51,21 @@ def alert(index: int, **labels: str) -> dict[str, Any]:
     return make_alert(index, labels=labels or None)
 
 
-def hang_verdict(tmp_path: Path, world: int = 16, culprit: int = 5) -> dict[str, Any]:
-    """A real analyzer verdict: synthetic Flight Recorder dumps of a hang where `culprit`
-    never entered the last collective, analysed as the gateway does (hang_enrichment)."""
+def hang_verdict(
+    tmp_path: Path, world: int = 16, culprit: int = 5, scenario: str = "hang"
+) -> dict[str, Any]:
+    """A real analyzer verdict: synthetic Flight Recorder dumps (a hang where `culprit`
+    never entered the last collective, or `culprit` persistently slow), analysed as the
+    gateway does (hang_enrichment)."""
     from trainsentry.diagnostics import analyze
     from trainsentry.diagnostics.synthetic import write_dumps
     from trainsentry.gateway.stages.hang_enrichment import HangVerdict, culprit_ranks, summarize
 
     folder = tmp_path / "dumps"
-    write_dumps(folder, world, 20, scenario="hang", culprit=culprit, fmt="json", prefix="rank_")
+    entries = 20 if scenario == "hang" else 200
+    write_dumps(
+        folder, world, entries, scenario=scenario, culprit=culprit, fmt="json", prefix="rank_"
+    )
     report = analyze([str(folder)], format="fr").to_dict()
     return HangVerdict(
         job="ml/llama-70b",

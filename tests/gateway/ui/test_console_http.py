@@ -192,6 +192,13 @@ async def test_a_hang_diagnosis_is_drawn_rank_by_rank(tmp_path: Path) -> None:
         assert all(state == "arrived" for state, rank in cells if rank != "5")
         assert "Stuck collective" in page and "default_pg" in page
         assert verdict["summary"].split(" ")[0] in page
+        await post_alerts(server, [alert(2, priority="P1", component="training")])
+        await store_verdict(server, 2, hang_verdict(tmp_path / "slow", 16, 3, scenario="slow"))
+        _status, page = await get(server, "/ui/incidents/2")
+        cells = re.findall(r'class="rank s-(\w+)" title="rank (\d+):', page)
+        assert [int(rank) for state, rank in cells if state == "slow"] == [3]
+        assert {state for state, rank in cells if rank != "3"} == {"ok"}
+        assert "persistently last" in page
     finally:
         await close_in_process(server)
 

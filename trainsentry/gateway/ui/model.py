@@ -110,7 +110,7 @@ class NowView:
 @dataclass(frozen=True, slots=True)
 class RankCell:
     rank: int
-    state: str  # culprit | nodump | notstarted | slow | arrived | unknown
+    state: str  # culprit | nodump | notstarted | slow | arrived | ok | unknown
     note: str
 
 

@@ -276,14 +276,15 @@ def diagnosis(verdict: Mapping[str, Any]) -> Diagnosis:
         states[rank] = ("nodump", "did not answer for a dump")
     for rank in _ints(hang.get("missing_ranks") or []):
         states[rank] = ("culprit", "never entered the collective")
-    for rank in culprits:
-        note = states.get(rank, ("", "blamed by the analyzer"))[1]
-        states[rank] = ("culprit", note)
+    for rank in culprits:  # a slow verdict's culprits stay drawn as slow
+        state, note = states.get(rank, ("", "blamed by the analyzer"))
+        if state != "slow":
+            states[rank] = ("culprit", note)
     total = int(report.get("ranks") or 0) or (max(states) + 1 if states else 0)
     shown = min(total, MAX_GRID)
-    cells = [
-        RankCell(r, *states.get(r, ("unknown", "no record of this rank"))) for r in range(shown)
-    ]
+    # a hang names the stuck group's members; other verdicts looked at every rank
+    default = ("unknown", "no record of this rank") if hang else ("ok", "nothing wrong seen")
+    cells = [RankCell(r, *states.get(r, default)) for r in range(shown)]
     op = str(hang.get("op") or "").split(" ")[0]
     seq = hang.get("seq")
     waited = hang.get("waited_s")
