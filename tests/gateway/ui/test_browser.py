@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from tests.gateway.ui.helpers import TOKEN, alert, post_alerts, start
@@ -142,7 +143,7 @@ async def test_the_ack_button_stops_the_escalation_and_redraws_the_card(
 async def test_login_and_csrf_are_enforced(page: Page, tmp_path: Path) -> None:
     server = await start(sqlite(tmp_path), token=TOKEN)
     try:
-        await post_alerts(server, [alert(1, priority="P1")], token=TOKEN)
+        await post_alerts(server, [alert(1, priority="P1"), alert(2)], token=TOKEN)
         await page.goto(str(server.make_url("/ui/")))
         assert await page.evaluate("location.pathname") == "/ui/login"
         await sign_in(page, server, "mallory", "not-the-token")
@@ -163,6 +164,17 @@ async def test_login_and_csrf_are_enforced(page: Page, tmp_path: Path) -> None:
         # the form as the page drew it is accepted
         await page.click("#action-ack")
         await page.wait_for("document.body.innerText.includes('acknowledged by dave')")
+        # an incident's page follows what others do, without a reload
+        await page.goto(str(server.make_url("/ui/incidents/2")))
+        await page.evaluate("window.__same_page = true")
+        await page.wait_for("document.getElementById('live-state').textContent === 'live'")
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with aiohttp.ClientSession(headers=headers) as api:
+            url = server.make_url("/api/v1/alerts/2/ack")
+            async with api.post(url, json={"by": "api-user"}) as answer:
+                assert answer.status == 200
+        await page.wait_for("document.getElementById('live').innerText.includes('api-user')")
+        assert await page.evaluate("window.__same_page") is True
     finally:
         await close_in_process(server)
 
