@@ -330,3 +330,34 @@ async def test_a_change_through_another_replica_reaches_the_live_feed(db_url: st
     finally:
         await close_in_process(second)
         await close_in_process(first)
+
+
+async def test_the_timeline_shows_what_the_policy_did_flapping_and_storm(tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    from tests.support.webhook_factory import BASE_TIME
+
+    server = await start(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        for n in range(3):  # fires, resolves, fires again: the same alert, new occurrences
+            start_at = BASE_TIME + timedelta(minutes=n)
+            for status in ("firing", "resolved"):
+                await post_alerts(
+                    server,
+                    [make_alert(0, status=status, fingerprint="flappy", starts_at=start_at,
+                                labels={"priority": "P1"})],
+                )  # fmt: skip
+        _status, page = await get(server, "/ui/history?days=56")
+        ids = sorted(int(i) for i in re.findall(r'data-alert-id="(\d+)"', page))
+        assert len(ids) == 3
+        _status, page = await get(server, f"/ui/incidents/{ids[-1]}")
+        assert "ev-flapping" in page and "status changes in the flap window" in page
+        _status, page = await get(server, f"/ui/incidents/{ids[0]}")
+        assert "ev-flapping" not in page  # an earlier occurrence: not what the state says
+        await post_alerts(server, [alert(100 + i, priority="P2") for i in range(40)])
+        _status, page = await get(server, "/ui/?priority=P2")
+        newest = max(int(i) for i in re.findall(r'data-alert-id="(\d+)"', page))
+        _status, page = await get(server, f"/ui/incidents/{newest}")
+        assert "ev-storm" in page and "storm summary" in page
+    finally:
+        await close_in_process(server)

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from trainsentry.gateway.http_auth import read_token
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
-from trainsentry.gateway.stages.planning.plan import STORM_SCOPE
+from trainsentry.gateway.stages.planning.plan import FINGERPRINT_SCOPE, STORM_SCOPE
 from trainsentry.gateway.ui import auth
 from trainsentry.gateway.ui.actions import ACTIONS, SILENCE_CHOICES, ActionRefused
 from trainsentry.gateway.ui.feed import ChangeFeed, Marker
@@ -35,6 +35,7 @@ from trainsentry.gateway.ui.views import (
 from trainsentry.notifiers.feishu.sign import secrets_equal
 from trainsentry.store import console as store
 from trainsentry.store.errors import DatabaseError
+from trainsentry.store.policy_state import load_states
 
 log = logging.getLogger("trainsentry.ui")
 
@@ -172,9 +173,11 @@ async def _incident(request: web.Request) -> tuple[Any, Marker] | None:
     async with gateway.engine.connect() as conn:
         marker = await store.change_marker(conn)
         found = await store.incident(conn, alert_id)
-    if found is None:
-        return None
-    return incident_view(found, _now(gateway)), marker
+        if found is None:
+            return None
+        fingerprint = found.alert.fingerprint
+        states = await load_states(conn, FINGERPRINT_SCOPE, [fingerprint])
+    return incident_view(found, _now(gateway), states.get(fingerprint)), marker
 
 
 def _actions(gateway: Gateway) -> list[Any]:

@@ -227,17 +227,49 @@ def _links(incident: Incident) -> list[Link]:
     return [Link(text, url) for text, raw in found if (url := safe_url(raw))]
 
 
-def incident_view(incident: Incident, now: datetime) -> IncidentView:
+def _when(raw: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(raw)) if raw else None
+    except ValueError:
+        return None
+
+
+def policy_entries(state: Mapping[str, Any] | None, alert: AlertRow) -> list[TimelineEntry]:
+    """Pure: what the policy did with the occurrence, from its fingerprint's state
+    (gateway/policy/dedup.py `FingerprintState`), when that state is about this occurrence:
+    it flapped (its notices folded into one with the count) or went into a storm summary."""
+    if not state or _when(state.get("occurrence")) != alert.starts_at:
+        return []
+    found = []
+    transitions = [t for t in map(_when, state.get("transitions") or []) if t is not None]
+    if state.get("flapping") and transitions:
+        found.append(TimelineEntry(
+            transitions[-1], "flapping",
+            f"{len(transitions)} status changes in the flap window: one notice with the count; "
+            "its resolution is announced after a quiet spell",
+        ))  # fmt: skip
+    changed = _when(state.get("changed_at"))
+    if state.get("collapsed") and changed is not None:
+        found.append(TimelineEntry(
+            changed, "storm", "folded into its job's storm summary (no card of its own)"
+        ))  # fmt: skip
+    return found
+
+
+def incident_view(
+    incident: Incident, now: datetime, policy_state: Mapping[str, Any] | None = None
+) -> IncidentView:
     alert = incident.alert
+    events = [
+        TimelineEntry(e["at"], str(e["kind"]), _event_text(str(e["kind"]), e.get("detail")))
+        for e in incident.events
+    ]
     return IncidentView(
         card=card(alert, now),
         status=alert.status,
         labels=sorted(alert.labels.items()),
         annotations=sorted(alert.annotations.items()),
-        timeline=[
-            TimelineEntry(e["at"], str(e["kind"]), _event_text(str(e["kind"]), e.get("detail")))
-            for e in incident.events
-        ],
+        timeline=sorted(events + policy_entries(policy_state, alert), key=lambda entry: entry.at),
         deliveries=[_delivery(n) for n in incident.notifications],
         links=_links(incident),
         priority_reason=incident.priority_reason,
