@@ -103,7 +103,7 @@ class Page:
             raise BrowserError(f"{expression!r}: {answer['exceptionDetails']}")
         return answer.get("result", {}).get("value")
 
-    async def wait_for(self, expression: str, within: float = 10.0) -> Any:
+    async def wait_for(self, expression: str, within: float = 20.0) -> Any:
         """Polls `expression` until it is truthy (for up to `within` s); its value."""
         deadline = time.monotonic() + within
         while True:

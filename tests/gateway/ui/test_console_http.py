@@ -361,3 +361,55 @@ async def test_the_timeline_shows_what_the_policy_did_flapping_and_storm(tmp_pat
         assert "ev-storm" in page and "storm summary" in page
     finally:
         await close_in_process(server)
+
+
+async def test_maintenance_windows_are_shown_and_ended_through_the_service(db_url: str) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    server = await start(db_url, token=TOKEN)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    now = datetime.now(UTC)
+    window = {
+        "matchers": {"node": "gpu-0001"},
+        "starts_at": (now - timedelta(minutes=5)).isoformat(),
+        "ends_at": (now + timedelta(hours=2)).isoformat(),
+        "reason": "<b>NVLink</b> swap",
+        "created_by": "ops-jane",
+    }
+    try:
+        async with aiohttp.ClientSession(headers=headers) as api:
+            async with api.post(server.make_url("/api/v1/maintenance"), json=window) as r:
+                assert r.status == 201, await r.text()
+                window_id = (await r.json())["id"]
+        await post_alerts(server, [alert(1, priority="P1")], token=TOKEN)  # node gpu-0001
+        session = await signed_in(server, "kim")
+        try:
+            async with session.get(server.make_url("/ui/")) as r:
+                page = await r.text()
+            assert "&lt;b&gt;NVLink&lt;/b&gt; swap" in page and "node=gpu-0001" in page
+            assert f'action="/ui/maintenance/{window_id}/end"' in page
+            async with session.get(server.make_url("/ui/incidents/1")) as r:
+                incident = await r.text()
+            assert f"Muted by maintenance window {window_id}" in incident
+            url = server.make_url(f"/ui/maintenance/{window_id}/end")
+            async with session.post(url, data={"csrf": "forged"}, allow_redirects=False) as r:
+                assert r.status == 403
+            async with session.post(url, data={"csrf": csrf_of(page)}) as r:
+                assert r.status == 200 and f"window {window_id} ended" in await r.text()
+        finally:
+            await session.close()
+        async with aiohttp.ClientSession(headers=headers) as api:
+            async with api.get(server.make_url("/api/v1/maintenance?all=1")) as r:
+                [ended] = (await r.json())["items"]
+        assert ended["ended_by"] == "kim" and ended["ended_at"] is not None
+    finally:
+        await close_in_process(server)
+
+
+async def test_no_window_open_says_so(tmp_path: Path) -> None:
+    server = await start(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        _status, page = await get(server, "/ui/")
+        assert "No window open." in page
+    finally:
+        await close_in_process(server)

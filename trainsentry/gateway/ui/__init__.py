@@ -55,6 +55,7 @@ def add_ui_routes(app: web.Application, *, feed_interval: float = 1.0) -> None:
     router.add_get("/ui/incidents/{alert_id}", handlers.incident_page)
     router.add_get("/ui/fragments/incidents/{alert_id}", handlers.incident_fragment)
     router.add_post("/ui/incidents/{alert_id}/{action}", handlers.post_action)
+    router.add_post("/ui/maintenance/{window_id}/end", handlers.post_end_window)
     router.add_get("/ui/history", handlers.history_page)
     router.add_get("/ui/job", handlers.job_page)
     router.add_get("/ui/login", handlers.login_page)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -31,16 +32,19 @@ from trainsentry.gateway.ui.views import (
     on_call,
     parse_filters,
     text_param,
+    windows,
 )
 from trainsentry.notifiers.feishu.sign import secrets_equal
 from trainsentry.store import console as store
 from trainsentry.store.errors import DatabaseError
+from trainsentry.store.maintenance import mutes_of
 from trainsentry.store.policy_state import load_states
 
 log = logging.getLogger("trainsentry.ui")
 
 FEED_KEY = web.AppKey("ui_feed", ChangeFeed)
 TEMPLATES_KEY = web.AppKey("ui_templates", jinja2.Environment)
+WINDOW_ID = re.compile(r"^mw-[0-9a-f]{1,32}$")  # as `DELETE /api/v1/maintenance/{id}` checks
 CSRF_KEY = web.RequestKey("ui_csrf", str)  # the CSRF token the page's forms carry
 MAX_OPEN = 5000  # open alerts drawn on the Now page (more: the page says it is cut)
 HISTORY_DAYS = (7, 14, 28, 56)
@@ -145,13 +149,21 @@ async def _now_view(request: web.Request) -> tuple[Any, Marker]:
         )
         storms = await store.states_in_scope(conn, STORM_SCOPE)
     view = now_view(rows[:MAX_OPEN], storms, filters, _now(gateway), truncated=len(rows) > MAX_OPEN)
-    return replace(view, oncall=on_call(gateway.escalator, _now(gateway))), marker
+    found = None if gateway.maintenance is None else windows(await gateway.maintenance.windows())
+    return replace(view, oncall=on_call(gateway.escalator, _now(gateway)), windows=found), marker
 
 
 @_page()
 async def now_page(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
     view, marker = await _now_view(request)
-    return _render(request, who, "now.html.j2", view=view, marker=_marker_text(marker))
+    return _render(
+        request, who, "now.html.j2", view=view, marker=_marker_text(marker),
+        notice=request.query.get("done", "")[:300], can_end=_can_end(request.app[GATEWAY_KEY]),
+    )  # fmt: skip
+
+
+def _can_end(gateway: Gateway) -> bool:
+    return gateway.maintenance is not None and gateway.settings.api_token is not None
 
 
 @_page(fragment=True)
@@ -177,7 +189,9 @@ async def _incident(request: web.Request) -> tuple[Any, Marker] | None:
             return None
         fingerprint = found.alert.fingerprint
         states = await load_states(conn, FINGERPRINT_SCOPE, [fingerprint])
-    return incident_view(found, _now(gateway), states.get(fingerprint)), marker
+        mutes = await mutes_of(conn, [alert_id])
+    view = incident_view(found, _now(gateway), states.get(fingerprint), mutes.get(alert_id))
+    return view, marker
 
 
 def _actions(gateway: Gateway) -> list[Any]:
@@ -209,9 +223,9 @@ async def incident_fragment(request: web.Request, who: auth.Viewer) -> web.Strea
     )  # fmt: skip
 
 
-@_page()
-async def post_action(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
-    """POST /ui/incidents/{id}/{action}: a signed-in viewer, the CSRF token, same origin."""
+async def _form(request: web.Request, who: auth.Viewer) -> dict[str, str] | web.Response:
+    """The posted form of an action, or the refusal: a signed-in viewer on a gateway with a
+    token, a bounded form, the CSRF token of the viewer's nonce, and this site's origin."""
     gateway = request.app[GATEWAY_KEY]
     token = read_token(gateway.settings)
     if token is None or not who.can_act or who.name is None:
@@ -219,9 +233,6 @@ async def post_action(request: web.Request, who: auth.Viewer) -> web.StreamRespo
             request, who, "error.html.j2", status=403,
             message="actions need TRAINSENTRY_API_TOKEN set on the gateway and a sign-in",
         )  # fmt: skip
-    action = ACTIONS.get(request.match_info["action"])
-    if action is None or not action.available(gateway):
-        return _render(request, who, "error.html.j2", status=404, message="no such action")
     if request.content_length is not None and request.content_length > 16384:
         return _render(request, who, "error.html.j2", status=413, message="form too large")
     form = await asyncio.wait_for(request.post(), timeout=10)
@@ -233,6 +244,20 @@ async def post_action(request: web.Request, who: auth.Viewer) -> web.StreamRespo
             request, who, "error.html.j2", status=403,
             message="the form's CSRF token is missing or wrong: reload the page and try again",
         )  # fmt: skip
+    return fields
+
+
+@_page()
+async def post_action(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
+    """POST /ui/incidents/{id}/{action}: an incident action of `ACTIONS` (actions.py)."""
+    gateway = request.app[GATEWAY_KEY]
+    fields = await _form(request, who)
+    if isinstance(fields, web.Response):
+        return fields
+    assert who.name is not None
+    action = ACTIONS.get(request.match_info["action"])
+    if action is None or not action.available(gateway):
+        return _render(request, who, "error.html.j2", status=404, message="no such action")
     alert_id = _alert_id(request)
     try:
         outcome = await action.run(gateway, alert_id, who.name, fields)
@@ -243,6 +268,30 @@ async def post_action(request: web.Request, who: auth.Viewer) -> web.StreamRespo
     log.info("console action=%s alert_id=%d by=%s", action.name, alert_id, who.name)
     query = urlencode({"done": outcome.message})
     raise web.HTTPSeeOther(f"/ui/incidents/{alert_id}?{query}")
+
+
+@_page()
+async def post_end_window(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
+    """POST /ui/maintenance/{window_id}/end: ends a window through the service behind
+    `DELETE /api/v1/maintenance/{id}` (who and when kept), which needs the API token."""
+    gateway = request.app[GATEWAY_KEY]
+    fields = await _form(request, who)
+    if isinstance(fields, web.Response):
+        return fields
+    assert who.name is not None
+    if gateway.maintenance is None or gateway.settings.api_token is None:
+        return _render(
+            request, who, "error.html.j2", status=403,
+            message="ending a window needs maintenance windows and TRAINSENTRY_API_TOKEN",
+        )  # fmt: skip
+    window_id = request.match_info["window_id"]
+    if not WINDOW_ID.match(window_id):
+        raise BadQuery("window id must look like mw-0123abcd")
+    ended = await gateway.maintenance.end(window_id, who.name)
+    if ended is None:
+        return _render(request, who, "error.html.j2", status=404, message="no such window")
+    log.info("console ended maintenance window=%s by=%s", window_id, who.name)
+    raise web.HTTPSeeOther("/ui/?" + urlencode({"done": f"window {window_id} ended"}))
 
 
 @_page()

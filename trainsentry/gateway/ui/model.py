@@ -87,12 +87,24 @@ class OnCall:
 
 @dataclass(frozen=True, slots=True)
 class Window:
-    """An active maintenance window."""
+    """A maintenance window not over yet (gateway/stages/maintenance.py)."""
 
-    name: str
-    scope: str
-    ends: datetime | None
-    ref: str = ""  # what "end this window" posts, when that action exists
+    id: str
+    reason: str
+    matchers: str  # "node=gpu-node-17, gpu~0|1"
+    created_by: str
+    active: bool
+    until: str  # the end of the stretch now (active), else of the window ("" recurring)
+
+
+@dataclass(frozen=True, slots=True)
+class Muted:
+    """The maintenance window that held an alert's notices back."""
+
+    window_id: str
+    reason: str
+    state: str  # muted | notified | resolved
+    until: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +180,7 @@ class IncidentView:
     priority_reason: str
     diagnosis: Diagnosis | None
     acked_at: datetime | None
+    muted: Muted | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,11 +21,13 @@ from trainsentry.gateway.ui.model import (
     JobGroup,
     JobView,
     Link,
+    Muted,
     NowView,
     OnCall,
     RankCell,
     Storm,
     TimelineEntry,
+    Window,
 )
 from trainsentry.labels import GPU_ID_LABELS, NODE_LABELS, first_label
 from trainsentry.store.console import AlertRow, Incident
@@ -185,6 +187,47 @@ def on_call(escalator: Escalator | None, now: datetime) -> OnCall | None:
     return OnCall(layers=layers, source="the phone escalation's roster")
 
 
+def _matchers(raw: Any) -> str:
+    if not isinstance(raw, Mapping):
+        return ""
+    parts = []
+    for name, value in sorted(raw.items()):
+        if isinstance(value, Mapping) and "regex" in value:
+            parts.append(f"{name}~{value['regex']}")
+        else:
+            parts.append(f"{name}={value}")
+    return ", ".join(parts)
+
+
+def windows(found: Iterable[Mapping[str, Any]]) -> list[Window]:
+    """Pure: the maintenance windows not over yet (`MaintenanceService.windows()`, the
+    API's shape), the active ones first."""
+    drawn = [
+        Window(
+            id=str(w.get("id", "")),
+            reason=str(w.get("reason") or ""),
+            matchers=_matchers(w.get("matchers")),
+            created_by=str(w.get("created_by") or ""),
+            active=bool(w.get("active")),
+            until=str((w.get("current") or {}).get("end") or w.get("ends_at") or ""),
+        )
+        for w in found
+    ]
+    return sorted(drawn, key=lambda w: not w.active)
+
+
+def muted(mute: Mapping[str, Any] | None) -> Muted | None:
+    """Pure: the window that muted an alert (`store.maintenance.mutes_of`), if any."""
+    if not mute:
+        return None
+    return Muted(
+        window_id=str(mute.get("window_id") or ""),
+        reason=str(mute.get("reason") or ""),
+        state=str(mute.get("state") or ""),
+        until=str(mute.get("until") or ""),
+    )
+
+
 def _event_text(kind: str, detail: Any) -> str:
     if not isinstance(detail, dict):
         return ""
@@ -257,7 +300,10 @@ def policy_entries(state: Mapping[str, Any] | None, alert: AlertRow) -> list[Tim
 
 
 def incident_view(
-    incident: Incident, now: datetime, policy_state: Mapping[str, Any] | None = None
+    incident: Incident,
+    now: datetime,
+    policy_state: Mapping[str, Any] | None = None,
+    mute: Mapping[str, Any] | None = None,
 ) -> IncidentView:
     alert = incident.alert
     events = [
@@ -275,6 +321,7 @@ def incident_view(
         priority_reason=incident.priority_reason,
         diagnosis=diagnosis(incident.verdict) if incident.verdict else None,
         acked_at=alert.acked_at,
+        muted=muted(mute),
     )
 
 
