@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import sys
 import tempfile
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from tests.gateway.ui.helpers import alert, hang_verdict, post_alerts, start, store_verdict
 from tests.support.browser import Browser
 from tests.support.webhook_factory import make_alert
 from trainsentry.alerts import Person
+from trainsentry.gateway.pipeline import GATEWAY_KEY
 from trainsentry.gateway.policy.escalation import EscalationPolicy, Escalator, Layer, Roster
 
 
@@ -41,6 +43,14 @@ async def draw(out: Path) -> None:
                 ],
             )  # fmt: skip
             await store_verdict(server, 1, hang_verdict(work, world=64, culprit=37))
+            service = server.app[GATEWAY_KEY].maintenance
+            assert service is not None
+            now = datetime.now(UTC)
+            await service.create({
+                "matchers": {"node": "gpu-0102"}, "reason": "PSU replacement",
+                "starts_at": now.isoformat(), "ends_at": (now + timedelta(hours=3)).isoformat(),
+                "created_by": "ops-jane",
+            })  # fmt: skip
             async with Browser.launch(work) as page:
                 await page.goto(str(server.make_url("/ui/")))
                 await page.screenshot(out / "console-now.png", 1000, 720)

@@ -9,6 +9,7 @@ package; nothing is fetched from another origin and nothing is built.
 
 from __future__ import annotations
 
+from datetime import UTC
 from pathlib import Path
 
 import jinja2
@@ -30,7 +31,7 @@ def templates() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters["hhmm"] = lambda t: t.strftime("%Y-%m-%d %H:%M:%S UTC") if t else ""
+    env.filters["hhmm"] = lambda t: t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if t else ""
     return env
 
 

@@ -94,7 +94,7 @@ class Window:
     matchers: str  # "node=gpu-node-17, gpu~0|1"
     created_by: str
     active: bool
-    until: str  # the end of the stretch now (active), else of the window ("" recurring)
+    until: datetime | None  # the end of the stretch now (active), else of the window
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +104,7 @@ class Muted:
     window_id: str
     reason: str
     state: str  # muted | notified | resolved
-    until: str
+    until: datetime | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -209,7 +209,7 @@ def windows(found: Iterable[Mapping[str, Any]]) -> list[Window]:
             matchers=_matchers(w.get("matchers")),
             created_by=str(w.get("created_by") or ""),
             active=bool(w.get("active")),
-            until=str((w.get("current") or {}).get("end") or w.get("ends_at") or ""),
+            until=_when((w.get("current") or {}).get("end") or w.get("ends_at")),
         )
         for w in found
     ]
@@ -224,7 +224,7 @@ def muted(mute: Mapping[str, Any] | None) -> Muted | None:
         window_id=str(mute.get("window_id") or ""),
         reason=str(mute.get("reason") or ""),
         state=str(mute.get("state") or ""),
-        until=str(mute.get("until") or ""),
+        until=_when(mute.get("until")),
     )
 
 
