@@ -210,3 +210,36 @@ async def test_usable_on_a_phone_screen_and_by_keyboard(page: Page, tmp_path: Pa
         await page.wait_for(f"location.pathname === '/ui/incidents/{first}'")
     finally:
         await close_in_process(server)
+
+
+async def test_the_silence_button_creates_it_in_a_real_alertmanager(
+    page: Page, tmp_path: Path
+) -> None:
+    from tests.support.realservers import start_alertmanager
+    from trainsentry.notifiers.alertmanager import SilenceClient
+
+    am_config = {"route": {"receiver": "null"}, "receivers": [{"name": "null"}]}
+    with start_alertmanager(tmp_path, am_config) as am:
+        silences = SilenceClient(am.url)
+        server = await start(sqlite(tmp_path), token=TOKEN, silences=silences)
+        try:
+            await post_alerts(server, [alert(1, priority="P1")], token=TOKEN)
+            await page.goto(str(server.make_url("/ui/login?next=/ui/incidents/1")))
+            await sign_in(page, server, "lee", TOKEN)
+            await page.evaluate("document.querySelector('form.action-silence select').value = '60'")
+            await page.fill("form.action-silence input[name=comment]", "swapping the cable")
+            await page.click("#action-silence")
+            await page.wait_for("document.body.innerText.includes('silenced for 60 min')")
+            notice = await page.text(".notice")
+            silence_id = notice.split("(silence ")[1].rstrip(")")
+            assert "silenced" in await page.text("ol.timeline")
+            assert "acknowledged by lee" in await page.text("#live")
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"{am.url}/api/v2/silence/{silence_id}") as answer:
+                    silence = await answer.json()
+            matchers = {m["name"]: m["value"] for m in silence["matchers"]}
+            assert matchers["alertname"] == "GPUXidError" and matchers["node"] == "gpu-0001"
+            assert "lee" in silence["createdBy"] + silence["comment"]
+        finally:
+            await close_in_process(server)
+            await silences.aclose()
