@@ -206,6 +206,11 @@ async def test_usable_on_a_phone_screen_and_by_keyboard(page: Page, tmp_path: Pa
         assert first and second and first != second
         await page.press("k")
         assert await page.evaluate("document.activeElement.getAttribute('data-alert-id')") == first
+        # a live update redraws the list; the keyboard stays on the same incident
+        await page.wait_for("document.getElementById('live-state').textContent === 'live'")
+        await post_alerts(server, [alert(99, priority="P0")])
+        await page.wait_for("document.querySelector('a.card[data-alert-id=\"13\"]') !== null")
+        assert await page.evaluate("document.activeElement.getAttribute('data-alert-id')") == first
         await page.press("Enter")
         await page.wait_for(f"location.pathname === '/ui/incidents/{first}'")
     finally:

@@ -39,7 +39,14 @@
           return r.text();
         })
         .then(function (html) {
+          // keep the keyboard where it was: the focused card, found again by its alert id
+          var focused = document.activeElement;
+          var id = focused && live.contains(focused) ? focused.getAttribute("data-alert-id") : null;
           live.innerHTML = html;
+          if (id) {
+            var card = live.querySelector('a.card[data-alert-id="' + id.replace(/[^0-9]/g, "") + '"]');
+            if (card) { card.focus(); }
+          }
           live.setAttribute("data-updated", String(Date.now()));
           say("live: updated " + new Date().toLocaleTimeString());
         })
