@@ -388,6 +388,7 @@ async def test_maintenance_windows_are_shown_and_ended_through_the_service(db_ur
                 page = await r.text()
             assert "&lt;b&gt;NVLink&lt;/b&gt; swap" in page and "node=gpu-0001" in page
             assert f'action="/ui/maintenance/{window_id}/end"' in page
+            assert "muted: &lt;b&gt;NVLink&lt;/b&gt; swap" in page  # the card says so
             async with session.get(server.make_url("/ui/incidents/1")) as r:
                 incident = await r.text()
             assert f"Muted by maintenance window {window_id}" in incident

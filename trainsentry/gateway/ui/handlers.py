@@ -148,7 +148,11 @@ async def _now_view(request: web.Request) -> tuple[Any, Marker]:
             limit=MAX_OPEN + 1,
         )
         storms = await store.states_in_scope(conn, STORM_SCOPE)
-    view = now_view(rows[:MAX_OPEN], storms, filters, _now(gateway), truncated=len(rows) > MAX_OPEN)
+        mutes = await mutes_of(conn, [row.id for row in rows[:MAX_OPEN]])
+    view = now_view(
+        rows[:MAX_OPEN], storms, filters, _now(gateway), truncated=len(rows) > MAX_OPEN,
+        mutes=mutes,
+    )  # fmt: skip
     found = None if gateway.maintenance is None else windows(await gateway.maintenance.windows())
     return replace(view, oncall=on_call(gateway.escalator, _now(gateway)), windows=found), marker
 

@@ -49,6 +49,7 @@ class Card:
     namespace: str
     job: str
     resolved: datetime | None = None
+    muted_by: str = ""  # the maintenance window holding its notices back (its reason or id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -124,6 +125,7 @@ def now_view(
     now: datetime,
     *,
     truncated: bool,
+    mutes: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> NowView:
     """Pure: the open alerts grouped by job (most urgent group first; in a group, most urgent
     then newest first), the component filter applied, and the storms of the jobs."""
@@ -131,6 +133,9 @@ def now_view(
     grouped: dict[tuple[str, str], list[Card]] = {}
     for row in rows:
         c = card(row, now)
+        mute = (mutes or {}).get(row.id)
+        if mute and mute.get("state") == "muted":
+            c = replace(c, muted_by=str(mute.get("reason") or mute.get("window_id") or ""))
         choices["namespace"].add(c.namespace)
         choices["job"].add(c.job)
         choices["component"].add(c.component)
