@@ -30,6 +30,7 @@ pytestmark = [
     pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed"),
 ]
 
+STREAM_OPEN = "document.getElementById('live').dataset.stream === 'open'"
 EVIL = "<script>window.__xss = 1</script><img src=x onerror=window.__xss=2>"
 
 
@@ -51,7 +52,7 @@ async def test_a_posted_incident_appears_without_reload_and_labels_stay_text(
         await page.goto(str(server.make_url("/ui/")))
         assert "Nothing is open" in await page.text("#live")
         await page.evaluate("window.__same_page = true")
-        await page.wait_for("document.getElementById('live-state').textContent === 'live'")
+        await page.wait_for(STREAM_OPEN)
         await post_alerts(server, [alert(7, priority="P0", evil=EVIL, trainingjob="llama-70b")])
         await page.wait_for("document.querySelector('a.card[data-alert-id]') !== null")
         assert await page.evaluate("window.__same_page") is True  # no reload
@@ -167,7 +168,7 @@ async def test_login_and_csrf_are_enforced(page: Page, tmp_path: Path) -> None:
         # an incident's page follows what others do, without a reload
         await page.goto(str(server.make_url("/ui/incidents/2")))
         await page.evaluate("window.__same_page = true")
-        await page.wait_for("document.getElementById('live-state').textContent === 'live'")
+        await page.wait_for(STREAM_OPEN)
         headers = {"Authorization": f"Bearer {TOKEN}"}
         async with aiohttp.ClientSession(headers=headers) as api:
             url = server.make_url("/api/v1/alerts/2/ack")
@@ -207,7 +208,7 @@ async def test_usable_on_a_phone_screen_and_by_keyboard(page: Page, tmp_path: Pa
         await page.press("k")
         assert await page.evaluate("document.activeElement.getAttribute('data-alert-id')") == first
         # a live update redraws the list; the keyboard stays on the same incident
-        await page.wait_for("document.getElementById('live-state').textContent === 'live'")
+        await page.wait_for(STREAM_OPEN)
         await post_alerts(server, [alert(99, priority="P0")])
         await page.wait_for("document.querySelector('a.card[data-alert-id=\"13\"]') !== null")
         assert await page.evaluate("document.activeElement.getAttribute('data-alert-id')") == first

@@ -58,9 +58,15 @@
     };
     var since = live.getAttribute("data-marker") || "";
     var source = new EventSource("/ui/events?since=" + encodeURIComponent(since));
-    source.addEventListener("open", function () { say("live"); });
+    source.addEventListener("open", function () {
+      live.setAttribute("data-stream", "open");
+      say("live");
+    });
     source.addEventListener("change", refresh);
-    source.addEventListener("error", function () { say("live: reconnecting…"); });
+    source.addEventListener("error", function () {
+      live.setAttribute("data-stream", "reconnecting");
+      say("live: reconnecting…");
+    });
   } else {
     say("live updates need a newer browser: reload to see changes");
   }
