@@ -363,7 +363,7 @@ async def events(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
                     )
                 else:
                     await response.write(b": keepalive\n\n")
-        except (ConnectionResetError, ConnectionError, asyncio.CancelledError):
+        except ConnectionError:  # the browser went away
             pass
     return response
 
