@@ -75,7 +75,8 @@ def _page(*, fragment: bool = False) -> Callable[[Any], Handler]:
             if who.via == "none":
                 if fragment:
                     return web.Response(status=401, text="sign in again")
-                target = "/ui/login?" + urlencode({"next": request.path_qs[:1000]})
+                back = request.path_qs[:1000] if request.method == "GET" else "/ui/"
+                target = "/ui/login?" + urlencode({"next": back})
                 raise web.HTTPSeeOther(target)
             nonce = request.cookies.get(auth.CSRF_COOKIE)
             fresh = token is not None and not nonce
