@@ -64,6 +64,29 @@ class RetentionSettings(BaseModel):
     pause_seconds: float = Field(default=0.1, ge=0.0, le=60.0)
 
 
+class ConsoleSettings(BaseModel):
+    """The incident console at `/ui/` (gateway/ui/, docs/console.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # A login lasts this long; then the token is asked again.
+    session_hours: float = Field(default=12.0, gt=0, le=24 * 30)
+    # oauth2-proxy style: a request from one of these addresses (IPs or CIDRs) that carries
+    # `user_header` is signed in as that user without the token. Empty: no proxy trusted.
+    trusted_proxies: list[str] = Field(default_factory=list)
+    user_header: str = "X-Forwarded-User"
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _check_proxies(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"not an IP address or CIDR: {entry!r}") from None
+        return value
+
+
 class GatewaySettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -97,6 +120,7 @@ class GatewaySettings(BaseModel):
     )
     # Deleting finished rows from the store (a purge every retention.interval_seconds).
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
     # Secrets: from the environment only.
     webhook_token: SecretStr | None = Field(default=None, exclude=True)
     api_token: SecretStr | None = Field(default=None, exclude=True)
@@ -171,6 +195,19 @@ class WebhookChannelSettings(BaseModel):
         return value
 
 
+class MaintenanceSettings(BaseModel):
+    """Maintenance windows (docs/oncall.md, "Maintenance windows"): the longest window (one
+    occurrence) a request may ask for, how long before a window's end its still-firing
+    alerts are announced (0: never), and how long after its last muted alert resolved a
+    still-open window is listed in the weekly report."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_window_hours: float = Field(default=168.0, gt=0, le=8784)
+    announce_before_minutes: float = Field(default=15.0, ge=0, le=1440)
+    report_quiet_hours: float = Field(default=24.0, gt=0, le=8784)
+
+
 class Settings(BaseModel):
     """All of trainsentry's settings. `channels` and `reports` are validated by their own
     modules (notifiers/settings.py, reports/settings.py) when those parts start."""
@@ -182,6 +219,8 @@ class Settings(BaseModel):
     channels: dict[str, Any] = Field(default_factory=dict)
     reports: dict[str, Any] = Field(default_factory=dict)  # validated by reports/settings.py
     diagnosis: dict[str, Any] = Field(default_factory=dict)  # gateway/stages/diagnosis.py
+    maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
+    job_alerting: dict[str, Any] = Field(default_factory=dict)  # gateway/stages/job_alerting.py
 
 
 # Environment variables that map onto settings (non-secret and secret).

@@ -35,6 +35,7 @@ from trainsentry.store.schema import (
     alert_events,
     alerts,
     callback_events,
+    maintenance_mutes,
     notifications,
     policy_inbox,
     webhook_receipts,
@@ -324,3 +325,27 @@ async def test_a_batch_reads_only_old_rows_through_a_time_index_on_sqlite(
         plan = [row[-1] for row in db.execute(f"EXPLAIN QUERY PLAN {compiled}", params)]
     assert plan[0].startswith("SEARCH") and f"INDEX {index} (" in plan[0], plan
     assert not any("TEMP B-TREE" in step for step in plan), plan
+
+
+async def test_an_alert_a_maintenance_window_still_holds_stays(engine: AsyncEngine) -> None:
+    """A window that muted an alert owes its notices until the window ends: the alert stays
+    while the mute is open; a closed mute goes with its alert."""
+    await store(engine, [make_alert(i, status="resolved") for i in (1, 2)], OLD)
+    rows = [
+        {
+            "alert_id": await alert_id(engine, fp(n)),
+            "window_id": "w1",
+            "muted_at": OLD,
+            "until": OLD + timedelta(days=1),
+            "state": state,
+            "closed_at": None if state == "muted" else OLD,
+            "drafts": [],
+        }
+        for n, state in ((1, "muted"), (2, "resolved"))
+    ]
+    async with engine.begin() as conn:
+        await conn.execute(maintenance_mutes.insert(), rows)
+    done = await Retention(engine, SETTINGS, metrics=GatewayMetrics()).purge(NOW)
+    assert done.alerts == 1
+    assert await alert_id(engine, fp(1)) is not None and await alert_id(engine, fp(2)) is None
+    assert await count(engine, maintenance_mutes) == 1

@@ -27,6 +27,7 @@ from trainsentry.gateway.http_auth import authorized as _authorized
 from trainsentry.gateway.http_auth import error_response as _error
 from trainsentry.gateway.http_auth import read_token
 from trainsentry.gateway.http_auth import unauthorized as _unauthorized
+from trainsentry.gateway.maintenance_api import add_maintenance_routes
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.delivery import parse_retry_request
 from trainsentry.gateway.read_api import (
@@ -48,6 +49,7 @@ from trainsentry.gateway.stages.intake import (
     text_problem,
 )
 from trainsentry.gateway.stages.truncated import fetch_group
+from trainsentry.gateway.ui import add_ui_routes
 from trainsentry.notifiers.feishu.callback import CardAction, action_response, card_action_handler
 from trainsentry.notifiers.feishu.card import alert_card
 from trainsentry.notifiers.payload import parse_payload
@@ -203,7 +205,8 @@ def _complete_truncated(gateway: Gateway, receipt: IncomingReceipt) -> None:
 
 
 async def post_ack(request: web.Request) -> web.Response:
-    """POST /api/v1/alerts/{id}/ack {"by": "...", "silence_minutes": 60}: authenticated."""
+    """POST /api/v1/alerts/{id}/ack {"by": "...", "silence_minutes": 60, "comment": "..."}:
+    authenticated."""
     gateway = request.app[GATEWAY_KEY]
     token = read_token(gateway.settings)
     if token is None:
@@ -232,10 +235,17 @@ async def post_ack(request: web.Request) -> web.Response:
         or not 0 < minutes <= 43200
     ):
         return _error(400, "'silence_minutes' must be a number of minutes, up to 30 days")
+    comment = body.get("comment")
+    if comment is not None and (
+        not isinstance(comment, str) or len(comment) > 1000 or text_problem(comment) is not None
+    ):
+        return _error(400, "'comment' must be text of up to 1000 characters")
     assert gateway.ack is not None
     silence = timedelta(minutes=minutes) if minutes else None
     try:
-        result = await gateway.ack.acknowledge(alert_id, who.strip(), silence)
+        result = await gateway.ack.acknowledge(
+            alert_id, who.strip(), silence, comment=comment.strip() if comment else None
+        )
     except (OSError, DatabaseError) as exc:
         return _error(503, f"store unavailable, retry: {type(exc).__name__}")
     if result is None:
@@ -385,8 +395,10 @@ def add_routes(app: web.Application, card_callback: CardCallbackSettings | None 
     app.router.add_get("/api/v1/notifications", get_notifications)
     app.router.add_post("/api/v1/alerts/{alert_id}/ack", post_ack)
     app.router.add_post("/api/v1/notifications/retry", post_notifications_retry)
+    add_maintenance_routes(app)
     if card_callback is not None:
         app.router.add_post(card_callback.path, _card_handler(app, card_callback))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
+    add_ui_routes(app)

@@ -22,9 +22,9 @@ from typing import Any
 from aiohttp import web
 
 from trainsentry.alerts import AlertChange, Priority, utcnow
-from trainsentry.config import GatewaySettings, Settings
+from trainsentry.config import GatewaySettings, MaintenanceSettings, Settings
 from trainsentry.gateway.app import CardCallbackSettings, add_routes, json_errors
-from trainsentry.gateway.channels import build
+from trainsentry.gateway.channels import Channels, add_job_channel, build
 from trainsentry.gateway.http_auth import open_endpoints
 from trainsentry.gateway.limits import BodyLimits, body_limits
 from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
@@ -43,7 +43,9 @@ from trainsentry.gateway.stages.diagnosis import (
 from trainsentry.gateway.stages.hang_enrichment import HangVerdict
 from trainsentry.gateway.stages.hang_trigger import TriggerKeys, TriggerSources
 from trainsentry.gateway.stages.intake import IntakeWriter, PlanHook
+from trainsentry.gateway.stages.job_alerting import JobAlerting, JobAlertingSettings
 from trainsentry.gateway.stages.job_status import JobStatusFeeder
+from trainsentry.gateway.stages.maintenance import MaintenanceService
 from trainsentry.gateway.stages.outbox import Outbox
 from trainsentry.gateway.stages.paging import Paging
 from trainsentry.gateway.stages.planning.plan import PolicyPlan
@@ -116,12 +118,16 @@ def create_app(
     card_callback: CardCallbackSettings | None = None,
     diagnosis: Diagnosis | None = None,
     kube_api: Callable[[], Awaitable[Any]] | None = None,
+    maintenance: MaintenanceSettings | None = None,
+    job_alerting: JobAlerting | None = None,
 ) -> web.Application:
-    """Builds the gateway app; the store is opened (and its schema checked) at startup."""
+    """Builds the gateway app; the store is opened (and its schema checked) at startup.
+    `job_alerting`: TrainingJobs' own routes (its `feishu_job` channel among `notifiers`)."""
     if notifiers is None:
         notifiers = {"console": ConsoleNotifier(settings.console_file)}
     gateway_metrics = metrics or GatewayMetrics()
-    paging = Paging(escalator) if escalator is not None else None
+    rosters = job_alerting.roster if job_alerting is not None else None
+    paging = Paging(escalator, rosters=rosters) if escalator is not None else None
     # The real policy, unless a test injected its own PlanHook (then: no timers, no hold).
     policy_plan: PolicyPlan | None = None
     if plan is None:
@@ -131,6 +137,8 @@ def create_app(
             metrics=PolicyMetrics(gateway_metrics.registry),
             paging=paging,
         )
+        if job_alerting is not None:
+            policy_plan.job_routes = job_alerting.routes
         plan = policy_plan
     wiring = _Wiring(
         settings=settings,
@@ -145,6 +153,8 @@ def create_app(
         silences=silences,
         diagnosis=diagnosis,
         kube_api=kube_api,
+        maintenance=maintenance or MaintenanceSettings(),
+        job_alerting=job_alerting,
     )
     limits = BodyLimits(
         read_timeout_s=settings.body_timeout_s,
@@ -183,6 +193,8 @@ class _Wiring:
     silences: SilenceClient | None
     diagnosis: Diagnosis | None
     kube_api: Callable[[], Awaitable[Any]] | None
+    maintenance: MaintenanceSettings
+    job_alerting: JobAlerting | None = None
 
 
 async def _open(app: web.Application, w: _Wiring) -> Gateway:
@@ -207,6 +219,7 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
         engine, on_commit=lambda outcomes: _record_commit(app[GATEWAY_KEY], outcomes)
     )
     gateway = Gateway(settings, engine, w.metrics, writer, outbox, clock=clock)
+    gateway.escalator = w.paging.escalator if w.paging is not None else None
     policy_lock = asyncio.Lock()
     gateway.policy_worker = PolicyWorker(
         engine,
@@ -226,8 +239,17 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
     )
     if policy_plan is not None:
         gateway.classified = lambda: policy_plan.classified
+        gateway.maintenance = policy_plan.maintenance = MaintenanceService(
+            engine,
+            w.maintenance,
+            policy=policy_plan.policy,
+            channels=policy_plan.channels,
+            clock=clock,
+            lock=policy_lock,
+        )
     if settings.trainingjob_status:
         gateway.job_status = JobStatusFeeder(w.kube_api or default_api_client)
+    gateway.job_alerting = w.job_alerting
     if w.diagnosis is not None and w.diagnosis.settings.enabled and policy_plan is not None:
         await _add_hang_diagnosis(gateway, w.diagnosis, policy_plan, w.paging, policy_lock)
     if policy_plan is not None:
@@ -284,6 +306,8 @@ async def _start(app: web.Application, gateway: Gateway) -> None:
     """Starts the stages; the outbox last, after the leases an earlier run left."""
     if gateway.ticker is not None:
         gateway.ticker.start()
+    if gateway.job_alerting is not None:
+        gateway.job_alerting.start(gateway.metrics)
     app[GATEWAY_KEY] = gateway
     gateway.writer.start()
     assert gateway.policy_worker is not None
@@ -313,6 +337,8 @@ async def _stop(gateway: Gateway) -> None:
         await gateway.diagnoser.stop()
     if gateway.job_status is not None:
         await gateway.job_status.stop()
+    if gateway.job_alerting is not None:
+        await gateway.job_alerting.stop()
     if gateway.ticker is not None:
         await gateway.ticker.stop()
     await gateway.outbox.aclose()
@@ -328,6 +354,7 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
     Raises ConfigError (a channel or secret is wrong) or ValueError (the policy file)."""
     env = os.environ if env is None else env
     channels = build(settings, env)
+    job_alerting = build_job_alerting(settings.job_alerting, channels)
     diagnosis_parts = build_diagnosis_parts(settings.diagnosis, env)
     built = channels.built
     card_callback = None
@@ -347,7 +374,26 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
         silences=built.silences if built is not None else None,
         card_callback=card_callback,
         diagnosis=Diagnosis(*diagnosis_parts) if diagnosis_parts is not None else None,
+        maintenance=settings.maintenance,
+        job_alerting=job_alerting,
     )
+
+
+def build_job_alerting(
+    raw: Mapping[str, Any],
+    channels: Channels,
+    api_factory: Callable[[], Awaitable[Any]] = default_api_client,
+) -> JobAlerting | None:
+    """From the `job_alerting:` config section: None unless enabled (it needs the cluster);
+    adds the `feishu_job` channel to `channels`."""
+    settings = JobAlertingSettings.model_validate(dict(raw))
+    if not settings.enabled:
+        return None
+    built = channels.built
+    has_app = built is not None and built.feishu_app is not None
+    stage = JobAlerting(settings, api_factory, has_app=has_app)
+    add_job_channel(channels, stage)
+    return stage
 
 
 def build_diagnosis_parts(

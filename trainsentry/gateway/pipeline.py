@@ -20,11 +20,14 @@ from aiohttp import web
 from trainsentry.alerts import utcnow
 from trainsentry.config import GatewaySettings
 from trainsentry.gateway.metrics import GatewayMetrics
+from trainsentry.gateway.policy.escalation import Escalator
 from trainsentry.gateway.stages.ack import AckService
 from trainsentry.gateway.stages.diagnosis import HangDiagnoser
 from trainsentry.gateway.stages.hang_trigger import TriggerKeys, TriggerSources
 from trainsentry.gateway.stages.intake import IntakeWriter
+from trainsentry.gateway.stages.job_alerting import JobAlerting
 from trainsentry.gateway.stages.job_status import JobStatusFeeder
+from trainsentry.gateway.stages.maintenance import MaintenanceService
 from trainsentry.gateway.stages.outbox import Outbox
 from trainsentry.gateway.stages.planning.ticker import Ticker
 from trainsentry.gateway.stages.planning.worker import PolicyWorker
@@ -49,6 +52,9 @@ class Gateway:
     trigger_sources: TriggerSources | None = None
     job_status: JobStatusFeeder | None = None
     retention: Retention | None = None
+    escalator: Escalator | None = None  # the phone escalation's roster (who is on call)
+    maintenance: MaintenanceService | None = None  # windows (the real policy only)
+    job_alerting: JobAlerting | None = None
     classified: Callable[[], Mapping[int, str]] = dict
     clock: Callable[[], datetime] = utcnow
     background: list[asyncio.Task[Any]] = field(default_factory=list)

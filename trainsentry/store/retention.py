@@ -4,10 +4,11 @@ calls these in a loop; docs/gateway.md ("Retention") states what is kept.
 
 Invariants kept here:
 - Only finished rows go. An alert only when it is resolved and neither received, resolved nor
-  acknowledged since the cut, none of its events waits in the policy inbox and none of its
-  notifications is pending or being sent; it goes with all its events and notifications, in
-  one transaction. A notification only when it is sent, dead or cancelled. A receipt only when
-  no webhook brought its body since the cut (references to it are cleared first).
+  acknowledged since the cut, none of its events waits in the policy inbox, none of its
+  notifications is pending or being sent and no maintenance window still holds its notices
+  back; it goes with all its events, notifications and (closed) mutes, in one transaction.
+  A notification only when it is sent, dead or cancelled. A receipt only when no webhook
+  brought its body since the cut (references to it are cleared first).
 - A batch looks at most at `limit` rows of the kind it purges, the next ones by time through
   a time index (keyset: the next batch starts after the last row looked at), and deletes at
   most those (an alert's batch: up to `limit` alerts plus their events and notifications),
@@ -35,11 +36,13 @@ from sqlalchemy import Select, Table, bindparam, delete, exists, select, text, t
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from trainsentry.store.engine import sqlite_path
+from trainsentry.store.maintenance import MUTED
 from trainsentry.store.outbox import CANCELLED, DEAD, SENT
 from trainsentry.store.schema import (
     alert_events,
     alerts,
     callback_events,
+    maintenance_mutes,
     notifications,
     policy_inbox,
     webhook_receipts,
@@ -188,6 +191,13 @@ def _waiting_in_inbox(alert_id: Any) -> Any:
     )
 
 
+def _held_by_a_window(alert_id: Any) -> Any:
+    """A maintenance window muted the alert and still owes its notices (store/maintenance.py)."""
+    return exists().where(
+        maintenance_mutes.c.alert_id == alert_id, maintenance_mutes.c.state == MUTED
+    )
+
+
 def _old(column: Any, before: datetime) -> Any:
     return column.is_(None) | (column < before)
 
@@ -202,6 +212,7 @@ def finished_alerts(ids: Sequence[int], before: datetime) -> Select[Any]:
         _old(alerts.c.acked_at, before),
         ~_unfinished_notification(alerts.c.id),
         ~_waiting_in_inbox(alerts.c.id),
+        ~_held_by_a_window(alerts.c.id),
     )
 
 
@@ -227,6 +238,7 @@ async def purge_alerts(
     gone_notifications = await conn.execute(
         delete(notifications).where(notifications.c.alert_id.in_(ids))
     )
+    await conn.execute(delete(maintenance_mutes).where(maintenance_mutes.c.alert_id.in_(ids)))
     gone_events = await conn.execute(delete(alert_events).where(alert_events.c.alert_id.in_(ids)))
     gone_alerts = await conn.execute(delete(alerts).where(alerts.c.id.in_(ids)))
     purged = Purged(
@@ -239,7 +251,8 @@ async def purge_alerts(
 
 async def _still_busy(conn: AsyncConnection, ids: Sequence[int]) -> set[int]:
     """Among locked alerts `ids`: those with a notification not finished (the notifications
-    are locked too, so none changes before the commit) or an event in the inbox."""
+    are locked too, so none changes before the commit), an event in the inbox, or a window's
+    mute still open."""
     query = select(notifications.c.alert_id, notifications.c.status).where(
         notifications.c.alert_id.in_(ids)
     )
@@ -254,6 +267,12 @@ async def _still_busy(conn: AsyncConnection, ids: Sequence[int]) -> set[int]:
         alert_events.c.alert_id.in_(ids), alert_events.c.id == policy_inbox.c.event_id
     )
     busy.update(_ids(await conn.execute(waiting)))
+    muted = select(maintenance_mutes.c.alert_id).where(
+        maintenance_mutes.c.alert_id.in_(ids), maintenance_mutes.c.state == MUTED
+    )
+    if _postgresql(conn):
+        muted = muted.with_for_update()
+    busy.update(_ids(await conn.execute(muted)))
     return busy
 
 

@@ -8,17 +8,17 @@ loads their states, counts the blast radius, and writes states, priorities and o
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
-from trainsentry.alerts import AlertChange, ChangeKind, NotificationDraft
+from trainsentry.alerts import AlertChange, ChangeKind, JobRef, NotificationDraft
 from trainsentry.gateway.metrics import PolicyMetrics
 from trainsentry.gateway.policy.classify import Classification
 from trainsentry.gateway.policy.decide import decide, decide_tick
 from trainsentry.gateway.policy.dedup import FingerprintState
 from trainsentry.gateway.policy.payload import ALERT_KIND, alert_to_json, idempotency_key
-from trainsentry.gateway.policy.route import ARCHIVE_CHANNELS, unconfigured_names
+from trainsentry.gateway.policy.route import ARCHIVE_CHANNELS, JobRoute, unconfigured_names
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.storm import StormState, job_key
 from trainsentry.gateway.stages.paging import Paging
@@ -38,6 +38,21 @@ from trainsentry.store.writes import insert_notifications
 HoldHook = Callable[
     [Connection, Sequence[AlertChange], Sequence[NotificationDraft], datetime], Awaitable[None]
 ]
+
+
+class MaintenanceHook(Protocol):
+    """Maintenance windows inside the planning transaction (stages/maintenance.py)."""
+
+    async def mute(
+        self,
+        conn: Connection,
+        drafts: list[NotificationDraft],
+        now: datetime,
+        spare_channels: Collection[str] = (),
+    ) -> list[NotificationDraft]: ...
+
+    async def tick(self, conn: Connection, now: datetime) -> list[NotificationDraft]: ...
+
 
 log = logging.getLogger("trainsentry.policy")
 
@@ -115,6 +130,11 @@ class PolicyPlan:
         self.classified: dict[int, str] = {}
         # Set by the app when hang diagnosis is on: holds drafts of alerts being diagnosed.
         self.hold: HoldHook | None = None
+        # Set by the app: maintenance windows mute chat and phone drafts, archives excepted.
+        self.maintenance: MaintenanceHook | None = None
+        # Set by the app when TrainingJobs route their own alerts (stages/job_alerting.py):
+        # the routes as last read from the cluster, asked once per batch.
+        self.job_routes: Callable[[], Mapping[JobRef, JobRoute]] | None = None
 
     async def __call__(
         self, conn: Connection, changes: Sequence[AlertChange], now: datetime
@@ -145,6 +165,7 @@ class PolicyPlan:
         drafts: list[NotificationDraft] = []
         priorities: list[tuple[int, str, str]] = []
         self.classified = {}
+        job_routes = self.job_routes() if self.job_routes is not None else None
         for change in changes:
             alert = change.alert
             job = alert.job
@@ -158,6 +179,7 @@ class PolicyPlan:
                 policy=self.policy,
                 now=now,
                 channels=self.channels,
+                job_routes=job_routes,
             )
             fp_states[alert.fingerprint] = result.fingerprint_state
             storm_states[result.storm_state.job] = result.storm_state
@@ -177,6 +199,8 @@ class PolicyPlan:
             conn, STORM_SCOPE, {k: _storm_row(v, self.policy) for k, v in storm_states.items()}, now
         )
         await set_priorities(conn, priorities)
+        if self.maintenance is not None:
+            drafts = await self.maintenance.mute(conn, drafts, now, self.archive_channels)
         if self.paging is not None:
             resolved = [c.alert_id for c in changes if c.kind is not ChangeKind.FIRING]
             drafts = await self._escalate(conn, drafts, resolved, now)
@@ -203,6 +227,11 @@ class PolicyPlan:
         """Fires due timers (held resolutions, storm summaries, calm storms)."""
         calls = await self.paging.tick(conn, now) if self.paging is not None else []
         calls_written = await insert_notifications(conn, calls, now)
+        if self.maintenance is not None:  # notices held by windows that ended, "ends soon"
+            owed = await self.maintenance.tick(conn, now)
+            if self.paging is not None:
+                owed = await self._escalate(conn, owed, [], now)
+            calls_written += await insert_notifications(conn, owed, now)
         due_fps = await claim_due(conn, FINGERPRINT_SCOPE, now)
         due_storms = await claim_due(conn, STORM_SCOPE, now)
         if not due_fps and not due_storms:
@@ -219,6 +248,7 @@ class PolicyPlan:
             policy=self.policy,
             now=now,
             channels=self.channels,
+            job_routes=self.job_routes() if self.job_routes is not None else None,
         )
         if self.metrics is not None:
             self.metrics.observe(result)
@@ -236,6 +266,8 @@ class PolicyPlan:
         await save_states(conn, FINGERPRINT_SCOPE, fp_rows, now)
         await save_states(conn, STORM_SCOPE, storm_rows, now)
         drafts = list(result.drafts)
+        if self.maintenance is not None:
+            drafts = await self.maintenance.mute(conn, drafts, now, self.archive_channels)
         if self.paging is not None:
             drafts = await self._escalate(conn, drafts, [], now)
         written = await insert_notifications(conn, drafts, now) + calls_written
