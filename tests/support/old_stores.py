@@ -28,7 +28,7 @@ ADDED_COLUMNS: dict[int, dict[str, tuple[str, ...]]] = {
 }
 # Indexes that later versions added to tables version 1 created.
 ADDED_INDEXES: dict[int, tuple[str, ...]] = {
-    8: (
+    7: (
         "ix_webhook_receipts_last_received",
         "ix_alerts_first_receipt",
         "ix_alert_events_receipt",

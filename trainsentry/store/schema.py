@@ -39,7 +39,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 7
 
 
 class UTCDateTime(TypeDecorator[datetime]):
