@@ -120,7 +120,6 @@ class WebhookSecretRef(SecretKeyRef):
 class Feishu(_Model):
     chatId: str | None = None
     webhookSecretRef: WebhookSecretRef | None = None
-    appSecretRef: SecretKeyRef | None = None
 
 
 class Alerting(_Model):
