@@ -15,6 +15,9 @@ ADDED_TABLES = {2: policy_inbox, 5: callback_events}
 ADDED_COLUMNS: dict[int, dict[str, tuple[str, ...]]] = {
     4: {"notifications": ("failing_since", "retried_by", "retried_at")},
 }
+# Indexes that later versions added, and those they dropped: {version: {index: (table, columns)}}.
+ADDED_INDEXES = {6: "ix_alerts_blast_nodes"}
+DROPPED_INDEXES = {6: {"ix_alerts_blast": ("alerts", ("job_name", "alertname", "starts_at"))}}
 
 
 def version_1_tables() -> list[Table]:
@@ -30,12 +33,19 @@ def version_1_tables() -> list[Table]:
             continue
         drop = later.get(table.name, set())
         if not drop:
-            tables.append(table.to_metadata(old))
-            continue
-        copy = Table(table.name, old, *(c._copy() for c in table.columns if c.name not in drop))
-        for index in table.indexes:
-            if not any(c.name in drop for c in index.columns):
-                Index(index.name, *(copy.c[c.name] for c in index.columns))
+            copy = table.to_metadata(old)
+            copy.indexes -= {i for i in copy.indexes if i.name in ADDED_INDEXES.values()}
+        else:
+            copy = Table(table.name, old, *(c._copy() for c in table.columns if c.name not in drop))
+            for index in table.indexes:
+                if index.name in ADDED_INDEXES.values():
+                    continue
+                if not any(c.name in drop for c in index.columns):
+                    Index(index.name, *(copy.c[c.name] for c in index.columns))
+        for dropped in DROPPED_INDEXES.values():
+            for name, (owner, columns) in dropped.items():
+                if owner == table.name:
+                    Index(name, *(copy.c[c] for c in columns))
         tables.append(copy)
     return tables
 

@@ -66,4 +66,10 @@ MIGRATIONS: dict[int, list[Step]] = {
     4: [_add_delivery_columns_v4],
     # 5: Feishu card callbacks are acted on once, whichever replica a replay reaches
     5: [_create_callback_events_v5],
+    # 6: the blast-radius count reads a covering index, not every alert row of the job
+    6: [
+        "CREATE INDEX ix_alerts_blast_nodes ON alerts "
+        "(job_name, alertname, starts_at, job_namespace, node)",
+        "DROP INDEX ix_alerts_blast",
+    ],
 }

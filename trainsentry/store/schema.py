@@ -37,7 +37,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -121,7 +121,15 @@ alerts = Table(
 )
 Index("ix_alerts_status_id", alerts.c.status, alerts.c.id)
 Index("ix_alerts_job", alerts.c.job_name, alerts.c.id)
-Index("ix_alerts_blast", alerts.c.job_name, alerts.c.alertname, alerts.c.starts_at)
+# The blast-radius count (store/policy_state.py, distinct_nodes) reads only this index.
+Index(
+    "ix_alerts_blast_nodes",
+    alerts.c.job_name,
+    alerts.c.alertname,
+    alerts.c.starts_at,
+    alerts.c.job_namespace,
+    alerts.c.node,
+)
 Index("ix_alerts_created", alerts.c.created_at)
 
 alert_events = Table(
