@@ -15,8 +15,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from trainsentry.store.bulk import encoder, fetch, insert_rows
+from trainsentry.store.bulk import decode_json, encoder, fetch, insert_rows
 from trainsentry.store.schema import policy_state
+
+_LOAD_SQL = "SELECT key, state FROM policy_state WHERE scope = ? AND key IN ({}) ORDER BY key"
 
 
 async def load_states(
@@ -24,18 +26,13 @@ async def load_states(
 ) -> dict[str, dict[str, Any]]:
     wanted = sorted(set(keys))
     found: dict[str, dict[str, Any]] = {}
+    # Through the driver (bulk.fetch): this runs for every batch the policy plans.
+    lock = " FOR UPDATE" if conn.dialect.name == "postgresql" else ""
     for start in range(0, len(wanted), 5000):
-        query = (
-            select(policy_state.c.key, policy_state.c.state)
-            .where(
-                policy_state.c.scope == scope, policy_state.c.key.in_(wanted[start : start + 5000])
-            )
-            .order_by(policy_state.c.key)
-        )
-        if conn.dialect.name == "postgresql":
-            query = query.with_for_update()
-        for row in await conn.execute(query):
-            found[row.key] = dict(row.state)
+        chunk = wanted[start : start + 5000]
+        sql = _LOAD_SQL.format(",".join("?" * len(chunk))) + lock
+        for key, state in await fetch(conn, sql, [scope, *chunk]):
+            found[key] = dict(decode_json(state))
     return found
 
 
