@@ -34,7 +34,10 @@ ADDED_INDEXES: dict[int, tuple[str, ...]] = {
         "ix_alert_events_receipt",
         "ix_notifications_created",
     ),
+    8: ("ix_alerts_blast_nodes",),
 }
+# Indexes that later versions dropped: {version: {index: (table, columns)}}.
+DROPPED_INDEXES = {8: {"ix_alerts_blast": ("alerts", ("job_name", "alertname", "starts_at"))}}
 
 
 def version_1_tables() -> list[Table]:
@@ -50,15 +53,27 @@ def version_1_tables() -> list[Table]:
         if any(table in added for added in ADDED_TABLES.values()):
             continue
         drop = later.get(table.name, set())
-        if not drop and not any(index.name in later_indexes for index in table.indexes):
+        dropped = [
+            (name, columns)
+            for dropped_at in DROPPED_INDEXES.values()
+            for name, (owner, columns) in dropped_at.items()
+            if owner == table.name
+        ]
+        if not drop and not dropped and not any(i.name in later_indexes for i in table.indexes):
             tables.append(table.to_metadata(old))
             continue
-        copy = Table(table.name, old, *(c._copy() for c in table.columns if c.name not in drop))
-        for index in table.indexes:
-            if index.name in later_indexes:
-                continue
-            if not any(c.name in drop for c in index.columns):
-                Index(index.name, *(copy.c[c.name] for c in index.columns))
+        if not drop:  # the table as it is (constraints included), less later indexes
+            copy = table.to_metadata(old)
+            copy.indexes -= {i for i in copy.indexes if i.name in later_indexes}
+        else:
+            copy = Table(table.name, old, *(c._copy() for c in table.columns if c.name not in drop))
+            for index in table.indexes:
+                if index.name in later_indexes:
+                    continue
+                if not any(c.name in drop for c in index.columns):
+                    Index(index.name, *(copy.c[c.name] for c in index.columns))
+        for name, columns in dropped:
+            Index(name, *(copy.c[c] for c in columns))
         tables.append(copy)
     return tables
 

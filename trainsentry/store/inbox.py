@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trainsentry.alerts import (
@@ -103,7 +103,8 @@ async def claim_inbox(conn: AsyncConnection, limit: int) -> Claimed:
 async def clear_inbox(conn: AsyncConnection, event_ids: list[int]) -> None:
     for start in range(0, len(event_ids), 5000):
         chunk = event_ids[start : start + 5000]
-        await conn.execute(delete(policy_inbox).where(policy_inbox.c.event_id.in_(chunk)))
+        marks = ",".join("?" * len(chunk))
+        await fetch(conn, f"DELETE FROM policy_inbox WHERE event_id IN ({marks})", chunk)
 
 
 @dataclass(frozen=True, slots=True)

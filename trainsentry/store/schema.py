@@ -39,7 +39,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -125,7 +125,15 @@ alerts = Table(
 )
 Index("ix_alerts_status_id", alerts.c.status, alerts.c.id)
 Index("ix_alerts_job", alerts.c.job_name, alerts.c.id)
-Index("ix_alerts_blast", alerts.c.job_name, alerts.c.alertname, alerts.c.starts_at)
+# The blast-radius count (store/policy_state.py, distinct_nodes) reads only this index.
+Index(
+    "ix_alerts_blast_nodes",
+    alerts.c.job_name,
+    alerts.c.alertname,
+    alerts.c.starts_at,
+    alerts.c.job_namespace,
+    alerts.c.node,
+)
 Index("ix_alerts_created", alerts.c.created_at)
 # A receipt's deletion clears (and on PostgreSQL checks) the references to it.
 Index("ix_alerts_first_receipt", alerts.c.first_receipt_id)

@@ -447,7 +447,8 @@ async def test_a_p0_is_planned_in_the_first_batch_behind_a_storm(engine: AsyncEn
     )
     await intake(engine, [page], at_s=1)
     worker = PolicyWorker(engine, console_plan(), clock=lambda: BASE_TIME + timedelta(seconds=1))
-    assert await worker.run_once() == 250
+    # The P0 alone (issue 24): committed without planning 249 storm changes with it.
+    assert await worker.run_once() == 1
     async with engine.connect() as conn:
         planned_p0 = (
             (
@@ -459,7 +460,9 @@ async def test_a_p0_is_planned_in_the_first_batch_behind_a_storm(engine: AsyncEn
             .all()
         )
     assert planned_p0, "the P0 waited behind the storm"
-    assert await count(engine, policy_inbox) == 601 - 250
+    assert await count(engine, policy_inbox) == 600
+    # then the storm, in full batches
+    assert [await worker.run_once() for _ in range(4)] == [250, 250, 100, 0]
 
 
 async def test_concurrent_drains_in_one_process_plan_each_change_once(
