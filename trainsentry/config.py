@@ -157,6 +157,7 @@ class Settings(BaseModel):
     channels: dict[str, Any] = Field(default_factory=dict)
     reports: dict[str, Any] = Field(default_factory=dict)  # validated by reports/settings.py
     diagnosis: dict[str, Any] = Field(default_factory=dict)  # gateway/stages/diagnosis.py
+    topology: dict[str, Any] = Field(default_factory=dict)  # gateway/policy/topology.py
 
 
 # Environment variables that map onto settings (non-secret and secret).

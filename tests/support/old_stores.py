@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Index, MetaData, Table
+from sqlalchemy import Index, MetaData, Table, UniqueConstraint
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.support.webhook_factory import BASE_TIME
@@ -14,6 +14,7 @@ ADDED_TABLES = {2: policy_inbox, 5: callback_events}
 # Columns that later versions added to tables version 1 created: {version: {table: names}}.
 ADDED_COLUMNS: dict[int, dict[str, tuple[str, ...]]] = {
     4: {"notifications": ("failing_since", "retried_by", "retried_at")},
+    10: {"alerts": ("topology",)},
 }
 
 
@@ -33,6 +34,10 @@ def version_1_tables() -> list[Table]:
             tables.append(table.to_metadata(old))
             continue
         copy = Table(table.name, old, *(c._copy() for c in table.columns if c.name not in drop))
+        for constraint in table.constraints:
+            if isinstance(constraint, UniqueConstraint):
+                names = [c.name for c in constraint.columns]
+                copy.append_constraint(UniqueConstraint(*names, name=constraint.name))
         for index in table.indexes:
             if not any(c.name in drop for c in index.columns):
                 Index(index.name, *(copy.c[c.name] for c in index.columns))

@@ -32,6 +32,7 @@ from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.delivery import DeliveryRules
 from trainsentry.gateway.policy.escalation import Escalator
 from trainsentry.gateway.policy.rules import load_policy
+from trainsentry.gateway.policy.topology import parse_settings as parse_topology
 from trainsentry.gateway.stages.ack import AckService
 from trainsentry.gateway.stages.diagnosis import (
     DiagnosisSettings,
@@ -49,6 +50,7 @@ from trainsentry.gateway.stages.paging import Paging
 from trainsentry.gateway.stages.planning.plan import PolicyPlan
 from trainsentry.gateway.stages.planning.ticker import Ticker
 from trainsentry.gateway.stages.planning.worker import PolicyWorker
+from trainsentry.gateway.stages.topology import TopologySource
 from trainsentry.kubeclient import default_api_client
 from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import Notifier
@@ -115,6 +117,7 @@ def create_app(
     card_callback: CardCallbackSettings | None = None,
     diagnosis: Diagnosis | None = None,
     kube_api: Callable[[], Awaitable[Any]] | None = None,
+    topology: TopologySource | None = None,
 ) -> web.Application:
     """Builds the gateway app; the store is opened (and its schema checked) at startup."""
     if notifiers is None:
@@ -129,6 +132,7 @@ def create_app(
             channels=tuple(notifiers),
             metrics=PolicyMetrics(gateway_metrics.registry),
             paging=paging,
+            topology=topology.current if topology is not None else None,
         )
         plan = policy_plan
     wiring = _Wiring(
@@ -144,6 +148,7 @@ def create_app(
         silences=silences,
         diagnosis=diagnosis,
         kube_api=kube_api,
+        topology=topology,
     )
     limits = BodyLimits(
         read_timeout_s=settings.body_timeout_s,
@@ -182,6 +187,7 @@ class _Wiring:
     silences: SilenceClient | None
     diagnosis: Diagnosis | None
     kube_api: Callable[[], Awaitable[Any]] | None
+    topology: TopologySource | None
 
 
 async def _open(app: web.Application, w: _Wiring) -> Gateway:
@@ -206,6 +212,7 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
         engine, on_commit=lambda outcomes: _record_commit(app[GATEWAY_KEY], outcomes)
     )
     gateway = Gateway(settings, engine, w.metrics, writer, outbox, clock=clock)
+    gateway.topology = w.topology
     policy_lock = asyncio.Lock()
     gateway.policy_worker = PolicyWorker(
         engine,
@@ -277,6 +284,8 @@ async def _add_hang_diagnosis(
 
 async def _start(app: web.Application, gateway: Gateway) -> None:
     """Starts the stages; the outbox last, after the leases an earlier run left."""
+    if gateway.topology is not None:
+        gateway.topology.start()
     if gateway.ticker is not None:
         gateway.ticker.start()
     app[GATEWAY_KEY] = gateway
@@ -307,6 +316,8 @@ async def _stop(gateway: Gateway) -> None:
     if gateway.ticker is not None:
         await gateway.ticker.stop()
     await gateway.outbox.aclose()
+    if gateway.topology is not None:
+        await gateway.topology.stop()
     for task in list(gateway.background):
         task.cancel()
     await gateway.engine.dispose()
@@ -320,6 +331,7 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
     env = os.environ if env is None else env
     channels = build(settings, env)
     diagnosis_parts = build_diagnosis_parts(settings.diagnosis, env)
+    topology = build_topology(settings.topology)
     built = channels.built
     card_callback = None
     if built is not None and built.callback_path and built.verification_token:
@@ -338,6 +350,20 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
         silences=built.silences if built is not None else None,
         card_callback=card_callback,
         diagnosis=Diagnosis(*diagnosis_parts) if diagnosis_parts is not None else None,
+        topology=topology,
+    )
+
+
+def build_topology(
+    raw: Mapping[str, Any], kube_api: Callable[[], Awaitable[Any]] | None = None
+) -> TopologySource | None:
+    """From the `topology:` config section: None when no levels are named. Raises
+    TopologyError (a ValueError) naming the field at fault."""
+    settings = parse_topology(raw)
+    if not settings.enabled:
+        return None
+    return TopologySource(
+        settings, (kube_api or default_api_client) if settings.kubernetes else None
     )
 
 

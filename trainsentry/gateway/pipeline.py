@@ -28,6 +28,7 @@ from trainsentry.gateway.stages.job_status import JobStatusFeeder
 from trainsentry.gateway.stages.outbox import Outbox
 from trainsentry.gateway.stages.planning.ticker import Ticker
 from trainsentry.gateway.stages.planning.worker import PolicyWorker
+from trainsentry.gateway.stages.topology import TopologySource
 from trainsentry.store.engine import Engine
 
 
@@ -47,6 +48,7 @@ class Gateway:
     trigger_keys: TriggerKeys | None = None
     trigger_sources: TriggerSources | None = None
     job_status: JobStatusFeeder | None = None
+    topology: TopologySource | None = None  # where each node stands (stages/topology.py)
     classified: Callable[[], Mapping[int, str]] = dict
     clock: Callable[[], datetime] = utcnow
     background: list[asyncio.Task[Any]] = field(default_factory=list)

@@ -99,6 +99,10 @@ class NotificationPayload(TypedDict):
     expired: NotRequired[bool]
     held_until: NotRequired[str]
     at: NotRequired[str]  # when the policy decided (ISO 8601)
+    # the alert's node's place in the topology, {level: element} (docs/infrastructure.md)
+    topology: NotRequired[dict[str, str]]
+    # kind "infra": the infrastructure incident (element, nodes, jobs, likely cause)
+    infrastructure: NotRequired[dict[str, Any]]
 
 
 class PersonPayload(TypedDict):

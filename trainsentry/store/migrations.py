@@ -52,6 +52,11 @@ def _create_callback_events_v5(conn: Connection) -> None:
     table.create(conn)
 
 
+def _add_alert_topology_v10(conn: Connection) -> None:
+    sql_type = "JSONB" if conn.dialect.name == "postgresql" else "JSON"
+    conn.exec_driver_sql(f"ALTER TABLE alerts ADD COLUMN topology {sql_type}")
+
+
 MIGRATIONS: dict[int, list[Step]] = {
     1: [],
     # 2: the policy runs after the intake's commit, from a durable inbox of events
@@ -66,4 +71,11 @@ MIGRATIONS: dict[int, list[Step]] = {
     4: [_add_delivery_columns_v4],
     # 5: Feishu card callbacks are acted on once, whichever replica a replay reaches
     5: [_create_callback_events_v5],
+    # 6-9: kept for the branches merged beside this one (renumbered at merge)
+    6: [],
+    7: [],
+    8: [],
+    9: [],
+    # 10: an alert's place in the topology (docs/infrastructure.md)
+    10: [_add_alert_topology_v10],
 }

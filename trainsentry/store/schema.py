@@ -37,7 +37,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 10
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -117,6 +117,8 @@ alerts = Table(
     Column("acked_at", UTCDateTime, nullable=True),
     Column("acked_by", Text, nullable=True),
     Column("verdict", Json, nullable=True),
+    # the node's place in the topology ({level: element}) when the policy planned it
+    Column("topology", Json, nullable=True),
     UniqueConstraint("fingerprint", "starts_at", name="uq_alerts_occurrence"),
 )
 Index("ix_alerts_status_id", alerts.c.status, alerts.c.id)

@@ -26,6 +26,7 @@ from trainsentry.alerts import (
 from trainsentry.gateway.policy import dedup
 from trainsentry.gateway.policy.classify import Classification, classify
 from trainsentry.gateway.policy.dedup import Decision, FingerprintState, Notice
+from trainsentry.gateway.policy.infra import INFRA_KIND, InfraFold, InfraMessage, InfraState
 from trainsentry.gateway.policy.payload import (
     ALERT_KIND,
     STORM_KIND,
@@ -61,6 +62,9 @@ class DecideResult:
     storm_messages: tuple[StormMessage, ...] = ()
     collapsed: int = 0  # notices folded into a storm summary instead of sent
     unconfigured: tuple[str, ...] = ()  # routed channels this gateway has no notifier for
+    infra_states: dict[str, InfraState] = field(default_factory=dict)  # only the changed ones
+    infra_messages: tuple[InfraMessage, ...] = ()
+    infra_folded: int = 0  # notices folded into an infrastructure incident instead of sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +89,9 @@ class _Out:
     messages: list[StormMessage] = field(default_factory=list)
     collapsed: int = 0
     unconfigured: list[str] = field(default_factory=list)
+    place: Mapping[str, str] | None = None  # the alert's node's place in the topology
+    infra: InfraFold | None = None  # set when the alert's node has a place
+    infra_folded: int = 0
 
     def _route(
         self, priority: Priority, labels: Mapping[str, str], *, paging: bool
@@ -106,6 +113,8 @@ class _Out:
         assert decision.notice is not None
         channels, route_id = self._route(classification.priority, alert.labels, paging=paging)
         payload = alert_payload(decision, alert, alert_id, classification, route_id=route_id)
+        if self.place:
+            payload["topology"] = dict(self.place)
         if storm is not None:
             payload["storm"] = storm_summary(storm)
         occurrence = decision.occurrence.isoformat()
@@ -124,6 +133,26 @@ class _Out:
                     reason=f"{classification.rule_id}: {classification.reason}",
                 )
             )
+
+    def infra_messages(self, messages: Iterable[InfraMessage]) -> None:
+        for message in messages:
+            channels, route_id = self._route(
+                message.priority, message.labels, paging=message.paging
+            )
+            for channel in channels:
+                payload = dict(message.payload, route=route_id)
+                self.drafts.append(
+                    NotificationDraft(
+                        channel=channel,
+                        kind=INFRA_KIND,
+                        priority=message.priority,
+                        idempotency_key=idempotency_key(*message.ident, channel),
+                        payload=payload,
+                        alert_id=message.alert_id,
+                        group_key=f"infra:{message.key}",
+                        reason=payload["reason"],
+                    )
+                )
 
     def storm_messages(self, messages: Iterable[StormMessage]) -> None:
         for message in messages:
@@ -200,6 +229,13 @@ def _deliver(
     """Sends a notice on its own, as the storm's one P0 page, or folds it into a summary."""
     policy = out.policy
     resolving = decision.transition is AlertStatus.RESOLVED or decision.notice is Notice.RESOLVED
+    if out.infra is not None and (
+        out.infra.fold_resolved(alert, decision.at)
+        if resolving
+        else out.infra.fold_firing(alert, alert_id, classification, decision.at)
+    ):
+        out.infra_folded += 1  # the infrastructure incident speaks for it
+        return storm
     if resolving:
         if storm.active or fp.collapsed:
             out.collapsed += 1
@@ -260,6 +296,8 @@ def decide(
     policy: Policy,
     now: datetime,
     channels: Collection[str] | None = None,
+    place: Mapping[str, str] | None = None,
+    infra: InfraFold | None = None,
 ) -> DecideResult:
     """Everything the policy does with one alert change.
 
@@ -267,6 +305,8 @@ def decide(
     `storm_state`: the stored state of the alert's job, key `storm.job_key(labels)`.
     `distinct_nodes_in_window`: distinct nodes of the job with this alertname within
     `policy.blast_radius.window`, this alert included. `channels`: configured channel names.
+    `place`: the alert's node's place in the topology (shown on its cards); `infra`: the
+    infrastructure incidents of that place (infra.py), which may take the alert's notices.
     """
     alert = change.alert
     key = job_key(alert.labels)
@@ -274,7 +314,7 @@ def decide(
     if storm.job != key:
         raise ValueError(f"storm state of {storm.job} given for an alert of {key}")
     classification = classify(alert, policy, distinct_nodes_in_window=distinct_nodes_in_window)
-    out = _Out(policy=policy, channels=channels)
+    out = _Out(policy=policy, channels=channels, place=place, infra=infra)
 
     storm, messages = due(storm, now, policy)
     out.storm_messages(messages)
@@ -290,6 +330,8 @@ def decide(
         if decision.transition is AlertStatus.RESOLVED and "classification" in fp.context:
             used = Classification.from_json(fp.context["classification"])
         fp, storm = _apply(decision, fp, storm, alert, change.alert_id, used, out)
+    if infra is not None:
+        out.infra_messages(infra.messages)
 
     return DecideResult(
         fingerprint_state=fp,
@@ -300,6 +342,9 @@ def decide(
         storm_messages=tuple(out.messages),
         collapsed=out.collapsed,
         unconfigured=tuple(dict.fromkeys(out.unconfigured)),
+        infra_states=dict(infra.changed) if infra is not None else {},
+        infra_messages=tuple(infra.messages) if infra is not None else (),
+        infra_folded=out.infra_folded,
     )
 
 

@@ -132,6 +132,18 @@ class StormPolicy(_Strict):
         return value
 
 
+class InfrastructurePolicy(_Strict):
+    """Infrastructure incidents across jobs (gateway/policy/infra.py)."""
+
+    enabled: bool = True
+    nodes: int = Field(default=3, ge=2)  # N: distinct nodes under one element ...
+    window: Seconds = 120  # ... whose hardware alerts started within W seconds
+    components: tuple[str, ...] = ("fabric", "node", "gpu")  # `component` labels counted
+    levels: tuple[str, ...] = ()  # topology levels looked at (empty: all, most specific first)
+    # The labels an incident's cards carry and are routed by (write a route matching them).
+    route_labels: dict[str, str] = Field(default_factory=lambda: {"scope": "infrastructure"})
+
+
 class Route(_Strict):
     """One route: every matcher given must match; an empty list/mapping matches anything."""
 
@@ -180,6 +192,7 @@ class Policy(_Strict):
     blast_radius: BlastRadiusPolicy = Field(default_factory=BlastRadiusPolicy)
     dedup: DedupPolicy = Field(default_factory=DedupPolicy)
     storm: StormPolicy = Field(default_factory=StormPolicy)
+    infrastructure: InfrastructurePolicy = Field(default_factory=InfrastructurePolicy)
     node_labels: tuple[str, ...] = NODE_LABELS
     gpu_labels: tuple[str, ...] = GPU_LABELS
     routing: RoutingPolicy = Field(default_factory=RoutingPolicy)

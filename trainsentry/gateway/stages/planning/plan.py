@@ -8,21 +8,24 @@ loads their states, counts the blast radius, and writes states, priorities and o
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from trainsentry.alerts import AlertChange, ChangeKind, NotificationDraft
+from trainsentry.alerts import Alert, AlertChange, AlertStatus, ChangeKind, NotificationDraft
 from trainsentry.gateway.metrics import PolicyMetrics
 from trainsentry.gateway.policy.classify import Classification
 from trainsentry.gateway.policy.decide import decide, decide_tick
 from trainsentry.gateway.policy.dedup import FingerprintState
+from trainsentry.gateway.policy.infra import InfraFold, InfraState, Sighting, sightings
 from trainsentry.gateway.policy.payload import ALERT_KIND, alert_to_json, idempotency_key
 from trainsentry.gateway.policy.route import ARCHIVE_CHANNELS, unconfigured_names
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.storm import StormState, job_key
+from trainsentry.gateway.policy.topology import Topology, members
 from trainsentry.gateway.stages.paging import Paging
 from trainsentry.store.engine import Connection
+from trainsentry.store.infra import recent_on_nodes, set_places
 from trainsentry.store.policy_state import (
     claim_due,
     distinct_nodes,
@@ -43,6 +46,7 @@ log = logging.getLogger("trainsentry.policy")
 
 FINGERPRINT_SCOPE = "fingerprint"
 STORM_SCOPE = "storm"
+INFRA_SCOPE = "infra"
 
 
 def _fp_row(state: FingerprintState) -> tuple[dict[str, Any], datetime | None]:
@@ -96,8 +100,12 @@ class PolicyPlan:
         *,
         metrics: PolicyMetrics | None = None,
         paging: Paging | None = None,
+        topology: Callable[[], Topology] | None = None,
     ) -> None:
         self.policy = policy
+        # Where each node stands (gateway/stages/topology.py); None: no topology configured.
+        self.topology = topology
+        self._members: tuple[Topology, dict[str, tuple[str, ...]]] | None = None
         self.paging = paging
         # Archive channels get every occurrence (one row, updated on resolve), whatever dedup
         # and storm collapse decide for the chat and phone channels.
@@ -142,12 +150,28 @@ class PolicyPlan:
             ],
             window_start(now, self.policy.blast_radius.window),
         )
+        topology = self.topology() if self.topology is not None else None
+        places = {
+            c.alert_id: found
+            for c in changes
+            if topology is not None and (found := topology.place(c.alert.node))
+        }
+        infra_states: dict[str, InfraState] = {}
+        seen: dict[str, Sighting] = {}
+        if topology is not None and places and self.policy.infrastructure.enabled:
+            infra_states, seen = await self._infra_context(conn, topology, places.values(), now)
         drafts: list[NotificationDraft] = []
         priorities: list[tuple[int, str, str]] = []
         self.classified = {}
         for change in changes:
             alert = change.alert
             job = alert.job
+            place = places.get(change.alert_id)
+            infra = (
+                InfraFold(self.policy, place, infra_states, seen, alert.labels)
+                if place and self.policy.infrastructure.enabled
+                else None
+            )
             result = decide(
                 change,
                 fingerprint_state=fp_states.get(alert.fingerprint),
@@ -158,7 +182,10 @@ class PolicyPlan:
                 policy=self.policy,
                 now=now,
                 channels=self.channels,
+                place=place,
+                infra=infra,
             )
+            infra_states.update(result.infra_states)
             fp_states[alert.fingerprint] = result.fingerprint_state
             storm_states[result.storm_state.job] = result.storm_state
             drafts.extend(result.drafts)
@@ -177,6 +204,10 @@ class PolicyPlan:
             conn, STORM_SCOPE, {k: _storm_row(v, self.policy) for k, v in storm_states.items()}, now
         )
         await set_priorities(conn, priorities)
+        await set_places(conn, sorted(places.items()))
+        await save_states(
+            conn, INFRA_SCOPE, {k: (v.to_json(), None) for k, v in infra_states.items()}, now
+        )
         if self.paging is not None:
             resolved = [c.alert_id for c in changes if c.kind is not ChangeKind.FIRING]
             drafts = await self._escalate(conn, drafts, resolved, now)
@@ -185,6 +216,38 @@ class PolicyPlan:
         written = await insert_notifications(conn, drafts, now)
         self.drafted += written
         return written
+
+    async def _infra_context(
+        self,
+        conn: Connection,
+        topology: Topology,
+        places: Iterable[Mapping[str, str]],
+        now: datetime,
+    ) -> tuple[dict[str, InfraState], dict[str, Sighting]]:
+        """The stored incidents of the batch's elements, and the hardware alerts the store
+        holds under them within the window (this batch's included: the intake stored it)."""
+        if self._members is None or self._members[0] is not topology:
+            self._members = (topology, members(topology))
+        index = self._members[1]
+        keys = {f"{level}={element}" for place in places for level, element in place.items()}
+        nodes = {node for key in keys for node in index.get(key, ())}
+        states = {
+            key: InfraState.from_json(data)
+            for key, data in (await load_states(conn, INFRA_SCOPE, keys)).items()
+        }
+        since = window_start(now, self.policy.infrastructure.window)
+        recent = [
+            Alert(
+                fingerprint=f"stored:{row.alert_id}",
+                status=AlertStatus.FIRING,
+                labels=row.labels,
+                annotations=row.annotations,
+                starts_at=row.starts_at,
+                ends_at=None,
+            )
+            for row in await recent_on_nodes(conn, nodes, since)
+        ]
+        return states, sightings(recent, topology, self.policy)
 
     async def _escalate(
         self,
