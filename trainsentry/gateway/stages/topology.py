@@ -33,8 +33,11 @@ class TopologySource:
         self,
         settings: TopologySettings,
         api_factory: Callable[[], Awaitable[Any]] | None = None,
+        *,
+        page_size: int = _PAGE,
     ) -> None:
         self.settings = settings
+        self._page_size = page_size
         self._api_factory = api_factory
         self._api: Any = None
         self._topology = from_settings(settings)
@@ -67,7 +70,7 @@ class TopologySource:
         named: list[tuple[str, dict[str, str]]] = []
         token: str | None = None
         while len(named) < MAX_NODES:
-            kwargs: dict[str, Any] = {"limit": _PAGE, "_request_timeout": _CALL_TIMEOUT_S}
+            kwargs: dict[str, Any] = {"limit": self._page_size, "_request_timeout": _CALL_TIMEOUT_S}
             if token:
                 kwargs["_continue"] = token
             page = await core.list_node(**kwargs)
