@@ -13,10 +13,12 @@ from collections import Counter
 from datetime import timedelta
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.support.webhook_factory import BASE_TIME, encode, make_alert, make_body
+from trainsentry.gateway.metrics import PolicyMetrics
 from trainsentry.gateway.policy.rules import load_policy
 from trainsentry.gateway.policy.topology import Topology, from_settings, parse_settings
 from trainsentry.gateway.stages.intake import parse_webhook
@@ -76,11 +78,19 @@ async def intake(engine: AsyncEngine, alert_dicts: list[dict[str, Any]], at_s: f
         await record_receipts(conn, [receipt])
 
 
-async def plan(engine: AsyncEngine, topo: Topology | None, at_s: float) -> None:
+async def plan(engine: AsyncEngine, topo: Topology | None, at_s: float) -> CollectorRegistry:
+    """Plans what waits in the inbox; the policy's metrics come back."""
+    registry = CollectorRegistry()
     policy = load_policy(overrides=INFRA_ROUTE)
-    planner = PolicyPlan(policy, CHANNELS, topology=(lambda: topo) if topo else None)
+    planner = PolicyPlan(
+        policy,
+        CHANNELS,
+        topology=(lambda: topo) if topo else None,
+        metrics=PolicyMetrics(registry),
+    )
     worker = PolicyWorker(engine, planner, clock=lambda: BASE_TIME + timedelta(seconds=at_s))
     await worker.drain()
+    return registry
 
 
 async def rows(engine: AsyncEngine) -> list[Any]:
@@ -97,10 +107,14 @@ async def test_six_nodes_under_one_switch_are_one_incident_three_notices_one_pag
     engine: AsyncEngine,
 ) -> None:
     await intake(engine, [link_down(i) for i in range(6)], at_s=10)
-    await plan(engine, topology(switches=1), at_s=11)
+    metrics = await plan(engine, topology(switches=1), at_s=11)
     sent = await rows(engine)
 
     assert by(sent, "alert", "feishu") == [], "no per-node cards"
+    folded = metrics.get_sample_value(
+        "trainsentry_notifications_suppressed_total", {"reason": "infrastructure"}
+    )
+    assert folded == 6
     pages = [r for r in sent if r.channel == "phone"]
     assert len(pages) == 1, "one page, to the infrastructure route"
     assert pages[0].kind == "infra" and pages[0].alert_id is not None
