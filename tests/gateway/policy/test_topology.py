@@ -103,3 +103,21 @@ def test_the_card_shows_the_place() -> None:
     card = build_card("alert", payload)  # type: ignore[arg-type]
     fields = [e["content"] for e in card["body"]["elements"] if "**Node:**" in e.get("content", "")]
     assert fields == ["**Node:** gpu-node-0\n**Place:** leaf_switch=leaf-7, rack=r1"]
+
+
+def test_the_gateway_refuses_to_start_on_a_bad_topology(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tests.test_cli_errors import assert_usage_error, run_cli
+
+    config = tmp_path / "config.yaml"
+    config.write_text("topology:\n  levels: [leaf_switch]\n  nodes: {n0: {rack: r1}}\n")
+    result = run_cli(
+        tmp_path,
+        "gateway",
+        "--config",
+        str(config),
+        "--db",
+        f"sqlite:///{tmp_path / 'gw.db'}",
+        "--listen",
+        "127.0.0.1:0",
+    )
+    assert_usage_error(result, "topology.nodes.n0.rack: not one of the levels")
