@@ -20,6 +20,7 @@ from aiohttp import web
 from trainsentry.alerts import utcnow
 from trainsentry.config import GatewaySettings
 from trainsentry.gateway.metrics import GatewayMetrics
+from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.stages.ack import AckService
 from trainsentry.gateway.stages.diagnosis import HangDiagnoser
 from trainsentry.gateway.stages.hang_trigger import TriggerKeys, TriggerSources
@@ -49,6 +50,7 @@ class Gateway:
     trigger_sources: TriggerSources | None = None
     job_status: JobStatusFeeder | None = None
     topology: TopologySource | None = None  # where each node stands (stages/topology.py)
+    policy: Policy | None = None  # the alert policy (node health reads its weights)
     classified: Callable[[], Mapping[int, str]] = dict
     clock: Callable[[], datetime] = utcnow
     background: list[asyncio.Task[Any]] = field(default_factory=list)

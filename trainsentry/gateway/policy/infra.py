@@ -26,6 +26,7 @@ idempotency of each message depends only on (element, episode, kind, job or numb
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -50,8 +51,12 @@ _CAUSES = {
 def hardware_component(alert: Alert, policy: Policy) -> str:
     """Pure: the hardware component an alert is about (`fabric`, `node`, `gpu`, from its
     `component` label, or `gpu` when it carries a known XID code or matches a hardware rule
-    of the classification), or "" when it is not a hardware alert."""
+    of the classification), or "" when it is not a hardware alert or its name matches
+    `infrastructure.ignore_alertnames` (a full disk, an OOM: not the hardware)."""
     component = alert.labels.get("component", "")
+    ignored = policy.infrastructure.ignore_alertnames
+    if ignored and re.fullmatch(ignored, alert.name):
+        return ""
     if component in policy.infrastructure.components:
         return component
     rules = policy.classification
