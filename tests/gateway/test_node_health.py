@@ -172,3 +172,16 @@ async def test_nodes_sorted_by_health(server: TestServer) -> None:
     async with aiohttp.ClientSession() as anonymous:
         status, _ = await get(anonymous, server, "")
         assert status == 401
+
+
+def test_incidents_skip_alerts_that_say_nothing_about_the_hardware() -> None:
+    from trainsentry.gateway.policy.infra import hardware_component
+
+    disk = occurrence("NodeFilesystemSpaceCritical", "n1", 0, component="node")
+    link = occurrence("IBPhysicalLinkDown", "n1", 0, component="fabric")
+    down = occurrence("NodeExporterDown", "n1", 0, component="node")
+    assert hardware_component(disk, POLICY) == ""
+    assert (hardware_component(link, POLICY), hardware_component(down, POLICY)) == (
+        "fabric",
+        "node",
+    )
