@@ -17,7 +17,13 @@ from trainsentry.gateway.metrics import PolicyMetrics
 from trainsentry.gateway.policy.classify import Classification
 from trainsentry.gateway.policy.decide import decide, decide_tick
 from trainsentry.gateway.policy.dedup import FingerprintState
-from trainsentry.gateway.policy.infra import InfraFold, InfraState, Sighting, sightings
+from trainsentry.gateway.policy.infra import (
+    InfraFold,
+    InfraState,
+    Sighting,
+    hardware_component,
+    sightings,
+)
 from trainsentry.gateway.policy.payload import ALERT_KIND, alert_to_json, idempotency_key
 from trainsentry.gateway.policy.route import ARCHIVE_CHANNELS, unconfigured_names
 from trainsentry.gateway.policy.rules import Policy
@@ -158,8 +164,15 @@ class PolicyPlan:
         }
         infra_states: dict[str, InfraState] = {}
         seen: dict[str, Sighting] = {}
-        if topology is not None and places and self.policy.infrastructure.enabled:
-            infra_states, seen = await self._infra_context(conn, topology, places.values(), now)
+        hardware_places = [
+            places[c.alert_id]
+            for c in changes
+            if c.alert_id in places and hardware_component(c.alert, self.policy)
+        ]
+        if topology is not None and self.policy.infrastructure.enabled:
+            infra_states, seen = await self._infra_context(
+                conn, topology, places.values(), hardware_places, now
+            )
         drafts: list[NotificationDraft] = []
         priorities: list[tuple[int, str, str]] = []
         self.classified = {}
@@ -222,19 +235,32 @@ class PolicyPlan:
         conn: Connection,
         topology: Topology,
         places: Iterable[Mapping[str, str]],
+        hardware_places: Iterable[Mapping[str, str]],
         now: datetime,
     ) -> tuple[dict[str, InfraState], dict[str, Sighting]]:
         """The stored incidents of the batch's elements, and the hardware alerts the store
-        holds under them within the window (this batch's included: the intake stored it)."""
-        if self._members is None or self._members[0] is not topology:
-            self._members = (topology, members(topology))
-        index = self._members[1]
+        holds within the window under the elements of the batch's hardware alerts that have
+        no open incident (this batch's included: the intake stored it). Nothing is read when
+        the batch holds no hardware alert, nor once every element it touches is open (a
+        storm under an open incident costs one state read per batch)."""
         keys = {f"{level}={element}" for place in places for level, element in place.items()}
-        nodes = {node for key in keys for node in index.get(key, ())}
+        if not keys:
+            return {}, {}
         states = {
             key: InfraState.from_json(data)
             for key, data in (await load_states(conn, INFRA_SCOPE, keys)).items()
         }
+        counted: set[str] = set()
+        for place in hardware_places:
+            place_keys = [f"{level}={element}" for level, element in place.items()]
+            if not any((state := states.get(key)) is not None and state.open for key in place_keys):
+                counted.update(place_keys)  # an open incident would take the alert first
+        if not counted:
+            return states, {}
+        if self._members is None or self._members[0] is not topology:
+            self._members = (topology, members(topology))
+        index = self._members[1]
+        nodes = {node for key in counted for node in index.get(key, ())}
         since = window_start(now, self.policy.infrastructure.window)
         recent = [
             Alert(
