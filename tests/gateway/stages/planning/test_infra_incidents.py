@@ -24,6 +24,8 @@ from trainsentry.gateway.policy.topology import Topology, from_settings, parse_s
 from trainsentry.gateway.stages.intake import parse_webhook
 from trainsentry.gateway.stages.planning.plan import PolicyPlan
 from trainsentry.gateway.stages.planning.worker import PolicyWorker
+from trainsentry.notifiers.feishu.card import build_card
+from trainsentry.notifiers.payload import parse_payload
 from trainsentry.store.queries import get_alert
 from trainsentry.store.schema import alerts, notifications
 from trainsentry.store.writes import record_receipts
@@ -130,6 +132,10 @@ async def test_six_nodes_under_one_switch_are_one_incident_three_notices_one_pag
     assert "switch or its cabling" in card["infrastructure"]["likely_cause"]
     assert card["route"] == "route:infra" and card["labels"]["scope"] == "infrastructure"
     assert "leaf-7" in card["alertname"]
+    # the payload contract holds, and the Feishu card names the switch, its nodes and jobs
+    rendered = str(build_card("infra", parse_payload(dict(card))))
+    assert "leaf-7" in rendered and "gpu-node-5" in rendered and "ml/mixtral" in rendered
+    assert "switch or its cabling" in rendered
     assert sorted(n.payload["job"] for n in notices) == sorted(f"ml/{job}" for job in JOBS)
     assert all(n.payload["route"] != "route:infra" for n in notices), "notices go the job's way"
     # the archive still gets every occurrence
