@@ -51,6 +51,8 @@ from trainsentry.gateway.policy.storm import (
     verdict,
 )
 
+INFRA_FOLDED = "infra_folded"  # fingerprint context: its resolve went to an incident
+
 
 @dataclass(frozen=True, slots=True)
 class DecideResult:
@@ -210,6 +212,10 @@ def _apply(
         # A resolve keeps the priority it had while firing.
         context = dict(fp.context) or _context(alert, alert_id, classification)
         context["alert"] = alert_to_json(alert)
+        # Folded when it resolves, whether its notice goes now or is held (a flapping alert's
+        # resolve released later by the timer stays folded: the flag is kept with the state).
+        if out.infra is not None and out.infra.fold_resolved(alert, decision.at):
+            context[INFRA_FOLDED] = True
         changes["context"] = context
     if decision.notice is not None:
         storm = _deliver(decision, fp, storm, alert, alert_id, classification, out, changes)
@@ -229,11 +235,13 @@ def _deliver(
     """Sends a notice on its own, as the storm's one P0 page, or folds it into a summary."""
     policy = out.policy
     resolving = decision.transition is AlertStatus.RESOLVED or decision.notice is Notice.RESOLVED
-    if out.infra is not None and (
-        out.infra.fold_resolved(alert, decision.at)
+    folded = (
+        bool((changes.get("context") or fp.context).get(INFRA_FOLDED))
         if resolving
-        else out.infra.fold_firing(alert, alert_id, classification, decision.at)
-    ):
+        else out.infra is not None
+        and out.infra.fold_firing(alert, alert_id, classification, decision.at)
+    )
+    if folded:
         out.infra_folded += 1  # the infrastructure incident speaks for it
         return storm
     if resolving:
