@@ -15,11 +15,16 @@ from trainsentry.store.infra import set_places
 from trainsentry.store.schema import SCHEMA_VERSION, alerts, metadata, schema_version
 
 
-def alerts_shape(sync: Connection) -> list[tuple[str, bool, str]]:
-    return sorted(
+def alerts_shape(sync: Connection) -> tuple[list[tuple[str, bool, str]], list[Any]]:
+    found = inspect(sync)
+    columns = sorted(
         (c["name"], bool(c["nullable"]), type(c["type"]).__name__)
-        for c in inspect(sync).get_columns("alerts")
+        for c in found.get_columns("alerts")
     )
+    indexes = sorted(
+        (str(i["name"]), tuple(i["column_names"])) for i in found.get_indexes("alerts")
+    )
+    return columns, indexes
 
 
 async def test_alerts_gain_their_place_on_upgrade(db_url: str) -> None:
@@ -35,7 +40,9 @@ async def test_alerts_gain_their_place_on_upgrade(db_url: str) -> None:
                 " last_received_at) VALUES ('f', :t, 'A', 'firing', '{}', '{}', '', '', '', '',"
                 " :t, :t)".replace(":t", "'2026-01-01 00:00:00'")
             )
-            assert "topology" not in {name for name, _, _ in await conn.run_sync(alerts_shape)}
+            columns, indexes = await conn.run_sync(alerts_shape)
+            assert "topology" not in {name for name, _, _ in columns}
+            assert "ix_alerts_node_starts" not in {name for name, _ in indexes}
         assert await migrate(engine) == SCHEMA_VERSION
         async with engine.begin() as conn:
             upgraded = await conn.run_sync(alerts_shape)
@@ -50,5 +57,6 @@ async def test_alerts_gain_their_place_on_upgrade(db_url: str) -> None:
         assert await migrate(engine) == SCHEMA_VERSION
         async with engine.connect() as conn:
             assert upgraded == await conn.run_sync(alerts_shape)
+        assert ("ix_alerts_node_starts", ("node", "starts_at")) in upgraded[1]
     finally:
         await engine.dispose()

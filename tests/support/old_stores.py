@@ -17,6 +17,9 @@ ADDED_COLUMNS: dict[int, dict[str, tuple[str, ...]]] = {
     10: {"alerts": ("topology",)},
 }
 
+# Indexes that later versions added on columns version 1 already had.
+ADDED_INDEXES: dict[int, tuple[str, ...]] = {10: ("ix_alerts_node_starts",)}
+
 
 def version_1_tables() -> list[Table]:
     """Version 1's tables as it created them: today's, less the tables and columns that
@@ -38,8 +41,9 @@ def version_1_tables() -> list[Table]:
             if isinstance(constraint, UniqueConstraint):
                 names = [c.name for c in constraint.columns]
                 copy.append_constraint(UniqueConstraint(*names, name=constraint.name))
+        later_indexes = {name for names in ADDED_INDEXES.values() for name in names}
         for index in table.indexes:
-            if not any(c.name in drop for c in index.columns):
+            if index.name not in later_indexes and not any(c.name in drop for c in index.columns):
                 Index(index.name, *(copy.c[c.name] for c in index.columns))
         tables.append(copy)
     return tables

@@ -55,6 +55,7 @@ def _create_callback_events_v5(conn: Connection) -> None:
 def _add_alert_topology_v10(conn: Connection) -> None:
     sql_type = "JSONB" if conn.dialect.name == "postgresql" else "JSON"
     conn.exec_driver_sql(f"ALTER TABLE alerts ADD COLUMN topology {sql_type}")
+    conn.exec_driver_sql("CREATE INDEX ix_alerts_node_starts ON alerts (node, starts_at)")
 
 
 MIGRATIONS: dict[int, list[Step]] = {
@@ -76,6 +77,7 @@ MIGRATIONS: dict[int, list[Step]] = {
     7: [],
     8: [],
     9: [],
-    # 10: an alert's place in the topology (docs/infrastructure.md)
+    # 10: an alert's place in the topology (docs/infrastructure.md), and an index to find the
+    # recent alerts of a set of nodes
     10: [_add_alert_topology_v10],
 }

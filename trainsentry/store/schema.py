@@ -125,6 +125,8 @@ Index("ix_alerts_status_id", alerts.c.status, alerts.c.id)
 Index("ix_alerts_job", alerts.c.job_name, alerts.c.id)
 Index("ix_alerts_blast", alerts.c.job_name, alerts.c.alertname, alerts.c.starts_at)
 Index("ix_alerts_created", alerts.c.created_at)
+# the firing alerts of the nodes under a topology element within a window (store/infra.py)
+Index("ix_alerts_node_starts", alerts.c.node, alerts.c.starts_at)
 
 alert_events = Table(
     "alert_events",
