@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "ack": "trainsentry.gateway.commands.ack",
     "export": "trainsentry.gateway.commands.export",
     "outbox": "trainsentry.gateway.commands.outbox",
+    "maintenance": "trainsentry.gateway.commands.maintenance",
     "demo": "trainsentry.demo",
     "analyze": "trainsentry.diagnostics.command",
     "operator": "trainsentry.operator.command",

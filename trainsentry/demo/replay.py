@@ -16,6 +16,7 @@ from trainsentry.alerts import utcnow
 from trainsentry.config import GatewaySettings
 from trainsentry.demo.html import write_preview
 from trainsentry.demo.incident import load_incident
+from trainsentry.demo.maintenance import replay_window
 from trainsentry.demo.previews import CallPreview, CardPreview, PreviewLog, SheetPreview
 from trainsentry.gateway.app import WEBHOOK_PATH
 from trainsentry.gateway.assemble import create_app
@@ -87,6 +88,12 @@ async def run_demo(out: Path) -> dict[str, Any]:
         await gateway.settle()
         clock.current += timedelta(seconds=SETTLE_AFTER_S)
         await gateway.settle()
+        async with aiohttp.ClientSession() as session:
+
+            def move_to(moment: datetime) -> None:
+                clock.current = moment
+
+            maintenance = await replay_window(gateway, session, url, clock, move_to)
         async with gateway.engine.connect() as conn:
             totals = await counts(conn)
         await write_report_preview(gateway.engine, out / "report.html", now=clock())
@@ -104,6 +111,7 @@ async def run_demo(out: Path) -> dict[str, Any]:
         "state changes": totals["events"],
         "repeats ignored (duplicates)": sum(a["unchanged"] for a in answers),
         "notifications by channel": by_channel,
+        "maintenance window": maintenance,
         "seconds": round(time.perf_counter() - started, 1),
     }
     write_preview(out / "index.html", incident.title, summary, log)

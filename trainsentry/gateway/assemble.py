@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from trainsentry.alerts import AlertChange, Priority, utcnow
-from trainsentry.config import GatewaySettings, Settings
+from trainsentry.config import GatewaySettings, MaintenanceSettings, Settings
 from trainsentry.gateway.app import CardCallbackSettings, add_routes, json_errors
 from trainsentry.gateway.channels import build
 from trainsentry.gateway.http_auth import open_endpoints
@@ -45,6 +45,7 @@ from trainsentry.gateway.stages.hang_enrichment import HangVerdict
 from trainsentry.gateway.stages.hang_trigger import TriggerKeys, TriggerSources
 from trainsentry.gateway.stages.intake import IntakeWriter, PlanHook
 from trainsentry.gateway.stages.job_status import JobStatusFeeder
+from trainsentry.gateway.stages.maintenance import MaintenanceService
 from trainsentry.gateway.stages.outbox import Outbox
 from trainsentry.gateway.stages.paging import Paging
 from trainsentry.gateway.stages.planning.plan import PolicyPlan
@@ -118,6 +119,7 @@ def create_app(
     diagnosis: Diagnosis | None = None,
     kube_api: Callable[[], Awaitable[Any]] | None = None,
     topology: TopologySource | None = None,
+    maintenance: MaintenanceSettings | None = None,
 ) -> web.Application:
     """Builds the gateway app; the store is opened (and its schema checked) at startup."""
     if notifiers is None:
@@ -149,6 +151,7 @@ def create_app(
         diagnosis=diagnosis,
         kube_api=kube_api,
         topology=topology,
+        maintenance=maintenance or MaintenanceSettings(),
     )
     limits = BodyLimits(
         read_timeout_s=settings.body_timeout_s,
@@ -188,6 +191,7 @@ class _Wiring:
     diagnosis: Diagnosis | None
     kube_api: Callable[[], Awaitable[Any]] | None
     topology: TopologySource | None
+    maintenance: MaintenanceSettings
 
 
 async def _open(app: web.Application, w: _Wiring) -> Gateway:
@@ -233,6 +237,14 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
     )
     if policy_plan is not None:
         gateway.classified = lambda: policy_plan.classified
+        gateway.maintenance = policy_plan.maintenance = MaintenanceService(
+            engine,
+            w.maintenance,
+            policy=policy_plan.policy,
+            channels=policy_plan.channels,
+            clock=clock,
+            lock=policy_lock,
+        )
     if settings.trainingjob_status:
         gateway.job_status = JobStatusFeeder(w.kube_api or default_api_client)
     if w.diagnosis is not None and w.diagnosis.settings.enabled and policy_plan is not None:
@@ -352,6 +364,7 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
         card_callback=card_callback,
         diagnosis=Diagnosis(*diagnosis_parts) if diagnosis_parts is not None else None,
         topology=topology,
+        maintenance=settings.maintenance,
     )
 
 

@@ -26,6 +26,7 @@ from trainsentry.gateway.stages.diagnosis import HangDiagnoser
 from trainsentry.gateway.stages.hang_trigger import TriggerKeys, TriggerSources
 from trainsentry.gateway.stages.intake import IntakeWriter
 from trainsentry.gateway.stages.job_status import JobStatusFeeder
+from trainsentry.gateway.stages.maintenance import MaintenanceService
 from trainsentry.gateway.stages.outbox import Outbox
 from trainsentry.gateway.stages.planning.ticker import Ticker
 from trainsentry.gateway.stages.planning.worker import PolicyWorker
@@ -49,6 +50,7 @@ class Gateway:
     trigger_keys: TriggerKeys | None = None
     trigger_sources: TriggerSources | None = None
     job_status: JobStatusFeeder | None = None
+    maintenance: MaintenanceService | None = None  # windows (the real policy only)
     topology: TopologySource | None = None  # where each node stands (stages/topology.py)
     policy: Policy | None = None  # the alert policy (node health reads its weights)
     classified: Callable[[], Mapping[int, str]] = dict

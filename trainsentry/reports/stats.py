@@ -45,6 +45,7 @@ from trainsentry.reports.figures import (
     Headline,
     JobCount,
     Pages,
+    QuietWindow,
     RuleNoise,
     Storm,
     WeeklyStats,
@@ -52,6 +53,7 @@ from trainsentry.reports.figures import (
 from trainsentry.reports.hardware import fault_count, hardware, policy_of
 from trainsentry.reports.period import Period
 from trainsentry.store.engine import Connection
+from trainsentry.store.maintenance import quiet_open_windows
 from trainsentry.store.report_loads import (
     Occurrence,
     PageRow,
@@ -85,6 +87,8 @@ class StatsOptions:
         PROBE_HANG_ALERT,
     )
     hang_merge_s: float = 900.0
+    # a maintenance window still open this long after its muted alerts all resolved is listed
+    maintenance_quiet_s: float = 86400.0
     # The alert policy whose node_health weighs hardware faults (None: the shipped one).
     policy: Policy | None = None
 
@@ -409,4 +413,11 @@ async def collect(
     """Statistics of `period` compared against the period before it."""
     current = await collect_period(conn, period, opts, scope)
     previous = await collect_period(conn, period.previous(), opts, scope)
-    return compare(current, previous.headline())
+    quiet = await quiet_open_windows(
+        conn, now=period.end, quiet_since=period.end - timedelta(seconds=opts.maintenance_quiet_s)
+    )
+    windows = tuple(
+        QuietWindow(w.id, w.reason, w.created_by, w.ends_at, muted, last)
+        for w, muted, last in quiet
+    )
+    return replace(compare(current, previous.headline()), quiet_windows=windows)

@@ -11,9 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import Column, Connection, DateTime, ForeignKey, Index, MetaData, String, Table
+from sqlalchemy import (
+    Column,
+    Connection,
+    DateTime,
+    ForeignKey,
+    Index,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
 
-from trainsentry.store.schema import Id, UTCDateTime, alert_events
+from trainsentry.store.schema import Id, Json, UTCDateTime, alert_events, alerts
 
 Step = str | Callable[[Connection], None]
 
@@ -52,6 +62,40 @@ def _create_callback_events_v5(conn: Connection) -> None:
     table.create(conn)
 
 
+def _create_maintenance_v6(conn: Connection) -> None:
+    # The tables as version 6 defines them.
+    meta = MetaData()
+    windows = Table(
+        "maintenance_windows",
+        meta,
+        Column("id", String(40), primary_key=True),
+        Column("created_at", UTCDateTime, nullable=False),
+        Column("created_by", Text, nullable=False, default=""),
+        Column("reason", Text, nullable=False, default=""),
+        Column("request", Json, nullable=False),
+        Column("starts_at", UTCDateTime, nullable=True),
+        Column("ends_at", UTCDateTime, nullable=True),
+        Column("ended_at", UTCDateTime, nullable=True),
+        Column("ended_by", Text, nullable=True),
+        Column("announced_end", UTCDateTime, nullable=True),
+    )
+    mutes = Table(
+        "maintenance_mutes",
+        meta,
+        Column("alert_id", Id, ForeignKey(alerts.c.id), primary_key=True, autoincrement=False),
+        Column("window_id", String(40), nullable=False),
+        Column("muted_at", UTCDateTime, nullable=False),
+        Column("until", UTCDateTime, nullable=True),
+        Column("state", String(16), nullable=False),
+        Column("closed_at", UTCDateTime, nullable=True),
+        Column("drafts", Json, nullable=False),
+    )
+    Index("ix_maintenance_mutes_due", mutes.c.state, mutes.c.until)
+    Index("ix_maintenance_mutes_window", mutes.c.window_id, mutes.c.state)
+    windows.create(conn)
+    mutes.create(conn)
+
+
 def _add_alert_topology_v10(conn: Connection) -> None:
     sql_type = "JSONB" if conn.dialect.name == "postgresql" else "JSON"
     conn.exec_driver_sql(f"ALTER TABLE alerts ADD COLUMN topology {sql_type}")
@@ -72,8 +116,9 @@ MIGRATIONS: dict[int, list[Step]] = {
     4: [_add_delivery_columns_v4],
     # 5: Feishu card callbacks are acted on once, whichever replica a replay reaches
     5: [_create_callback_events_v5],
-    # 6-9: kept for the branches merged beside this one (renumbered at merge)
-    6: [],
+    # 6: maintenance windows, and the alerts they muted (issue 21)
+    6: [_create_maintenance_v6],
+    # 7-9: kept for the branches merged beside this one (renumbered at merge)
     7: [],
     8: [],
     9: [],
