@@ -24,7 +24,7 @@ from aiohttp import web
 from trainsentry.alerts import AlertChange, Priority, utcnow
 from trainsentry.config import GatewaySettings, MaintenanceSettings, Settings
 from trainsentry.gateway.app import CardCallbackSettings, add_routes, json_errors
-from trainsentry.gateway.channels import build
+from trainsentry.gateway.channels import Channels, add_job_channel, build
 from trainsentry.gateway.http_auth import open_endpoints
 from trainsentry.gateway.limits import BodyLimits, body_limits
 from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
@@ -44,6 +44,7 @@ from trainsentry.gateway.stages.diagnosis import (
 from trainsentry.gateway.stages.hang_enrichment import HangVerdict
 from trainsentry.gateway.stages.hang_trigger import TriggerKeys, TriggerSources
 from trainsentry.gateway.stages.intake import IntakeWriter, PlanHook
+from trainsentry.gateway.stages.job_alerting import JobAlerting, JobAlertingSettings
 from trainsentry.gateway.stages.job_status import JobStatusFeeder
 from trainsentry.gateway.stages.maintenance import MaintenanceService
 from trainsentry.gateway.stages.outbox import Outbox
@@ -120,12 +121,15 @@ def create_app(
     kube_api: Callable[[], Awaitable[Any]] | None = None,
     topology: TopologySource | None = None,
     maintenance: MaintenanceSettings | None = None,
+    job_alerting: JobAlerting | None = None,
 ) -> web.Application:
-    """Builds the gateway app; the store is opened (and its schema checked) at startup."""
+    """Builds the gateway app; the store is opened (and its schema checked) at startup.
+    `job_alerting`: TrainingJobs' own routes (its `feishu_job` channel among `notifiers`)."""
     if notifiers is None:
         notifiers = {"console": ConsoleNotifier(settings.console_file)}
     gateway_metrics = metrics or GatewayMetrics()
-    paging = Paging(escalator) if escalator is not None else None
+    rosters = job_alerting.roster if job_alerting is not None else None
+    paging = Paging(escalator, rosters=rosters) if escalator is not None else None
     # The real policy, unless a test injected its own PlanHook (then: no timers, no hold).
     policy_plan: PolicyPlan | None = None
     if plan is None:
@@ -136,6 +140,8 @@ def create_app(
             paging=paging,
             topology=topology.current if topology is not None else None,
         )
+        if job_alerting is not None:
+            policy_plan.job_routes = job_alerting.routes
         plan = policy_plan
     wiring = _Wiring(
         settings=settings,
@@ -152,6 +158,7 @@ def create_app(
         kube_api=kube_api,
         topology=topology,
         maintenance=maintenance or MaintenanceSettings(),
+        job_alerting=job_alerting,
     )
     limits = BodyLimits(
         read_timeout_s=settings.body_timeout_s,
@@ -192,6 +199,7 @@ class _Wiring:
     kube_api: Callable[[], Awaitable[Any]] | None
     topology: TopologySource | None
     maintenance: MaintenanceSettings
+    job_alerting: JobAlerting | None = None
 
 
 async def _open(app: web.Application, w: _Wiring) -> Gateway:
@@ -247,6 +255,7 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
         )
     if settings.trainingjob_status:
         gateway.job_status = JobStatusFeeder(w.kube_api or default_api_client)
+    gateway.job_alerting = w.job_alerting
     if w.diagnosis is not None and w.diagnosis.settings.enabled and policy_plan is not None:
         await _add_hang_diagnosis(gateway, w.diagnosis, policy_plan, w.paging, policy_lock)
     if policy_plan is not None:
@@ -301,6 +310,8 @@ async def _start(app: web.Application, gateway: Gateway) -> None:
         gateway.topology.start()
     if gateway.ticker is not None:
         gateway.ticker.start()
+    if gateway.job_alerting is not None:
+        gateway.job_alerting.start(gateway.metrics)
     app[GATEWAY_KEY] = gateway
     gateway.writer.start()
     assert gateway.policy_worker is not None
@@ -326,6 +337,8 @@ async def _stop(gateway: Gateway) -> None:
         await gateway.diagnoser.stop()
     if gateway.job_status is not None:
         await gateway.job_status.stop()
+    if gateway.job_alerting is not None:
+        await gateway.job_alerting.stop()
     if gateway.ticker is not None:
         await gateway.ticker.stop()
     await gateway.outbox.aclose()
@@ -343,6 +356,7 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
     Raises ConfigError (a channel or secret is wrong) or ValueError (the policy file)."""
     env = os.environ if env is None else env
     channels = build(settings, env)
+    job_alerting = build_job_alerting(settings.job_alerting, channels)
     diagnosis_parts = build_diagnosis_parts(settings.diagnosis, env)
     topology = build_topology(settings.topology)
     built = channels.built
@@ -365,6 +379,7 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
         diagnosis=Diagnosis(*diagnosis_parts) if diagnosis_parts is not None else None,
         topology=topology,
         maintenance=settings.maintenance,
+        job_alerting=job_alerting,
     )
 
 
@@ -379,6 +394,23 @@ def build_topology(
     return TopologySource(
         settings, (kube_api or default_api_client) if settings.kubernetes else None
     )
+
+
+def build_job_alerting(
+    raw: Mapping[str, Any],
+    channels: Channels,
+    api_factory: Callable[[], Awaitable[Any]] = default_api_client,
+) -> JobAlerting | None:
+    """From the `job_alerting:` config section: None unless enabled (it needs the cluster);
+    adds the `feishu_job` channel to `channels`."""
+    settings = JobAlertingSettings.model_validate(dict(raw))
+    if not settings.enabled:
+        return None
+    built = channels.built
+    has_app = built is not None and built.feishu_app is not None
+    stage = JobAlerting(settings, api_factory, has_app=has_app)
+    add_job_channel(channels, stage)
+    return stage
 
 
 def build_diagnosis_parts(

@@ -20,6 +20,7 @@ from trainsentry.alerts import (
     Alert,
     AlertChange,
     AlertStatus,
+    JobRef,
     NotificationDraft,
     Priority,
 )
@@ -37,7 +38,7 @@ from trainsentry.gateway.policy.payload import (
     storm_payload,
     storm_summary,
 )
-from trainsentry.gateway.policy.route import route
+from trainsentry.gateway.policy.route import JobRoute, apply_job_route, route
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.storm import (
     StormEntry,
@@ -50,6 +51,7 @@ from trainsentry.gateway.policy.storm import (
     observe_new,
     verdict,
 )
+from trainsentry.notifiers.payload import JobRoutePayload
 
 INFRA_FOLDED = "infra_folded"  # fingerprint context: its resolve went to an incident
 
@@ -91,6 +93,9 @@ class _Out:
     messages: list[StormMessage] = field(default_factory=list)
     collapsed: int = 0
     unconfigured: list[str] = field(default_factory=list)
+    # TrainingJobs' own routes (spec.alerting), by job; each applies to its own job's alerts
+    job_routes: Mapping[JobRef, JobRoute] = field(default_factory=dict)
+    job_extra: JobRoutePayload | None = None  # of the last `_route`
     place: Mapping[str, str] | None = None  # the alert's node's place in the topology
     infra: InfraFold | None = None  # set when the alert's node has a place
     infra_folded: int = 0
@@ -100,6 +105,17 @@ class _Out:
     ) -> tuple[tuple[str, ...], str]:
         decision = route(priority, labels, self.policy, configured=self.channels, paging=paging)
         self.unconfigured.extend(decision.unconfigured)
+        self.job_extra = None
+        job = JobRef.from_labels(labels) if self.job_routes else None
+        if job is not None and (job_route := self.job_routes.get(job)) is not None:
+            decision, self.job_extra = apply_job_route(
+                decision,
+                priority,
+                job,
+                job_route,
+                self.policy.routing.jobs,
+                paging_channels=self.policy.routing.paging_channels,
+            )
         return decision.channels, decision.route_id
 
     def alert_notice(
@@ -115,6 +131,8 @@ class _Out:
         assert decision.notice is not None
         channels, route_id = self._route(classification.priority, alert.labels, paging=paging)
         payload = alert_payload(decision, alert, alert_id, classification, route_id=route_id)
+        if self.job_extra is not None:
+            payload["job_route"] = self.job_extra
         if self.place:
             payload["topology"] = dict(self.place)
         if storm is not None:
@@ -141,8 +159,9 @@ class _Out:
             channels, route_id = self._route(
                 message.priority, message.labels, paging=message.paging
             )
+            extra = {"job_route": self.job_extra} if self.job_extra is not None else {}
             for channel in channels:
-                payload = dict(message.payload, route=route_id)
+                payload = dict(message.payload, route=route_id, **extra)
                 self.drafts.append(
                     NotificationDraft(
                         channel=channel,
@@ -161,6 +180,8 @@ class _Out:
             self.messages.append(message)
             channels, route_id = self._route(message.priority, message.labels, paging=False)
             payload = storm_payload(message, self.policy, route_id=route_id)
+            if self.job_extra is not None:
+                payload["job_route"] = self.job_extra
             for channel in channels:
                 self.drafts.append(
                     NotificationDraft(
@@ -304,6 +325,7 @@ def decide(
     policy: Policy,
     now: datetime,
     channels: Collection[str] | None = None,
+    job_routes: Mapping[JobRef, JobRoute] | None = None,
     place: Mapping[str, str] | None = None,
     infra: InfraFold | None = None,
 ) -> DecideResult:
@@ -313,6 +335,7 @@ def decide(
     `storm_state`: the stored state of the alert's job, key `storm.job_key(labels)`.
     `distinct_nodes_in_window`: distinct nodes of the job with this alertname within
     `policy.blast_radius.window`, this alert included. `channels`: configured channel names.
+    `job_routes`: the TrainingJobs' own routes (route.JobRoute), applied to their own alerts.
     `place`: the alert's node's place in the topology (shown on its cards); `infra`: the
     infrastructure incidents of that place (infra.py), which may take the alert's notices.
     """
@@ -322,7 +345,13 @@ def decide(
     if storm.job != key:
         raise ValueError(f"storm state of {storm.job} given for an alert of {key}")
     classification = classify(alert, policy, distinct_nodes_in_window=distinct_nodes_in_window)
-    out = _Out(policy=policy, channels=channels, place=place, infra=infra)
+    out = _Out(
+        policy=policy,
+        channels=channels,
+        job_routes=job_routes or {},
+        place=place,
+        infra=infra,
+    )
 
     storm, messages = due(storm, now, policy)
     out.storm_messages(messages)
@@ -363,11 +392,12 @@ def decide_tick(
     policy: Policy,
     now: datetime,
     channels: Collection[str] | None = None,
+    job_routes: Mapping[JobRef, JobRoute] | None = None,
 ) -> TickResult:
     """The timers: held resolutions whose hold passed, storm summaries due, storms that
     calmed down. Pass the states with `hold_until <= now` and the storm states with
     `next_due(policy) <= now` (passing more is harmless). Returns only changed states."""
-    out = _Out(policy=policy, channels=channels)
+    out = _Out(policy=policy, channels=channels, job_routes=job_routes or {})
     storms = {state.job: state for state in storm_states}
     changed_storms: set[str] = set()
     changed_fps: dict[str, FingerprintState] = {}

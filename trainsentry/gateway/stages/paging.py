@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from trainsentry.alerts import NotificationDraft, Priority
+from trainsentry.gateway.policy import job_roster
 from trainsentry.gateway.policy.escalation import (
     OPEN,
     CallDue,
@@ -58,11 +59,24 @@ def _page(draft: NotificationDraft) -> IncidentPage:
     return IncidentPage(draft.alert_id, draft.priority, text)
 
 
+def _roster_job(draft: NotificationDraft) -> str | None:
+    """The job whose own on-call roster this page follows (route.apply_job_route), if any."""
+    route = draft.payload.get("job_route") or {}
+    return str(route.get("job")) if route.get("roster") and route.get("job") else None
+
+
 class Paging:
-    def __init__(self, escalator: Escalator, channel: str = PHONE_CHANNEL) -> None:
+    def __init__(
+        self,
+        escalator: Escalator,
+        channel: str = PHONE_CHANNEL,
+        rosters: job_roster.RosterOf | None = None,
+    ) -> None:
         self.escalator = escalator
         self.channel = channel
         self._texts: dict[int, str] = {}
+        # A TrainingJob's own roster by job key (stages/job_alerting.py); None: the global one.
+        self.rosters: job_roster.RosterOf = rosters or (lambda _job: None)
 
     async def _load(self, conn: Connection) -> dict[str, Any]:
         found = await load_states(conn, ESCALATION_SCOPE, [ESCALATION_KEY])
@@ -115,8 +129,17 @@ class Paging:
         )
         if not opened and not ending:
             return []  # resolves of alerts that never paged: nothing to change
-        state, calls = self.escalator.batch(
-            state, now, pages=opened, resolved=ending, forget_before=now - FORGET_STOPPED_AFTER
+        state, calls = job_roster.batch(
+            self.escalator,
+            state,
+            now,
+            pages=opened,
+            page_rosters={
+                d.alert_id: job for d in pages if d.alert_id is not None and (job := _roster_job(d))
+            },
+            resolved=ending,
+            forget_before=now - FORGET_STOPPED_AFTER,
+            roster_of=self.rosters,
         )
         await self._cancel_calls(conn, ending, "alert resolved")
         await self._save(conn, state, now)
@@ -127,7 +150,9 @@ class Paging:
         due = await claim_due(conn, ESCALATION_SCOPE, now)
         if ESCALATION_KEY not in due:
             return []
-        state, calls = self.escalator.plan(due[ESCALATION_KEY], now)
+        state, calls = job_roster.plan(
+            self.escalator, due[ESCALATION_KEY], now, roster_of=self.rosters
+        )
         await self._save(conn, state, now)
         return self._call_drafts(calls, state)
 

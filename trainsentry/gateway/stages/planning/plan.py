@@ -12,7 +12,14 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, 
 from datetime import datetime
 from typing import Any, Protocol
 
-from trainsentry.alerts import Alert, AlertChange, AlertStatus, ChangeKind, NotificationDraft
+from trainsentry.alerts import (
+    Alert,
+    AlertChange,
+    AlertStatus,
+    ChangeKind,
+    JobRef,
+    NotificationDraft,
+)
 from trainsentry.gateway.metrics import PolicyMetrics
 from trainsentry.gateway.policy.classify import Classification
 from trainsentry.gateway.policy.decide import decide, decide_tick
@@ -25,7 +32,7 @@ from trainsentry.gateway.policy.infra import (
     sightings,
 )
 from trainsentry.gateway.policy.payload import ALERT_KIND, alert_to_json, idempotency_key
-from trainsentry.gateway.policy.route import ARCHIVE_CHANNELS, unconfigured_names
+from trainsentry.gateway.policy.route import ARCHIVE_CHANNELS, JobRoute, unconfigured_names
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.storm import StormState, job_key
 from trainsentry.gateway.policy.topology import Topology, members
@@ -146,6 +153,9 @@ class PolicyPlan:
         self.hold: HoldHook | None = None
         # Set by the app: maintenance windows mute chat and phone drafts, archives excepted.
         self.maintenance: MaintenanceHook | None = None
+        # Set by the app when TrainingJobs route their own alerts (stages/job_alerting.py):
+        # the routes as last read from the cluster, asked once per batch.
+        self.job_routes: Callable[[], Mapping[JobRef, JobRoute]] | None = None
 
     async def __call__(
         self, conn: Connection, changes: Sequence[AlertChange], now: datetime
@@ -193,6 +203,7 @@ class PolicyPlan:
         drafts: list[NotificationDraft] = []
         priorities: list[tuple[int, str, str]] = []
         self.classified = {}
+        job_routes = self.job_routes() if self.job_routes is not None else None
         for change in changes:
             alert = change.alert
             job = alert.job
@@ -212,6 +223,7 @@ class PolicyPlan:
                 policy=self.policy,
                 now=now,
                 channels=self.channels,
+                job_routes=job_routes,
                 place=place,
                 infra=infra,
             )
@@ -332,6 +344,7 @@ class PolicyPlan:
             policy=self.policy,
             now=now,
             channels=self.channels,
+            job_routes=self.job_routes() if self.job_routes is not None else None,
         )
         if self.metrics is not None:
             self.metrics.observe(result)
