@@ -226,6 +226,7 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
     gateway = Gateway(settings, engine, w.metrics, writer, outbox, clock=clock)
     gateway.topology = w.topology
     gateway.policy = policy_plan.policy if policy_plan is not None else None
+    gateway.escalator = w.paging.escalator if w.paging is not None else None
     policy_lock = asyncio.Lock()
     gateway.policy_worker = PolicyWorker(
         engine,

@@ -29,12 +29,16 @@ async def lock_alert(conn: AsyncConnection, alert_id: int) -> Row[Any] | None:
     return (await conn.execute(query)).first()
 
 
-async def acknowledge(conn: AsyncConnection, alert_id: int, who: str, now: datetime) -> None:
-    """Records who acknowledged the alert and when, with an `acked` event."""
+async def acknowledge(
+    conn: AsyncConnection, alert_id: int, who: str, now: datetime, comment: str | None = None
+) -> None:
+    """Records who acknowledged the alert and when, with an `acked` event (and the comment
+    given with the ack, if any)."""
     await conn.execute(
         update(alerts).where(alerts.c.id == alert_id).values(acked_at=now, acked_by=who)
     )
-    await record_event(conn, alert_id, "acked", now, {"by": who})
+    detail = {"by": who, "comment": comment} if comment else {"by": who}
+    await record_event(conn, alert_id, "acked", now, detail)
 
 
 async def record_event(

@@ -81,9 +81,14 @@ class AckService:
         self._silences = silences
 
     async def acknowledge(
-        self, alert_id: int, who: str, silence: timedelta | None = None
+        self,
+        alert_id: int,
+        who: str,
+        silence: timedelta | None = None,
+        comment: str | None = None,
     ) -> AckResult | None:
-        """None when there is no such alert."""
+        """None when there is no such alert. A comment is kept with the `acked` event, or
+        as a `comment` event when the alert was acknowledged already."""
         now = self._clock()
         async with self._lock, self._engine.begin() as conn:
             row = await alert_state.lock_alert(conn, alert_id)
@@ -92,7 +97,11 @@ class AckService:
             already = row.acked_at is not None
             acked_by, acked_at = (row.acked_by, row.acked_at) if already else (who, now)
             if not already:
-                await alert_state.acknowledge(conn, alert_id, who, now)
+                await alert_state.acknowledge(conn, alert_id, who, now, comment)
+            elif comment:
+                await alert_state.record_event(
+                    conn, alert_id, "comment", now, {"by": who, "comment": comment}
+                )
             stopped = False
             if self._paging is not None:
                 stopped = await self._paging.acknowledge(conn, alert_id, who, now)
