@@ -18,10 +18,12 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.support.webhook_factory import BASE_TIME, encode, make_alert, make_body
+from trainsentry.config import MaintenanceSettings
 from trainsentry.gateway.metrics import PolicyMetrics
 from trainsentry.gateway.policy.rules import load_policy
 from trainsentry.gateway.policy.topology import Topology, from_settings, parse_settings
 from trainsentry.gateway.stages.intake import parse_webhook
+from trainsentry.gateway.stages.maintenance import MaintenanceService
 from trainsentry.gateway.stages.planning.plan import PolicyPlan
 from trainsentry.gateway.stages.planning.worker import PolicyWorker
 from trainsentry.notifiers.feishu.card import build_card
@@ -80,7 +82,12 @@ async def intake(engine: AsyncEngine, alert_dicts: list[dict[str, Any]], at_s: f
         await record_receipts(conn, [receipt])
 
 
-async def plan(engine: AsyncEngine, topo: Topology | None, at_s: float) -> CollectorRegistry:
+async def plan(
+    engine: AsyncEngine,
+    topo: Topology | None,
+    at_s: float,
+    maintenance: MaintenanceService | None = None,
+) -> CollectorRegistry:
     """Plans what waits in the inbox; the policy's metrics come back."""
     registry = CollectorRegistry()
     policy = load_policy(overrides=INFRA_ROUTE)
@@ -90,6 +97,7 @@ async def plan(engine: AsyncEngine, topo: Topology | None, at_s: float) -> Colle
         topology=(lambda: topo) if topo else None,
         metrics=PolicyMetrics(registry),
     )
+    planner.maintenance = maintenance
     worker = PolicyWorker(engine, planner, clock=lambda: BASE_TIME + timedelta(seconds=at_s))
     await worker.drain()
     return registry
@@ -192,3 +200,36 @@ async def test_without_a_topology_nothing_changes(engine: AsyncEngine) -> None:
     assert [r for r in sent if r.kind == "infra"] == []
     assert len(by(sent, "alert", "feishu")) == 6
     assert "topology" not in sent[0].payload
+
+
+async def test_nodes_under_maintenance_are_muted_not_counted(engine: AsyncEngine) -> None:
+    """Two of the six nodes are in a maintenance window: their alerts are muted as usual and
+    the incident is the other four's (a node being serviced is no evidence against the
+    switch)."""
+    now = BASE_TIME + timedelta(seconds=11)
+    service = MaintenanceService(
+        engine,
+        MaintenanceSettings(),
+        policy=load_policy(overrides=INFRA_ROUTE),
+        channels=CHANNELS,
+        clock=lambda: now,
+    )
+    await service.create(
+        {
+            "matchers": {"node": {"regex": "gpu-node-[01]"}},
+            "starts_at": BASE_TIME.isoformat(),
+            "ends_at": (BASE_TIME + timedelta(hours=2)).isoformat(),
+            "reason": "cable swap",
+            "created_by": "alice",
+        }
+    )
+    await intake(engine, [link_down(i) for i in range(6)], at_s=10)
+    await plan(engine, topology(switches=1), at_s=11, maintenance=service)
+    sent = await rows(engine)
+    cards = [r for r in by(sent, "infra", "feishu") if r.payload["event"] == "infra_opened"]
+    assert len(cards) == 1
+    assert cards[0].payload["infrastructure"]["nodes"] == NODES[2:]
+    assert by(sent, "alert", "feishu") == [], "the two in maintenance are muted, not carded"
+    assert service.muted > 0
+    notices = [r.payload["job"] for r in by(sent, "infra", "feishu") if r.payload.get("job")]
+    assert sorted(notices) == ["ml/bert", "ml/mixtral"], "llama's nodes are both in the window"

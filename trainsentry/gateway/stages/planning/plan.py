@@ -37,6 +37,8 @@ from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.storm import StormState, job_key
 from trainsentry.gateway.policy.topology import Topology, members
 from trainsentry.gateway.stages.paging import Paging
+from trainsentry.oncall.maintenance import muted_by
+from trainsentry.oncall.types import MaintenanceWindow
 from trainsentry.store.engine import Connection
 from trainsentry.store.infra import recent_on_nodes, set_places
 from trainsentry.store.policy_state import (
@@ -68,6 +70,8 @@ class MaintenanceHook(Protocol):
     ) -> list[NotificationDraft]: ...
 
     async def tick(self, conn: Connection, now: datetime) -> list[NotificationDraft]: ...
+
+    async def windows_now(self, conn: Connection, now: datetime) -> list[MaintenanceWindow]: ...
 
 
 log = logging.getLogger("trainsentry.policy")
@@ -191,14 +195,24 @@ class PolicyPlan:
         }
         infra_states: dict[str, InfraState] = {}
         seen: dict[str, Sighting] = {}
+        # A node under maintenance is no evidence of a broken switch: its alerts are muted
+        # by their window as usual, never folded into (nor counted for) an incident.
+        windows: list[MaintenanceWindow] = []
+        if places and self.maintenance is not None and self.policy.infrastructure.enabled:
+            windows = await self.maintenance.windows_now(conn, now)
+        in_maintenance = {
+            c.alert_id for c in changes if windows and muted_by(windows, c.alert.labels, now)
+        }
         hardware_places = [
             places[c.alert_id]
             for c in changes
-            if c.alert_id in places and hardware_component(c.alert, self.policy)
+            if c.alert_id in places
+            and c.alert_id not in in_maintenance
+            and hardware_component(c.alert, self.policy)
         ]
         if topology is not None and self.policy.infrastructure.enabled:
             infra_states, seen = await self._infra_context(
-                conn, topology, places.values(), hardware_places, now
+                conn, topology, places.values(), hardware_places, windows, now
             )
         drafts: list[NotificationDraft] = []
         priorities: list[tuple[int, str, str]] = []
@@ -210,7 +224,9 @@ class PolicyPlan:
             place = places.get(change.alert_id)
             infra = (
                 InfraFold(self.policy, place, infra_states, seen, alert.labels)
-                if place and self.policy.infrastructure.enabled
+                if place
+                and self.policy.infrastructure.enabled
+                and change.alert_id not in in_maintenance
                 else None
             )
             result = decide(
@@ -267,6 +283,7 @@ class PolicyPlan:
         topology: Topology,
         places: Iterable[Mapping[str, str]],
         hardware_places: Iterable[Mapping[str, str]],
+        windows: Sequence[MaintenanceWindow],
         now: datetime,
     ) -> tuple[dict[str, InfraState], dict[str, Sighting]]:
         """The stored incidents of the batch's elements, and the hardware alerts the store
@@ -303,6 +320,7 @@ class PolicyPlan:
                 ends_at=None,
             )
             for row in await recent_on_nodes(conn, nodes, since)
+            if not muted_by(windows, row.labels, now)
         ]
         return states, sightings(recent, topology, self.policy)
 
