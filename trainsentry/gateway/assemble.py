@@ -52,6 +52,7 @@ from trainsentry.gateway.stages.paging import Paging
 from trainsentry.gateway.stages.planning.plan import PolicyPlan
 from trainsentry.gateway.stages.planning.ticker import Ticker
 from trainsentry.gateway.stages.planning.worker import PolicyWorker
+from trainsentry.gateway.stages.retention import Retention
 from trainsentry.gateway.stages.topology import TopologySource
 from trainsentry.kubeclient import default_api_client
 from trainsentry.notifiers.alertmanager import SilenceClient
@@ -270,6 +271,10 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
             clock=clock,
             lock=policy_lock,
         )
+    # Off the pipeline: deletes finished rows, measures the store (store/retention.py).
+    gateway.retention = Retention(
+        engine, settings.retention, metrics=w.metrics, clock=clock, lock=policy_lock
+    )
     return gateway
 
 
@@ -320,6 +325,8 @@ async def _start(app: web.Application, gateway: Gateway) -> None:
     # Before the worker and anything else can claim: rows an earlier run left in flight.
     await gateway.outbox.release_leases_of_earlier_runs()
     gateway.outbox.start()
+    if gateway.retention is not None:
+        gateway.retention.start()
     log.info(
         "gateway started db=%s listen=%s", gateway.engine.dialect.name, gateway.settings.listen
     )
@@ -331,6 +338,8 @@ async def _start(app: web.Application, gateway: Gateway) -> None:
 
 async def _stop(gateway: Gateway) -> None:
     """Stops the stages in pipeline order, then closes the store."""
+    if gateway.retention is not None:
+        await gateway.retention.stop()
     await gateway.writer.stop()
     if gateway.policy_worker is not None:
         await gateway.policy_worker.stop()

@@ -118,8 +118,14 @@ MIGRATIONS: dict[int, list[Step]] = {
     5: [_create_callback_events_v5],
     # 6: maintenance windows, and the alerts they muted (issue 21)
     6: [_create_maintenance_v6],
-    # 7-9: kept for the branches merged beside this one (renumbered at merge)
-    7: [],
+    # 7: the retention purge (store/retention.py) finds old rows and clears references by index
+    7: [
+        "CREATE INDEX ix_webhook_receipts_last_received ON webhook_receipts (last_received_at)",
+        "CREATE INDEX ix_alerts_first_receipt ON alerts (first_receipt_id)",
+        "CREATE INDEX ix_alert_events_receipt ON alert_events (receipt_id)",
+        "CREATE INDEX ix_notifications_created ON notifications (created_at)",
+    ],
+    # 8-9: kept for the branches merged beside this one (renumbered at merge)
     8: [],
     9: [],
     # 10: an alert's place in the topology (docs/infrastructure.md), and an index to find the
