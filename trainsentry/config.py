@@ -221,6 +221,7 @@ class Settings(BaseModel):
     diagnosis: dict[str, Any] = Field(default_factory=dict)  # gateway/stages/diagnosis.py
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     job_alerting: dict[str, Any] = Field(default_factory=dict)  # gateway/stages/job_alerting.py
+    topology: dict[str, Any] = Field(default_factory=dict)  # gateway/policy/topology.py
 
 
 # Environment variables that map onto settings (non-secret and secret).

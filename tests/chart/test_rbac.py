@@ -147,6 +147,14 @@ FIND_RANKS = [
 ]
 
 
+LIST_NODES = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}
+TOPOLOGY_FROM_NODES = {
+    "levels": ["leaf_switch"],
+    "kubernetes": True,
+    "node_labels": {"leaf_switch": "example.com/leaf"},
+}
+
+
 def gateway_access(objs: Sequence[Manifest]) -> tuple[list[Any] | None, bool]:
     """The gateway ClusterRole's rules (None without one) and whether its token is mounted."""
     gateway = one(objs, "Deployment", "-gateway")["spec"]["template"]["spec"]
@@ -174,6 +182,9 @@ def test_gateway_gets_api_access_only_for_what_is_turned_on() -> None:
         # Diagnosis off, or on with static endpoints only: no API access.
         ({"diagnosis": {"enabled": False, "kubernetes": True}}, None),
         ({"diagnosis": {"static_endpoints": {"ml/llama": ["10.0.0.1:9402"]}}}, None),
+        # The topology from Node labels: list nodes, nothing else; a static one: no access.
+        ({"topology": TOPOLOGY_FROM_NODES}, [LIST_NODES]),
+        ({"topology": {"levels": ["rack"], "nodes": {"gpu-node-0": {"rack": "r1"}}}}, None),
     ],
 )
 def test_gateway_api_access_follows_its_settings(
@@ -183,6 +194,7 @@ def test_gateway_api_access_follows_its_settings(
     objs = template("defaults", {"gateway": gateway, "channels": {"secretEnv": token}}, tmp_path)
     assert gateway_access(objs) == (rules, rules is not None)
     assert diagnosis_settings(objs) == gateway.get("diagnosis")
+    assert config_settings(objs).topology == gateway.get("topology", {})
 
 
 def config_settings(objs: Sequence[Manifest]) -> Any:

@@ -316,12 +316,15 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             raw = obj.raw
             if label_selector_matches(selector, raw.get("metadata", {}).get("labels") or {}):
                 items.append(raw)
-        return {
-            "kind": "List",
-            "apiVersion": "v1",
-            "metadata": {"resourceVersion": str(self.rv)},
-            "items": items,
-        }
+        # Pagination as the API server does it (`limit`, then the `continue` token given).
+        meta: dict[str, Any] = {"resourceVersion": str(self.rv)}
+        limit = int(request.params.get("limit") or 0)
+        start = int(request.params.get("continue") or 0)
+        if limit > 0:
+            if start + limit < len(items):
+                meta["continue"] = str(start + limit)
+            items = items[start : start + limit]
+        return {"kind": "List", "apiVersion": "v1", "metadata": meta, "items": items}
 
     def _keys(self, resource: Any) -> list[tuple[Any, Any, str]]:
         """Object keys of one resource, in creation order (an index; kmock has none)."""

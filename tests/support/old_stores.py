@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Index, MetaData, Table
+from sqlalchemy import Index, MetaData, Table, UniqueConstraint
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.support.webhook_factory import BASE_TIME
@@ -25,6 +25,7 @@ ADDED_TABLES = {
 # Columns that later versions added to tables version 1 created: {version: {table: names}}.
 ADDED_COLUMNS: dict[int, dict[str, tuple[str, ...]]] = {
     4: {"notifications": ("failing_since", "retried_by", "retried_at")},
+    9: {"alerts": ("topology",)},
 }
 # Indexes that later versions added to tables version 1 created.
 ADDED_INDEXES: dict[int, tuple[str, ...]] = {
@@ -35,6 +36,7 @@ ADDED_INDEXES: dict[int, tuple[str, ...]] = {
         "ix_notifications_created",
     ),
     8: ("ix_alerts_blast_nodes",),
+    9: ("ix_alerts_node_starts",),
 }
 # Indexes that later versions dropped: {version: {index: (table, columns)}}.
 DROPPED_INDEXES = {8: {"ix_alerts_blast": ("alerts", ("job_name", "alertname", "starts_at"))}}
@@ -67,6 +69,10 @@ def version_1_tables() -> list[Table]:
             copy.indexes -= {i for i in copy.indexes if i.name in later_indexes}
         else:
             copy = Table(table.name, old, *(c._copy() for c in table.columns if c.name not in drop))
+            for constraint in table.constraints:
+                if isinstance(constraint, UniqueConstraint):
+                    names = [c.name for c in constraint.columns]
+                    copy.append_constraint(UniqueConstraint(*names, name=constraint.name))
             for index in table.indexes:
                 if index.name in later_indexes:
                     continue

@@ -28,6 +28,7 @@ from trainsentry.gateway.http_auth import error_response as _error
 from trainsentry.gateway.http_auth import read_token
 from trainsentry.gateway.http_auth import unauthorized as _unauthorized
 from trainsentry.gateway.maintenance_api import add_maintenance_routes
+from trainsentry.gateway.nodes_api import get_nodes
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.delivery import parse_retry_request
 from trainsentry.gateway.read_api import (
@@ -393,6 +394,7 @@ def add_routes(app: web.Application, card_callback: CardCallbackSettings | None 
     app.router.add_get("/api/v1/alerts", get_alerts)
     app.router.add_get("/api/v1/alerts/{alert_id}", get_alert_detail)
     app.router.add_get("/api/v1/notifications", get_notifications)
+    app.router.add_get("/api/v1/nodes", get_nodes)
     app.router.add_post("/api/v1/alerts/{alert_id}/ack", post_ack)
     app.router.add_post("/api/v1/notifications/retry", post_notifications_retry)
     add_maintenance_routes(app)

@@ -32,6 +32,7 @@ from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.delivery import DeliveryRules
 from trainsentry.gateway.policy.escalation import Escalator
 from trainsentry.gateway.policy.rules import load_policy
+from trainsentry.gateway.policy.topology import parse_settings as parse_topology
 from trainsentry.gateway.stages.ack import AckService
 from trainsentry.gateway.stages.diagnosis import (
     DiagnosisSettings,
@@ -52,6 +53,7 @@ from trainsentry.gateway.stages.planning.plan import PolicyPlan
 from trainsentry.gateway.stages.planning.ticker import Ticker
 from trainsentry.gateway.stages.planning.worker import PolicyWorker
 from trainsentry.gateway.stages.retention import Retention
+from trainsentry.gateway.stages.topology import TopologySource
 from trainsentry.kubeclient import default_api_client
 from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import Notifier
@@ -118,6 +120,7 @@ def create_app(
     card_callback: CardCallbackSettings | None = None,
     diagnosis: Diagnosis | None = None,
     kube_api: Callable[[], Awaitable[Any]] | None = None,
+    topology: TopologySource | None = None,
     maintenance: MaintenanceSettings | None = None,
     job_alerting: JobAlerting | None = None,
 ) -> web.Application:
@@ -136,6 +139,7 @@ def create_app(
             channels=tuple(notifiers),
             metrics=PolicyMetrics(gateway_metrics.registry),
             paging=paging,
+            topology=topology.current if topology is not None else None,
         )
         if job_alerting is not None:
             policy_plan.job_routes = job_alerting.routes
@@ -153,6 +157,7 @@ def create_app(
         silences=silences,
         diagnosis=diagnosis,
         kube_api=kube_api,
+        topology=topology,
         maintenance=maintenance or MaintenanceSettings(),
         job_alerting=job_alerting,
     )
@@ -193,6 +198,7 @@ class _Wiring:
     silences: SilenceClient | None
     diagnosis: Diagnosis | None
     kube_api: Callable[[], Awaitable[Any]] | None
+    topology: TopologySource | None
     maintenance: MaintenanceSettings
     job_alerting: JobAlerting | None = None
 
@@ -219,6 +225,8 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
         engine, on_commit=lambda outcomes: _record_commit(app[GATEWAY_KEY], outcomes)
     )
     gateway = Gateway(settings, engine, w.metrics, writer, outbox, clock=clock)
+    gateway.topology = w.topology
+    gateway.policy = policy_plan.policy if policy_plan is not None else None
     gateway.escalator = w.paging.escalator if w.paging is not None else None
     policy_lock = asyncio.Lock()
     gateway.policy_worker = PolicyWorker(
@@ -304,6 +312,8 @@ async def _add_hang_diagnosis(
 
 async def _start(app: web.Application, gateway: Gateway) -> None:
     """Starts the stages; the outbox last, after the leases an earlier run left."""
+    if gateway.topology is not None:
+        gateway.topology.start()
     if gateway.ticker is not None:
         gateway.ticker.start()
     if gateway.job_alerting is not None:
@@ -342,6 +352,8 @@ async def _stop(gateway: Gateway) -> None:
     if gateway.ticker is not None:
         await gateway.ticker.stop()
     await gateway.outbox.aclose()
+    if gateway.topology is not None:
+        await gateway.topology.stop()
     for task in list(gateway.background):
         task.cancel()
     await gateway.engine.dispose()
@@ -356,6 +368,7 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
     channels = build(settings, env)
     job_alerting = build_job_alerting(settings.job_alerting, channels)
     diagnosis_parts = build_diagnosis_parts(settings.diagnosis, env)
+    topology = build_topology(settings.topology)
     built = channels.built
     card_callback = None
     if built is not None and built.callback_path and built.verification_token:
@@ -374,8 +387,22 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
         silences=built.silences if built is not None else None,
         card_callback=card_callback,
         diagnosis=Diagnosis(*diagnosis_parts) if diagnosis_parts is not None else None,
+        topology=topology,
         maintenance=settings.maintenance,
         job_alerting=job_alerting,
+    )
+
+
+def build_topology(
+    raw: Mapping[str, Any], kube_api: Callable[[], Awaitable[Any]] | None = None
+) -> TopologySource | None:
+    """From the `topology:` config section: None when no levels are named. Raises
+    TopologyError (a ValueError) naming the field at fault."""
+    settings = parse_topology(raw)
+    if not settings.enabled:
+        return None
+    return TopologySource(
+        settings, (kube_api or default_api_client) if settings.kubernetes else None
     )
 
 

@@ -226,6 +226,8 @@ class PolicyMetrics:
                 child(self.suppressed, decision.suppressed.value).inc()
         if result.collapsed:
             child(self.suppressed, "storm").inc(result.collapsed)
+        if isinstance(result, DecideResult) and result.infra_folded:
+            child(self.suppressed, "infrastructure").inc(result.infra_folded)
         for message in result.storm_messages:
             child(self.storm_messages, message.kind.value).inc()
             if message.kind is StormMessageKind.STARTED:

@@ -21,6 +21,7 @@ from trainsentry.alerts import utcnow
 from trainsentry.config import GatewaySettings
 from trainsentry.gateway.metrics import GatewayMetrics
 from trainsentry.gateway.policy.escalation import Escalator
+from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.stages.ack import AckService
 from trainsentry.gateway.stages.diagnosis import HangDiagnoser
 from trainsentry.gateway.stages.hang_trigger import TriggerKeys, TriggerSources
@@ -32,6 +33,7 @@ from trainsentry.gateway.stages.outbox import Outbox
 from trainsentry.gateway.stages.planning.ticker import Ticker
 from trainsentry.gateway.stages.planning.worker import PolicyWorker
 from trainsentry.gateway.stages.retention import Retention
+from trainsentry.gateway.stages.topology import TopologySource
 from trainsentry.store.engine import Engine
 
 
@@ -55,6 +57,8 @@ class Gateway:
     escalator: Escalator | None = None  # the phone escalation's roster (who is on call)
     maintenance: MaintenanceService | None = None  # windows (the real policy only)
     job_alerting: JobAlerting | None = None
+    topology: TopologySource | None = None  # where each node stands (stages/topology.py)
+    policy: Policy | None = None  # the alert policy (node health reads its weights)
     classified: Callable[[], Mapping[int, str]] = dict
     clock: Callable[[], datetime] = utcnow
     background: list[asyncio.Task[Any]] = field(default_factory=list)

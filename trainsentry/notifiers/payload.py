@@ -113,6 +113,10 @@ class NotificationPayload(TypedDict):
     held_until: NotRequired[str]
     at: NotRequired[str]  # when the policy decided (ISO 8601)
     job_route: NotRequired[JobRoutePayload]  # the TrainingJob's own route, if it has one
+    # the alert's node's place in the topology, {level: element} (docs/infrastructure.md)
+    topology: NotRequired[dict[str, str]]
+    # kind "infra": the infrastructure incident (element, nodes, jobs, likely cause)
+    infrastructure: NotRequired[dict[str, Any]]
 
 
 class PersonPayload(TypedDict):

@@ -104,18 +104,17 @@ def mttr_trend(
 
 
 def top_nodes(nodes: Sequence[Hotspot]) -> bytes:
-    """Horizontal bars: nodes with the most hardware alerts."""
+    """Horizontal bars: the sickest nodes by their hardware fault score."""
     shown = list(nodes)[:10]
     longest = max((len(n.key) for n in shown), default=4)
     fig = _figure(left=min(0.5, 0.04 + 0.0095 * longest))
     ax = fig.axes[0]
     if shown:
         ax.barh(
-            [n.key for n in reversed(shown)], [n.count for n in reversed(shown)], color="#d83931"
+            [n.key for n in reversed(shown)], [n.score for n in reversed(shown)], color="#d83931"
         )
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     else:
-        ax.text(0.5, 0.5, "no hardware alerts", ha="center", va="center", transform=ax.transAxes)
+        ax.text(0.5, 0.5, "no hardware faults", ha="center", va="center", transform=ax.transAxes)
         ax.set_yticks([])
-    _style(fig, "Nodes with most hardware alerts")
+    _style(fig, "Sickest nodes (hardware fault score)")
     return _png(fig)

@@ -27,7 +27,7 @@ def digest_card(
         f"**{escape_md(label)}**: {escape_md(value)}" + (f" ({escape_md(note)})" if note else "")
         for label, value, note in headline
     ]
-    worst = [f"{h.key} ({h.count})" for h in stats.hot_nodes[:3]]
+    worst = [f"{h.key} (score {h.score:.1f})" for h in stats.hot_nodes[:3]]
     if worst:
         lines.append(f"**Sickest nodes**: {escape_md(', '.join(worst))}")
     noisy = [r.alertname for r in stats.top_rules if r.tuning_candidate][:3]

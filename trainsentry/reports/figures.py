@@ -45,6 +45,7 @@ class Hotspot:
     key: str
     count: int
     alertnames: tuple[str, ...]  # most frequent first
+    score: float = 0.0  # nodes: the hardware fault score at the period's end (policy/health.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +177,8 @@ class WeeklyStats:
     changes: tuple[Change, ...] = field(default=())
     hangs: Hangs = Hangs()
     quiet_windows: tuple[QuietWindow, ...] = ()
+    # occurrences that are hardware faults (gateway/policy/health.py: not a full disk or an OOM)
+    hardware_faults: int = 0
 
     @property
     def total(self) -> int:
@@ -186,7 +189,7 @@ class WeeklyStats:
 
     @property
     def hardware(self) -> int:
-        return sum(1 for o in self.occurrences if o.hardware)
+        return self.hardware_faults
 
     def headline(self) -> Headline:
         return Headline(

@@ -37,21 +37,20 @@ from datetime import date, datetime, timedelta
 from typing import Any
 
 from trainsentry.alerts import PROBE_HANG_ALERT, Priority
-from trainsentry.labels import GPU_ID_LABELS, first_label
+from trainsentry.gateway.policy.rules import Policy
 from trainsentry.reports.figures import (
     Change,
     Durations,
     Hangs,
     Headline,
-    Hotspot,
     JobCount,
     Pages,
     QuietWindow,
     RuleNoise,
     Storm,
     WeeklyStats,
-    XidSeen,
 )
+from trainsentry.reports.hardware import fault_count, hardware, policy_of
 from trainsentry.reports.period import Period
 from trainsentry.store.engine import Connection
 from trainsentry.store.maintenance import quiet_open_windows
@@ -90,11 +89,14 @@ class StatsOptions:
     hang_merge_s: float = 900.0
     # a maintenance window still open this long after its muted alerts all resolved is listed
     maintenance_quiet_s: float = 86400.0
+    # The alert policy whose node_health weighs hardware faults (None: the shipped one).
+    policy: Policy | None = None
 
     @classmethod
     def from_policy(cls, policy: Any, **overrides: Any) -> StatsOptions:
         dedup = policy.dedup
         return cls(
+            policy=policy,
             recurrence_window_s=float(dedup.recurrence_window),
             flap_transitions=int(dedup.flap_transitions),
             flap_window_s=float(dedup.flap_window),
@@ -153,23 +155,6 @@ def _durations_by_priority(values: Iterable[tuple[str, float]]) -> dict[str, Dur
     result = {p: Durations.of(v) for p, v in grouped.items()}
     result["all"] = Durations.of(everything)
     return result
-
-
-def _hotspots(keys: Iterable[tuple[str, str]], top: int) -> tuple[Hotspot, ...]:
-    """(key, alertname) pairs → the `top` keys with most alerts, ties by key."""
-    names: dict[str, Counter[str]] = defaultdict(Counter)
-    for key, alertname in keys:
-        if key:
-            names[key][alertname] += 1
-    ranked = sorted(names.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))[:top]
-    return tuple(
-        Hotspot(
-            key,
-            sum(c.values()),
-            tuple(n for n, _ in sorted(c.items(), key=lambda x: (-x[1], x[0]))),
-        )
-        for key, c in ranked
-    )
 
 
 def _storms(rows: Sequence[StormRow]) -> tuple[Storm, ...]:
@@ -242,42 +227,6 @@ def _rule_noise(
         )
     )
     return tuple(noise[: opts.top])
-
-
-def _hardware(
-    occs: Sequence[Occurrence], top: int
-) -> tuple[tuple[Hotspot, ...], tuple[Hotspot, ...], tuple[Hotspot, ...], tuple[XidSeen, ...]]:
-    """Hot nodes, GPUs and IB ports (hardware components only), and the XID codes seen."""
-    hardware = [o for o in occs if o.hardware]
-    hot_nodes = _hotspots(((o.node, o.alertname) for o in hardware), top)
-    hot_gpus = _hotspots(
-        (
-            (f"{o.node} GPU {gpu}", o.alertname)
-            for o in hardware
-            if o.component == "gpu" and (gpu := first_label(o.labels, GPU_ID_LABELS))
-        ),
-        top,
-    )
-    hot_ports = _hotspots(
-        (
-            (f"{o.node} {o.labels['device']}:{o.labels.get('port', '?')}", o.alertname)
-            for o in hardware
-            if o.component == "fabric" and o.labels.get("device")
-        ),
-        top,
-    )
-    xid_counts: Counter[str] = Counter()
-    xid_gpus: dict[str, set[str]] = defaultdict(set)
-    for occ in occs:
-        xid = occ.labels.get("xid")
-        if xid:
-            xid_counts[xid] += 1
-            xid_gpus[xid].add(f"{occ.node}/{first_label(occ.labels, GPU_ID_LABELS)}")
-    xids = tuple(
-        XidSeen(code, n, len(xid_gpus[code]))
-        for code, n in sorted(xid_counts.items(), key=lambda kv: (-kv[1], _xid_order(kv[0])))
-    )
-    return hot_nodes, hot_gpus, hot_ports, xids
 
 
 def _per_day(
@@ -385,7 +334,9 @@ def compute(
         1 for o in occs if o.priority in ("P0", "P1") and _before(o.acked_at, end) is None
     )
 
-    hot_nodes, hot_gpus, hot_ports, xids = _hardware(occs, opts.top)
+    policy = policy_of(opts.policy)
+    hot_nodes, hot_gpus, hot_ports, xids = hardware(occs, opts.top, policy, end)
+    hardware_faults = fault_count(occs, policy)
     per_day, mttr_per_day = _per_day(period, occs)
 
     return WeeklyStats(
@@ -411,11 +362,8 @@ def compute(
         per_day=per_day,
         mttr_per_day=mttr_per_day,
         hangs=hang_incidents(occs, first_notices or {}, end, opts),
+        hardware_faults=hardware_faults,
     )
-
-
-def _xid_order(code: str) -> tuple[int, str]:
-    return (int(code), code) if code.isdigit() else (1 << 30, code)
 
 
 def compare(current: WeeklyStats, previous: Headline) -> WeeklyStats:
@@ -427,7 +375,7 @@ def compare(current: WeeklyStats, previous: Headline) -> WeeklyStats:
             Change(f"{p} alerts", now.by_priority[p], previous.by_priority.get(p, 0))
             for p in PRIORITIES
         ),
-        Change("Hardware alerts", now.hardware, previous.hardware),
+        Change("Hardware faults", now.hardware, previous.hardware),
         Change("Recurring", now.recurring, previous.recurring),
         Change("Flapping", now.flapping, previous.flapping),
         Change("Storms", now.storms, previous.storms),

@@ -196,7 +196,7 @@ def headline(stats: WeeklyStats) -> tuple[tuple[str, str, str], ...]:
             f"{stats.pages.acked}/{stats.pages.incidents}",
             f"{stats.pages.calls} calls",
         ),
-        ("Hardware alerts", str(stats.hardware), f"{len(stats.hot_nodes)} nodes"),
+        ("Hardware faults", str(stats.hardware), f"{len(stats.hot_nodes)} nodes"),
     )
 
 

@@ -96,6 +96,12 @@ def _create_maintenance_v6(conn: Connection) -> None:
     mutes.create(conn)
 
 
+def _add_alert_topology_v9(conn: Connection) -> None:
+    sql_type = "JSONB" if conn.dialect.name == "postgresql" else "JSON"
+    conn.exec_driver_sql(f"ALTER TABLE alerts ADD COLUMN topology {sql_type}")
+    conn.exec_driver_sql("CREATE INDEX ix_alerts_node_starts ON alerts (node, starts_at)")
+
+
 MIGRATIONS: dict[int, list[Step]] = {
     1: [],
     # 2: the policy runs after the intake's commit, from a durable inbox of events
@@ -125,4 +131,7 @@ MIGRATIONS: dict[int, list[Step]] = {
         "(job_name, alertname, starts_at, job_namespace, node)",
         "DROP INDEX ix_alerts_blast",
     ],
+    # 9: an alert's place in the topology (docs/infrastructure.md), and an index to find the
+    # recent alerts of a set of nodes
+    9: [_add_alert_topology_v9],
 }

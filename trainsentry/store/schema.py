@@ -39,7 +39,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -121,6 +121,8 @@ alerts = Table(
     Column("acked_at", UTCDateTime, nullable=True),
     Column("acked_by", Text, nullable=True),
     Column("verdict", Json, nullable=True),
+    # the node's place in the topology ({level: element}) when the policy planned it
+    Column("topology", Json, nullable=True),
     UniqueConstraint("fingerprint", "starts_at", name="uq_alerts_occurrence"),
 )
 Index("ix_alerts_status_id", alerts.c.status, alerts.c.id)
@@ -137,6 +139,8 @@ Index(
 Index("ix_alerts_created", alerts.c.created_at)
 # A receipt's deletion clears (and on PostgreSQL checks) the references to it.
 Index("ix_alerts_first_receipt", alerts.c.first_receipt_id)
+# the firing alerts of the nodes under a topology element within a window (store/infra.py)
+Index("ix_alerts_node_starts", alerts.c.node, alerts.c.starts_at)
 
 alert_events = Table(
     "alert_events",

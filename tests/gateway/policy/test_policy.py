@@ -153,3 +153,4 @@ def test_xid_table_agrees_with_the_rules_catalogue() -> None:
     for code, entry in catalogue.items():
         assert table[int(code)].priority == Priority(entry["priority"]), f"XID {code}"
         assert table[int(code)].name == entry["name"], f"XID {code}"
+        assert table[int(code)].resolution == entry["resolution"], f"XID {code}"

@@ -27,6 +27,7 @@ from trainsentry.alerts import (
 from trainsentry.gateway.policy import dedup
 from trainsentry.gateway.policy.classify import Classification, classify
 from trainsentry.gateway.policy.dedup import Decision, FingerprintState, Notice
+from trainsentry.gateway.policy.infra import INFRA_KIND, InfraFold, InfraMessage, InfraState
 from trainsentry.gateway.policy.payload import (
     ALERT_KIND,
     STORM_KIND,
@@ -52,6 +53,8 @@ from trainsentry.gateway.policy.storm import (
 )
 from trainsentry.notifiers.payload import JobRoutePayload
 
+INFRA_FOLDED = "infra_folded"  # fingerprint context: its resolve went to an incident
+
 
 @dataclass(frozen=True, slots=True)
 class DecideResult:
@@ -63,6 +66,9 @@ class DecideResult:
     storm_messages: tuple[StormMessage, ...] = ()
     collapsed: int = 0  # notices folded into a storm summary instead of sent
     unconfigured: tuple[str, ...] = ()  # routed channels this gateway has no notifier for
+    infra_states: dict[str, InfraState] = field(default_factory=dict)  # only the changed ones
+    infra_messages: tuple[InfraMessage, ...] = ()
+    infra_folded: int = 0  # notices folded into an infrastructure incident instead of sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +96,9 @@ class _Out:
     # TrainingJobs' own routes (spec.alerting), by job; each applies to its own job's alerts
     job_routes: Mapping[JobRef, JobRoute] = field(default_factory=dict)
     job_extra: JobRoutePayload | None = None  # of the last `_route`
+    place: Mapping[str, str] | None = None  # the alert's node's place in the topology
+    infra: InfraFold | None = None  # set when the alert's node has a place
+    infra_folded: int = 0
 
     def _route(
         self, priority: Priority, labels: Mapping[str, str], *, paging: bool
@@ -124,6 +133,8 @@ class _Out:
         payload = alert_payload(decision, alert, alert_id, classification, route_id=route_id)
         if self.job_extra is not None:
             payload["job_route"] = self.job_extra
+        if self.place:
+            payload["topology"] = dict(self.place)
         if storm is not None:
             payload["storm"] = storm_summary(storm)
         occurrence = decision.occurrence.isoformat()
@@ -142,6 +153,27 @@ class _Out:
                     reason=f"{classification.rule_id}: {classification.reason}",
                 )
             )
+
+    def infra_messages(self, messages: Iterable[InfraMessage]) -> None:
+        for message in messages:
+            channels, route_id = self._route(
+                message.priority, message.labels, paging=message.paging
+            )
+            extra = {"job_route": self.job_extra} if self.job_extra is not None else {}
+            for channel in channels:
+                payload = dict(message.payload, route=route_id, **extra)
+                self.drafts.append(
+                    NotificationDraft(
+                        channel=channel,
+                        kind=INFRA_KIND,
+                        priority=message.priority,
+                        idempotency_key=idempotency_key(*message.ident, channel),
+                        payload=payload,
+                        alert_id=message.alert_id,
+                        group_key=f"infra:{message.key}",
+                        reason=payload["reason"],
+                    )
+                )
 
     def storm_messages(self, messages: Iterable[StormMessage]) -> None:
         for message in messages:
@@ -201,6 +233,10 @@ def _apply(
         # A resolve keeps the priority it had while firing.
         context = dict(fp.context) or _context(alert, alert_id, classification)
         context["alert"] = alert_to_json(alert)
+        # Folded when it resolves, whether its notice goes now or is held (a flapping alert's
+        # resolve released later by the timer stays folded: the flag is kept with the state).
+        if out.infra is not None and out.infra.fold_resolved(alert, decision.at):
+            context[INFRA_FOLDED] = True
         changes["context"] = context
     if decision.notice is not None:
         storm = _deliver(decision, fp, storm, alert, alert_id, classification, out, changes)
@@ -220,6 +256,15 @@ def _deliver(
     """Sends a notice on its own, as the storm's one P0 page, or folds it into a summary."""
     policy = out.policy
     resolving = decision.transition is AlertStatus.RESOLVED or decision.notice is Notice.RESOLVED
+    folded = (
+        bool((changes.get("context") or fp.context).get(INFRA_FOLDED))
+        if resolving
+        else out.infra is not None
+        and out.infra.fold_firing(alert, alert_id, classification, decision.at)
+    )
+    if folded:
+        out.infra_folded += 1  # the infrastructure incident speaks for it
+        return storm
     if resolving:
         if storm.active or fp.collapsed:
             out.collapsed += 1
@@ -281,6 +326,8 @@ def decide(
     now: datetime,
     channels: Collection[str] | None = None,
     job_routes: Mapping[JobRef, JobRoute] | None = None,
+    place: Mapping[str, str] | None = None,
+    infra: InfraFold | None = None,
 ) -> DecideResult:
     """Everything the policy does with one alert change.
 
@@ -289,6 +336,8 @@ def decide(
     `distinct_nodes_in_window`: distinct nodes of the job with this alertname within
     `policy.blast_radius.window`, this alert included. `channels`: configured channel names.
     `job_routes`: the TrainingJobs' own routes (route.JobRoute), applied to their own alerts.
+    `place`: the alert's node's place in the topology (shown on its cards); `infra`: the
+    infrastructure incidents of that place (infra.py), which may take the alert's notices.
     """
     alert = change.alert
     key = job_key(alert.labels)
@@ -296,7 +345,13 @@ def decide(
     if storm.job != key:
         raise ValueError(f"storm state of {storm.job} given for an alert of {key}")
     classification = classify(alert, policy, distinct_nodes_in_window=distinct_nodes_in_window)
-    out = _Out(policy=policy, channels=channels, job_routes=job_routes or {})
+    out = _Out(
+        policy=policy,
+        channels=channels,
+        job_routes=job_routes or {},
+        place=place,
+        infra=infra,
+    )
 
     storm, messages = due(storm, now, policy)
     out.storm_messages(messages)
@@ -312,6 +367,8 @@ def decide(
         if decision.transition is AlertStatus.RESOLVED and "classification" in fp.context:
             used = Classification.from_json(fp.context["classification"])
         fp, storm = _apply(decision, fp, storm, alert, change.alert_id, used, out)
+    if infra is not None:
+        out.infra_messages(infra.messages)
 
     return DecideResult(
         fingerprint_state=fp,
@@ -322,6 +379,9 @@ def decide(
         storm_messages=tuple(out.messages),
         collapsed=out.collapsed,
         unconfigured=tuple(dict.fromkeys(out.unconfigured)),
+        infra_states=dict(infra.changed) if infra is not None else {},
+        infra_messages=tuple(infra.messages) if infra is not None else (),
+        infra_folded=out.infra_folded,
     )
 
 

@@ -73,6 +73,9 @@ class HardwareRule(AlertnameRule):
 class XidEntry(_Strict):
     name: str
     priority: Priority
+    # what fixes it (RESTART_APP, IGNORE, RESET_GPU, RESTART_BM, CONTACT_SUPPORT; rules/
+    # xid_catalogue.yaml); node health weighs the XID by it
+    resolution: str = ""
     action: str = ""
 
 
@@ -129,6 +132,55 @@ class StormPolicy(_Strict):
             value.format(job="j", start="s", end="e")
         except (KeyError, IndexError, ValueError) as exc:
             raise ValueError(f"list_url may use only {{job}}, {{start}}, {{end}}: {exc}") from exc
+        return value
+
+
+class InfrastructurePolicy(_Strict):
+    """Infrastructure incidents across jobs (gateway/policy/infra.py)."""
+
+    enabled: bool = True
+    nodes: int = Field(default=3, ge=2)  # N: distinct nodes under one element ...
+    window: Seconds = 120  # ... whose hardware alerts started within W seconds
+    components: tuple[str, ...] = ("fabric", "node", "gpu")  # `component` labels counted
+    levels: tuple[str, ...] = ()  # topology levels looked at (empty: all, most specific first)
+    # Alerts of those components that say nothing about the hardware (a full disk, an OOM).
+    ignore_alertnames: str = ""
+
+    @field_validator("ignore_alertnames")
+    @classmethod
+    def _ignore_regex(cls, value: str) -> str:
+        return _check_regex(value)
+
+    # The labels an incident's cards carry and are routed by (write a route matching them).
+    route_labels: dict[str, str] = Field(default_factory=lambda: {"scope": "infrastructure"})
+
+
+class FaultRule(_Strict):
+    """Alerts whose whole alertname matches `alertname` are a hardware fault of `kind`."""
+
+    kind: str = Field(min_length=1, max_length=40)
+    alertname: str
+    weight: float = Field(ge=0)
+
+    @field_validator("alertname")
+    @classmethod
+    def _alertname_regex(cls, value: str) -> str:
+        return _check_regex(value)
+
+
+class NodeHealthPolicy(_Strict):
+    """The time-decayed fault score of nodes and GPUs (gateway/policy/health.py)."""
+
+    half_life: Seconds = 7 * 86400  # a fault weighs half as much after this long
+    horizon: Seconds = 30 * 86400  # faults older than this are not counted
+    xid_buckets: dict[str, float] = Field(default_factory=dict)  # resolution -> weight
+    faults: tuple[FaultRule, ...] = ()
+
+    @field_validator("xid_buckets")
+    @classmethod
+    def _weights(cls, value: dict[str, float]) -> dict[str, float]:
+        if any(weight < 0 for weight in value.values()):
+            raise ValueError("xid_buckets weights must be 0 or more")
         return value
 
 
@@ -196,6 +248,8 @@ class Policy(_Strict):
     blast_radius: BlastRadiusPolicy = Field(default_factory=BlastRadiusPolicy)
     dedup: DedupPolicy = Field(default_factory=DedupPolicy)
     storm: StormPolicy = Field(default_factory=StormPolicy)
+    infrastructure: InfrastructurePolicy = Field(default_factory=InfrastructurePolicy)
+    node_health: NodeHealthPolicy = Field(default_factory=NodeHealthPolicy)
     node_labels: tuple[str, ...] = NODE_LABELS
     gpu_labels: tuple[str, ...] = GPU_LABELS
     routing: RoutingPolicy = Field(default_factory=RoutingPolicy)

@@ -173,6 +173,11 @@ class MaintenanceService:
                 found.append(_Live(row, window))
         return found
 
+    async def windows_now(self, conn: Connection, now: datetime) -> list[MaintenanceWindow]:
+        """The windows stored and not ended (the planning matches them, e.g. to keep a node
+        under maintenance out of infrastructure incidents)."""
+        return [live.window for live in await self._live(conn, now)]
+
     # The service: what the API and the CLI call.
 
     async def create(self, body: Any) -> dict[str, Any]:

@@ -197,6 +197,7 @@ def _fields(payload: NotificationPayload, now: datetime | None) -> list[str]:
         ("Job", job_of(payload)),
         ("Rank", rank_of(payload)),
         ("Node", node_of(payload)),
+        ("Place", ", ".join(f"{k}={v}" for k, v in (payload.get("topology") or {}).items())),
         ("GPU", gpu_of(payload)),
         ("Value", annotation(payload, "value")),
         ("Since", _since(payload, now)),

@@ -8,21 +8,39 @@ loads their states, counts the blast radius, and writes states, priorities and o
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
-from trainsentry.alerts import AlertChange, ChangeKind, JobRef, NotificationDraft
+from trainsentry.alerts import (
+    Alert,
+    AlertChange,
+    AlertStatus,
+    ChangeKind,
+    JobRef,
+    NotificationDraft,
+)
 from trainsentry.gateway.metrics import PolicyMetrics
 from trainsentry.gateway.policy.classify import Classification
 from trainsentry.gateway.policy.decide import decide, decide_tick
 from trainsentry.gateway.policy.dedup import FingerprintState
+from trainsentry.gateway.policy.infra import (
+    InfraFold,
+    InfraState,
+    Sighting,
+    hardware_component,
+    sightings,
+)
 from trainsentry.gateway.policy.payload import ALERT_KIND, alert_to_json, idempotency_key
 from trainsentry.gateway.policy.route import ARCHIVE_CHANNELS, JobRoute, unconfigured_names
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.storm import StormState, job_key
+from trainsentry.gateway.policy.topology import Topology, members
 from trainsentry.gateway.stages.paging import Paging
+from trainsentry.oncall.maintenance import muted_by
+from trainsentry.oncall.types import MaintenanceWindow
 from trainsentry.store.engine import Connection
+from trainsentry.store.infra import recent_on_nodes, set_places
 from trainsentry.store.policy_state import (
     claim_due,
     distinct_nodes,
@@ -53,11 +71,14 @@ class MaintenanceHook(Protocol):
 
     async def tick(self, conn: Connection, now: datetime) -> list[NotificationDraft]: ...
 
+    async def windows_now(self, conn: Connection, now: datetime) -> list[MaintenanceWindow]: ...
+
 
 log = logging.getLogger("trainsentry.policy")
 
 FINGERPRINT_SCOPE = "fingerprint"
 STORM_SCOPE = "storm"
+INFRA_SCOPE = "infra"
 
 
 def _fp_row(state: FingerprintState) -> tuple[dict[str, Any], datetime | None]:
@@ -111,8 +132,12 @@ class PolicyPlan:
         *,
         metrics: PolicyMetrics | None = None,
         paging: Paging | None = None,
+        topology: Callable[[], Topology] | None = None,
     ) -> None:
         self.policy = policy
+        # Where each node stands (gateway/stages/topology.py); None: no topology configured.
+        self.topology = topology
+        self._members: tuple[Topology, dict[str, tuple[str, ...]]] | None = None
         self.paging = paging
         # Archive channels get every occurrence (one row, updated on resolve), whatever dedup
         # and storm collapse decide for the chat and phone channels.
@@ -162,6 +187,33 @@ class PolicyPlan:
             ],
             window_start(now, self.policy.blast_radius.window),
         )
+        topology = self.topology() if self.topology is not None else None
+        places = {
+            c.alert_id: found
+            for c in changes
+            if topology is not None and (found := topology.place(c.alert.node))
+        }
+        infra_states: dict[str, InfraState] = {}
+        seen: dict[str, Sighting] = {}
+        # A node under maintenance is no evidence of a broken switch: its alerts are muted
+        # by their window as usual, never folded into (nor counted for) an incident.
+        windows: list[MaintenanceWindow] = []
+        if places and self.maintenance is not None and self.policy.infrastructure.enabled:
+            windows = await self.maintenance.windows_now(conn, now)
+        in_maintenance = {
+            c.alert_id for c in changes if windows and muted_by(windows, c.alert.labels, now)
+        }
+        hardware_places = [
+            places[c.alert_id]
+            for c in changes
+            if c.alert_id in places
+            and c.alert_id not in in_maintenance
+            and hardware_component(c.alert, self.policy)
+        ]
+        if topology is not None and self.policy.infrastructure.enabled:
+            infra_states, seen = await self._infra_context(
+                conn, topology, places.values(), hardware_places, windows, now
+            )
         drafts: list[NotificationDraft] = []
         priorities: list[tuple[int, str, str]] = []
         self.classified = {}
@@ -169,6 +221,14 @@ class PolicyPlan:
         for change in changes:
             alert = change.alert
             job = alert.job
+            place = places.get(change.alert_id)
+            infra = (
+                InfraFold(self.policy, place, infra_states, seen, alert.labels)
+                if place
+                and self.policy.infrastructure.enabled
+                and change.alert_id not in in_maintenance
+                else None
+            )
             result = decide(
                 change,
                 fingerprint_state=fp_states.get(alert.fingerprint),
@@ -180,7 +240,10 @@ class PolicyPlan:
                 now=now,
                 channels=self.channels,
                 job_routes=job_routes,
+                place=place,
+                infra=infra,
             )
+            infra_states.update(result.infra_states)
             fp_states[alert.fingerprint] = result.fingerprint_state
             storm_states[result.storm_state.job] = result.storm_state
             drafts.extend(result.drafts)
@@ -199,6 +262,10 @@ class PolicyPlan:
             conn, STORM_SCOPE, {k: _storm_row(v, self.policy) for k, v in storm_states.items()}, now
         )
         await set_priorities(conn, priorities)
+        await set_places(conn, sorted(places.items()))
+        await save_states(
+            conn, INFRA_SCOPE, {k: (v.to_json(), None) for k, v in infra_states.items()}, now
+        )
         if self.maintenance is not None:
             drafts = await self.maintenance.mute(conn, drafts, now, self.archive_channels)
         if self.paging is not None:
@@ -209,6 +276,53 @@ class PolicyPlan:
         written = await insert_notifications(conn, drafts, now)
         self.drafted += written
         return written
+
+    async def _infra_context(
+        self,
+        conn: Connection,
+        topology: Topology,
+        places: Iterable[Mapping[str, str]],
+        hardware_places: Iterable[Mapping[str, str]],
+        windows: Sequence[MaintenanceWindow],
+        now: datetime,
+    ) -> tuple[dict[str, InfraState], dict[str, Sighting]]:
+        """The stored incidents of the batch's elements, and the hardware alerts the store
+        holds within the window under the elements of the batch's hardware alerts that have
+        no open incident (this batch's included: the intake stored it). Nothing is read when
+        the batch holds no hardware alert, nor once every element it touches is open (a
+        storm under an open incident costs one state read per batch)."""
+        keys = {f"{level}={element}" for place in places for level, element in place.items()}
+        if not keys:
+            return {}, {}
+        states = {
+            key: InfraState.from_json(data)
+            for key, data in (await load_states(conn, INFRA_SCOPE, keys)).items()
+        }
+        counted: set[str] = set()
+        for place in hardware_places:
+            place_keys = [f"{level}={element}" for level, element in place.items()]
+            if not any((state := states.get(key)) is not None and state.open for key in place_keys):
+                counted.update(place_keys)  # an open incident would take the alert first
+        if not counted:
+            return states, {}
+        if self._members is None or self._members[0] is not topology:
+            self._members = (topology, members(topology))
+        index = self._members[1]
+        nodes = {node for key in counted for node in index.get(key, ())}
+        since = window_start(now, self.policy.infrastructure.window)
+        recent = [
+            Alert(
+                fingerprint=f"stored:{row.alert_id}",
+                status=AlertStatus.FIRING,
+                labels=row.labels,
+                annotations=row.annotations,
+                starts_at=row.starts_at,
+                ends_at=None,
+            )
+            for row in await recent_on_nodes(conn, nodes, since)
+            if not muted_by(windows, row.labels, now)
+        ]
+        return states, sightings(recent, topology, self.policy)
 
     async def _escalate(
         self,
