@@ -157,6 +157,7 @@ class Settings(BaseModel):
     channels: dict[str, Any] = Field(default_factory=dict)
     reports: dict[str, Any] = Field(default_factory=dict)  # validated by reports/settings.py
     diagnosis: dict[str, Any] = Field(default_factory=dict)  # gateway/stages/diagnosis.py
+    oncall: dict[str, Any] | None = None  # validated by oncall/config.py (docs/oncall.md)
 
 
 # Environment variables that map onto settings (non-secret and secret).

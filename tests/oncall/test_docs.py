@@ -34,16 +34,3 @@ def test_the_documented_output_is_what_the_command_prints(tmp_path: Path) -> Non
     assert code == 0, err
     assert json.loads(out) == json.loads(shown)
     assert out == shown
-
-
-def test_the_gateway_does_not_take_the_section_yet() -> None:
-    # docs/oncall.md: the gateway's loader refuses a file with `oncall:` until it is wired.
-    # When that changes, this test and the doc's "Not wired yet" list change with it.
-    from trainsentry.config import ConfigError, load_settings
-
-    try:
-        load_settings(EXAMPLE, env={})
-    except ConfigError as exc:
-        assert "oncall: Extra inputs are not permitted" in str(exc)
-    else:
-        raise AssertionError("the gateway now reads oncall:; update docs/oncall.md")

@@ -7,10 +7,16 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.support.webhook_factory import BASE_TIME
 from trainsentry.store.migrations import MIGRATIONS
-from trainsentry.store.schema import callback_events, metadata, policy_inbox, schema_version
+from trainsentry.store.schema import (
+    callback_events,
+    metadata,
+    oncall_overrides,
+    policy_inbox,
+    schema_version,
+)
 
 # Tables that later versions added.
-ADDED_TABLES = {2: policy_inbox, 5: callback_events}
+ADDED_TABLES = {2: policy_inbox, 5: callback_events, 7: oncall_overrides}
 # Columns that later versions added to tables version 1 created: {version: {table: names}}.
 ADDED_COLUMNS: dict[int, dict[str, tuple[str, ...]]] = {
     4: {"notifications": ("failing_since", "retried_by", "retried_at")},

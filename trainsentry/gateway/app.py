@@ -27,6 +27,7 @@ from trainsentry.gateway.http_auth import authorized as _authorized
 from trainsentry.gateway.http_auth import error_response as _error
 from trainsentry.gateway.http_auth import read_token
 from trainsentry.gateway.http_auth import unauthorized as _unauthorized
+from trainsentry.gateway.oncall_api import add_oncall_routes
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.delivery import parse_retry_request
 from trainsentry.gateway.read_api import (
@@ -203,7 +204,8 @@ def _complete_truncated(gateway: Gateway, receipt: IncomingReceipt) -> None:
 
 
 async def post_ack(request: web.Request) -> web.Response:
-    """POST /api/v1/alerts/{id}/ack {"by": "...", "silence_minutes": 60}: authenticated."""
+    """POST /api/v1/alerts/{id}/ack {"by": "...", "silence_minutes": 60, "comment": "..."}:
+    authenticated."""
     gateway = request.app[GATEWAY_KEY]
     token = read_token(gateway.settings)
     if token is None:
@@ -222,10 +224,15 @@ async def post_ack(request: web.Request) -> web.Response:
         return _error(400, "body must be a JSON object")
     who = body.get("by")
     minutes = body.get("silence_minutes")
+    comment = body.get("comment")
     if not isinstance(who, str) or not who.strip() or len(who) > 200:
         return _error(400, "'by' (who acknowledges) is required, up to 200 characters")
     if (problem := text_problem(who)) is not None:
         return _error(400, f"'by': {problem}")
+    if comment is not None and (not isinstance(comment, str) or len(comment) > 1000):
+        return _error(400, "'comment' must be a string of up to 1000 characters")
+    if comment is not None and (problem := text_problem(comment)) is not None:
+        return _error(400, f"'comment': {problem}")
     if minutes is not None and (
         isinstance(minutes, bool)
         or not isinstance(minutes, int | float)
@@ -235,7 +242,9 @@ async def post_ack(request: web.Request) -> web.Response:
     assert gateway.ack is not None
     silence = timedelta(minutes=minutes) if minutes else None
     try:
-        result = await gateway.ack.acknowledge(alert_id, who.strip(), silence)
+        result = await gateway.ack.acknowledge(
+            alert_id, who.strip(), silence, comment.strip() if comment else None
+        )
     except (OSError, DatabaseError) as exc:
         return _error(503, f"store unavailable, retry: {type(exc).__name__}")
     if result is None:
@@ -385,6 +394,7 @@ def add_routes(app: web.Application, card_callback: CardCallbackSettings | None 
     app.router.add_get("/api/v1/notifications", get_notifications)
     app.router.add_post("/api/v1/alerts/{alert_id}/ack", post_ack)
     app.router.add_post("/api/v1/notifications/retry", post_notifications_retry)
+    add_oncall_routes(app)
     if card_callback is not None:
         app.router.add_post(card_callback.path, _card_handler(app, card_callback))
     app.router.add_get("/healthz", healthz)

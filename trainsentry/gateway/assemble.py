@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from trainsentry.alerts import AlertChange, Priority, utcnow
-from trainsentry.config import GatewaySettings, Settings
+from trainsentry.config import ConfigError, GatewaySettings, Settings
 from trainsentry.gateway.app import CardCallbackSettings, add_routes, json_errors
 from trainsentry.gateway.channels import build
 from trainsentry.gateway.http_auth import open_endpoints
@@ -30,8 +30,9 @@ from trainsentry.gateway.limits import BodyLimits, body_limits
 from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.delivery import DeliveryRules
-from trainsentry.gateway.policy.escalation import Escalator
-from trainsentry.gateway.policy.rules import load_policy
+from trainsentry.gateway.policy.escalation import EscalationPolicy, Escalator, Roster
+from trainsentry.gateway.policy.route import escalation_for, escalation_names
+from trainsentry.gateway.policy.rules import Policy, load_policy
 from trainsentry.gateway.stages.ack import AckService
 from trainsentry.gateway.stages.diagnosis import (
     DiagnosisSettings,
@@ -40,10 +41,12 @@ from trainsentry.gateway.stages.diagnosis import (
     KubernetesEndpoints,
     StaticEndpoints,
 )
+from trainsentry.gateway.stages.handoff import HandoffNotices, reschedule
 from trainsentry.gateway.stages.hang_enrichment import HangVerdict
 from trainsentry.gateway.stages.hang_trigger import TriggerKeys, TriggerSources
 from trainsentry.gateway.stages.intake import IntakeWriter, PlanHook
 from trainsentry.gateway.stages.job_status import JobStatusFeeder
+from trainsentry.gateway.stages.oncall import OncallService, current_escalators
 from trainsentry.gateway.stages.outbox import Outbox
 from trainsentry.gateway.stages.paging import Paging
 from trainsentry.gateway.stages.planning.plan import PolicyPlan
@@ -54,6 +57,8 @@ from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.notifiers.settings import SecretMissing, read_secret
+from trainsentry.oncall.config import OncallConfigError, parse_oncall
+from trainsentry.oncall.types import OncallConfig
 from trainsentry.store import create_engine, migrate
 from trainsentry.store.queries import first_occurrence
 from trainsentry.store.writes import ReceiptOutcome
@@ -115,17 +120,21 @@ def create_app(
     card_callback: CardCallbackSettings | None = None,
     diagnosis: Diagnosis | None = None,
     kube_api: Callable[[], Awaitable[Any]] | None = None,
+    oncall: OncallConfig | None = None,
 ) -> web.Application:
-    """Builds the gateway app; the store is opened (and its schema checked) at startup."""
+    """Builds the gateway app; the store is opened (and its schema checked) at startup.
+    Raises ConfigError when the policy names an escalation policy `oncall` lacks."""
     if notifiers is None:
         notifiers = {"console": ConsoleNotifier(settings.console_file)}
     gateway_metrics = metrics or GatewayMetrics()
-    paging = Paging(escalator) if escalator is not None else None
+    policy = load_policy(settings.policy_file) if plan is None else None
+    paging = _paging(escalator, oncall, policy, "phone" in notifiers)
     # The real policy, unless a test injected its own PlanHook (then: no timers, no hold).
     policy_plan: PolicyPlan | None = None
     if plan is None:
+        assert policy is not None
         policy_plan = PolicyPlan(
-            load_policy(settings.policy_file),
+            policy,
             channels=tuple(notifiers),
             metrics=PolicyMetrics(gateway_metrics.registry),
             paging=paging,
@@ -144,6 +153,7 @@ def create_app(
         silences=silences,
         diagnosis=diagnosis,
         kube_api=kube_api,
+        oncall=oncall,
     )
     limits = BodyLimits(
         read_timeout_s=settings.body_timeout_s,
@@ -166,6 +176,38 @@ def create_app(
     return app
 
 
+def _paging(
+    escalator: Escalator | None, oncall: OncallConfig | None, policy: Policy | None, phone: bool
+) -> Paging | None:
+    """The escalation stage: the inline layers (`escalator`) by default, the
+    `oncall.escalation_policies` where the policy's routes name them."""
+    named = oncall.escalation_policies if oncall is not None else {}
+    if policy is not None:
+        for field_name, name in escalation_names(policy).items():
+            if name not in named:
+                known = ", ".join(sorted(named)) or "none configured"
+                raise ConfigError(
+                    f"policy {field_name}: unknown escalation policy {name!r} "
+                    f"(oncall.escalation_policies: {known})"
+                )
+    if escalator is None and named and phone:
+        escalator = Escalator(Roster(()), EscalationPolicy())  # only routed pages escalate
+    if escalator is None:
+        return None
+    if oncall is None or not named or policy is None:
+        return Paging(escalator)
+    config, rules = oncall, policy
+
+    async def current(conn: Any, now: datetime) -> Any:
+        return await current_escalators(conn, config, now)
+
+    return Paging(
+        escalator,
+        named=current,
+        choose=lambda route, priority: escalation_for(route, priority, rules),
+    )
+
+
 @dataclass(frozen=True)
 class _Wiring:
     """What `create_app` was given, for the start of the app."""
@@ -182,6 +224,7 @@ class _Wiring:
     silences: SilenceClient | None
     diagnosis: Diagnosis | None
     kube_api: Callable[[], Awaitable[Any]] | None
+    oncall: OncallConfig | None = None
 
 
 async def _open(app: web.Application, w: _Wiring) -> Gateway:
@@ -225,6 +268,16 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
     )
     if policy_plan is not None:
         gateway.classified = lambda: policy_plan.classified
+    if w.oncall is not None:
+        gateway.oncall = OncallService(engine, w.oncall, clock=clock, on_change=reschedule)
+        gateway.handoffs = HandoffNotices(
+            engine,
+            gateway.oncall,
+            tuple(w.notifiers),
+            clock=clock,
+            interval=30 * w.tick_interval,
+            on_drafts=outbox.wake,
+        )
     if settings.trainingjob_status:
         gateway.job_status = JobStatusFeeder(w.kube_api or default_api_client)
     if w.diagnosis is not None and w.diagnosis.settings.enabled and policy_plan is not None:
@@ -286,6 +339,8 @@ async def _start(app: web.Application, gateway: Gateway) -> None:
     # Before the worker and anything else can claim: rows an earlier run left in flight.
     await gateway.outbox.release_leases_of_earlier_runs()
     gateway.outbox.start()
+    if gateway.handoffs is not None:
+        gateway.handoffs.start()
     log.info(
         "gateway started db=%s listen=%s", gateway.engine.dialect.name, gateway.settings.listen
     )
@@ -306,6 +361,8 @@ async def _stop(gateway: Gateway) -> None:
         await gateway.job_status.stop()
     if gateway.ticker is not None:
         await gateway.ticker.stop()
+    if gateway.handoffs is not None:
+        await gateway.handoffs.stop()
     await gateway.outbox.aclose()
     for task in list(gateway.background):
         task.cancel()
@@ -318,6 +375,7 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
 
     Raises ConfigError (a channel or secret is wrong) or ValueError (the policy file)."""
     env = os.environ if env is None else env
+    oncall = oncall_of(settings)
     channels = build(settings, env)
     diagnosis_parts = build_diagnosis_parts(settings.diagnosis, env)
     built = channels.built
@@ -338,7 +396,18 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
         silences=built.silences if built is not None else None,
         card_callback=card_callback,
         diagnosis=Diagnosis(*diagnosis_parts) if diagnosis_parts is not None else None,
+        oncall=oncall,
     )
+
+
+def oncall_of(settings: Settings) -> OncallConfig | None:
+    """The `oncall:` section, validated (ConfigError naming the field), or None."""
+    if settings.oncall is None:
+        return None
+    try:
+        return parse_oncall(settings.oncall)
+    except OncallConfigError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def build_diagnosis_parts(

@@ -22,9 +22,11 @@ from trainsentry.config import GatewaySettings
 from trainsentry.gateway.metrics import GatewayMetrics
 from trainsentry.gateway.stages.ack import AckService
 from trainsentry.gateway.stages.diagnosis import HangDiagnoser
+from trainsentry.gateway.stages.handoff import HandoffNotices
 from trainsentry.gateway.stages.hang_trigger import TriggerKeys, TriggerSources
 from trainsentry.gateway.stages.intake import IntakeWriter
 from trainsentry.gateway.stages.job_status import JobStatusFeeder
+from trainsentry.gateway.stages.oncall import OncallService
 from trainsentry.gateway.stages.outbox import Outbox
 from trainsentry.gateway.stages.planning.ticker import Ticker
 from trainsentry.gateway.stages.planning.worker import PolicyWorker
@@ -47,6 +49,8 @@ class Gateway:
     trigger_keys: TriggerKeys | None = None
     trigger_sources: TriggerSources | None = None
     job_status: JobStatusFeeder | None = None
+    oncall: OncallService | None = None  # with an `oncall:` section: schedules, overrides
+    handoffs: HandoffNotices | None = None
     classified: Callable[[], Mapping[int, str]] = dict
     clock: Callable[[], datetime] = utcnow
     background: list[asyncio.Task[Any]] = field(default_factory=list)
@@ -58,6 +62,8 @@ class Gateway:
             await self.policy_worker.drain()
         if self.ticker is not None:
             await self.ticker.run_once()
+        if self.handoffs is not None:
+            await self.handoffs.run_once()
         await self.outbox.drain()
 
 

@@ -29,12 +29,28 @@ async def lock_alert(conn: AsyncConnection, alert_id: int) -> Row[Any] | None:
     return (await conn.execute(query)).first()
 
 
-async def acknowledge(conn: AsyncConnection, alert_id: int, who: str, now: datetime) -> None:
-    """Records who acknowledged the alert and when, with an `acked` event."""
+async def acknowledge(
+    conn: AsyncConnection, alert_id: int, who: str, now: datetime, comment: str | None = None
+) -> None:
+    """Records who acknowledged the alert and when, with an `acked` event (and the comment)."""
     await conn.execute(
         update(alerts).where(alerts.c.id == alert_id).values(acked_at=now, acked_by=who)
     )
-    await record_event(conn, alert_id, "acked", now, {"by": who})
+    detail = {"by": who, "comment": comment} if comment else {"by": who}
+    await record_event(conn, alert_id, "acked", now, detail)
+
+
+async def ack_comment(conn: AsyncConnection, alert_id: int) -> str | None:
+    """The comment given with the alert's ack, if any."""
+    query = (
+        select(alert_events.c.detail)
+        .where(alert_events.c.alert_id == alert_id, alert_events.c.kind == "acked")
+        .order_by(alert_events.c.id)
+        .limit(1)
+    )
+    detail = (await conn.execute(query)).scalar()
+    comment = (detail or {}).get("comment") if isinstance(detail, dict) else None
+    return comment if isinstance(comment, str) else None
 
 
 async def record_event(

@@ -11,7 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import Column, Connection, DateTime, ForeignKey, Index, MetaData, String, Table
+from sqlalchemy import (
+    Column,
+    Connection,
+    DateTime,
+    ForeignKey,
+    Index,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
 
 from trainsentry.store.schema import Id, UTCDateTime, alert_events
 
@@ -52,6 +62,28 @@ def _create_callback_events_v5(conn: Connection) -> None:
     table.create(conn)
 
 
+def _create_oncall_overrides_v7(conn: Connection) -> None:
+    # The table as version 7 defines it.
+    table = Table(
+        "oncall_overrides",
+        MetaData(),
+        Column("id", Id, primary_key=True, autoincrement=True),
+        Column("schedule", String(64), nullable=False),
+        Column("kind", String(16), nullable=False),
+        Column("who", String(64), nullable=False),
+        Column("replaces", String(64), nullable=True),
+        Column("starts_at", UTCDateTime, nullable=False),
+        Column("ends_at", UTCDateTime, nullable=False),
+        Column("reason", Text, nullable=False, default=""),
+        Column("created_by", Text, nullable=False),
+        Column("created_at", UTCDateTime, nullable=False),
+        Column("removed_by", Text, nullable=True),
+        Column("removed_at", UTCDateTime, nullable=True),
+    )
+    Index("ix_oncall_overrides_schedule", table.c.schedule, table.c.ends_at)
+    table.create(conn)
+
+
 MIGRATIONS: dict[int, list[Step]] = {
     1: [],
     # 2: the policy runs after the intake's commit, from a durable inbox of events
@@ -66,4 +98,8 @@ MIGRATIONS: dict[int, list[Step]] = {
     4: [_add_delivery_columns_v4],
     # 5: Feishu card callbacks are acted on once, whichever replica a replay reaches
     5: [_create_callback_events_v5],
+    # 6: taken by a branch merged alongside this one (the lead renumbers); nothing here
+    6: [],
+    # 7: run-time on-call overrides and swaps, with who added and removed them
+    7: [_create_oncall_overrides_v7],
 }

@@ -9,6 +9,7 @@ Tables:
 - notifications: the durable outbox; a row exists before anything is sent.
 - policy_state: small JSON state the alert policy keeps per fingerprint / job / escalation.
 - report_runs: which report periods were sent (idempotent weekly reports).
+- oncall_overrides: run-time on-call overrides and swaps, with who added and removed them.
 
 Bump SCHEMA_VERSION and add a step to `migrations.MIGRATIONS` for every change.
 """
@@ -37,7 +38,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 7
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -218,3 +219,23 @@ callback_events = Table(
     Column("received_at", UTCDateTime, nullable=False),
 )
 Index("ix_callback_events_received", callback_events.c.received_at)
+
+# Run-time on-call overrides and swaps (store/oncall_overrides.py): added and removed through
+# the API or CLI, never deleted (who and when stay as the audit).
+oncall_overrides = Table(
+    "oncall_overrides",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("schedule", String(64), nullable=False),
+    Column("kind", String(16), nullable=False),  # override | swap
+    Column("who", String(64), nullable=False),
+    Column("replaces", String(64), nullable=True),  # swaps: whose shifts `who` takes
+    Column("starts_at", UTCDateTime, nullable=False),
+    Column("ends_at", UTCDateTime, nullable=False),
+    Column("reason", Text, nullable=False, default=""),
+    Column("created_by", Text, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("removed_by", Text, nullable=True),
+    Column("removed_at", UTCDateTime, nullable=True),
+)
+Index("ix_oncall_overrides_schedule", oncall_overrides.c.schedule, oncall_overrides.c.ends_at)

@@ -113,3 +113,30 @@ def route(
     return RouteDecision(
         channels=_unique(channels), route_id=route_id, unconfigured=tuple(unconfigured)
     )
+
+
+def escalation_for(route_id: str, priority: Priority, policy: Policy) -> str:
+    """Pure: the escalation policy (an `oncall.escalation_policies` name) a page of the route
+    `route_id` with `priority` follows: the route's own, else `routing.escalation` for the
+    priority, else "" (the inline `channels.escalation` layers)."""
+    routing = policy.routing
+    if route_id.startswith("route:"):
+        wanted = route_id.removeprefix("route:")
+        for rule in routing.routes:
+            if rule.id == wanted and rule.escalation:
+                return rule.escalation
+    return routing.escalation.get(priority, "")
+
+
+def escalation_names(policy: Policy) -> dict[str, str]:
+    """Pure: where the policy names an escalation policy (field -> name), to check them."""
+    routing = policy.routing
+    found = {
+        f"routing.routes[{i}].escalation": rule.escalation
+        for i, rule in enumerate(routing.routes)
+        if rule.escalation
+    }
+    found.update(
+        {f"routing.escalation.{p.value}": name for p, name in routing.escalation.items() if name}
+    )
+    return found
