@@ -27,6 +27,7 @@ def test_demo_replays_the_incident_and_writes_what_would_be_sent(tmp_path: Path)
     assert summary["alert occurrences stored"] == 206
     assert summary["state changes"] == 412
     assert summary["repeats ignored (duplicates)"] == 1
+    assert summary["handoff notices"] == 1  # the demo's hourly rotation hands over once
     sent = summary["notifications by channel"]
     assert sent["sheet"] == 412  # every change archived, storm or not
     assert sent["feishu"] < 100  # the 200-alert burst collapsed into storm summaries
