@@ -23,18 +23,20 @@ def test_demo_replays_the_incident_and_writes_what_would_be_sent(tmp_path: Path)
     )
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads(result.stdout)
-    # 1 XID 79 + 5 occurrences of the flapping port + 200 disk/OOM alerts, each fired and resolved
-    assert summary["alert occurrences stored"] == 206
-    assert summary["state changes"] == 412
+    # 1 XID 79 + 5 occurrences of the flapping port + 200 disk/OOM alerts, each fired and
+    # resolved, + the node-not-ready alert of the maintenance window (trainsentry/demo)
+    assert summary["alert occurrences stored"] == 207
+    assert summary["state changes"] == 414
     assert summary["repeats ignored (duplicates)"] == 1
-    assert summary["handoff notices"] == 1  # the demo's hourly rotation hands over once
+    assert summary["handoff notices"] == 1  # the demo's daily rotation hands over once
     sent = summary["notifications by channel"]
-    assert sent["sheet"] == 412  # every change archived, storm or not
+    assert sent["sheet"] == 414  # every change archived, storm or maintenance or not
+    assert summary["maintenance window"]["notices held back while it was open"] >= 1
     assert sent["feishu"] < 100  # the 200-alert burst collapsed into storm summaries
 
     with (out / "sheet.csv").open() as handle:
         rows = list(csv.DictReader(handle))
-    assert len(rows) == 206 and all(row["status"] == "resolved" for row in rows)
+    assert len(rows) == 207 and all(row["status"] == "resolved" for row in rows)
 
     calls = [json.loads(line) for line in (out / "calls.jsonl").read_text().splitlines()]
     assert calls[0]["alertname"] == "GPUFellOffBus"
@@ -48,6 +50,10 @@ def test_demo_replays_the_incident_and_writes_what_would_be_sent(tmp_path: Path)
     assert any("GPUFellOffBus" in t for t in titles)
     assert any("storm" in json.dumps(card).lower() for card in bodies)
     assert any("FLAPPING" in t.upper() for t in titles)
+    # the maintenance window: announced before its end, its alert sent at the end, saying why
+    assert any("MaintenanceWindowEnding" in t for t in titles)
+    held = [json.dumps(card) for card, t in zip(bodies, titles, strict=True) if "NodeNotReady" in t]
+    assert len(held) == 2 and "held by maintenance window" in held[0]
 
     html = (out / "index.html").read_text()
     assert "GPUFellOffBus" in html and "<script" not in html

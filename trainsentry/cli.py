@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "escalate": "trainsentry.gateway.commands.escalate",
     "export": "trainsentry.gateway.commands.export",
     "outbox": "trainsentry.gateway.commands.outbox",
+    "maintenance": "trainsentry.gateway.commands.maintenance",
     "demo": "trainsentry.demo",
     "analyze": "trainsentry.diagnostics.command",
     "operator": "trainsentry.operator.command",

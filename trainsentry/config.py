@@ -146,6 +146,19 @@ class WebhookChannelSettings(BaseModel):
         return value
 
 
+class MaintenanceSettings(BaseModel):
+    """Maintenance windows (docs/oncall.md, "Maintenance windows"): the longest window (one
+    occurrence) a request may ask for, how long before a window's end its still-firing
+    alerts are announced (0: never), and how long after its last muted alert resolved a
+    still-open window is listed in the weekly report."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_window_hours: float = Field(default=168.0, gt=0, le=8784)
+    announce_before_minutes: float = Field(default=15.0, ge=0, le=1440)
+    report_quiet_hours: float = Field(default=24.0, gt=0, le=8784)
+
+
 class Settings(BaseModel):
     """All of trainsentry's settings. `channels` and `reports` are validated by their own
     modules (notifiers/settings.py, reports/settings.py) when those parts start."""
@@ -157,6 +170,7 @@ class Settings(BaseModel):
     channels: dict[str, Any] = Field(default_factory=dict)
     reports: dict[str, Any] = Field(default_factory=dict)  # validated by reports/settings.py
     diagnosis: dict[str, Any] = Field(default_factory=dict)  # gateway/stages/diagnosis.py
+    maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     oncall: dict[str, Any] | None = None  # validated by oncall/config.py (docs/oncall.md)
 
 

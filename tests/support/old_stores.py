@@ -9,6 +9,8 @@ from tests.support.webhook_factory import BASE_TIME
 from trainsentry.store.migrations import MIGRATIONS
 from trainsentry.store.schema import (
     callback_events,
+    maintenance_mutes,
+    maintenance_windows,
     metadata,
     oncall_overrides,
     policy_inbox,
@@ -16,7 +18,12 @@ from trainsentry.store.schema import (
 )
 
 # Tables that later versions added.
-ADDED_TABLES = {2: policy_inbox, 5: callback_events, 7: oncall_overrides}
+ADDED_TABLES = {
+    2: (policy_inbox,),
+    5: (callback_events,),
+    6: (maintenance_windows, maintenance_mutes),
+    7: (oncall_overrides,),
+}
 # Columns that later versions added to tables version 1 created: {version: {table: names}}.
 ADDED_COLUMNS: dict[int, dict[str, tuple[str, ...]]] = {
     4: {"notifications": ("failing_since", "retried_by", "retried_at")},
@@ -32,7 +39,7 @@ def version_1_tables() -> list[Table]:
     old = MetaData()
     tables = []
     for table in metadata.sorted_tables:
-        if table in ADDED_TABLES.values():
+        if any(table in added for added in ADDED_TABLES.values()):
             continue
         drop = later.get(table.name, set())
         if not drop:

@@ -16,7 +16,8 @@ HELP = "replay a recorded incident through the whole alert path, offline"
 DESCRIPTION = """\
 Runs the gateway on a temporary SQLite store, replays a recorded incident (a 64-node training
 job: a GPU falls off the bus, an InfiniBand port flaps, 200 disk alerts at once, then
-recovery) and writes what would have been sent: Feishu cards (cards/*.json), spreadsheet rows
+recovery, then a maintenance window for the GPU swap that mutes the alert it raises) and
+writes what would have been sent: Feishu cards (cards/*.json), spreadsheet rows
 (sheet.csv), phone calls (calls.jsonl), console lines (console.jsonl) and an HTML preview
 (index.html). No network, no cluster.
 

@@ -16,6 +16,7 @@ from trainsentry.alerts import utcnow
 from trainsentry.config import GatewaySettings, Settings
 from trainsentry.demo.html import write_preview
 from trainsentry.demo.incident import load_incident
+from trainsentry.demo.maintenance import replay_window
 from trainsentry.demo.previews import CallPreview, CardPreview, PreviewLog, SheetPreview
 from trainsentry.gateway.app import WEBHOOK_PATH
 from trainsentry.gateway.assemble import create_app, oncall_of
@@ -30,10 +31,10 @@ SETTLE_AFTER_S = 1800  # after the last webhook: held resolutions and storms cal
 
 
 def demo_oncall(base: datetime) -> dict[str, Any]:
-    """A one-layer hourly rotation whose handoff falls 45 minutes into the incident, so the
+    """A one-layer daily rotation whose handoff falls 45 minutes into the incident, so the
     replay shows a handoff notice (docs/oncall.md)."""
-    start = (base - timedelta(minutes=15)).replace(tzinfo=None).isoformat()
-    layer = {"name": "primary", "start": start, "shift": "1h", "members": ["ana", "ben"]}
+    start = (base - timedelta(hours=23, minutes=15)).replace(tzinfo=None).isoformat()
+    layer = {"name": "primary", "start": start, "shift": "1d", "members": ["ana", "ben"]}
     return {
         "people": {"ana": {"phone": "+8613800000000"}, "ben": {"phone": "+8613800000001"}},
         "schedules": {"demo": {"timezone": "UTC", "layers": [layer]}},
@@ -99,6 +100,12 @@ async def run_demo(out: Path) -> dict[str, Any]:
         await gateway.settle()
         clock.current += timedelta(seconds=SETTLE_AFTER_S)
         await gateway.settle()
+        async with aiohttp.ClientSession() as session:
+
+            def move_to(moment: datetime) -> None:
+                clock.current = moment
+
+            maintenance = await replay_window(gateway, session, url, clock, move_to)
         async with gateway.engine.connect() as conn:
             totals = await counts(conn)
         await write_report_preview(gateway.engine, out / "report.html", now=clock())
@@ -116,6 +123,7 @@ async def run_demo(out: Path) -> dict[str, Any]:
         "state changes": totals["events"],
         "repeats ignored (duplicates)": sum(a["unchanged"] for a in answers),
         "notifications by channel": by_channel,
+        "maintenance window": maintenance,
         "handoff notices": sum(1 for item in log.items if item.notification.kind == "handoff"),
         "seconds": round(time.perf_counter() - started, 1),
     }

@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from trainsentry.alerts import AlertChange, Priority, utcnow
-from trainsentry.config import ConfigError, GatewaySettings, Settings
+from trainsentry.config import ConfigError, GatewaySettings, MaintenanceSettings, Settings
 from trainsentry.gateway.app import CardCallbackSettings, add_routes, json_errors
 from trainsentry.gateway.channels import build
 from trainsentry.gateway.http_auth import open_endpoints
@@ -46,6 +46,7 @@ from trainsentry.gateway.stages.hang_enrichment import HangVerdict
 from trainsentry.gateway.stages.hang_trigger import TriggerKeys, TriggerSources
 from trainsentry.gateway.stages.intake import IntakeWriter, PlanHook
 from trainsentry.gateway.stages.job_status import JobStatusFeeder
+from trainsentry.gateway.stages.maintenance import MaintenanceService
 from trainsentry.gateway.stages.oncall import OncallService, current_escalators
 from trainsentry.gateway.stages.outbox import Outbox
 from trainsentry.gateway.stages.paging import Paging
@@ -120,6 +121,7 @@ def create_app(
     card_callback: CardCallbackSettings | None = None,
     diagnosis: Diagnosis | None = None,
     kube_api: Callable[[], Awaitable[Any]] | None = None,
+    maintenance: MaintenanceSettings | None = None,
     oncall: OncallConfig | None = None,
 ) -> web.Application:
     """Builds the gateway app; the store is opened (and its schema checked) at startup.
@@ -153,6 +155,7 @@ def create_app(
         silences=silences,
         diagnosis=diagnosis,
         kube_api=kube_api,
+        maintenance=maintenance or MaintenanceSettings(),
         oncall=oncall,
     )
     limits = BodyLimits(
@@ -224,6 +227,7 @@ class _Wiring:
     silences: SilenceClient | None
     diagnosis: Diagnosis | None
     kube_api: Callable[[], Awaitable[Any]] | None
+    maintenance: MaintenanceSettings
     oncall: OncallConfig | None = None
 
 
@@ -268,6 +272,14 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
     )
     if policy_plan is not None:
         gateway.classified = lambda: policy_plan.classified
+        gateway.maintenance = policy_plan.maintenance = MaintenanceService(
+            engine,
+            w.maintenance,
+            policy=policy_plan.policy,
+            channels=policy_plan.channels,
+            clock=clock,
+            lock=policy_lock,
+        )
     if w.oncall is not None:
         gateway.oncall = OncallService(engine, w.oncall, clock=clock, on_change=reschedule)
         gateway.handoffs = HandoffNotices(
@@ -396,6 +408,7 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
         silences=built.silences if built is not None else None,
         card_callback=card_callback,
         diagnosis=Diagnosis(*diagnosis_parts) if diagnosis_parts is not None else None,
+        maintenance=settings.maintenance,
         oncall=oncall,
     )
 

@@ -26,6 +26,7 @@ from trainsentry.gateway.stages.handoff import HandoffNotices
 from trainsentry.gateway.stages.hang_trigger import TriggerKeys, TriggerSources
 from trainsentry.gateway.stages.intake import IntakeWriter
 from trainsentry.gateway.stages.job_status import JobStatusFeeder
+from trainsentry.gateway.stages.maintenance import MaintenanceService
 from trainsentry.gateway.stages.oncall import OncallService
 from trainsentry.gateway.stages.outbox import Outbox
 from trainsentry.gateway.stages.planning.ticker import Ticker
@@ -49,6 +50,7 @@ class Gateway:
     trigger_keys: TriggerKeys | None = None
     trigger_sources: TriggerSources | None = None
     job_status: JobStatusFeeder | None = None
+    maintenance: MaintenanceService | None = None  # windows (the real policy only)
     oncall: OncallService | None = None  # with an `oncall:` section: schedules, overrides
     handoffs: HandoffNotices | None = None
     classified: Callable[[], Mapping[int, str]] = dict

@@ -1,4 +1,5 @@
 """The read API (`GET /api/v1/alerts`, `/api/v1/alerts/{id}`, `/api/v1/notifications`):
+an alert shows `muted_by`, the maintenance window that held its notices back (or null);
 bounded query parameters (a value the store could never hold is a 400 naming it, the same
 on both backends), the read token, 503 when the store is unavailable."""
 
@@ -14,6 +15,7 @@ from trainsentry.gateway.http_auth import authorized, error_response, read_token
 from trainsentry.gateway.pipeline import GATEWAY_KEY
 from trainsentry.gateway.stages.intake import text_problem
 from trainsentry.store.errors import DatabaseError
+from trainsentry.store.maintenance import mutes_of
 from trainsentry.store.queries import get_alert, list_alerts, list_notifications
 
 
@@ -93,6 +95,9 @@ async def get_alerts(request: web.Request) -> web.StreamResponse:
             limit=limit or 100,
             before=before,
         )
+        mutes = await mutes_of(conn, [item["id"] for item in page.items])
+    for item in page.items:
+        item["muted_by"] = mutes.get(item["id"])
     return web.json_response({"items": page.items, "next_before": page.next_before})
 
 
@@ -102,6 +107,8 @@ async def get_alert_detail(request: web.Request) -> web.StreamResponse:
     alert_id = path_alert_id(request)
     async with gateway.engine.connect() as conn:
         item = await get_alert(conn, alert_id)
+        if item is not None:  # which maintenance window muted it, if one did
+            item["muted_by"] = (await mutes_of(conn, [alert_id])).get(alert_id)
     if item is None:
         return error_response(404, f"no alert {alert_id}")
     return web.json_response(item)

@@ -128,7 +128,11 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         policy = load_policy(settings.gateway.policy_file)
     except (ConfigError, ValidationError, PolicyError, ValueError) as exc:
         raise UsageError(f"configuration error: {describe_invalid(exc)}") from None
-    opts = StatsOptions.from_policy(policy, short_lived_s=reports.short_lived_s)
+    opts = StatsOptions.from_policy(
+        policy,
+        short_lived_s=reports.short_lived_s,
+        maintenance_quiet_s=settings.maintenance.report_quiet_hours * 3600,
+    )
     return settings.gateway, reports, channels, opts
 
 

@@ -137,6 +137,19 @@ class Change:
 
 
 @dataclass(frozen=True, slots=True)
+class QuietWindow:
+    """A maintenance window still open at the period's end although every alert it muted
+    resolved long before (StatsOptions.maintenance_quiet_s): forgotten, probably."""
+
+    id: str
+    reason: str
+    created_by: str
+    ends_at: datetime | None  # None: a recurring window
+    muted: int
+    last_resolved_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class WeeklyStats:
     period: Period
     scope: Scope
@@ -162,6 +175,7 @@ class WeeklyStats:
     previous: Headline | None = None
     changes: tuple[Change, ...] = field(default=())
     hangs: Hangs = Hangs()
+    quiet_windows: tuple[QuietWindow, ...] = ()
 
     @property
     def total(self) -> int:

@@ -46,6 +46,7 @@ from trainsentry.reports.figures import (
     Hotspot,
     JobCount,
     Pages,
+    QuietWindow,
     RuleNoise,
     Storm,
     WeeklyStats,
@@ -53,6 +54,7 @@ from trainsentry.reports.figures import (
 )
 from trainsentry.reports.period import Period
 from trainsentry.store.engine import Connection
+from trainsentry.store.maintenance import quiet_open_windows
 from trainsentry.store.report_loads import (
     Occurrence,
     PageRow,
@@ -86,6 +88,8 @@ class StatsOptions:
         PROBE_HANG_ALERT,
     )
     hang_merge_s: float = 900.0
+    # a maintenance window still open this long after its muted alerts all resolved is listed
+    maintenance_quiet_s: float = 86400.0
 
     @classmethod
     def from_policy(cls, policy: Any, **overrides: Any) -> StatsOptions:
@@ -461,4 +465,11 @@ async def collect(
     """Statistics of `period` compared against the period before it."""
     current = await collect_period(conn, period, opts, scope)
     previous = await collect_period(conn, period.previous(), opts, scope)
-    return compare(current, previous.headline())
+    quiet = await quiet_open_windows(
+        conn, now=period.end, quiet_since=period.end - timedelta(seconds=opts.maintenance_quiet_s)
+    )
+    windows = tuple(
+        QuietWindow(w.id, w.reason, w.created_by, w.ends_at, muted, last)
+        for w, muted, last in quiet
+    )
+    return replace(compare(current, previous.headline()), quiet_windows=windows)

@@ -23,7 +23,7 @@ from sqlalchemy import (
     Text,
 )
 
-from trainsentry.store.schema import Id, UTCDateTime, alert_events
+from trainsentry.store.schema import Id, Json, UTCDateTime, alert_events, alerts
 
 Step = str | Callable[[Connection], None]
 
@@ -62,6 +62,40 @@ def _create_callback_events_v5(conn: Connection) -> None:
     table.create(conn)
 
 
+def _create_maintenance_v6(conn: Connection) -> None:
+    # The tables as version 6 defines them.
+    meta = MetaData()
+    windows = Table(
+        "maintenance_windows",
+        meta,
+        Column("id", String(40), primary_key=True),
+        Column("created_at", UTCDateTime, nullable=False),
+        Column("created_by", Text, nullable=False, default=""),
+        Column("reason", Text, nullable=False, default=""),
+        Column("request", Json, nullable=False),
+        Column("starts_at", UTCDateTime, nullable=True),
+        Column("ends_at", UTCDateTime, nullable=True),
+        Column("ended_at", UTCDateTime, nullable=True),
+        Column("ended_by", Text, nullable=True),
+        Column("announced_end", UTCDateTime, nullable=True),
+    )
+    mutes = Table(
+        "maintenance_mutes",
+        meta,
+        Column("alert_id", Id, ForeignKey(alerts.c.id), primary_key=True, autoincrement=False),
+        Column("window_id", String(40), nullable=False),
+        Column("muted_at", UTCDateTime, nullable=False),
+        Column("until", UTCDateTime, nullable=True),
+        Column("state", String(16), nullable=False),
+        Column("closed_at", UTCDateTime, nullable=True),
+        Column("drafts", Json, nullable=False),
+    )
+    Index("ix_maintenance_mutes_due", mutes.c.state, mutes.c.until)
+    Index("ix_maintenance_mutes_window", mutes.c.window_id, mutes.c.state)
+    windows.create(conn)
+    mutes.create(conn)
+
+
 def _create_oncall_overrides_v7(conn: Connection) -> None:
     # The table as version 7 defines it.
     table = Table(
@@ -98,8 +132,8 @@ MIGRATIONS: dict[int, list[Step]] = {
     4: [_add_delivery_columns_v4],
     # 5: Feishu card callbacks are acted on once, whichever replica a replay reaches
     5: [_create_callback_events_v5],
-    # 6: taken by a branch merged alongside this one (the lead renumbers); nothing here
-    6: [],
+    # 6: maintenance windows, and the alerts they muted (issue 21)
+    6: [_create_maintenance_v6],
     # 7: run-time on-call overrides and swaps, with who added and removed them
     7: [_create_oncall_overrides_v7],
 }

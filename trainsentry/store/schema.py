@@ -9,6 +9,8 @@ Tables:
 - notifications: the durable outbox; a row exists before anything is sent.
 - policy_state: small JSON state the alert policy keeps per fingerprint / job / escalation.
 - report_runs: which report periods were sent (idempotent weekly reports).
+- maintenance_windows: maintenance windows as requested, who made and who ended them.
+- maintenance_mutes: alerts a window muted, with the notices they are owed at its end.
 - oncall_overrides: run-time on-call overrides and swaps, with who added and removed them.
 
 Bump SCHEMA_VERSION and add a step to `migrations.MIGRATIONS` for every change.
@@ -219,6 +221,42 @@ callback_events = Table(
     Column("received_at", UTCDateTime, nullable=False),
 )
 Index("ix_callback_events_received", callback_events.c.received_at)
+
+# Maintenance windows (store/maintenance.py, gateway/stages/maintenance.py): `request` is the
+# validated request body, parsed again (oncall/windows.py) by whichever replica reads it.
+# `ended_at`/`ended_by`: ended early (DELETE); `announced_end`: the end of the stretch whose
+# "ends soon" notice was written (once, by one replica).
+maintenance_windows = Table(
+    "maintenance_windows",
+    metadata,
+    Column("id", String(40), primary_key=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("created_by", Text, nullable=False, default=""),
+    Column("reason", Text, nullable=False, default=""),
+    Column("request", Json, nullable=False),
+    Column("starts_at", UTCDateTime, nullable=True),
+    Column("ends_at", UTCDateTime, nullable=True),
+    Column("ended_at", UTCDateTime, nullable=True),
+    Column("ended_by", Text, nullable=True),
+    Column("announced_end", UTCDateTime, nullable=True),
+)
+
+# One row per alert occurrence a window muted: `state` muted -> notified (still firing when
+# the window ended: `drafts`, the notices held back, were written then) | resolved (ended
+# while muted: nothing owed). `until`: when the ticker looks at it again (the stretch's end).
+maintenance_mutes = Table(
+    "maintenance_mutes",
+    metadata,
+    Column("alert_id", Id, ForeignKey("alerts.id"), primary_key=True, autoincrement=False),
+    Column("window_id", String(40), nullable=False),
+    Column("muted_at", UTCDateTime, nullable=False),
+    Column("until", UTCDateTime, nullable=True),
+    Column("state", String(16), nullable=False),
+    Column("closed_at", UTCDateTime, nullable=True),
+    Column("drafts", Json, nullable=False),
+)
+Index("ix_maintenance_mutes_due", maintenance_mutes.c.state, maintenance_mutes.c.until)
+Index("ix_maintenance_mutes_window", maintenance_mutes.c.window_id, maintenance_mutes.c.state)
 
 # Run-time on-call overrides and swaps (store/oncall_overrides.py): added and removed through
 # the API or CLI, never deleted (who and when stay as the audit).

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from trainsentry.alerts import AlertChange, ChangeKind, NotificationDraft
 from trainsentry.gateway.metrics import PolicyMetrics
@@ -38,6 +38,21 @@ from trainsentry.store.writes import insert_notifications
 HoldHook = Callable[
     [Connection, Sequence[AlertChange], Sequence[NotificationDraft], datetime], Awaitable[None]
 ]
+
+
+class MaintenanceHook(Protocol):
+    """Maintenance windows inside the planning transaction (stages/maintenance.py)."""
+
+    async def mute(
+        self,
+        conn: Connection,
+        drafts: list[NotificationDraft],
+        now: datetime,
+        spare_channels: Collection[str] = (),
+    ) -> list[NotificationDraft]: ...
+
+    async def tick(self, conn: Connection, now: datetime) -> list[NotificationDraft]: ...
+
 
 log = logging.getLogger("trainsentry.policy")
 
@@ -115,6 +130,8 @@ class PolicyPlan:
         self.classified: dict[int, str] = {}
         # Set by the app when hang diagnosis is on: holds drafts of alerts being diagnosed.
         self.hold: HoldHook | None = None
+        # Set by the app: maintenance windows mute chat and phone drafts, archives excepted.
+        self.maintenance: MaintenanceHook | None = None
 
     async def __call__(
         self, conn: Connection, changes: Sequence[AlertChange], now: datetime
@@ -177,6 +194,8 @@ class PolicyPlan:
             conn, STORM_SCOPE, {k: _storm_row(v, self.policy) for k, v in storm_states.items()}, now
         )
         await set_priorities(conn, priorities)
+        if self.maintenance is not None:
+            drafts = await self.maintenance.mute(conn, drafts, now, self.archive_channels)
         if self.paging is not None:
             resolved = [c.alert_id for c in changes if c.kind is not ChangeKind.FIRING]
             drafts = await self._escalate(conn, drafts, resolved, now)
@@ -205,6 +224,11 @@ class PolicyPlan:
         """Fires due timers (held resolutions, storm summaries, calm storms)."""
         calls = await self.paging.tick(conn, now) if self.paging is not None else []
         calls_written = await insert_notifications(conn, calls, now)
+        if self.maintenance is not None:  # notices held by windows that ended, "ends soon"
+            owed = await self.maintenance.tick(conn, now)
+            if self.paging is not None:
+                owed = await self._escalate(conn, owed, [], now)
+            calls_written += await insert_notifications(conn, owed, now)
         due_fps = await claim_due(conn, FINGERPRINT_SCOPE, now)
         due_storms = await claim_due(conn, STORM_SCOPE, now)
         if not due_fps and not due_storms:
@@ -238,6 +262,8 @@ class PolicyPlan:
         await save_states(conn, FINGERPRINT_SCOPE, fp_rows, now)
         await save_states(conn, STORM_SCOPE, storm_rows, now)
         drafts = list(result.drafts)
+        if self.maintenance is not None:
+            drafts = await self.maintenance.mute(conn, drafts, now, self.archive_channels)
         if self.paging is not None:
             drafts = await self._escalate(conn, drafts, [], now)
         written = await insert_notifications(conn, drafts, now) + calls_written

@@ -1,0 +1,128 @@
+"""`/api/v1/maintenance`: thin handlers over `MaintenanceService` (stages/maintenance.py).
+
+- `POST /api/v1/maintenance`: make a window (API token); 201 with the window, 400 naming the
+  field of a bad request;
+- `GET /api/v1/maintenance[?all=1]`: the windows not over (all: every window, newest first),
+  with the read token;
+- `DELETE /api/v1/maintenance/{id}` (`{"by": WHO}` or `?by=WHO`): end it now (API token).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from aiohttp import web
+
+from trainsentry.gateway.http_auth import authorized, error_response, read_token, unauthorized
+from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
+from trainsentry.gateway.stages.intake import text_problem
+from trainsentry.gateway.stages.maintenance import (
+    MAX_REQUEST_BYTES,
+    MaintenanceService,
+    WindowRejected,
+)
+from trainsentry.store.errors import DatabaseError
+
+MAINTENANCE_PATH = "/api/v1/maintenance"
+_WINDOW_ID = re.compile(r"^mw-[0-9a-f]{1,32}$")
+
+
+def _service(gateway: Gateway) -> MaintenanceService | None:
+    return gateway.maintenance
+
+
+def _write_refusal(request: web.Request) -> web.Response | None:
+    token = request.app[GATEWAY_KEY].settings.api_token
+    if token is None:
+        return error_response(403, "maintenance windows need TRAINSENTRY_API_TOKEN on the gateway")
+    if not authorized(request, token):
+        return unauthorized()
+    return None
+
+
+async def _json_body(request: web.Request) -> object:
+    if request.content_length is not None and request.content_length > MAX_REQUEST_BYTES:
+        raise web.HTTPRequestEntityTooLarge(
+            max_size=MAX_REQUEST_BYTES, actual_size=request.content_length
+        )
+    raw = await request.content.read(MAX_REQUEST_BYTES + 1)
+    if len(raw) > MAX_REQUEST_BYTES:
+        raise web.HTTPRequestEntityTooLarge(max_size=MAX_REQUEST_BYTES, actual_size=len(raw))
+    if not raw.strip():
+        return {}
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        raise web.HTTPBadRequest(reason="body must be JSON") from None
+
+
+async def post_window(request: web.Request) -> web.Response:
+    if (refusal := _write_refusal(request)) is not None:
+        return refusal
+    service = _service(request.app[GATEWAY_KEY])
+    if service is None:
+        return error_response(404, "maintenance windows need the gateway's policy")
+    try:
+        body = await _json_body(request)
+        window = await service.create(body)
+    except web.HTTPRequestEntityTooLarge:
+        return error_response(413, f"body larger than {MAX_REQUEST_BYTES} bytes")
+    except web.HTTPBadRequest as exc:
+        return error_response(400, exc.reason)
+    except WindowRejected as exc:
+        return error_response(400, str(exc))
+    except (OSError, DatabaseError) as exc:
+        return error_response(503, f"store unavailable, retry: {type(exc).__name__}")
+    return web.json_response(window, status=201)
+
+
+async def get_windows(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY_KEY]
+    if not authorized(request, read_token(gateway.settings)):
+        return unauthorized()
+    service = _service(gateway)
+    if service is None:
+        return error_response(404, "maintenance windows need the gateway's policy")
+    include_past = request.query.get("all", "") in ("1", "true", "yes")
+    try:
+        items = await service.windows(include_past=include_past)
+    except (OSError, DatabaseError) as exc:
+        return error_response(503, f"store unavailable, retry: {type(exc).__name__}")
+    return web.json_response({"items": items})
+
+
+async def delete_window(request: web.Request) -> web.Response:
+    if (refusal := _write_refusal(request)) is not None:
+        return refusal
+    service = _service(request.app[GATEWAY_KEY])
+    if service is None:
+        return error_response(404, "maintenance windows need the gateway's policy")
+    window_id = request.match_info["window_id"]
+    if not _WINDOW_ID.match(window_id):
+        return error_response(400, "window id must look like mw-0123abcd")
+    try:
+        body = await _json_body(request)
+    except web.HTTPRequestEntityTooLarge:
+        return error_response(413, f"body larger than {MAX_REQUEST_BYTES} bytes")
+    except web.HTTPBadRequest as exc:
+        return error_response(400, exc.reason)
+    by = body.get("by") if isinstance(body, dict) else None
+    by = by if by is not None else request.query.get("by")
+    if not isinstance(by, str) or not by.strip() or len(by) > 200:
+        return error_response(400, "'by' (who ends the window) is required, up to 200 characters")
+    if (problem := text_problem(by)) is not None:
+        return error_response(400, f"'by': {problem}")
+    try:
+        window = await service.end(window_id, by.strip())
+    except (OSError, DatabaseError) as exc:
+        return error_response(503, f"store unavailable, retry: {type(exc).__name__}")
+    if window is None:
+        return error_response(404, f"no maintenance window {window_id}")
+    return web.json_response(window)
+
+
+def add_maintenance_routes(app: web.Application) -> None:
+    app.router.add_post(MAINTENANCE_PATH, post_window)
+    app.router.add_get(MAINTENANCE_PATH, get_windows)
+    app.router.add_delete(MAINTENANCE_PATH + "/{window_id}", delete_window)
