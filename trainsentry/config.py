@@ -171,6 +171,7 @@ class Settings(BaseModel):
     reports: dict[str, Any] = Field(default_factory=dict)  # validated by reports/settings.py
     diagnosis: dict[str, Any] = Field(default_factory=dict)  # gateway/stages/diagnosis.py
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
+    job_alerting: dict[str, Any] = Field(default_factory=dict)  # gateway/stages/job_alerting.py
     oncall: dict[str, Any] | None = None  # validated by oncall/config.py (docs/oncall.md)
 
 

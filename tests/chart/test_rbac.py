@@ -233,3 +233,37 @@ def test_namespace_names_must_be_exact_dns_labels(name: str, tmp_path: Path) -> 
 
     with pytest.raises(HelmFailed):
         template("defaults", {"operator": {"namespaces": [name]}}, tmp_path)
+
+
+JOB_ALERTING_CALLS = REPO / "tests" / "gateway" / "stages" / "job_alerting_api_calls.json"
+
+
+def test_job_alerting_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path) -> None:
+    # the calls the gateway's job alerting stage makes against the emulator
+    # (tests/gateway/stages/test_job_alerting.py writes nothing; it checks the same file)
+    calls = {tuple(call) for call in json.loads(JOB_ALERTING_CALLS.read_text(encoding="utf-8"))}
+    everywhere = template("defaults", {"gateway": {"jobAlerting": {"enabled": True}}}, tmp_path)
+    rules, token = gateway_access(everywhere)
+    assert token and rules is not None and rule_grants(rules) == calls
+    assert not find(everywhere, "Role", "-gateway-job-alerting")
+    # with namespaces: a Role in each of them, and no cluster-wide grant
+    values = {"gateway": {"jobAlerting": {"enabled": True, "namespaces": ["team-a", "team-b"]}}}
+    scoped = template("defaults", values, tmp_path)
+    assert gateway_access(scoped) == (None, True)
+    roles = find(scoped, "Role", "-gateway-job-alerting")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert all(rule_grants(role["rules"]) == calls for role in roles)
+    bindings = find(scoped, "RoleBinding", "-gateway-job-alerting")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    assert config_settings(scoped).job_alerting == {
+        "enabled": True,
+        "namespaces": ["team-a", "team-b"],
+        "refresh_seconds": 15,
+        "webhook_prefixes": [
+            "https://open.feishu.cn/open-apis/bot/v2/hook/",
+            "https://open.larksuite.com/open-apis/bot/v2/hook/",
+        ],
+    }
+    # off by default: no grant, no section
+    assert gateway_access(rendered("defaults")) == (None, False)
+    assert config_settings(rendered("defaults")).job_alerting == {}

@@ -11,7 +11,10 @@ Deliberately independent of trainsentry's code (its own signature check, its own
   older APIs), code 99991400 "request trigger frequency limit", with the headers
   `x-ogw-ratelimit-limit` and `x-ogw-ratelimit-reset` (seconds until the window resets);
 - `POST /open-apis/im/v1/messages` (uuid de-duplication), `PATCH .../messages/{id}`,
-  `PATCH .../messages/{id}/urgent_phone`;
+  `PATCH .../messages/{id}/urgent_phone`; with `chats` given, a message to a chat the app's
+  bot is not in answers HTTP 400 code 230002 ("Bot/User can NOT be out of the chat.");
+- `POST /open-apis/contact/v3/users/batch_get_id?user_id_type=open_id` with `emails`: the
+  `user_list` has one entry per address, with `user_id` only for the known ones (`emails`);
 - Sheets: `sheets/query`, `sheets_batch_update` (addSheet), `values_append` and
   `values_batch_update` with range checks, `GET values/{range}`.
 
@@ -199,12 +202,17 @@ class FeishuContractServer:
         time_scale: float = 1.0,
         users: set[str] | None = None,
         spreadsheets: set[str] | None = None,
+        chats: set[str] | None = None,
+        emails: dict[str, str] | None = None,
     ) -> None:
         self.hooks = hooks or {}
         self.apps = apps or {}
         self.token_ttl_s = token_ttl_s
         self.time_scale = time_scale
         self.users = users
+        self.chats = chats  # None: the app is in every chat
+        self.emails = emails or {}  # address -> open_id, for the contact API
+        self.contact_calls: list[list[str]] = []
         self.bot_windows: dict[str, Window] = {}
         self.app_window = Window([(100, 1.0 * time_scale)])
         self.accepted: dict[str, list[tuple[float, dict[str, Any]]]] = defaultdict(list)
@@ -232,6 +240,7 @@ class FeishuContractServer:
         app.router.add_post("/open-apis/im/v1/messages", self.send_message)
         app.router.add_patch("/open-apis/im/v1/messages/{id}", self.update_message)
         app.router.add_patch("/open-apis/im/v1/messages/{id}/urgent_phone", self.urgent_phone)
+        app.router.add_post("/open-apis/contact/v3/users/batch_get_id", self.batch_get_id)
         base = "/open-apis/sheets"
         app.router.add_get(base + "/v3/spreadsheets/{st}/sheets/query", self.sheets_query)
         app.router.add_post(base + "/v2/spreadsheets/{st}/sheets_batch_update", self.add_sheets)
@@ -389,6 +398,8 @@ class FeishuContractServer:
         content = body.get("content")
         if not isinstance(content, str):
             return self._reject("im", BAD_PARAMS, "content must be a JSON string", 400)
+        if id_type == "chat_id" and self.chats is not None and body["receive_id"] not in self.chats:
+            return self._reject("im", 230002, "Bot/User can NOT be out of the chat.", 400)
         if body["msg_type"] == "interactive":
             problems = card_problems(json.loads(content))
             if problems:
@@ -434,6 +445,26 @@ class FeishuContractServer:
         return web.json_response(
             {"code": 0, "msg": "success", "data": {"invalid_user_id_list": invalid}}
         )
+
+    # ----------------------------------------------------------------- contact
+    async def batch_get_id(self, request: web.Request) -> web.Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        if request.query.get("user_id_type", "open_id") != "open_id":
+            return self._reject("contact", BAD_PARAMS, "only open_id is emulated", 400)
+        body = await request.json()
+        emails = body.get("emails") or []
+        if not isinstance(emails, list) or len(emails) > 50:
+            return self._reject("contact", BAD_PARAMS, "emails: at most 50", 400)
+        self.contact_calls.append([str(e) for e in emails])
+        users = []
+        for email in emails:
+            user: dict[str, Any] = {"email": email}
+            if email in self.emails:
+                user["user_id"] = self.emails[email]
+                user["status"] = {"is_frozen": False, "is_resigned": False, "is_activated": True}
+            users.append(user)
+        return web.json_response({"code": 0, "msg": "success", "data": {"user_list": users}})
 
     # ----------------------------------------------------------------- sheets
     def _spreadsheet(self, request: web.Request) -> dict[str, Sheet] | None:

@@ -24,13 +24,14 @@ from aiohttp import web
 from trainsentry.alerts import AlertChange, Priority, utcnow
 from trainsentry.config import ConfigError, GatewaySettings, MaintenanceSettings, Settings
 from trainsentry.gateway.app import CardCallbackSettings, add_routes, json_errors
-from trainsentry.gateway.channels import build
+from trainsentry.gateway.channels import Channels, add_job_channel, build
 from trainsentry.gateway.http_auth import open_endpoints
 from trainsentry.gateway.limits import BodyLimits, body_limits
 from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.delivery import DeliveryRules
 from trainsentry.gateway.policy.escalation import EscalationPolicy, Escalator, Roster
+from trainsentry.gateway.policy.job_roster import RosterOf
 from trainsentry.gateway.policy.route import escalation_for, escalation_names
 from trainsentry.gateway.policy.rules import Policy, load_policy
 from trainsentry.gateway.stages.ack import AckService
@@ -45,6 +46,7 @@ from trainsentry.gateway.stages.handoff import HandoffNotices, reschedule
 from trainsentry.gateway.stages.hang_enrichment import HangVerdict
 from trainsentry.gateway.stages.hang_trigger import TriggerKeys, TriggerSources
 from trainsentry.gateway.stages.intake import IntakeWriter, PlanHook
+from trainsentry.gateway.stages.job_alerting import JobAlerting, JobAlertingSettings
 from trainsentry.gateway.stages.job_status import JobStatusFeeder
 from trainsentry.gateway.stages.maintenance import MaintenanceService
 from trainsentry.gateway.stages.oncall import OncallService, current_escalators
@@ -123,14 +125,17 @@ def create_app(
     kube_api: Callable[[], Awaitable[Any]] | None = None,
     maintenance: MaintenanceSettings | None = None,
     oncall: OncallConfig | None = None,
+    job_alerting: JobAlerting | None = None,
 ) -> web.Application:
     """Builds the gateway app; the store is opened (and its schema checked) at startup.
+    `job_alerting`: TrainingJobs' own routes (its `feishu_job` channel among `notifiers`).
     Raises ConfigError when the policy names an escalation policy `oncall` lacks."""
     if notifiers is None:
         notifiers = {"console": ConsoleNotifier(settings.console_file)}
     gateway_metrics = metrics or GatewayMetrics()
     policy = load_policy(settings.policy_file) if plan is None else None
-    paging = _paging(escalator, oncall, policy, "phone" in notifiers)
+    rosters = job_alerting.roster if job_alerting is not None else None
+    paging = _paging(escalator, oncall, policy, "phone" in notifiers, rosters)
     # The real policy, unless a test injected its own PlanHook (then: no timers, no hold).
     policy_plan: PolicyPlan | None = None
     if plan is None:
@@ -141,6 +146,8 @@ def create_app(
             metrics=PolicyMetrics(gateway_metrics.registry),
             paging=paging,
         )
+        if job_alerting is not None:
+            policy_plan.job_routes = job_alerting.routes
         plan = policy_plan
     wiring = _Wiring(
         settings=settings,
@@ -157,6 +164,7 @@ def create_app(
         kube_api=kube_api,
         maintenance=maintenance or MaintenanceSettings(),
         oncall=oncall,
+        job_alerting=job_alerting,
     )
     limits = BodyLimits(
         read_timeout_s=settings.body_timeout_s,
@@ -180,7 +188,11 @@ def create_app(
 
 
 def _paging(
-    escalator: Escalator | None, oncall: OncallConfig | None, policy: Policy | None, phone: bool
+    escalator: Escalator | None,
+    oncall: OncallConfig | None,
+    policy: Policy | None,
+    phone: bool,
+    rosters: RosterOf | None = None,
 ) -> Paging | None:
     """The escalation stage: the inline layers (`escalator`) by default, the
     `oncall.escalation_policies` where the policy's routes name them."""
@@ -198,7 +210,7 @@ def _paging(
     if escalator is None:
         return None
     if oncall is None or not named or policy is None:
-        return Paging(escalator)
+        return Paging(escalator, rosters=rosters)
     config, rules = oncall, policy
 
     async def current(conn: Any, now: datetime) -> Any:
@@ -206,6 +218,7 @@ def _paging(
 
     return Paging(
         escalator,
+        rosters=rosters,
         named=current,
         choose=lambda route, priority: escalation_for(route, priority, rules),
     )
@@ -229,6 +242,7 @@ class _Wiring:
     kube_api: Callable[[], Awaitable[Any]] | None
     maintenance: MaintenanceSettings
     oncall: OncallConfig | None = None
+    job_alerting: JobAlerting | None = None
 
 
 async def _open(app: web.Application, w: _Wiring) -> Gateway:
@@ -292,6 +306,7 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
         )
     if settings.trainingjob_status:
         gateway.job_status = JobStatusFeeder(w.kube_api or default_api_client)
+    gateway.job_alerting = w.job_alerting
     if w.diagnosis is not None and w.diagnosis.settings.enabled and policy_plan is not None:
         await _add_hang_diagnosis(gateway, w.diagnosis, policy_plan, w.paging, policy_lock)
     if policy_plan is not None:
@@ -344,6 +359,8 @@ async def _start(app: web.Application, gateway: Gateway) -> None:
     """Starts the stages; the outbox last, after the leases an earlier run left."""
     if gateway.ticker is not None:
         gateway.ticker.start()
+    if gateway.job_alerting is not None:
+        gateway.job_alerting.start(gateway.metrics)
     app[GATEWAY_KEY] = gateway
     gateway.writer.start()
     assert gateway.policy_worker is not None
@@ -371,6 +388,8 @@ async def _stop(gateway: Gateway) -> None:
         await gateway.diagnoser.stop()
     if gateway.job_status is not None:
         await gateway.job_status.stop()
+    if gateway.job_alerting is not None:
+        await gateway.job_alerting.stop()
     if gateway.ticker is not None:
         await gateway.ticker.stop()
     if gateway.handoffs is not None:
@@ -389,6 +408,7 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
     env = os.environ if env is None else env
     oncall = oncall_of(settings)
     channels = build(settings, env)
+    job_alerting = build_job_alerting(settings.job_alerting, channels)
     diagnosis_parts = build_diagnosis_parts(settings.diagnosis, env)
     built = channels.built
     card_callback = None
@@ -410,6 +430,7 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
         diagnosis=Diagnosis(*diagnosis_parts) if diagnosis_parts is not None else None,
         maintenance=settings.maintenance,
         oncall=oncall,
+        job_alerting=job_alerting,
     )
 
 
@@ -421,6 +442,23 @@ def oncall_of(settings: Settings) -> OncallConfig | None:
         return parse_oncall(settings.oncall)
     except OncallConfigError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def build_job_alerting(
+    raw: Mapping[str, Any],
+    channels: Channels,
+    api_factory: Callable[[], Awaitable[Any]] = default_api_client,
+) -> JobAlerting | None:
+    """From the `job_alerting:` config section: None unless enabled (it needs the cluster);
+    adds the `feishu_job` channel to `channels`."""
+    settings = JobAlertingSettings.model_validate(dict(raw))
+    if not settings.enabled:
+        return None
+    built = channels.built
+    has_app = built is not None and built.feishu_app is not None
+    stage = JobAlerting(settings, api_factory, has_app=has_app)
+    add_job_channel(channels, stage)
+    return stage
 
 
 def build_diagnosis_parts(

@@ -23,12 +23,15 @@ from dataclasses import dataclass, field
 from trainsentry.config import ConfigError, Settings, describe_invalid
 from trainsentry.gateway.policy.escalation import Escalator
 from trainsentry.gateway.policy.roster import escalation_policy_of, roster_of
+from trainsentry.gateway.policy.route import CHANNEL_KINDS, JOB_CHANNEL
 from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.notifiers.email import EmailNotifier
 from trainsentry.notifiers.feishu.app import FeishuAppClient, FeishuAppNotifier
 from trainsentry.notifiers.feishu.bot import FeishuBotNotifier
+from trainsentry.notifiers.feishu.card import CardOptions
+from trainsentry.notifiers.feishu.job import FeishuJobNotifier, JobDestinations
 from trainsentry.notifiers.feishu.sheet import FeishuSheetArchive
 from trainsentry.notifiers.phone.notifier import PhoneNotifier
 from trainsentry.notifiers.ratelimit import as_pairs
@@ -160,3 +163,24 @@ def build(settings: Settings, env: Mapping[str, str] | None = None) -> Channels:
             )
         rate_limits.update(built.outbox_rate_limits)
     return Channels(notifiers=notifiers, rate_limits=rate_limits, built=built)
+
+
+def add_job_channel(channels: Channels, destinations: JobDestinations) -> FeishuJobNotifier:
+    """Adds the `feishu_job` channel (TrainingJobs' own chats and bots, gateway/stages/
+    job_alerting.py): it sends through the Feishu app when one is configured and falls back
+    to the gateway's own Feishu channels."""
+    built = channels.built
+    fallbacks = {
+        name: notifier
+        for name, notifier in channels.notifiers.items()
+        if name in CHANNEL_KINDS["feishu"]
+    }
+    notifier = FeishuJobNotifier(
+        destinations,
+        app=built.feishu_app if built is not None else None,
+        fallbacks=fallbacks,
+        card_options=CardOptions(actions=built is not None and built.callback_path is not None),
+    )
+    channels.notifiers[JOB_CHANNEL] = notifier
+    channels.rate_limits[JOB_CHANNEL] = as_pairs(notifier.rate_limits)
+    return notifier

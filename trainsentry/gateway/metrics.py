@@ -82,6 +82,19 @@ class GatewayMetrics:
             ["priority"],
             registry=r,
         )
+        # TrainingJobs' own alert routes (stages/job_alerting.py)
+        self.job_alerting_not_ready = Gauge(
+            "trainsentry_job_alerting_not_ready",
+            "TrainingJobs whose spec.alerting cannot be followed (condition AlertingReady=False)",
+            registry=r,
+        )
+        self.job_route_fallbacks = Counter(
+            "trainsentry_job_route_fallbacks_total",
+            "Cards sent to the gateway's own Feishu route because a TrainingJob's own chat or "
+            "bot failed, by reason",
+            ["reason"],
+            registry=r,
+        )
         self.sends = Counter(
             "trainsentry_notifications_sent_total",
             "Channel sends by outcome (sent, retry, rate_limited, dead)",

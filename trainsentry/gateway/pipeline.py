@@ -25,6 +25,7 @@ from trainsentry.gateway.stages.diagnosis import HangDiagnoser
 from trainsentry.gateway.stages.handoff import HandoffNotices
 from trainsentry.gateway.stages.hang_trigger import TriggerKeys, TriggerSources
 from trainsentry.gateway.stages.intake import IntakeWriter
+from trainsentry.gateway.stages.job_alerting import JobAlerting
 from trainsentry.gateway.stages.job_status import JobStatusFeeder
 from trainsentry.gateway.stages.maintenance import MaintenanceService
 from trainsentry.gateway.stages.oncall import OncallService
@@ -51,6 +52,7 @@ class Gateway:
     trigger_sources: TriggerSources | None = None
     job_status: JobStatusFeeder | None = None
     maintenance: MaintenanceService | None = None  # windows (the real policy only)
+    job_alerting: JobAlerting | None = None
     oncall: OncallService | None = None  # with an `oncall:` section: schedules, overrides
     handoffs: HandoffNotices | None = None
     classified: Callable[[], Mapping[int, str]] = dict

@@ -65,6 +65,19 @@ class StormSummary(TypedDict):
     list_url: NotRequired[str]  # where the full list of the storm's alerts can be seen
 
 
+class JobRoutePayload(TypedDict, total=False):
+    """A TrainingJob's own route for this notification (gateway/policy/route.py,
+    `apply_job_route`): its `job` ("namespace/name"), the gateway's Feishu channels its own
+    destination replaced (`fallback`: where the card goes when the job's route fails, or
+    when the job gave owners but no destination), its `owners` to mention (open_ids or
+    email addresses), and whether its pages follow its own on-call `roster`."""
+
+    job: str
+    fallback: list[str]
+    owners: list[str]
+    roster: bool
+
+
 class HandoffNotice(TypedDict, total=False):
     """A schedule's shift change (kind "handoff", gateway/stages/handoff.py)."""
 
@@ -115,6 +128,7 @@ class NotificationPayload(TypedDict):
     expired: NotRequired[bool]
     held_until: NotRequired[str]
     at: NotRequired[str]  # when the policy decided (ISO 8601)
+    job_route: NotRequired[JobRoutePayload]  # the TrainingJob's own route, if it has one
 
 
 class PersonPayload(TypedDict):

@@ -109,9 +109,15 @@ class SecretKeyRef(_Model):
     key: str
 
 
+class WebhookSecretRef(SecretKeyRef):
+    """`key`: the custom bot's webhook URL; `secretKey`: its signing secret (optional)."""
+
+    secretKey: str | None = None
+
+
 class Feishu(_Model):
     chatId: str | None = None
-    webhookSecretRef: SecretKeyRef | None = None
+    webhookSecretRef: WebhookSecretRef | None = None
     appSecretRef: SecretKeyRef | None = None
 
 

@@ -89,7 +89,8 @@ def compute_phase(
 def merge_conditions(
     old: Sequence[Mapping[str, Any]], new: Iterable[Condition], now: str, generation: int
 ) -> list[dict[str, Any]]:
-    """Kubernetes-style conditions; lastTransitionTime moves only when the status flips."""
+    """Kubernetes-style conditions; lastTransitionTime moves only when the status flips.
+    Conditions of other writers (the gateway's `AlertingReady`) are kept as they are."""
     previous = {str(item.get("type")): item for item in old}
     result = []
     for cond in new:
@@ -108,6 +109,8 @@ def merge_conditions(
                 else before.get("lastTransitionTime", now),
             }
         )
+    mine = {item["type"] for item in result} | set(CONDITION_TYPES)
+    result += [dict(item) for item in old if str(item.get("type")) not in mine]
     return result
 
 

@@ -276,3 +276,28 @@ affinity:
 {{- end -}}
 {{- toJson $out -}}
 {{- end -}}
+
+{{/*
+The gateway's grants for TrainingJobs' own alert routes (gateway.jobAlerting), each verb for
+one reason (docs/operator.md, "Alerting of a job"). Secrets and ConfigMaps are only ever read
+in the namespace of the job that references them.
+*/}}
+{{- define "trainsentry.jobAlertingRules" -}}
+# list: find the TrainingJobs and their spec.alerting; get: re-read one before its conditions
+# are rewritten (optimistic locking on resourceVersion)
+- apiGroups: [trainsentry.io]
+  resources: [trainingjobs]
+  verbs: [get, list]
+# patch: the AlertingReady condition
+- apiGroups: [trainsentry.io]
+  resources: [trainingjobs/status]
+  verbs: [patch]
+# get: feishu.webhookSecretRef (the bot's URL and signing secret) and onCallRosterRef
+- apiGroups: [""]
+  resources: [secrets, configmaps]
+  verbs: [get]
+# create: an Event on the job when AlertingReady changes
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- end }}

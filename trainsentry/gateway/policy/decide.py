@@ -20,6 +20,7 @@ from trainsentry.alerts import (
     Alert,
     AlertChange,
     AlertStatus,
+    JobRef,
     NotificationDraft,
     Priority,
 )
@@ -36,7 +37,7 @@ from trainsentry.gateway.policy.payload import (
     storm_payload,
     storm_summary,
 )
-from trainsentry.gateway.policy.route import route
+from trainsentry.gateway.policy.route import JobRoute, apply_job_route, route
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.storm import (
     StormEntry,
@@ -49,6 +50,7 @@ from trainsentry.gateway.policy.storm import (
     observe_new,
     verdict,
 )
+from trainsentry.notifiers.payload import JobRoutePayload
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,12 +87,26 @@ class _Out:
     messages: list[StormMessage] = field(default_factory=list)
     collapsed: int = 0
     unconfigured: list[str] = field(default_factory=list)
+    # TrainingJobs' own routes (spec.alerting), by job; each applies to its own job's alerts
+    job_routes: Mapping[JobRef, JobRoute] = field(default_factory=dict)
+    job_extra: JobRoutePayload | None = None  # of the last `_route`
 
     def _route(
         self, priority: Priority, labels: Mapping[str, str], *, paging: bool
     ) -> tuple[tuple[str, ...], str]:
         decision = route(priority, labels, self.policy, configured=self.channels, paging=paging)
         self.unconfigured.extend(decision.unconfigured)
+        self.job_extra = None
+        job = JobRef.from_labels(labels) if self.job_routes else None
+        if job is not None and (job_route := self.job_routes.get(job)) is not None:
+            decision, self.job_extra = apply_job_route(
+                decision,
+                priority,
+                job,
+                job_route,
+                self.policy.routing.jobs,
+                paging_channels=self.policy.routing.paging_channels,
+            )
         return decision.channels, decision.route_id
 
     def alert_notice(
@@ -106,6 +122,8 @@ class _Out:
         assert decision.notice is not None
         channels, route_id = self._route(classification.priority, alert.labels, paging=paging)
         payload = alert_payload(decision, alert, alert_id, classification, route_id=route_id)
+        if self.job_extra is not None:
+            payload["job_route"] = self.job_extra
         if storm is not None:
             payload["storm"] = storm_summary(storm)
         occurrence = decision.occurrence.isoformat()
@@ -130,6 +148,8 @@ class _Out:
             self.messages.append(message)
             channels, route_id = self._route(message.priority, message.labels, paging=False)
             payload = storm_payload(message, self.policy, route_id=route_id)
+            if self.job_extra is not None:
+                payload["job_route"] = self.job_extra
             for channel in channels:
                 self.drafts.append(
                     NotificationDraft(
@@ -260,6 +280,7 @@ def decide(
     policy: Policy,
     now: datetime,
     channels: Collection[str] | None = None,
+    job_routes: Mapping[JobRef, JobRoute] | None = None,
 ) -> DecideResult:
     """Everything the policy does with one alert change.
 
@@ -267,6 +288,7 @@ def decide(
     `storm_state`: the stored state of the alert's job, key `storm.job_key(labels)`.
     `distinct_nodes_in_window`: distinct nodes of the job with this alertname within
     `policy.blast_radius.window`, this alert included. `channels`: configured channel names.
+    `job_routes`: the TrainingJobs' own routes (route.JobRoute), applied to their own alerts.
     """
     alert = change.alert
     key = job_key(alert.labels)
@@ -274,7 +296,7 @@ def decide(
     if storm.job != key:
         raise ValueError(f"storm state of {storm.job} given for an alert of {key}")
     classification = classify(alert, policy, distinct_nodes_in_window=distinct_nodes_in_window)
-    out = _Out(policy=policy, channels=channels)
+    out = _Out(policy=policy, channels=channels, job_routes=job_routes or {})
 
     storm, messages = due(storm, now, policy)
     out.storm_messages(messages)
@@ -310,11 +332,12 @@ def decide_tick(
     policy: Policy,
     now: datetime,
     channels: Collection[str] | None = None,
+    job_routes: Mapping[JobRef, JobRoute] | None = None,
 ) -> TickResult:
     """The timers: held resolutions whose hold passed, storm summaries due, storms that
     calmed down. Pass the states with `hold_until <= now` and the storm states with
     `next_due(policy) <= now` (passing more is harmless). Returns only changed states."""
-    out = _Out(policy=policy, channels=channels)
+    out = _Out(policy=policy, channels=channels, job_routes=job_routes or {})
     storms = {state.job: state for state in storm_states}
     changed_storms: set[str] = set()
     changed_fps: dict[str, FingerprintState] = {}

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from trainsentry.alerts import JobRef, Priority
-from trainsentry.gateway.policy.rules import Policy
+from trainsentry.gateway.policy.rules import JobRoutingPolicy, Policy
 from trainsentry.gateway.policy.rules import Route as RouteRule
+from trainsentry.notifiers.payload import JobRoutePayload
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,3 +141,70 @@ def escalation_names(policy: Policy) -> dict[str, str]:
         {f"routing.escalation.{p.value}": name for p, name in routing.escalation.items() if name}
     )
     return found
+
+
+# --- a TrainingJob's own route (spec.alerting) ------------------------------------------------
+
+# The channel that delivers a job's Feishu cards to its own chat or bot (or, with mentions of
+# its owners, to the gateway's Feishu channels it replaced); gateway/stages/job_alerting.py.
+JOB_CHANNEL = "feishu_job"
+
+
+@dataclass(frozen=True, slots=True)
+class JobRoute:
+    """What the routing needs to know of one TrainingJob's `spec.alerting`, as the gateway
+    last read and checked it: whether its own Feishu destination (chat or bot) is usable,
+    its owners, and whether its on-call roster is usable. Only ever looked up by the job of
+    the alert being routed, so a job's settings never touch another job's alerts."""
+
+    feishu: bool = False
+    owners: tuple[str, ...] = ()
+    roster: bool = False
+
+
+def apply_job_route(
+    decision: RouteDecision,
+    priority: Priority,
+    job: JobRef,
+    job_route: JobRoute,
+    rules: JobRoutingPolicy,
+    *,
+    paging_channels: Collection[str] = ("phone",),
+) -> tuple[RouteDecision, JobRoutePayload | None]:
+    """Pure: the policy's decision for an alert of `job`, changed as the job's own route asks,
+    within the admin's bounds (`rules`, the policy's `routing.jobs`); and what the
+    notification's payload says about it (`job_route`; None when nothing changed).
+
+    - Only priorities in `rules.allow` change; the others keep the policy's route.
+    - The job's Feishu destination (or its owners to mention) replaces the Feishu channels
+      (`feishu_bot`, `feishu_app`) of the decision by JOB_CHANNEL, except those that
+      `rules.force` keeps for this priority. The replaced ones are the fallback: the job
+      channel sends there when the job's own route fails. Where the decision has no Feishu
+      channel (e.g. P3 to the archive only), no card is added.
+    - With a usable roster, the pages of the decision (a paging channel) follow it.
+    `decision.channels` must be configured channel names (`route(configured=...)`).
+    """
+    if priority not in rules.allow:
+        return decision, None
+    feishu = frozenset(CHANNEL_KINDS["feishu"])
+    present = [name for name in decision.channels if name in feishu]
+    mention = job_route.owners if priority in rules.mention else ()
+    extra: JobRoutePayload = {}
+    channels = list(decision.channels)
+    if present and (job_route.feishu or mention):
+        forced = {m for name in rules.force.get(priority, ()) for m in expand(name, feishu)}
+        replaced = [name for name in present if name not in forced]
+        if job_route.feishu or replaced:
+            at = channels.index(present[0])
+            channels = [name for name in channels if name not in replaced]
+            channels.insert(min(at, len(channels)), JOB_CHANNEL)
+            extra = {"fallback": replaced, "owners": list(mention)}
+    if job_route.roster and any(name in paging_channels for name in channels):
+        extra["roster"] = True
+    if not extra:
+        return decision, None
+    extra["job"] = str(job)
+    return (
+        replace(decision, channels=_unique(channels), route_id=f"{decision.route_id}+job"),
+        extra,
+    )

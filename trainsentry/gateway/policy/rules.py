@@ -152,6 +152,21 @@ class Route(_Strict):
         return value
 
 
+class JobRoutingPolicy(_Strict):
+    """What a TrainingJob's `spec.alerting` may change, per priority (the admin's bounds).
+
+    `allow`: priorities whose Feishu cards follow the job's own chat or bot (and whose pages
+    follow its on-call roster); a priority left out keeps the policy's route whatever the
+    job says. `force`: channels (names as in routes) that keep the notification as well,
+    per priority, e.g. `{P0: [feishu]}`: every P0 also reaches the gateway's own Feishu
+    group. `mention`: priorities whose cards mention the job's owners.
+    """
+
+    allow: tuple[Priority, ...] = (Priority.P0, Priority.P1, Priority.P2, Priority.P3)
+    force: dict[Priority, tuple[str, ...]] = Field(default_factory=dict)
+    mention: tuple[Priority, ...] = (Priority.P0, Priority.P1)
+
+
 class RoutingPolicy(_Strict):
     routes: tuple[Route, ...] = ()
     defaults: dict[Priority, tuple[str, ...]] = Field(
@@ -167,6 +182,7 @@ class RoutingPolicy(_Strict):
     # Per priority, the escalation policy of pages whose route names none (absent: the
     # inline `channels.escalation` layers).
     escalation: dict[Priority, str] = Field(default_factory=dict)
+    jobs: JobRoutingPolicy = Field(default_factory=JobRoutingPolicy)
 
     @model_validator(mode="after")
     def _every_priority_has_defaults(self) -> RoutingPolicy:

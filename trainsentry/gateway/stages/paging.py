@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from trainsentry.alerts import NotificationDraft, Priority
+from trainsentry.gateway.policy import job_roster
 from trainsentry.gateway.policy.escalation import (
     OPEN,
     CallDue,
@@ -70,22 +71,32 @@ def on_call_words(found: Sequence[tuple[str, str, datetime | None]]) -> str:
     return ", ".join(words)
 
 
+def _roster_job(draft: NotificationDraft) -> str | None:
+    """The job whose own on-call roster this page follows (route.apply_job_route), if any."""
+    route = draft.payload.get("job_route") or {}
+    return str(route.get("job")) if route.get("roster") and route.get("job") else None
+
+
 class Paging:
     """The escalation stage. `escalator` is the default roster and policy (the inline
     `channels.escalation` layers); `named` gives the `oncall.escalation_policies` ones, which
     pages choose by their route (`choose`). Both are parameters, so a caller may pass its own
-    (a per-job roster, a test's)."""
+    (a test's). A TrainingJob's own roster (`rosters`, by job key) wins over both for
+    its pages: the job chose who is called."""
 
     def __init__(
         self,
         escalator: Escalator,
         channel: str = PHONE_CHANNEL,
+        rosters: job_roster.RosterOf | None = None,
         *,
         named: NamedEscalators | None = None,
         choose: EscalationChoice = _no_choice,
     ) -> None:
         self.escalator = escalator
         self.channel = channel
+        # A TrainingJob's own roster by job key (stages/job_alerting.py); None: the global one.
+        self.rosters: job_roster.RosterOf = rosters or (lambda _job: None)
         self._named = named
         self._choose = choose
 
@@ -98,7 +109,12 @@ class Paging:
             str(payload.get("job", "")),
             str((payload.get("annotations") or {}).get("summary", "")),
         )
-        policy = self._choose(str(payload.get("route", "")), draft.priority)
+        # a page that follows its job's own roster follows no escalation policy
+        policy = (
+            ""
+            if _roster_job(draft)
+            else self._choose(str(payload.get("route", "")), draft.priority)
+        )
         return IncidentPage(draft.alert_id, draft.priority, text, policy)
 
     async def escalators(self, conn: Connection, now: datetime) -> Mapping[str, Escalator]:
@@ -161,12 +177,17 @@ class Paging:
         )
         if not opened and not ending:
             return []  # resolves of alerts that never paged: nothing to change
-        state, calls = self.escalator.batch(
+        state, calls = job_roster.batch(
+            self.escalator,
             state,
             now,
             pages=opened,
+            page_rosters={
+                d.alert_id: job for d in pages if d.alert_id is not None and (job := _roster_job(d))
+            },
             resolved=ending,
             forget_before=now - FORGET_STOPPED_AFTER,
+            roster_of=self.rosters,
             named=await self.escalators(conn, now),
         )
         await self._cancel_calls(conn, ending, "alert resolved")
@@ -179,7 +200,9 @@ class Paging:
         if ESCALATION_KEY not in due:
             return []
         named = await self.escalators(conn, now)
-        state, calls = self.escalator.plan(due[ESCALATION_KEY], now, named)
+        state, calls = job_roster.plan(
+            self.escalator, due[ESCALATION_KEY], now, roster_of=self.rosters, named=named
+        )
         await self._save(conn, state, now)
         return self._call_drafts(calls, state)
 
@@ -194,7 +217,9 @@ class Paging:
         except KeyError:
             raise LookupError(f"alert {alert_id} has no escalation (it never paged)") from None
         named = await self.escalators(conn, now)
-        state, calls = self.escalator.plan(state, now, named)
+        state, calls = job_roster.plan(
+            self.escalator, state, now, roster_of=self.rosters, named=named
+        )
         incident = state["incidents"][str(alert_id)]
         incident.setdefault("escalated_by", []).append({"by": who, "at": now.isoformat()})
         await self._save(conn, state, now)

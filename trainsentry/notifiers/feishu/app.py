@@ -186,6 +186,23 @@ class FeishuAppClient:
             raise RetryableError("Feishu answered without a message_id")
         return str(message_id)
 
+    async def open_ids_by_email(self, emails: Sequence[str]) -> dict[str, str]:
+        """The open_id of each address Feishu knows (contact v3 `users/batch_get_id`, at most
+        50 a call; needs the app scope contact:user.id:readonly). An address Feishu does not
+        return (unknown, resigned, outside the app's availability) is left out."""
+        found: dict[str, str] = {}
+        for start in range(0, len(emails), 50):
+            data = await self.call(
+                "POST",
+                "/open-apis/contact/v3/users/batch_get_id",
+                params={"user_id_type": "open_id"},
+                body={"emails": list(emails[start : start + 50]), "include_resigned": False},
+            )
+            for user in data.get("user_list") or []:
+                if isinstance(user, dict) and user.get("email") and user.get("user_id"):
+                    found[str(user["email"])] = str(user["user_id"])
+        return found
+
     async def update_card(self, message_id: str, card: Mapping[str, Any]) -> None:
         await self.call(
             "PATCH", f"/open-apis/im/v1/messages/{message_id}", body={"content": compact_json(card)}
@@ -316,7 +333,9 @@ class FeishuAppNotifier:
         options = CardOptions(actions=settings.callback is not None)
         return cls(client, chats, card_options=options)
 
-    async def send(self, notification: OutboundNotification) -> Receipt:
+    async def send(self, notification: OutboundNotification, *, chat: str | None = None) -> Receipt:
+        """Sends the card to the chat of its priority, or to `chat` when given (a
+        TrainingJob's own chat: stages/job_alerting.py)."""
         try:
             payload = parse_payload(notification.payload)
             card = build_card(notification.kind, payload, self.card_options)
@@ -326,7 +345,7 @@ class FeishuAppNotifier:
         if notification.kind == "ack" and isinstance(existing, str) and existing:
             await self.client.update_card(existing, card)
             return Receipt(channel=self.name, provider_id=existing, detail={"updated": True})
-        chat = self.chats.get(notification.priority)
+        chat = chat or self.chats.get(notification.priority)
         if chat is None:
             raise PermanentError(f"no Feishu chat configured for {notification.priority}")
         message_id = await self.client.send_message(

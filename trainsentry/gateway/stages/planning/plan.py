@@ -8,17 +8,17 @@ loads their states, counts the blast radius, and writes states, priorities and o
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
-from trainsentry.alerts import AlertChange, ChangeKind, NotificationDraft
+from trainsentry.alerts import AlertChange, ChangeKind, JobRef, NotificationDraft
 from trainsentry.gateway.metrics import PolicyMetrics
 from trainsentry.gateway.policy.classify import Classification
 from trainsentry.gateway.policy.decide import decide, decide_tick
 from trainsentry.gateway.policy.dedup import FingerprintState
 from trainsentry.gateway.policy.payload import ALERT_KIND, alert_to_json, idempotency_key
-from trainsentry.gateway.policy.route import ARCHIVE_CHANNELS, unconfigured_names
+from trainsentry.gateway.policy.route import ARCHIVE_CHANNELS, JobRoute, unconfigured_names
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.storm import StormState, job_key
 from trainsentry.gateway.stages.paging import Paging
@@ -132,6 +132,9 @@ class PolicyPlan:
         self.hold: HoldHook | None = None
         # Set by the app: maintenance windows mute chat and phone drafts, archives excepted.
         self.maintenance: MaintenanceHook | None = None
+        # Set by the app when TrainingJobs route their own alerts (stages/job_alerting.py):
+        # the routes as last read from the cluster, asked once per batch.
+        self.job_routes: Callable[[], Mapping[JobRef, JobRoute]] | None = None
 
     async def __call__(
         self, conn: Connection, changes: Sequence[AlertChange], now: datetime
@@ -162,6 +165,7 @@ class PolicyPlan:
         drafts: list[NotificationDraft] = []
         priorities: list[tuple[int, str, str]] = []
         self.classified = {}
+        job_routes = self.job_routes() if self.job_routes is not None else None
         for change in changes:
             alert = change.alert
             job = alert.job
@@ -175,6 +179,7 @@ class PolicyPlan:
                 policy=self.policy,
                 now=now,
                 channels=self.channels,
+                job_routes=job_routes,
             )
             fp_states[alert.fingerprint] = result.fingerprint_state
             storm_states[result.storm_state.job] = result.storm_state
@@ -245,6 +250,7 @@ class PolicyPlan:
             policy=self.policy,
             now=now,
             channels=self.channels,
+            job_routes=self.job_routes() if self.job_routes is not None else None,
         )
         if self.metrics is not None:
             self.metrics.observe(result)

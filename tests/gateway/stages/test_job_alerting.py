@@ -1,0 +1,436 @@
+"""TrainingJobs route their own alerts (spec.alerting), end to end: the real gateway, the
+Kubernetes API as the kmock emulator over HTTP (objects checked against the real CRD and the
+built-in schemas), Feishu as the contract server (app messages, custom bots, contact API,
+urgent_phone)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import kmock
+import pytest
+from aiohttp.test_utils import TestServer
+from kubernetes_asyncio.client import ApiClient, Configuration
+
+from tests.operator.operator_harness import TJ, Validator, declare_cluster
+from tests.support.eventually import eventually
+from tests.support.feishu_server import FeishuContractServer, Hook
+from tests.support.gateway_process import close_in_process
+from tests.support.kube_emulator import KubeEmulator
+from tests.support.ports import free_port
+from tests.support.webhook_factory import encode, make_alert, make_body
+from trainsentry.config import Settings
+from trainsentry.gateway.app import WEBHOOK_PATH
+from trainsentry.gateway.assemble import build_job_alerting, create_app
+from trainsentry.gateway.channels import Channels, build
+from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
+from trainsentry.gateway.stages.job_alerting import JobAlerting
+
+# The API calls the job alerting stage makes, as the emulator records them; the chart's RBAC
+# for gateway.jobAlerting is checked against this file (tests/chart/test_rbac.py).
+API_CALLS = Path(__file__).resolve().parent / "job_alerting_api_calls.json"
+SIGNING = "team-b-signing-secret"
+GLOBAL_CHAT = "oc_global"
+ROSTER = """
+layers:
+  - name: team-a-primary
+    members: [{name: carol, feishu_open_id: ou_carol}]
+"""
+
+
+def tj_path(namespace: str, name: str = "") -> str:
+    base = f"/apis/{TJ.rsplit('/', 1)[0]}/namespaces/{namespace}/trainingjobs"
+    return f"{base}/{name}" if name else base
+
+
+def trainingjob(namespace: str, name: str, alerting: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "trainsentry.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"selector": {"matchLabels": {"job": name}}, "alerting": alerting},
+    }
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+async def create(cluster: KubeEmulator, path: str, body: dict[str, Any]) -> None:
+    async with cluster.post(path, json=body) as answer:
+        assert answer.status == 201, await answer.text()
+
+
+async def merge(cluster: KubeEmulator, path: str, body: dict[str, Any]) -> None:
+    headers = {"Content-Type": "application/merge-patch+json"}
+    async with cluster.patch(path, json=body, headers=headers) as answer:
+        assert answer.status == 200, await answer.text()
+
+
+def condition(cluster: KubeEmulator, namespace: str, name: str) -> dict[str, Any]:
+    body = cluster.get_live(TJ, namespace, name) or {}
+    conditions = body.get("status", {}).get("conditions", [])
+    found = [c for c in conditions if c["type"] == "AlertingReady"]
+    assert len(found) == 1, body.get("status")
+    return found[0]
+
+
+def events(cluster: KubeEmulator, namespace: str, name: str) -> list[dict[str, Any]]:
+    return [e for e in cluster.live("v1/events", namespace) if e["involvedObject"]["name"] == name]
+
+
+def alert(index: int, namespace: str, job: str, name: str) -> dict[str, Any]:
+    return make_alert(index, name=name, labels={"namespace": namespace, "trainingjob": job})
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[KubeEmulator]:
+    async with KubeEmulator() as emu, kmock.Server(emu):
+        declare_cluster(emu, workloads=False)
+        emu.declare("v1/secrets", "Secret")
+        emu.validator = Validator()
+        yield emu
+
+
+@pytest.fixture
+async def feishu() -> AsyncIterator[FeishuContractServer]:
+    async with FeishuContractServer(
+        hooks={"team-b": Hook(secret=SIGNING)},
+        apps={"cli_app": "app-secret"},
+        chats={GLOBAL_CHAT, "oc_team_a", "oc_team_a_new"},
+        emails={"alice@example.com": "ou_alice"},
+    ) as server:
+        yield server
+
+
+@dataclass
+class Running:
+    server: TestServer
+    gateway: Gateway
+    stage: JobAlerting
+    channels: Channels
+
+    async def post(self, *alerts: dict[str, Any]) -> None:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                self.server.make_url(WEBHOOK_PATH), data=encode(make_body(list(alerts)))
+            ) as answer,
+        ):
+            assert answer.status == 200, await answer.text()
+        await self.gateway.settle()
+        await self.stage.settle()
+
+
+@pytest.fixture
+async def gateway(
+    cluster: KubeEmulator, feishu: FeishuContractServer, tmp_path: Path
+) -> AsyncIterator[Any]:
+    unreachable = f"http://127.0.0.1:{free_port()}/open-apis/bot/v2/hook/"
+    settings = Settings.model_validate(
+        {
+            "gateway": {"db": f"sqlite:///{tmp_path / 'gw.db'}"},
+            "channels": {
+                "feishu_app": {
+                    "base_url": feishu.base_url,
+                    "app_id": "cli_app",
+                    "chats": {GLOBAL_CHAT: ["P0", "P1", "P2", "P3"]},
+                },
+                "phone": {"provider": "feishu"},
+                "escalation": {
+                    "layers": [
+                        {"name": "global", "members": [{"name": "gus", "feishu_open_id": "ou_gus"}]}
+                    ]
+                },
+            },
+            "job_alerting": {
+                "enabled": True,
+                "refresh_seconds": 0.2,
+                "webhook_prefixes": [feishu.hook_url(""), unreachable],
+            },
+        }
+    )
+    channels = build(settings, {"FEISHU_APP_SECRET": "app-secret"})
+
+    async def api() -> ApiClient:
+        return ApiClient(Configuration(host=str(cluster.url).rstrip("/")))
+
+    stage = build_job_alerting(settings.job_alerting, channels, api)
+    assert stage is not None and "feishu_job" in channels.notifiers
+    assert channels.built is not None
+    app = create_app(
+        settings.gateway,
+        notifiers=channels.notifiers,
+        rate_limits=channels.rate_limits,
+        escalator=channels.built.escalator,
+        job_alerting=stage,
+    )
+    server = TestServer(app, host="127.0.0.1")
+
+    async def start() -> Running:
+        await server.start_server()
+        await stage.refresh()  # the loop does it too; the test does not wait for its tick
+        await stage.settle()
+        return Running(server, server.app[GATEWAY_KEY], stage, channels)
+
+    try:
+        yield start, unreachable
+    finally:
+        await close_in_process(server)
+        await channels.built.aclose()
+
+
+def chat_cards(feishu: FeishuContractServer, chat: str) -> list[dict[str, Any]]:
+    return [
+        json.loads(m["content"])
+        for m in feishu.messages.values()
+        if m["receive_id"] == chat and m["msg_type"] == "interactive"
+    ]
+
+
+def jobs_in(cards: list[dict[str, Any]]) -> list[str]:
+    text = [json.dumps(card) for card in cards]
+    jobs = ("team-a/a", "team-b/b", "team-c/c")
+    return sorted(job for job in jobs if any(job in t for t in text))
+
+
+async def test_each_job_gets_its_own_chat_bot_owners_and_oncall(
+    cluster: KubeEmulator, feishu: FeishuContractServer, gateway: Any
+) -> None:
+    start, _ = gateway
+    await create(
+        cluster,
+        "/api/v1/namespaces/team-a/configmaps",
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "oncall"},
+         "data": {"roster.yaml": ROSTER}},
+    )  # fmt: skip
+    await create(
+        cluster,
+        "/api/v1/namespaces/team-b/secrets",
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bot"},
+         "data": {"url": b64(feishu.hook_url("team-b")), "sign": b64(SIGNING)}},
+    )  # fmt: skip
+    await create(
+        cluster,
+        tj_path("team-a"),
+        trainingjob(
+            "team-a",
+            "a",
+            {
+                "owners": ["alice@example.com", "ou_bob"],
+                "feishu": {"chatId": "oc_team_a"},
+                "onCallRosterRef": {"name": "oncall", "key": "roster.yaml"},
+            },
+        ),
+    )
+    await create(
+        cluster,
+        tj_path("team-b"),
+        trainingjob(
+            "team-b",
+            "b",
+            {
+                "feishu": {
+                    "webhookSecretRef": {"name": "bot", "key": "url", "secretKey": "sign"},
+                    "chatId": "oc_team_a_new",  # with both, the bot is used
+                }
+            },
+        ),
+    )
+    # owners alone: mentioned on the cards of the gateway's own Feishu channels
+    await create(cluster, tj_path("team-c"), trainingjob("team-c", "c", {"owners": ["ou_dan"]}))
+    running = await start()
+    await running.post(
+        alert(1, "team-a", "a", "TrainingJobDown"),  # P0: card, mentions, a call
+        alert(2, "team-b", "b", "TrainingJobSlow"),  # P1
+        alert(3, "team-c", "c", "TrainingJobSlow"),  # a job without settings: global route
+    )
+    # Each job's card reaches its own chat or bot, and only there.
+    assert jobs_in(chat_cards(feishu, "oc_team_a")) == ["team-a/a"]
+    assert jobs_in(chat_cards(feishu, GLOBAL_CHAT)) == ["team-c/c"]
+    assert chat_cards(feishu, "oc_team_a_new") == []
+    assert "<at id=ou_dan></at>" in json.dumps(chat_cards(feishu, GLOBAL_CHAT))
+    bot_cards = [body["card"] for _, body in feishu.accepted["team-b"]]
+    assert jobs_in(bot_cards) == ["team-b/b"]  # accepted: the signature was checked
+    assert all("sign" in body for _, body in feishu.accepted["team-b"])
+    # The owners are mentioned on the P0 card: an open_id as given, an e-mail looked up.
+    [card_a] = chat_cards(feishu, "oc_team_a")
+    assert "<at id=ou_alice></at>" in json.dumps(card_a)
+    assert "<at id=ou_bob></at>" in json.dumps(card_a)
+    assert feishu.contact_calls == [["alice@example.com"]]
+    # The P0 page rings the job's own on-call (from its ConfigMap), not the global one.
+    rung = [user for _, users in feishu.urgent_calls for user in users]
+    assert rung == ["ou_carol"]
+    for namespace, name in (("team-a", "a"), ("team-b", "b"), ("team-c", "c")):
+        ready = condition(cluster, namespace, name)
+        assert (ready["status"], ready["reason"]) == ("True", "Ready"), ready
+    assert feishu.rejections == []
+
+
+async def test_a_changed_chat_is_used_for_the_next_card_without_a_restart(
+    cluster: KubeEmulator, feishu: FeishuContractServer, gateway: Any
+) -> None:
+    start, _ = gateway
+    await create(
+        cluster, tj_path("team-a"), trainingjob("team-a", "a", {"feishu": {"chatId": "oc_team_a"}})
+    )
+    running = await start()
+    await running.post(alert(1, "team-a", "a", "TrainingJobSlow"))
+    assert len(chat_cards(feishu, "oc_team_a")) == 1
+    change = {"spec": {"alerting": {"feishu": {"chatId": "oc_team_a_new"}}}}
+    await merge(cluster, tj_path("team-a", "a"), change)
+    # the stage's own loop (refresh_seconds 0.2) picks the change up
+    await eventually(lambda: running.stage.destination("team-a/a").chat_id == "oc_team_a_new")
+    await running.post(alert(2, "team-a", "a", "TrainingJobSlow"))
+    assert len(chat_cards(feishu, "oc_team_a")) == 1
+    assert len(chat_cards(feishu, "oc_team_a_new")) == 1
+
+
+async def test_bad_settings_get_a_condition_an_event_and_the_global_route(
+    cluster: KubeEmulator,
+    feishu: FeishuContractServer,
+    gateway: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    start, unreachable = gateway
+    caplog.set_level(logging.DEBUG)
+    # a Secret of another namespace: the job cannot name it (refs have no namespace)
+    await create(
+        cluster,
+        "/api/v1/namespaces/team-b/secrets",
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "shared"},
+         "data": {"url": b64(feishu.hook_url("team-b"))}},
+    )  # fmt: skip
+    await create(
+        cluster,
+        "/api/v1/namespaces/team-a/secrets",
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "down"},
+         "data": {"url": b64(unreachable + "token-never-logged"),
+                  "elsewhere": b64("https://collector.example/steal")}},
+    )  # fmt: skip
+    await create(
+        cluster,
+        "/api/v1/namespaces/team-a/configmaps",
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "bad-roster"},
+         "data": {"roster.yaml": "layers: [{name: x}]"}},
+    )  # fmt: skip
+    ref = {"name": "shared", "key": "url"}
+    bad = {
+        "nosecret": {"feishu": {"webhookSecretRef": ref}},
+        "notjoined": {"feishu": {"chatId": "oc_not_joined"}},
+        "unreachable": {"feishu": {"webhookSecretRef": {"name": "down", "key": "url"}}},
+        "badroster": {"onCallRosterRef": {"name": "bad-roster", "key": "roster.yaml"}},
+        "nokey": {"onCallRosterRef": {"name": "bad-roster", "key": "missing"}},
+        "elsewhere": {"feishu": {"webhookSecretRef": {"name": "down", "key": "elsewhere"}}},
+        "nobody": {"owners": ["nobody@example.com"]},
+    }
+    for name, alerting in bad.items():
+        await create(cluster, tj_path("team-a"), trainingjob("team-a", name, alerting))
+    running = await start()
+    await running.post(*(alert(i, "team-a", name, "TrainingJobDown") for i, name in enumerate(bad)))
+    expected = {
+        "nosecret": "SecretNotFound",
+        "notjoined": "ChatNotJoined",
+        "unreachable": "WebhookUnreachable",
+        "badroster": "InvalidRoster",
+        "nokey": "ConfigMapKeyMissing",
+        "elsewhere": "InvalidWebhook",
+        "nobody": "OwnerNotFound",
+    }
+    for name, reason in expected.items():
+        ready = condition(cluster, "team-a", name)
+        assert (ready["status"], ready["reason"]) == ("False", reason), ready
+        assert reason in {e["reason"] for e in events(cluster, "team-a", name)}
+    # every card took the global route; nothing lost, nothing went to the other namespace's bot
+    global_text = json.dumps(chat_cards(feishu, GLOBAL_CHAT))
+    assert all(f"team-a/{name}" in global_text for name in bad)
+    assert feishu.accepted["team-b"] == []
+    # the pages of the job whose roster is malformed call the global on-call
+    assert {user for _, users in feishu.urgent_calls for user in users} == {"ou_gus"}
+    # Secrets were read in the job's namespace only
+    secret_reads = [
+        ns for call, ns in zip(cluster.calls, cluster.namespaces, strict=True)
+        if call.resource == "secrets" and call.verb == "get"
+    ]  # fmt: skip
+    assert secret_reads and set(secret_reads) == {"team-a"}
+    metrics = running.gateway.metrics
+    assert metrics.job_alerting_not_ready._value.get() == len(bad)
+    fallbacks = {
+        s.labels["reason"]: s.value
+        for m in metrics.job_route_fallbacks.collect()
+        for s in m.samples
+        if s.name.endswith("_total")
+    }
+    assert fallbacks == {"ChatNotJoined": 1.0, "WebhookUnreachable": 1.0}
+    # every API call the stage made is one the chart grants (tests/chart/test_rbac.py)
+    made = sorted(
+        [
+            call.verb,
+            call.group,
+            call.resource + (f"/{call.subresource}" if call.subresource else ""),
+        ]
+        for call in cluster.recorded_calls(exclude_agent="kmock/")
+    )
+    assert made == json.loads(API_CALLS.read_text())
+    # the secret values reach no log line, condition or event
+    seen = caplog.text + json.dumps(cluster.live(TJ)) + json.dumps(cluster.live("v1/events"))
+    assert "token-never-logged" not in seen and feishu.hook_url("team-b") not in seen
+    assert "collector.example" not in seen
+
+
+async def test_without_job_alerting_nothing_changes(tmp_path: Path) -> None:
+    settings = Settings.model_validate({"gateway": {"db": f"sqlite:///{tmp_path / 'g.db'}"}})
+    channels = build(settings, {})
+
+    async def no_cluster() -> ApiClient:
+        raise AssertionError("no Kubernetes API call without job_alerting")
+
+    assert build_job_alerting(settings.job_alerting, channels, no_cluster) is None
+    assert "feishu_job" not in channels.notifiers
+
+
+def test_the_operator_keeps_the_gateways_condition() -> None:
+    from trainsentry.operator.status import Condition, merge_conditions
+
+    old = [
+        {"type": "RulesReady", "status": "True", "reason": "Applied"},
+        {"type": "AlertingReady", "status": "False", "reason": "SecretNotFound", "message": "m"},
+    ]
+    merged = merge_conditions(old, [Condition("RulesReady", True, "Applied")], "now", 2)
+    assert [c["type"] for c in merged] == ["RulesReady", "AlertingReady"]
+    assert merged[1] == old[1]
+
+
+async def test_an_api_failure_keeps_a_known_jobs_route_and_names_a_new_ones(
+    cluster: KubeEmulator, feishu: FeishuContractServer, gateway: Any
+) -> None:
+    start, _ = gateway
+    await create(
+        cluster,
+        "/api/v1/namespaces/team-b/secrets",
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bot"},
+         "data": {"url": b64(feishu.hook_url("team-b"))}},
+    )  # fmt: skip
+    ref = {"webhookSecretRef": {"name": "bot", "key": "url"}}
+    await create(cluster, tj_path("team-b"), trainingjob("team-b", "b", {"feishu": ref}))
+    running = await start()
+    known = running.stage.destination("team-b/b")
+    assert known is not None and known.webhook is not None
+    await running.stage.stop()  # no background refresh: this test drives them
+    cluster.inject_fault("get", "secrets", 503, times=6)  # every retry of one read
+    await running.stage.refresh()
+    assert running.stage.destination("team-b/b") == known
+    roster = {"onCallRosterRef": {"name": "oncall", "key": "roster.yaml"}}
+    await create(cluster, tj_path("team-b"), trainingjob("team-b", "new", roster))
+    cluster.inject_fault("get", "configmaps", 503, times=6)
+    await running.stage.refresh()
+    await running.stage.settle()
+    assert condition(cluster, "team-b", "new")["reason"] == "ApiError"
+    assert condition(cluster, "team-b", "b")["status"] == "True"

@@ -1,0 +1,485 @@
+"""TrainingJobs route their own alerts: the gateway reads each job's `spec.alerting`.
+
+Every `refresh_seconds` the stage lists the TrainingJobs (all namespaces, or the configured
+ones) through the Kubernetes API, reads what their settings reference, checks it, and
+swaps in a new snapshot keyed by namespace/name:
+- `feishu.webhookSecretRef`: the Secret in the JOB'S OWN namespace (a reference has no
+  namespace field, so no job can name another namespace's Secret); `key` holds the custom
+  bot's webhook URL, which must start with one of `webhook_prefixes` (Feishu's bot hook
+  URLs by default: the gateway posts nowhere else), `secretKey` its signing secret;
+- `feishu.chatId`: a Feishu chat id (`oc_...`); needs the gateway's Feishu app;
+- `owners`: open_ids (`ou_...`) or e-mail addresses;
+- `onCallRosterRef`: a ConfigMap key in the job's namespace holding `layers:` in the format
+  of the gateway's `channels.escalation.layers`.
+The policy reads `routes()` once per batch (route.JobRoute per job; the decision stays pure),
+the `feishu_job` channel reads `destination()` at each send, paging reads `roster()`, so a
+changed chat or roster is used for the next notification without a restart.
+
+Problems get a visible answer, never a crash or a silent drop: the job's status gets the
+condition `AlertingReady=False` with the reason (read-modify-write of `status.conditions`,
+optimistic locking), an Event is recorded on the job, `trainsentry_job_alerting_not_ready`
+counts such jobs, and the alert takes the policy's own route. Failures at send time (a chat
+the app is not in, a webhook that refuses or cannot be reached) are reported by the channel
+(`report`), which sends the card to the policy's route instead. The condition turns True
+again when the settings work (read cleanly, or the next card went through). Secrets never
+reach logs, events, conditions or metrics: messages name the Secret and key, never values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trainsentry.alerts import JobRef
+from trainsentry.gateway.metrics import GatewayMetrics
+from trainsentry.gateway.policy.escalation import Roster
+from trainsentry.gateway.policy.roster import roster_of
+from trainsentry.gateway.policy.route import JobRoute
+from trainsentry.notifiers.feishu.bot import BotWebhook
+from trainsentry.notifiers.feishu.job import JobDestination, Problem
+from trainsentry.notifiers.settings import EscalationSettings, LayerSettings
+from trainsentry.operator.kube import CONFIGMAPS, TRAININGJOBS, Kube, KubeError, Resource
+from trainsentry.operator.spec import API_VERSION, KIND, Alerting, TrainingJobSpec
+
+log = logging.getLogger("trainsentry.job_alerting")
+
+CONDITION = "AlertingReady"
+SECRETS = Resource("", "v1", "secrets")
+EVENTS = Resource("", "v1", "events")
+FEISHU_HOOKS = (
+    "https://open.feishu.cn/open-apis/bot/v2/hook/",
+    "https://open.larksuite.com/open-apis/bot/v2/hook/",
+)
+CHAT_ID = re.compile(r"oc_[A-Za-z0-9_-]{1,64}")
+OPEN_ID = re.compile(r"ou_[A-Za-z0-9_-]{1,64}")
+EMAIL = re.compile(r"[^@\s]{1,64}@[^@\s]{1,190}")
+MAX_OWNERS = 20
+MAX_ROSTER_BYTES = 64 * 1024
+MAX_JOBS = 10_000
+REFRESH_TIMEOUT_S = 120.0
+
+
+class JobAlertingSettings(BaseModel):
+    """The `job_alerting:` section of the config file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    refresh_seconds: float = Field(default=15.0, gt=0, le=3600)
+    namespaces: list[str] = Field(default_factory=list)  # empty: every namespace
+    webhook_prefixes: list[str] = Field(default_factory=lambda: list(FEISHU_HOOKS), min_length=1)
+    concurrency: int = Field(default=8, ge=1, le=64)
+
+
+class JobRoster(BaseModel):
+    """A job's roster (its ConfigMap key): the layers of `channels.escalation`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    layers: list[LayerSettings] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """One job's `spec.alerting` as read and checked. `problems` in the order found."""
+
+    job: JobRef
+    destination: JobDestination | None = None
+    owners: tuple[str, ...] = ()
+    roster: Roster | None = None
+    problems: tuple[Problem, ...] = ()
+    uid: str = ""
+    summary: str = ""  # what works, for the condition's message (no secrets)
+
+    def route(self) -> JobRoute:
+        return JobRoute(
+            feishu=self.destination is not None,
+            owners=self.owners,
+            roster=self.roster is not None,
+        )
+
+
+# --- pure checks ------------------------------------------------------------------------------
+
+
+def check_owners(owners: Sequence[str]) -> tuple[tuple[str, ...], list[Problem]]:
+    """Pure: the owners that are open_ids or e-mail addresses (at most MAX_OWNERS)."""
+    good = [o.strip() for o in owners if OPEN_ID.fullmatch(o.strip()) or EMAIL.fullmatch(o.strip())]
+    problems: list[Problem] = []
+    if bad := [o for o in owners if o.strip() not in good]:
+        shown = ", ".join(repr(o[:64]) for o in bad[:5])
+        problems.append(("InvalidOwner", f"owners must be open_ids (ou_...) or e-mails: {shown}"))
+    if len(good) > MAX_OWNERS:
+        problems.append(("TooManyOwners", f"{len(good)} owners; the first {MAX_OWNERS} are used"))
+    return tuple(dict.fromkeys(good[:MAX_OWNERS])), problems
+
+
+def parse_roster(text: str, where: str) -> Roster | Problem:
+    """Pure: the roster in a ConfigMap value, or the problem with it (no values shown)."""
+    if len(text.encode()) > MAX_ROSTER_BYTES:
+        return "InvalidRoster", f"{where} is over {MAX_ROSTER_BYTES} bytes"
+    try:
+        raw = yaml.safe_load(text)
+        roster = JobRoster.model_validate(raw)
+    except yaml.YAMLError as exc:
+        return "InvalidRoster", f"{where} is not YAML: {str(exc).splitlines()[0]}"
+    except ValidationError as exc:
+        errors = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'top'}: {e['msg']}" for e in exc.errors()[:3]
+        )
+        return "InvalidRoster", f"{where}: {errors} (the format of channels.escalation.layers)"
+    return roster_of(EscalationSettings(layers=roster.layers))
+
+
+def secret_value(secret: Mapping[str, Any], key: str) -> str | None:
+    """Pure: a Secret's value at `key` (base64 in `data`), stripped; None when absent."""
+    data = secret.get("data") or {}
+    if key not in data:
+        return None
+    try:
+        return base64.b64decode(str(data[key]), validate=True).decode().strip()
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def condition_of(settings: JobSettings, sent: Problem | None) -> tuple[bool, str, str]:
+    """Pure: (ok, reason, message) of the job's AlertingReady condition."""
+    problems = [*settings.problems, *([sent] if sent is not None else [])]
+    if not problems:
+        return True, "Ready", settings.summary or "alerting settings in use"
+    message = "; ".join(words for _, words in problems)
+    return False, problems[0][0], (message + "; alerts take the gateway's own route")[:1000]
+
+
+def with_condition(
+    conditions: Sequence[Mapping[str, Any]],
+    ok: bool,
+    reason: str,
+    message: str,
+    now: str,
+    generation: int | None,
+) -> list[dict[str, Any]]:
+    """Pure: `status.conditions` with AlertingReady set (others kept); lastTransitionTime
+    moves only when the status flips."""
+    status = "True" if ok else "False"
+    before = next((c for c in conditions if c.get("type") == CONDITION), None)
+    mine: dict[str, Any] = {"type": CONDITION, "status": status, "reason": reason}
+    mine["message"] = message
+    if generation is not None:
+        mine["observedGeneration"] = generation
+    same = before is not None and before.get("status") == status
+    mine["lastTransitionTime"] = (
+        str(before.get("lastTransitionTime", now)) if same and before else now
+    )
+    return [dict(c) for c in conditions if c.get("type") != CONDITION] + [mine]
+
+
+# --- the stage --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Sent:
+    problem: Problem
+    destination: JobDestination | None  # what failed; a changed destination forgets it
+
+
+@dataclass
+class _State:
+    settings: dict[JobRef, JobSettings] = field(default_factory=dict)
+    sent: dict[JobRef, _Sent] = field(default_factory=dict)
+    written: dict[JobRef, tuple[bool, str, str]] = field(default_factory=dict)
+
+
+class JobAlerting:
+    """The TrainingJobs' alerting settings, kept fresh from the cluster (module docstring)."""
+
+    def __init__(
+        self,
+        settings: JobAlertingSettings,
+        api_factory: Callable[[], Awaitable[Any]],
+        *,
+        has_app: bool,
+        clock: Callable[[], datetime] = lambda: datetime.now(tz=UTC),
+    ) -> None:
+        self.settings = settings
+        self._api_factory = api_factory
+        self._api: Any = None
+        self._has_app = has_app
+        self._clock = clock
+        self._state = _State()
+        self._routes: dict[JobRef, JobRoute] = {}
+        self.metrics: GatewayMetrics | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._writes: set[asyncio.Task[None]] = set()
+        self._write_lock = asyncio.Lock()
+
+    # what the policy, the channel and paging read ----------------------------------------
+
+    def routes(self) -> Mapping[JobRef, JobRoute]:
+        return self._routes
+
+    def _get(self, job: str) -> JobSettings | None:
+        namespace, _, name = job.partition("/")
+        return self._state.settings.get(JobRef(namespace, name)) if name else None
+
+    def destination(self, job: str) -> JobDestination | None:
+        found = self._get(job)
+        return found.destination if found is not None else None
+
+    def roster(self, job: str) -> Roster | None:
+        found = self._get(job)
+        return found.roster if found is not None else None
+
+    def report(self, job: str, problem: Problem | None, *, fallback: bool) -> None:
+        """From the `feishu_job` channel: how the job's last card went (None: fine)."""
+        found = self._get(job)
+        if found is None:
+            return
+        if fallback and problem is not None and self.metrics is not None:
+            self.metrics.job_route_fallbacks.labels(problem[0]).inc()
+        if problem is None:
+            self._state.sent.pop(found.job, None)
+        else:
+            self._state.sent[found.job] = _Sent(problem, found.destination)
+        self._publish(found.job)
+
+    # reading the cluster -----------------------------------------------------------------
+
+    async def _kube(self) -> Kube:
+        if self._api is None:
+            self._api = await self._api_factory()
+        return Kube(self._api)
+
+    async def refresh(self) -> None:
+        """One pass: list the jobs, read and check what they reference, publish."""
+        kube = await self._kube()
+        if self.settings.namespaces:
+            bodies = []
+            for namespace in self.settings.namespaces:
+                bodies += await kube.list(TRAININGJOBS, namespace)
+        else:
+            bodies = await kube.list(TRAININGJOBS)
+        gate = asyncio.Semaphore(self.settings.concurrency)
+
+        async def read(body: Mapping[str, Any]) -> JobSettings | None:
+            async with gate:
+                return await self._read(kube, body)
+
+        found = await asyncio.gather(*(read(body) for body in bodies[:MAX_JOBS]))
+        fresh = {s.job: s for s in found if s is not None}
+        state = self._state
+        for job, sent in list(state.sent.items()):
+            if job not in fresh or fresh[job].destination != sent.destination:
+                del state.sent[job]  # the failure was about settings that are gone now
+        for job in set(state.settings) - set(fresh):
+            state.written.pop(job, None)
+        state.settings = fresh
+        self._routes = {job: s.route() for job, s in fresh.items()}
+        for job in fresh:
+            self._publish(job)
+        self._count()
+
+    async def _read(self, kube: Kube, body: Mapping[str, Any]) -> JobSettings | None:
+        meta = body.get("metadata") or {}
+        job = JobRef(str(meta.get("namespace", "")), str(meta.get("name", "")))
+        try:
+            alerting = TrainingJobSpec.model_validate(body.get("spec") or {}).alerting
+        except ValidationError:
+            return None  # the operator reports an invalid spec (RulesReady=False)
+        if not (alerting.owners or alerting.feishu or alerting.onCallRosterRef):
+            return None
+        try:
+            return await self._check(kube, job, str(meta.get("uid", "")), alerting)
+        except KubeError as exc:
+            if (known := self._state.settings.get(job)) is not None:
+                return known  # a passing API failure does not reroute a working job
+            problem = ("ApiError", f"the gateway could not read the job's references: {exc}")
+            return JobSettings(job, problems=(problem,), uid=str(meta.get("uid", "")))
+
+    async def _check(self, kube: Kube, job: JobRef, uid: str, alerting: Alerting) -> JobSettings:
+        owners, problems = check_owners(alerting.owners)
+        works: list[str] = []
+        destination: JobDestination | None = None
+        feishu = alerting.feishu
+        if feishu is not None and feishu.webhookSecretRef is not None:
+            webhook = await self._webhook(kube, job, feishu.webhookSecretRef, problems)
+            if webhook is not None:
+                destination = JobDestination(webhook=webhook)
+                works.append(f"cards to the bot of Secret {feishu.webhookSecretRef.name}")
+        if feishu is not None and feishu.chatId is not None and destination is None:
+            if not CHAT_ID.fullmatch(feishu.chatId):
+                problems.append(("InvalidChatId", f"chatId {feishu.chatId[:80]!r} is not oc_..."))
+            elif not self._has_app:
+                problems.append(("NoFeishuApp", "chatId needs the gateway's Feishu app"))
+            else:
+                destination = JobDestination(chat_id=feishu.chatId)
+                works.append(f"cards to chat {feishu.chatId}")
+        roster: Roster | None = None
+        ref = alerting.onCallRosterRef
+        if ref is not None:
+            where = f"ConfigMap {ref.name} key {ref.key}"
+            configmap = await kube.get(CONFIGMAPS, job.namespace, ref.name)
+            text = ((configmap or {}).get("data") or {}).get(ref.key)
+            if configmap is None:
+                problems.append(
+                    ("ConfigMapNotFound", f"no ConfigMap {ref.name} in {job.namespace}")
+                )
+            elif not isinstance(text, str):
+                problems.append(
+                    ("ConfigMapKeyMissing", f"ConfigMap {ref.name} has no key {ref.key}")
+                )
+            elif isinstance(parsed := parse_roster(text, where), Roster):
+                roster = parsed
+                works.append(f"P0 pages call the roster of {where}")
+            else:
+                problems.append(parsed)
+        if owners:
+            works.append(f"{len(owners)} owner(s) mentioned")
+        return JobSettings(job, destination, owners, roster, tuple(problems), uid, "; ".join(works))
+
+    async def _webhook(
+        self, kube: Kube, job: JobRef, ref: Any, problems: list[Problem]
+    ) -> BotWebhook | None:
+        secret = await kube.get(SECRETS, job.namespace, ref.name)  # only the job's namespace
+        if secret is None:
+            problems.append(("SecretNotFound", f"no Secret {ref.name} in {job.namespace}"))
+            return None
+        url = secret_value(secret, ref.key)
+        if not url:
+            problems.append(("SecretKeyMissing", f"Secret {ref.name} has no key {ref.key}"))
+            return None
+        if not any(url.startswith(prefix) for prefix in self.settings.webhook_prefixes):
+            problems.append(
+                ("InvalidWebhook", f"Secret {ref.name} key {ref.key} is not a Feishu bot webhook")
+            )
+            return None
+        signing = None
+        if ref.secretKey:
+            signing = secret_value(secret, ref.secretKey)
+            if not signing:
+                problems.append(
+                    ("SecretKeyMissing", f"Secret {ref.name} has no key {ref.secretKey}")
+                )
+                return None
+        return BotWebhook(f"job:{job}", url, signing)
+
+    # the condition and the event ----------------------------------------------------------
+
+    def _count(self) -> None:
+        if self.metrics is not None:
+            bad = sum(1 for ok, _, _ in self._state.written.values() if not ok)
+            self.metrics.job_alerting_not_ready.set(bad)
+
+    def _publish(self, job: JobRef) -> None:
+        """Writes the job's condition (and an event) when it changed."""
+        settings = self._state.settings.get(job)
+        if settings is None:
+            return
+        sent = self._state.sent.get(job)
+        wanted = condition_of(settings, sent.problem if sent is not None else None)
+        if self._state.written.get(job) == wanted:
+            return
+        self._state.written[job] = wanted
+        self._count()
+        if not wanted[0]:
+            log.warning("event=job_alerting_not_ready job=%s reason=%s", job, wanted[1])
+        task = asyncio.create_task(self._write(settings, wanted))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _write(self, settings: JobSettings, wanted: tuple[bool, str, str]) -> None:
+        ok, reason, message = wanted
+        job = settings.job
+        try:
+            async with self._write_lock:  # one read-modify-write of conditions at a time
+                kube = await self._kube()
+                await self._patch_condition(kube, job, ok, reason, message)
+                await kube.create(EVENTS, job.namespace, self._event(settings, wanted))
+        except Exception as exc:  # the routing never depends on the status write
+            log.warning("AlertingReady not written job=%s error=%s", job, type(exc).__name__)
+
+    async def _patch_condition(
+        self, kube: Kube, job: JobRef, ok: bool, reason: str, message: str
+    ) -> None:
+        for _attempt in range(3):
+            body = await kube.get(TRAININGJOBS, job.namespace, job.name)
+            if body is None:
+                return
+            meta, status = body.get("metadata") or {}, body.get("status") or {}
+            conditions = with_condition(
+                status.get("conditions") or [], ok, reason, message, self._now(),
+                meta.get("generation"),
+            )  # fmt: skip
+            patch = {
+                "metadata": {"resourceVersion": meta.get("resourceVersion")},
+                "status": {"conditions": conditions},
+            }
+            try:
+                await kube.patch(TRAININGJOBS, job.namespace, job.name, patch, "status")
+                return
+            except KubeError as exc:
+                if exc.status != 409:
+                    raise
+
+    def _event(self, settings: JobSettings, wanted: tuple[bool, str, str]) -> dict[str, Any]:
+        ok, reason, message = wanted
+        job, now = settings.job, self._now()
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{job.name[:200]}.", "namespace": job.namespace},
+            "involvedObject": {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": job.name,
+                "namespace": job.namespace,
+                "uid": settings.uid,
+            },
+            "reason": "AlertingReady" if ok else reason,
+            "message": message[:1000],
+            "type": "Normal" if ok else "Warning",
+            "source": {"component": "trainsentry-gateway"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+
+    def _now(self) -> str:
+        return self._clock().astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    # running -----------------------------------------------------------------------------
+
+    def start(self, metrics: GatewayMetrics | None = None) -> None:
+        self.metrics = metrics
+        self._task = asyncio.create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            try:  # a hanging API server must not stop later refreshes
+                await asyncio.wait_for(self.refresh(), timeout=REFRESH_TIMEOUT_S)
+            except Exception as exc:  # keep the last snapshot; try again next time
+                log.warning("job alerting refresh failed error=%s: %s", type(exc).__name__, exc)
+            await asyncio.sleep(self.settings.refresh_seconds)
+
+    async def settle(self) -> None:
+        """Waits for the condition and event writes under way (tests, shutdown)."""
+        while self._writes:
+            await asyncio.gather(*list(self._writes), return_exceptions=True)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.settle()
+        if self._api is not None and hasattr(self._api, "close"):
+            await self._api.close()
+        self._api = None  # a later refresh (tests) opens a new client
