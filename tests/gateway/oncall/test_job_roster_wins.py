@@ -44,3 +44,20 @@ def test_the_jobs_roster_wins_over_the_escalation_policy() -> None:
         named=NAMED,
     )
     assert [(c.alert_id, c.person.name) for c in calls] == [(1, "pat"), (2, "jo")]
+
+
+async def test_the_card_names_who_is_called_first_for_the_page() -> None:
+    paging = Paging(GATEWAY, rosters=lambda job: JOB if job == "ml/llama" else None)
+    cards = [
+        NotificationDraft("feishu_bot", "alert", Priority.P0, "c1", draft(1, None).payload, 1),
+        NotificationDraft(
+            "feishu_bot",
+            "alert",
+            Priority.P0,
+            "c2",
+            draft(2, {"job": "ml/llama", "roster": True}).payload,
+            2,
+        ),
+    ]
+    annotated = await paging.annotate(None, cards, START)  # type: ignore[arg-type]
+    assert [card.payload["on_call"] for card in annotated] == ["gina (global)", "jo (job)"]

@@ -229,7 +229,7 @@ class Paging:
         self, conn: Connection, drafts: Sequence[NotificationDraft], now: datetime
     ) -> list[NotificationDraft]:
         """P0 alert cards (not calls) get "on call now": who the page's escalation calls
-        first (`on_call` in the payload, in words)."""
+        first (`on_call` in the payload, in words): its job's own roster, else its policy's."""
         lines: dict[str, str] = {}
         out = []
         for draft in drafts:
@@ -240,12 +240,18 @@ class Paging:
                 and draft.kind == "alert"
                 and payload.get("status") == "firing"
             ):
-                route = str(payload.get("route", ""))
-                if route not in lines:
-                    found = await self.on_call_now(conn, route, draft.priority, now)
-                    lines[route] = on_call_words(found)
-                if lines[route]:
-                    draft = replace(draft, payload={**payload, "on_call": lines[route]})
+                job = _roster_job(draft)
+                roster = self.rosters(job) if job else None
+                key = f"job:{job}" if roster is not None else str(payload.get("route", ""))
+                if key not in lines:
+                    found = (
+                        first_on_call(roster, now)
+                        if roster is not None
+                        else await self.on_call_now(conn, key, draft.priority, now)
+                    )
+                    lines[key] = on_call_words(found)
+                if lines[key]:
+                    draft = replace(draft, payload={**payload, "on_call": lines[key]})
             out.append(draft)
         return out
 
