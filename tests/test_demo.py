@@ -69,3 +69,34 @@ def test_demo_help_lists_exit_codes() -> None:
         [sys.executable, "-m", "trainsentry", "demo", "--help"], capture_output=True, text=True
     )
     assert result.returncode == 0 and "Exit codes" in result.stdout
+
+
+def test_demo_serve_links_the_console_of_its_run(tmp_path: Path) -> None:
+    import re
+    import signal
+    import urllib.request
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trainsentry", "demo", "--out", str(tmp_path / "d"), "--serve"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        url = None
+        for line in process.stdout:  # the replay, then the console's address
+            found = re.search(r"incident console: (http://127\.0\.0\.1:\d+/ui/)", line)
+            if found:
+                url = found.group(1)
+                break
+        assert url is not None, "no console address printed"
+        with urllib.request.urlopen(url + "history?days=7", timeout=10) as response:
+            page = response.read().decode()
+        assert "GPUFellOffBus" in page and "gpu-node-17" in page
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

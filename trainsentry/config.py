@@ -41,6 +41,29 @@ def describe_invalid(exc: Exception) -> str:
     return f"{exc.error_count()} invalid setting(s): " + "; ".join(problems)
 
 
+class ConsoleSettings(BaseModel):
+    """The incident console at `/ui/` (gateway/ui/, docs/console.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # A login lasts this long; then the token is asked again.
+    session_hours: float = Field(default=12.0, gt=0, le=24 * 30)
+    # oauth2-proxy style: a request from one of these addresses (IPs or CIDRs) that carries
+    # `user_header` is signed in as that user without the token. Empty: no proxy trusted.
+    trusted_proxies: list[str] = Field(default_factory=list)
+    user_header: str = "X-Forwarded-User"
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _check_proxies(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"not an IP address or CIDR: {entry!r}") from None
+        return value
+
+
 class GatewaySettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -72,6 +95,7 @@ class GatewaySettings(BaseModel):
     give_up_after_seconds: dict[str, float] = Field(
         default_factory=lambda: {"P0": 3600.0, "P1": 3600.0, "P2": 1800.0, "P3": 1800.0}
     )
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
     # Secrets: from the environment only.
     webhook_token: SecretStr | None = Field(default=None, exclude=True)
     api_token: SecretStr | None = Field(default=None, exclude=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 HELP = "replay a recorded incident through the whole alert path, offline"
 DESCRIPTION = """\
@@ -19,7 +20,8 @@ job: a GPU falls off the bus, an InfiniBand port flaps, 200 disk alerts at once,
 recovery, then a maintenance window for the GPU swap that mutes the alert it raises) and
 writes what would have been sent: Feishu cards (cards/*.json), spreadsheet rows
 (sheet.csv), phone calls (calls.jsonl), console lines (console.jsonl) and an HTML preview
-(index.html). No network, no cluster.
+(index.html). No network, no cluster. With --serve the gateway stays up after the replay and
+its incident console (/ui/) shows the incident until Ctrl-C.
 
 Exit codes: 0 done, 1 the replay failed.
 """
@@ -33,24 +35,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="output folder (./trainsentry-demo)",
     )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="keep the gateway up after the replay and print its incident console's URL "
+        "(until Ctrl-C)",
+    )
+    parser.add_argument(
+        "--port", type=int, default=0, help="with --serve: the port on 127.0.0.1 (0: any free)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
-    import json
     import logging
 
     from trainsentry.demo.replay import run_demo
 
     logging.basicConfig(level=logging.WARNING)
+    if not 0 <= args.port <= 65535:
+        print(f"--port must be from 0 to 65535, got {args.port}")
+        return 1
+
+    async def serve(summary: dict[str, Any]) -> None:
+        show(summary, args.json)
+        print(f"incident console: {summary['incident console']} (Ctrl-C to stop)", flush=True)
+        await asyncio.Event().wait()
+
     try:
-        summary = asyncio.run(run_demo(args.out.resolve()))
+        summary = asyncio.run(
+            run_demo(args.out.resolve(), serve if args.serve else None, args.port)
+        )
+    except KeyboardInterrupt:
+        return 0
     except Exception as exc:  # the demo must explain a failure, not dump a trace
         print(f"demo failed: {type(exc).__name__}: {exc}")
         return 1
-    if args.json:
-        print(json.dumps(summary, indent=2, default=str))
-        return 0
+    show(summary, args.json)
+    return 0
+
+
+def show(summary: dict[str, Any], as_json: bool) -> None:
+    import json
+
+    if as_json:
+        print(json.dumps(summary, indent=2, default=str), flush=True)
+        return
     from rich.console import Console
     from rich.table import Table
 
@@ -63,4 +93,3 @@ def run(args: argparse.Namespace) -> int:
     console.print("outputs:")
     for name, path in summary["outputs"].items():
         console.print(f"  {name:8s} {path}")
-    return 0

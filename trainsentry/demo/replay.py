@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -59,8 +60,15 @@ def _prepare(out: Path) -> None:
         (out / name).unlink(missing_ok=True)
 
 
-async def run_demo(out: Path) -> dict[str, Any]:
-    """Replays the incident; `out` (absolute) receives the previews. Returns the summary."""
+async def run_demo(
+    out: Path,
+    serve: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+    port: int = 0,
+) -> dict[str, Any]:
+    """Replays the incident; `out` (absolute) receives the previews. Returns the summary.
+
+    With `serve`, the gateway stays up after the replay (on 127.0.0.1:`port`, 0: any free
+    port) while `serve(summary)` runs; `summary["incident console"]` is its console's URL."""
     started = time.perf_counter()
     _prepare(out)
     base = (utcnow() - timedelta(hours=1)).replace(microsecond=0)
@@ -79,7 +87,7 @@ async def run_demo(out: Path) -> dict[str, Any]:
     app = create_app(settings, notifiers=notifiers, clock=clock, tick_interval=3600, oncall=oncall)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     url = f"http://127.0.0.1:{port}{WEBHOOK_PATH}"
@@ -109,14 +117,29 @@ async def run_demo(out: Path) -> dict[str, Any]:
         async with gateway.engine.connect() as conn:
             totals = await counts(conn)
         await write_report_preview(gateway.engine, out / "report.html", now=clock())
+        summary = _summary(out, incident.title, answers, totals, maintenance, started, log)
+        if serve is not None:
+            summary["incident console"] = f"http://127.0.0.1:{port}/ui/"
+            await serve(summary)
     finally:
         await runner.cleanup()
+    return summary
 
+
+def _summary(
+    out: Path,
+    title: str,
+    answers: list[dict[str, Any]],
+    totals: dict[str, Any],
+    maintenance: dict[str, Any],
+    started: float,
+    log: PreviewLog,
+) -> dict[str, Any]:
     by_channel = {
         channel: sum(statuses.values()) for channel, statuses in totals["notifications"].items()
     }
     summary: dict[str, Any] = {
-        "incident": incident.title,
+        "incident": title,
         "webhooks received": len(answers),
         "alerts in webhooks": sum(a["alerts"] for a in answers),
         "alert occurrences stored": totals["alerts"],
@@ -127,7 +150,7 @@ async def run_demo(out: Path) -> dict[str, Any]:
         "handoff notices": sum(1 for item in log.items if item.notification.kind == "handoff"),
         "seconds": round(time.perf_counter() - started, 1),
     }
-    write_preview(out / "index.html", incident.title, summary, log)
+    write_preview(out / "index.html", title, summary, log)
     summary["outputs"] = {
         "preview": str(out / "index.html"),
         "cards": str(out / "cards"),

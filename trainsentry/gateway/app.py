@@ -50,6 +50,7 @@ from trainsentry.gateway.stages.intake import (
     text_problem,
 )
 from trainsentry.gateway.stages.truncated import fetch_group
+from trainsentry.gateway.ui import add_ui_routes
 from trainsentry.notifiers.feishu.callback import CardAction, action_response, card_action_handler
 from trainsentry.notifiers.feishu.card import alert_card
 from trainsentry.notifiers.payload import parse_payload
@@ -225,26 +226,26 @@ async def post_ack(request: web.Request) -> web.Response:
         return _error(400, "body must be a JSON object")
     who = body.get("by")
     minutes = body.get("silence_minutes")
-    comment = body.get("comment")
     if not isinstance(who, str) or not who.strip() or len(who) > 200:
         return _error(400, "'by' (who acknowledges) is required, up to 200 characters")
     if (problem := text_problem(who)) is not None:
         return _error(400, f"'by': {problem}")
-    if comment is not None and (not isinstance(comment, str) or len(comment) > 1000):
-        return _error(400, "'comment' must be a string of up to 1000 characters")
-    if comment is not None and (problem := text_problem(comment)) is not None:
-        return _error(400, f"'comment': {problem}")
     if minutes is not None and (
         isinstance(minutes, bool)
         or not isinstance(minutes, int | float)
         or not 0 < minutes <= 43200
     ):
         return _error(400, "'silence_minutes' must be a number of minutes, up to 30 days")
+    comment = body.get("comment")
+    if comment is not None and (
+        not isinstance(comment, str) or len(comment) > 1000 or text_problem(comment) is not None
+    ):
+        return _error(400, "'comment' must be text of up to 1000 characters")
     assert gateway.ack is not None
     silence = timedelta(minutes=minutes) if minutes else None
     try:
         result = await gateway.ack.acknowledge(
-            alert_id, who.strip(), silence, comment.strip() if comment else None
+            alert_id, who.strip(), silence, comment=comment.strip() if comment else None
         )
     except (OSError, DatabaseError) as exc:
         return _error(503, f"store unavailable, retry: {type(exc).__name__}")
@@ -402,3 +403,4 @@ def add_routes(app: web.Application, card_callback: CardCallbackSettings | None 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
+    add_ui_routes(app)

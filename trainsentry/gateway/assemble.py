@@ -267,6 +267,7 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
         engine, on_commit=lambda outcomes: _record_commit(app[GATEWAY_KEY], outcomes)
     )
     gateway = Gateway(settings, engine, w.metrics, writer, outbox, clock=clock)
+    gateway.escalator = w.paging.escalator if w.paging is not None else None
     policy_lock = asyncio.Lock()
     gateway.policy_worker = PolicyWorker(
         engine,

@@ -43,8 +43,8 @@ def open_endpoints(settings: GatewaySettings) -> list[str]:
         groups.append(f"webhook intake (POST {WEBHOOK_PATH}): set TRAINSENTRY_WEBHOOK_TOKEN")
     if read_token(settings) is None:
         groups.append(
-            "read API (GET /api/v1/alerts, /api/v1/notifications, /api/v1/oncall): "
-            "set TRAINSENTRY_API_TOKEN"
+            "read API and incident console (GET /api/v1/alerts, /api/v1/notifications,"
+            " /api/v1/oncall, /ui/): set TRAINSENTRY_API_TOKEN"
         )
     return groups
 

@@ -20,6 +20,7 @@ from aiohttp import web
 from trainsentry.alerts import utcnow
 from trainsentry.config import GatewaySettings
 from trainsentry.gateway.metrics import GatewayMetrics
+from trainsentry.gateway.policy.escalation import Escalator
 from trainsentry.gateway.stages.ack import AckService
 from trainsentry.gateway.stages.diagnosis import HangDiagnoser
 from trainsentry.gateway.stages.handoff import HandoffNotices
@@ -51,6 +52,7 @@ class Gateway:
     trigger_keys: TriggerKeys | None = None
     trigger_sources: TriggerSources | None = None
     job_status: JobStatusFeeder | None = None
+    escalator: Escalator | None = None  # the phone escalation's roster (who is on call)
     maintenance: MaintenanceService | None = None  # windows (the real policy only)
     job_alerting: JobAlerting | None = None
     oncall: OncallService | None = None  # with an `oncall:` section: schedules, overrides

@@ -32,7 +32,8 @@ async def lock_alert(conn: AsyncConnection, alert_id: int) -> Row[Any] | None:
 async def acknowledge(
     conn: AsyncConnection, alert_id: int, who: str, now: datetime, comment: str | None = None
 ) -> None:
-    """Records who acknowledged the alert and when, with an `acked` event (and the comment)."""
+    """Records who acknowledged the alert and when, with an `acked` event (and the comment
+    given with the ack, if any)."""
     await conn.execute(
         update(alerts).where(alerts.c.id == alert_id).values(acked_at=now, acked_by=who)
     )

@@ -119,7 +119,9 @@ class AckService:
         silence: timedelta | None = None,
         comment: str | None = None,
     ) -> AckResult | None:
-        """None when there is no such alert. A comment is kept with the first ack only."""
+        """None when there is no such alert. A comment is kept with the `acked` event, or
+        as a `comment` event when the alert was acknowledged already; the card shows the
+        first ack's comment."""
         now = self._clock()
         async with self._lock, self._engine.begin() as conn:
             row = await alert_state.lock_alert(conn, alert_id)
@@ -128,8 +130,12 @@ class AckService:
             already = row.acked_at is not None
             acked_by, acked_at = (row.acked_by, row.acked_at) if already else (who, now)
             if not already:
-                await alert_state.acknowledge(conn, alert_id, who, now, comment=comment)
-            else:
+                await alert_state.acknowledge(conn, alert_id, who, now, comment)
+            elif comment:
+                await alert_state.record_event(
+                    conn, alert_id, "comment", now, {"by": who, "comment": comment}
+                )
+            if already:
                 comment = await alert_state.ack_comment(conn, alert_id)
             stopped = False
             if self._paging is not None:

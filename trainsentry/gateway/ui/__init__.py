@@ -1,0 +1,69 @@
+"""The incident console at `/ui/` (docs/console.md): server-rendered pages of what is open
+now, one incident with its diagnosis, history and a job's hardware, with live updates by
+server-sent events and the ack and silence actions of the API.
+
+`add_ui_routes` is all the gateway's app.py calls. Templates (jinja2, autoescaped: labels
+and annotations are attacker-controlled) and the one script and stylesheet ship in this
+package; nothing is fetched from another origin and nothing is built.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC
+from pathlib import Path
+
+import jinja2
+from aiohttp import web
+
+from trainsentry.gateway.pipeline import GATEWAY_KEY
+from trainsentry.gateway.ui import handlers
+from trainsentry.gateway.ui.feed import ChangeFeed
+from trainsentry.store.console import change_marker
+
+HERE = Path(__file__).resolve().parent
+
+
+def templates() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["hhmm"] = lambda t: t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if t else ""
+    return env
+
+
+def add_ui_routes(app: web.Application, *, feed_interval: float = 1.0) -> None:
+    async def read_marker() -> tuple[int, int, int]:
+        async with app[GATEWAY_KEY].engine.connect() as conn:
+            return await change_marker(conn)
+
+    feed = ChangeFeed(read_marker, interval=feed_interval)
+    app[handlers.FEED_KEY] = feed
+    app[handlers.TEMPLATES_KEY] = templates()
+
+    async def close_feed(_app: web.Application) -> None:
+        await feed.close()
+
+    app.on_shutdown.append(close_feed)
+    router = app.router
+    router.add_get("/ui", _redirect)
+    router.add_get("/ui/", handlers.now_page)
+    router.add_get("/ui/fragments/now", handlers.now_fragment)
+    router.add_get("/ui/events", handlers.events)
+    router.add_get("/ui/incidents/{alert_id}", handlers.incident_page)
+    router.add_get("/ui/fragments/incidents/{alert_id}", handlers.incident_fragment)
+    router.add_post("/ui/incidents/{alert_id}/{action}", handlers.post_action)
+    router.add_post("/ui/maintenance/{window_id}/end", handlers.post_end_window)
+    router.add_get("/ui/history", handlers.history_page)
+    router.add_get("/ui/job", handlers.job_page)
+    router.add_get("/ui/login", handlers.login_page)
+    router.add_post("/ui/login", handlers.login_post)
+    router.add_post("/ui/logout", handlers.logout_post)
+    router.add_static("/ui/static", HERE / "static", append_version=False)
+
+
+async def _redirect(_request: web.Request) -> web.StreamResponse:
+    raise web.HTTPMovedPermanently("/ui/")

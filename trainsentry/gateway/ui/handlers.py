@@ -1,0 +1,436 @@
+"""The console's HTTP handlers (aiohttp): thin. Each reads the viewer (auth.py), reads the
+store through store/console.py, builds a view (views.py, pure) and renders a template; the
+actions go through actions.py. A bad query parameter is a 400 naming it, the store down a
+503; the pages carry a strict Content-Security-Policy (no inline script, nothing from
+another origin)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+from aiohttp import web
+
+from trainsentry.gateway.http_auth import read_token
+from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
+from trainsentry.gateway.stages.planning.plan import FINGERPRINT_SCOPE, STORM_SCOPE
+from trainsentry.gateway.ui import auth
+from trainsentry.gateway.ui.actions import ACTIONS, SILENCE_CHOICES, ActionRefused
+from trainsentry.gateway.ui.feed import ChangeFeed, Marker
+from trainsentry.gateway.ui.views import (
+    BadQuery,
+    incident_view,
+    job_view,
+    now_view,
+    on_call,
+    parse_filters,
+    text_param,
+    windows,
+)
+from trainsentry.notifiers.feishu.sign import secrets_equal
+from trainsentry.store import console as store
+from trainsentry.store.errors import DatabaseError
+from trainsentry.store.maintenance import mutes_of
+from trainsentry.store.policy_state import load_states
+
+log = logging.getLogger("trainsentry.ui")
+
+FEED_KEY = web.AppKey("ui_feed", ChangeFeed)
+TEMPLATES_KEY = web.AppKey("ui_templates", jinja2.Environment)
+WINDOW_ID = re.compile(r"^mw-[0-9a-f]{1,32}$")  # as `DELETE /api/v1/maintenance/{id}` checks
+CSRF_KEY = web.RequestKey("ui_csrf", str)  # the CSRF token the page's forms carry
+MAX_OPEN = 5000  # open alerts drawn on the Now page (more: the page says it is cut)
+HISTORY_DAYS = (7, 14, 28, 56)
+KEEPALIVE_S = 15.0
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _now(gateway: Gateway) -> datetime:
+    return gateway.clock()
+
+
+def _page(*, fragment: bool = False) -> Callable[[Any], Handler]:
+    """Wraps a console handler: the viewer (a sign-in page when one is needed), the CSRF
+    nonce cookie, 400 for a bad parameter, 503 for the store, the security headers."""
+
+    def wrap(
+        handler: Callable[[web.Request, auth.Viewer], Awaitable[web.StreamResponse]],
+    ) -> Handler:
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            gateway = request.app[GATEWAY_KEY]
+            token = read_token(gateway.settings)
+            who = auth.viewer(request, token, gateway.settings.console, _now(gateway))
+            if who.via == "none":
+                if fragment:
+                    return web.Response(status=401, text="sign in again")
+                back = request.path_qs[:1000] if request.method == "GET" else "/ui/"
+                target = "/ui/login?" + urlencode({"next": back})
+                raise web.HTTPSeeOther(target)
+            nonce = request.cookies.get(auth.CSRF_COOKIE)
+            fresh = token is not None and not nonce
+            if fresh:
+                nonce = auth.new_nonce()
+            request[CSRF_KEY] = (
+                auth.csrf_token(auth.signing_key(token), nonce) if token and nonce else ""
+            )
+            try:
+                response = await handler(request, who)
+            except BadQuery as exc:
+                response = _render(request, who, "error.html.j2", status=400, message=str(exc))
+            except (OSError, DatabaseError, TimeoutError) as exc:
+                response = _render(
+                    request, who, "error.html.j2", status=503,
+                    message=f"store unavailable, retry: {type(exc).__name__}",
+                )  # fmt: skip
+            if fresh and nonce and not response.prepared:
+                auth.set_cookie(response, request, auth.CSRF_COOKIE, nonce, None)
+            return response
+
+        return guarded
+
+    return wrap
+
+
+def _headers(response: web.StreamResponse) -> web.StreamResponse:
+    response.headers["Content-Security-Policy"] = CSP
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Referrer-Policy"] = "same-origin"
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+def _render(
+    request: web.Request, who: auth.Viewer, template: str, *, status: int = 200, **context: Any
+) -> web.Response:
+    env = request.app[TEMPLATES_KEY]
+    gateway = request.app[GATEWAY_KEY]
+    text = env.get_template(template).render(
+        viewer=who,
+        csrf=request.get(CSRF_KEY, ""),
+        token_set=read_token(gateway.settings) is not None,
+        now=_now(gateway),
+        **context,
+    )
+    response = web.Response(text=text, status=status, content_type="text/html", charset="utf-8")
+    return _headers(response)  # type: ignore[return-value]
+
+
+async def _marker(gateway: Gateway) -> Marker:
+    async with gateway.engine.connect() as conn:
+        return await store.change_marker(conn)
+
+
+def _marker_text(marker: Marker) -> str:
+    return ".".join(str(part) for part in marker)
+
+
+async def _now_view(request: web.Request) -> tuple[Any, Marker]:
+    gateway = request.app[GATEWAY_KEY]
+    filters = parse_filters(request.query)
+    async with gateway.engine.connect() as conn:
+        marker = await store.change_marker(conn)
+        rows = await store.open_alerts(
+            conn,
+            priority=filters.priority or None,
+            namespace=filters.namespace or None,
+            job=filters.job or None,
+            limit=MAX_OPEN + 1,
+        )
+        storms = await store.states_in_scope(conn, STORM_SCOPE)
+        mutes = await mutes_of(conn, [row.id for row in rows[:MAX_OPEN]])
+    view = now_view(
+        rows[:MAX_OPEN], storms, filters, _now(gateway), truncated=len(rows) > MAX_OPEN,
+        mutes=mutes,
+    )  # fmt: skip
+    found = None if gateway.maintenance is None else windows(await gateway.maintenance.windows())
+    return replace(view, oncall=on_call(gateway.escalator, _now(gateway)), windows=found), marker
+
+
+@_page()
+async def now_page(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
+    view, marker = await _now_view(request)
+    return _render(
+        request, who, "now.html.j2", view=view, marker=_marker_text(marker),
+        notice=request.query.get("done", "")[:300], can_end=_can_end(request.app[GATEWAY_KEY]),
+    )  # fmt: skip
+
+
+def _can_end(gateway: Gateway) -> bool:
+    return gateway.maintenance is not None and gateway.settings.api_token is not None
+
+
+@_page(fragment=True)
+async def now_fragment(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
+    view, marker = await _now_view(request)
+    return _render(request, who, "_groups.html.j2", view=view, marker=_marker_text(marker))
+
+
+def _alert_id(request: web.Request) -> int:
+    raw = request.match_info["alert_id"]
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
+        raise BadQuery("alert id must be a positive integer")
+    return int(raw)
+
+
+async def _incident(request: web.Request) -> tuple[Any, Marker] | None:
+    gateway = request.app[GATEWAY_KEY]
+    alert_id = _alert_id(request)
+    async with gateway.engine.connect() as conn:
+        marker = await store.change_marker(conn)
+        found = await store.incident(conn, alert_id)
+        if found is None:
+            return None
+        fingerprint = found.alert.fingerprint
+        states = await load_states(conn, FINGERPRINT_SCOPE, [fingerprint])
+        mutes = await mutes_of(conn, [alert_id])
+    view = incident_view(found, _now(gateway), states.get(fingerprint), mutes.get(alert_id))
+    return view, marker
+
+
+def _actions(gateway: Gateway) -> list[Any]:
+    return [action for action in ACTIONS.values() if action.available(gateway)]
+
+
+@_page()
+async def incident_page(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
+    found = await _incident(request)
+    if found is None:
+        return _render(request, who, "error.html.j2", status=404, message="no such incident")
+    view, marker = found
+    return _render(
+        request, who, "incident.html.j2", view=view, marker=_marker_text(marker),
+        actions=_actions(request.app[GATEWAY_KEY]), silence_choices=SILENCE_CHOICES,
+        notice=request.query.get("done", "")[:300],
+    )  # fmt: skip
+
+
+@_page(fragment=True)
+async def incident_fragment(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
+    found = await _incident(request)
+    if found is None:
+        return web.Response(status=404, text="no such incident")
+    view, marker = found
+    return _render(
+        request, who, "_incident.html.j2", view=view, marker=_marker_text(marker),
+        actions=_actions(request.app[GATEWAY_KEY]), silence_choices=SILENCE_CHOICES,
+    )  # fmt: skip
+
+
+async def _form(request: web.Request, who: auth.Viewer) -> dict[str, str] | web.Response:
+    """The posted form of an action, or the refusal: a signed-in viewer on a gateway with a
+    token, a bounded form, the CSRF token of the viewer's nonce, and this site's origin."""
+    gateway = request.app[GATEWAY_KEY]
+    token = read_token(gateway.settings)
+    if token is None or not who.can_act or who.name is None:
+        return _render(
+            request, who, "error.html.j2", status=403,
+            message="actions need TRAINSENTRY_API_TOKEN set on the gateway and a sign-in",
+        )  # fmt: skip
+    if request.content_length is not None and request.content_length > 16384:
+        return _render(request, who, "error.html.j2", status=413, message="form too large")
+    form = await asyncio.wait_for(request.post(), timeout=10)
+    fields = {k: v for k, v in form.items() if isinstance(v, str)}
+    given = fields.get(auth.CSRF_FIELD) or request.headers.get(auth.CSRF_HEADER)
+    nonce = request.cookies.get(auth.CSRF_COOKIE)
+    if not auth.same_origin(request) or not auth.csrf_ok(auth.signing_key(token), nonce, given):
+        return _render(
+            request, who, "error.html.j2", status=403,
+            message="the form's CSRF token is missing or wrong: reload the page and try again",
+        )  # fmt: skip
+    return fields
+
+
+@_page()
+async def post_action(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
+    """POST /ui/incidents/{id}/{action}: an incident action of `ACTIONS` (actions.py)."""
+    gateway = request.app[GATEWAY_KEY]
+    fields = await _form(request, who)
+    if isinstance(fields, web.Response):
+        return fields
+    assert who.name is not None
+    action = ACTIONS.get(request.match_info["action"])
+    if action is None or not action.available(gateway):
+        return _render(request, who, "error.html.j2", status=404, message="no such action")
+    alert_id = _alert_id(request)
+    try:
+        outcome = await action.run(gateway, alert_id, who.name, fields)
+    except ActionRefused as exc:
+        return _render(request, who, "error.html.j2", status=400, message=str(exc))
+    if outcome is None:
+        return _render(request, who, "error.html.j2", status=404, message="no such incident")
+    log.info("console action=%s alert_id=%d by=%s", action.name, alert_id, who.name)
+    query = urlencode({"done": outcome.message})
+    raise web.HTTPSeeOther(f"/ui/incidents/{alert_id}?{query}")
+
+
+@_page()
+async def post_end_window(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
+    """POST /ui/maintenance/{window_id}/end: ends a window through the service behind
+    `DELETE /api/v1/maintenance/{id}` (who and when kept), which needs the API token."""
+    gateway = request.app[GATEWAY_KEY]
+    fields = await _form(request, who)
+    if isinstance(fields, web.Response):
+        return fields
+    assert who.name is not None
+    if gateway.maintenance is None or gateway.settings.api_token is None:
+        return _render(
+            request, who, "error.html.j2", status=403,
+            message="ending a window needs maintenance windows and TRAINSENTRY_API_TOKEN",
+        )  # fmt: skip
+    window_id = request.match_info["window_id"]
+    if not WINDOW_ID.match(window_id):
+        raise BadQuery("window id must look like mw-0123abcd")
+    ended = await gateway.maintenance.end(window_id, who.name)
+    if ended is None:
+        return _render(request, who, "error.html.j2", status=404, message="no such window")
+    log.info("console ended maintenance window=%s by=%s", window_id, who.name)
+    raise web.HTTPSeeOther("/ui/?" + urlencode({"done": f"window {window_id} ended"}))
+
+
+@_page()
+async def history_page(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
+    gateway = request.app[GATEWAY_KEY]
+    search = text_param(request.query.get("q"), "q")
+    days = _days(request)
+    since = _now(gateway) - timedelta(days=days)
+    async with gateway.engine.connect() as conn:
+        rows = await store.resolved_alerts(conn, since=since, search=search or None, limit=500)
+    view = job_view("", "", rows, _now(gateway), days)
+    return _render(
+        request, who, "history.html.j2", view=view, q=search, days=days, choices=HISTORY_DAYS
+    )
+
+
+def _days(request: web.Request) -> int:
+    raw = request.query.get("days") or "14"
+    if not raw.isdigit() or int(raw) not in HISTORY_DAYS:
+        raise BadQuery(f"days must be one of {', '.join(map(str, HISTORY_DAYS))}")
+    return int(raw)
+
+
+@_page()
+async def job_page(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
+    gateway = request.app[GATEWAY_KEY]
+    namespace = text_param(request.query.get("namespace"), "namespace")
+    name = text_param(request.query.get("name"), "name")
+    if not name:
+        raise BadQuery("name (the training job) is required")
+    days = _days(request)
+    since = _now(gateway) - timedelta(days=days)
+    async with gateway.engine.connect() as conn:
+        rows = await store.job_alerts(conn, namespace, name, since=since, limit=5000)
+    view = job_view(namespace, name, rows, _now(gateway), days)
+    return _render(request, who, "job.html.j2", view=view, days=days, choices=HISTORY_DAYS)
+
+
+@_page(fragment=True)
+async def events(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
+    """GET /ui/events?since=A.B.C: server-sent events, `change` whenever the store's change
+    marker differs from the one the page was drawn at; a comment every 15 s keeps proxies
+    from closing the stream."""
+    feed = request.app[FEED_KEY]
+    if feed.watchers >= feed.max_watchers:
+        return web.Response(status=503, text="too many live views", headers={"Retry-After": "30"})
+    seen = _parse_marker(request.query.get("since", ""))
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-store",
+            "X-Accel-Buffering": "no",
+        }
+    )
+    await response.prepare(request)
+    async with feed.watch():
+        try:
+            await response.write(b"retry: 2000\n\n")
+            while not feed.closed:
+                marker = await feed.wait(seen, KEEPALIVE_S)
+                if marker != seen and marker is not None:
+                    seen = marker
+                    await response.write(
+                        f"event: change\ndata: {_marker_text(marker)}\n\n".encode()
+                    )
+                else:
+                    await response.write(b": keepalive\n\n")
+        except ConnectionError:  # the browser went away
+            pass
+    return response
+
+
+def _parse_marker(raw: str) -> Marker | None:
+    parts = raw.split(".")
+    if len(raw) > 80 or len(parts) != 3 or not all(p.isdigit() for p in parts):
+        return None
+    return int(parts[0]), int(parts[1]), int(parts[2])
+
+
+async def login_page(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY_KEY]
+    if read_token(gateway.settings) is None:
+        raise web.HTTPSeeOther("/ui/")
+    nonce = auth.new_nonce()
+    who = auth.Viewer(None, False, "none")
+    request[CSRF_KEY] = nonce
+    response = _render(request, who, "login.html.j2", next=_next(request.query.get("next")),
+                       failed=False)  # fmt: skip
+    auth.set_cookie(response, request, "ts_login", nonce, 600)
+    return response
+
+
+def _next(raw: str | None) -> str:
+    """Only a path of the console (no other site, no `//host`)."""
+    if raw and raw.startswith("/ui/") and not raw.startswith("//") and len(raw) <= 1000:
+        return raw
+    return "/ui/"
+
+
+async def login_post(request: web.Request) -> web.StreamResponse:
+    """The token and a name → the session cookie. The form carries the nonce of its own
+    short-lived cookie (login CSRF), and its Origin must be this site."""
+    gateway = request.app[GATEWAY_KEY]
+    token = read_token(gateway.settings)
+    if token is None:
+        raise web.HTTPSeeOther("/ui/")
+    if request.content_length is not None and request.content_length > 8192:
+        return web.Response(status=413, text="form too large")
+    form = await asyncio.wait_for(request.post(), timeout=10)
+    nonce = request.cookies.get("ts_login", "")
+    given = str(form.get("csrf", ""))
+    name = auth.clean_name(str(form.get("name", "")))
+    presented = str(form.get("token", "")).strip()
+    target = _next(str(form.get("next", "")))
+    who = auth.Viewer(None, False, "none")
+    if not auth.same_origin(request) or not nonce or not secrets_equal(given, nonce):
+        return _render(request, who, "error.html.j2", status=403,
+                       message="the sign-in form expired: load it again")  # fmt: skip
+    if name is None or not secrets_equal(presented, token.get_secret_value()):
+        log.info("console sign-in refused from %s", request.remote)
+        request[CSRF_KEY] = nonce
+        return _render(request, who, "login.html.j2", status=401, next=target, failed=True)
+    hours = gateway.settings.console.session_hours
+    expires = _now(gateway) + timedelta(hours=hours)
+    response = web.HTTPSeeOther(target)
+    value = auth.sign_session(auth.signing_key(token), name, expires)
+    auth.set_cookie(response, request, auth.SESSION_COOKIE, value, int(hours * 3600))
+    auth.set_cookie(response, request, auth.CSRF_COOKIE, auth.new_nonce(), None)
+    response.del_cookie("ts_login", path=auth.COOKIE_PATH)
+    log.info("console sign-in name=%s from %s", name, request.remote)
+    raise response
+
+
+async def logout_post(request: web.Request) -> web.StreamResponse:
+    response = web.HTTPSeeOther("/ui/login")
+    response.del_cookie(auth.SESSION_COOKIE, path=auth.COOKIE_PATH)
+    raise response

@@ -1,0 +1,201 @@
+"""The console's view types: what the templates draw. Built by views.py (pure) from store
+rows; every string in them that came from labels or annotations is attacker-controlled and
+is escaped by the templates (jinja2 autoescape), never marked safe."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+PRIORITIES = ("P0", "P1", "P2", "P3")
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """The Now page's filters (query parameters), each checked by views.parse_filters."""
+
+    priority: str = ""
+    namespace: str = ""
+    job: str = ""
+    component: str = ""
+
+    def query(self) -> dict[str, str]:
+        return {k: v for k, v in self.as_dict().items() if v}
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "priority": self.priority,
+            "namespace": self.namespace,
+            "job": self.job,
+            "component": self.component,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Card:
+    """One open (or resolved) alert occurrence in a list."""
+
+    id: int
+    alertname: str
+    priority: str
+    summary: str
+    started: datetime
+    age: str
+    acked_by: str | None
+    node: str
+    gpu: str
+    component: str
+    namespace: str
+    job: str
+    resolved: datetime | None = None
+    muted_by: str = ""  # the maintenance window holding its notices back (its reason or id)
+
+
+@dataclass(frozen=True, slots=True)
+class Storm:
+    since: str  # the episode's ISO start, as the policy stored it
+    total: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobGroup:
+    namespace: str
+    job: str
+    cards: list[Card]
+    counts: dict[str, int]
+    storm: Storm | None = None
+    unacked: int = 0
+
+    @property
+    def title(self) -> str:
+        if not self.job:
+            return "alerts without a training job"
+        return f"{self.namespace}/{self.job}" if self.namespace else self.job
+
+    @property
+    def top(self) -> str:
+        return next((p for p in PRIORITIES if self.counts.get(p)), "P3")
+
+
+@dataclass(frozen=True, slots=True)
+class OnCall:
+    """Who is on call now, as the gateway knows it (None in NowView: it does not)."""
+
+    layers: list[tuple[str, list[str]]]  # (layer name, people)
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """A maintenance window not over yet (gateway/stages/maintenance.py)."""
+
+    id: str
+    reason: str
+    matchers: str  # "node=gpu-node-17, gpu~0|1"
+    created_by: str
+    active: bool
+    until: datetime | None  # the end of the stretch now (active), else of the window
+
+
+@dataclass(frozen=True, slots=True)
+class Muted:
+    """The maintenance window that held an alert's notices back."""
+
+    window_id: str
+    reason: str
+    state: str  # muted | notified | resolved
+    until: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class NowView:
+    groups: list[JobGroup]
+    total: int
+    counts: dict[str, int]
+    filters: Filters
+    truncated: bool
+    choices: dict[str, list[str]]  # the values seen, for the filter selects
+    oncall: OnCall | None = None
+    windows: list[Window] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RankCell:
+    rank: int
+    state: str  # culprit | nodump | notstarted | slow | arrived | ok | unknown
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    verdict: str
+    summary: str
+    culprits: list[int]
+    cells: list[RankCell]
+    ranks: int
+    grid_truncated: bool
+    collective: str  # "all_reduce #412"
+    group: str  # the process group's description / communicator
+    waited_s: float | None
+    failed: list[str]
+    slow: list[dict[str, Any]]
+    stacks: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineEntry:
+    at: datetime
+    kind: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    channel: str
+    kind: str
+    status: str
+    created: datetime
+    sent: datetime | None
+    attempts: int
+    to: str
+    error: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    text: str
+    url: str
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentView:
+    card: Card
+    status: str
+    labels: list[tuple[str, str]]
+    annotations: list[tuple[str, str]]
+    timeline: list[TimelineEntry]
+    deliveries: list[Delivery]
+    links: list[Link]
+    priority_reason: str
+    diagnosis: Diagnosis | None
+    acked_at: datetime | None
+    muted: Muted | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    kind: str  # node | GPU | IB port
+    name: str
+    alerts: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    namespace: str
+    job: str
+    cards: list[Card]
+    hardware: list[Hardware]
+    by_alertname: list[tuple[str, int]]
+    days: int
