@@ -280,11 +280,17 @@ class Paging:
         self, conn: Connection, alert_id: int, first_call_at: datetime, now: datetime
     ) -> None:
         """The escalation of `alert_id` whose first call is held until `first_call_at` (the
-        held call row itself waits in the outbox): its next step comes an ack timeout later."""
+        held call row itself waits in the outbox): its next step comes the first step's wait
+        later (the ack timeout, or the wait of its escalation policy's first step)."""
         state = await self._load(conn)
-        if str(alert_id) not in state["incidents"]:
+        incident = state["incidents"].get(str(alert_id))
+        if incident is None:
             return
-        until = first_call_at + self.escalator.policy.ack_timeout
+        policy = self.escalator.policy
+        if incident.get("policy"):
+            chosen = (await self.escalators(conn, now)).get(incident["policy"])
+            policy = chosen.policy if chosen is not None else policy
+        until = first_call_at + policy.wait_after(0)
         state = postpone(state, alert_id, until)
         await self._save(conn, state, now)
 
