@@ -41,6 +41,29 @@ def describe_invalid(exc: Exception) -> str:
     return f"{exc.error_count()} invalid setting(s): " + "; ".join(problems)
 
 
+# The weekly report of the running week reads the week before it (its change column) and
+# looks back a little further (recurrence, flapping): alerts and notifications are kept at
+# least this long, so purging never changes a report that can still be sent.
+REPORT_FLOOR_DAYS = 28.0
+
+
+class RetentionSettings(BaseModel):
+    """What the store keeps, per kind of row, in days (docs/gateway.md, "Retention"). Only
+    finished rows go: resolved alerts (with their events and notifications) last touched
+    before the cut, notifications sent, dead or cancelled, receipts last received before it.
+    Deleted in batches of `batch_size` rows with `pause_seconds` between them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    receipts_days: float = Field(default=7.0, ge=1.0)
+    alerts_days: float = Field(default=90.0, ge=REPORT_FLOOR_DAYS)
+    notifications_days: float = Field(default=90.0, ge=REPORT_FLOOR_DAYS)
+    interval_seconds: float = Field(default=300.0, ge=1.0)
+    batch_size: int = Field(default=500, ge=1, le=10_000)
+    pause_seconds: float = Field(default=0.1, ge=0.0, le=60.0)
+
+
 class ConsoleSettings(BaseModel):
     """The incident console at `/ui/` (gateway/ui/, docs/console.md)."""
 
@@ -95,6 +118,8 @@ class GatewaySettings(BaseModel):
     give_up_after_seconds: dict[str, float] = Field(
         default_factory=lambda: {"P0": 3600.0, "P1": 3600.0, "P2": 1800.0, "P3": 1800.0}
     )
+    # Deleting finished rows from the store (a purge every retention.interval_seconds).
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)
     # Secrets: from the environment only.
     webhook_token: SecretStr | None = Field(default=None, exclude=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from chart.chart_helm import REPO, Manifest, find, one, rendered, template
+from chart.chart_helm import NAMESPACE, REPO, Manifest, find, one, rendered, template
 
 API_CALLS = REPO / "tests" / "operator" / "api_calls.json"
 # What kopf peering adds with operator.ha=true (kopf lists, watches and patches the
@@ -67,12 +67,45 @@ def rule_grants(rules: Sequence[Any]) -> set[Grant]:
     return grants
 
 
-def test_cluster_role_grants_exactly_the_recorded_calls() -> None:
-    calls, grants = recorded_calls(), granted("defaults")
+CONFIGMAP_WRITES = {(verb, "", "configmaps") for verb in ("create", "patch", "delete")}
+
+
+def test_cluster_role_and_dashboards_role_grant_exactly_the_recorded_calls() -> None:
+    calls = recorded_calls()
+    grants = granted("defaults") | granted("defaults", "Role")
     missing = sorted(calls - grants)
     extra = sorted(grants - calls)
-    assert not missing, f"the operator makes calls the ClusterRole does not allow: {missing}"
-    assert not extra, f"the ClusterRole allows calls the operator never makes: {extra}"
+    assert not missing, f"the operator makes calls its roles do not allow: {missing}"
+    assert not extra, f"the operator's roles allow calls the operator never makes: {extra}"
+
+
+def test_default_install_writes_configmaps_only_in_its_own_namespace() -> None:
+    """Watching every namespace, the operator still may not write kube-system's ConfigMaps
+    (issue 19, item 14): no ConfigMap grant in the ClusterRole; a Role in the namespace the
+    operator keeps the jobs' dashboards in (where the chart's own dashboards go)."""
+    objs = rendered("defaults")
+    assert not {g for g in granted("defaults") if g[2] == "configmaps"}
+    role = one(objs, "Role", "-operator")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert rule_grants(role["rules"]) == {("get", "", "configmaps")} | CONFIGMAP_WRITES
+    binding = one(objs, "RoleBinding", "-operator")
+    assert binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == one(objs, "ClusterRoleBinding", "-operator")["subjects"]
+    args = one(objs, "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]
+    assert f"--dashboards-namespace={NAMESPACE}" in args["args"]
+
+
+def test_dashboards_namespace_moves_the_operators_configmap_role(tmp_path: Path) -> None:
+    objs = template("defaults", {"dashboards": {"namespace": "grafana"}}, tmp_path)
+    assert one(objs, "Role", "-operator")["metadata"]["namespace"] == "grafana"
+    assert one(objs, "RoleBinding", "-operator")["metadata"]["namespace"] == "grafana"
+    args = one(objs, "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]
+    assert "--dashboards-namespace=grafana" in args["args"]
 
 
 def test_ha_adds_only_kopf_peering() -> None:
@@ -91,8 +124,13 @@ def test_cluster_role_is_bound_to_the_operator_only() -> None:
         {"kind": "ServiceAccount", "name": account, "namespace": operator["metadata"]["namespace"]}
     ]
     # No other Role/ClusterRole in the chart: the other components get no API access.
-    # (operator.namespaces adds the operator's own Roles: test_namespaces_move_writes_...)
-    assert [o["kind"] for o in objs if o["kind"] in ("Role", "ClusterRole")] == ["ClusterRole"]
+    # (the operator's own Role for dashboards: test_default_install_writes_configmaps_...;
+    # operator.namespaces: test_namespaces_move_writes_...)
+    assert [o["kind"] for o in objs if o["kind"] in ("Role", "ClusterRole")] == [
+        "ClusterRole",
+        "Role",
+    ]
+    assert one(objs, "Role")["metadata"]["name"] == role["metadata"]["name"]
     for obj in objs:
         if obj["kind"] == "Deployment" and obj is not operator:
             assert obj["spec"]["template"]["spec"]["automountServiceAccountToken"] is False

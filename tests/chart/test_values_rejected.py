@@ -31,6 +31,11 @@ REJECTED: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
         ("memory",),
     ),
     ("bad digest", {"image": {"digest": "latest"}}, ("digest",)),
+    (
+        "retention below what the weekly report reads",
+        {"gateway": {"retention": {"alerts_days": 7}}},
+        ("alerts_days",),
+    ),
 ]
 
 

@@ -133,6 +133,25 @@ def test_stale_expiry_can_be_set(tmp_path: Path) -> None:
     assert config["gateway"]["stale_after_seconds"] == 7200
 
 
+def test_retention_settings_reach_the_gateway(tmp_path: Path) -> None:
+    objs = rendered("everything-on")
+    config = yaml.safe_load(one(objs, "ConfigMap", "-config")["data"]["config.yaml"])
+    assert config["gateway"]["retention"] == {
+        "receipts_days": 3,
+        "alerts_days": 60,
+        "batch_size": 200,
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    retention = load_settings(path, env={}).gateway.retention
+    assert (retention.receipts_days, retention.alerts_days, retention.batch_size) == (3, 60, 200)
+    assert retention.notifications_days == 90  # the default where the values say nothing
+    defaults = yaml.safe_load(
+        one(rendered("defaults"), "ConfigMap", "-config")["data"]["config.yaml"]
+    )
+    assert "retention" not in defaults["gateway"]  # the gateway's own defaults apply
+
+
 def _env_names(node: Any) -> set[str]:
     names: set[str] = set()
     if isinstance(node, dict):

@@ -131,3 +131,71 @@ async def test_namespaced_operator_runs_on_namespaced_rbac(
         assert allowed(rbac, (verb, group, resource, NS))
     # Nodes are cluster-scoped: RBAC can only grant them cluster-wide (docs/deploy.md)
     assert allowed(rbac, ("patch", "", "nodes", None))
+
+
+OPERATOR_NS = SERVICE_ACCOUNT[0]  # the release namespace: the chart's dashboards go there
+
+
+async def test_all_namespaces_operator_runs_on_the_default_rbac(
+    cluster: KubeEmulator, sources: Sources, tmp_path: Path
+) -> None:
+    """The default install (every namespace watched) keeps the jobs' dashboards in its own
+    namespace, so its RBAC grants no ConfigMap write anywhere else (issue 19, item 14):
+    through a job's whole life every call is allowed by the chart's default ClusterRole and
+    Role, and ConfigMap writes in the job's namespace or kube-system are refused."""
+    emu = cluster
+    mine = Sources(sources.rule_files, sources.dashboards, dashboards_namespace=OPERATOR_NS)
+    name = f"{NS}.llm-trainsentry-dashboards"
+    running = OperatorThread(str(emu.url).rstrip("/"), mine)
+    await running.start(emu)
+    try:
+        for index, node_name in enumerate(["gpu-1", "gpu-2"]):
+            await post(emu, "/api/v1/nodes", node(node_name))
+            await post(emu, f"/api/v1/namespaces/{NS}/pods", pod(f"llm-{index}", "llm", node_name))
+        await post(emu, TJ_PATH, make_trainingjob("llm"))
+        await eventually(
+            lambda: (
+                (emu.get_live(TJ, NS, "llm") or {}).get("status", {}).get("phase") == "Monitoring"
+            )
+        )
+        await eventually(lambda: emu.get_live("v1/configmaps", OPERATOR_NS, name) is not None)
+        dashboards = emu.get_live("v1/configmaps", OPERATOR_NS, name)
+        assert emu.get_live("v1/configmaps", NS, "llm-trainsentry-dashboards") is None
+        labels = dashboards["metadata"]["labels"]
+        assert labels["grafana_dashboard"] == "1"
+        assert labels["trainsentry.io/trainingjob-namespace"] == NS
+        assert labels["trainsentry.io/trainingjob"] == "llm"
+        assert not dashboards["metadata"].get("ownerReferences")  # none across namespaces
+        children = emu.get_live(TJ, NS, "llm")["status"]["children"]
+        assert {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "name": name,
+            "namespace": OPERATOR_NS,
+        } in (children)
+        # dashboard off: deleted; on again: back; the job deleted: deleted with it
+        await patch(emu, f"{TJ_PATH}/llm", {"spec": {"dashboard": {"enabled": False}}})
+        await eventually(lambda: emu.get_live("v1/configmaps", OPERATOR_NS, name) is None)
+        await patch(emu, f"{TJ_PATH}/llm", {"spec": {"dashboard": {"enabled": True}}})
+        await eventually(lambda: emu.get_live("v1/configmaps", OPERATOR_NS, name) is not None)
+        await delete(emu, f"{TJ_PATH}/llm")
+        await eventually(lambda: emu.get_live(TJ, NS, "llm") is None)
+        assert emu.get_live("v1/configmaps", OPERATOR_NS, name) is None
+    finally:
+        await running.stop()
+    requests = operator_requests(emu)
+
+    rbac = operator_rbac(list(template("defaults", None, tmp_path)))
+    denied = sorted((r for r in requests if not allowed(rbac, r)), key=str)
+    assert not denied, f"the operator made calls the default RBAC refuses: {denied}"
+    configmaps = {(verb, namespace) for verb, _, resource, namespace in requests
+                  if resource == "configmaps"}  # fmt: skip
+    assert {("create", OPERATOR_NS), ("delete", OPERATOR_NS)} <= configmaps
+    assert {namespace for _, namespace in configmaps} == {OPERATOR_NS}
+    for verb in ("create", "patch", "delete"):
+        assert allowed(rbac, (verb, "", "configmaps", OPERATOR_NS))
+        for elsewhere in (NS, "kube-system", None):
+            assert not allowed(rbac, (verb, "", "configmaps", elsewhere))
+    # what is still cluster-wide in this mode: the job's other children, next to the job
+    assert allowed(rbac, ("create", "monitoring.coreos.com", "prometheusrules", NS))
+    assert allowed(rbac, ("patch", "", "nodes", None))

@@ -17,6 +17,7 @@ from trainsentry.operator import discovery, nodes, status
 from trainsentry.operator.reconcile import Sources, child_patch, load_sources, merge_diff
 from trainsentry.operator.render import (
     apply_thresholds,
+    dashboards_ref,
     known_thresholds,
     pin_dashboard,
     render_children,
@@ -218,6 +219,32 @@ def test_dashboard_is_pinned_to_the_job(sources: Sources) -> None:
     assert "id" not in pinned and pinned["title"].endswith("team-a/llm")
     values = {v["name"]: v["current"].get("value") for v in pinned["templating"]["list"]}
     assert values == {"namespace": "team-a", "trainingjob": "llm", "node": None}
+
+
+def test_dashboards_kept_in_the_operators_namespace_are_named_and_labelled_for_the_job(
+    sources: Sources,
+) -> None:
+    next_to_job = render_children(JOB, spec(), (), sources.dashboards, ["a"]).manifests[2]
+    moved = render_children(JOB, spec(), (), sources.dashboards, ["a"], "trainsentry").manifests[2]
+    assert next_to_job["metadata"]["namespace"] == "team-a"
+    assert next_to_job["metadata"]["ownerReferences"] == [JOB.owner_reference()]
+    meta = moved["metadata"]
+    assert (meta["namespace"], meta["name"]) == ("trainsentry", "team-a.llm-trainsentry-dashboards")
+    assert dashboards_ref(JOB, "trainsentry") == (meta["namespace"], meta["name"])
+    assert (
+        dashboards_ref(JOB)
+        == dashboards_ref(JOB, "team-a")
+        == ("team-a", "llm-trainsentry-dashboards")
+    )
+    assert "ownerReferences" not in meta  # an owner must share the namespace
+    assert meta["labels"]["trainsentry.io/trainingjob-namespace"] == "team-a"
+    assert meta["labels"]["trainsentry.io/trainingjob"] == "llm"
+    assert meta["labels"]["grafana_dashboard"] == "1"
+    assert moved["data"] == next_to_job["data"]
+    # the same job name in another namespace: another ConfigMap
+    twin = JobIdentity(name="llm", namespace="team-b", uid="u2")
+    assert dashboards_ref(twin, "trainsentry")[1] != meta["name"]
+    kubernetes_validate.validate(moved, "1.30", strict=True)
 
 
 def test_one_scrape_endpoint_per_local_rank(sources: Sources) -> None:

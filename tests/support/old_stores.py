@@ -22,11 +22,20 @@ ADDED_TABLES = {
     2: (policy_inbox,),
     5: (callback_events,),
     6: (maintenance_windows, maintenance_mutes),
-    7: (oncall_overrides,),
+    8: (oncall_overrides,),
 }
 # Columns that later versions added to tables version 1 created: {version: {table: names}}.
 ADDED_COLUMNS: dict[int, dict[str, tuple[str, ...]]] = {
     4: {"notifications": ("failing_since", "retried_by", "retried_at")},
+}
+# Indexes that later versions added to tables version 1 created.
+ADDED_INDEXES: dict[int, tuple[str, ...]] = {
+    7: (
+        "ix_webhook_receipts_last_received",
+        "ix_alerts_first_receipt",
+        "ix_alert_events_receipt",
+        "ix_notifications_created",
+    ),
 }
 
 
@@ -36,17 +45,20 @@ def version_1_tables() -> list[Table]:
     later = {
         table: set(names) for added in ADDED_COLUMNS.values() for table, names in added.items()
     }
+    later_indexes = {name for names in ADDED_INDEXES.values() for name in names}
     old = MetaData()
     tables = []
     for table in metadata.sorted_tables:
         if any(table in added for added in ADDED_TABLES.values()):
             continue
         drop = later.get(table.name, set())
-        if not drop:
+        if not drop and not any(index.name in later_indexes for index in table.indexes):
             tables.append(table.to_metadata(old))
             continue
         copy = Table(table.name, old, *(c._copy() for c in table.columns if c.name not in drop))
         for index in table.indexes:
+            if index.name in later_indexes:
+                continue
             if not any(c.name in drop for c in index.columns):
                 Index(index.name, *(copy.c[c.name] for c in index.columns))
         tables.append(copy)

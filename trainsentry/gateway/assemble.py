@@ -55,6 +55,7 @@ from trainsentry.gateway.stages.paging import Paging
 from trainsentry.gateway.stages.planning.plan import PolicyPlan
 from trainsentry.gateway.stages.planning.ticker import Ticker
 from trainsentry.gateway.stages.planning.worker import PolicyWorker
+from trainsentry.gateway.stages.retention import Retention
 from trainsentry.kubeclient import default_api_client
 from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import Notifier
@@ -321,6 +322,10 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
             clock=clock,
             lock=policy_lock,
         )
+    # Off the pipeline: deletes finished rows, measures the store (store/retention.py).
+    gateway.retention = Retention(
+        engine, settings.retention, metrics=w.metrics, clock=clock, lock=policy_lock
+    )
     return gateway
 
 
@@ -369,6 +374,8 @@ async def _start(app: web.Application, gateway: Gateway) -> None:
     # Before the worker and anything else can claim: rows an earlier run left in flight.
     await gateway.outbox.release_leases_of_earlier_runs()
     gateway.outbox.start()
+    if gateway.retention is not None:
+        gateway.retention.start()
     if gateway.handoffs is not None:
         gateway.handoffs.start()
     log.info(
@@ -382,6 +389,8 @@ async def _start(app: web.Application, gateway: Gateway) -> None:
 
 async def _stop(gateway: Gateway) -> None:
     """Stops the stages in pipeline order, then closes the store."""
+    if gateway.retention is not None:
+        await gateway.retention.stop()
     await gateway.writer.stop()
     if gateway.policy_worker is not None:
         await gateway.policy_worker.stop()

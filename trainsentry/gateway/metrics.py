@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from trainsentry.gateway.policy.decide import DecideResult, TickResult
 from trainsentry.gateway.policy.storm import StormMessageKind
+from trainsentry.store.retention import Purged, StoreSize
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -114,6 +115,47 @@ class GatewayMetrics:
             ["channel"],
             registry=r,
         )
+        # The store's size and the retention purge (gateway/stages/retention.py).
+        self.store_size = Gauge(
+            "trainsentry_store_size_bytes",
+            "Size of the store: the SQLite file with its WAL and shared-memory files, or "
+            "pg_database_size on PostgreSQL",
+            ["backend"],
+            registry=r,
+        )
+        self.store_volume_free = Gauge(
+            "trainsentry_store_volume_free_bytes",
+            "Bytes the gateway may still write on the volume of its SQLite store (absent on "
+            "PostgreSQL)",
+            ["volume"],
+            registry=r,
+        )
+        self.store_volume_size = Gauge(
+            "trainsentry_store_volume_size_bytes",
+            "Size of the volume of the SQLite store (absent on PostgreSQL)",
+            ["volume"],
+            registry=r,
+        )
+        self.purged = Counter(
+            "trainsentry_store_purged_rows_total",
+            "Rows the retention deleted from the store, by table",
+            ["table"],
+            registry=r,
+        )
+
+    def record_store_size(self, size: StoreSize) -> None:
+        backend = "postgresql" if size.volume is None else "sqlite"
+        self.store_size.labels(backend).set(size.bytes)
+        if size.volume is not None and size.volume_free_bytes is not None:
+            self.store_volume_free.labels(size.volume).set(size.volume_free_bytes)
+        if size.volume is not None and size.volume_size_bytes is not None:
+            self.store_volume_size.labels(size.volume).set(size.volume_size_bytes)
+
+    def record_purged(self, done: Purged) -> None:
+        for table in ("receipts", "alerts", "alert_events", "notifications", "callback_events"):
+            count = getattr(done, table)
+            if count:
+                self.purged.labels(table).inc(count)
 
 
 class PolicyMetrics:

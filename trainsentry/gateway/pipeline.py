@@ -33,6 +33,7 @@ from trainsentry.gateway.stages.oncall import OncallService
 from trainsentry.gateway.stages.outbox import Outbox
 from trainsentry.gateway.stages.planning.ticker import Ticker
 from trainsentry.gateway.stages.planning.worker import PolicyWorker
+from trainsentry.gateway.stages.retention import Retention
 from trainsentry.store.engine import Engine
 
 
@@ -52,6 +53,7 @@ class Gateway:
     trigger_keys: TriggerKeys | None = None
     trigger_sources: TriggerSources | None = None
     job_status: JobStatusFeeder | None = None
+    retention: Retention | None = None
     escalator: Escalator | None = None  # the phone escalation's roster (who is on call)
     maintenance: MaintenanceService | None = None  # windows (the real policy only)
     job_alerting: JobAlerting | None = None

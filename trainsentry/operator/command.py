@@ -68,6 +68,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rules-dir", help="rule files to render (default: bundled rules/)")
     parser.add_argument("--dashboards-dir", help="dashboards (default: bundled dashboards/)")
     parser.add_argument(
+        "--dashboards-namespace",
+        metavar="NAMESPACE",
+        default=None,
+        help="keep every job's dashboard ConfigMap in this namespace (the operator's own, so "
+        "that ConfigMap writes need a Role there only) instead of next to the job",
+    )
+    parser.add_argument(
         "--liveness",
         metavar="URL",
         default=None,
@@ -98,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         sources = load_sources(
             Path(args.rules_dir or assets.rules_dir()),
             Path(args.dashboards_dir or assets.dashboards_dir()),
+            args.dashboards_namespace or None,
         )
     except (OSError, ValueError) as exc:
         log.error("event=load_failed error=%r", str(exc))

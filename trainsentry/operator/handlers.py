@@ -216,7 +216,14 @@ def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.Opera
         async with locks.setdefault(uid, asyncio.Lock()):
             deleted.add(uid)
             try:
-                await rec.cleanup(memo.kube, body, _emitter(body), memo.node_locks, memo.claims)
+                await rec.cleanup(
+                    memo.kube,
+                    body,
+                    _emitter(body),
+                    memo.node_locks,
+                    memo.claims,
+                    sources.dashboards_namespace,
+                )
             except KubeError as exc:
                 raise kopf.TemporaryError(str(exc), delay=options.retry_delay) from exc
         locks.pop(uid, None)

@@ -26,7 +26,7 @@ from trainsentry.operator.render import (
     DashboardFile,
     Rendered,
     RuleFile,
-    child_names,
+    dashboards_ref,
     hang_alert_names,
     render_children,
     uses_pod_names,
@@ -52,6 +52,8 @@ class Sources:
 
     rule_files: tuple[RuleFile, ...]
     dashboards: tuple[DashboardFile, ...]
+    # Where the jobs' dashboard ConfigMaps go; None: next to each job (render.dashboards_ref).
+    dashboards_namespace: str | None = None
     _cache: OrderedDict[Hashable, Rendered] = field(
         default_factory=OrderedDict, repr=False, compare=False
     )
@@ -67,7 +69,9 @@ class Sources:
         key = (job.uid, job.name, job.namespace, spec.model_dump_json(), pods)
         cached = self._cache.get(key)
         if cached is None:
-            cached = render_children(job, spec, self.rule_files, self.dashboards, pod_names)
+            cached = render_children(
+                job, spec, self.rule_files, self.dashboards, pod_names, self.dashboards_namespace
+            )
             self._cache[key] = cached
             if len(self._cache) > RENDER_CACHE_SIZE:
                 self._cache.popitem(last=False)
@@ -76,7 +80,9 @@ class Sources:
         return cached
 
 
-def load_sources(rules_dir: Path, dashboards_dir: Path) -> Sources:
+def load_sources(
+    rules_dir: Path, dashboards_dir: Path, dashboards_namespace: str | None = None
+) -> Sources:
     rule_files = []
     for path in sorted(rules_dir.glob("*.yaml")) if rules_dir.is_dir() else []:
         loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
@@ -85,7 +91,7 @@ def load_sources(rules_dir: Path, dashboards_dir: Path) -> Sources:
     dashboards = []
     for path in sorted(dashboards_dir.glob("*.json")) if dashboards_dir.is_dir() else []:
         dashboards.append(DashboardFile(path.stem, json.loads(path.read_text(encoding="utf-8"))))
-    return Sources(tuple(rule_files), tuple(dashboards))
+    return Sources(tuple(rule_files), tuple(dashboards), dashboards_namespace)
 
 
 # --- children -------------------------------------------------------------------------------
@@ -345,16 +351,19 @@ async def reconcile(
     for manifest in rendered.manifests:
         kind, name = manifest["kind"], manifest["metadata"]["name"]
         outcome = await apply_child(kube, manifest, known=(kind, name) in known)
-        children.append({"apiVersion": manifest["apiVersion"], "kind": kind, "name": name})
+        child = {"apiVersion": manifest["apiVersion"], "kind": kind, "name": name}
+        if manifest["metadata"]["namespace"] != job.namespace:
+            child["namespace"] = manifest["metadata"]["namespace"]
+        children.append(child)
         if outcome != "unchanged":
             changes.setdefault(outcome, []).append(f"{kind} {name}")
     for outcome, items in changes.items():  # one event per kind of change, not per child
         emit("Normal", f"Children{outcome.capitalize()}", f"{outcome} {', '.join(items)}")
-    dashboards_name = child_names(job.name)["ConfigMap"]
+    dashboards_at, dashboards_name = dashboards_ref(job, sources.dashboards_namespace)
     dashboards_off = ("ConfigMap", dashboards_name) in known and not any(
         child["kind"] == "ConfigMap" for child in children
     )
-    if dashboards_off and await kube.delete(BY_KIND["ConfigMap"], job.namespace, dashboards_name):
+    if dashboards_off and await kube.delete(BY_KIND["ConfigMap"], dashboards_at, dashboards_name):
         emit("Normal", "ChildDeleted", f"deleted ConfigMap {dashboards_name}")
 
     exporters = tuple(spec.exporters.enabled())
@@ -444,9 +453,14 @@ async def cleanup(
     emit: Emit,
     node_locks: NodeLocks | None = None,
     claims: ClaimLedger | None = None,
+    dashboards_namespace: str | None = None,
 ) -> list[str]:
-    """On deletion: drop node claims (children go by ownerReference garbage collection)."""
+    """On deletion: drop node claims and delete the dashboards kept in another namespace
+    (the children next to the job go by ownerReference garbage collection)."""
     job = JobIdentity.from_body(body)
+    at, name = dashboards_ref(job, dashboards_namespace)
+    if at != job.namespace and await kube.delete(BY_KIND["ConfigMap"], at, name):
+        emit("Normal", "ChildDeleted", f"deleted ConfigMap {at}/{name}")
     released = await release_all_nodes(kube, job.uid, node_locks)
     if claims is not None:
         claims.forget(job.uid)

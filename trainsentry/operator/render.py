@@ -7,6 +7,10 @@ Children (all namespaced next to the TrainingJob and owned by it):
 - PodMonitor `<job>-trainsentry-probe`: scrapes the probe port of the job's pods;
 - ConfigMap `<job>-trainsentry-dashboards` (label `grafana_dashboard: "1"`): the dashboards of
   `dashboards/*.json` that have a job variable (`trainingjob` or `job`), pinned to this job.
+  Given a dashboards namespace (the chart's default install: the operator's own), it lives
+  there instead, as `<job namespace>.<job>-trainsentry-dashboards`, labelled with the job's
+  namespace and without an owner reference (owners must share the namespace); the operator
+  deletes it with the job (`dashboards_ref` names it).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 from trainsentry import rulesdoc
 from trainsentry.operator.spec import (
     JOB_LABEL,
+    JOB_NAMESPACE_LABEL,
     MANAGED_BY,
     OWNED_LABELS_ANNOTATION,
     JobIdentity,
@@ -370,9 +375,28 @@ def pin_dashboard(dashboard: Mapping[str, Any], job: JobIdentity, stem: str) -> 
     return pinned
 
 
-def render_dashboards(job: JobIdentity, dashboards: Sequence[DashboardFile]) -> dict[str, Any]:
-    """The dashboard ConfigMap, one key per dashboard file."""
-    metadata = _metadata(job, child_names(job.name)["ConfigMap"], {"grafana_dashboard": "1"})
+def dashboards_ref(job: JobIdentity, namespace: str | None = None) -> tuple[str, str]:
+    """(namespace, name) of the job's dashboard ConfigMap: next to the job, or in
+    `namespace` (named after the job's namespace too: a namespace name has no dot, so two
+    jobs never share one name there)."""
+    name = child_names(job.name)["ConfigMap"]
+    if namespace is None or namespace == job.namespace:
+        return job.namespace, name
+    return namespace, f"{job.namespace}.{name}"
+
+
+def render_dashboards(
+    job: JobIdentity, dashboards: Sequence[DashboardFile], namespace: str | None = None
+) -> dict[str, Any]:
+    """The dashboard ConfigMap, one key per dashboard file (in `namespace`: dashboards_ref)."""
+    where, name = dashboards_ref(job, namespace)
+    labels = {"grafana_dashboard": "1"}
+    if where != job.namespace:
+        labels[JOB_NAMESPACE_LABEL] = job.namespace
+    metadata = _metadata(job, name, labels)
+    if where != job.namespace:
+        metadata["namespace"] = where
+        del metadata["ownerReferences"]  # not across namespaces: deleted by the operator
     data = {
         f"{_dns_safe(item.name)}-{_dns_safe(job.namespace)}-{_dns_safe(job.name)}.json": json.dumps(
             pin_dashboard(item.dashboard, job, item.name), indent=1, sort_keys=True
@@ -388,8 +412,9 @@ def render_children(
     rule_files: Sequence[RuleFile],
     dashboards: Sequence[DashboardFile],
     pod_names: Iterable[str],
+    dashboards_namespace: str | None = None,
 ) -> Rendered:
-    """All children of one TrainingJob."""
+    """All children of one TrainingJob (its dashboards in `dashboards_namespace` if given)."""
     known = known_thresholds(rule_files)
     unknown = sorted(name for name in spec.thresholds if name not in known)
     rule, alerts, skipped = render_prometheus_rule(
@@ -398,5 +423,5 @@ def render_children(
     manifests = [rule, render_pod_monitor(job, spec)]
     job_dashboards = [item for item in dashboards if is_job_dashboard(item.dashboard)]
     if spec.dashboard.enabled and job_dashboards:
-        manifests.append(render_dashboards(job, job_dashboards))
+        manifests.append(render_dashboards(job, job_dashboards, dashboards_namespace))
     return Rendered(manifests, alerts, unknown, skipped)

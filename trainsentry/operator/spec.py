@@ -19,6 +19,8 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "trainsentry-operator"}
 JOB_LABEL = "trainsentry.io/trainingjob"
+# On a child kept outside the job's namespace (the dashboards, see render.dashboards_ref).
+JOB_NAMESPACE_LABEL = "trainsentry.io/trainingjob-namespace"
 # On each child: the label keys the operator set, so keys dropped from the spec are removed
 # (labels are otherwise merged: other tools' labels stay).
 OWNED_LABELS_ANNOTATION = "trainsentry.io/owned-labels"
@@ -118,7 +120,6 @@ class WebhookSecretRef(SecretKeyRef):
 class Feishu(_Model):
     chatId: str | None = None
     webhookSecretRef: WebhookSecretRef | None = None
-    appSecretRef: SecretKeyRef | None = None
 
 
 class Alerting(_Model):

@@ -96,8 +96,8 @@ def _create_maintenance_v6(conn: Connection) -> None:
     mutes.create(conn)
 
 
-def _create_oncall_overrides_v7(conn: Connection) -> None:
-    # The table as version 7 defines it.
+def _create_oncall_overrides_v8(conn: Connection) -> None:
+    # The table as version 8 defines it.
     table = Table(
         "oncall_overrides",
         MetaData(),
@@ -134,6 +134,13 @@ MIGRATIONS: dict[int, list[Step]] = {
     5: [_create_callback_events_v5],
     # 6: maintenance windows, and the alerts they muted (issue 21)
     6: [_create_maintenance_v6],
-    # 7: run-time on-call overrides and swaps, with who added and removed them
-    7: [_create_oncall_overrides_v7],
+    # 7: the retention purge (store/retention.py) finds old rows and clears references by index
+    7: [
+        "CREATE INDEX ix_webhook_receipts_last_received ON webhook_receipts (last_received_at)",
+        "CREATE INDEX ix_alerts_first_receipt ON alerts (first_receipt_id)",
+        "CREATE INDEX ix_alert_events_receipt ON alert_events (receipt_id)",
+        "CREATE INDEX ix_notifications_created ON notifications (created_at)",
+    ],
+    # 8: run-time on-call overrides and swaps, with who added and removed them
+    8: [_create_oncall_overrides_v8],
 }

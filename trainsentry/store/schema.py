@@ -40,7 +40,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -95,6 +95,8 @@ webhook_receipts = Table(
     Column("external_url", Text, nullable=False, default=""),
     Column("body", Text, nullable=False),  # the body as received (UTF-8 JSON text)
 )
+# The retention purge (store/retention.py) finds old receipts by when a body last came.
+Index("ix_webhook_receipts_last_received", webhook_receipts.c.last_received_at)
 
 alerts = Table(
     "alerts",
@@ -126,6 +128,8 @@ Index("ix_alerts_status_id", alerts.c.status, alerts.c.id)
 Index("ix_alerts_job", alerts.c.job_name, alerts.c.id)
 Index("ix_alerts_blast", alerts.c.job_name, alerts.c.alertname, alerts.c.starts_at)
 Index("ix_alerts_created", alerts.c.created_at)
+# A receipt's deletion clears (and on PostgreSQL checks) the references to it.
+Index("ix_alerts_first_receipt", alerts.c.first_receipt_id)
 
 alert_events = Table(
     "alert_events",
@@ -139,6 +143,7 @@ alert_events = Table(
 )
 Index("ix_alert_events_alert", alert_events.c.alert_id, alert_events.c.id)
 Index("ix_alert_events_at", alert_events.c.at)
+Index("ix_alert_events_receipt", alert_events.c.receipt_id)
 
 # Written with the events in the intake's transaction, deleted in the policy's transaction
 # that wrote the event's notifications: an event is planned exactly once, after any crash.
@@ -191,6 +196,8 @@ Index(
     notifications.c.id,
 )
 Index("ix_notifications_alert", notifications.c.alert_id)
+# The retention purge and the weekly report read notifications by when they were written.
+Index("ix_notifications_created", notifications.c.created_at)
 
 policy_state = Table(
     "policy_state",

@@ -278,6 +278,14 @@ affinity:
 {{- end -}}
 
 {{/*
+Where the operator keeps the jobs' dashboard ConfigMaps when it watches every namespace:
+where the chart's own dashboards go (the namespace Grafana's sidecar already watches).
+*/}}
+{{- define "trainsentry.operatorDashboardsNamespace" -}}
+{{- .Values.dashboards.namespace | default .Release.Namespace -}}
+{{- end }}
+
+{{/*
 The gateway's grants for TrainingJobs' own alert routes (gateway.jobAlerting), each verb for
 one reason (docs/operator.md, "Alerting of a job"). Secrets and ConfigMaps are only ever read
 in the namespace of the job that references them.
