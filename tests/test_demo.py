@@ -28,6 +28,7 @@ def test_demo_replays_the_incident_and_writes_what_would_be_sent(tmp_path: Path)
     assert summary["alert occurrences stored"] == 207
     assert summary["state changes"] == 414
     assert summary["repeats ignored (duplicates)"] == 1
+    assert summary["handoff notices"] == 1  # the demo's daily rotation hands over once
     sent = summary["notifications by channel"]
     assert sent["sheet"] == 414  # every change archived, storm or maintenance or not
     assert summary["maintenance window"]["notices held back while it was open"] >= 1

@@ -18,6 +18,7 @@ from trainsentry import __version__
 COMMANDS: dict[str, str] = {
     "gateway": "trainsentry.gateway.commands.serve",
     "ack": "trainsentry.gateway.commands.ack",
+    "escalate": "trainsentry.gateway.commands.escalate",
     "export": "trainsentry.gateway.commands.export",
     "outbox": "trainsentry.gateway.commands.outbox",
     "maintenance": "trainsentry.gateway.commands.maintenance",

@@ -36,14 +36,43 @@ def test_the_documented_output_is_what_the_command_prints(tmp_path: Path) -> Non
     assert out == shown
 
 
-def test_the_gateway_does_not_take_the_section_yet() -> None:
-    # docs/oncall.md: the gateway's loader refuses a file with `oncall:` until it is wired.
-    # When that changes, this test and the doc's "Not wired yet" list change with it.
-    from trainsentry.config import ConfigError, load_settings
+def test_the_escalation_worked_example_is_what_the_escalation_does() -> None:
+    from datetime import datetime, timedelta
 
-    try:
-        load_settings(EXAMPLE, env={})
-    except ConfigError as exc:
-        assert "oncall: Extra inputs are not permitted" in str(exc)
-    else:
-        raise AssertionError("the gateway now reads oncall:; update docs/oncall.md")
+    from trainsentry.alerts import Priority
+    from trainsentry.gateway.policy.escalation import IncidentPage, batch, new_state, plan
+    from trainsentry.gateway.policy.roster import escalator_of
+    from trainsentry.oncall.config import parse_oncall
+
+    raw = yaml.safe_load(block("oncall-example"))["oncall"]
+    raw |= yaml.safe_load(block("oncall-escalation"))["oncall"]
+    config = parse_oncall(raw)
+    esc = escalator_of(config.escalation_policies["gpu-p0"], config)
+    start = datetime.fromisoformat("2026-10-27T13:00:00+01:00")
+    kwargs = {"roster": esc.roster, "policy": esc.policy, "named": {"gpu-p0": esc}}
+    page = IncidentPage(1, Priority.P0, "x", "gpu-p0")
+    state, due = batch(new_state(), start, pages=[page], **kwargs)
+    calls = [(0, c.person.name, c.layer) for c in due]
+    for minute in range(1, 200):
+        state, due = plan(state, start + timedelta(minutes=minute), **kwargs)
+        calls += [(minute, c.person.name, c.layer) for c in due]
+    rows = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in block_table("oncall-escalation-calls")
+    ]
+    shown = [(int(m), who, step.split(",")[0]) for m, who, step in rows if m.isdigit()]
+    assert calls[:8] == shown[:8]
+    assert calls[-1] == shown[-1]
+    assert [m for m, _, _ in calls[7:]] == list(range(60, 121, 5))
+    assert {(who, step) for _, who, step in calls[6:]} == {("alice", "lead")}
+
+
+def block_table(marker: str) -> list[str]:
+    text = DOC.read_text()
+    after = text[text.index(f"<!-- {marker} -->") :].splitlines()[1:]
+    table = []
+    for line in after:
+        if not line.startswith("|"):
+            break
+        table.append(line)
+    return table[2:]

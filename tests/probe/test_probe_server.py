@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e  # starts probe HTTP servers (and processes)
 
 def test_a_probe_token_with_a_trailing_newline_is_stripped() -> None:
     """A Secret made from an echoed file: the probe and the gateway both strip it."""
-    from trainsentry.gateway.assemble import build_diagnosis_parts
+    from trainsentry.gateway.sections import build_diagnosis_parts
     from trainsentry.probe.identity import config_from_env
 
     config = config_from_env({"TRAINSENTRY_PROBE_TOKEN": "s3cret\n"})

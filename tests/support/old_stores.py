@@ -12,6 +12,7 @@ from trainsentry.store.schema import (
     maintenance_mutes,
     maintenance_windows,
     metadata,
+    oncall_overrides,
     policy_inbox,
     schema_version,
 )
@@ -21,6 +22,7 @@ ADDED_TABLES = {
     2: (policy_inbox,),
     5: (callback_events,),
     6: (maintenance_windows, maintenance_mutes),
+    10: (oncall_overrides,),
 }
 # Columns that later versions added to tables version 1 created: {version: {table: names}}.
 ADDED_COLUMNS: dict[int, dict[str, tuple[str, ...]]] = {

@@ -14,7 +14,7 @@ import aiohttp
 from aiohttp import web
 
 from trainsentry.alerts import utcnow
-from trainsentry.config import GatewaySettings
+from trainsentry.config import GatewaySettings, Settings
 from trainsentry.demo.html import write_preview
 from trainsentry.demo.incident import load_incident
 from trainsentry.demo.maintenance import replay_window
@@ -22,6 +22,7 @@ from trainsentry.demo.previews import CallPreview, CardPreview, PreviewLog, Shee
 from trainsentry.gateway.app import WEBHOOK_PATH
 from trainsentry.gateway.assemble import create_app
 from trainsentry.gateway.pipeline import GATEWAY_KEY
+from trainsentry.gateway.sections import oncall_of
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.reports.delivery import write_preview as write_report_preview
@@ -29,6 +30,17 @@ from trainsentry.store.queries import counts
 
 ON_CALL = "+86 138-0000-0000 (demo on-call, layer 1)"
 SETTLE_AFTER_S = 1800  # after the last webhook: held resolutions and storms calm down
+
+
+def demo_oncall(base: datetime) -> dict[str, Any]:
+    """A one-layer daily rotation whose handoff falls 45 minutes into the incident, so the
+    replay shows a handoff notice (docs/oncall.md)."""
+    start = (base - timedelta(hours=23, minutes=15)).replace(tzinfo=None).isoformat()
+    layer = {"name": "primary", "start": start, "shift": "1d", "members": ["ana", "ben"]}
+    return {
+        "people": {"ana": {"phone": "+8613800000000"}, "ben": {"phone": "+8613800000001"}},
+        "schedules": {"demo": {"timezone": "UTC", "layers": [layer]}},
+    }
 
 
 class VirtualClock:
@@ -72,7 +84,8 @@ async def run_demo(
     }
     settings = GatewaySettings(listen="127.0.0.1:0", db=f"sqlite:///{out / 'demo.db'}")
     # The background ticker is not needed: the replay drives the timers at virtual times.
-    app = create_app(settings, notifiers=notifiers, clock=clock, tick_interval=3600)
+    oncall = oncall_of(Settings(gateway=settings, oncall=demo_oncall(base)))
+    app = create_app(settings, notifiers=notifiers, clock=clock, tick_interval=3600, oncall=oncall)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port)
@@ -135,6 +148,7 @@ def _summary(
         "repeats ignored (duplicates)": sum(a["unchanged"] for a in answers),
         "notifications by channel": by_channel,
         "maintenance window": maintenance,
+        "handoff notices": sum(1 for item in log.items if item.notification.kind == "handoff"),
         "seconds": round(time.perf_counter() - started, 1),
     }
     write_preview(out / "index.html", title, summary, log)

@@ -29,6 +29,7 @@ from trainsentry.gateway.http_auth import read_token
 from trainsentry.gateway.http_auth import unauthorized as _unauthorized
 from trainsentry.gateway.maintenance_api import add_maintenance_routes
 from trainsentry.gateway.nodes_api import get_nodes
+from trainsentry.gateway.oncall_api import add_oncall_routes
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.delivery import parse_retry_request
 from trainsentry.gateway.read_api import (
@@ -398,6 +399,7 @@ def add_routes(app: web.Application, card_callback: CardCallbackSettings | None 
     app.router.add_post("/api/v1/alerts/{alert_id}/ack", post_ack)
     app.router.add_post("/api/v1/notifications/retry", post_notifications_retry)
     add_maintenance_routes(app)
+    add_oncall_routes(app)
     if card_callback is not None:
         app.router.add_post(card_callback.path, _card_handler(app, card_callback))
     app.router.add_get("/healthz", healthz)

@@ -24,7 +24,7 @@ from aiohttp import web
 from trainsentry.alerts import AlertChange, Priority, utcnow
 from trainsentry.config import GatewaySettings, MaintenanceSettings, Settings
 from trainsentry.gateway.app import CardCallbackSettings, add_routes, json_errors
-from trainsentry.gateway.channels import Channels, add_job_channel, build
+from trainsentry.gateway.channels import build
 from trainsentry.gateway.http_auth import open_endpoints
 from trainsentry.gateway.limits import BodyLimits, body_limits
 from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
@@ -32,21 +32,27 @@ from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.delivery import DeliveryRules
 from trainsentry.gateway.policy.escalation import Escalator
 from trainsentry.gateway.policy.rules import load_policy
-from trainsentry.gateway.policy.topology import parse_settings as parse_topology
+from trainsentry.gateway.sections import (
+    build_diagnosis_parts,
+    build_job_alerting,
+    build_topology,
+    oncall_of,
+    paging_of,
+)
 from trainsentry.gateway.stages.ack import AckService
 from trainsentry.gateway.stages.diagnosis import (
     DiagnosisSettings,
     EndpointResolver,
     HangDiagnoser,
-    KubernetesEndpoints,
-    StaticEndpoints,
 )
+from trainsentry.gateway.stages.handoff import HandoffNotices, reschedule
 from trainsentry.gateway.stages.hang_enrichment import HangVerdict
 from trainsentry.gateway.stages.hang_trigger import TriggerKeys, TriggerSources
 from trainsentry.gateway.stages.intake import IntakeWriter, PlanHook
-from trainsentry.gateway.stages.job_alerting import JobAlerting, JobAlertingSettings
+from trainsentry.gateway.stages.job_alerting import JobAlerting
 from trainsentry.gateway.stages.job_status import JobStatusFeeder
 from trainsentry.gateway.stages.maintenance import MaintenanceService
+from trainsentry.gateway.stages.oncall import OncallService
 from trainsentry.gateway.stages.outbox import Outbox
 from trainsentry.gateway.stages.paging import Paging
 from trainsentry.gateway.stages.planning.plan import PolicyPlan
@@ -58,7 +64,7 @@ from trainsentry.kubeclient import default_api_client
 from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
-from trainsentry.notifiers.settings import SecretMissing, read_secret
+from trainsentry.oncall.types import OncallConfig
 from trainsentry.store import create_engine, migrate
 from trainsentry.store.queries import first_occurrence
 from trainsentry.store.writes import ReceiptOutcome
@@ -122,20 +128,24 @@ def create_app(
     kube_api: Callable[[], Awaitable[Any]] | None = None,
     topology: TopologySource | None = None,
     maintenance: MaintenanceSettings | None = None,
+    oncall: OncallConfig | None = None,
     job_alerting: JobAlerting | None = None,
 ) -> web.Application:
     """Builds the gateway app; the store is opened (and its schema checked) at startup.
-    `job_alerting`: TrainingJobs' own routes (its `feishu_job` channel among `notifiers`)."""
+    `job_alerting`: TrainingJobs' own routes (its `feishu_job` channel among `notifiers`).
+    Raises ConfigError when the policy names an escalation policy `oncall` lacks."""
     if notifiers is None:
         notifiers = {"console": ConsoleNotifier(settings.console_file)}
     gateway_metrics = metrics or GatewayMetrics()
+    policy = load_policy(settings.policy_file) if plan is None else None
     rosters = job_alerting.roster if job_alerting is not None else None
-    paging = Paging(escalator, rosters=rosters) if escalator is not None else None
+    paging = paging_of(escalator, oncall, policy, "phone" in notifiers, rosters)
     # The real policy, unless a test injected its own PlanHook (then: no timers, no hold).
     policy_plan: PolicyPlan | None = None
     if plan is None:
+        assert policy is not None
         policy_plan = PolicyPlan(
-            load_policy(settings.policy_file),
+            policy,
             channels=tuple(notifiers),
             metrics=PolicyMetrics(gateway_metrics.registry),
             paging=paging,
@@ -159,6 +169,7 @@ def create_app(
         kube_api=kube_api,
         topology=topology,
         maintenance=maintenance or MaintenanceSettings(),
+        oncall=oncall,
         job_alerting=job_alerting,
     )
     limits = BodyLimits(
@@ -200,6 +211,7 @@ class _Wiring:
     kube_api: Callable[[], Awaitable[Any]] | None
     topology: TopologySource | None
     maintenance: MaintenanceSettings
+    oncall: OncallConfig | None = None
     job_alerting: JobAlerting | None = None
 
 
@@ -254,6 +266,16 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
             channels=policy_plan.channels,
             clock=clock,
             lock=policy_lock,
+        )
+    if w.oncall is not None:
+        gateway.oncall = OncallService(engine, w.oncall, clock=clock, on_change=reschedule)
+        gateway.handoffs = HandoffNotices(
+            engine,
+            gateway.oncall,
+            tuple(w.notifiers),
+            clock=clock,
+            interval=30 * w.tick_interval,
+            on_drafts=outbox.wake,
         )
     if settings.trainingjob_status:
         gateway.job_status = JobStatusFeeder(w.kube_api or default_api_client)
@@ -327,6 +349,8 @@ async def _start(app: web.Application, gateway: Gateway) -> None:
     gateway.outbox.start()
     if gateway.retention is not None:
         gateway.retention.start()
+    if gateway.handoffs is not None:
+        gateway.handoffs.start()
     log.info(
         "gateway started db=%s listen=%s", gateway.engine.dialect.name, gateway.settings.listen
     )
@@ -351,6 +375,8 @@ async def _stop(gateway: Gateway) -> None:
         await gateway.job_alerting.stop()
     if gateway.ticker is not None:
         await gateway.ticker.stop()
+    if gateway.handoffs is not None:
+        await gateway.handoffs.stop()
     await gateway.outbox.aclose()
     if gateway.topology is not None:
         await gateway.topology.stop()
@@ -365,6 +391,7 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
 
     Raises ConfigError (a channel or secret is wrong) or ValueError (the policy file)."""
     env = os.environ if env is None else env
+    oncall = oncall_of(settings)
     channels = build(settings, env)
     job_alerting = build_job_alerting(settings.job_alerting, channels)
     diagnosis_parts = build_diagnosis_parts(settings.diagnosis, env)
@@ -389,58 +416,6 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
         diagnosis=Diagnosis(*diagnosis_parts) if diagnosis_parts is not None else None,
         topology=topology,
         maintenance=settings.maintenance,
+        oncall=oncall,
         job_alerting=job_alerting,
     )
-
-
-def build_topology(
-    raw: Mapping[str, Any], kube_api: Callable[[], Awaitable[Any]] | None = None
-) -> TopologySource | None:
-    """From the `topology:` config section: None when no levels are named. Raises
-    TopologyError (a ValueError) naming the field at fault."""
-    settings = parse_topology(raw)
-    if not settings.enabled:
-        return None
-    return TopologySource(
-        settings, (kube_api or default_api_client) if settings.kubernetes else None
-    )
-
-
-def build_job_alerting(
-    raw: Mapping[str, Any],
-    channels: Channels,
-    api_factory: Callable[[], Awaitable[Any]] = default_api_client,
-) -> JobAlerting | None:
-    """From the `job_alerting:` config section: None unless enabled (it needs the cluster);
-    adds the `feishu_job` channel to `channels`."""
-    settings = JobAlertingSettings.model_validate(dict(raw))
-    if not settings.enabled:
-        return None
-    built = channels.built
-    has_app = built is not None and built.feishu_app is not None
-    stage = JobAlerting(settings, api_factory, has_app=has_app)
-    add_job_channel(channels, stage)
-    return stage
-
-
-def build_diagnosis_parts(
-    raw: Mapping[str, Any], env: Mapping[str, str]
-) -> tuple[DiagnosisSettings, EndpointResolver, str] | None:
-    """From the `diagnosis:` config section: None when there is no way to find ranks."""
-    settings = DiagnosisSettings.model_validate(dict(raw))
-    if not settings.enabled or not (settings.static_endpoints or settings.kubernetes):
-        return None
-    try:
-        # stripped like the gateway's own tokens: a Secret made from an echoed file ends in a
-        # newline, which no HTTP header can carry (the probe strips its copy the same way)
-        token = read_secret(settings.probe_token_env, env).strip()
-        if not token:
-            raise SecretMissing(settings.probe_token_env)
-    except SecretMissing:
-        raise ValueError(
-            f"diagnosis needs the probes' token in {settings.probe_token_env}"
-        ) from None
-    resolver: EndpointResolver = (
-        KubernetesEndpoints() if settings.kubernetes else StaticEndpoints(settings.static_endpoints)
-    )
-    return settings, resolver, token

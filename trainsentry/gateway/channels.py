@@ -155,9 +155,11 @@ def build(settings: Settings, env: Mapping[str, str] | None = None) -> Channels:
         if clash:
             raise ConfigError(f"channel names used twice: {sorted(clash)}")
         notifiers.update(built.notifiers)
-        if "phone" in built.notifiers and built.escalator is None:
+        on_call_policies = (settings.oncall or {}).get("escalation_policies")
+        if "phone" in built.notifiers and built.escalator is None and not on_call_policies:
             raise ConfigError(
-                "channels.phone needs channels.escalation (who is called, in which order)"
+                "channels.phone needs channels.escalation or oncall.escalation_policies "
+                "(who is called, in which order)"
             )
         rate_limits.update(built.outbox_rate_limits)
     return Channels(notifiers=notifiers, rate_limits=rate_limits, built=built)

@@ -44,7 +44,7 @@ def open_endpoints(settings: GatewaySettings) -> list[str]:
     if read_token(settings) is None:
         groups.append(
             "read API and incident console (GET /api/v1/alerts, /api/v1/notifications,"
-            " /api/v1/nodes, /ui/): set TRAINSENTRY_API_TOKEN"
+            " /api/v1/nodes, /api/v1/oncall, /ui/): set TRAINSENTRY_API_TOKEN"
         )
     return groups
 

@@ -24,11 +24,13 @@ from trainsentry.gateway.policy.escalation import Escalator
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.stages.ack import AckService
 from trainsentry.gateway.stages.diagnosis import HangDiagnoser
+from trainsentry.gateway.stages.handoff import HandoffNotices
 from trainsentry.gateway.stages.hang_trigger import TriggerKeys, TriggerSources
 from trainsentry.gateway.stages.intake import IntakeWriter
 from trainsentry.gateway.stages.job_alerting import JobAlerting
 from trainsentry.gateway.stages.job_status import JobStatusFeeder
 from trainsentry.gateway.stages.maintenance import MaintenanceService
+from trainsentry.gateway.stages.oncall import OncallService
 from trainsentry.gateway.stages.outbox import Outbox
 from trainsentry.gateway.stages.planning.ticker import Ticker
 from trainsentry.gateway.stages.planning.worker import PolicyWorker
@@ -59,6 +61,8 @@ class Gateway:
     job_alerting: JobAlerting | None = None
     topology: TopologySource | None = None  # where each node stands (stages/topology.py)
     policy: Policy | None = None  # the alert policy (node health reads its weights)
+    oncall: OncallService | None = None  # with an `oncall:` section: schedules, overrides
+    handoffs: HandoffNotices | None = None
     classified: Callable[[], Mapping[int, str]] = dict
     clock: Callable[[], datetime] = utcnow
     background: list[asyncio.Task[Any]] = field(default_factory=list)
@@ -70,6 +74,8 @@ class Gateway:
             await self.policy_worker.drain()
         if self.ticker is not None:
             await self.ticker.run_once()
+        if self.handoffs is not None:
+            await self.handoffs.run_once()
         await self.outbox.drain()
 
 

@@ -15,6 +15,7 @@ Notification kinds (`OutboundNotification.kind`) the channels understand:
 - ``ack``: an alert was acknowledged / silenced; the card is re-sent or updated. Uses
   ``acked_by`` / ``silenced_until``.
 - ``call``: a phone call the escalation planned (`CallPayload`; the phone channel places it).
+- ``handoff``: a schedule's shift change (`handoff`, gateway/stages/handoff.py).
 """
 
 from __future__ import annotations
@@ -77,6 +78,18 @@ class JobRoutePayload(TypedDict, total=False):
     roster: bool
 
 
+class HandoffNotice(TypedDict, total=False):
+    """A schedule's shift change (kind "handoff", gateway/stages/handoff.py)."""
+
+    schedule: str
+    at: str  # ISO 8601, the schedule's local time
+    previous: str | None  # who was paged first before `at` (None: nobody)
+    to: str | None  # who is paged first from `at` (None: nobody)
+    layer: str | None
+    until: str | None
+    next: list[dict[str, str]]
+
+
 class NotificationPayload(TypedDict):
     """What the policy puts into `NotificationDraft.payload` (JSON-serialisable)."""
 
@@ -96,6 +109,9 @@ class NotificationPayload(TypedDict):
     count: NotRequired[int]  # occurrences folded into this notification (flaps, repeats)
     mentions: NotRequired[list[str]]  # Feishu open_ids to <at>; "all" for everyone
     acked_by: NotRequired[str]
+    ack_comment: NotRequired[str]  # what the person who acknowledged wrote
+    on_call: NotRequired[str]  # P0: who the escalation calls first, in words
+    handoff: NotRequired[HandoffNotice]  # kind "handoff": a schedule's shift change
     silenced_until: NotRequired[str]  # ISO 8601
     storm: NotRequired[StormSummary]
     diagnosis: NotRequired[str]  # one-line verdict of the hang analyzer, if any

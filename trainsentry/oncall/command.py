@@ -7,12 +7,16 @@ import sys
 from datetime import datetime
 from typing import Any
 
-HELP = "who is on call (from the oncall: section of a config file)"
+HELP = "who is on call (from the oncall: section of a config file); run-time overrides"
 DESCRIPTION = """\
 Who is on call, read from the top-level `oncall:` section of a configuration file
-(docs/oncall.md).
+(docs/oncall.md); and run-time overrides and swaps, through the gateway's API.
 
   trainsentry oncall now --config FILE [--schedule NAME] [--at ISO8601] [--json]
+  trainsentry oncall override add --schedule NAME --who PERSON [--replaces PERSON]
+                                  --start ISO8601 --end ISO8601 [--reason TEXT] [--by NAME]
+  trainsentry oncall override list [--schedule NAME] [--removed]
+  trainsentry oncall override remove ID [--by NAME]
 
 The first person listed is the one paged; each has the layer that puts them there and
 `until`, the next instant at which that changes (null if not within 400 days). --at without
@@ -21,10 +25,13 @@ a UTC offset is the schedule's local time; times are printed in the schedule's t
 
 JSON: {"schedule": ..., "at": ..., "on_call": [{"name": ..., "layer": ..., "until": ...}]}
 
-Exit codes:
+Exit codes of `now`:
   0  answered
   1  the file cannot be read or its oncall: section is invalid (the message names the field)
   2  usage error (bad --at, unknown --schedule)
+Exit codes of `override`: 0 done, 1 the gateway refused (the reason names the field) or
+could not be reached, 2 bad arguments, 3 no such override. The API token comes from
+TRAINSENTRY_API_TOKEN, the gateway from --gateway or TRAINSENTRY_GATEWAY_URL.
 """
 
 
@@ -45,6 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     now.add_argument("--schedule", metavar="NAME", help="the schedule (default: the only one)")
     now.add_argument("--at", type=_iso, metavar="ISO8601", help="this instant instead of now")
     now.add_argument("--json", action="store_true", help="print JSON")
+    from trainsentry.oncall import remote
+
+    override = sub.add_parser("override", help="run-time overrides and swaps (gateway API)")
+    remote.add_arguments(override)
 
 
 def _fail(code: int, message: str) -> int:
@@ -53,6 +64,14 @@ def _fail(code: int, message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.oncall_command == "override":
+        from trainsentry.oncall import remote
+
+        return remote.run(args)
+    return _now(args)
+
+
+def _now(args: argparse.Namespace) -> int:
     import json
     from datetime import UTC
     from pathlib import Path

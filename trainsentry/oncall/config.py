@@ -24,6 +24,7 @@ from zoneinfo import ZoneInfo, available_timezones
 from trainsentry.oncall.schedule import wall_to_instant
 from trainsentry.oncall.types import (
     OVERRIDE_LAYER,
+    EscalationPolicyConfig,
     HourRange,
     Layer,
     OncallConfig,
@@ -279,7 +280,8 @@ def _schedule(key: Any, value: Any, field: str, people: Mapping[str, Person]) ->
 def parse_oncall(value: Any, field: str = "oncall") -> OncallConfig:
     """The `oncall:` section: people, schedules, and `maintenance.max_window_hours`."""
     problems = _Problems()
-    raw = problems.check(lambda: _mapping(value, field, {"people", "schedules", "maintenance"}))
+    keys = {"people", "schedules", "maintenance", "escalation_policies"}
+    raw = problems.check(lambda: _mapping(value, field, keys))
     problems.raise_any()
     assert raw is not None
     people: dict[str, Person] = {}
@@ -303,10 +305,37 @@ def parse_oncall(value: Any, field: str = "oncall") -> OncallConfig:
         schedule = problems.check(partial(_schedule, key, item, where, people))
         if schedule is not None:
             schedules[schedule.name] = schedule
+    policies = _policies(raw.get("escalation_policies"), field, people, schedules, problems)
     problems.raise_any()
     return OncallConfig(
-        people=people, schedules=schedules, max_window=max_window or DEFAULT_MAX_WINDOW
+        people=people,
+        schedules=schedules,
+        max_window=max_window or DEFAULT_MAX_WINDOW,
+        escalation_policies=policies,
     )
+
+
+def _policies(
+    value: Any,
+    field: str,
+    people: Mapping[str, Person],
+    schedules: Mapping[str, Schedule],
+    problems: _Problems,
+) -> dict[str, EscalationPolicyConfig]:
+    from trainsentry.oncall.policies import parse_policy  # it builds on this module's helpers
+
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        problems.found.append(f"{field}.escalation_policies: must map names to policies")
+        return {}
+    found: dict[str, EscalationPolicyConfig] = {}
+    for key, item in value.items():
+        where = f"{field}.escalation_policies.{key}"
+        policy = problems.check(partial(parse_policy, key, item, where, people, schedules))
+        if policy is not None:
+            found[policy.name] = policy
+    return found
 
 
 def _max_window(value: Any, field: str) -> timedelta:

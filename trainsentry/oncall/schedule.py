@@ -9,7 +9,8 @@ clocks jump from 02:00 to 03:00) happens at the jump; an event inside a fall-bac
 (02:30 when 02:00-03:00 runs twice) happens the first time.
 
 Precedence at an instant: the override covering it first, then the layers that cover it, last
-configured layer first. A person appears once, at their first place.
+configured layer first. A swap covering the instant puts its `who` in the place of the person
+it replaces, in every layer. A person appears once, at their first place.
 """
 
 from __future__ import annotations
@@ -121,10 +122,19 @@ def entries_at(schedule: Schedule, t: datetime) -> tuple[tuple[str, str], ...]:
             seen.add(override.who)
     for layer in reversed(schedule.layers):
         who = layer_member_at(layer, schedule.tz, t)
+        if who is not None:
+            who = _swapped(schedule, who, t)
         if who is not None and who not in seen:
             out.append((who, layer.name))
             seen.add(who)
     return tuple(out)
+
+
+def _swapped(schedule: Schedule, who: str, t: datetime) -> str:
+    for swap in schedule.swaps:
+        if swap.replaces == who and swap.start <= t < swap.end:
+            return swap.who
+    return who
 
 
 def _layer_boundaries(layer: Layer, tz: ZoneInfo, a: datetime, b: datetime) -> set[datetime]:
@@ -149,8 +159,10 @@ def boundaries(schedule: Schedule, a: datetime, b: datetime) -> list[datetime]:
     found: set[datetime] = set()
     for layer in schedule.layers:
         found |= _layer_boundaries(layer, schedule.tz, a, b)
-    for override in schedule.overrides:
-        found.update(point for point in (override.start, override.end) if a < point <= b)
+    edges = [(o.start, o.end) for o in schedule.overrides]
+    edges += [(s.start, s.end) for s in schedule.swaps]
+    for edge in edges:
+        found.update(point for point in edge if a < point <= b)
     return sorted(found)
 
 

@@ -10,13 +10,14 @@ Invariants (checked by config.py, relied on by the math):
 - `Layer.shift` is at least one hour; `members` is not empty and names known people;
 - `Restriction.ranges` do not overlap each other; no range is empty;
 - `Layer.end_wall`, when set, is after `start_wall`; an override's `end` is after its `start`;
-- the overrides of one schedule do not overlap each other.
+- the overrides of one schedule do not overlap each other; nor do two swaps of one person;
+- an escalation step names a known schedule or known people, never both.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
@@ -79,6 +80,17 @@ class Override:
 
 
 @dataclass(frozen=True)
+class Swap:
+    """From `start` to `end` (instants) `who` takes every shift of `replaces`, in every layer,
+    keeping that layer's place (unlike an override, which goes ahead of every layer)."""
+
+    who: str
+    replaces: str
+    start: datetime
+    end: datetime
+
+
+@dataclass(frozen=True)
 class Schedule:
     """Layers in configuration order: a later layer wins where it covers the time."""
 
@@ -86,6 +98,31 @@ class Schedule:
     tz: ZoneInfo
     layers: tuple[Layer, ...]
     overrides: tuple[Override, ...] = ()
+    swaps: tuple[Swap, ...] = ()
+
+
+@dataclass(frozen=True)
+class EscalationStep:
+    """Who one step calls: the person at `position` (1 = first) of `schedule`'s answer at the
+    time of the call, or every one of `people`; then it waits `wait` for an ack."""
+
+    name: str
+    wait: timedelta
+    schedule: str | None = None
+    position: int = 1
+    people: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EscalationPolicyConfig:
+    """Steps in order, the whole list `repeat` times; then, with `call_every`, the last step
+    again every `call_every` until `stop_after` has passed since the first call."""
+
+    name: str
+    steps: tuple[EscalationStep, ...]
+    repeat: int = 1
+    call_every: timedelta | None = None
+    stop_after: timedelta = timedelta(hours=24)
 
 
 @dataclass(frozen=True)
@@ -93,6 +130,7 @@ class OncallConfig:
     people: dict[str, Person]
     schedules: dict[str, Schedule]
     max_window: timedelta  # the longest maintenance window (one occurrence) accepted
+    escalation_policies: dict[str, EscalationPolicyConfig] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

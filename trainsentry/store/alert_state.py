@@ -41,6 +41,19 @@ async def acknowledge(
     await record_event(conn, alert_id, "acked", now, detail)
 
 
+async def ack_comment(conn: AsyncConnection, alert_id: int) -> str | None:
+    """The comment given with the alert's ack, if any."""
+    query = (
+        select(alert_events.c.detail)
+        .where(alert_events.c.alert_id == alert_id, alert_events.c.kind == "acked")
+        .order_by(alert_events.c.id)
+        .limit(1)
+    )
+    detail = (await conn.execute(query)).scalar()
+    comment = (detail or {}).get("comment") if isinstance(detail, dict) else None
+    return comment if isinstance(comment, str) else None
+
+
 async def record_event(
     conn: AsyncConnection, alert_id: int, kind: str, at: datetime, detail: Mapping[str, Any]
 ) -> None:

@@ -102,6 +102,28 @@ def _add_alert_topology_v9(conn: Connection) -> None:
     conn.exec_driver_sql("CREATE INDEX ix_alerts_node_starts ON alerts (node, starts_at)")
 
 
+def _create_oncall_overrides_v10(conn: Connection) -> None:
+    # The table as version 10 defines it.
+    table = Table(
+        "oncall_overrides",
+        MetaData(),
+        Column("id", Id, primary_key=True, autoincrement=True),
+        Column("schedule", String(64), nullable=False),
+        Column("kind", String(16), nullable=False),
+        Column("who", String(64), nullable=False),
+        Column("replaces", String(64), nullable=True),
+        Column("starts_at", UTCDateTime, nullable=False),
+        Column("ends_at", UTCDateTime, nullable=False),
+        Column("reason", Text, nullable=False, default=""),
+        Column("created_by", Text, nullable=False),
+        Column("created_at", UTCDateTime, nullable=False),
+        Column("removed_by", Text, nullable=True),
+        Column("removed_at", UTCDateTime, nullable=True),
+    )
+    Index("ix_oncall_overrides_schedule", table.c.schedule, table.c.ends_at)
+    table.create(conn)
+
+
 MIGRATIONS: dict[int, list[Step]] = {
     1: [],
     # 2: the policy runs after the intake's commit, from a durable inbox of events
@@ -134,4 +156,6 @@ MIGRATIONS: dict[int, list[Step]] = {
     # 9: an alert's place in the topology (docs/infrastructure.md), and an index to find the
     # recent alerts of a set of nodes
     9: [_add_alert_topology_v9],
+    # 10: run-time on-call overrides and swaps, with who added and removed them
+    10: [_create_oncall_overrides_v10],
 }

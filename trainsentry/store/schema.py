@@ -11,6 +11,7 @@ Tables:
 - report_runs: which report periods were sent (idempotent weekly reports).
 - maintenance_windows: maintenance windows as requested, who made and who ended them.
 - maintenance_mutes: alerts a window muted, with the notices they are owed at its end.
+- oncall_overrides: run-time on-call overrides and swaps, with who added and removed them.
 
 Bump SCHEMA_VERSION and add a step to `migrations.MIGRATIONS` for every change.
 """
@@ -39,7 +40,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -275,3 +276,23 @@ maintenance_mutes = Table(
 )
 Index("ix_maintenance_mutes_due", maintenance_mutes.c.state, maintenance_mutes.c.until)
 Index("ix_maintenance_mutes_window", maintenance_mutes.c.window_id, maintenance_mutes.c.state)
+
+# Run-time on-call overrides and swaps (store/oncall_overrides.py): added and removed through
+# the API or CLI, never deleted (who and when stay as the audit).
+oncall_overrides = Table(
+    "oncall_overrides",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("schedule", String(64), nullable=False),
+    Column("kind", String(16), nullable=False),  # override | swap
+    Column("who", String(64), nullable=False),
+    Column("replaces", String(64), nullable=True),  # swaps: whose shifts `who` takes
+    Column("starts_at", UTCDateTime, nullable=False),
+    Column("ends_at", UTCDateTime, nullable=False),
+    Column("reason", Text, nullable=False, default=""),
+    Column("created_by", Text, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("removed_by", Text, nullable=True),
+    Column("removed_at", UTCDateTime, nullable=True),
+)
+Index("ix_oncall_overrides_schedule", oncall_overrides.c.schedule, oncall_overrides.c.ends_at)

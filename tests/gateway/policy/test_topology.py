@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from trainsentry.config import ConfigError, load_settings
-from trainsentry.gateway.assemble import build_topology
 from trainsentry.gateway.policy.topology import (
     TopologyError,
     from_node_labels,
@@ -16,6 +15,7 @@ from trainsentry.gateway.policy.topology import (
     parse_settings,
     place_text,
 )
+from trainsentry.gateway.sections import build_topology
 from trainsentry.notifiers.feishu.card import build_card
 
 LEVELS = ["leaf_switch", "rack"]

@@ -12,7 +12,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from tests.support.kube_emulator import KubeEmulator
-from trainsentry.gateway.assemble import build_topology
+from trainsentry.gateway.sections import build_topology
 from trainsentry.gateway.stages.topology import TopologySource
 
 SECTION = {

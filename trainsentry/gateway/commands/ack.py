@@ -10,8 +10,9 @@ import sys
 HELP = "acknowledge an alert: stop its phone escalation (and optionally silence it)"
 DESCRIPTION = """\
 Acknowledges alert ID through the gateway's API (POST /api/v1/alerts/ID/ack): escalation
-stops everywhere and the cards show who took it. --silence also creates an Alertmanager
-silence for the alert's labels (when the gateway has an Alertmanager configured).
+stops everywhere and the cards show who took it (and --comment, kept with the ack).
+--silence also creates an Alertmanager silence for the alert's labels (when the gateway has
+an Alertmanager configured).
 
 The API token comes from TRAINSENTRY_API_TOKEN; the gateway from --gateway or
 TRAINSENTRY_GATEWAY_URL (default http://127.0.0.1:9095).
@@ -37,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--silence", type=_duration_minutes, metavar="DURATION", help="also silence, e.g. 2h"
     )
+    parser.add_argument(
+        "--comment", default=None, help="a note kept with the ack, shown on the card"
+    )
     parser.add_argument("--gateway", default=None, metavar="URL", help="the gateway's base URL")
     parser.add_argument("--json", action="store_true", help="print the gateway's answer as JSON")
 
@@ -51,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
     body: dict[str, object] = {"by": args.by or getpass.getuser()}
     if args.silence:
         body["silence_minutes"] = args.silence
+    if args.comment:
+        body["comment"] = args.comment
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         response = httpx.post(

@@ -7,23 +7,33 @@ deterministic idempotency key (`esc:<alert_id>:<step>:<person>`) so an outbox th
 between planning and persisting can still drop the duplicate.
 
 Timeline for one incident (an alert occurrence at or above `EscalationPolicy.min_priority`):
-step 0 calls the on-call of layer 1 at once; if nobody acknowledges within
-`ack_timeout`, step 1 calls again (while `calls_per_layer` allows), then the next layer,
-and so on until the last layer's calls are used up ("exhausted"). Acknowledge or resolve
-stops the timeline at any point. Resolved and below-threshold alerts never cause a call.
+step 0 calls the on-call of layer 1 at once; if nobody acknowledges within the layer's wait
+(`waits`, else `ack_timeout`), step 1 calls again (while `calls_per_layer` allows), then the
+next layer, and so on; the whole list runs `repeat` times; then, with `call_every`, the last
+layer is called again every `call_every` until `stop_after`; then it is "exhausted". A layer
+may be a schedule's current person (`SchedulePick`: resolved at the time of the call, so
+overrides and handoffs apply). Acknowledge or resolve stops the timeline at any point;
+"escalate now" makes the next step due at once. Resolved and below-threshold alerts never
+cause a call.
+
+An incident may name its escalation policy (`IncidentPage.policy`, a key of `named`); one
+without a name, or naming a policy no longer configured, follows the default roster and policy.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from trainsentry.alerts import Person, Priority
 from trainsentry.notifiers.payload import CallPayload
+from trainsentry.oncall.schedule import entries_at
+from trainsentry.oncall.schedule import on_call as schedule_on_call
+from trainsentry.oncall.types import Schedule
 
 STATE_VERSION = 1
 
@@ -34,19 +44,46 @@ EXHAUSTED = "exhausted"
 
 
 @dataclass(frozen=True, slots=True)
+class SchedulePick:
+    """The person at `position` (1 = paged first) of a schedule's answer at the time of the
+    call; `members` holds the schedule's people, by name."""
+
+    schedule: Schedule
+    position: int
+    members: tuple[Person, ...]
+
+    def person(self, at: datetime) -> Person | None:
+        entries = entries_at(self.schedule, at)
+        if len(entries) < self.position:
+            return None
+        name = entries[self.position - 1][0]
+        return next((p for p in self.members if p.name == name), Person(name))
+
+    def until(self, at: datetime) -> datetime | None:
+        """When the person at `position` stops being on call there (None: not within 400 days)."""
+        answer = schedule_on_call(self.schedule, at)
+        return answer[self.position - 1].until if len(answer) >= self.position else None
+
+
+@dataclass(frozen=True, slots=True)
 class Layer:
     """People reachable at one escalation level.
 
-    With `shift` set, one member is on call at a time, rotating every `shift` from
-    `rotation_start` (member 0 first). Without it every member is called together.
+    With `pick` set, the schedule's person at the time (see SchedulePick). With `shift` set,
+    one member is on call at a time, rotating every `shift` from `rotation_start` (member 0
+    first). Otherwise every member is called together.
     """
 
     name: str
     members: tuple[Person, ...]
     rotation_start: datetime | None = None
     shift: timedelta | None = None
+    pick: SchedulePick | None = None
 
     def on_call(self, at: datetime) -> tuple[Person, ...]:
+        if self.pick is not None:
+            person = self.pick.person(at)
+            return () if person is None else (person,)
         if not self.members:
             return ()
         if self.shift is None or self.rotation_start is None:
@@ -62,15 +99,27 @@ class Roster:
 
 @dataclass(frozen=True, slots=True)
 class EscalationPolicy:
+    """When each step comes. `waits[i]`: how long layer i waits for an ack before the next
+    step (default `ack_timeout`); `repeat`: how often the whole layer list runs; `call_every`:
+    then the last layer again at this interval, until `stop_after` since the first call."""
+
     min_priority: Priority = Priority.P0
     ack_timeout: timedelta = timedelta(minutes=5)
     calls_per_layer: int = 1
+    waits: tuple[timedelta, ...] = ()
+    repeat: int = 1
+    call_every: timedelta | None = None
+    stop_after: timedelta = timedelta(hours=24)
 
     def __post_init__(self) -> None:
-        if self.calls_per_layer < 1:
-            raise ValueError("calls_per_layer must be at least 1")
-        if self.ack_timeout <= timedelta(0):
-            raise ValueError("ack_timeout must be positive")
+        if self.calls_per_layer < 1 or self.repeat < 1:
+            raise ValueError("calls_per_layer and repeat must be at least 1")
+        waits = (self.ack_timeout, *self.waits, *([self.call_every] if self.call_every else []))
+        if any(wait <= timedelta(0) for wait in waits):
+            raise ValueError("ack_timeout, waits and call_every must be positive")
+
+    def wait_after(self, layer: int) -> timedelta:
+        return self.waits[layer] if layer < len(self.waits) else self.ack_timeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,42 +228,90 @@ def resolve(state: dict[str, Any], alert_id: int, now: datetime) -> dict[str, An
 
 
 def total_steps(roster: Roster, policy: EscalationPolicy) -> int:
-    return len(roster.layers) * policy.calls_per_layer
+    """Pure: the steps of the timeline (calls of one layer at one time each)."""
+    passes = len(roster.layers) * policy.calls_per_layer * policy.repeat
+    if passes and policy.call_every is not None:
+        elapsed = sum(
+            (
+                policy.wait_after(i // policy.calls_per_layer % len(roster.layers))
+                for i in range(passes - 1)
+            ),
+            timedelta(0),
+        )
+        left = policy.stop_after - elapsed
+        passes += max(0, math.floor(left / policy.call_every))
+    return passes
+
+
+def step_layer(roster: Roster, policy: EscalationPolicy, step: int) -> tuple[int, timedelta]:
+    """Pure: the layer (its index) step `step` calls, and how long it then waits for an ack."""
+    layers = len(roster.layers)
+    passes = layers * policy.calls_per_layer * policy.repeat
+    if step >= passes - 1 and policy.call_every is not None:
+        return layers - 1, policy.call_every
+    index = step // policy.calls_per_layer % layers
+    return index, policy.wait_after(index)
+
+
+def escalate_now(state: dict[str, Any], alert_id: int, now: datetime) -> dict[str, Any]:
+    """Pure: the next step of `alert_id`'s open incident is due at `now` (raises KeyError
+    when there is no such incident, ValueError when it is not open)."""
+    new = _copy(state)
+    incident = new["incidents"][str(alert_id)]
+    if incident["status"] != OPEN:
+        raise ValueError(f"its escalation is {incident['status']}")
+    incident["next_at"] = _iso(now)
+    return new
 
 
 def plan(
-    state: dict[str, Any], now: datetime, *, roster: Roster, policy: EscalationPolicy
+    state: dict[str, Any],
+    now: datetime,
+    *,
+    roster: Roster,
+    policy: EscalationPolicy,
+    named: Mapping[str, Escalator] | None = None,
 ) -> tuple[dict[str, Any], list[CallDue]]:
     """Advances every open incident whose next step is due; returns the calls to place.
 
     At most one step per incident per call: after downtime we call the current step once
-    and wait `ack_timeout` again rather than firing every missed step at once.
+    and wait again rather than firing every missed step at once. A step whose layer has
+    nobody on call (a schedule with a gap) is passed over to the next one at once.
     """
     new = _copy(state)
-    return new, _advance(new["incidents"], now, roster, policy)
+    return new, _advance(new["incidents"], now, Escalator(roster, policy), named or {})
 
 
 def _advance(
-    incidents: dict[str, Any], now: datetime, roster: Roster, policy: EscalationPolicy
+    incidents: dict[str, Any], now: datetime, default: Escalator, named: Mapping[str, Escalator]
 ) -> list[CallDue]:
     """`plan` in place."""
     due: list[CallDue] = []
-    steps = total_steps(roster, policy)
     for key in sorted(incidents, key=int):
         incident = incidents[key]
         if incident["status"] != OPEN or incident["next_at"] is None:
             continue
         if _time(incident["next_at"]) > now:
             continue
+        escalator = named.get(incident.get("policy") or "", default)
+        roster, policy = escalator.roster, escalator.policy
+        steps = total_steps(roster, policy)
         step = incident["next_step"]
+        people: tuple[Person, ...] = ()
+        while step < steps:
+            index, wait = step_layer(roster, policy, step)
+            layer = roster.layers[index]
+            people = layer.on_call(now)
+            if people:
+                break
+            step += 1
         if step >= steps:
             incident["status"] = EXHAUSTED
             incident["stopped_at"] = _iso(now)
             incident["next_at"] = None
             continue
-        layer = roster.layers[step // policy.calls_per_layer]
         priority = Priority(incident["priority"])
-        for person in layer.on_call(now):
+        for person in people:
             call = CallDue(
                 alert_id=int(key),
                 step=step,
@@ -229,7 +326,7 @@ def _advance(
                 {"step": step, "layer": layer.name, "person": person.name, "at": _iso(now)}
             )
         incident["next_step"] = step + 1
-        incident["next_at"] = _iso(now + policy.ack_timeout)
+        incident["next_at"] = _iso(now + wait)
     return due
 
 
@@ -240,6 +337,7 @@ class IncidentPage:
     alert_id: int
     priority: Priority
     text: str
+    policy: str = ""  # the escalation policy's name ("": the default roster and policy)
 
 
 def batch(
@@ -251,6 +349,7 @@ def batch(
     forget_before: datetime | None = None,
     roster: Roster,
     policy: EscalationPolicy,
+    named: Mapping[str, Escalator] | None = None,
 ) -> tuple[dict[str, Any], list[CallDue]]:
     """One batch of the alert policy, copying the state once: opens the incidents of `pages`,
     ends those of `resolved` alerts, forgets incidents stopped before `forget_before`, and
@@ -263,15 +362,20 @@ def batch(
     """
     new = _copy(state)
     incidents = new["incidents"]
+    named = named or {}
     for page in pages:
-        opened = _open(incidents, page.alert_id, page.priority, now, policy)
+        chosen = named.get(page.policy)
+        threshold = chosen.policy if chosen is not None else policy
+        opened = _open(incidents, page.alert_id, page.priority, now, threshold)
         if opened is not None:
             opened["text"] = page.text
+            if chosen is not None:
+                opened["policy"] = page.policy
     for alert_id in resolved:
         incidents.pop(str(alert_id), None)
     if forget_before is not None:
         _forget(incidents, forget_before)
-    return new, _advance(incidents, now, roster, policy)
+    return new, _advance(incidents, now, Escalator(roster, policy), named)
 
 
 def next_wakeup(state: dict[str, Any]) -> datetime | None:
@@ -315,8 +419,10 @@ class Escalator:
     ) -> dict[str, Any]:
         return open_incident(state, alert_id, priority, now, self.policy)
 
-    def plan(self, state: dict[str, Any], now: datetime) -> tuple[dict[str, Any], list[CallDue]]:
-        return plan(state, now, roster=self.roster, policy=self.policy)
+    def plan(
+        self, state: dict[str, Any], now: datetime, named: Mapping[str, Escalator] | None = None
+    ) -> tuple[dict[str, Any], list[CallDue]]:
+        return plan(state, now, roster=self.roster, policy=self.policy, named=named)
 
     def batch(
         self,
@@ -326,6 +432,7 @@ class Escalator:
         pages: Sequence[IncidentPage] = (),
         resolved: Collection[int] = (),
         forget_before: datetime | None = None,
+        named: Mapping[str, Escalator] | None = None,
     ) -> tuple[dict[str, Any], list[CallDue]]:
         return batch(
             state,
@@ -335,7 +442,21 @@ class Escalator:
             forget_before=forget_before,
             roster=self.roster,
             policy=self.policy,
+            named=named,
         )
+
+
+def first_on_call(roster: Roster, at: datetime) -> list[tuple[str, str, datetime | None]]:
+    """Pure: who the first step would call at `at`: (name, layer, until), `until` known for
+    a schedule's person only."""
+    if not roster.layers:
+        return []
+    layer = roster.layers[0]
+    pick = layer.pick
+    until = pick.until(at) if pick is not None else None
+    if pick is not None and until is not None:
+        until = until.astimezone(pick.schedule.tz)
+    return [(person.name, layer.name, until) for person in layer.on_call(at)]
 
 
 def layers_from(names_and_members: Sequence[tuple[str, Sequence[Person]]]) -> Roster:

@@ -44,10 +44,12 @@ def batch(
     resolved: Collection[int],
     forget_before: datetime | None,
     roster_of: RosterOf,
+    named: Mapping[str, Escalator] | None = None,
 ) -> tuple[dict[str, Any], list[CallDue]]:
     """Pure: `escalation.batch`, each incident with its roster. `page_rosters`: alert id →
     job key, for the pages that follow a job's own roster; an alert already escalating
-    stays in its group."""
+    stays in its group. `named`: the on-call escalation policies (an incident naming one
+    follows it; docs/oncall.md)."""
     groups = _groups(state)
     known = {key: incident.get(ROSTER_KEY) for key, incident in state["incidents"].items()}
     wanted: dict[str | None, list[IncidentPage]] = {}
@@ -61,7 +63,12 @@ def batch(
     for group, members in groups.items():
         sub = {**state, "incidents": members}
         new, due = _escalator(escalator, group, roster_of).batch(
-            sub, now, pages=wanted.get(group, ()), resolved=resolved, forget_before=forget_before
+            sub,
+            now,
+            pages=wanted.get(group, ()),
+            resolved=resolved,
+            forget_before=forget_before,
+            named=named,
         )
         for key, incident in new["incidents"].items():
             if group is not None:
@@ -73,7 +80,12 @@ def batch(
 
 
 def plan(
-    escalator: Escalator, state: dict[str, Any], now: datetime, *, roster_of: RosterOf
+    escalator: Escalator,
+    state: dict[str, Any],
+    now: datetime,
+    *,
+    roster_of: RosterOf,
+    named: Mapping[str, Escalator] | None = None,
 ) -> tuple[dict[str, Any], list[CallDue]]:
     """Pure: `escalation.plan`, each incident with its roster."""
     return batch(
@@ -85,4 +97,5 @@ def plan(
         resolved=(),
         forget_before=None,
         roster_of=roster_of,
+        named=named,
     )

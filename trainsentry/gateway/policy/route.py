@@ -116,6 +116,33 @@ def route(
     )
 
 
+def escalation_for(route_id: str, priority: Priority, policy: Policy) -> str:
+    """Pure: the escalation policy (an `oncall.escalation_policies` name) a page of the route
+    `route_id` with `priority` follows: the route's own, else `routing.escalation` for the
+    priority, else "" (the inline `channels.escalation` layers)."""
+    routing = policy.routing
+    if route_id.startswith("route:"):
+        wanted = route_id.removeprefix("route:")
+        for rule in routing.routes:
+            if rule.id == wanted and rule.escalation:
+                return rule.escalation
+    return routing.escalation.get(priority, "")
+
+
+def escalation_names(policy: Policy) -> dict[str, str]:
+    """Pure: where the policy names an escalation policy (field -> name), to check them."""
+    routing = policy.routing
+    found = {
+        f"routing.routes[{i}].escalation": rule.escalation
+        for i, rule in enumerate(routing.routes)
+        if rule.escalation
+    }
+    found.update(
+        {f"routing.escalation.{p.value}": name for p, name in routing.escalation.items() if name}
+    )
+    return found
+
+
 # --- a TrainingJob's own route (spec.alerting) ------------------------------------------------
 
 # The channel that delivers a job's Feishu cards to its own chat or bot (or, with mentions of

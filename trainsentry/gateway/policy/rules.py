@@ -193,6 +193,8 @@ class Route(_Strict):
     jobs: tuple[str, ...] = ()
     labels: dict[str, str] = Field(default_factory=dict)
     channels: tuple[str, ...]
+    # The `oncall.escalation_policies` entry its phone pages follow ("": routing.escalation).
+    escalation: str = ""
 
     @field_validator("labels")
     @classmethod
@@ -229,6 +231,9 @@ class RoutingPolicy(_Strict):
     )
     paging_channels: tuple[str, ...] = ("phone",)
     always: tuple[str, ...] = ("console",)
+    # Per priority, the escalation policy of pages whose route names none (absent: the
+    # inline `channels.escalation` layers).
+    escalation: dict[Priority, str] = Field(default_factory=dict)
     jobs: JobRoutingPolicy = Field(default_factory=JobRoutingPolicy)
 
     @model_validator(mode="after")

@@ -1,7 +1,10 @@
 """Acknowledging an alert: one behaviour behind the API, the CLI and the Feishu card button.
 
-An ack records who and when (once; a second ack changes nothing), stops the phone
+An ack records who and when (once; a second ack changes nothing), with an optional comment
+(kept in the alert's `acked` event and shown on the redrawn card), stops the phone
 escalation everywhere, and queues an `ack` notification so the chat cards show who took it.
+"Escalate now" (`escalate_now`) calls the next step of a running escalation at once, and
+records who asked in the alert's history (an `escalated` event).
 With a duration and an Alertmanager configured, it also creates a silence matching the
 alert's labels (after the ack is committed: a slow Alertmanager never delays the ack).
 """
@@ -43,6 +46,7 @@ class AckResult:
     status: str
     silence_id: str | None = None
     silence_error: str | None = None
+    comment: str | None = None
     # what the chat channels render for the ack (the card redrawn with who acknowledged)
     payload: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -56,7 +60,35 @@ class AckResult:
             "status": self.status,
             "silence_id": self.silence_id,
             "silence_error": self.silence_error,
+            "comment": self.comment,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class EscalateResult:
+    """ "Escalate now": who asked, when, and who is being called."""
+
+    alert_id: int
+    by: str
+    at: datetime
+    calls: tuple[dict[str, Any], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "alert_id": self.alert_id,
+            "escalated_by": self.by,
+            "at": self.at.isoformat(),
+            "calls": list(self.calls),
+        }
+
+
+class EscalationRefused(Exception):
+    """ "Escalate now" cannot be done: `status` 404 (no alert) or 409 (nothing to escalate)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
 
 
 class AckService:
@@ -88,7 +120,8 @@ class AckService:
         comment: str | None = None,
     ) -> AckResult | None:
         """None when there is no such alert. A comment is kept with the `acked` event, or
-        as a `comment` event when the alert was acknowledged already."""
+        as a `comment` event when the alert was acknowledged already; the card shows the
+        first ack's comment."""
         now = self._clock()
         async with self._lock, self._engine.begin() as conn:
             row = await alert_state.lock_alert(conn, alert_id)
@@ -102,10 +135,14 @@ class AckService:
                 await alert_state.record_event(
                     conn, alert_id, "comment", now, {"by": who, "comment": comment}
                 )
+            if already:
+                comment = await alert_state.ack_comment(conn, alert_id)
             stopped = False
             if self._paging is not None:
                 stopped = await self._paging.acknowledge(conn, alert_id, who, now)
             payload = self._payload(row, str(acked_by), now, silence)
+            if comment:
+                payload["ack_comment"] = comment
             if not already:
                 await insert_notifications(conn, self._drafts(row, payload), now)
         result = AckResult(
@@ -115,6 +152,7 @@ class AckService:
             already,
             stopped,
             str(row.status),
+            comment=comment,
             payload=dict(payload),
         )
         if silence is not None:
@@ -127,6 +165,33 @@ class AckService:
             stopped,
         )
         return result
+
+    async def escalate_now(self, alert_id: int, who: str) -> EscalateResult:
+        """Calls the next step of `alert_id`'s running escalation now; raises
+        EscalationRefused (404: no such alert; 409: no phone escalation, or it is not
+        running: never paged, acknowledged, resolved or exhausted)."""
+        now = self._clock()
+        if self._paging is None:
+            raise EscalationRefused(409, "this gateway has no phone escalation")
+        async with self._lock, self._engine.begin() as conn:
+            row = await alert_state.lock_alert(conn, alert_id)
+            if row is None:
+                raise EscalationRefused(404, f"no alert {alert_id}")
+            try:
+                drafts = await self._paging.escalate_now(conn, alert_id, who, now)
+            except (LookupError, ValueError) as exc:
+                raise EscalationRefused(409, f"cannot escalate alert {alert_id}: {exc}") from None
+            calls = tuple(
+                {"person": d.payload["person"]["name"], "layer": d.payload["layer"]}
+                for d in drafts
+                if d.alert_id == alert_id
+            )
+            await alert_state.record_event(
+                conn, alert_id, "escalated", now, {"by": who, "calls": list(calls)}
+            )
+            await insert_notifications(conn, drafts, now)
+        log.info("escalated now alert_id=%d by=%s calls=%d", alert_id, who, len(calls))
+        return EscalateResult(alert_id, who, now, calls)
 
     @staticmethod
     def _payload(

@@ -13,7 +13,8 @@ incident that have not rung yet, in the same transaction.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -27,6 +28,8 @@ from trainsentry.gateway.policy.escalation import (
     acknowledge,
     call_payload,
     call_text,
+    escalate_now,
+    first_on_call,
     new_state,
     next_wakeup,
     postpone,
@@ -47,16 +50,25 @@ CALL_KIND = "call"
 FORGET_STOPPED_AFTER = timedelta(days=7)
 
 
-def _page(draft: NotificationDraft) -> IncidentPage:
-    assert draft.alert_id is not None
-    payload = draft.payload
-    text = call_text(
-        draft.priority.value,
-        str(payload.get("alertname", "")),
-        str(payload.get("job", "")),
-        str((payload.get("annotations") or {}).get("summary", "")),
-    )
-    return IncidentPage(draft.alert_id, draft.priority, text)
+# Which escalation policy a page follows: (route id, priority) -> a name of `named` ("": the
+# default escalator). gateway/policy/route.py `escalation_for`, bound to the alert policy.
+EscalationChoice = Callable[[str, Priority], str]
+# The named escalation policies as they stand now (schedules with their run-time overrides),
+# read in the caller's transaction: stages/oncall.py `OncallService.escalators`.
+NamedEscalators = Callable[[Connection, datetime], Any]
+
+
+def _no_choice(_route: str, _priority: Priority) -> str:
+    return ""
+
+
+def on_call_words(found: Sequence[tuple[str, str, datetime | None]]) -> str:
+    """Pure: "alice (gpu-infra, until 2026-10-26 09:00 +01:00)", one per person."""
+    words = []
+    for name, layer, until in found:
+        when = f", until {until:%Y-%m-%d %H:%M %z}" if until is not None else ""
+        words.append(f"{name} ({layer}{when})")
+    return ", ".join(words)
 
 
 def _roster_job(draft: NotificationDraft) -> str | None:
@@ -66,17 +78,51 @@ def _roster_job(draft: NotificationDraft) -> str | None:
 
 
 class Paging:
+    """The escalation stage. `escalator` is the default roster and policy (the inline
+    `channels.escalation` layers); `named` gives the `oncall.escalation_policies` ones, which
+    pages choose by their route (`choose`). Both are parameters, so a caller may pass its own
+    (a test's). A TrainingJob's own roster (`rosters`, by job key) wins over both for
+    its pages: the job chose who is called."""
+
     def __init__(
         self,
         escalator: Escalator,
         channel: str = PHONE_CHANNEL,
         rosters: job_roster.RosterOf | None = None,
+        *,
+        named: NamedEscalators | None = None,
+        choose: EscalationChoice = _no_choice,
     ) -> None:
         self.escalator = escalator
         self.channel = channel
-        self._texts: dict[int, str] = {}
         # A TrainingJob's own roster by job key (stages/job_alerting.py); None: the global one.
         self.rosters: job_roster.RosterOf = rosters or (lambda _job: None)
+        self._named = named
+        self._choose = choose
+
+    def _page(self, draft: NotificationDraft) -> IncidentPage:
+        assert draft.alert_id is not None
+        payload = draft.payload
+        text = call_text(
+            draft.priority.value,
+            str(payload.get("alertname", "")),
+            str(payload.get("job", "")),
+            str((payload.get("annotations") or {}).get("summary", "")),
+        )
+        # a page that follows its job's own roster follows no escalation policy
+        policy = (
+            ""
+            if _roster_job(draft)
+            else self._choose(str(payload.get("route", "")), draft.priority)
+        )
+        return IncidentPage(draft.alert_id, draft.priority, text, policy)
+
+    async def escalators(self, conn: Connection, now: datetime) -> Mapping[str, Escalator]:
+        """The named escalation policies now (empty without an `oncall:` section)."""
+        if self._named is None:
+            return {}
+        named: Mapping[str, Escalator] = await self._named(conn, now)
+        return named
 
     async def _load(self, conn: Connection) -> dict[str, Any]:
         found = await load_states(conn, ESCALATION_SCOPE, [ESCALATION_KEY])
@@ -122,7 +168,9 @@ class Paging:
         state = await self._load(conn)
         # An alert acked before its firing was planned (a backlog, a restart) is being handled.
         acked = await acked_among(conn, [d.alert_id for d in pages if d.alert_id is not None])
-        opened = [_page(d) for d in pages if d.alert_id is not None and d.alert_id not in acked]
+        opened = [
+            self._page(d) for d in pages if d.alert_id is not None and d.alert_id not in acked
+        ]
         paged = {page.alert_id for page in opened}
         ending = sorted(
             {i for i in resolved_alert_ids if i in paged or str(i) in state["incidents"]}
@@ -140,6 +188,7 @@ class Paging:
             resolved=ending,
             forget_before=now - FORGET_STOPPED_AFTER,
             roster_of=self.rosters,
+            named=await self.escalators(conn, now),
         )
         await self._cancel_calls(conn, ending, "alert resolved")
         await self._save(conn, state, now)
@@ -150,11 +199,69 @@ class Paging:
         due = await claim_due(conn, ESCALATION_SCOPE, now)
         if ESCALATION_KEY not in due:
             return []
+        named = await self.escalators(conn, now)
         state, calls = job_roster.plan(
-            self.escalator, due[ESCALATION_KEY], now, roster_of=self.rosters
+            self.escalator, due[ESCALATION_KEY], now, roster_of=self.rosters, named=named
         )
         await self._save(conn, state, now)
         return self._call_drafts(calls, state)
+
+    async def escalate_now(
+        self, conn: Connection, alert_id: int, who: str, now: datetime
+    ) -> list[NotificationDraft]:
+        """The next step of `alert_id`'s escalation, called now (its timer restarts from here).
+        Raises LookupError (it never paged, or resolved) or ValueError (acked, exhausted)."""
+        state = await self._load(conn)
+        try:
+            state = escalate_now(state, alert_id, now)
+        except KeyError:
+            raise LookupError(f"alert {alert_id} has no escalation (it never paged)") from None
+        named = await self.escalators(conn, now)
+        state, calls = job_roster.plan(
+            self.escalator, state, now, roster_of=self.rosters, named=named
+        )
+        incident = state["incidents"][str(alert_id)]
+        incident.setdefault("escalated_by", []).append({"by": who, "at": now.isoformat()})
+        await self._save(conn, state, now)
+        return self._call_drafts(calls, state)  # with any other incident's step due by now
+
+    async def annotate(
+        self, conn: Connection, drafts: Sequence[NotificationDraft], now: datetime
+    ) -> list[NotificationDraft]:
+        """P0 alert cards (not calls) get "on call now": who the page's escalation calls
+        first (`on_call` in the payload, in words): its job's own roster, else its policy's."""
+        lines: dict[str, str] = {}
+        out = []
+        for draft in drafts:
+            payload = draft.payload
+            if (
+                draft.priority is Priority.P0
+                and draft.channel != self.channel
+                and draft.kind == "alert"
+                and payload.get("status") == "firing"
+            ):
+                job = _roster_job(draft)
+                roster = self.rosters(job) if job else None
+                key = f"job:{job}" if roster is not None else str(payload.get("route", ""))
+                if key not in lines:
+                    found = (
+                        first_on_call(roster, now)
+                        if roster is not None
+                        else await self.on_call_now(conn, key, draft.priority, now)
+                    )
+                    lines[key] = on_call_words(found)
+                if lines[key]:
+                    draft = replace(draft, payload={**payload, "on_call": lines[key]})
+            out.append(draft)
+        return out
+
+    async def on_call_now(
+        self, conn: Connection, route: str, priority: Priority, now: datetime
+    ) -> list[tuple[str, str, datetime | None]]:
+        """Who the first step of a page of `route` would call now: (name, layer, until)."""
+        chosen = self._choose(route, priority)
+        escalator = (await self.escalators(conn, now)).get(chosen, self.escalator)
+        return first_on_call(escalator.roster, now)
 
     async def acknowledge(self, conn: Connection, alert_id: int, who: str, now: datetime) -> bool:
         """Stops the escalation of `alert_id`; True if one was running."""
@@ -173,11 +280,17 @@ class Paging:
         self, conn: Connection, alert_id: int, first_call_at: datetime, now: datetime
     ) -> None:
         """The escalation of `alert_id` whose first call is held until `first_call_at` (the
-        held call row itself waits in the outbox): its next step comes an ack timeout later."""
+        held call row itself waits in the outbox): its next step comes the first step's wait
+        later (the ack timeout, or the wait of its escalation policy's first step)."""
         state = await self._load(conn)
-        if str(alert_id) not in state["incidents"]:
+        incident = state["incidents"].get(str(alert_id))
+        if incident is None:
             return
-        until = first_call_at + self.escalator.policy.ack_timeout
+        policy = self.escalator.policy
+        if incident.get("policy"):
+            chosen = (await self.escalators(conn, now)).get(incident["policy"])
+            policy = chosen.policy if chosen is not None else policy
+        until = first_call_at + policy.wait_after(0)
         state = postpone(state, alert_id, until)
         await self._save(conn, state, now)
 

@@ -228,6 +228,9 @@ def _ack_elements(payload: NotificationPayload) -> list[dict[str, Any]]:
     who = payload.get("acked_by")
     if who:
         lines.append(f"✅ Acknowledged by {mention_markup([who])}")
+        comment = payload.get("ack_comment")
+        if comment:
+            lines.append(f"💬 {escape_md(clip(comment, 500))}")
     until = parse_time(payload.get("silenced_until"))
     if until is not None:
         lines.append(f"🔕 Silenced until {until.astimezone(UTC):%Y-%m-%d %H:%M UTC}")
@@ -299,6 +302,9 @@ def alert_card(
         other = _other_labels(payload, label_items)
         if other:
             elements.append(_markdown(other))
+        on_call = payload.get("on_call")
+        if on_call and payload["status"] == "firing" and not payload.get("acked_by"):
+            elements.append(_markdown(f"📟 **On call now:** {escape_md(clip(on_call, 300))}"))
         elements.extend(_ack_elements(payload))
         elements.extend(_links(payload))
         elements.extend(_action_buttons(payload, options))
@@ -319,6 +325,30 @@ def alert_card(
         if card_bytes(card) <= options.max_bytes:
             return card
     raise CardTooLarge(f"alert card is {card_bytes(card)} bytes even trimmed")
+
+
+def handoff_card(
+    payload: NotificationPayload, options: CardOptions = DEFAULT_OPTIONS
+) -> dict[str, Any]:
+    """A schedule's shift change: who is paged first from now, until when, and who follows."""
+    notice = payload.get("handoff") or {}
+    schedule = notice.get("schedule") or "?"
+    lines = [f"**Now on call:** {escape_md(clip(notice.get('to') or 'nobody', 64))}"]
+    if notice.get("layer"):
+        lines[0] += f" ({escape_md(clip(notice.get('layer') or '', 64))})"
+    if notice.get("until"):
+        lines.append(f"**Until:** {escape_md(notice.get('until') or '')}")
+    lines.append(f"**Before:** {escape_md(clip(notice.get('previous') or 'nobody', 64))}")
+    behind = [
+        f"{item.get('name', '?')} ({item.get('layer', '?')})" for item in notice.get("next", [])[:5]
+    ]
+    if behind:
+        lines.append(f"**Then:** {escape_md(clip(', '.join(behind), 300))}")
+    elements = [_markdown("\n".join(lines))]
+    footer = f"{options.product} · schedule {schedule} · {notice.get('at', '')}"
+    elements += [{"tag": "hr"}, _markdown(f"<font color='grey'>{escape_md(footer)}</font>")]
+    title = clip(f"On-call handoff: {schedule}", 200)
+    return _card(title, "blue", elements, title)
 
 
 class CardTooLarge(ValueError):
@@ -430,7 +460,9 @@ def build_card(
     options: CardOptions = DEFAULT_OPTIONS,
     now: datetime | None = None,
 ) -> dict[str, Any]:
-    """The card for a notification of `kind` ("storm" or an alert kind)."""
+    """The card for a notification of `kind` ("storm", "handoff" or an alert kind)."""
+    if kind == "handoff":
+        return handoff_card(payload, options)
     if kind == "storm" or "storm" in payload:
         return storm_card(payload, options, now)
     return alert_card(payload, options, now)

@@ -334,7 +334,9 @@ class PolicyPlan:
         """Page drafts open escalations instead of calling once; calls due now are returned."""
         assert self.paging is not None
         pages = [d for d in drafts if self.paging.is_page(d)]
-        others = [d for d in drafts if not self.paging.is_page(d)]
+        others = await self.paging.annotate(
+            conn, [d for d in drafts if not self.paging.is_page(d)], now
+        )
         return others + await self.paging.page(conn, pages, resolved_alert_ids, now)
 
     async def tick(self, conn: Connection, now: datetime) -> int:

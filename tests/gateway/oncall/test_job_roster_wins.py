@@ -1,0 +1,63 @@
+"""A page that follows its TrainingJob's own roster (issue 20) follows no escalation policy,
+even where `routing.escalation` names one for its priority; other pages do."""
+
+from __future__ import annotations
+
+from tests.gateway.oncall.support import START
+from trainsentry.alerts import NotificationDraft, Person, Priority
+from trainsentry.gateway.policy import job_roster
+from trainsentry.gateway.policy.escalation import (
+    EscalationPolicy,
+    Escalator,
+    Layer,
+    Roster,
+    new_state,
+)
+from trainsentry.gateway.stages.paging import Paging
+
+GATEWAY = Escalator(Roster((Layer("global", (Person("gina"),)),)), EscalationPolicy())
+NAMED = {"gpu-p0": Escalator(Roster((Layer("policy", (Person("pat"),)),)), EscalationPolicy())}
+JOB = Roster((Layer("job", (Person("jo"),)),))
+
+
+def draft(alert_id: int, job_route: dict[str, object] | None) -> NotificationDraft:
+    payload: dict[str, object] = {"priority": "P0", "status": "firing", "route": "default:P0"}
+    if job_route is not None:
+        payload["job_route"] = job_route
+    return NotificationDraft("phone", "alert", Priority.P0, f"k{alert_id}", payload, alert_id)
+
+
+def test_the_jobs_roster_wins_over_the_escalation_policy() -> None:
+    paging = Paging(GATEWAY, choose=lambda _route, _priority: "gpu-p0")
+    drafts = [draft(1, None), draft(2, {"job": "ml/llama", "roster": True})]
+    pages = [paging._page(d) for d in drafts]
+    assert [page.policy for page in pages] == ["gpu-p0", ""]
+    _, calls = job_roster.batch(
+        GATEWAY,
+        new_state(),
+        START,
+        pages=pages,
+        page_rosters={2: "ml/llama"},
+        resolved=(),
+        forget_before=None,
+        roster_of=lambda job: JOB if job == "ml/llama" else None,
+        named=NAMED,
+    )
+    assert [(c.alert_id, c.person.name) for c in calls] == [(1, "pat"), (2, "jo")]
+
+
+async def test_the_card_names_who_is_called_first_for_the_page() -> None:
+    paging = Paging(GATEWAY, rosters=lambda job: JOB if job == "ml/llama" else None)
+    cards = [
+        NotificationDraft("feishu_bot", "alert", Priority.P0, "c1", draft(1, None).payload, 1),
+        NotificationDraft(
+            "feishu_bot",
+            "alert",
+            Priority.P0,
+            "c2",
+            draft(2, {"job": "ml/llama", "roster": True}).payload,
+            2,
+        ),
+    ]
+    annotated = await paging.annotate(None, cards, START)  # type: ignore[arg-type]
+    assert [card.payload["on_call"] for card in annotated] == ["gina (global)", "jo (job)"]

@@ -1,0 +1,67 @@
+"""`trainsentry escalate ID`: call the next step of an alert's phone escalation now."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+
+HELP = "escalate an alert now: call the next step of its phone escalation at once"
+DESCRIPTION = """\
+Calls the next step of alert ID's running phone escalation now, through the gateway's API
+(POST /api/v1/alerts/ID/escalate); the step after it follows its wait from now. Who asked is
+kept in the alert's history (an `escalated` event).
+
+The API token comes from TRAINSENTRY_API_TOKEN; the gateway from --gateway or
+TRAINSENTRY_GATEWAY_URL (default http://127.0.0.1:9095).
+
+Exit codes: 0 escalated, 1 the gateway refused (e.g. the escalation was acknowledged or has
+ended: HTTP 409) or could not be reached, 2 bad arguments (also a malformed gateway URL),
+3 no such alert.
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("alert_id", type=int, metavar="ID", help="the alert's id (from the card)")
+    parser.add_argument("--by", default=None, help="who escalates (default: your user name)")
+    parser.add_argument("--gateway", default=None, metavar="URL", help="the gateway's base URL")
+    parser.add_argument("--json", action="store_true", help="print the gateway's answer as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    import httpx
+
+    base = args.gateway or os.environ.get("TRAINSENTRY_GATEWAY_URL", "http://127.0.0.1:9095")
+    token = os.environ.get("TRAINSENTRY_API_TOKEN", "")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        response = httpx.post(
+            f"{base.rstrip('/')}/api/v1/alerts/{args.alert_id}/escalate",
+            json={"by": args.by or getpass.getuser()},
+            headers=headers,
+            timeout=15,
+        )
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+        print(f"trainsentry escalate: not a usable gateway URL: {base}: {exc}", file=sys.stderr)
+        return 2
+    except httpx.HTTPError as exc:
+        print(f"could not reach the gateway at {base}: {exc}")
+        return 1
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = {"error": response.text[:200]}
+    if response.status_code == 404:
+        print(answer.get("error", f"no alert {args.alert_id}"))
+        return 3
+    if response.status_code != 200:
+        print(f"the gateway refused: HTTP {response.status_code}: {answer.get('error', answer)}")
+        return 1
+    if args.json:
+        print(json.dumps(answer, indent=2))
+    else:
+        people = ", ".join(f"{c['person']} ({c['layer']})" for c in answer["calls"]) or "nobody"
+        print(f"alert {answer['alert_id']} escalated by {answer['escalated_by']}: calling {people}")
+    return 0

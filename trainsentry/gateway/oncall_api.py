@@ -1,0 +1,217 @@
+"""The on-call HTTP API (thin handlers over stages/oncall.py and stages/ack.py):
+
+- `GET /api/v1/oncall[?schedule=NAME][&at=ISO8601]`: who is on call, shaped like
+  `trainsentry oncall now --json` (one schedule), or `{"schedules": [...]}` (all);
+- `GET /api/v1/oncall/{schedule}.ics[?days=60][&past_days=7]`: the iCalendar feed;
+- `GET /api/v1/oncall/overrides[?schedule=NAME][&removed=true]`: run-time overrides and swaps;
+- `POST /api/v1/oncall/overrides`: add one; `DELETE /api/v1/oncall/overrides/{id}`: remove one;
+- `POST /api/v1/alerts/{id}/escalate`: call the next escalation step now.
+
+Reads take the read token (as the read API, gateway/read_api.py); changes take it too and are
+refused (403) when no token is set, as acks are. Bad input is a 400 whose reason names the
+field; a store that cannot be reached is a 503.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from aiohttp import web
+
+from trainsentry.gateway.http_auth import authorized, error_response, read_token, unauthorized
+from trainsentry.gateway.pipeline import GATEWAY_KEY
+from trainsentry.gateway.read_api import path_alert_id
+from trainsentry.gateway.stages.ack import EscalationRefused
+from trainsentry.gateway.stages.intake import text_problem
+from trainsentry.gateway.stages.oncall import OncallService, UnknownSchedule
+from trainsentry.oncall.config import OncallConfigError
+from trainsentry.oncall.schedule import wall_to_instant
+from trainsentry.store.errors import DatabaseError
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+MAX_TEXT = 200
+MAX_REASON = 1000
+
+
+class _Bad(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def _guard(*, change: bool) -> Callable[[Handler], Handler]:
+    """The read token (a change is refused without one set), 400/404 from `_Bad`, 503 when
+    the store is unavailable."""
+
+    def wrap(handler: Handler) -> Handler:
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            token = read_token(request.app[GATEWAY_KEY].settings)
+            if change and token is None:
+                return error_response(403, "changes need TRAINSENTRY_API_TOKEN set on the gateway")
+            if not authorized(request, token):
+                return unauthorized()
+            try:
+                return await handler(request)
+            except _Bad as exc:
+                return error_response(exc.status, exc.reason)
+            except UnknownSchedule as exc:
+                return error_response(404 if "schedule" in request.match_info else 400, str(exc))
+            except OncallConfigError as exc:
+                return error_response(400, str(exc))
+            except (OSError, DatabaseError) as exc:
+                return error_response(503, f"store unavailable, retry: {type(exc).__name__}")
+
+        return guarded
+
+    return wrap
+
+
+def _service(request: web.Request) -> OncallService:
+    oncall = request.app[GATEWAY_KEY].oncall
+    if oncall is None:
+        raise _Bad(404, "no on-call schedules: the gateway's configuration has no oncall: section")
+    return oncall
+
+
+def _text(value: Any, field: str, limit: int, required: bool = True) -> str:
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str) or (required and not value.strip()) or len(value) > limit:
+        raise _Bad(400, f"'{field}' must be a string of up to {limit} characters")
+    if (problem := text_problem(value)) is not None:
+        raise _Bad(400, f"'{field}': {problem}")
+    return value.strip()
+
+
+def _number(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query.get(name) or ""
+    if not raw:
+        return default
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 4 and low <= int(raw) <= high):
+        raise _Bad(400, f"{name} must be a whole number from {low} to {high}")
+    return int(raw)
+
+
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json() if request.can_read_body else {}
+    except ValueError:
+        raise _Bad(400, "body must be JSON") from None
+    if not isinstance(body, dict):
+        raise _Bad(400, "body must be a JSON object")
+    return body
+
+
+def _at(request: web.Request, oncall: OncallService, schedule: str | None) -> datetime | None:
+    raw = request.query.get("at") or ""
+    if not raw:
+        return None
+    try:
+        at = datetime.fromisoformat(raw[:64])
+    except ValueError:
+        raise _Bad(400, "at must be an ISO 8601 date-time") from None
+    if not 1900 <= at.year <= 8999:
+        raise _Bad(400, "at must lie between the years 1900 and 8999")
+    if at.tzinfo is not None:
+        return at
+    if schedule is None:
+        raise _Bad(400, "at needs a UTC offset unless a schedule is given")
+    return wall_to_instant(at, oncall.config.schedules[schedule].tz)
+
+
+@_guard(change=False)
+async def get_oncall(request: web.Request) -> web.StreamResponse:
+    oncall = _service(request)
+    name = request.query.get("schedule") or None
+    if name is not None and name not in oncall.config.schedules:
+        raise UnknownSchedule(f"schedule: no schedule {name[:64]!r}")
+    answers = await oncall.who(name, _at(request, oncall, name))
+    return web.json_response(answers[0] if name is not None else {"schedules": answers})
+
+
+@_guard(change=False)
+async def get_feed(request: web.Request) -> web.StreamResponse:
+    oncall = _service(request)
+    name = request.match_info["schedule"]
+    if not name.endswith(".ics"):
+        raise _Bad(404, "not found: the feed is /api/v1/oncall/{schedule}.ics")
+    name = name.removesuffix(".ics")
+    ahead = timedelta(days=_number(request, "days", 60, 1, 366))
+    past = timedelta(days=_number(request, "past_days", 7, 0, 366))
+    body = await oncall.feed(name, past, ahead)
+    return web.Response(
+        body=body,
+        content_type="text/calendar",
+        charset="utf-8",
+        headers={"Content-Disposition": f'inline; filename="{name}.ics"'},
+    )
+
+
+@_guard(change=False)
+async def get_overrides(request: web.Request) -> web.StreamResponse:
+    oncall = _service(request)
+    removed = (request.query.get("removed") or "false").lower()
+    if removed not in ("true", "false"):
+        raise _Bad(400, "removed must be true or false")
+    name = request.query.get("schedule") or None
+    changes = await oncall.listed(name, removed == "true")
+    return web.json_response({"items": [change.to_json() for change in changes]})
+
+
+@_guard(change=True)
+async def post_override(request: web.Request) -> web.StreamResponse:
+    """{"schedule", "kind": "override"|"swap", "who", "replaces", "start", "end", "by",
+    "reason"}: stored with who and when (201)."""
+    oncall = _service(request)
+    body = await _json_object(request)
+    schedule = _text(body.pop("schedule", None), "schedule", 64)
+    by = _text(body.pop("by", None), "by", MAX_TEXT)
+    reason = _text(body.pop("reason", None), "reason", MAX_REASON, required=False)
+    stored = await oncall.add(schedule, body, by, reason)
+    return web.json_response(stored.to_json(), status=201)
+
+
+@_guard(change=True)
+async def delete_override(request: web.Request) -> web.StreamResponse:
+    """Removes a stored override or swap: `by` in the body or the query (kept as the audit)."""
+    oncall = _service(request)
+    raw = request.match_info["change_id"]
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
+        raise _Bad(400, "override id must be a positive whole number")
+    body = await _json_object(request)
+    by = _text(body.get("by") or request.query.get("by"), "by", MAX_TEXT)
+    removed = await oncall.remove(int(raw), by)
+    if removed is None:
+        raise _Bad(404, f"no override {raw} in force (never added, or removed already)")
+    return web.json_response(removed.to_json())
+
+
+@_guard(change=True)
+async def post_escalate(request: web.Request) -> web.StreamResponse:
+    """POST /api/v1/alerts/{id}/escalate {"by": WHO}: the next step is called now."""
+    gateway = request.app[GATEWAY_KEY]
+    try:
+        alert_id = path_alert_id(request)
+    except web.HTTPBadRequest as exc:
+        raise _Bad(400, exc.reason) from None
+    body = await _json_object(request)
+    by = _text(body.get("by"), "by", MAX_TEXT)
+    assert gateway.ack is not None
+    try:
+        result = await gateway.ack.escalate_now(alert_id, by)
+    except EscalationRefused as exc:
+        raise _Bad(exc.status, exc.reason) from None
+    gateway.outbox.wake()
+    return web.json_response(result.to_json())
+
+
+def add_oncall_routes(app: web.Application) -> None:
+    app.router.add_get("/api/v1/oncall", get_oncall)
+    app.router.add_get("/api/v1/oncall/overrides", get_overrides)
+    app.router.add_post("/api/v1/oncall/overrides", post_override)
+    app.router.add_delete("/api/v1/oncall/overrides/{change_id}", delete_override)
+    app.router.add_get("/api/v1/oncall/{schedule}", get_feed)
+    app.router.add_post("/api/v1/alerts/{alert_id}/escalate", post_escalate)

@@ -1,0 +1,133 @@
+"""The gateway's optional config sections turned into the parts `assemble.py` wires:
+on-call (`oncall:`), escalation policies (paging), topology, TrainingJobs' own routes
+(`job_alerting:`) and the hang diagnosis (`diagnosis:`). Each raises ConfigError or
+ValueError naming the field at fault; none starts anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+from trainsentry.config import ConfigError, Settings
+from trainsentry.gateway.channels import Channels, add_job_channel
+from trainsentry.gateway.policy.escalation import EscalationPolicy, Escalator, Roster
+from trainsentry.gateway.policy.job_roster import RosterOf
+from trainsentry.gateway.policy.route import escalation_for, escalation_names
+from trainsentry.gateway.policy.rules import Policy
+from trainsentry.gateway.policy.topology import parse_settings as parse_topology
+from trainsentry.gateway.stages.diagnosis import (
+    DiagnosisSettings,
+    EndpointResolver,
+    KubernetesEndpoints,
+    StaticEndpoints,
+)
+from trainsentry.gateway.stages.job_alerting import JobAlerting, JobAlertingSettings
+from trainsentry.gateway.stages.oncall import current_escalators
+from trainsentry.gateway.stages.paging import Paging
+from trainsentry.gateway.stages.topology import TopologySource
+from trainsentry.kubeclient import default_api_client
+from trainsentry.notifiers.settings import SecretMissing, read_secret
+from trainsentry.oncall.config import OncallConfigError, parse_oncall
+from trainsentry.oncall.types import OncallConfig
+
+
+def paging_of(
+    escalator: Escalator | None,
+    oncall: OncallConfig | None,
+    policy: Policy | None,
+    phone: bool,
+    rosters: RosterOf | None = None,
+) -> Paging | None:
+    """The escalation stage: the inline layers (`escalator`) by default, the
+    `oncall.escalation_policies` where the policy's routes name them."""
+    named = oncall.escalation_policies if oncall is not None else {}
+    if policy is not None:
+        for field_name, name in escalation_names(policy).items():
+            if name not in named:
+                known = ", ".join(sorted(named)) or "none configured"
+                raise ConfigError(
+                    f"policy {field_name}: unknown escalation policy {name!r} "
+                    f"(oncall.escalation_policies: {known})"
+                )
+    if escalator is None and named and phone:
+        escalator = Escalator(Roster(()), EscalationPolicy())  # only routed pages escalate
+    if escalator is None:
+        return None
+    if oncall is None or not named or policy is None:
+        return Paging(escalator, rosters=rosters)
+    config, rules = oncall, policy
+
+    async def current(conn: Any, now: datetime) -> Any:
+        return await current_escalators(conn, config, now)
+
+    return Paging(
+        escalator,
+        rosters=rosters,
+        named=current,
+        choose=lambda route, priority: escalation_for(route, priority, rules),
+    )
+
+
+def build_topology(
+    raw: Mapping[str, Any], kube_api: Callable[[], Awaitable[Any]] | None = None
+) -> TopologySource | None:
+    """From the `topology:` config section: None when no levels are named. Raises
+    TopologyError (a ValueError) naming the field at fault."""
+    settings = parse_topology(raw)
+    if not settings.enabled:
+        return None
+    return TopologySource(
+        settings, (kube_api or default_api_client) if settings.kubernetes else None
+    )
+
+
+def oncall_of(settings: Settings) -> OncallConfig | None:
+    """The `oncall:` section, validated (ConfigError naming the field), or None."""
+    if settings.oncall is None:
+        return None
+    try:
+        return parse_oncall(settings.oncall)
+    except OncallConfigError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def build_job_alerting(
+    raw: Mapping[str, Any],
+    channels: Channels,
+    api_factory: Callable[[], Awaitable[Any]] = default_api_client,
+) -> JobAlerting | None:
+    """From the `job_alerting:` config section: None unless enabled (it needs the cluster);
+    adds the `feishu_job` channel to `channels`."""
+    settings = JobAlertingSettings.model_validate(dict(raw))
+    if not settings.enabled:
+        return None
+    built = channels.built
+    has_app = built is not None and built.feishu_app is not None
+    stage = JobAlerting(settings, api_factory, has_app=has_app)
+    add_job_channel(channels, stage)
+    return stage
+
+
+def build_diagnosis_parts(
+    raw: Mapping[str, Any], env: Mapping[str, str]
+) -> tuple[DiagnosisSettings, EndpointResolver, str] | None:
+    """From the `diagnosis:` config section: None when there is no way to find ranks."""
+    settings = DiagnosisSettings.model_validate(dict(raw))
+    if not settings.enabled or not (settings.static_endpoints or settings.kubernetes):
+        return None
+    try:
+        # stripped like the gateway's own tokens: a Secret made from an echoed file ends in a
+        # newline, which no HTTP header can carry (the probe strips its copy the same way)
+        token = read_secret(settings.probe_token_env, env).strip()
+        if not token:
+            raise SecretMissing(settings.probe_token_env)
+    except SecretMissing:
+        raise ValueError(
+            f"diagnosis needs the probes' token in {settings.probe_token_env}"
+        ) from None
+    resolver: EndpointResolver = (
+        KubernetesEndpoints() if settings.kubernetes else StaticEndpoints(settings.static_endpoints)
+    )
+    return settings, resolver, token

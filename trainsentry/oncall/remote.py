@@ -1,0 +1,98 @@
+"""`trainsentry oncall override add|list|remove`: run-time overrides and swaps through the
+gateway's API (`/api/v1/oncall/overrides`), which stores them with who and when.
+
+The API token comes from TRAINSENTRY_API_TOKEN; the gateway from --gateway or
+TRAINSENTRY_GATEWAY_URL (default http://127.0.0.1:9095). Exit codes: 0 done, 1 the gateway
+refused (the reason names the field) or could not be reached, 2 bad arguments (also a
+malformed gateway URL), 3 no such override.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+from typing import Any
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="override_command", metavar="ACTION", required=True)
+    add = sub.add_parser("add", help="add an override (or, with --replaces, a swap)")
+    add.add_argument("--schedule", required=True, metavar="NAME")
+    add.add_argument("--who", required=True, metavar="PERSON", help="who takes the pager")
+    add.add_argument("--replaces", metavar="PERSON", help="a swap: WHO takes this person's shifts")
+    add.add_argument("--start", required=True, metavar="ISO8601", help="local time or offset")
+    add.add_argument("--end", required=True, metavar="ISO8601")
+    add.add_argument("--reason", default="", help="why (kept with it)")
+    listing = sub.add_parser("list", help="the overrides and swaps in force")
+    listing.add_argument("--schedule", metavar="NAME")
+    listing.add_argument("--removed", action="store_true", help="the removed ones too")
+    remove = sub.add_parser("remove", help="remove an override or swap by its id")
+    remove.add_argument("change_id", type=int, metavar="ID")
+    for one in (add, listing, remove):
+        one.add_argument("--by", default=None, help="who does it (default: your user name)")
+        one.add_argument("--gateway", default=None, metavar="URL", help="the gateway's URL")
+        one.add_argument("--json", action="store_true", help="print the gateway's answer")
+
+
+def _line(item: dict[str, Any]) -> str:
+    what = f"{item['who']} for {item['replaces']}" if item.get("replaces") else item["who"]
+    removed = f" (removed by {item['removed_by']})" if item.get("removed_by") else ""
+    return (
+        f"#{item['id']} {item['schedule']} {item['kind']} {what} {item['start']} to "
+        f"{item['end']} by {item['created_by']}{removed}"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import httpx
+
+    base = args.gateway or os.environ.get("TRAINSENTRY_GATEWAY_URL", "http://127.0.0.1:9095")
+    token = os.environ.get("TRAINSENTRY_API_TOKEN", "")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    url = f"{base.rstrip('/')}/api/v1/oncall/overrides"
+    by = args.by or getpass.getuser()
+    try:
+        if args.override_command == "add":
+            body = {"schedule": args.schedule, "who": args.who, "start": args.start}
+            body |= {"end": args.end, "reason": args.reason, "by": by}
+            if args.replaces:
+                body |= {"kind": "swap", "replaces": args.replaces}
+            response = httpx.post(url, json=body, headers=headers, timeout=15)
+        elif args.override_command == "list":
+            query = {"removed": "true" if args.removed else "false"}
+            if args.schedule:
+                query["schedule"] = args.schedule
+            response = httpx.get(url, params=query, headers=headers, timeout=15)
+        else:
+            response = httpx.request(
+                "DELETE", f"{url}/{args.change_id}", json={"by": by}, headers=headers, timeout=15
+            )
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+        print(f"trainsentry oncall: not a usable gateway URL: {base}: {exc}", file=sys.stderr)
+        return 2
+    except httpx.HTTPError as exc:
+        print(f"could not reach the gateway at {base}: {exc}")
+        return 1
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = {"error": response.text[:200]}
+    if response.status_code == 404 and args.override_command == "remove":
+        print(answer.get("error", "no such override"))
+        return 3
+    if response.status_code not in (200, 201):
+        print(f"the gateway refused: HTTP {response.status_code}: {answer.get('error', answer)}")
+        return 1
+    if args.json:
+        print(json.dumps(answer, indent=2))
+    elif args.override_command == "list":
+        for item in answer["items"]:
+            print(_line(item))
+        if not answer["items"]:
+            print("no overrides or swaps")
+    else:
+        print(("removed " if args.override_command == "remove" else "added ") + _line(answer))
+    return 0
