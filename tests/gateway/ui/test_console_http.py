@@ -246,6 +246,11 @@ async def test_ack_comments_are_kept_the_same_from_the_api_and_the_console(db_ur
             form["comment"] = "x" * 1001
             async with session.post(url, data=form, allow_redirects=False) as r:
                 assert r.status == 400
+            # no phone escalation on this gateway: no Escalate button, and its POST is a 404
+            assert 'id="action-escalate"' not in page
+            escalate = server.make_url("/ui/incidents/1/escalate")
+            async with session.post(escalate, data=form, allow_redirects=False) as r:
+                assert r.status == 404
         finally:
             await session.close()
         async with aiohttp.ClientSession(headers=headers) as api:

@@ -267,7 +267,7 @@ async def post_action(request: web.Request, who: auth.Viewer) -> web.StreamRespo
     try:
         outcome = await action.run(gateway, alert_id, who.name, fields)
     except ActionRefused as exc:
-        return _render(request, who, "error.html.j2", status=400, message=str(exc))
+        return _render(request, who, "error.html.j2", status=exc.status, message=str(exc))
     if outcome is None:
         return _render(request, who, "error.html.j2", status=404, message="no such incident")
     log.info("console action=%s alert_id=%d by=%s", action.name, alert_id, who.name)
