@@ -175,6 +175,24 @@ async def test_the_escalate_button_calls_the_next_layer_now(
         await close_in_process(server)
 
 
+async def test_the_now_page_shows_who_is_on_call_on_the_schedules(
+    page: Page, tmp_path: Path, receiver: Receiver
+) -> None:
+    from tests.gateway.oncall import support
+
+    server = await support.start(
+        f"sqlite:///{tmp_path / 'store.db'}", receiver, support.Clock(), tmp_path
+    )
+    try:
+        await page.goto(str(server.make_url("/ui/")))
+        await sign_in(page, server, "ivy", support.TOKEN)
+        panel = await page.text("section[aria-label='On call']")
+        assert "gpu-infra: alice (primary, until 2026-11-23 08:00:00 UTC), bob (backup)" in panel
+        assert await page.text("ul.oncall .person.primary") == "alice"
+    finally:
+        await close_in_process(server)
+
+
 async def test_login_and_csrf_are_enforced(page: Page, tmp_path: Path) -> None:
     server = await start(sqlite(tmp_path), token=TOKEN)
     try:
