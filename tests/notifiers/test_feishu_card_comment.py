@@ -30,7 +30,9 @@ def test_the_buttons_sit_in_a_form_with_the_comment_input() -> None:
     }  # fmt: skip
     buttons = [c["elements"][0] for c in form["elements"][1]["columns"]]
     assert [b["form_action_type"] for b in buttons] == ["submit"] * 4
-    assert len({b["name"] for b in buttons}) == 4
+    assert [b["name"] for b in buttons] == [
+        "ack_42", "silence_42_3600", "silence_42_14400", "silence_42_86400"
+    ]  # fmt: skip
     # the contract server knows a form off the root, and one with no submit button, is wrong
     nested = {**card, "body": {"elements": [{"tag": "column_set", "columns": [
         {"tag": "column", "elements": [form]}]}]}}  # fmt: skip
@@ -47,7 +49,7 @@ def test_a_legacy_callback_carries_the_comment_too() -> None:
             "action": {
                 "value": {"action": "silence", "alert_id": 7, "duration_s": 3600},
                 "tag": "button",
-                "name": "ack_button_1",
+                "name": "silence_7_3600",
                 "form_value": {COMMENT_FIELD: " swapping the cable "},
             },
         }
@@ -66,3 +68,33 @@ def test_a_legacy_callback_carries_the_comment_too() -> None:
     headers["X-Lark-Signature"] = hashlib.sha1(f"{NOW}n{TOKEN}".encode() + raw).hexdigest()
     with pytest.raises(CallbackRejected, match="form_value"):
         parse_callback(headers, raw, verification_token=TOKEN, now=NOW)
+
+
+def test_a_form_press_without_a_value_is_read_from_the_button_name() -> None:
+    """Feishu's form buttons may submit without a `behaviors` value: the name says it."""
+    for name, expected in (("silence_7_3600", ("silence", 7, 3600)), ("ack_9", ("ack", 9, None))):
+        body = json.dumps(
+            {
+                "schema": "2.0",
+                "header": {"event_id": f"ev-{name}", "token": TOKEN},
+                "event": {
+                    "operator": {"open_id": "ou_alice"},
+                    "action": {"tag": "button", "name": name, "form_value": {"comment": "ok"}},
+                },
+            }
+        ).encode()
+        action = parse_callback({}, body, verification_token=TOKEN, now=NOW)
+        assert isinstance(action, CardAction)
+        assert (action.action, action.alert_id, action.duration_s, action.comment) == (
+            *expected, "ok"
+        )  # fmt: skip
+    for name in ("ack_x", "silence_7_-1", "nope_1", "ack_1_2_3"):
+        body = json.dumps(
+            {
+                "schema": "2.0",
+                "header": {"token": TOKEN},
+                "event": {"operator": {"open_id": "ou_a"}, "action": {"name": name}},
+            }
+        ).encode()
+        with pytest.raises(CallbackRejected):
+            parse_callback({}, body, verification_token=TOKEN, now=NOW)

@@ -155,7 +155,7 @@ def parse_callback(
         operator = _object(event.get("operator"))
         context = _object(event.get("context"))
         return _action(
-            _object(event.get("action")).get("value"),
+            button_value(_object(event.get("action"))),
             who=str(operator.get("open_id") or operator.get("user_id") or ""),
             message_id=context.get("open_message_id"),
             event_id=header.get("event_id"),
@@ -168,7 +168,7 @@ def parse_callback(
         raise CallbackRejected("bad legacy X-Lark-Signature")
     _check_fresh(headers, now, max_skew_s)
     return _action(
-        _object(outer.get("action")).get("value"),
+        button_value(_object(outer.get("action"))),
         who=str(outer.get("open_id") or outer.get("user_id") or ""),
         message_id=outer.get("open_message_id"),
         # no event id in the legacy scheme: its signature (over timestamp, nonce and body)
@@ -182,6 +182,21 @@ def parse_callback(
 def _object(value: Any) -> dict[str, Any]:
     """A part of the body that should be an object; anything else counts as absent."""
     return value if isinstance(value, dict) else {}
+
+
+def button_value(action: Mapping[str, Any]) -> Any:
+    """Pure: the pressed button's callback value; for a form's submit button that comes back
+    without one, the value its name spells (card.py: `ack_ID`, `silence_ID_SECONDS`)."""
+    value = action.get("value")
+    name = action.get("name")
+    if value or not isinstance(name, str) or len(name) > 64:
+        return value
+    parts = name.split("_")
+    if parts[0] == "ack" and len(parts) == 2:
+        return {"action": "ack", "alert_id": parts[1]}
+    if parts[0] == "silence" and len(parts) == 3:
+        return {"action": "silence", "alert_id": parts[1], "duration_s": parts[2]}
+    return value
 
 
 def form_comment(action: Mapping[str, Any]) -> str | None:

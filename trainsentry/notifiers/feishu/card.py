@@ -259,9 +259,10 @@ def _action_buttons(payload: NotificationPayload, options: CardOptions) -> list[
 def _comment_form(buttons: list[dict[str, Any]]) -> dict[str, Any]:
     """Feishu's form container: the comment input and the buttons that submit it (each
     keeps its callback value; the input's text comes back as `form_value.comment`)."""
-    for index, button in enumerate(buttons):
+    for button in buttons:
         button["form_action_type"] = "submit"
-        button["name"] = f"ack_button_{index}"  # unique in the card, as Feishu requires
+        # unique in the card, as Feishu requires; also names the action (callback.py)
+        button["name"] = "_".join(str(v) for v in button["behaviors"][0]["value"].values())
     comment = {
         "tag": "input",
         "name": COMMENT_FIELD,
