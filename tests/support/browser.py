@@ -118,7 +118,11 @@ class Page:
             await asyncio.sleep(0.1)
 
     async def text(self, selector: str = "body") -> str:
-        return str(await self.evaluate(f"document.querySelector({json.dumps(selector)}).innerText"))
+        """The element's text, once it exists: a load event of the document before the
+        navigation (the tab's first about:blank) can arrive after `goto` started waiting."""
+        found = json.dumps(selector)
+        await self.wait_for(f"document.querySelector({found}) !== null")
+        return str(await self.evaluate(f"document.querySelector({found}).innerText"))
 
     async def click(self, selector: str) -> None:
         """Clicks like a user would: the element must exist (a navigation it starts is waited
