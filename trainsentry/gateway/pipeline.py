@@ -80,6 +80,3 @@ class Gateway:
 
 
 GATEWAY_KEY = web.AppKey("gateway", Gateway)
-
-
-GATEWAY_KEY = web.AppKey("gateway", Gateway)
