@@ -17,7 +17,6 @@ from trainsentry.oncall.config import OncallConfigError, parse_oncall
 def valid() -> dict[str, Any]:
     return {
         "people": {"alice": {"phone": "+4915100000001"}, "bob": {}, "carol": {}},
-        "maintenance": {"max_window_hours": 24},
         "schedules": {
             "s": {
                 "timezone": "Europe/Berlin",
@@ -103,7 +102,6 @@ CASES = [
     ("people", ["alice"], "oncall.people: must map names to contact details"),
     ("schedules", {}, "oncall.schedules: must map schedule names to schedules"),
     ("schedules.s.layers", "primary", "oncall.schedules.s.layers: must be a non-empty list"),
-    ("maintenance.max_window_hours", -1, "oncall.maintenance.max_window_hours: must be a number"),
     ("schedules.s.timezone", None, "oncall.schedules.s.timezone: must be a non-empty string"),
 ]
 

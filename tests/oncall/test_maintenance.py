@@ -151,14 +151,21 @@ def test_bad_window_names_the_field(body: dict[str, Any], message: str) -> None:
     assert message in str(caught.value)
 
 
-def test_the_cap_is_configurable() -> None:
-    config = parse_oncall({"maintenance": {"max_window_hours": 1}, "schedules": {"s": {
-        "timezone": "UTC", "layers": [{"name": "p", "start": "2026-01-01T00:00", "shift": "1w",
-                                        "members": ["a"]}]}}, "people": {"a": {}}})  # fmt: skip
-    assert config.max_window == timedelta(hours=1)
+def test_the_cap_is_a_parameter() -> None:
+    cap = timedelta(hours=1)
     with pytest.raises(OncallConfigError, match="duration_minutes: longer than the cap"):
-        window(TUESDAYS, max_window=config.max_window)
-    assert window({**TUESDAYS, "duration_minutes": 60}, max_window=config.max_window)
+        window(TUESDAYS, max_window=cap)
+    assert window({**TUESDAYS, "duration_minutes": 60}, max_window=cap)
+
+
+def test_the_oncall_section_has_no_window_cap_of_its_own() -> None:
+    """The gateway's cap is its top-level `maintenance.max_window_hours`; a second one in
+    `oncall:` would be read by nothing."""
+    with pytest.raises(OncallConfigError, match="maintenance"):
+        parse_oncall({"maintenance": {"max_window_hours": 1}, "schedules": {"s": {
+            "timezone": "UTC", "layers": [{"name": "p", "start": "2026-01-01T00:00",
+                                           "shift": "1w", "members": ["a"]}]}},
+                      "people": {"a": {}}})  # fmt: skip
 
 
 def test_local_one_off_times_with_a_timezone() -> None:

@@ -278,9 +278,10 @@ def _schedule(key: Any, value: Any, field: str, people: Mapping[str, Person]) ->
 
 
 def parse_oncall(value: Any, field: str = "oncall") -> OncallConfig:
-    """The `oncall:` section: people, schedules, and `maintenance.max_window_hours`."""
+    """The `oncall:` section: people, schedules and escalation policies. (The cap on
+    maintenance windows is the gateway's top-level `maintenance.max_window_hours`.)"""
     problems = _Problems()
-    keys = {"people", "schedules", "maintenance", "escalation_policies"}
+    keys = {"people", "schedules", "escalation_policies"}
     raw = problems.check(lambda: _mapping(value, field, keys))
     problems.raise_any()
     assert raw is not None
@@ -294,7 +295,6 @@ def parse_oncall(value: Any, field: str = "oncall") -> OncallConfig:
         person = problems.check(partial(_person, key, item, where))
         if person is not None:
             people[person.name] = person
-    max_window = problems.check(lambda: _max_window(raw.get("maintenance"), field))
     schedules: dict[str, Schedule] = {}
     schedules_raw = raw.get("schedules")
     if not isinstance(schedules_raw, Mapping) or not schedules_raw:
@@ -310,7 +310,6 @@ def parse_oncall(value: Any, field: str = "oncall") -> OncallConfig:
     return OncallConfig(
         people=people,
         schedules=schedules,
-        max_window=max_window or DEFAULT_MAX_WINDOW,
         escalation_policies=policies,
     )
 
@@ -336,11 +335,3 @@ def _policies(
         if policy is not None:
             found[policy.name] = policy
     return found
-
-
-def _max_window(value: Any, field: str) -> timedelta:
-    raw = _mapping(value, f"{field}.maintenance", {"max_window_hours"})
-    hours = raw.get("max_window_hours", DEFAULT_MAX_WINDOW / timedelta(hours=1))
-    if isinstance(hours, bool) or not isinstance(hours, int | float) or not 0 < hours <= 24 * 366:
-        raise _Bad(f"{field}.maintenance.max_window_hours", "must be a number of hours, 0-8784")
-    return timedelta(hours=hours)

@@ -129,7 +129,6 @@ class EscalationPolicyConfig:
 class OncallConfig:
     people: dict[str, Person]
     schedules: dict[str, Schedule]
-    max_window: timedelta  # the longest maintenance window (one occurrence) accepted
     escalation_policies: dict[str, EscalationPolicyConfig] = field(default_factory=dict)
 
 
