@@ -1,0 +1,360 @@
+"""Cordon with a human in the loop (I/O): recommends sick nodes, cordons the approved ones
+through the Kubernetes API, uncordons on request. Decisions are pure
+(gateway/policy/cordon.py); this module reads the store and the cluster and writes both.
+
+Invariants:
+- one recommendation per node until it is decided (approved, dismissed): every check and
+  every decision runs in one store transaction under the cordon lock row (store/cordon.py),
+  so replicas decide one after the other; the card's idempotency key names the node and
+  the decision it follows, so a repeated check writes nothing twice;
+- a cordon is done only when the guards allow it, checked under the same lock;
+- the cluster writes are: patch the Node (`spec.unschedulable`), create an Event on it
+  (namespace `default`), and set the `NodeCordoned` condition on each TrainingJob whose
+  alerts named the node (read-modify-write of `status.conditions` with the
+  resourceVersion: a merge patch replaces the whole list). RBAC: nodes get/patch, events
+  create, trainingjobs/status get/patch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from trainsentry.alerts import Alert, AlertStatus, NotificationDraft, Priority
+from trainsentry.gateway.policy.cordon import (
+    Candidate,
+    CordonSettings,
+    Mode,
+    NodeDecision,
+    Status,
+    blocked,
+    candidates,
+    job_nodes_of,
+    summary,
+)
+from trainsentry.gateway.policy.route import CHANNEL_KINDS
+from trainsentry.gateway.policy.rules import Policy
+from trainsentry.gateway.stages.job_alerting import EVENTS
+from trainsentry.gateway.stages.topology import TopologySource
+from trainsentry.operator.kube import NODES, TRAININGJOBS, Kube, KubeError
+from trainsentry.store.cordon import SCOPE, cordon_states, lock_cordon
+from trainsentry.store.engine import Connection, Engine
+from trainsentry.store.node_health import node_occurrences
+from trainsentry.store.policy_state import load_states, save_states
+from trainsentry.store.writes import insert_notifications
+from trainsentry.tasks import OwnedTask
+
+log = logging.getLogger("trainsentry.cordon")
+
+KIND = "cordon"
+CONDITION = "NodeCordoned"
+PRIORITY = Priority.P1
+CARD_CHANNELS = frozenset({*CHANNEL_KINDS["feishu"], "console"})
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    ok: bool
+    message: str
+
+
+def with_node_condition(
+    conditions: list[Mapping[str, Any]], node: str, message: str, now: str
+) -> list[dict[str, Any]]:
+    """Pure: `status.conditions` with NodeCordoned set True (other conditions kept)."""
+    mine = {
+        "type": CONDITION,
+        "status": "True",
+        "reason": "NodeCordoned",
+        "message": message[:1000],
+        "lastTransitionTime": now,
+    }
+    return [dict(c) for c in conditions if c.get("type") != CONDITION] + [mine]
+
+
+class Cordoner:
+    def __init__(
+        self,
+        engine: Engine,
+        settings: CordonSettings,
+        policy: Policy,
+        api_factory: Callable[[], Awaitable[Any]],
+        channels: Collection[str],
+        *,
+        topology: TopologySource | None = None,
+        clock: Callable[[], datetime],
+        on_drafts: Callable[[], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self._engine = engine
+        self._policy = policy
+        self._api_factory = api_factory
+        self._api: Any = None
+        self._channels = sorted(CARD_CHANNELS & set(channels))
+        self._topology = topology
+        self._clock = clock
+        self._on_drafts = on_drafts
+        self._task = OwnedTask("cordon", self._loop)
+
+    # running -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.settings.cordon is not Mode.OFF:
+            self._task.start()
+
+    async def stop(self) -> None:
+        await self._task.stop()
+        if self._api is not None:
+            await self._api.close()
+            self._api = None
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("cordon: this check failed, trying again")
+            await asyncio.sleep(self.settings.check_seconds)
+
+    async def _kube(self) -> Kube:
+        if self._api is None:
+            self._api = await self._api_factory()
+        return Kube(self._api)
+
+    # reading -----------------------------------------------------------------------------
+
+    async def _read(
+        self, conn: Connection, now: datetime
+    ) -> tuple[dict[str, NodeDecision], list[Alert]]:
+        await lock_cordon(conn, now)
+        decisions = {
+            node: NodeDecision.from_json(state)
+            for node, state in (await cordon_states(conn)).items()
+        }
+        since = now - timedelta(seconds=self._policy.node_health.horizon)
+        rows = await node_occurrences(conn, since)
+        alerts = [
+            Alert(r.fingerprint, AlertStatus.FIRING, r.labels, r.annotations, r.starts_at, None)
+            for r in rows
+        ]
+        return decisions, alerts
+
+    async def _incidents(self, conn: Connection, node: str) -> list[str]:
+        """`level=element` of the open infrastructure incidents over the node's place."""
+        if self._topology is None:
+            return []
+        place = self._topology.current().place(node)
+        keys = [f"{level}={element}" for level, element in place.items()]
+        states = await load_states(conn, "infra", keys)
+        return [key for key, state in states.items() if state.get("open")]
+
+    # the check ---------------------------------------------------------------------------
+
+    async def run_once(self) -> list[str]:
+        """Recommends (approve mode) or cordons (auto mode) the nodes over the threshold;
+        returns them."""
+        if self.settings.cordon is Mode.OFF:
+            return []
+        now = self._clock()
+        drafts: list[NotificationDraft] = []
+        async with self._engine.begin() as conn:
+            decisions, alerts = await self._read(conn, now)
+            found = candidates(alerts, self._policy, self.settings, decisions, now)
+            job_nodes = job_nodes_of(alerts)
+            rows: dict[str, tuple[dict[str, Any], datetime | None]] = {}
+            for candidate in found:
+                node = candidate.health.node
+                previous = decisions.get(node)
+                status, reason = Status.RECOMMENDED, ""
+                if self.settings.cordon is Mode.AUTO:
+                    reason = blocked(
+                        node, self.settings, decisions, job_nodes, now, automatic=True,
+                        incident_elements=await self._incidents(conn, node),
+                    ) or ""  # fmt: skip
+                    if not reason:
+                        reason = await self._cordon(node, "trainsentry (auto)", candidate.jobs)
+                        status = Status.RECOMMENDED if reason else Status.CORDONED
+                decision = NodeDecision(
+                    status, now, "auto" if status is Status.CORDONED else "",
+                    candidate.health.score, candidate.health.faults, candidate.jobs, reason,
+                )  # fmt: skip
+                decisions[node] = decision
+                rows[node] = (decision.to_json(), None)
+                key = previous.at.isoformat() if previous is not None else "first"
+                drafts += self._drafts(candidate, decision, key)
+            await save_states(conn, SCOPE, rows, now)
+            written = await insert_notifications(conn, drafts, now)
+        if written and self._on_drafts is not None:
+            self._on_drafts()
+        if found:
+            log.info(
+                "cordon: nodes=%s mode=%s", [c.health.node for c in found], self.settings.cordon
+            )
+        return [c.health.node for c in found]
+
+    def _drafts(
+        self, candidate: Candidate, decision: NodeDecision, after: str
+    ) -> list[NotificationDraft]:
+        node = candidate.health.node
+        text = summary(candidate)
+        payload: dict[str, Any] = {
+            "priority": PRIORITY.value,
+            "status": "firing",
+            "event": "cordon_" + decision.status.value,
+            "alertname": "Cordon recommended",
+            "annotations": {"summary": text},
+            "at": decision.at.isoformat(),
+            "cordon": {
+                "node": node,
+                "summary": text,
+                "score": round(candidate.health.score, 3),
+                "faults": dict(candidate.health.faults),
+                "jobs": list(candidate.jobs),
+                "status": decision.status.value,
+                "reason": decision.reason,
+            },
+        }
+        return [
+            NotificationDraft(
+                channel=channel,
+                kind=KIND,
+                priority=PRIORITY,
+                idempotency_key=f"cordon:{channel}:{node}:{after}"[:300],
+                payload=payload,
+                group_key=f"cordon:{node}",
+                reason=f"cordon {decision.status.value}: {node}",
+            )
+            for channel in self._channels
+        ]
+
+    # decisions ---------------------------------------------------------------------------
+
+    async def decide(self, node: str, approve: bool, who: str) -> Outcome:
+        """A press of Approve or Dismiss on the node's card."""
+        now = self._clock()
+        async with self._engine.begin() as conn:
+            decisions, alerts = await self._read(conn, now)
+            current = decisions.get(node)
+            if current is None or current.status is not Status.RECOMMENDED:
+                state = current.status.value if current is not None else "not recommended"
+                return Outcome(False, f"{node}: {state}, nothing to decide")
+            if not approve:
+                dismissed = NodeDecision(
+                    Status.DISMISSED, now, who, current.score, current.faults, current.jobs
+                )
+                await save_states(conn, SCOPE, {node: (dismissed.to_json(), None)}, now)
+                log.info("cordon: dismissed node=%s by=%s", node, who)
+                return Outcome(True, f"{node}: dismissed")
+            reason = blocked(node, self.settings, decisions, job_nodes_of(alerts), now,
+                             automatic=False)  # fmt: skip
+            if reason is None:
+                reason = await self._cordon(node, who, current.jobs)
+            if reason:
+                log.info("cordon: not done node=%s reason=%s", node, reason)
+                return Outcome(False, f"{node} not cordoned: {reason}")
+            done = NodeDecision(
+                Status.CORDONED, now, who, current.score, current.faults, current.jobs
+            )
+            await save_states(conn, SCOPE, {node: (done.to_json(), None)}, now)
+        log.info("cordon: cordoned node=%s by=%s", node, who)
+        return Outcome(True, f"{node}: cordoned")
+
+    async def uncordon(self, node: str, who: str) -> Outcome:
+        """`trainsentry node uncordon NODE`: the Node schedulable again; the next
+        recommendation counts only faults after now."""
+        now = self._clock()
+        async with self._engine.begin() as conn:
+            decisions, _alerts = await self._read(conn, now)
+            kube = await self._kube()
+            try:
+                body = await kube.get(NODES, None, node)
+                if body is None:
+                    return Outcome(False, f"no node {node}")
+                await kube.patch(NODES, None, node, {"spec": {"unschedulable": None}})
+                await kube.create(EVENTS, "default", self._event(body, "Uncordoned", who))
+            except KubeError as exc:
+                return Outcome(False, f"{node} not uncordoned: Kubernetes API {exc.status}")
+            before = decisions.get(node)
+            after = NodeDecision(
+                Status.UNCORDONED, now, who,
+                before.score if before else 0.0, before.faults if before else None,
+                before.jobs if before else (),
+            )  # fmt: skip
+            await save_states(conn, SCOPE, {node: (after.to_json(), None)}, now)
+        log.info("cordon: uncordoned node=%s by=%s", node, who)
+        return Outcome(True, f"{node}: uncordoned")
+
+    # the cluster -------------------------------------------------------------------------
+
+    async def _cordon(self, node: str, who: str, jobs: tuple[str, ...]) -> str:
+        """Cordons the node; "" when done, else why not (the API's answer)."""
+        kube = await self._kube()
+        try:
+            body = await kube.get(NODES, None, node)
+            if body is None:
+                return f"no node {node} in the cluster"
+            await kube.patch(NODES, None, node, {"spec": {"unschedulable": True}})
+            await kube.create(EVENTS, "default", self._event(body, "Cordoned", who))
+        except KubeError as exc:
+            return f"Kubernetes API answered {exc.status}"
+        for job in jobs:
+            namespace, _, name = job.partition("/")
+            if not (namespace and name):
+                continue
+            try:
+                await self._job_condition(kube, namespace, name, f"node {node} cordoned by {who}")
+            except KubeError as exc:  # the cordon stands; the condition is a courtesy
+                log.warning("cordon: condition not written job=%s status=%s", job, exc.status)
+        return ""
+
+    async def _job_condition(self, kube: Kube, namespace: str, name: str, message: str) -> None:
+        for _attempt in range(3):
+            body = await kube.get(TRAININGJOBS, namespace, name)
+            if body is None:
+                return
+            meta, status = body.get("metadata") or {}, body.get("status") or {}
+            patch = {
+                "metadata": {"resourceVersion": meta.get("resourceVersion")},
+                "status": {
+                    "conditions": with_node_condition(
+                        status.get("conditions") or [], name, message, self._now()
+                    )
+                },
+            }
+            try:
+                await kube.patch(TRAININGJOBS, namespace, name, patch, "status")
+                return
+            except KubeError as exc:
+                if exc.status != 409:
+                    raise
+
+    def _event(self, node: Mapping[str, Any], reason: str, who: str) -> dict[str, Any]:
+        meta, now = node.get("metadata") or {}, self._now()
+        name = str(meta.get("name", ""))
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{name[:200]}.", "namespace": "default"},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": name,
+                "uid": meta.get("uid", ""),
+            },
+            "reason": reason,
+            "message": f"{reason} by {who[:200]} (trainsentry node health)",
+            "type": "Warning" if reason == "Cordoned" else "Normal",
+            "source": {"component": "trainsentry-gateway"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+
+    def _now(self) -> str:
+        return self._clock().astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
