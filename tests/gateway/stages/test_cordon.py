@@ -1,0 +1,299 @@
+"""Cordon with a human in the loop (issue 23 item 4), end to end: the real gateway in
+process (SQLite), the Kubernetes API as the kmock emulator over HTTP with the real
+TrainingJob CRD and built-in schemas, the card's buttons pressed as signed Feishu callbacks
+through the gateway's callback route."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import kmock
+import pytest
+from aiohttp.test_utils import TestServer
+from kubernetes_asyncio.client import ApiClient, Configuration
+
+from tests.operator.operator_harness import TJ, Validator, declare_cluster
+from tests.support.gateway_process import close_in_process
+from tests.support.kube_emulator import KubeEmulator
+from tests.support.webhook_factory import encode, make_alert, make_body
+from trainsentry.config import ConfigError, Settings
+from trainsentry.gateway.app import WEBHOOK_PATH, CardCallbackSettings
+from trainsentry.gateway.assemble import create_app
+from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
+from trainsentry.gateway.policy.cordon import CordonSettings
+from trainsentry.gateway.sections import cordon_settings_of
+from trainsentry.notifiers.console import ConsoleNotifier
+from trainsentry.notifiers.feishu.card import CardOptions, build_card
+from trainsentry.notifiers.feishu.sign import event_signature
+
+VERIFICATION = "vt-cordon"
+ENCRYPT_KEY = "ek-cordon"
+CARD_PATH = "/api/v1/feishu/card"
+TOKEN = "api-token"
+
+
+async def create(cluster: KubeEmulator, path: str, body: dict[str, Any]) -> None:
+    async with cluster.post(path, json=body) as answer:
+        assert answer.status == 201, await answer.text()
+
+
+def node_body(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": {}}
+
+
+def job_body(namespace: str, name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "trainsentry.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"selector": {"matchLabels": {"job": name}}},
+    }
+
+
+def fault(index: int, node: str, job: str, hours_ago: float, name: str = "GPUFellOffBus") -> Any:
+    at = datetime.now(UTC) - timedelta(hours=hours_ago)
+    return make_alert(
+        index, name=name, starts_at=at,
+        labels={"node": node, "namespace": "ml", "trainingjob": job, "component": "gpu"},
+    )  # fmt: skip
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[KubeEmulator]:
+    async with KubeEmulator() as emu, kmock.Server(emu):
+        declare_cluster(emu, workloads=False)
+        emu.validator = Validator()
+        for index in range(8):
+            await create(emu, "/api/v1/nodes", node_body(f"gpu-node-{index}"))
+        for job in ("big", "small"):
+            await create(
+                emu,
+                "/apis/trainsentry.io/v1alpha1/namespaces/ml/trainingjobs",
+                job_body("ml", job),
+            )
+        yield emu
+
+
+@dataclass
+class Running:
+    server: TestServer
+    gateway: Gateway
+    console: Path
+
+    async def post(self, *alerts: dict[str, Any]) -> None:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                self.server.make_url(WEBHOOK_PATH), data=encode(make_body(list(alerts)))
+            ) as answer,
+        ):
+            assert answer.status == 200, await answer.text()
+        await self.gateway.settle()
+
+    def cards(self) -> list[dict[str, Any]]:
+        if not self.console.exists():
+            return []
+        lines = [json.loads(line) for line in self.console.read_text().splitlines()]
+        return [line["payload"] for line in lines if line["kind"] == "cordon"]
+
+    async def press(self, value: dict[str, Any], event_id: str) -> str:
+        body = json.dumps(
+            {
+                "schema": "2.0",
+                "header": {
+                    "event_id": event_id,
+                    "token": VERIFICATION,
+                    "event_type": "card.action.trigger",
+                },
+                "event": {
+                    "operator": {"open_id": "ou_alice"},
+                    "action": {"value": value, "tag": "button"},
+                    "context": {"open_message_id": "om_1"},
+                },
+            }
+        ).encode()
+        ts = str(int(time.time()))
+        headers = {
+            "X-Lark-Request-Timestamp": ts,
+            "X-Lark-Request-Nonce": "n-" + event_id,
+            "X-Lark-Signature": event_signature(ts, "n-" + event_id, ENCRYPT_KEY, body),
+            "Content-Type": "application/json",
+        }
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(self.server.make_url(CARD_PATH), data=body, headers=headers) as answer,
+        ):
+            assert answer.status == 200, await answer.text()
+            return str((await answer.json())["toast"]["content"])
+
+
+Start = Callable[..., Awaitable[Running]]
+
+
+@pytest.fixture
+async def start(cluster: KubeEmulator, tmp_path: Path) -> AsyncIterator[Start]:
+    servers: list[TestServer] = []
+
+    async def api() -> ApiClient:
+        return ApiClient(Configuration(host=str(cluster.url).rstrip("/")))
+
+    async def run(**remediation: Any) -> Running:
+        settings = Settings.model_validate(
+            {"gateway": {"db": f"sqlite:///{tmp_path / 'gw.db'}", "api_token": TOKEN}}
+        )
+        console = tmp_path / "console.jsonl"
+        app = create_app(
+            settings.gateway,
+            notifiers={"console": ConsoleNotifier(console)},
+            card_callback=CardCallbackSettings(CARD_PATH, VERIFICATION, ENCRYPT_KEY),
+            kube_api=api,
+            remediation=CordonSettings.model_validate(
+                {"threshold": 15, "check_seconds": 3600, **remediation}
+            ),
+        )
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        servers.append(server)
+        return Running(server, server.app[GATEWAY_KEY], console)
+
+    try:
+        yield run
+    finally:
+        for server in servers:
+            await close_in_process(server)
+
+
+def unschedulable(cluster: KubeEmulator, node: str) -> bool:
+    body = cluster.get_live("v1/nodes", None, node) or {}
+    return bool(body.get("spec", {}).get("unschedulable"))
+
+
+def node_events(cluster: KubeEmulator, node: str) -> list[dict[str, Any]]:
+    return [e for e in cluster.live("v1/events", "default") if e["involvedObject"]["name"] == node]
+
+
+def job_condition(cluster: KubeEmulator, job: str) -> dict[str, Any] | None:
+    body = cluster.get_live(TJ, "ml", job) or {}
+    found = [c for c in body.get("status", {}).get("conditions", []) if c["type"] == "NodeCordoned"]
+    return found[0] if found else None
+
+
+# a lemon: gpu-node-17's three falls off the bus (6 each, barely decayed) reach 15; the job
+# "big" ran on eight nodes (its alerts named them), "small" on gpu-node-0 and gpu-node-1
+LEMON = [fault(i, "gpu-node-0", "big", 2 + i) for i in range(3)]
+SPREAD = [
+    fault(10 + i, f"gpu-node-{i}", "big", 1, name="NodeFilesystemAlmostFull") for i in range(8)
+]
+
+
+async def test_a_lemon_gets_one_card_and_approval_cordons_it(
+    cluster: KubeEmulator, start: Start
+) -> None:
+    running = await start()
+    await running.post(*SPREAD, *LEMON[:2])
+    assert running.cards() == []  # 12 < 15: not yet
+    await running.post(LEMON[2])
+    await running.gateway.settle()  # a second check sends nothing new
+    cards = running.cards()
+    assert len(cards) == 1, cards
+    assert cards[0]["cordon"]["node"] == "gpu-node-0"
+    assert "3 fell_off_bus" in cards[0]["cordon"]["summary"]
+    assert cards[0]["cordon"]["jobs"] == ["ml/big"]
+    card = build_card("cordon", cards[0], CardOptions(actions=True))
+    values = [
+        b["behaviors"][0]["value"]
+        for row in card["body"]["elements"] if row.get("tag") == "column_set"
+        for col in row["columns"] for b in col["elements"]
+    ]  # fmt: skip
+    assert [v["action"] for v in values] == ["cordon_approve", "cordon_dismiss"]
+    assert not unschedulable(cluster, "gpu-node-0")
+
+    assert await running.press(values[0], "ev-approve") == "gpu-node-0: cordoned"
+    assert unschedulable(cluster, "gpu-node-0")
+    assert [e["reason"] for e in node_events(cluster, "gpu-node-0")] == ["Cordoned"]
+    condition = job_condition(cluster, "big")
+    assert condition is not None and condition["status"] == "True"
+    assert "gpu-node-0" in condition["message"]
+    assert job_condition(cluster, "small") is None
+    # a replay of the signed press is acted on once; a second card never comes
+    assert await running.press(values[0], "ev-approve") == "already handled"
+    await running.gateway.settle()
+    assert len(running.cards()) == 1
+
+    # uncordon through the API (token required)
+    url = running.server.make_url("/api/v1/nodes/gpu-node-0/uncordon")
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url, json={"by": "bob"}) as answer:
+            assert answer.status == 401
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with http.post(url, json={"by": "bob"}, headers=headers) as answer:
+            assert answer.status == 200, await answer.text()
+    assert not unschedulable(cluster, "gpu-node-0")
+    assert [e["reason"] for e in node_events(cluster, "gpu-node-0")] == ["Cordoned", "Uncordoned"]
+
+
+async def test_dismiss_does_nothing_and_no_new_card(cluster: KubeEmulator, start: Start) -> None:
+    running = await start()
+    await running.post(*SPREAD, *LEMON)
+    assert len(running.cards()) == 1
+    answer = await running.press({"action": "cordon_dismiss", "node": "gpu-node-0"}, "ev-dismiss")
+    assert answer == "gpu-node-0: dismissed"
+    await running.post(fault(50, "gpu-node-0", "big", 0.5, name="GPUTemperatureHigh"))
+    assert len(running.cards()) == 1
+    assert not unschedulable(cluster, "gpu-node-0")
+    assert node_events(cluster, "gpu-node-0") == []
+    # an approve after the dismiss does nothing either
+    answer = await running.press({"action": "cordon_approve", "node": "gpu-node-0"}, "ev-late")
+    assert "nothing to decide" in answer
+    assert not unschedulable(cluster, "gpu-node-0")
+
+
+async def test_the_share_guard_holds(cluster: KubeEmulator, start: Start) -> None:
+    running = await start(max_job_share=0.25)
+    # "small" ran on two nodes: cordoning one of them would be half of it
+    await running.post(
+        *SPREAD, *LEMON, fault(60, "gpu-node-1", "small", 1, name="NodeFilesystemAlmostFull")
+    )
+    await running.post(fault(61, "gpu-node-0", "small", 1, name="NodeFilesystemAlmostFull"))
+    answer = await running.press({"action": "cordon_approve", "node": "gpu-node-0"}, "ev-share")
+    assert "max_job_share" in answer and "ml/small" in answer
+    assert not unschedulable(cluster, "gpu-node-0")
+
+
+async def test_auto_mode_cordons_without_a_click_within_the_hourly_rate(
+    cluster: KubeEmulator, start: Start
+) -> None:
+    running = await start(cordon="auto", max_per_hour=1, max_job_share=1)
+    lemons = [
+        fault(100 + 10 * n + i, f"gpu-node-{n}", "big", 1 + i) for n in (3, 4) for i in range(3)
+    ]
+    await running.post(*SPREAD, *lemons)
+    cordoned = [n for n in ("gpu-node-3", "gpu-node-4") if unschedulable(cluster, n)]
+    assert len(cordoned) == 1, cordoned  # the second is over the hourly limit: a card instead
+    statuses = sorted(card["cordon"]["status"] for card in running.cards())
+    assert statuses == ["cordoned", "recommended"]
+    held = next(c for c in running.cards() if c["cordon"]["status"] == "recommended")
+    assert "max_per_hour" in held["cordon"]["reason"]
+
+
+async def test_off_mode_sends_nothing(cluster: KubeEmulator, start: Start) -> None:
+    running = await start(cordon="off")
+    await running.post(*SPREAD, *LEMON)
+    assert running.cards() == []
+    assert not unschedulable(cluster, "gpu-node-0")
+
+
+def test_bad_config_names_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"remediation\.cordon: "):
+        cordon_settings_of({"cordon": "sometimes"})
+    with pytest.raises(ConfigError, match=r"remediation\.max_job_share: "):
+        cordon_settings_of({"max_job_share": 2})
+    with pytest.raises(ConfigError, match=r"remediation\.treshold: "):
+        cordon_settings_of({"treshold": 3})
