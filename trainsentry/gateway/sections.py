@@ -135,9 +135,12 @@ def build_diagnosis_parts(
     return settings, resolver, token
 
 
-def cordon_settings_of(raw: Mapping[str, Any]) -> CordonSettings:
+def cordon_settings_of(raw: Mapping[str, Any]) -> CordonSettings | None:
     """The `remediation:` section (cordon with a human in the loop), checked: ConfigError
-    naming the field, e.g. `remediation.cordon: Input should be 'off', 'approve' or 'auto'`."""
+    naming the field, e.g. `remediation.cordon: Input should be 'off', 'approve' or 'auto'`.
+    None without the section (nothing to cordon through: no recommendation either)."""
+    if not raw:
+        return None
     try:
         return parse_cordon(raw)
     except CordonConfigError as exc:

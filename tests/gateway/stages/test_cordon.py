@@ -33,6 +33,9 @@ from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.notifiers.feishu.card import CardOptions, build_card
 from trainsentry.notifiers.feishu.sign import event_signature
 
+# The API calls the cordon stage makes, as the emulator records them; the chart's RBAC for
+# gateway.remediation is checked against this file (tests/chart/test_rbac.py).
+API_CALLS = Path(__file__).resolve().parent / "cordon_api_calls.json"
 VERIFICATION = "vt-cordon"
 ENCRYPT_KEY = "ek-cordon"
 CARD_PATH = "/api/v1/feishu/card"
@@ -237,6 +240,16 @@ async def test_a_lemon_gets_one_card_and_approval_cordons_it(
             assert answer.status == 200, await answer.text()
     assert not unschedulable(cluster, "gpu-node-0")
     assert [e["reason"] for e in node_events(cluster, "gpu-node-0")] == ["Cordoned", "Uncordoned"]
+    # every API call the stage made is one the chart grants (tests/chart/test_rbac.py)
+    made = sorted(
+        [
+            call.verb,
+            call.group,
+            call.resource + (f"/{call.subresource}" if call.subresource else ""),
+        ]
+        for call in cluster.recorded_calls(exclude_agent="kmock/")
+    )
+    assert made == json.loads(API_CALLS.read_text())
 
 
 async def test_dismiss_does_nothing_and_no_new_card(cluster: KubeEmulator, start: Start) -> None:
@@ -291,6 +304,9 @@ async def test_off_mode_sends_nothing(cluster: KubeEmulator, start: Start) -> No
 
 
 def test_bad_config_names_the_field() -> None:
+    assert cordon_settings_of({}) is None  # no section: no cordon, no card
+    settings = cordon_settings_of({"threshold": 30})
+    assert settings is not None and settings.cordon == "approve"  # the default mode
     with pytest.raises(ConfigError, match=r"remediation\.cordon: "):
         cordon_settings_of({"cordon": "sometimes"})
     with pytest.raises(ConfigError, match=r"remediation\.max_job_share: "):
