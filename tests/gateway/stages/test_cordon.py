@@ -5,6 +5,7 @@ through the gateway's callback route."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -28,7 +29,7 @@ from trainsentry.gateway.app import WEBHOOK_PATH, CardCallbackSettings
 from trainsentry.gateway.assemble import create_app
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.cordon import CordonSettings
-from trainsentry.gateway.sections import cordon_settings_of
+from trainsentry.gateway.sections import build_topology, cordon_settings_of
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.notifiers.feishu.card import CardOptions, build_card
 from trainsentry.notifiers.feishu.sign import event_signature
@@ -141,22 +142,24 @@ Start = Callable[..., Awaitable[Running]]
 
 
 @pytest.fixture
-async def start(cluster: KubeEmulator, tmp_path: Path) -> AsyncIterator[Start]:
+async def start(cluster: KubeEmulator, tmp_path: Path, db_url: str) -> AsyncIterator[Start]:
+    """Starts a gateway (a replica, each with its own console file) on the one database."""
     servers: list[TestServer] = []
 
     async def api() -> ApiClient:
         return ApiClient(Configuration(host=str(cluster.url).rstrip("/")))
 
-    async def run(**remediation: Any) -> Running:
-        settings = Settings.model_validate(
-            {"gateway": {"db": f"sqlite:///{tmp_path / 'gw.db'}", "api_token": TOKEN}}
-        )
-        console = tmp_path / "console.jsonl"
+    async def run(
+        *, replica: str = "a", topology: dict[str, Any] | None = None, **remediation: Any
+    ) -> Running:
+        settings = Settings.model_validate({"gateway": {"db": db_url, "api_token": TOKEN}})
+        console = tmp_path / f"console-{replica}.jsonl"
         app = create_app(
             settings.gateway,
             notifiers={"console": ConsoleNotifier(console)},
             card_callback=CardCallbackSettings(CARD_PATH, VERIFICATION, ENCRYPT_KEY),
             kube_api=api,
+            topology=build_topology(topology or {}),
             remediation=CordonSettings.model_validate(
                 {"threshold": 15, "check_seconds": 3600, **remediation}
             ),
@@ -313,3 +316,35 @@ def test_bad_config_names_the_field() -> None:
         cordon_settings_of({"max_job_share": 2})
     with pytest.raises(ConfigError, match=r"remediation\.treshold: "):
         cordon_settings_of({"treshold": 3})
+
+
+async def test_auto_mode_leaves_a_node_under_an_infrastructure_incident_to_a_human(
+    cluster: KubeEmulator, start: Start
+) -> None:
+    """Three nodes under leaf-7 fail together: the switch is suspected, so the lemon among
+    them is not cordoned automatically; its card asks a human instead."""
+    leaf = {n: {"leaf_switch": "leaf-7"} for n in ("gpu-node-5", "gpu-node-6", "gpu-node-7")}
+    running = await start(
+        cordon="auto", max_job_share=1, topology={"levels": ["leaf_switch"], "nodes": leaf}
+    )
+    await running.post(*SPREAD, *[fault(200 + i, "gpu-node-5", "big", 3 + i) for i in range(2)])
+    await running.post(*[fault(210 + i, f"gpu-node-{5 + i}", "big", 0) for i in range(3)])
+    assert not unschedulable(cluster, "gpu-node-5")
+    [card] = running.cards()
+    assert card["cordon"]["node"] == "gpu-node-5"
+    assert card["cordon"]["status"] == "recommended"
+    assert "leaf_switch=leaf-7" in card["cordon"]["reason"]
+    # a human may still approve it (the incident guard is for automatic cordons only)
+    answer = await running.press({"action": "cordon_approve", "node": "gpu-node-5"}, "ev-infra")
+    assert answer == "gpu-node-5: cordoned"
+    assert unschedulable(cluster, "gpu-node-5")
+
+
+async def test_two_replicas_send_one_card(cluster: KubeEmulator, start: Start) -> None:
+    a = await start(replica="a")
+    b = await start(replica="b")
+    await a.post(*SPREAD, *LEMON)
+    assert a.gateway.cordon is not None and b.gateway.cordon is not None
+    await asyncio.gather(*(g.gateway.cordon.run_once() for g in (a, b, a, b)))
+    await asyncio.gather(a.gateway.settle(), b.gateway.settle())
+    assert len(a.cards() + b.cards()) == 1
