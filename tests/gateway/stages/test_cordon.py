@@ -24,6 +24,7 @@ from tests.operator.operator_harness import TJ, Validator, declare_cluster
 from tests.support.gateway_process import close_in_process
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.webhook_factory import encode, make_alert, make_body
+from trainsentry.cli import main as cli_main
 from trainsentry.config import ConfigError, Settings
 from trainsentry.gateway.app import WEBHOOK_PATH, CardCallbackSettings
 from trainsentry.gateway.assemble import create_app
@@ -200,7 +201,10 @@ SPREAD = [
 
 
 async def test_a_lemon_gets_one_card_and_approval_cordons_it(
-    cluster: KubeEmulator, start: Start
+    cluster: KubeEmulator,
+    start: Start,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     running = await start()
     await running.post(*SPREAD, *LEMON[:2])
@@ -233,14 +237,17 @@ async def test_a_lemon_gets_one_card_and_approval_cordons_it(
     await running.gateway.settle()
     assert len(running.cards()) == 1
 
-    # uncordon through the API (token required)
+    # uncordon: the API wants the token; the CLI sends it
     url = running.server.make_url("/api/v1/nodes/gpu-node-0/uncordon")
-    async with aiohttp.ClientSession() as http:
-        async with http.post(url, json={"by": "bob"}) as answer:
-            assert answer.status == 401
-        headers = {"Authorization": f"Bearer {TOKEN}"}
-        async with http.post(url, json={"by": "bob"}, headers=headers) as answer:
-            assert answer.status == 200, await answer.text()
+    async with aiohttp.ClientSession() as http, http.post(url, json={"by": "bob"}) as answer:
+        assert answer.status == 401
+    monkeypatch.setenv("TRAINSENTRY_API_TOKEN", TOKEN)
+    base = str(running.server.make_url("/"))
+    argv = ["node", "uncordon", "gpu-node-0", "--by", "bob", "--gateway", base]
+    assert await asyncio.to_thread(cli_main, argv) == 0
+    assert "uncordoned by bob" in capsys.readouterr().out
+    condition = job_condition(cluster, "big")
+    assert condition is not None and condition["status"] == "False"
     assert not unschedulable(cluster, "gpu-node-0")
     assert [e["reason"] for e in node_events(cluster, "gpu-node-0")] == ["Cordoned", "Uncordoned"]
     # every API call the stage made is one the chart grants (tests/chart/test_rbac.py)

@@ -63,13 +63,13 @@ class Outcome:
 
 
 def with_node_condition(
-    conditions: list[Mapping[str, Any]], node: str, message: str, now: str
+    conditions: list[Mapping[str, Any]], cordoned: bool, message: str, now: str
 ) -> list[dict[str, Any]]:
-    """Pure: `status.conditions` with NodeCordoned set True (other conditions kept)."""
+    """Pure: `status.conditions` with NodeCordoned set (other conditions kept as they are)."""
     mine = {
         "type": CONDITION,
-        "status": "True",
-        "reason": "NodeCordoned",
+        "status": "True" if cordoned else "False",
+        "reason": "NodeCordoned" if cordoned else "NodeUncordoned",
         "message": message[:1000],
         "lastTransitionTime": now,
     }
@@ -281,6 +281,10 @@ class Cordoner:
             except KubeError as exc:
                 return Outcome(False, f"{node} not uncordoned: Kubernetes API {exc.status}")
             before = decisions.get(node)
+            if before is not None and before.status is Status.CORDONED:
+                await self._job_conditions(
+                    kube, before.jobs, False, f"node {node} uncordoned by {who}"
+                )
             after = NodeDecision(
                 Status.UNCORDONED, now, who,
                 before.score if before else 0.0, before.faults if before else None,
@@ -303,17 +307,24 @@ class Cordoner:
             await kube.create(EVENTS, "default", self._event(body, "Cordoned", who))
         except KubeError as exc:
             return f"Kubernetes API answered {exc.status}"
+        await self._job_conditions(kube, jobs, True, f"node {node} cordoned by {who}")
+        return ""
+
+    async def _job_conditions(
+        self, kube: Kube, jobs: tuple[str, ...], cordoned: bool, message: str
+    ) -> None:
         for job in jobs:
             namespace, _, name = job.partition("/")
             if not (namespace and name):
                 continue
             try:
-                await self._job_condition(kube, namespace, name, f"node {node} cordoned by {who}")
-            except KubeError as exc:  # the cordon stands; the condition is a courtesy
+                await self._job_condition(kube, namespace, name, cordoned, message)
+            except KubeError as exc:  # the node stands as it is; the condition is a courtesy
                 log.warning("cordon: condition not written job=%s status=%s", job, exc.status)
-        return ""
 
-    async def _job_condition(self, kube: Kube, namespace: str, name: str, message: str) -> None:
+    async def _job_condition(
+        self, kube: Kube, namespace: str, name: str, cordoned: bool, message: str
+    ) -> None:
         for _attempt in range(3):
             body = await kube.get(TRAININGJOBS, namespace, name)
             if body is None:
@@ -323,7 +334,7 @@ class Cordoner:
                 "metadata": {"resourceVersion": meta.get("resourceVersion")},
                 "status": {
                     "conditions": with_node_condition(
-                        status.get("conditions") or [], name, message, self._now()
+                        status.get("conditions") or [], cordoned, message, self._now()
                     )
                 },
             }
