@@ -264,6 +264,18 @@ async def test_a_lemon_gets_one_card_and_approval_cordons_it(
 
 async def test_dismiss_does_nothing_and_no_new_card(cluster: KubeEmulator, start: Start) -> None:
     running = await start()
+    # a node trainsentry did not cordon is not its to uncordon
+    url = running.server.make_url("/api/v1/nodes/gpu-node-1/uncordon")
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url, json={"by": "bob"}, headers=headers) as answer:
+            assert answer.status == 409
+            assert "not cordoned by trainsentry" in (await answer.json())["error"]
+        async with http.post(url, json={}, headers=headers) as answer:
+            assert answer.status == 400
+        bad = running.server.make_url("/api/v1/nodes/Not_A_Node/uncordon")
+        async with http.post(bad, json={"by": "bob"}, headers=headers) as answer:
+            assert answer.status == 400
     await running.post(*SPREAD, *LEMON)
     assert len(running.cards()) == 1
     answer = await running.press({"action": "cordon_dismiss", "node": "gpu-node-0"}, "ev-dismiss")

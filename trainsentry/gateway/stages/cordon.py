@@ -271,6 +271,9 @@ class Cordoner:
         now = self._clock()
         async with self._engine.begin() as conn:
             decisions, _alerts = await self._read(conn, now)
+            before = decisions.get(node)
+            if before is None or before.status is not Status.CORDONED:
+                return Outcome(False, f"{node} was not cordoned by trainsentry (kubectl uncordon)")
             kube = await self._kube()
             try:
                 body = await kube.get(NODES, None, node)
@@ -280,16 +283,10 @@ class Cordoner:
                 await kube.create(EVENTS, "default", self._event(body, "Uncordoned", who))
             except KubeError as exc:
                 return Outcome(False, f"{node} not uncordoned: Kubernetes API {exc.status}")
-            before = decisions.get(node)
-            if before is not None and before.status is Status.CORDONED:
-                await self._job_conditions(
-                    kube, before.jobs, False, f"node {node} uncordoned by {who}"
-                )
+            await self._job_conditions(kube, before.jobs, False, f"node {node} uncordoned by {who}")
             after = NodeDecision(
-                Status.UNCORDONED, now, who,
-                before.score if before else 0.0, before.faults if before else None,
-                before.jobs if before else (),
-            )  # fmt: skip
+                Status.UNCORDONED, now, who, before.score, before.faults, before.jobs
+            )
             await save_states(conn, SCOPE, {node: (after.to_json(), None)}, now)
         log.info("cordon: uncordoned node=%s by=%s", node, who)
         return Outcome(True, f"{node}: uncordoned")
