@@ -32,6 +32,7 @@ from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.cordon import CordonSettings
 from trainsentry.gateway.sections import build_topology, cordon_settings_of
 from trainsentry.notifiers.console import ConsoleNotifier
+from trainsentry.notifiers.feishu.callback import CallbackRejected, CardAction, parse_callback
 from trainsentry.notifiers.feishu.card import CardOptions, build_card
 from trainsentry.notifiers.feishu.sign import event_signature
 
@@ -367,3 +368,24 @@ async def test_two_replicas_send_one_card(cluster: KubeEmulator, start: Start) -
     await asyncio.gather(*(g.gateway.cordon.run_once() for g in (a, b, a, b)))
     await asyncio.gather(a.gateway.settle(), b.gateway.settle())
     assert len(a.cards() + b.cards()) == 1
+
+
+@pytest.mark.parametrize("node", ["Bad_Node", "", "a" * 254, "node\x00", 7])
+def test_a_cordon_press_must_name_a_node(node: Any) -> None:
+    body = json.dumps(
+        {
+            "schema": "2.0",
+            "header": {"event_id": "ev-1", "token": VERIFICATION},
+            "event": {
+                "operator": {"open_id": "ou_alice"},
+                "action": {"value": {"action": "cordon_approve", "node": node}},
+            },
+        }
+    ).encode()
+    with pytest.raises(CallbackRejected, match="not a node name") as caught:
+        parse_callback({}, body, verification_token=VERIFICATION, now=time.time())
+    assert caught.value.status == 400
+    good = body.replace(json.dumps(node).encode(), b'"gpu-node-17"')
+    parsed = parse_callback({}, good, verification_token=VERIFICATION, now=time.time())
+    assert isinstance(parsed, CardAction)
+    assert (parsed.node, parsed.action, parsed.alert_id) == ("gpu-node-17", "cordon_approve", 0)
