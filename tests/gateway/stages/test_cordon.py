@@ -21,6 +21,7 @@ from aiohttp.test_utils import TestServer
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from tests.operator.operator_harness import TJ, Validator, declare_cluster
+from tests.support.feishu_server import FeishuContractServer
 from tests.support.gateway_process import close_in_process
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.webhook_factory import encode, make_alert, make_body
@@ -28,6 +29,7 @@ from trainsentry.cli import main as cli_main
 from trainsentry.config import ConfigError, Settings
 from trainsentry.gateway.app import WEBHOOK_PATH, CardCallbackSettings
 from trainsentry.gateway.assemble import create_app
+from trainsentry.gateway.channels import build
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.cordon import CordonSettings
 from trainsentry.gateway.sections import build_topology, cordon_settings_of
@@ -152,13 +154,17 @@ async def start(cluster: KubeEmulator, tmp_path: Path, db_url: str) -> AsyncIter
         return ApiClient(Configuration(host=str(cluster.url).rstrip("/")))
 
     async def run(
-        *, replica: str = "a", topology: dict[str, Any] | None = None, **remediation: Any
+        *,
+        replica: str = "a",
+        topology: dict[str, Any] | None = None,
+        channels: dict[str, Any] | None = None,
+        **remediation: Any,
     ) -> Running:
         settings = Settings.model_validate({"gateway": {"db": db_url, "api_token": TOKEN}})
         console = tmp_path / f"console-{replica}.jsonl"
         app = create_app(
             settings.gateway,
-            notifiers={"console": ConsoleNotifier(console)},
+            notifiers={**(channels or {}), "console": ConsoleNotifier(console)},
             card_callback=CardCallbackSettings(CARD_PATH, VERIFICATION, ENCRYPT_KEY),
             kube_api=api,
             topology=build_topology(topology or {}),
@@ -389,3 +395,44 @@ def test_a_cordon_press_must_name_a_node(node: Any) -> None:
     parsed = parse_callback({}, good, verification_token=VERIFICATION, now=time.time())
     assert isinstance(parsed, CardAction)
     assert (parsed.node, parsed.action, parsed.alert_id) == ("gpu-node-17", "cordon_approve", 0)
+
+
+async def test_the_feishu_app_posts_the_card_with_its_buttons(
+    cluster: KubeEmulator, start: Start, db_url: str
+) -> None:
+    async with FeishuContractServer(apps={"cli_app": "app-secret"}, chats={"oc_infra"}) as feishu:
+        settings = Settings.model_validate(
+            {
+                "channels": {
+                    "feishu_app": {
+                        "base_url": feishu.base_url,
+                        "app_id": "cli_app",
+                        "chats": {"oc_infra": ["P0", "P1", "P2", "P3"]},
+                        "callback": {"path": CARD_PATH, "encrypt_key_env": "FEISHU_ENCRYPT_KEY"},
+                    }
+                }
+            }
+        )
+        env = {
+            "FEISHU_APP_SECRET": "app-secret",
+            "FEISHU_VERIFICATION_TOKEN": VERIFICATION,
+            "FEISHU_ENCRYPT_KEY": ENCRYPT_KEY,
+        }
+        channels = build(settings, env)
+        try:
+            running = await start(channels=dict(channels.notifiers))
+            await running.post(*SPREAD, *LEMON)
+            cards = [
+                json.loads(m["content"])
+                for m in feishu.messages.values()
+                if m["receive_id"] == "oc_infra" and m["msg_type"] == "interactive"
+            ]
+            cordon = [c for c in cards if "cordon_approve" in json.dumps(c)]
+            assert len(cordon) == 1, cards
+            text = json.dumps(cordon[0])
+            assert "Cordon recommended: gpu-node-0" in text
+            assert '"node": "gpu-node-0"' in text and "ml/big" in text
+            assert "cordon_dismiss" in text
+        finally:
+            assert channels.built is not None
+            await channels.built.aclose()

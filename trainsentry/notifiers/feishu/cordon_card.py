@@ -21,7 +21,7 @@ from trainsentry.notifiers.payload import NotificationPayload
 def cordon_card(payload: NotificationPayload, options: CardOptions) -> dict[str, Any]:
     """`payload["cordon"]`: node, summary, score, faults, jobs, status (recommended, or
     cordoned / blocked for an automatic cordon)."""
-    data: dict[str, Any] = dict(payload.get("cordon") or {})  # type: ignore[call-overload]
+    data: dict[str, Any] = dict(payload.get("cordon") or {})
     node = str(data.get("node") or "?")[:253]
     status = str(data.get("status") or "recommended")
     lines = [f"**{escape_md(clip(str(data.get('summary') or node), 500))}**"]
