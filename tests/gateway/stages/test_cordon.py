@@ -436,3 +436,19 @@ async def test_the_feishu_app_posts_the_card_with_its_buttons(
         finally:
             assert channels.built is not None
             await channels.built.aclose()
+
+
+async def test_a_refused_cordon_leaves_the_recommendation_out(
+    cluster: KubeEmulator, start: Start
+) -> None:
+    running = await start()
+    await running.post(*SPREAD, *LEMON)
+    cluster.inject_fault("patch", "nodes", 403)  # RBAC says no: not retried
+    answer = await running.press({"action": "cordon_approve", "node": "gpu-node-0"}, "ev-403")
+    assert answer == "gpu-node-0 not cordoned: Kubernetes API answered 403"
+    assert not unschedulable(cluster, "gpu-node-0")
+    assert node_events(cluster, "gpu-node-0") == []
+    # still recommended: a second press (a new event) cordons it
+    answer = await running.press({"action": "cordon_approve", "node": "gpu-node-0"}, "ev-again")
+    assert answer == "gpu-node-0: cordoned"
+    assert unschedulable(cluster, "gpu-node-0")

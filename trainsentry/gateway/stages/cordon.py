@@ -7,7 +7,10 @@ Invariants:
   every decision runs in one store transaction under the cordon lock row (store/cordon.py),
   so replicas decide one after the other; the card's idempotency key names the node and
   the decision it follows, so a repeated check writes nothing twice;
-- a cordon is done only when the guards allow it, checked under the same lock;
+- a cordon is done only when the guards allow it, checked under the same lock; it is
+  reserved in the store (status cordoned) before the cluster is called, and the cluster is
+  called outside any store transaction (SQLite's single writer is never held by it); a failed
+  call puts the recommendation back;
 - the cluster writes are: patch the Node (`spec.unschedulable`), create an Event on it
   (namespace `default`), and set the `NodeCordoned` condition on each TrainingJob whose
   alerts named the node (read-modify-write of `status.conditions` with the
@@ -74,6 +77,13 @@ def with_node_condition(
         "lastTransitionTime": now,
     }
     return [dict(c) for c in conditions if c.get("type") != CONDITION] + [mine]
+
+
+def _api_problem(exc: Exception) -> str:
+    """The Kubernetes API's failure in words, without its body (no secrets, bounded)."""
+    if isinstance(exc, KubeError):
+        return f"Kubernetes API answered {exc.status}"
+    return f"Kubernetes API unreachable ({type(exc).__name__})"
 
 
 class Cordoner:
@@ -158,11 +168,14 @@ class Cordoner:
 
     async def run_once(self) -> list[str]:
         """Recommends (approve mode) or cordons (auto mode) the nodes over the threshold;
-        returns them."""
+        returns them. An automatic cordon is reserved in the store (status cordoned) before
+        the cluster is called, outside the transaction, and put back to a recommendation
+        if the call fails."""
         if self.settings.cordon is Mode.OFF:
             return []
         now = self._clock()
         drafts: list[NotificationDraft] = []
+        reserved: list[tuple[Candidate, str]] = []  # (candidate, the idempotency suffix)
         async with self._engine.begin() as conn:
             decisions, alerts = await self._read(conn, now)
             found = candidates(alerts, self._policy, self.settings, decisions, now)
@@ -171,25 +184,26 @@ class Cordoner:
             for candidate in found:
                 node = candidate.health.node
                 previous = decisions.get(node)
-                status, reason = Status.RECOMMENDED, ""
+                key = previous.at.isoformat() if previous is not None else "first"
+                reason = ""
                 if self.settings.cordon is Mode.AUTO:
                     reason = blocked(
                         node, self.settings, decisions, job_nodes, now, automatic=True,
                         incident_elements=await self._incidents(conn, node),
                     ) or ""  # fmt: skip
-                    if not reason:
-                        reason = await self._cordon(node, "trainsentry (auto)", candidate.jobs)
-                        status = Status.RECOMMENDED if reason else Status.CORDONED
-                decision = NodeDecision(
-                    status, now, "auto" if status is Status.CORDONED else "",
-                    candidate.health.score, candidate.health.faults, candidate.jobs, reason,
-                )  # fmt: skip
+                status = Status.RECOMMENDED
+                if self.settings.cordon is Mode.AUTO and not reason:
+                    status = Status.CORDONED
+                    reserved.append((candidate, key))
+                decision = self._decision(candidate, status, now, reason)
                 decisions[node] = decision
                 rows[node] = (decision.to_json(), None)
-                key = previous.at.isoformat() if previous is not None else "first"
-                drafts += self._drafts(candidate, decision, key)
+                if status is Status.RECOMMENDED:
+                    drafts += self._drafts(candidate, decision, key)
             await save_states(conn, SCOPE, rows, now)
             written = await insert_notifications(conn, drafts, now)
+        for candidate, key in reserved:
+            written += await self._auto_cordon(candidate, key, now)
         if written and self._on_drafts is not None:
             self._on_drafts()
         if found:
@@ -197,6 +211,25 @@ class Cordoner:
                 "cordon: nodes=%s mode=%s", [c.health.node for c in found], self.settings.cordon
             )
         return [c.health.node for c in found]
+
+    def _decision(
+        self, candidate: Candidate, status: Status, now: datetime, reason: str = ""
+    ) -> NodeDecision:
+        health = candidate.health
+        by = "auto" if status is Status.CORDONED else ""
+        return NodeDecision(status, now, by, health.score, health.faults, candidate.jobs, reason)
+
+    async def _auto_cordon(self, candidate: Candidate, key: str, now: datetime) -> int:
+        """The cluster calls of a reserved automatic cordon, then its card."""
+        node = candidate.health.node
+        reason = await self._cordon(node, "trainsentry (auto)", candidate.jobs)
+        status = Status.RECOMMENDED if reason else Status.CORDONED
+        decision = self._decision(candidate, status, now, reason)
+        async with self._engine.begin() as conn:
+            await lock_cordon(conn, now)
+            if reason:  # not done: a human decides
+                await save_states(conn, SCOPE, {node: (decision.to_json(), None)}, now)
+            return await insert_notifications(conn, self._drafts(candidate, decision, key), now)
 
     def _drafts(
         self, candidate: Candidate, decision: NodeDecision, after: str
@@ -236,7 +269,9 @@ class Cordoner:
     # decisions ---------------------------------------------------------------------------
 
     async def decide(self, node: str, approve: bool, who: str) -> Outcome:
-        """A press of Approve or Dismiss on the node's card."""
+        """A press of Approve or Dismiss on the node's card. An approved cordon is reserved
+        in the store first (guards checked under the lock), then the cluster is called
+        outside the transaction; a failed call puts the recommendation back."""
         now = self._clock()
         async with self._engine.begin() as conn:
             decisions, alerts = await self._read(conn, now)
@@ -244,49 +279,51 @@ class Cordoner:
             if current is None or current.status is not Status.RECOMMENDED:
                 state = current.status.value if current is not None else "not recommended"
                 return Outcome(False, f"{node}: {state}, nothing to decide")
-            if not approve:
-                dismissed = NodeDecision(
-                    Status.DISMISSED, now, who, current.score, current.faults, current.jobs
-                )
-                await save_states(conn, SCOPE, {node: (dismissed.to_json(), None)}, now)
-                log.info("cordon: dismissed node=%s by=%s", node, who)
-                return Outcome(True, f"{node}: dismissed")
-            reason = blocked(node, self.settings, decisions, job_nodes_of(alerts), now,
-                             automatic=False)  # fmt: skip
-            if reason is None:
-                reason = await self._cordon(node, who, current.jobs)
-            if reason:
-                log.info("cordon: not done node=%s reason=%s", node, reason)
-                return Outcome(False, f"{node} not cordoned: {reason}")
-            done = NodeDecision(
-                Status.CORDONED, now, who, current.score, current.faults, current.jobs
-            )
-            await save_states(conn, SCOPE, {node: (done.to_json(), None)}, now)
+            status = Status.CORDONED if approve else Status.DISMISSED
+            if approve:
+                reason = blocked(node, self.settings, decisions, job_nodes_of(alerts), now,
+                                 automatic=False)  # fmt: skip
+                if reason:
+                    log.info("cordon: not done node=%s reason=%s", node, reason)
+                    return Outcome(False, f"{node} not cordoned: {reason}")
+            after = NodeDecision(status, now, who, current.score, current.faults, current.jobs)
+            await save_states(conn, SCOPE, {node: (after.to_json(), None)}, now)
+        if not approve:
+            log.info("cordon: dismissed node=%s by=%s", node, who)
+            return Outcome(True, f"{node}: dismissed")
+        reason = await self._cordon(node, who, current.jobs)
+        if reason:
+            async with self._engine.begin() as conn:
+                await lock_cordon(conn, now)
+                await save_states(conn, SCOPE, {node: (current.to_json(), None)}, now)
+            log.info("cordon: not done node=%s reason=%s", node, reason)
+            return Outcome(False, f"{node} not cordoned: {reason}")
         log.info("cordon: cordoned node=%s by=%s", node, who)
         return Outcome(True, f"{node}: cordoned")
 
     async def uncordon(self, node: str, who: str) -> Outcome:
         """`trainsentry node uncordon NODE`: the Node schedulable again; the next
-        recommendation counts only faults after now."""
+        recommendation counts only faults after now. Only a node trainsentry cordoned."""
         now = self._clock()
-        async with self._engine.begin() as conn:
-            decisions, _alerts = await self._read(conn, now)
-            before = decisions.get(node)
-            if before is None or before.status is not Status.CORDONED:
-                return Outcome(False, f"{node} was not cordoned by trainsentry (kubectl uncordon)")
+        async with self._engine.connect() as conn:
+            before = NodeDecision.from_json(state) if (
+                state := (await cordon_states(conn)).get(node)
+            ) else None  # fmt: skip
+        if before is None or before.status is not Status.CORDONED:
+            return Outcome(False, f"{node} was not cordoned by trainsentry (kubectl uncordon)")
+        try:
             kube = await self._kube()
-            try:
-                body = await kube.get(NODES, None, node)
-                if body is None:
-                    return Outcome(False, f"no node {node}")
-                await kube.patch(NODES, None, node, {"spec": {"unschedulable": None}})
-                await kube.create(EVENTS, "default", self._event(body, "Uncordoned", who))
-            except KubeError as exc:
-                return Outcome(False, f"{node} not uncordoned: Kubernetes API {exc.status}")
-            await self._job_conditions(kube, before.jobs, False, f"node {node} uncordoned by {who}")
-            after = NodeDecision(
-                Status.UNCORDONED, now, who, before.score, before.faults, before.jobs
-            )
+            body = await kube.get(NODES, None, node)
+            if body is None:
+                return Outcome(False, f"no node {node} in the cluster")
+            await kube.patch(NODES, None, node, {"spec": {"unschedulable": None}})
+            await kube.create(EVENTS, "default", self._event(body, "Uncordoned", who))
+        except Exception as exc:  # the API's answer, or it is unreachable
+            return Outcome(False, f"{node} not uncordoned: {_api_problem(exc)}")
+        await self._job_conditions(kube, before.jobs, False, f"node {node} uncordoned by {who}")
+        after = NodeDecision(Status.UNCORDONED, now, who, before.score, before.faults, before.jobs)
+        async with self._engine.begin() as conn:
+            await lock_cordon(conn, now)
             await save_states(conn, SCOPE, {node: (after.to_json(), None)}, now)
         log.info("cordon: uncordoned node=%s by=%s", node, who)
         return Outcome(True, f"{node}: uncordoned")
@@ -295,15 +332,15 @@ class Cordoner:
 
     async def _cordon(self, node: str, who: str, jobs: tuple[str, ...]) -> str:
         """Cordons the node; "" when done, else why not (the API's answer)."""
-        kube = await self._kube()
         try:
+            kube = await self._kube()
             body = await kube.get(NODES, None, node)
             if body is None:
                 return f"no node {node} in the cluster"
             await kube.patch(NODES, None, node, {"spec": {"unschedulable": True}})
             await kube.create(EVENTS, "default", self._event(body, "Cordoned", who))
-        except KubeError as exc:
-            return f"Kubernetes API answered {exc.status}"
+        except Exception as exc:  # the API's answer, or it is unreachable
+            return _api_problem(exc)
         await self._job_conditions(kube, jobs, True, f"node {node} cordoned by {who}")
         return ""
 
@@ -316,8 +353,8 @@ class Cordoner:
                 continue
             try:
                 await self._job_condition(kube, namespace, name, cordoned, message)
-            except KubeError as exc:  # the node stands as it is; the condition is a courtesy
-                log.warning("cordon: condition not written job=%s status=%s", job, exc.status)
+            except Exception as exc:  # the node stands as it is; the condition is a courtesy
+                log.warning("cordon: condition not written job=%s error=%s", job, _api_problem(exc))
 
     async def _job_condition(
         self, kube: Kube, namespace: str, name: str, cordoned: bool, message: str
