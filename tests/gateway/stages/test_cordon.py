@@ -452,3 +452,23 @@ async def test_a_refused_cordon_leaves_the_recommendation_out(
     answer = await running.press({"action": "cordon_approve", "node": "gpu-node-0"}, "ev-again")
     assert answer == "gpu-node-0: cordoned"
     assert unschedulable(cluster, "gpu-node-0")
+
+
+async def test_the_share_counts_the_nodes_the_trainingjob_lists(
+    cluster: KubeEmulator, start: Start
+) -> None:
+    """The job's alerts named only the lemon (1 of 1: refused); once the operator has written
+    the job's nodes into its status, the share is 1 of 8 and the cordon goes ahead."""
+    running = await start(max_job_share=0.25)
+    await running.post(*[fault(300 + i, "gpu-node-0", "small", 2 + i) for i in range(3)])
+    answer = await running.press({"action": "cordon_approve", "node": "gpu-node-0"}, "ev-one")
+    assert "1 of its 1 nodes" in answer
+    path = "/apis/trainsentry.io/v1alpha1/namespaces/ml/trainingjobs/small/status"
+    nodes = [f"gpu-node-{i}" for i in range(8)]
+    headers = {"Content-Type": "application/merge-patch+json"}
+    async with cluster.patch(path, json={"status": {"nodes": nodes}}, headers=headers) as reply:
+        assert reply.status == 200, await reply.text()
+    answer = await running.press({"action": "cordon_approve", "node": "gpu-node-0"}, "ev-eight")
+    assert answer == "gpu-node-0: cordoned"
+    assert unschedulable(cluster, "gpu-node-0")
+    assert job_condition(cluster, "small") is not None

@@ -8,7 +8,8 @@ towards the next recommendation, so a dismissed node gets no new card until it f
 
 Guards, checked before every cordon (approved or automatic):
 - share: after the cordon, no job has more than `max_job_share` of its nodes cordoned. A
-  job's nodes are the nodes its alerts named within the health horizon (the gateway's RBAC
+  job's nodes are the nodes its alerts named within the health horizon, joined with the
+  nodes its TrainingJob lists in `status.nodes` when it can be read (the gateway's RBAC
   gives it no pod reads, so this is what it knows of where a job runs);
 - rate: at most `max_per_hour` cordons in the last hour, whoever approved them;
 - infrastructure (auto mode only): no open infrastructure incident covers an element of the
@@ -205,6 +206,17 @@ def job_nodes_of(alerts: Iterable[Alert]) -> dict[str, set[str]]:
         for job in jobs:
             found.setdefault(job, set()).add(node)
     return found
+
+
+def with_listed_nodes(
+    job_nodes: Mapping[str, set[str]], listed: Mapping[str, Iterable[str]]
+) -> dict[str, set[str]]:
+    """Pure: the jobs' nodes from their alerts, joined with the nodes their TrainingJobs list
+    (`status.nodes`, written by the operator; a job not read keeps its alert-named nodes)."""
+    joined = {job: set(nodes) for job, nodes in job_nodes.items()}
+    for job, nodes in listed.items():
+        joined.setdefault(job, set()).update(nodes)
+    return joined
 
 
 def summary(candidate: Candidate) -> str:

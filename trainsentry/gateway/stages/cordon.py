@@ -38,6 +38,7 @@ from trainsentry.gateway.policy.cordon import (
     candidates,
     job_nodes_of,
     summary,
+    with_listed_nodes,
 )
 from trainsentry.gateway.policy.route import CHANNEL_KINDS
 from trainsentry.gateway.policy.rules import Policy
@@ -57,6 +58,8 @@ KIND = "cordon"
 CONDITION = "NodeCordoned"
 PRIORITY = Priority.P1
 CARD_CHANNELS = frozenset({*CHANNEL_KINDS["feishu"], "console"})
+MAX_JOBS_READ = 20  # TrainingJobs read for one decision (a card names at most 20)
+MAX_LISTED = 10_000  # nodes taken from one TrainingJob's status.nodes
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,9 +143,10 @@ class Cordoner:
     # reading -----------------------------------------------------------------------------
 
     async def _read(
-        self, conn: Connection, now: datetime
+        self, conn: Connection, now: datetime, *, lock: bool = True
     ) -> tuple[dict[str, NodeDecision], list[Alert]]:
-        await lock_cordon(conn, now)
+        if lock:
+            await lock_cordon(conn, now)
         decisions = {
             node: NodeDecision.from_json(state)
             for node, state in (await cordon_states(conn)).items()
@@ -176,10 +180,18 @@ class Cordoner:
         now = self._clock()
         drafts: list[NotificationDraft] = []
         reserved: list[tuple[Candidate, str]] = []  # (candidate, the idempotency suffix)
+        listed: dict[str, list[str]] = {}
+        if self.settings.cordon is Mode.AUTO:  # the jobs' listed nodes, before the lock
+            async with self._engine.connect() as conn:
+                decisions, alerts = await self._read(conn, now, lock=False)
+            found = candidates(alerts, self._policy, self.settings, decisions, now)
+            if not found:
+                return []
+            listed = await self._listed_nodes({job for c in found for job in c.jobs})
         async with self._engine.begin() as conn:
             decisions, alerts = await self._read(conn, now)
             found = candidates(alerts, self._policy, self.settings, decisions, now)
-            job_nodes = job_nodes_of(alerts)
+            job_nodes = with_listed_nodes(job_nodes_of(alerts), listed)
             rows: dict[str, tuple[dict[str, Any], datetime | None]] = {}
             for candidate in found:
                 node = candidate.health.node
@@ -273,6 +285,12 @@ class Cordoner:
         in the store first (guards checked under the lock), then the cluster is called
         outside the transaction; a failed call puts the recommendation back."""
         now = self._clock()
+        listed: dict[str, list[str]] = {}
+        if approve:  # the jobs' listed nodes, read before the lock
+            async with self._engine.connect() as conn:
+                stored = (await cordon_states(conn)).get(node)
+            if stored is not None:
+                listed = await self._listed_nodes(set(NodeDecision.from_json(stored).jobs))
         async with self._engine.begin() as conn:
             decisions, alerts = await self._read(conn, now)
             current = decisions.get(node)
@@ -281,8 +299,8 @@ class Cordoner:
                 return Outcome(False, f"{node}: {state}, nothing to decide")
             status = Status.CORDONED if approve else Status.DISMISSED
             if approve:
-                reason = blocked(node, self.settings, decisions, job_nodes_of(alerts), now,
-                                 automatic=False)  # fmt: skip
+                job_nodes = with_listed_nodes(job_nodes_of(alerts), listed)
+                reason = blocked(node, self.settings, decisions, job_nodes, now, automatic=False)
                 if reason:
                     log.info("cordon: not done node=%s reason=%s", node, reason)
                     return Outcome(False, f"{node} not cordoned: {reason}")
@@ -329,6 +347,29 @@ class Cordoner:
         return Outcome(True, f"{node}: uncordoned")
 
     # the cluster -------------------------------------------------------------------------
+
+    async def _listed_nodes(self, jobs: set[str]) -> dict[str, list[str]]:
+        """job -> the nodes its TrainingJob lists in `status.nodes` (the operator writes
+        them); a job that cannot be read is left out (its alert-named nodes count alone).
+        Attacker-controlled: only short printable strings, at most MAX_LISTED per job."""
+        found: dict[str, list[str]] = {}
+        for job in sorted(jobs)[:MAX_JOBS_READ]:
+            namespace, _, name = job.partition("/")
+            if not (namespace and name):
+                continue
+            try:
+                kube = await self._kube()
+                body = await kube.get(TRAININGJOBS, namespace, name)
+            except Exception as exc:
+                log.warning("cordon: job not read job=%s error=%s", job, _api_problem(exc))
+                continue
+            nodes = ((body or {}).get("status") or {}).get("nodes") or []
+            if isinstance(nodes, list):
+                found[job] = [
+                    n for n in nodes[:MAX_LISTED]
+                    if isinstance(n, str) and 0 < len(n) <= 253 and n.isprintable()
+                ]  # fmt: skip
+        return found
 
     async def _cordon(self, node: str, who: str, jobs: tuple[str, ...]) -> str:
         """Cordons the node; "" when done, else why not (the API's answer)."""
