@@ -106,11 +106,15 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
     raise RuntimeError("server not ready")
 
 
-async def load(url: str, payloads: list[bytes], concurrency: int) -> tuple[float, list[float]]:
+async def load(
+    url: str, payloads: list[bytes], concurrency: int, headers: dict[str, str] | None = None
+) -> tuple[float, list[float]]:
+    """Posts `payloads` over `concurrency` connections; the seconds until the last answer,
+    and each post's latency."""
     latencies: list[float] = []
     queue = list(reversed(payloads))
     connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
 
         async def worker() -> None:
             while queue:

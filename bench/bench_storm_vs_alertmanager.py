@@ -38,6 +38,7 @@ import yaml
 from aiohttp import web
 
 from bench.bench_intake import inbox_depth, wait_planned, wait_ready
+from bench.bench_intake import load as intake_load
 from tests.support.ports import free_port
 from tests.support.realservers import start_alertmanager
 
@@ -47,28 +48,8 @@ NODES = 1000
 
 
 async def load(url: str, payloads: list[bytes], concurrency: int) -> tuple[float, list[float]]:
-    """Post `payloads` over `concurrency` connections (JSON, as Alertmanager requires it);
-    returns the seconds until the last answer and each post's latency."""
-    latencies: list[float] = []
-    queue = list(reversed(payloads))
-    headers = {"Content-Type": "application/json"}
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
-
-        async def worker() -> None:
-            while queue:
-                payload = queue.pop()
-                started = time.perf_counter()
-                async with session.post(url, data=payload) as response:
-                    await response.read()
-                    if response.status != 200:
-                        raise RuntimeError(f"status {response.status}")
-                latencies.append(time.perf_counter() - started)
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - started
-    return elapsed, latencies
+    """bench_intake's client, posting JSON (Alertmanager refuses other content types)."""
+    return await intake_load(url, payloads, concurrency, {"Content-Type": "application/json"})
 
 
 def storm_alerts(count: int, start: datetime) -> list[dict[str, Any]]:

@@ -127,7 +127,8 @@ async def test_app_channel_sends_interactive_card_once_per_idempotency_key(
     values = [
         b["behaviors"][0]["value"]
         for e in card["body"]["elements"]
-        for c in e.get("columns", [])
+        for row in [e, *e.get("elements", [])]  # the ack form's button row too
+        for c in row.get("columns", [])
         for b in c["elements"]
         if b["behaviors"][0]["type"] == "callback"
     ]

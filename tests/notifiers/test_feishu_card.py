@@ -30,10 +30,12 @@ def _texts(card: dict[str, Any]) -> str:
 
 
 def _buttons(card: dict[str, Any]) -> list[dict[str, Any]]:
+    """The buttons in the card's button rows, the ack form's included."""
     found = []
     for element in card["body"]["elements"]:
-        for column in element.get("columns", []):
-            found.extend(e for e in column["elements"] if e["tag"] == "button")
+        for row in [element, *element.get("elements", [])]:
+            for column in row.get("columns", []):
+                found.extend(e for e in column["elements"] if e["tag"] == "button")
     return found
 
 

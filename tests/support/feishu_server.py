@@ -146,11 +146,35 @@ def card_problems(card: Any) -> list[str]:
     return problems
 
 
-def _element_problems(elements: list[Any], where: str) -> list[str]:
+def _form_problems(form: dict[str, Any], at: str, root: bool) -> list[str]:
+    """Feishu's form container (card JSON 2.0): only under the card's root, a `name`, no
+    form inside; every interactive component in it named, names unique in the card; at
+    least one button with `form_action_type: submit` (its press sends `form_value`)."""
+    problems: list[str] = []
+    if not root:
+        problems.append(f"{at}: a form may only sit at the card's root")
+    if not isinstance(form.get("name"), str) or not form["name"]:
+        problems.append(f"{at}: form needs a name")
+    named: list[dict[str, Any]] = []
+    problems.extend(_element_problems(form.get("elements") or [], f"{at}.elements", named))
+    names = [e.get("name") for e in named]
+    if any(not isinstance(n, str) or not n for n in names) or len(set(names)) != len(names):
+        problems.append(f"{at}: every input and button in a form needs a unique name")
+    if not any(e.get("form_action_type") == "submit" for e in named if e.get("tag") == "button"):
+        problems.append(f"{at}: a form needs a button with form_action_type submit")
+    return problems
+
+
+def _element_problems(
+    elements: list[Any], where: str, form: list[dict[str, Any]] | None = None
+) -> list[str]:
+    """`form`: the interactive components met so far inside a form container."""
     problems: list[str] = []
     for i, element in enumerate(elements):
         at = f"{where}[{i}]"
         tag = element.get("tag") if isinstance(element, dict) else None
+        if form is not None and tag in ("button", "input"):
+            form.append(element)
         if tag == "markdown":
             if not isinstance(element.get("content"), str):
                 problems.append(f"{at}: markdown needs string content")
@@ -161,7 +185,12 @@ def _element_problems(elements: list[Any], where: str) -> list[str]:
             if text.get("tag") != "plain_text" or not text.get("content"):
                 problems.append(f"{at}: button needs text plain_text")
             behaviors = element.get("behaviors")
-            if not isinstance(behaviors, list) or not behaviors:
+            submits = element.get("form_action_type")
+            if submits is not None and (form is None or submits not in ("submit", "reset")):
+                problems.append(f"{at}: form_action_type {submits!r} outside a form or unknown")
+            if submits is not None and behaviors is None:
+                pass  # a form's submit or reset button needs no behaviors
+            elif not isinstance(behaviors, list) or not behaviors:
                 problems.append(f"{at}: button needs behaviors")
             else:
                 for b in behaviors:
@@ -176,13 +205,41 @@ def _element_problems(elements: list[Any], where: str) -> list[str]:
                 if column.get("tag") != "column":
                     problems.append(f"{at}.columns[{j}]: tag must be column")
                 problems.extend(
-                    _element_problems(column.get("elements") or [], f"{at}.columns[{j}]")
+                    _element_problems(column.get("elements") or [], f"{at}.columns[{j}]", form)
                 )
+        elif tag == "form":
+            problems.extend(_form_problems(element, at, root=where == "body.elements"))
+        elif tag == "input":
+            limit = element.get("max_length", 1000)
+            if not isinstance(limit, int) or not 1 <= limit <= 1000:
+                problems.append(f"{at}: input max_length must be 1..1000")
+            placeholder = element.get("placeholder")
+            if placeholder is not None and placeholder.get("tag") != "plain_text":
+                problems.append(f"{at}: input placeholder needs tag plain_text")
         elif tag in ("action", "note", "div"):
             problems.append(f"{at}: {tag} is not supported in card JSON 2.0")
         else:
             problems.append(f"{at}: unknown tag {tag!r}")
     return problems
+
+
+def _form_parts(elements: list[Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The inputs and buttons among `elements`, columns and forms included."""
+    inputs: list[dict[str, Any]] = []
+    buttons: list[dict[str, Any]] = []
+    for element in elements:
+        tag = element.get("tag")
+        if tag == "input":
+            inputs.append(element)
+        elif tag == "button":
+            buttons.append(element)
+        nested = list(element.get("elements") or [])
+        for column in element.get("columns") or []:
+            nested.extend(column.get("elements") or [])
+        more_inputs, more_buttons = _form_parts(nested)
+        inputs += more_inputs
+        buttons += more_buttons
+    return inputs, buttons
 
 
 @dataclass
@@ -427,6 +484,52 @@ class FeishuContractServer:
             return self._reject("im", BAD_PARAMS, "content must be a JSON string", 400)
         self.messages[mid]["updates"].append(json.loads(body["content"]))
         return web.json_response({"code": 0, "msg": "success", "data": {}})
+
+    def press(
+        self,
+        message_id: str,
+        button: str,
+        *,
+        verification_token: str,
+        typed: dict[str, str] | None = None,
+        open_id: str = "ou_presser",
+        event_id: str = "ev-press-1",
+    ) -> dict[str, Any]:
+        """The `card.action.trigger` callback (schema 2.0) Feishu posts when the button with
+        text `button` is pressed on the message's card as it was sent: `action.value` is the
+        button's callback value; for a button in a form container, `action.name` is its name
+        and `action.form_value` holds each input of the form by name, with what was `typed`
+        into it ("" for nothing)."""
+        card = json.loads(self.messages[message_id]["content"])
+        for element in card["body"]["elements"]:
+            inputs, buttons = _form_parts([element])
+            found = [b for b in buttons if (b.get("text") or {}).get("content") == button]
+            if found:
+                break
+        else:
+            raise LookupError(f"no button {button!r} on {message_id}")
+        pressed = found[0]
+        value = next(
+            (b.get("value") for b in pressed.get("behaviors") or [] if b["type"] == "callback"),
+            None,
+        )
+        action: dict[str, Any] = {"value": value, "tag": "button"}
+        if element.get("tag") == "form":
+            action["name"] = pressed.get("name")
+            action["form_value"] = {i["name"]: (typed or {}).get(i["name"], "") for i in inputs}
+        return {
+            "schema": "2.0",
+            "header": {
+                "event_id": event_id, "token": verification_token,
+                "create_time": str(int(time.time() * 1000)),
+                "event_type": "card.action.trigger", "tenant_key": "tk", "app_id": "cli_app",
+            },
+            "event": {
+                "operator": {"tenant_key": "tk", "open_id": open_id},
+                "token": "c-update-token", "action": action, "host": "im_message",
+                "context": {"open_message_id": message_id, "open_chat_id": "oc_1"},
+            },
+        }  # fmt: skip
 
     async def urgent_phone(self, request: web.Request) -> web.Response:
         if (denied := self._auth(request)) is not None:

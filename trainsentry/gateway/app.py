@@ -273,7 +273,9 @@ async def card_ack(gateway: Gateway, action: CardAction) -> dict[str, Any] | Non
                 log.info("card action repeated, dropped event_id=%s", event_id)
                 return {"toast": {"type": "info", "content": "already handled"}}
         try:
-            result = await gateway.ack.acknowledge(action.alert_id, action.who, silence)
+            result = await gateway.ack.acknowledge(
+                action.alert_id, action.who, silence, comment=action.comment
+            )
         except Exception:
             if event_id is not None:  # not acted on: Feishu's redelivery must be
                 async with gateway.engine.begin() as conn:

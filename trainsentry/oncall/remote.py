@@ -12,8 +12,6 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
-import os
-import sys
 from typing import Any
 
 
@@ -47,52 +45,40 @@ def _line(item: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import httpx
+    from trainsentry.api_client import Answer, call, gateway_base, refused
 
-    base = args.gateway or os.environ.get("TRAINSENTRY_GATEWAY_URL", "http://127.0.0.1:9095")
-    token = os.environ.get("TRAINSENTRY_API_TOKEN", "")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    url = f"{base.rstrip('/')}/api/v1/oncall/overrides"
+    base = gateway_base(args.gateway)
+    path = "/api/v1/oncall/overrides"
+    name = "trainsentry oncall"
     by = args.by or getpass.getuser()
-    try:
-        if args.override_command == "add":
-            body = {"schedule": args.schedule, "who": args.who, "start": args.start}
-            body |= {"end": args.end, "reason": args.reason, "by": by}
-            if args.replaces:
-                body |= {"kind": "swap", "replaces": args.replaces}
-            response = httpx.post(url, json=body, headers=headers, timeout=15)
-        elif args.override_command == "list":
-            query = {"removed": "true" if args.removed else "false"}
-            if args.schedule:
-                query["schedule"] = args.schedule
-            response = httpx.get(url, params=query, headers=headers, timeout=15)
-        else:
-            response = httpx.request(
-                "DELETE", f"{url}/{args.change_id}", json={"by": by}, headers=headers, timeout=15
-            )
-    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
-        print(f"trainsentry oncall: not a usable gateway URL: {base}: {exc}", file=sys.stderr)
-        return 2
-    except httpx.HTTPError as exc:
-        print(f"could not reach the gateway at {base}: {exc}")
-        return 1
-    try:
-        answer = response.json()
-    except ValueError:
-        answer = {"error": response.text[:200]}
-    if response.status_code == 404 and args.override_command == "remove":
-        print(answer.get("error", "no such override"))
-        return 3
-    if response.status_code not in (200, 201):
-        print(f"the gateway refused: HTTP {response.status_code}: {answer.get('error', answer)}")
-        return 1
-    if args.json:
-        print(json.dumps(answer, indent=2))
+    if args.override_command == "add":
+        body = {"schedule": args.schedule, "who": args.who, "start": args.start}
+        body |= {"end": args.end, "reason": args.reason, "by": by}
+        if args.replaces:
+            body |= {"kind": "swap", "replaces": args.replaces}
+        answer = call(name, base, "POST", path, json=body)
     elif args.override_command == "list":
-        for item in answer["items"]:
+        query = {"removed": "true" if args.removed else "false"}
+        if args.schedule:
+            query["schedule"] = args.schedule
+        answer = call(name, base, "GET", path, params=query)
+    else:
+        answer = call(name, base, "DELETE", f"{path}/{args.change_id}", json={"by": by})
+    if not isinstance(answer, Answer):
+        return answer
+    if answer.status == 404 and args.override_command == "remove":
+        print(answer.body.get("error", "no such override"))
+        return 3
+    if answer.status not in (200, 201):
+        return refused(answer)
+    result = answer.body
+    if args.json:
+        print(json.dumps(result, indent=2))
+    elif args.override_command == "list":
+        for item in result["items"]:
             print(_line(item))
-        if not answer["items"]:
+        if not result["items"]:
             print("no overrides or swaps")
     else:
-        print(("removed " if args.override_command == "remove" else "added ") + _line(answer))
+        print(("removed " if args.override_command == "remove" else "added ") + _line(result))
     return 0

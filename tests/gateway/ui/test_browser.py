@@ -141,6 +141,58 @@ async def test_the_ack_button_stops_the_escalation_and_redraws_the_card(
             await client.aclose()
 
 
+async def test_the_escalate_button_calls_the_next_layer_now(
+    page: Page, tmp_path: Path, receiver: Receiver
+) -> None:
+    """Escalate now on a P0 with two layers: the second layer is rung at once (not after the
+    5-minute ack timeout), through the API's service, and the history says who asked."""
+    notifiers: dict[str, Notifier] = {
+        "console": ConsoleNotifier(),
+        "phone": WebhookNotifier(receiver.url, name="phone"),
+    }
+    server = await start(
+        sqlite(tmp_path), token=TOKEN, notifiers=notifiers, clock=Clock(), escalator=ESCALATOR
+    )
+    try:
+        await post_alerts(server, [alert(1, priority="P0")], token=TOKEN)
+        assert [b["payload"]["person"]["name"] for b in receiver.bodies] == ["alice"]
+        await page.goto(str(server.make_url("/ui/login?next=/ui/incidents/1")))
+        await sign_in(page, server, "oncall-carol", TOKEN)
+        await page.click("#action-escalate")
+        await page.wait_for("document.body.innerText.includes('escalated by oncall-carol')")
+        assert "calling bob (secondary) now" in await page.text(".notice")
+        await server.app[GATEWAY_KEY].settle()  # the clock has not moved: no timeout passed
+        assert [b["payload"]["person"]["name"] for b in receiver.bodies] == ["alice", "bob"]
+        assert "oncall-carol" in await page.text("ol.timeline")
+        # acknowledged, there is nothing left to escalate: refused, nobody else is rung
+        await page.click("#action-ack")
+        await page.wait_for("document.body.innerText.includes('acknowledged by oncall-carol')")
+        await page.evaluate("document.querySelector('form.action-escalate').submit()")
+        await page.wait_for("document.body.innerText.includes('cannot escalate alert 1')")
+        await server.app[GATEWAY_KEY].settle()
+        assert [b["payload"]["person"]["name"] for b in receiver.bodies] == ["alice", "bob"]
+    finally:
+        await close_in_process(server)
+
+
+async def test_the_now_page_shows_who_is_on_call_on_the_schedules(
+    page: Page, tmp_path: Path, receiver: Receiver
+) -> None:
+    from tests.gateway.oncall import support
+
+    server = await support.start(
+        f"sqlite:///{tmp_path / 'store.db'}", receiver, support.Clock(), tmp_path
+    )
+    try:
+        await page.goto(str(server.make_url("/ui/")))
+        await sign_in(page, server, "ivy", support.TOKEN)
+        panel = await page.text("section[aria-label='On call']")
+        assert "gpu-infra: alice (primary, until 2026-11-23 08:00:00 UTC), bob (backup)" in panel
+        assert await page.text("ul.oncall .person.primary") == "alice"
+    finally:
+        await close_in_process(server)
+
+
 async def test_login_and_csrf_are_enforced(page: Page, tmp_path: Path) -> None:
     server = await start(sqlite(tmp_path), token=TOKEN)
     try:

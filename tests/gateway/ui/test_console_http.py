@@ -22,6 +22,7 @@ from tests.gateway.ui.helpers import (
     store_verdict,
 )
 from tests.support.gateway_process import close_in_process
+from tests.support.receiver import Receiver
 from tests.support.webhook_factory import make_alert
 from trainsentry.config import ConsoleSettings
 
@@ -39,13 +40,15 @@ async def acked_by(server: TestServer, alert_id: int) -> str | None:
             return (await r.json())["acked_by"]
 
 
-async def signed_in(server: TestServer, name: str = "erin") -> aiohttp.ClientSession:
+async def signed_in(
+    server: TestServer, name: str = "erin", token: str = TOKEN
+) -> aiohttp.ClientSession:
     """A client session that went through the login form as a browser does."""
     session = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
     async with session.get(server.make_url("/ui/login")) as r:
         nonce = re.search(r'name="csrf" value="([^"]+)"', await r.text())
     assert nonce is not None
-    form = {"csrf": nonce.group(1), "name": name, "token": TOKEN, "next": "/ui/"}
+    form = {"csrf": nonce.group(1), "name": name, "token": token, "next": "/ui/"}
     async with session.post(server.make_url("/ui/login"), data=form, allow_redirects=False) as r:
         assert r.status == 303, await r.text()
     return session
@@ -246,6 +249,11 @@ async def test_ack_comments_are_kept_the_same_from_the_api_and_the_console(db_ur
             form["comment"] = "x" * 1001
             async with session.post(url, data=form, allow_redirects=False) as r:
                 assert r.status == 400
+            # no phone escalation on this gateway: no Escalate button, and its POST is a 404
+            assert 'id="action-escalate"' not in page
+            escalate = server.make_url("/ui/incidents/1/escalate")
+            async with session.post(escalate, data=form, allow_redirects=False) as r:
+                assert r.status == 404
         finally:
             await session.close()
         async with aiohttp.ClientSession(headers=headers) as api:
@@ -304,6 +312,42 @@ async def test_who_is_on_call_comes_from_the_escalation_roster(tmp_path: Path) -
     try:
         _status, page = await get(server, "/ui/")
         assert "Not known to this gateway: no phone escalation is configured" in page
+    finally:
+        await close_in_process(server)
+
+
+async def test_who_is_on_call_comes_from_the_schedules_with_overrides(
+    db_url: str, tmp_path: Path, receiver: Receiver
+) -> None:
+    """With an `oncall:` section the panel shows the schedules' answer (as GET
+    /api/v1/oncall), primary first with until-times, and a stored override changes it."""
+    from tests.gateway.oncall import support
+
+    server = await support.start(db_url, receiver, support.Clock(), tmp_path)
+    try:
+        session = await signed_in(server, "ivy", token=support.TOKEN)
+        try:
+            async with session.get(server.make_url("/ui/")) as r:
+                page = await r.text()
+            assert "from the on-call schedules" in page
+            assert (
+                '<b>gpu-infra</b>: <span class="person primary">alice</span> '
+                "<small>(primary, until 2026-11-23 08:00:00 UTC)</small>, "
+                '<span class="person">bob</span> <small>(backup)</small>'
+            ) in page
+            override = {"schedule": "gpu-infra", "who": "carol", "by": "ivy"}
+            override |= {"start": "2026-11-20T04:00", "end": "2026-11-20T18:00"}
+            status, _ = await support.call(server, "POST", "/api/v1/oncall/overrides", override)
+            assert status == 201
+            _, api = await support.call(server, "GET", "/api/v1/oncall")
+            async with session.get(server.make_url("/ui/")) as r:
+                page = await r.text()
+            first = api["schedules"][0]["on_call"][0]
+            assert first["name"] == "carol"
+            assert f'<span class="person primary">carol</span> <small>({first["layer"]}' in page
+            assert "until 2026-11-20 17:00:00 UTC" in page
+        finally:
+            await session.close()
     finally:
         await close_in_process(server)
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import os
-import sys
 
 HELP = "acknowledge an alert: stop its phone escalation (and optionally silence it)"
 DESCRIPTION = """\
@@ -48,48 +46,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    import httpx
+    from trainsentry.api_client import Answer, call, gateway_base, refused
 
-    base = args.gateway or os.environ.get("TRAINSENTRY_GATEWAY_URL", "http://127.0.0.1:9095")
-    token = os.environ.get("TRAINSENTRY_API_TOKEN", "")
     body: dict[str, object] = {"by": args.by or getpass.getuser()}
     if args.silence:
         body["silence_minutes"] = args.silence
     if args.comment:
         body["comment"] = args.comment
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        response = httpx.post(
-            f"{base.rstrip('/')}/api/v1/alerts/{args.alert_id}/ack",
-            json=body,
-            headers=headers,
-            timeout=15,
-        )
-    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:  # InvalidURL: no HTTPError
-        print(f"trainsentry ack: not a usable gateway URL: {base}: {exc}", file=sys.stderr)
-        return 2
-    except httpx.HTTPError as exc:
-        print(f"could not reach the gateway at {base}: {exc}")
-        return 1
-    try:
-        answer = response.json()
-    except ValueError:
-        answer = {"error": response.text[:200]}
-    if response.status_code == 404:
+    base = gateway_base(args.gateway)
+    answer = call("trainsentry ack", base, "POST", f"/api/v1/alerts/{args.alert_id}/ack", json=body)
+    if not isinstance(answer, Answer):
+        return answer
+    if answer.status == 404:
         print(f"no alert {args.alert_id}")
         return 3
-    if response.status_code != 200:
-        print(f"the gateway refused: HTTP {response.status_code}: {answer.get('error', answer)}")
-        return 1
+    if answer.status != 200:
+        return refused(answer)
+    result = answer.body
     if args.json:
-        print(json.dumps(answer, indent=2))
+        print(json.dumps(result, indent=2))
     else:
-        state = "was already acknowledged by" if answer["already_acked"] else "acknowledged by"
-        print(f"alert {answer['alert_id']} {state} {answer['acked_by']}")
-        if answer.get("escalation_stopped"):
+        state = "was already acknowledged by" if result["already_acked"] else "acknowledged by"
+        print(f"alert {result['alert_id']} {state} {result['acked_by']}")
+        if result.get("escalation_stopped"):
             print("phone escalation stopped")
-        if answer.get("silence_id"):
-            print(f"silenced: {answer['silence_id']}")
-        elif answer.get("silence_error"):
-            print(f"not silenced: {answer['silence_error']}")
+        if result.get("silence_id"):
+            print(f"silenced: {result['silence_id']}")
+        elif result.get("silence_error"):
+            print(f"not silenced: {result['silence_error']}")
     return 0

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
-import os
-import sys
 
 HELP = "escalate an alert now: call the next step of its phone escalation at once"
 DESCRIPTION = """\
@@ -31,37 +29,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import httpx
+    from trainsentry.api_client import Answer, call, gateway_base, refused
 
-    base = args.gateway or os.environ.get("TRAINSENTRY_GATEWAY_URL", "http://127.0.0.1:9095")
-    token = os.environ.get("TRAINSENTRY_API_TOKEN", "")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        response = httpx.post(
-            f"{base.rstrip('/')}/api/v1/alerts/{args.alert_id}/escalate",
-            json={"by": args.by or getpass.getuser()},
-            headers=headers,
-            timeout=15,
-        )
-    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
-        print(f"trainsentry escalate: not a usable gateway URL: {base}: {exc}", file=sys.stderr)
-        return 2
-    except httpx.HTTPError as exc:
-        print(f"could not reach the gateway at {base}: {exc}")
-        return 1
-    try:
-        answer = response.json()
-    except ValueError:
-        answer = {"error": response.text[:200]}
-    if response.status_code == 404:
-        print(answer.get("error", f"no alert {args.alert_id}"))
+    body = {"by": args.by or getpass.getuser()}
+    path = f"/api/v1/alerts/{args.alert_id}/escalate"
+    answer = call("trainsentry escalate", gateway_base(args.gateway), "POST", path, json=body)
+    if not isinstance(answer, Answer):
+        return answer
+    if answer.status == 404:
+        print(answer.body.get("error", f"no alert {args.alert_id}"))
         return 3
-    if response.status_code != 200:
-        print(f"the gateway refused: HTTP {response.status_code}: {answer.get('error', answer)}")
-        return 1
+    if answer.status != 200:
+        return refused(answer)
+    result = answer.body
     if args.json:
-        print(json.dumps(answer, indent=2))
+        print(json.dumps(result, indent=2))
     else:
-        people = ", ".join(f"{c['person']} ({c['layer']})" for c in answer["calls"]) or "nobody"
-        print(f"alert {answer['alert_id']} escalated by {answer['escalated_by']}: calling {people}")
+        people = ", ".join(f"{c['person']} ({c['layer']})" for c in result["calls"]) or "nobody"
+        print(f"alert {result['alert_id']} escalated by {result['escalated_by']}: calling {people}")
     return 0

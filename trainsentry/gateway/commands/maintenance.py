@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import os
 import sys
 from typing import Any
 
@@ -143,54 +142,40 @@ def _show(window: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    import httpx
-
     from trainsentry.alerts import utcnow
+    from trainsentry.api_client import Answer, call, gateway_base, refused
 
     name = f"trainsentry maintenance {args.action}"
-    base = args.gateway or os.environ.get("TRAINSENTRY_GATEWAY_URL", "http://127.0.0.1:9095")
-    url = f"{base.rstrip('/')}/api/v1/maintenance"
-    token = os.environ.get("TRAINSENTRY_API_TOKEN", "")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    request: tuple[str, str, dict[str, Any] | None]
+    path = "/api/v1/maintenance"
     if args.action == "add":
         body = window_body(args, utcnow().isoformat())
         if isinstance(body, str):
             print(f"{name}: {body}", file=sys.stderr)
             return 2
-        request = ("POST", url, body)
+        answer = call(name, gateway_base(args.gateway), "POST", path, json=body)
     elif args.action == "list":
-        request = ("GET", url + ("?all=1" if args.all else ""), None)
+        params = {"all": "1"} if args.all else None
+        answer = call(name, gateway_base(args.gateway), "GET", path, params=params)
     else:
-        by = args.by or getpass.getuser()
-        request = ("DELETE", f"{url}/{args.window_id}", {"by": by})
-    method, target, payload = request
-    try:
-        response = httpx.request(method, target, json=payload, headers=headers, timeout=15)
-    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
-        print(f"{name}: not a usable gateway URL: {base}: {exc}", file=sys.stderr)
-        return 2
-    except httpx.HTTPError as exc:
-        print(f"could not reach the gateway at {base}: {exc}")
-        return 1
-    try:
-        answer = response.json()
-    except ValueError:
-        answer = {"error": response.text[:200]}
-    if response.status_code == 404 and args.action == "end":
+        by = {"by": args.by or getpass.getuser()}
+        answer = call(
+            name, gateway_base(args.gateway), "DELETE", f"{path}/{args.window_id}", json=by
+        )
+    if not isinstance(answer, Answer):
+        return answer
+    if answer.status == 404 and args.action == "end":
         print(f"no maintenance window {args.window_id}")
         return 3
-    if response.status_code == 400:
-        print(f"{name}: {answer.get('error', answer)}", file=sys.stderr)
+    if answer.status == 400:
+        print(f"{name}: {answer.body.get('error', answer.body)}", file=sys.stderr)
         return 2
-    if response.status_code not in (200, 201):
-        print(f"the gateway refused: HTTP {response.status_code}: {answer.get('error', answer)}")
-        return 1
+    if answer.status not in (200, 201):
+        return refused(answer)
     if args.json:
-        print(json.dumps(answer, indent=2))
+        print(json.dumps(answer.body, indent=2))
     elif args.action == "list":
-        items = answer.get("items", [])
+        items = answer.body.get("items", [])
         print("\n".join(_show(item) for item in items) if items else "no maintenance windows")
     else:
-        print(_show(answer))
+        print(_show(answer.body))
     return 0

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import os
-import sys
 
 HELP = "node remediation: uncordon a node the gateway cordoned"
 DESCRIPTION = """\
@@ -29,30 +27,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import httpx
+    from trainsentry.api_client import Answer, call, gateway_base, refused
 
-    base = args.gateway or os.environ.get("TRAINSENTRY_GATEWAY_URL", "http://127.0.0.1:9095")
-    token = os.environ.get("TRAINSENTRY_API_TOKEN", "")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        response = httpx.post(
-            f"{base.rstrip('/')}/api/v1/nodes/{args.node}/uncordon",
-            json={"by": args.by or getpass.getuser()},
-            headers=headers,
-            timeout=30,
-        )
-    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
-        print(f"trainsentry node: not a usable gateway URL: {base}: {exc}", file=sys.stderr)
-        return 2
-    except httpx.HTTPError as exc:
-        print(f"could not reach the gateway at {base}: {exc}")
-        return 1
-    try:
-        answer = response.json()
-    except ValueError:
-        answer = {"error": response.text[:200]}
-    if response.status_code != 200:
-        print(f"not uncordoned ({response.status_code}): {answer.get('error', answer)}")
-        return 1
-    print(f"{args.node}: uncordoned by {answer.get('by')}")
+    body = {"by": args.by or getpass.getuser()}
+    path = f"/api/v1/nodes/{args.node}/uncordon"
+    answer = call("trainsentry node", gateway_base(args.gateway), "POST", path, json=body)
+    if not isinstance(answer, Answer):
+        return answer
+    if answer.status != 200:
+        return refused(answer)
+    print(f"{args.node}: uncordoned by {answer.body.get('by')}")
     return 0

@@ -1,12 +1,14 @@
 """What a signed-in viewer can do to an incident from the console, each through the same
 service as the API: acknowledge (with a comment) and silence go to `AckService.acknowledge`
 (stages/ack.py: the same audit event, the same stop of the escalation and cancelled calls,
-the same `ack` notifications that redraw the chat cards, the same Alertmanager silence).
+the same `ack` notifications that redraw the chat cards, the same Alertmanager silence);
+escalate now goes to `AckService.escalate_now` (the same `escalated` event and calls as
+`POST /api/v1/alerts/{id}/escalate`).
 
-An action is a name, a label, the form fields it reads and a coroutine; `ACTIONS` is the
-table the templates draw buttons from and the POST handler dispatches through. A new action
-(escalate now, end a maintenance window) is one more entry, shown only where its service
-exists on the assembled gateway (`available`).
+An action is a name, a label, whether its form has a comment and a coroutine; `ACTIONS` is
+the table the templates draw buttons from and the POST handler dispatches through. A new
+action is one more entry, shown only where its service exists on the assembled gateway
+(`available`).
 """
 
 from __future__ import annotations
@@ -16,13 +18,19 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from trainsentry.gateway.pipeline import Gateway
+from trainsentry.gateway.stages.ack import EscalationRefused
 
 MAX_COMMENT = 1000
 SILENCE_CHOICES = (15, 60, 240, 1440)  # minutes offered by the form (any 1..43200 accepted)
 
 
 class ActionRefused(ValueError):
-    """The form is wrong (a 400 with this reason)."""
+    """The form is wrong (a 400 with this reason), or the action cannot be done now
+    (`status` 409: nothing to escalate)."""
+
+    def __init__(self, reason: str, status: int = 400) -> None:
+        super().__init__(reason)
+        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +48,7 @@ class Action:
     label: str
     run: Run
     available: Callable[[Gateway], bool]
+    comment: bool = True  # the form has a comment field
 
 
 def _comment(form: Mapping[str, str]) -> str | None:
@@ -86,10 +95,33 @@ async def _silence(
     return Outcome(f"silenced for {minutes} min (silence {result.silence_id})")
 
 
+async def _escalate(
+    gateway: Gateway, alert_id: int, who: str, _form: Mapping[str, str]
+) -> Outcome | None:
+    """The next step of the running escalation is called now (409: none is running)."""
+    assert gateway.ack is not None
+    try:
+        result = await gateway.ack.escalate_now(alert_id, who)
+    except EscalationRefused as exc:
+        if exc.status == 404:
+            return None
+        raise ActionRefused(exc.reason, status=exc.status) from None
+    gateway.outbox.wake()
+    calls = ", ".join(f"{c['person']} ({c['layer']})" for c in result.calls) or "nobody"
+    return Outcome(f"escalated by {who}: calling {calls} now")
+
+
 ACTIONS: dict[str, Action] = {
     action.name: action
     for action in (
         Action("ack", "Acknowledge", _ack, lambda g: g.ack is not None),
         Action("silence", "Silence", _silence, lambda g: g.ack is not None),
+        Action(
+            "escalate",
+            "Escalate now",
+            _escalate,
+            lambda g: g.ack is not None and g.escalator is not None,
+            comment=False,
+        ),
     )
 }

@@ -31,6 +31,7 @@ from trainsentry.gateway.ui.views import (
     now_view,
     on_call,
     parse_filters,
+    schedules_on_call,
     text_param,
     windows,
 )
@@ -155,7 +156,15 @@ async def _now_view(request: web.Request) -> tuple[Any, Marker]:
         mutes=mutes,
     )  # fmt: skip
     found = None if gateway.maintenance is None else windows(await gateway.maintenance.windows())
-    return replace(view, oncall=on_call(gateway.escalator, _now(gateway)), windows=found), marker
+    return replace(view, oncall=await _on_call(gateway), windows=found), marker
+
+
+async def _on_call(gateway: Gateway) -> Any:
+    """The `oncall:` schedules' answer (as GET /api/v1/oncall) where the gateway has any,
+    else the inline escalation roster's layers."""
+    if gateway.oncall is not None and gateway.oncall.schedule_names():
+        return schedules_on_call(await gateway.oncall.who(None, None))
+    return on_call(gateway.escalator, _now(gateway))
 
 
 @_page()
@@ -267,7 +276,7 @@ async def post_action(request: web.Request, who: auth.Viewer) -> web.StreamRespo
     try:
         outcome = await action.run(gateway, alert_id, who.name, fields)
     except ActionRefused as exc:
-        return _render(request, who, "error.html.j2", status=400, message=str(exc))
+        return _render(request, who, "error.html.j2", status=exc.status, message=str(exc))
     if outcome is None:
         return _render(request, who, "error.html.j2", status=404, message="no such incident")
     log.info("console action=%s alert_id=%d by=%s", action.name, alert_id, who.name)

@@ -79,11 +79,22 @@ class JobGroup:
 
 
 @dataclass(frozen=True, slots=True)
+class OnShift:
+    """One person on call on a schedule: their layer, and until when (None: open-ended)."""
+
+    name: str
+    layer: str
+    until: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
 class OnCall:
-    """Who is on call now, as the gateway knows it (None in NowView: it does not)."""
+    """Who is on call now, as the gateway knows it (None in NowView: it does not): the
+    `oncall:` schedules (primary first, with until-times), else the inline roster's layers."""
 
     layers: list[tuple[str, list[str]]]  # (layer name, people)
     source: str
+    schedules: list[tuple[str, list[OnShift]]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from trainsentry.gateway.ui.model import (
     Muted,
     NowView,
     OnCall,
+    OnShift,
     RankCell,
     Storm,
     TimelineEntry,
@@ -190,6 +191,22 @@ def on_call(escalator: Escalator | None, now: datetime) -> OnCall | None:
         for layer in escalator.roster.layers
     ]
     return OnCall(layers=layers, source="the phone escalation's roster")
+
+
+def schedules_on_call(answers: Iterable[Mapping[str, Any]]) -> OnCall:
+    """Pure: who is on call on each schedule, from `OncallService.who` (the shape of
+    `GET /api/v1/oncall`: stored overrides and swaps included), primary first."""
+    schedules = [
+        (
+            str(answer.get("schedule", "")),
+            [
+                OnShift(str(p.get("name", "")), str(p.get("layer", "")), _when(p.get("until")))
+                for p in answer.get("on_call") or ()
+            ],
+        )
+        for answer in answers
+    ]
+    return OnCall(layers=[], source="the on-call schedules", schedules=schedules)
 
 
 def _matchers(raw: Any) -> str:

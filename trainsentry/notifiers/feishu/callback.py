@@ -9,7 +9,8 @@ Feishu's scheme, both supported:
 - legacy card callbacks (no schema) are signed with the verification token instead:
   `X-Lark-Signature = sha1(timestamp + nonce + verification_token + raw body)`.
 The URL-verification handshake (`type: url_verification`) is answered with the challenge
-after its token is checked.
+after its token is checked. A press of a button in the card's form container also carries
+what was typed into its inputs (`action.form_value`, both schemes): the ack comment.
 
 `parse_callback` is pure; `card_action_handler` wraps it as an aiohttp handler that the
 gateway mounts (path in `FeishuCallbackSettings.path`) and that calls back into the gateway
@@ -31,6 +32,7 @@ from typing import Any, Literal
 from aiohttp import web
 
 from trainsentry.alerts import MAX_ALERT_ID
+from trainsentry.notifiers.feishu.card import COMMENT_FIELD, MAX_COMMENT
 from trainsentry.notifiers.feishu.sign import event_signature_ok, secrets_equal, wire_bytes
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,7 @@ class CardAction:
     message_id: str | None = None  # the card's message, to update it
     event_id: str | None = None  # Feishu's id, for de-duplicating redeliveries
     update_token: str | None = None  # lets the card be updated later (30 min)
+    comment: str | None = None  # typed into the card's comment input (attacker-controlled)
     node: str | None = None  # for the cordon actions (alert_id is 0 then)
 
 
@@ -156,11 +159,12 @@ def parse_callback(
         operator = _object(event.get("operator"))
         context = _object(event.get("context"))
         return _action(
-            _object(event.get("action")).get("value"),
+            button_value(_object(event.get("action"))),
             who=str(operator.get("open_id") or operator.get("user_id") or ""),
             message_id=context.get("open_message_id"),
             event_id=header.get("event_id"),
             update_token=event.get("token"),
+            comment=form_comment(_object(event.get("action"))),
         )
 
     # Legacy card callback: signed with the verification token.
@@ -168,19 +172,58 @@ def parse_callback(
         raise CallbackRejected("bad legacy X-Lark-Signature")
     _check_fresh(headers, now, max_skew_s)
     return _action(
-        _object(outer.get("action")).get("value"),
+        button_value(_object(outer.get("action"))),
         who=str(outer.get("open_id") or outer.get("user_id") or ""),
         message_id=outer.get("open_message_id"),
         # no event id in the legacy scheme: its signature (over timestamp, nonce and body)
         # names the request, and a replay must carry the very same one
         event_id="sig:" + headers.get("X-Lark-Signature", "").strip().lower(),
         update_token=outer.get("token"),
+        comment=form_comment(_object(outer.get("action"))),
     )
 
 
 def _object(value: Any) -> dict[str, Any]:
     """A part of the body that should be an object; anything else counts as absent."""
     return value if isinstance(value, dict) else {}
+
+
+def button_value(action: Mapping[str, Any]) -> Any:
+    """Pure: the pressed button's callback value; for a form's submit button that comes back
+    without one, the value its name spells (card.py: `ack_ID`, `silence_ID_SECONDS`)."""
+    value = action.get("value")
+    name = action.get("name")
+    if value or not isinstance(name, str) or len(name) > 64:
+        return value
+    parts = name.split("_")
+    if parts[0] == "ack" and len(parts) == 2:
+        return {"action": "ack", "alert_id": parts[1]}
+    if parts[0] == "silence" and len(parts) == 3:
+        return {"action": "silence", "alert_id": parts[1], "duration_s": parts[2]}
+    return value
+
+
+def form_comment(action: Mapping[str, Any]) -> str | None:
+    """Pure: the comment typed into the card's form (`action.form_value.comment`), or None
+    when there is none or it is blank. Attacker-controlled: at most MAX_COMMENT printable
+    characters (newlines and tabs allowed), else the callback is refused; escaped where it
+    is shown (card.py `escape_md`, the console's autoescaped templates)."""
+    form = action.get("form_value")
+    if form is None:
+        return None
+    if not isinstance(form, dict):
+        raise CallbackRejected("action.form_value is not an object", status=400)
+    raw = form.get(COMMENT_FIELD)
+    if raw is None:
+        return None
+    if not isinstance(raw, str):
+        raise CallbackRejected("form_value.comment is not text", status=400)
+    text = raw.strip()
+    if len(text) > MAX_COMMENT:
+        raise CallbackRejected(f"comment is longer than {MAX_COMMENT} characters", status=400)
+    if not all(ch.isprintable() or ch in "\n\r\t" for ch in text):
+        raise CallbackRejected("comment holds characters that are not printable", status=400)
+    return text or None
 
 
 def _action(
@@ -190,6 +233,7 @@ def _action(
     message_id: Any,
     event_id: Any,
     update_token: Any,
+    comment: str | None = None,
 ) -> CardAction:
     if not isinstance(value, dict):
         raise CallbackRejected("action.value missing", status=400)
@@ -235,6 +279,7 @@ def _action(
         message_id=str(message_id) if message_id else None,
         event_id=str(event_id) if event_id else None,
         update_token=str(update_token) if update_token else None,
+        comment=comment,
     )
 
 

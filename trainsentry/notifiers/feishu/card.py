@@ -3,8 +3,10 @@
 Layout of an alert card: header (priority colour; green when resolved), `<at>` mentions, a
 field block (job, rank, node, GPU, value, since, reason, count), description, diagnosis,
 link buttons (runbook, Grafana, source) and, when a Feishu app receives callbacks, the
-ack / silence buttons. Every card is cut to fit a byte budget (Feishu's custom bot takes at
-most 20 KB per request): lists are trimmed first and always say how many entries were cut.
+ack / silence buttons in a form container with an optional comment input (its text comes
+back in the callback's `action.form_value`, callback.py). Every card is cut to fit a byte
+budget (Feishu's custom bot takes at most 20 KB per request): lists are trimmed first and
+always say how many entries were cut.
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ _FIELD_LABELS = frozenset(
     }
 )
 _DESCRIPTION_CHARS = 1500
+# The ack form's comment input: its name in the callback's `form_value`, and its length
+# (Feishu's input takes max_length 1..1000; callback.py refuses a longer one).
+COMMENT_FIELD = "comment"
+MAX_COMMENT = 1000
 _LABEL_LINE_ITEMS = 12
 
 
@@ -247,7 +253,23 @@ def _action_buttons(payload: NotificationPayload, options: CardOptions) -> list[
     for seconds in options.silence_durations_s:
         value = {"action": "silence", "alert_id": alert_id, "duration_s": seconds}
         buttons.append(_callback_button(f"Silence {duration_words(seconds)}", value, "default"))
-    return [_button_row(buttons)]
+    return [_comment_form(buttons)]
+
+
+def _comment_form(buttons: list[dict[str, Any]]) -> dict[str, Any]:
+    """Feishu's form container: the comment input and the buttons that submit it (each
+    keeps its callback value; the input's text comes back as `form_value.comment`)."""
+    for button in buttons:
+        button["form_action_type"] = "submit"
+        # unique in the card, as Feishu requires; also names the action (callback.py)
+        button["name"] = "_".join(str(v) for v in button["behaviors"][0]["value"].values())
+    comment = {
+        "tag": "input",
+        "name": COMMENT_FIELD,
+        "max_length": MAX_COMMENT,
+        "placeholder": _plain("Comment (optional)"),
+    }
+    return {"tag": "form", "name": "ack_form", "elements": [comment, _button_row(buttons)]}
 
 
 def _links(payload: NotificationPayload) -> list[dict[str, Any]]:
