@@ -33,6 +33,7 @@ from trainsentry.gateway.channels import build
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.cordon import CordonSettings
 from trainsentry.gateway.sections import build_topology, cordon_settings_of
+from trainsentry.gateway.stages.cordon import with_node_condition
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.notifiers.feishu.callback import CallbackRejected, CardAction, parse_callback
 from trainsentry.notifiers.feishu.card import CardOptions, build_card
@@ -472,3 +473,12 @@ async def test_the_share_counts_the_nodes_the_trainingjob_lists(
     assert answer == "gpu-node-0: cordoned"
     assert unschedulable(cluster, "gpu-node-0")
     assert job_condition(cluster, "small") is not None
+
+
+def test_the_operator_keeps_the_node_cordoned_condition() -> None:
+    from trainsentry.operator.status import Condition, merge_conditions
+
+    mine = with_node_condition([], True, "node gpu-node-0 cordoned by ou_alice", "now")
+    merged = merge_conditions(mine, [Condition("RulesReady", True, "Applied")], "later", 2)
+    assert [c["type"] for c in merged] == ["RulesReady", "NodeCordoned"]
+    assert merged[1] == mine[0]
