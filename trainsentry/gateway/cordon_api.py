@@ -17,8 +17,13 @@ from aiohttp import web
 
 from trainsentry.gateway.http_auth import authorized, error_response, unauthorized
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
+from trainsentry.gateway.policy.cordon import NodeDecision
+from trainsentry.gateway.stages.cordon import PRIORITY
 from trainsentry.gateway.stages.intake import text_problem
 from trainsentry.notifiers.feishu.callback import CardAction
+from trainsentry.notifiers.feishu.card import CardOptions
+from trainsentry.notifiers.feishu.cordon_card import cordon_card
+from trainsentry.notifiers.payload import parse_payload
 from trainsentry.store.callbacks import first_delivery, forget_delivery
 from trainsentry.store.errors import DatabaseError
 
@@ -55,7 +60,29 @@ async def card_cordon(gateway: Gateway, action: CardAction) -> dict[str, Any]:
         action.node, action.action, action.who, outcome.ok,
     )  # fmt: skip
     kind = "success" if outcome.ok else "error"
-    return {"toast": {"type": kind, "content": outcome.message[:500]}}
+    answer: dict[str, Any] = {"toast": {"type": kind, "content": outcome.message[:500]}}
+    if outcome.decision is not None:  # the card redrawn in place: who decided, no buttons
+        answer["card"] = {"type": "raw", "data": decided_card(action.node, outcome.decision)}
+    return answer
+
+
+def decided_card(node: str, decision: NodeDecision) -> dict[str, Any]:
+    """The cordon card after a press: its status and who pressed, without buttons."""
+    payload = parse_payload(
+        {
+            "priority": PRIORITY.value,
+            "status": "firing",
+            "cordon": {
+                "node": node,
+                "summary": f"{node}: {decision.status.value} by {decision.by}",
+                "score": decision.score,
+                "faults": dict(decision.faults or {}),
+                "jobs": list(decision.jobs),
+                "status": decision.status.value,
+            },
+        }
+    )
+    return cordon_card(payload, CardOptions(actions=False))
 
 
 async def post_uncordon(request: web.Request) -> web.Response:

@@ -113,6 +113,9 @@ class Running:
         return [line["payload"] for line in lines if line["kind"] == "cordon"]
 
     async def press(self, value: dict[str, Any], event_id: str) -> str:
+        return str((await self.press_answer(value, event_id))["toast"]["content"])
+
+    async def press_answer(self, value: dict[str, Any], event_id: str) -> dict[str, Any]:
         body = json.dumps(
             {
                 "schema": "2.0",
@@ -140,7 +143,7 @@ class Running:
             http.post(self.server.make_url(CARD_PATH), data=body, headers=headers) as answer,
         ):
             assert answer.status == 200, await answer.text()
-            return str((await answer.json())["toast"]["content"])
+            return dict(await answer.json())
 
 
 Start = Callable[..., Awaitable[Running]]
@@ -233,7 +236,11 @@ async def test_a_lemon_gets_one_card_and_approval_cordons_it(
     assert [v["action"] for v in values] == ["cordon_approve", "cordon_dismiss"]
     assert not unschedulable(cluster, "gpu-node-0")
 
-    assert await running.press(values[0], "ev-approve") == "gpu-node-0: cordoned"
+    answer = await running.press_answer(values[0], "ev-approve")
+    assert answer["toast"]["content"] == "gpu-node-0: cordoned"
+    redrawn = json.dumps(answer["card"]["data"])  # who approved, and no buttons left
+    assert "Cordoned: gpu-node-0" in redrawn and "by ou_alice" in redrawn
+    assert "cordon_approve" not in redrawn
     assert unschedulable(cluster, "gpu-node-0")
     assert [e["reason"] for e in node_events(cluster, "gpu-node-0")] == ["Cordoned"]
     condition = job_condition(cluster, "big")

@@ -66,6 +66,7 @@ MAX_LISTED = 10_000  # nodes taken from one TrainingJob's status.nodes
 class Outcome:
     ok: bool
     message: str
+    decision: NodeDecision | None = None  # the node's new state, when ok
 
 
 def with_node_condition(
@@ -308,7 +309,7 @@ class Cordoner:
             await save_states(conn, SCOPE, {node: (after.to_json(), None)}, now)
         if not approve:
             log.info("cordon: dismissed node=%s by=%s", node, who)
-            return Outcome(True, f"{node}: dismissed")
+            return Outcome(True, f"{node}: dismissed", after)
         reason = await self._cordon(node, who, current.jobs)
         if reason:
             async with self._engine.begin() as conn:
@@ -317,7 +318,7 @@ class Cordoner:
             log.info("cordon: not done node=%s reason=%s", node, reason)
             return Outcome(False, f"{node} not cordoned: {reason}")
         log.info("cordon: cordoned node=%s by=%s", node, who)
-        return Outcome(True, f"{node}: cordoned")
+        return Outcome(True, f"{node}: cordoned", after)
 
     async def uncordon(self, node: str, who: str) -> Outcome:
         """`trainsentry node uncordon NODE`: the Node schedulable again; the next
@@ -344,7 +345,7 @@ class Cordoner:
             await lock_cordon(conn, now)
             await save_states(conn, SCOPE, {node: (after.to_json(), None)}, now)
         log.info("cordon: uncordoned node=%s by=%s", node, who)
-        return Outcome(True, f"{node}: uncordoned")
+        return Outcome(True, f"{node}: uncordoned", after)
 
     # the cluster -------------------------------------------------------------------------
 

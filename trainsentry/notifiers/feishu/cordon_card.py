@@ -46,6 +46,10 @@ def cordon_card(payload: NotificationPayload, options: CardOptions) -> dict[str,
             elements.append(_markdown(f"Cordon with `kubectl cordon {escape_md(node)}`"))
     footer = f"{options.product} · node health · {status}"
     elements += [{"tag": "hr"}, _markdown(f"<font color='grey'>{escape_md(footer)}</font>")]
-    verb = {"recommended": "Cordon recommended", "cordoned": "Cordoned"}.get(status, status)
+    verb = {
+        "recommended": "Cordon recommended",
+        "cordoned": "Cordoned",
+        "dismissed": "Cordon dismissed",
+    }.get(status, status)
     title = clip(f"{verb}: {node}", 200)
     return _card(title, "orange" if status == "recommended" else "red", elements, title)
