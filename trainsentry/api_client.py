@@ -1,5 +1,6 @@
 """How the CLI commands talk to a running gateway's API (`trainsentry ack`, `escalate`,
-`maintenance`, `oncall override`): one request, its failures as the commands' exit codes.
+`maintenance`, `oncall override`, `node uncordon`): one request, its failures as the
+commands' exit codes.
 
 The gateway is `--gateway` or TRAINSENTRY_GATEWAY_URL (default http://127.0.0.1:9095); the
 token is TRAINSENTRY_API_TOKEN, sent as a bearer token when set. Invariants: a request never

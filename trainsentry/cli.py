@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "export": "trainsentry.gateway.commands.export",
     "outbox": "trainsentry.gateway.commands.outbox",
     "maintenance": "trainsentry.gateway.commands.maintenance",
+    "node": "trainsentry.gateway.commands.node",
     "demo": "trainsentry.demo",
     "analyze": "trainsentry.diagnostics.command",
     "operator": "trainsentry.operator.command",

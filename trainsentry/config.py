@@ -222,6 +222,7 @@ class Settings(BaseModel):
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     job_alerting: dict[str, Any] = Field(default_factory=dict)  # gateway/stages/job_alerting.py
     topology: dict[str, Any] = Field(default_factory=dict)  # gateway/policy/topology.py
+    remediation: dict[str, Any] = Field(default_factory=dict)  # gateway/policy/cordon.py
     oncall: dict[str, Any] | None = None  # validated by oncall/config.py (docs/oncall.md)
 
 

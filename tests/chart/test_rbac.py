@@ -317,3 +317,22 @@ def test_job_alerting_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path)
     # off by default: no grant, no section
     assert gateway_access(rendered("defaults")) == (None, False)
     assert config_settings(rendered("defaults")).job_alerting == {}
+
+
+CORDON_CALLS = REPO / "tests" / "gateway" / "stages" / "cordon_api_calls.json"
+
+
+def test_cordon_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path) -> None:
+    # the calls the cordon stage makes against the emulator (tests/gateway/stages/
+    # test_cordon.py checks the same file)
+    calls = {tuple(call) for call in json.loads(CORDON_CALLS.read_text(encoding="utf-8"))}
+    on = template("defaults", {"gateway": {"remediation": {"threshold": 20}}}, tmp_path)
+    rules, token = gateway_access(on)
+    assert token and rules is not None and rule_grants(rules) == calls
+    assert config_settings(on).remediation == {"threshold": 20}
+    # cordon: off, or no section: no grant
+    off = template("defaults", {"gateway": {"remediation": {"cordon": "off"}}}, tmp_path)
+    assert gateway_access(off) == (None, False)
+    assert config_settings(off).remediation == {"cordon": "off"}
+    assert gateway_access(rendered("defaults")) == (None, False)
+    assert config_settings(rendered("defaults")).remediation == {}

@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import SecretStr
 
 from trainsentry.alerts import JobRef, Priority, utcnow
+from trainsentry.gateway.cordon_api import add_cordon_routes, card_cordon
 from trainsentry.gateway.http_auth import WEBHOOK_PATH as WEBHOOK_PATH
 from trainsentry.gateway.http_auth import authorized as _authorized
 from trainsentry.gateway.http_auth import error_response as _error
@@ -259,6 +260,8 @@ async def card_ack(gateway: Gateway, action: CardAction) -> dict[str, Any] | Non
     """A Feishu card button press (Acknowledge / Silence): the same AckService as the API
     (stages/ack.py → stages/paging.py: the phone stops, calls not rung yet are cancelled);
     the answer redraws the pressed card, showing who acknowledged (and the silence)."""
+    if action.node is not None:  # the cordon card's Approve / Dismiss (cordon_api.py)
+        return await card_cordon(gateway, action)
     assert gateway.ack is not None
     silence = timedelta(seconds=action.duration_s) if action.duration_s else None
     event_id = action.event_id
@@ -402,6 +405,7 @@ def add_routes(app: web.Application, card_callback: CardCallbackSettings | None 
     app.router.add_post("/api/v1/notifications/retry", post_notifications_retry)
     add_maintenance_routes(app)
     add_oncall_routes(app)
+    add_cordon_routes(app)
     if card_callback is not None:
         app.router.add_post(card_callback.path, _card_handler(app, card_callback))
     app.router.add_get("/healthz", healthz)

@@ -29,6 +29,7 @@ from trainsentry.gateway.http_auth import open_endpoints
 from trainsentry.gateway.limits import BodyLimits, body_limits
 from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
+from trainsentry.gateway.policy.cordon import CordonSettings, Mode
 from trainsentry.gateway.policy.delivery import DeliveryRules
 from trainsentry.gateway.policy.escalation import Escalator
 from trainsentry.gateway.policy.rules import load_policy
@@ -36,10 +37,12 @@ from trainsentry.gateway.sections import (
     build_diagnosis_parts,
     build_job_alerting,
     build_topology,
+    cordon_settings_of,
     oncall_of,
     paging_of,
 )
 from trainsentry.gateway.stages.ack import AckService
+from trainsentry.gateway.stages.cordon import Cordoner
 from trainsentry.gateway.stages.diagnosis import (
     DiagnosisSettings,
     EndpointResolver,
@@ -130,6 +133,7 @@ def create_app(
     maintenance: MaintenanceSettings | None = None,
     oncall: OncallConfig | None = None,
     job_alerting: JobAlerting | None = None,
+    remediation: CordonSettings | None = None,
 ) -> web.Application:
     """Builds the gateway app; the store is opened (and its schema checked) at startup.
     `job_alerting`: TrainingJobs' own routes (its `feishu_job` channel among `notifiers`).
@@ -171,6 +175,7 @@ def create_app(
         maintenance=maintenance or MaintenanceSettings(),
         oncall=oncall,
         job_alerting=job_alerting,
+        remediation=remediation,
     )
     limits = BodyLimits(
         read_timeout_s=settings.body_timeout_s,
@@ -213,6 +218,7 @@ class _Wiring:
     maintenance: MaintenanceSettings
     oncall: OncallConfig | None = None
     job_alerting: JobAlerting | None = None
+    remediation: CordonSettings | None = None
 
 
 async def _open(app: web.Application, w: _Wiring) -> Gateway:
@@ -277,6 +283,11 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
             interval=30 * w.tick_interval,
             on_drafts=outbox.wake,
         )
+    if w.remediation is not None and w.remediation.cordon is not Mode.OFF and policy_plan:
+        gateway.cordon = Cordoner(
+            engine, w.remediation, policy_plan.policy, w.kube_api or default_api_client,
+            tuple(w.notifiers), topology=w.topology, clock=clock, on_drafts=outbox.wake,
+        )  # fmt: skip
     if settings.trainingjob_status:
         gateway.job_status = JobStatusFeeder(w.kube_api or default_api_client)
     gateway.job_alerting = w.job_alerting
@@ -351,6 +362,8 @@ async def _start(app: web.Application, gateway: Gateway) -> None:
         gateway.retention.start()
     if gateway.handoffs is not None:
         gateway.handoffs.start()
+    if gateway.cordon is not None:
+        gateway.cordon.start()
     log.info(
         "gateway started db=%s listen=%s", gateway.engine.dialect.name, gateway.settings.listen
     )
@@ -377,6 +390,8 @@ async def _stop(gateway: Gateway) -> None:
         await gateway.ticker.stop()
     if gateway.handoffs is not None:
         await gateway.handoffs.stop()
+    if gateway.cordon is not None:
+        await gateway.cordon.stop()
     await gateway.outbox.aclose()
     if gateway.topology is not None:
         await gateway.topology.stop()
@@ -396,6 +411,7 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
     job_alerting = build_job_alerting(settings.job_alerting, channels)
     diagnosis_parts = build_diagnosis_parts(settings.diagnosis, env)
     topology = build_topology(settings.topology)
+    remediation = cordon_settings_of(settings.remediation)
     built = channels.built
     card_callback = None
     if built is not None and built.callback_path and built.verification_token:
@@ -418,4 +434,5 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
         maintenance=settings.maintenance,
         oncall=oncall,
         job_alerting=job_alerting,
+        remediation=remediation,
     )

@@ -23,6 +23,7 @@ from trainsentry.gateway.metrics import GatewayMetrics
 from trainsentry.gateway.policy.escalation import Escalator
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.stages.ack import AckService
+from trainsentry.gateway.stages.cordon import Cordoner
 from trainsentry.gateway.stages.diagnosis import HangDiagnoser
 from trainsentry.gateway.stages.handoff import HandoffNotices
 from trainsentry.gateway.stages.hang_trigger import TriggerKeys, TriggerSources
@@ -63,6 +64,7 @@ class Gateway:
     policy: Policy | None = None  # the alert policy (node health reads its weights)
     oncall: OncallService | None = None  # with an `oncall:` section: schedules, overrides
     handoffs: HandoffNotices | None = None
+    cordon: Cordoner | None = None  # `remediation.cordon` (stages/cordon.py)
     classified: Callable[[], Mapping[int, str]] = dict
     clock: Callable[[], datetime] = utcnow
     background: list[asyncio.Task[Any]] = field(default_factory=list)
@@ -76,6 +78,8 @@ class Gateway:
             await self.ticker.run_once()
         if self.handoffs is not None:
             await self.handoffs.run_once()
+        if self.cordon is not None:
+            await self.cordon.run_once()
         await self.outbox.drain()
 
 

@@ -16,6 +16,8 @@ Notification kinds (`OutboundNotification.kind`) the channels understand:
   ``acked_by`` / ``silenced_until``.
 - ``call``: a phone call the escalation planned (`CallPayload`; the phone channel places it).
 - ``handoff``: a schedule's shift change (`handoff`, gateway/stages/handoff.py).
+- ``cordon``: a node health cordon recommendation or automatic cordon (`cordon`,
+  gateway/stages/cordon.py; the Feishu card: notifiers/feishu/cordon_card.py).
 """
 
 from __future__ import annotations
@@ -133,6 +135,8 @@ class NotificationPayload(TypedDict):
     topology: NotRequired[dict[str, str]]
     # kind "infra": the infrastructure incident (element, nodes, jobs, likely cause)
     infrastructure: NotRequired[dict[str, Any]]
+    # kind "cordon": node, summary, score, faults, jobs, status, reason (stages/cordon.py)
+    cordon: NotRequired[dict[str, Any]]
 
 
 class PersonPayload(TypedDict):

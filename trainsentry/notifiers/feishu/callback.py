@@ -23,6 +23,7 @@ import base64
 import hashlib
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -36,8 +37,10 @@ from trainsentry.notifiers.feishu.sign import event_signature_ok, secrets_equal,
 
 log = logging.getLogger(__name__)
 
-ActionName = Literal["ack", "silence"]
+ActionName = Literal["ack", "silence", "cordon_approve", "cordon_dismiss"]
+CORDON_ACTIONS = ("cordon_approve", "cordon_dismiss")  # the cordon card's buttons (node, no alert)
 MAX_SILENCE_S = 7 * 24 * 3600
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a DNS subdomain
 MAX_EVENT_ID = 128  # the store keeps event ids to drop replays (store/callbacks.py)
 
 
@@ -53,6 +56,7 @@ class CardAction:
     event_id: str | None = None  # Feishu's id, for de-duplicating redeliveries
     update_token: str | None = None  # lets the card be updated later (30 min)
     comment: str | None = None  # typed into the card's comment input (attacker-controlled)
+    node: str | None = None  # for the cordon actions (alert_id is 0 then)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,8 +238,14 @@ def _action(
     if not isinstance(value, dict):
         raise CallbackRejected("action.value missing", status=400)
     name = value.get("action")
-    if name not in ("ack", "silence"):
+    if name not in ("ack", "silence", *CORDON_ACTIONS):
         raise CallbackRejected(f"unknown action {name!r}", status=400)
+    node: str | None = None
+    if name in CORDON_ACTIONS:
+        node = value.get("node")
+        if not (isinstance(node, str) and _NODE_NAME.fullmatch(node)):
+            raise CallbackRejected("action.value.node is not a node name", status=400)
+        value = {**value, "alert_id": MAX_ALERT_ID}  # checked below, then set to 0
     try:
         alert_id = int(value["alert_id"])
     except (KeyError, TypeError, ValueError, OverflowError) as exc:
@@ -261,8 +271,9 @@ def _action(
         # an open_id is short printable ASCII; this one could never be stored as `acked_by`
         raise CallbackRejected("operator id is not printable text", status=400)
     return CardAction(
-        alert_id=alert_id,
+        alert_id=0 if node is not None else alert_id,
         action=name,
+        node=node,
         who=who,
         duration_s=duration,
         message_id=str(message_id) if message_id else None,

@@ -485,6 +485,10 @@ def build_card(
     """The card for a notification of `kind` ("storm", "handoff" or an alert kind)."""
     if kind == "handoff":
         return handoff_card(payload, options)
+    if kind == "cordon":  # the node health's cordon recommendation (gateway/stages/cordon.py)
+        from trainsentry.notifiers.feishu.cordon_card import cordon_card
+
+        return cordon_card(payload, options)
     if kind == "storm" or "storm" in payload:
         return storm_card(payload, options, now)
     return alert_card(payload, options, now)

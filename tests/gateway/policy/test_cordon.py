@@ -1,0 +1,80 @@
+"""The cordon decisions (gateway/policy/cordon.py), pure, with the time as a parameter."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from trainsentry.alerts import Alert, AlertStatus
+from trainsentry.gateway.policy.cordon import (
+    CordonSettings,
+    NodeDecision,
+    Status,
+    blocked,
+    candidates,
+    job_nodes_of,
+)
+from trainsentry.gateway.policy.rules import load_policy
+
+NOW = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
+POLICY = load_policy()
+SETTINGS = CordonSettings(threshold=15, max_job_share=0.5, max_per_hour=2)
+
+
+def fell(node: str, days_ago: float, job: str = "big") -> Alert:
+    return Alert(
+        fingerprint=f"{node}-{days_ago}",
+        status=AlertStatus.FIRING,
+        labels={"alertname": "GPUFellOffBus", "node": node, "namespace": "ml", "trainingjob": job},
+        annotations={},
+        starts_at=NOW - timedelta(days=days_ago),
+        ends_at=None,
+    )
+
+
+LEMON = [fell("n17", 0.1), fell("n17", 0.2), fell("n17", 0.3)]
+
+
+def test_the_threshold_and_decay_decide_and_a_decision_resets_the_count() -> None:
+    [found] = candidates(LEMON, POLICY, SETTINGS, {}, NOW)
+    assert found.health.node == "n17" and found.jobs == ("ml/big",)
+    # a week later the same faults weigh half: below the threshold
+    assert candidates(LEMON, POLICY, SETTINGS, {}, NOW + timedelta(days=7)) == []
+    # recommended or cordoned: never again; dismissed: only faults after the dismissal count
+    for status in Status:
+        decided = {"n17": NodeDecision(status, NOW - timedelta(hours=1))}
+        assert candidates(LEMON, POLICY, SETTINGS, decided, NOW) == []
+    old = {"n17": NodeDecision(Status.DISMISSED, NOW - timedelta(days=1))}
+    assert [c.health.node for c in candidates(LEMON, POLICY, SETTINGS, old, NOW)] == ["n17"]
+    off = CordonSettings(cordon="off", threshold=15)
+    assert candidates(LEMON, POLICY, off, {}, NOW) == []
+
+
+def test_the_guards() -> None:
+    jobs = job_nodes_of([fell(f"n{i}", 1, "big") for i in range(4)] + [fell("n0", 1, "small")])
+    assert jobs == {"ml/big": {"n0", "n1", "n2", "n3"}, "ml/small": {"n0"}}
+    # share: n0 is small's only node
+    reason = blocked("n0", SETTINGS, {}, jobs, NOW, automatic=False)
+    assert reason is not None and "ml/small" in reason
+    assert blocked("n1", SETTINGS, {}, jobs, NOW, automatic=False) is None
+    # big has 4 nodes: a second cordon is half of it (allowed), a third is not
+    one = {"n1": NodeDecision(Status.CORDONED, NOW - timedelta(days=2))}
+    assert blocked("n2", SETTINGS, one, jobs, NOW, automatic=False) is None
+    two = {**one, "n2": NodeDecision(Status.CORDONED, NOW - timedelta(days=2))}
+    reason = blocked("n3", SETTINGS, two, jobs, NOW, automatic=False)
+    assert reason is not None and "3 of its 4 nodes" in reason
+    # rate: two cordons within the hour; an hour later the limit is free again
+    recent = {
+        "x1": NodeDecision(Status.CORDONED, NOW - timedelta(minutes=10)),
+        "x2": NodeDecision(Status.CORDONED, NOW - timedelta(minutes=50)),
+    }
+    reason = blocked("n1", SETTINGS, recent, jobs, NOW, automatic=False)
+    assert reason is not None and "max_per_hour" in reason
+    later = NOW + timedelta(minutes=11)
+    assert blocked("n1", SETTINGS, recent, jobs, later, automatic=False) is None
+    # an infrastructure incident stops only the automatic cordon
+    covered = ["leaf_switch=leaf-7"]
+    reason = blocked("n1", SETTINGS, {}, jobs, NOW, automatic=True, incident_elements=covered)
+    assert reason is not None and "leaf-7" in reason
+    assert (
+        blocked("n1", SETTINGS, {}, jobs, NOW, automatic=False, incident_elements=covered) is None
+    )

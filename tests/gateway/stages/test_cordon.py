@@ -1,0 +1,491 @@
+"""Cordon with a human in the loop (issue 23 item 4), end to end: the real gateway in
+process (SQLite), the Kubernetes API as the kmock emulator over HTTP with the real
+TrainingJob CRD and built-in schemas, the card's buttons pressed as signed Feishu callbacks
+through the gateway's callback route."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import kmock
+import pytest
+from aiohttp.test_utils import TestServer
+from kubernetes_asyncio.client import ApiClient, Configuration
+
+from tests.operator.operator_harness import TJ, Validator, declare_cluster
+from tests.support.feishu_server import FeishuContractServer
+from tests.support.gateway_process import close_in_process
+from tests.support.kube_emulator import KubeEmulator
+from tests.support.webhook_factory import encode, make_alert, make_body
+from trainsentry.cli import main as cli_main
+from trainsentry.config import ConfigError, Settings
+from trainsentry.gateway.app import WEBHOOK_PATH, CardCallbackSettings
+from trainsentry.gateway.assemble import create_app
+from trainsentry.gateway.channels import build
+from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
+from trainsentry.gateway.policy.cordon import CordonSettings
+from trainsentry.gateway.sections import build_topology, cordon_settings_of
+from trainsentry.gateway.stages.cordon import with_node_condition
+from trainsentry.notifiers.console import ConsoleNotifier
+from trainsentry.notifiers.feishu.callback import CallbackRejected, CardAction, parse_callback
+from trainsentry.notifiers.feishu.card import CardOptions, build_card
+from trainsentry.notifiers.feishu.sign import event_signature
+
+# The API calls the cordon stage makes, as the emulator records them; the chart's RBAC for
+# gateway.remediation is checked against this file (tests/chart/test_rbac.py).
+API_CALLS = Path(__file__).resolve().parent / "cordon_api_calls.json"
+VERIFICATION = "vt-cordon"
+ENCRYPT_KEY = "ek-cordon"
+CARD_PATH = "/api/v1/feishu/card"
+TOKEN = "api-token"
+
+
+async def create(cluster: KubeEmulator, path: str, body: dict[str, Any]) -> None:
+    async with cluster.post(path, json=body) as answer:
+        assert answer.status == 201, await answer.text()
+
+
+def node_body(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": {}}
+
+
+def job_body(namespace: str, name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "trainsentry.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"selector": {"matchLabels": {"job": name}}},
+    }
+
+
+def fault(index: int, node: str, job: str, hours_ago: float, name: str = "GPUFellOffBus") -> Any:
+    at = datetime.now(UTC) - timedelta(hours=hours_ago)
+    return make_alert(
+        index, name=name, starts_at=at,
+        labels={"node": node, "namespace": "ml", "trainingjob": job, "component": "gpu"},
+    )  # fmt: skip
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[KubeEmulator]:
+    async with KubeEmulator() as emu, kmock.Server(emu):
+        declare_cluster(emu, workloads=False)
+        emu.validator = Validator()
+        for index in range(8):
+            await create(emu, "/api/v1/nodes", node_body(f"gpu-node-{index}"))
+        for job in ("big", "small"):
+            await create(
+                emu,
+                "/apis/trainsentry.io/v1alpha1/namespaces/ml/trainingjobs",
+                job_body("ml", job),
+            )
+        yield emu
+
+
+@dataclass
+class Running:
+    server: TestServer
+    gateway: Gateway
+    console: Path
+
+    async def post(self, *alerts: dict[str, Any]) -> None:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                self.server.make_url(WEBHOOK_PATH), data=encode(make_body(list(alerts)))
+            ) as answer,
+        ):
+            assert answer.status == 200, await answer.text()
+        await self.gateway.settle()
+
+    def cards(self) -> list[dict[str, Any]]:
+        if not self.console.exists():
+            return []
+        lines = [json.loads(line) for line in self.console.read_text().splitlines()]
+        return [line["payload"] for line in lines if line["kind"] == "cordon"]
+
+    async def press(self, value: dict[str, Any], event_id: str) -> str:
+        return str((await self.press_answer(value, event_id))["toast"]["content"])
+
+    async def press_answer(self, value: dict[str, Any], event_id: str) -> dict[str, Any]:
+        body = json.dumps(
+            {
+                "schema": "2.0",
+                "header": {
+                    "event_id": event_id,
+                    "token": VERIFICATION,
+                    "event_type": "card.action.trigger",
+                },
+                "event": {
+                    "operator": {"open_id": "ou_alice"},
+                    "action": {"value": value, "tag": "button"},
+                    "context": {"open_message_id": "om_1"},
+                },
+            }
+        ).encode()
+        ts = str(int(time.time()))
+        headers = {
+            "X-Lark-Request-Timestamp": ts,
+            "X-Lark-Request-Nonce": "n-" + event_id,
+            "X-Lark-Signature": event_signature(ts, "n-" + event_id, ENCRYPT_KEY, body),
+            "Content-Type": "application/json",
+        }
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(self.server.make_url(CARD_PATH), data=body, headers=headers) as answer,
+        ):
+            assert answer.status == 200, await answer.text()
+            return dict(await answer.json())
+
+
+Start = Callable[..., Awaitable[Running]]
+
+
+@pytest.fixture
+async def start(cluster: KubeEmulator, tmp_path: Path, db_url: str) -> AsyncIterator[Start]:
+    """Starts a gateway (a replica, each with its own console file) on the one database."""
+    servers: list[TestServer] = []
+
+    async def api() -> ApiClient:
+        return ApiClient(Configuration(host=str(cluster.url).rstrip("/")))
+
+    async def run(
+        *,
+        replica: str = "a",
+        topology: dict[str, Any] | None = None,
+        channels: dict[str, Any] | None = None,
+        **remediation: Any,
+    ) -> Running:
+        settings = Settings.model_validate({"gateway": {"db": db_url, "api_token": TOKEN}})
+        console = tmp_path / f"console-{replica}.jsonl"
+        app = create_app(
+            settings.gateway,
+            notifiers={**(channels or {}), "console": ConsoleNotifier(console)},
+            card_callback=CardCallbackSettings(CARD_PATH, VERIFICATION, ENCRYPT_KEY),
+            kube_api=api,
+            topology=build_topology(topology or {}),
+            remediation=CordonSettings.model_validate(
+                {"threshold": 15, "check_seconds": 3600, **remediation}
+            ),
+        )
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        servers.append(server)
+        return Running(server, server.app[GATEWAY_KEY], console)
+
+    try:
+        yield run
+    finally:
+        for server in servers:
+            await close_in_process(server)
+
+
+def unschedulable(cluster: KubeEmulator, node: str) -> bool:
+    body = cluster.get_live("v1/nodes", None, node) or {}
+    return bool(body.get("spec", {}).get("unschedulable"))
+
+
+def node_events(cluster: KubeEmulator, node: str) -> list[dict[str, Any]]:
+    return [e for e in cluster.live("v1/events", "default") if e["involvedObject"]["name"] == node]
+
+
+def job_condition(cluster: KubeEmulator, job: str) -> dict[str, Any] | None:
+    body = cluster.get_live(TJ, "ml", job) or {}
+    found = [c for c in body.get("status", {}).get("conditions", []) if c["type"] == "NodeCordoned"]
+    return found[0] if found else None
+
+
+# a lemon: gpu-node-17's three falls off the bus (6 each, barely decayed) reach 15; the job
+# "big" ran on eight nodes (its alerts named them), "small" on gpu-node-0 and gpu-node-1
+LEMON = [fault(i, "gpu-node-0", "big", 2 + i) for i in range(3)]
+SPREAD = [
+    fault(10 + i, f"gpu-node-{i}", "big", 1, name="NodeFilesystemAlmostFull") for i in range(8)
+]
+
+
+async def test_a_lemon_gets_one_card_and_approval_cordons_it(
+    cluster: KubeEmulator,
+    start: Start,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    running = await start()
+    await running.post(*SPREAD, *LEMON[:2])
+    assert running.cards() == []  # 12 < 15: not yet
+    await running.post(LEMON[2])
+    await running.gateway.settle()  # a second check sends nothing new
+    cards = running.cards()
+    assert len(cards) == 1, cards
+    assert cards[0]["cordon"]["node"] == "gpu-node-0"
+    assert "3 fell_off_bus" in cards[0]["cordon"]["summary"]
+    assert cards[0]["cordon"]["jobs"] == ["ml/big"]
+    card = build_card("cordon", cards[0], CardOptions(actions=True))
+    values = [
+        b["behaviors"][0]["value"]
+        for row in card["body"]["elements"] if row.get("tag") == "column_set"
+        for col in row["columns"] for b in col["elements"]
+    ]  # fmt: skip
+    assert [v["action"] for v in values] == ["cordon_approve", "cordon_dismiss"]
+    assert not unschedulable(cluster, "gpu-node-0")
+
+    answer = await running.press_answer(values[0], "ev-approve")
+    assert answer["toast"]["content"] == "gpu-node-0: cordoned"
+    redrawn = json.dumps(answer["card"]["data"])  # who approved, and no buttons left
+    assert "Cordoned: gpu-node-0" in redrawn and "by ou_alice" in redrawn
+    assert "cordon_approve" not in redrawn
+    assert unschedulable(cluster, "gpu-node-0")
+    assert [e["reason"] for e in node_events(cluster, "gpu-node-0")] == ["Cordoned"]
+    condition = job_condition(cluster, "big")
+    assert condition is not None and condition["status"] == "True"
+    assert "gpu-node-0" in condition["message"]
+    assert job_condition(cluster, "small") is None
+    # a replay of the signed press is acted on once; a second card never comes
+    assert await running.press(values[0], "ev-approve") == "already handled"
+    await running.gateway.settle()
+    assert len(running.cards()) == 1
+
+    # uncordon: the API wants the token; the CLI sends it
+    url = running.server.make_url("/api/v1/nodes/gpu-node-0/uncordon")
+    async with aiohttp.ClientSession() as http, http.post(url, json={"by": "bob"}) as answer:
+        assert answer.status == 401
+    monkeypatch.setenv("TRAINSENTRY_API_TOKEN", TOKEN)
+    base = str(running.server.make_url("/"))
+    argv = ["node", "uncordon", "gpu-node-0", "--by", "bob", "--gateway", base]
+    assert await asyncio.to_thread(cli_main, argv) == 0
+    assert "uncordoned by bob" in capsys.readouterr().out
+    condition = job_condition(cluster, "big")
+    assert condition is not None and condition["status"] == "False"
+    assert not unschedulable(cluster, "gpu-node-0")
+    assert [e["reason"] for e in node_events(cluster, "gpu-node-0")] == ["Cordoned", "Uncordoned"]
+    # every API call the stage made is one the chart grants (tests/chart/test_rbac.py)
+    made = sorted(
+        [
+            call.verb,
+            call.group,
+            call.resource + (f"/{call.subresource}" if call.subresource else ""),
+        ]
+        for call in cluster.recorded_calls(exclude_agent="kmock/")
+    )
+    assert made == json.loads(API_CALLS.read_text())
+
+
+async def test_dismiss_does_nothing_and_no_new_card(cluster: KubeEmulator, start: Start) -> None:
+    running = await start()
+    # a node trainsentry did not cordon is not its to uncordon
+    url = running.server.make_url("/api/v1/nodes/gpu-node-1/uncordon")
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url, json={"by": "bob"}, headers=headers) as answer:
+            assert answer.status == 409
+            assert "not cordoned by trainsentry" in (await answer.json())["error"]
+        async with http.post(url, json={}, headers=headers) as answer:
+            assert answer.status == 400
+        bad = running.server.make_url("/api/v1/nodes/Not_A_Node/uncordon")
+        async with http.post(bad, json={"by": "bob"}, headers=headers) as answer:
+            assert answer.status == 400
+    await running.post(*SPREAD, *LEMON)
+    assert len(running.cards()) == 1
+    answer = await running.press({"action": "cordon_dismiss", "node": "gpu-node-0"}, "ev-dismiss")
+    assert answer == "gpu-node-0: dismissed"
+    await running.post(fault(50, "gpu-node-0", "big", 0.5, name="GPUTemperatureHigh"))
+    assert len(running.cards()) == 1
+    assert not unschedulable(cluster, "gpu-node-0")
+    assert node_events(cluster, "gpu-node-0") == []
+    # an approve after the dismiss does nothing either
+    answer = await running.press({"action": "cordon_approve", "node": "gpu-node-0"}, "ev-late")
+    assert "nothing to decide" in answer
+    assert not unschedulable(cluster, "gpu-node-0")
+
+
+async def test_the_share_guard_holds(cluster: KubeEmulator, start: Start) -> None:
+    running = await start(max_job_share=0.25)
+    # "small" ran on two nodes: cordoning one of them would be half of it
+    await running.post(
+        *SPREAD, *LEMON, fault(60, "gpu-node-1", "small", 1, name="NodeFilesystemAlmostFull")
+    )
+    await running.post(fault(61, "gpu-node-0", "small", 1, name="NodeFilesystemAlmostFull"))
+    answer = await running.press({"action": "cordon_approve", "node": "gpu-node-0"}, "ev-share")
+    assert "max_job_share" in answer and "ml/small" in answer
+    assert not unschedulable(cluster, "gpu-node-0")
+
+
+async def test_auto_mode_cordons_without_a_click_within_the_hourly_rate(
+    cluster: KubeEmulator, start: Start
+) -> None:
+    running = await start(cordon="auto", max_per_hour=1, max_job_share=1)
+    lemons = [
+        fault(100 + 10 * n + i, f"gpu-node-{n}", "big", 1 + i) for n in (3, 4) for i in range(3)
+    ]
+    await running.post(*SPREAD, *lemons)
+    cordoned = [n for n in ("gpu-node-3", "gpu-node-4") if unschedulable(cluster, n)]
+    assert len(cordoned) == 1, cordoned  # the second is over the hourly limit: a card instead
+    statuses = sorted(card["cordon"]["status"] for card in running.cards())
+    assert statuses == ["cordoned", "recommended"]
+    held = next(c for c in running.cards() if c["cordon"]["status"] == "recommended")
+    assert "max_per_hour" in held["cordon"]["reason"]
+
+
+async def test_off_mode_sends_nothing(cluster: KubeEmulator, start: Start) -> None:
+    running = await start(cordon="off")
+    await running.post(*SPREAD, *LEMON)
+    assert running.cards() == []
+    assert not unschedulable(cluster, "gpu-node-0")
+
+
+def test_bad_config_names_the_field() -> None:
+    assert cordon_settings_of({}) is None  # no section: no cordon, no card
+    settings = cordon_settings_of({"threshold": 30})
+    assert settings is not None and settings.cordon == "approve"  # the default mode
+    with pytest.raises(ConfigError, match=r"remediation\.cordon: "):
+        cordon_settings_of({"cordon": "sometimes"})
+    with pytest.raises(ConfigError, match=r"remediation\.max_job_share: "):
+        cordon_settings_of({"max_job_share": 2})
+    with pytest.raises(ConfigError, match=r"remediation\.treshold: "):
+        cordon_settings_of({"treshold": 3})
+
+
+async def test_auto_mode_leaves_a_node_under_an_infrastructure_incident_to_a_human(
+    cluster: KubeEmulator, start: Start
+) -> None:
+    """Three nodes under leaf-7 fail together: the switch is suspected, so the lemon among
+    them is not cordoned automatically; its card asks a human instead."""
+    leaf = {n: {"leaf_switch": "leaf-7"} for n in ("gpu-node-5", "gpu-node-6", "gpu-node-7")}
+    running = await start(
+        cordon="auto", max_job_share=1, topology={"levels": ["leaf_switch"], "nodes": leaf}
+    )
+    await running.post(*SPREAD, *[fault(200 + i, "gpu-node-5", "big", 3 + i) for i in range(2)])
+    await running.post(*[fault(210 + i, f"gpu-node-{5 + i}", "big", 0) for i in range(3)])
+    assert not unschedulable(cluster, "gpu-node-5")
+    [card] = running.cards()
+    assert card["cordon"]["node"] == "gpu-node-5"
+    assert card["cordon"]["status"] == "recommended"
+    assert "leaf_switch=leaf-7" in card["cordon"]["reason"]
+    # a human may still approve it (the incident guard is for automatic cordons only)
+    answer = await running.press({"action": "cordon_approve", "node": "gpu-node-5"}, "ev-infra")
+    assert answer == "gpu-node-5: cordoned"
+    assert unschedulable(cluster, "gpu-node-5")
+
+
+async def test_two_replicas_send_one_card(cluster: KubeEmulator, start: Start) -> None:
+    a = await start(replica="a")
+    b = await start(replica="b")
+    await a.post(*SPREAD, *LEMON)
+    assert a.gateway.cordon is not None and b.gateway.cordon is not None
+    await asyncio.gather(*(g.gateway.cordon.run_once() for g in (a, b, a, b)))
+    await asyncio.gather(a.gateway.settle(), b.gateway.settle())
+    assert len(a.cards() + b.cards()) == 1
+
+
+@pytest.mark.parametrize("node", ["Bad_Node", "", "a" * 254, "node\x00", 7])
+def test_a_cordon_press_must_name_a_node(node: Any) -> None:
+    body = json.dumps(
+        {
+            "schema": "2.0",
+            "header": {"event_id": "ev-1", "token": VERIFICATION},
+            "event": {
+                "operator": {"open_id": "ou_alice"},
+                "action": {"value": {"action": "cordon_approve", "node": node}},
+            },
+        }
+    ).encode()
+    with pytest.raises(CallbackRejected, match="not a node name") as caught:
+        parse_callback({}, body, verification_token=VERIFICATION, now=time.time())
+    assert caught.value.status == 400
+    good = body.replace(json.dumps(node).encode(), b'"gpu-node-17"')
+    parsed = parse_callback({}, good, verification_token=VERIFICATION, now=time.time())
+    assert isinstance(parsed, CardAction)
+    assert (parsed.node, parsed.action, parsed.alert_id) == ("gpu-node-17", "cordon_approve", 0)
+
+
+async def test_the_feishu_app_posts_the_card_with_its_buttons(
+    cluster: KubeEmulator, start: Start, db_url: str
+) -> None:
+    async with FeishuContractServer(apps={"cli_app": "app-secret"}, chats={"oc_infra"}) as feishu:
+        settings = Settings.model_validate(
+            {
+                "channels": {
+                    "feishu_app": {
+                        "base_url": feishu.base_url,
+                        "app_id": "cli_app",
+                        "chats": {"oc_infra": ["P0", "P1", "P2", "P3"]},
+                        "callback": {"path": CARD_PATH, "encrypt_key_env": "FEISHU_ENCRYPT_KEY"},
+                    }
+                }
+            }
+        )
+        env = {
+            "FEISHU_APP_SECRET": "app-secret",
+            "FEISHU_VERIFICATION_TOKEN": VERIFICATION,
+            "FEISHU_ENCRYPT_KEY": ENCRYPT_KEY,
+        }
+        channels = build(settings, env)
+        try:
+            running = await start(channels=dict(channels.notifiers))
+            await running.post(*SPREAD, *LEMON)
+            cards = [
+                json.loads(m["content"])
+                for m in feishu.messages.values()
+                if m["receive_id"] == "oc_infra" and m["msg_type"] == "interactive"
+            ]
+            cordon = [c for c in cards if "cordon_approve" in json.dumps(c)]
+            assert len(cordon) == 1, cards
+            text = json.dumps(cordon[0])
+            assert "Cordon recommended: gpu-node-0" in text
+            assert '"node": "gpu-node-0"' in text and "ml/big" in text
+            assert "cordon_dismiss" in text
+        finally:
+            assert channels.built is not None
+            await channels.built.aclose()
+
+
+async def test_a_refused_cordon_leaves_the_recommendation_out(
+    cluster: KubeEmulator, start: Start
+) -> None:
+    running = await start()
+    await running.post(*SPREAD, *LEMON)
+    cluster.inject_fault("patch", "nodes", 403)  # RBAC says no: not retried
+    answer = await running.press({"action": "cordon_approve", "node": "gpu-node-0"}, "ev-403")
+    assert answer == "gpu-node-0 not cordoned: Kubernetes API answered 403"
+    assert not unschedulable(cluster, "gpu-node-0")
+    assert node_events(cluster, "gpu-node-0") == []
+    # still recommended: a second press (a new event) cordons it
+    answer = await running.press({"action": "cordon_approve", "node": "gpu-node-0"}, "ev-again")
+    assert answer == "gpu-node-0: cordoned"
+    assert unschedulable(cluster, "gpu-node-0")
+
+
+async def test_the_share_counts_the_nodes_the_trainingjob_lists(
+    cluster: KubeEmulator, start: Start
+) -> None:
+    """The job's alerts named only the lemon (1 of 1: refused); once the operator has written
+    the job's nodes into its status, the share is 1 of 8 and the cordon goes ahead."""
+    running = await start(max_job_share=0.25)
+    await running.post(*[fault(300 + i, "gpu-node-0", "small", 2 + i) for i in range(3)])
+    answer = await running.press({"action": "cordon_approve", "node": "gpu-node-0"}, "ev-one")
+    assert "1 of its 1 nodes" in answer
+    path = "/apis/trainsentry.io/v1alpha1/namespaces/ml/trainingjobs/small/status"
+    nodes = [f"gpu-node-{i}" for i in range(8)]
+    headers = {"Content-Type": "application/merge-patch+json"}
+    async with cluster.patch(path, json={"status": {"nodes": nodes}}, headers=headers) as reply:
+        assert reply.status == 200, await reply.text()
+    answer = await running.press({"action": "cordon_approve", "node": "gpu-node-0"}, "ev-eight")
+    assert answer == "gpu-node-0: cordoned"
+    assert unschedulable(cluster, "gpu-node-0")
+    assert job_condition(cluster, "small") is not None
+
+
+def test_the_operator_keeps_the_node_cordoned_condition() -> None:
+    from trainsentry.operator.status import Condition, merge_conditions
+
+    mine = with_node_condition([], True, "node gpu-node-0 cordoned by ou_alice", "now")
+    merged = merge_conditions(mine, [Condition("RulesReady", True, "Applied")], "later", 2)
+    assert [c["type"] for c in merged] == ["RulesReady", "NodeCordoned"]
+    assert merged[1] == mine[0]

@@ -1,0 +1,123 @@
+"""Cordon with a human in the loop, over HTTP (stages/cordon.py does the work):
+
+- the cordon card's Approve / Dismiss buttons arrive through the signed Feishu card
+  callback (app.py `card_ack` → `card_cordon`); a replayed event id is acted on once;
+- `POST /api/v1/nodes/{node}/uncordon {"by": WHO}`: the node schedulable again (API token;
+  logged with who asked: the audit line `event=node_uncordoned`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Any
+
+from aiohttp import web
+
+from trainsentry.gateway.http_auth import authorized, error_response, unauthorized
+from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
+from trainsentry.gateway.policy.cordon import NodeDecision
+from trainsentry.gateway.stages.cordon import PRIORITY
+from trainsentry.gateway.stages.intake import text_problem
+from trainsentry.notifiers.feishu.callback import CardAction
+from trainsentry.notifiers.feishu.card import CardOptions
+from trainsentry.notifiers.feishu.cordon_card import cordon_card
+from trainsentry.notifiers.payload import parse_payload
+from trainsentry.store.callbacks import first_delivery, forget_delivery
+from trainsentry.store.errors import DatabaseError
+
+log = logging.getLogger("trainsentry.gateway")
+
+_NODE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+MAX_BODY_BYTES = 4096
+
+
+async def card_cordon(gateway: Gateway, action: CardAction) -> dict[str, Any]:
+    """Approve / Dismiss pressed on a cordon card."""
+    stage = gateway.cordon
+    if stage is None or action.node is None:
+        return {"toast": {"type": "error", "content": "cordon is off on this gateway"}}
+    event_id = action.event_id
+    try:
+        if event_id is not None:
+            async with gateway.engine.begin() as conn:
+                first = await first_delivery(conn, event_id, gateway.clock())
+            if not first:
+                return {"toast": {"type": "info", "content": "already handled"}}
+        try:
+            outcome = await stage.decide(action.node, action.action == "cordon_approve", action.who)
+        except Exception:
+            if event_id is not None:
+                async with gateway.engine.begin() as conn:
+                    await forget_delivery(conn, event_id)
+            raise
+    except (OSError, DatabaseError) as exc:
+        log.warning("cordon action: store unavailable (%s)", type(exc).__name__)
+        return {"toast": {"type": "error", "content": "store unavailable, press again"}}
+    log.info(
+        "event=cordon_decision node=%s action=%s who=%s ok=%s",
+        action.node, action.action, action.who, outcome.ok,
+    )  # fmt: skip
+    kind = "success" if outcome.ok else "error"
+    answer: dict[str, Any] = {"toast": {"type": kind, "content": outcome.message[:500]}}
+    if outcome.decision is not None:  # the card redrawn in place: who decided, no buttons
+        answer["card"] = {"type": "raw", "data": decided_card(action.node, outcome.decision)}
+    return answer
+
+
+def decided_card(node: str, decision: NodeDecision) -> dict[str, Any]:
+    """The cordon card after a press: its status and who pressed, without buttons."""
+    payload = parse_payload(
+        {
+            "priority": PRIORITY.value,
+            "status": "firing",
+            "cordon": {
+                "node": node,
+                "summary": f"{node}: {decision.status.value} by {decision.by}",
+                "score": decision.score,
+                "faults": dict(decision.faults or {}),
+                "jobs": list(decision.jobs),
+                "status": decision.status.value,
+            },
+        }
+    )
+    return cordon_card(payload, CardOptions(actions=False))
+
+
+async def post_uncordon(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY_KEY]
+    token = gateway.settings.api_token
+    if token is None:
+        return error_response(403, "uncordon needs TRAINSENTRY_API_TOKEN on the gateway")
+    if not authorized(request, token):
+        return unauthorized()
+    node = request.match_info["node"]
+    if not _NODE.match(node):
+        return error_response(400, "the node is not a node name")
+    if gateway.cordon is None:
+        return error_response(409, "remediation.cordon is off on this gateway")
+    raw = await request.content.read(MAX_BODY_BYTES + 1)
+    if len(raw) > MAX_BODY_BYTES:
+        return error_response(413, f"body over {MAX_BODY_BYTES} bytes")
+    try:
+        body = json.loads(raw) if raw.strip() else {}
+    except ValueError:
+        return error_response(400, "body must be JSON")
+    who = body.get("by") if isinstance(body, dict) else None
+    if not isinstance(who, str) or not who.strip() or len(who) > 200:
+        return error_response(400, "'by' (who uncordons) is required, up to 200 characters")
+    if (problem := text_problem(who)) is not None:
+        return error_response(400, f"'by': {problem}")
+    try:
+        outcome = await gateway.cordon.uncordon(node, who.strip())
+    except (OSError, DatabaseError) as exc:
+        return error_response(503, f"store unavailable, retry: {type(exc).__name__}")
+    log.info("event=node_uncordoned node=%s by=%s ok=%s", node, who.strip(), outcome.ok)
+    if not outcome.ok:
+        return error_response(409, outcome.message)
+    return web.json_response({"node": node, "status": "uncordoned", "by": who.strip()})
+
+
+def add_cordon_routes(app: web.Application) -> None:
+    app.router.add_post("/api/v1/nodes/{node}/uncordon", post_uncordon)

@@ -1,0 +1,49 @@
+"""The cordon recommendations' states (table `policy_state`, scope "cordon", one row per
+node) and the lock row that serialises every cordon decision across gateway replicas.
+
+`lock_cordon` inserts the lock row if absent and locks it (`FOR UPDATE` on PostgreSQL;
+SQLite's single writer serialises anyway) for the caller's transaction, so two replicas
+checking the nodes, or two people pressing Approve on two cards at once, decide one after
+the other: one recommendation per node, and the hourly limit counted over both.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from trainsentry.store.schema import policy_state
+
+SCOPE = "cordon"
+LOCK_KEY = "~lock"  # not a node name (a node name is a DNS subdomain: no "~")
+MAX_NODES = 100_000
+
+
+async def lock_cordon(conn: AsyncConnection, now: datetime) -> None:
+    insert = sqlite_insert if conn.dialect.name == "sqlite" else postgresql_insert
+    await conn.execute(
+        insert(policy_state)
+        .values(scope=SCOPE, key=LOCK_KEY, state={}, updated_at=now, due_at=None)
+        .on_conflict_do_nothing(index_elements=[policy_state.c.scope, policy_state.c.key])
+    )
+    query = select(policy_state.c.key).where(
+        policy_state.c.scope == SCOPE, policy_state.c.key == LOCK_KEY
+    )
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update()
+    await conn.execute(query)
+
+
+async def cordon_states(conn: AsyncConnection) -> dict[str, dict[str, Any]]:
+    """node -> its stored state (the lock row left out)."""
+    query = (
+        select(policy_state.c.key, policy_state.c.state)
+        .where(policy_state.c.scope == SCOPE, policy_state.c.key != LOCK_KEY)
+        .limit(MAX_NODES)
+    )
+    return {row.key: dict(row.state) for row in await conn.execute(query)}
