@@ -2,7 +2,9 @@
 
 `decide` handles one `AlertChange`; `decide_tick` handles the timers (held resolutions,
 storm summaries due, storms calming down). Both are pure: states and `now` in, new states
-and `NotificationDraft`s out. Idempotency keys depend only on what is announced (alert
+and `NotificationDraft`s out. `fold_into` is `decide` for the planner's batches: the job's
+storm state is a mutable `StormFold` (storm_fold.py) it updates in place, frozen once per
+batch, with the same results. Idempotency keys depend only on what is announced (alert
 fingerprint + occurrence + notice, or job + storm episode + summary number) and the
 channel, so replaying a change or a late tick yields the same keys.
 
