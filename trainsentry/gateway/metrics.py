@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from trainsentry.gateway.policy.decide import DecideResult, TickResult
+from trainsentry.gateway.policy.decide import ChangeResult, TickResult
 from trainsentry.gateway.policy.storm import StormMessageKind
 from trainsentry.store.retention import Purged, StoreSize
 
@@ -215,9 +215,9 @@ class PolicyMetrics:
             child = self._children[key] = counter.labels(*values)
         return child
 
-    def observe(self, result: DecideResult | TickResult) -> None:
+    def observe(self, result: ChangeResult | TickResult) -> None:
         child = self._child
-        if isinstance(result, DecideResult):
+        if isinstance(result, ChangeResult):
             child(self.classified, result.classification.priority.value).inc()
         for decision in result.decisions:
             if decision.notice is not None:
@@ -226,7 +226,7 @@ class PolicyMetrics:
                 child(self.suppressed, decision.suppressed.value).inc()
         if result.collapsed:
             child(self.suppressed, "storm").inc(result.collapsed)
-        if isinstance(result, DecideResult) and result.infra_folded:
+        if isinstance(result, ChangeResult) and result.infra_folded:
             child(self.suppressed, "infrastructure").inc(result.infra_folded)
         for message in result.storm_messages:
             child(self.storm_messages, message.kind.value).inc()

@@ -22,7 +22,7 @@ from trainsentry.alerts import (
 )
 from trainsentry.gateway.metrics import PolicyMetrics
 from trainsentry.gateway.policy.classify import Classification
-from trainsentry.gateway.policy.decide import decide, decide_tick
+from trainsentry.gateway.policy.decide import decide_tick, fold_into
 from trainsentry.gateway.policy.dedup import FingerprintState
 from trainsentry.gateway.policy.infra import (
     InfraFold,
@@ -35,6 +35,7 @@ from trainsentry.gateway.policy.payload import ALERT_KIND, alert_to_json, idempo
 from trainsentry.gateway.policy.route import ARCHIVE_CHANNELS, JobRoute, unconfigured_names
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.storm import StormState, job_key
+from trainsentry.gateway.policy.storm_fold import StormFold
 from trainsentry.gateway.policy.topology import Topology, members
 from trainsentry.gateway.stages.paging import Paging
 from trainsentry.oncall.maintenance import muted_by
@@ -218,9 +219,16 @@ class PolicyPlan:
         priorities: list[tuple[int, str, str]] = []
         self.classified = {}
         job_routes = self.job_routes() if self.job_routes is not None else None
+        # Each job's storm state, changed in place by the batch's changes and frozen once at
+        # its end (decide.fold_into): during a storm, no state copy per alert.
+        folds: dict[str, StormFold] = {}
         for change in changes:
             alert = change.alert
             job = alert.job
+            key = job_key(alert.labels)
+            if (fold := folds.get(key)) is None:
+                stored = storm_states.get(key)
+                fold = folds[key] = StormFold.of(stored or StormState.new(alert.labels))
             place = places.get(change.alert_id)
             infra = (
                 InfraFold(self.policy, place, infra_states, seen, alert.labels)
@@ -229,10 +237,10 @@ class PolicyPlan:
                 and change.alert_id not in in_maintenance
                 else None
             )
-            result = decide(
+            result = fold_into(
+                fold,
                 change,
                 fingerprint_state=fp_states.get(alert.fingerprint),
-                storm_state=storm_states.get(job_key(alert.labels)),
                 distinct_nodes_in_window=blast.get(
                     (job.namespace if job else "", job.name if job else "", alert.name), 1
                 ),
@@ -245,7 +253,6 @@ class PolicyPlan:
             )
             infra_states.update(result.infra_states)
             fp_states[alert.fingerprint] = result.fingerprint_state
-            storm_states[result.storm_state.job] = result.storm_state
             drafts.extend(result.drafts)
             for channel in sorted(self.archive_channels):
                 drafts.append(archive_draft(channel, change, result.classification))
@@ -255,6 +262,7 @@ class PolicyPlan:
                 c = result.classification
                 priorities.append((change.alert_id, c.priority.value, f"{c.rule_id}: {c.reason}"))
                 self.classified[change.alert_id] = c.priority.value
+        storm_states.update((key, fold.freeze()) for key, fold in folds.items())
         await save_states(
             conn, FINGERPRINT_SCOPE, {k: _fp_row(v) for k, v in fp_states.items()}, now
         )
