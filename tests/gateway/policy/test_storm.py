@@ -135,6 +135,19 @@ def test_tally_counts_and_caps_keys() -> None:
     assert Tally.from_json(json.loads(json.dumps(tally.to_json()))) == tally
 
 
+def test_priorities_are_never_capped_into_other() -> None:
+    """`max_keys` bounds node, GPU and alertname keys; there are only four priorities, and
+    the storm's priority is read back from them (a key "(other)" there crashed it)."""
+    policy = merge_policy(POLICY, {"storm": {"max_keys": 1}})
+    tally = Tally()
+    for i, priority in enumerate((Priority.P2, Priority.P1, Priority.P0)):
+        alert = make_alert({"alertname": "A", "node": f"n{i}"}, fingerprint=f"f{i}")
+        tally = tally.add(StormEntry(alert, priority, AlertStatus.FIRING, at(i)), policy)
+    assert tally.by_priority == {"P2": 1, "P1": 1, "P0": 1}
+    assert tally.priority is Priority.P0
+    assert tally.by_node == {"n0": 1, OTHER: 2}
+
+
 def test_build_summary_equals_the_incremental_summary() -> None:
     policy = merge_policy(POLICY, {"storm": {"list_url": "https://ts/alerts?job={job}"}})
     entries = [

@@ -28,8 +28,7 @@ BASE = load_policy()
 STORM = {"threshold": 2, "window": 60, "summary_interval": 20, "calm_after": 45}
 POLICIES = {
     "stormy": merge_policy(BASE, {"storm": STORM}),
-    # max_keys below 4 crashes Tally.priority (storm.py) once "(other)" is a priority key
-    "narrow": merge_policy(BASE, {"storm": {**STORM, "top_lines": 2, "max_keys": 4}}),
+    "narrow": merge_policy(BASE, {"storm": {**STORM, "top_lines": 2, "max_keys": 2}}),
     "no top": merge_policy(BASE, {"storm": {**STORM, "top_lines": 0, "threshold": 1}}),
     "off": merge_policy(BASE, {"storm": {**STORM, "enabled": False}}),
     "flappy": merge_policy(

@@ -89,6 +89,11 @@ def _line_order(line: Mapping[str, Any]) -> tuple[int, int, str, str]:
     return (int(line["priority"][1]), status_rank, line["at"], line["fingerprint"])
 
 
+# Priorities are never folded into OTHER: there are only four, and the storm's own priority
+# is read back from them (`Tally.priority`).
+PRIORITY_KEYS = len(Priority)
+
+
 def _bump(counts: Mapping[str, int], key: str, cap: int) -> dict[str, int]:
     updated = dict(counts)
     if key not in updated and len(updated) >= cap:
@@ -146,7 +151,7 @@ class Tally:
             firing=self.firing + (1 if firing else 0),
             resolved=self.resolved + (0 if firing else 1),
             by_alertname=_bump(self.by_alertname, entry.alert.name or "(unnamed)", cap),
-            by_priority=_bump(self.by_priority, entry.priority.value, cap),
+            by_priority=_bump(self.by_priority, entry.priority.value, PRIORITY_KEYS),
             by_node=_bump(self.by_node, node, cap),
             by_gpu=_bump(self.by_gpu, gpu_key, cap),
             top=top,

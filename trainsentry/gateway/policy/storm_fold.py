@@ -25,6 +25,7 @@ from trainsentry.gateway.policy.rules import Policy, StormPolicy
 from trainsentry.gateway.policy.storm import (
     _BUCKETS_PER_WINDOW,
     OTHER,
+    PRIORITY_KEYS,
     StormEntry,
     StormMessage,
     StormMessageKind,
@@ -115,7 +116,7 @@ class TallyFold:
         else:
             self.resolved += 1
         _bump(self.by_alertname, entry.alert.name or "(unnamed)", cap)
-        _bump(self.by_priority, entry.priority.value, cap)
+        _bump(self.by_priority, entry.priority.value, PRIORITY_KEYS)
         _bump(self.by_node, node, cap)
         _bump(self.by_gpu, f"{node}/{gpu}" if gpu else "(none)", cap)
         at = entry.at
