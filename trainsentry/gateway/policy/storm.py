@@ -377,22 +377,7 @@ def observe_new(
         peak=priority,
         next_summary_at=at + timedelta(seconds=rules.summary_interval),
     )
-    started = StormMessage(
-        kind=StormMessageKind.STARTED,
-        job=state.job,
-        episode=episode,
-        seq=0,
-        at=at,
-        priority=priority,
-        summary={
-            "job": state.job,
-            "total": count,
-            "window_s": int(rules.window),
-            "threshold": rules.threshold,
-            "start": episode,
-        },
-        labels=state.labels,
-    )
+    started = started_message(state.job, state.labels, episode, at, priority, count, rules)
     return state, [started]
 
 
@@ -414,6 +399,34 @@ def collapse(state: StormState, entry: StormEntry, policy: Policy) -> StormState
         next_at = entry.at + timedelta(seconds=policy.storm.summary_interval)
     peak = entry.priority if entry.priority.at_least(state.peak) else state.peak
     return replace(state, tally=state.tally.add(entry, policy), next_summary_at=next_at, peak=peak)
+
+
+def started_message(
+    job: str,
+    labels: Mapping[str, str],
+    episode: str,
+    at: datetime,
+    priority: Priority,
+    count: int,
+    rules: StormPolicy,
+) -> StormMessage:
+    """Pure: the notice that a job's storm started (`count` alerts within the window)."""
+    return StormMessage(
+        kind=StormMessageKind.STARTED,
+        job=job,
+        episode=episode,
+        seq=0,
+        at=at,
+        priority=priority,
+        summary={
+            "job": job,
+            "total": count,
+            "window_s": int(rules.window),
+            "threshold": rules.threshold,
+            "start": episode,
+        },
+        labels=labels,
+    )
 
 
 def _summary_message(

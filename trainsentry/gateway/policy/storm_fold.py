@@ -36,6 +36,7 @@ from trainsentry.gateway.policy.storm import (
     _line,
     _line_order,
     _summary_message,
+    started_message,
 )
 from trainsentry.labels import first_label
 
@@ -203,23 +204,7 @@ class StormFold:
         self.storms += 1
         self.peak = priority
         self.next_summary_at = at + timedelta(seconds=rules.summary_interval)
-        started = StormMessage(
-            kind=StormMessageKind.STARTED,
-            job=self.job,
-            episode=episode,
-            seq=0,
-            at=at,
-            priority=priority,
-            summary={
-                "job": self.job,
-                "total": count,
-                "window_s": int(rules.window),
-                "threshold": rules.threshold,
-                "start": episode,
-            },
-            labels=self.labels,
-        )
-        return [started]
+        return [started_message(self.job, self.labels, episode, at, priority, count, rules)]
 
     def verdict(self, priority: Priority, *, fresh_page: bool) -> Verdict:
         """`storm.verdict`, in place."""
