@@ -215,6 +215,11 @@ async def test_ack_with_silence_creates_it_in_a_real_alertmanager(
             matchers = {m["name"]: m["value"] for m in silence["matchers"]}
             assert matchers["alertname"] == "GPUXidError" and matchers["node"] == "gpu-0001"
             assert "alice" in silence["createdBy"] + silence["comment"]
+            # This test runs on the real clock, so its stages are busy at the end; stopping
+            # one mid-transaction leaves SQLAlchemy an aiosqlite connection to terminate,
+            # which has hung pytest-asyncio's loop teardown (close_in_process). Let them
+            # finish first.
+            await settle(server)
         finally:
             await close_in_process(server)
             await silences.aclose()
