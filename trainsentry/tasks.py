@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 
@@ -38,3 +39,22 @@ async def wait_for_event(event: asyncio.Event, seconds: float) -> bool:
             await event.wait()
             return True
     return False
+
+
+async def every(
+    seconds: float,
+    round_once: Callable[[], Awaitable[object]],
+    log: logging.Logger,
+    failed: str,
+) -> None:
+    """Runs `round_once` forever, `seconds` apart (a stage's periodic loop, the body of its
+    OwnedTask). A round that raises is logged with `failed` and its traceback, and the next
+    round still runs; only cancellation ends the loop."""
+    while True:
+        try:
+            await round_once()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception(failed)
+        await asyncio.sleep(seconds)

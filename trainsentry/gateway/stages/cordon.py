@@ -20,7 +20,6 @@ Invariants:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -50,7 +49,7 @@ from trainsentry.store.engine import Connection, Engine
 from trainsentry.store.node_health import node_occurrences
 from trainsentry.store.policy_state import load_states, save_states
 from trainsentry.store.writes import insert_notifications
-from trainsentry.tasks import OwnedTask
+from trainsentry.tasks import OwnedTask, every
 
 log = logging.getLogger("trainsentry.cordon")
 
@@ -112,7 +111,15 @@ class Cordoner:
         self._topology = topology
         self._clock = clock
         self._on_drafts = on_drafts
-        self._task = OwnedTask("cordon", self._loop)
+        self._task = OwnedTask(
+            "cordon",
+            lambda: every(
+                self.settings.check_seconds,
+                self.run_once,
+                log,
+                "cordon: this check failed, trying again",
+            ),
+        )
 
     # running -----------------------------------------------------------------------------
 
@@ -125,16 +132,6 @@ class Cordoner:
         if self._api is not None:
             await self._api.close()
             self._api = None
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.run_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("cordon: this check failed, trying again")
-            await asyncio.sleep(self.settings.check_seconds)
 
     async def _kube(self) -> Kube:
         if self._api is None:

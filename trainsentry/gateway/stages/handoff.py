@@ -13,7 +13,6 @@ announced: the shift it names may be over. A new or removed override re-plans th
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
@@ -28,7 +27,7 @@ from trainsentry.oncall.types import Schedule
 from trainsentry.store.engine import Connection, Engine
 from trainsentry.store.policy_state import claim_due, load_states, save_states
 from trainsentry.store.writes import insert_notifications
-from trainsentry.tasks import OwnedTask
+from trainsentry.tasks import OwnedTask, every
 
 log = logging.getLogger("trainsentry.handoff")
 
@@ -87,23 +86,19 @@ class HandoffNotices:
         self._oncall = oncall
         self._channels = sorted(NOTICE_CHANNELS & set(channels))
         self._clock = clock
-        self._interval = interval
         self._on_drafts = on_drafts
-        self._task = OwnedTask("handoff-notices", self._loop)
+        self._task = OwnedTask(
+            "handoff-notices",
+            lambda: every(
+                interval, self.run_once, log, "handoff notices: this round failed, trying again"
+            ),
+        )
 
     def start(self) -> None:
         self._task.start()
 
     async def stop(self) -> None:
         await self._task.stop()
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.run_once()
-            except Exception:
-                log.exception("handoff notices: this round failed, trying again")
-            await asyncio.sleep(self._interval)
 
     async def run_once(self) -> int:
         """Announces the handoffs due by now; returns the notices written."""

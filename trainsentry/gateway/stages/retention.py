@@ -35,7 +35,7 @@ from trainsentry.store.retention import (
     purge_receipts,
     store_size,
 )
-from trainsentry.tasks import OwnedTask
+from trainsentry.tasks import OwnedTask, every
 
 log = logging.getLogger("trainsentry.retention")
 
@@ -61,7 +61,9 @@ class Retention:
         # The policy's lock: on SQLite the planning stage reads before it takes the write
         # lock, so an alert must not vanish between its reads and its writes.
         self._lock = lock
-        self._task = OwnedTask("retention", self._run)
+        interval = settings.interval_seconds
+        failed = f"retention run failed; trying again in {interval:.0f} s"
+        self._task = OwnedTask("retention", lambda: every(interval, self.run_once, log, failed))
 
     def _cuts(self, now: datetime) -> list[tuple[str, Purge, datetime]]:
         s = self._settings
@@ -119,20 +121,6 @@ class Retention:
             )
             await self.measure()
         return done
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.run_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("retention run failed; trying again in %.0f s", self._interval)
-            await asyncio.sleep(self._interval)
-
-    @property
-    def _interval(self) -> float:
-        return self._settings.interval_seconds
 
     def start(self) -> None:
         self._task.start()

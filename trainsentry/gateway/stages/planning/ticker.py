@@ -17,7 +17,7 @@ from trainsentry.alerts import AlertChange, utcnow
 from trainsentry.gateway.stages.planning.plan import PolicyPlan
 from trainsentry.store.engine import Engine
 from trainsentry.store.writes import expire_stale
-from trainsentry.tasks import OwnedTask
+from trainsentry.tasks import OwnedTask, every
 
 log = logging.getLogger("trainsentry.policy")  # the planning stage's logger, as before the split
 
@@ -46,10 +46,11 @@ class Ticker:
         self._lock = lock or asyncio.Lock()
         self._clock = clock
         self._plan = plan
-        self._interval = interval
         self._stale_after = stale_after
         self._on_drafts = on_drafts
-        self._task = OwnedTask("policy-ticker", self._run)
+        self._task = OwnedTask(
+            "policy-ticker", lambda: every(interval, self.run_once, log, "policy tick failed")
+        )
 
     async def run_once(self, now: datetime | None = None) -> int:
         now = now or self._clock()
@@ -64,16 +65,6 @@ class Ticker:
         if written and self._on_drafts is not None:
             self._on_drafts()
         return written
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.run_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("policy tick failed")
-            await asyncio.sleep(self._interval)
 
     def start(self) -> None:
         self._task.start()
