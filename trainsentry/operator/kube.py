@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 RETRYABLE = frozenset({429, 500, 502, 503, 504})
 T = TypeVar("T")
 
+# An object's `status.conditions` (the list a merge patch replaces whole).
+Conditions = list[dict[str, Any]]
+
 
 @dataclass(frozen=True)
 class Resource:
@@ -174,6 +177,34 @@ class Kube:
             content_type="application/merge-patch+json",
         )
         return result
+
+    async def rewrite_conditions(
+        self,
+        res: Resource,
+        namespace: str,
+        name: str,
+        rewrite: Callable[[Conditions, dict[str, Any]], Conditions],
+        attempts: int = 3,
+    ) -> None:
+        """Read-modify-write of an object's `status.conditions`: `rewrite(conditions,
+        metadata)` gives the new list, patched with the resourceVersion read, so another
+        writer's conditions are never overwritten (a merge patch replaces the whole list). A
+        conflict (409) reads again, up to `attempts` times; a missing object is left alone."""
+        for _attempt in range(attempts):
+            body = await self.get(res, namespace, name)
+            if body is None:
+                return
+            meta, status = body.get("metadata") or {}, body.get("status") or {}
+            patch = {
+                "metadata": {"resourceVersion": meta.get("resourceVersion")},
+                "status": {"conditions": rewrite(status.get("conditions") or [], meta)},
+            }
+            try:
+                await self.patch(res, namespace, name, patch, "status")
+                return
+            except KubeError as exc:
+                if exc.status != 409:
+                    raise
 
     async def delete(self, res: Resource, namespace: str | None, name: str) -> bool:
         try:

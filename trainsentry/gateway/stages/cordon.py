@@ -21,7 +21,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -69,7 +69,7 @@ class Outcome:
 
 
 def with_node_condition(
-    conditions: list[Mapping[str, Any]], cordoned: bool, message: str, now: str
+    conditions: Sequence[Mapping[str, Any]], cordoned: bool, message: str, now: str
 ) -> list[dict[str, Any]]:
     """Pure: `status.conditions` with NodeCordoned set (other conditions kept as they are)."""
     mine = {
@@ -398,25 +398,14 @@ class Cordoner:
     async def _job_condition(
         self, kube: Kube, namespace: str, name: str, cordoned: bool, message: str
     ) -> None:
-        for _attempt in range(3):
-            body = await kube.get(TRAININGJOBS, namespace, name)
-            if body is None:
-                return
-            meta, status = body.get("metadata") or {}, body.get("status") or {}
-            patch = {
-                "metadata": {"resourceVersion": meta.get("resourceVersion")},
-                "status": {
-                    "conditions": with_node_condition(
-                        status.get("conditions") or [], cordoned, message, self._now()
-                    )
-                },
-            }
-            try:
-                await kube.patch(TRAININGJOBS, namespace, name, patch, "status")
-                return
-            except KubeError as exc:
-                if exc.status != 409:
-                    raise
+        await kube.rewrite_conditions(
+            TRAININGJOBS,
+            namespace,
+            name,
+            lambda conditions, _meta: with_node_condition(
+                conditions, cordoned, message, self._now()
+            ),
+        )
 
     def _event(self, node: Mapping[str, Any], reason: str, who: str) -> dict[str, Any]:
         meta, now = node.get("metadata") or {}, self._now()

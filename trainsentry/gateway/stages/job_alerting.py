@@ -410,25 +410,14 @@ class JobAlerting:
     async def _patch_condition(
         self, kube: Kube, job: JobRef, ok: bool, reason: str, message: str
     ) -> None:
-        for _attempt in range(3):
-            body = await kube.get(TRAININGJOBS, job.namespace, job.name)
-            if body is None:
-                return
-            meta, status = body.get("metadata") or {}, body.get("status") or {}
-            conditions = with_condition(
-                status.get("conditions") or [], ok, reason, message, self._now(),
-                meta.get("generation"),
-            )  # fmt: skip
-            patch = {
-                "metadata": {"resourceVersion": meta.get("resourceVersion")},
-                "status": {"conditions": conditions},
-            }
-            try:
-                await kube.patch(TRAININGJOBS, job.namespace, job.name, patch, "status")
-                return
-            except KubeError as exc:
-                if exc.status != 409:
-                    raise
+        await kube.rewrite_conditions(
+            TRAININGJOBS,
+            job.namespace,
+            job.name,
+            lambda conditions, meta: with_condition(
+                conditions, ok, reason, message, self._now(), meta.get("generation")
+            ),
+        )
 
     def _event(self, settings: JobSettings, wanted: tuple[bool, str, str]) -> dict[str, Any]:
         ok, reason, message = wanted
