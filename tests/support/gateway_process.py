@@ -43,8 +43,8 @@ def start_gateway(
 
 
 async def close_in_process(server: TestServer) -> None:
-    """Closes an in-process gateway, then lets the loop run briefly: a connection close still
-    in progress when pytest-asyncio tears the loop down has hung that teardown (about 1 run in
-    10 of the ack-with-silence test; the cause is not found yet)."""
+    """Closes an in-process gateway, then lets the loop run briefly, so connection closes
+    still under way finish in the test rather than in pytest-asyncio's loop shutdown. (The
+    teardown hangs once seen here came from aiosqlite's stop(): store/sqlite_driver.py.)"""
     await server.close()
     await asyncio.sleep(0.2)

@@ -397,6 +397,8 @@ async def _stop(gateway: Gateway) -> None:
         await gateway.topology.stop()
     for task in list(gateway.background):
         task.cancel()
+    # before the engine goes: a cancelled task may still be giving its connection back
+    await asyncio.gather(*gateway.background, return_exceptions=True)
     await gateway.engine.dispose()
 
 

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from trainsentry.alerts import utcnow
 from trainsentry.store.schema import SCHEMA_VERSION, metadata, schema_version
+from trainsentry.store.sqlite_driver import use_store_connections
 
 # The handles a stage holds (stages never import SQLAlchemy): an engine opened by
 # `create_engine`, and a connection inside `engine.begin()` / `engine.connect()`.
@@ -161,6 +162,7 @@ def create_engine(url: str, *, pool_size: int = 5, must_exist: bool = False) -> 
     if full.startswith("sqlite"):
         check_sqlite()
         engine = create_async_engine(full, connect_args={"timeout": 10})
+        event.listen(engine.sync_engine, "do_connect", use_store_connections)
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         return engine
     return create_async_engine(
