@@ -97,6 +97,9 @@ class GatewaySettings(BaseModel):
     # and at most this many requests may be sending bodies at once (else 503, Retry-After).
     body_timeout_s: float = Field(default=30.0, gt=0)
     max_body_readers: int = Field(default=256, ge=1)
+    # A connection that has not sent a whole request head (or sits idle between requests)
+    # this long is closed: slow headers are bounded as bodies are (aiohttp's keep-alive).
+    idle_timeout_s: float = Field(default=75.0, gt=0)
     # Bytes of request bodies held in memory at once (each counted at its Content-Length);
     # a body beyond it gets 503 with Retry-After. One body is always let in.
     max_body_bytes_in_flight: int = Field(default=64 * 1024 * 1024, ge=1024)

@@ -107,6 +107,45 @@ def test_trickling_bodies_are_cut_at_the_deadline_and_the_gateway_keeps_answerin
     assert "level=error" not in gateway.logs(), gateway.logs()[-3000:]
 
 
+async def trickle_head(port: int, give_up_s: float) -> tuple[float, bytes]:
+    """Sends a request line, then one header byte every 0.25 s and never ends the head:
+    (seconds until the server closed the connection, what it answered)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    started = time.monotonic()
+    writer.write(f"POST {WEBHOOK} HTTP/1.1\r\nHost: x\r\nX-Slow: ".encode())
+    answer = b""
+    try:
+        while time.monotonic() - started < give_up_s:
+            writer.write(b"a")
+            await writer.drain()
+            try:
+                chunk = await asyncio.wait_for(reader.read(65536), timeout=0.25)
+            except TimeoutError:
+                continue
+            answer += chunk
+            if not chunk:
+                break
+    except ConnectionError:
+        pass
+    closed_after = time.monotonic() - started
+    writer.close()
+    return closed_after, answer
+
+
+def test_trickling_headers_are_cut_at_the_idle_timeout(tmp_path: Path) -> None:
+    with start(tmp_path, idle_timeout_s=DEADLINE_S) as gateway:
+
+        async def scenario() -> list[tuple[float, bytes]]:
+            return await asyncio.gather(*(trickle_head(gateway.port, 15) for _ in range(5)))
+
+        results = asyncio.run(scenario())
+        health = raw_request(gateway.port, "GET", "/healthz")
+    assert health.status == 200
+    for closed_after, answer in results:
+        assert DEADLINE_S - 0.5 < closed_after < DEADLINE_S + 2, (closed_after, answer[:200])
+        assert answer == b""  # no request was ever complete: closed without an answer
+
+
 def test_a_client_leaving_mid_body_is_a_debug_line(gateway: RunningServer) -> None:
     async def leave(path: str) -> None:
         _reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)

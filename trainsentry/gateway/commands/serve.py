@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
             print=None,
             access_log=None,
             handle_signals=True,
+            keepalive_timeout=gateway.idle_timeout_s,
         )
     except Exception as exc:
         logging.getLogger("trainsentry").error("gateway failed: %s: %s", type(exc).__name__, exc)
