@@ -53,16 +53,24 @@ def gateway(tmp_path: Path) -> Iterator[RunningServer]:
 async def trickle(port: int, path: str, auth: bool, give_up_s: float) -> tuple[float, bytes]:
     """Sends headers promising 1000 bytes, then one byte every 0.25 s: (seconds until the
     server closed the connection, what it answered)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    started = time.monotonic()
     head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
     if auth:
         head += f"Authorization: Bearer {TOKEN}\r\n"
-    writer.write(head.encode() + b"\r\n")
+    return await send_slowly(port, head.encode() + b"\r\n", b"{", give_up_s)
+
+
+async def send_slowly(
+    port: int, first: bytes, then: bytes, give_up_s: float
+) -> tuple[float, bytes]:
+    """Sends `first`, then `then` every 0.25 s until the server closes the connection or
+    `give_up_s` pass: (seconds until it closed, what it answered)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    started = time.monotonic()
+    writer.write(first)
     answer = b""
     try:
         while time.monotonic() - started < give_up_s:
-            writer.write(b"{")
+            writer.write(then)
             await writer.drain()
             try:
                 chunk = await asyncio.wait_for(reader.read(65536), timeout=0.25)
@@ -108,28 +116,9 @@ def test_trickling_bodies_are_cut_at_the_deadline_and_the_gateway_keeps_answerin
 
 
 async def trickle_head(port: int, give_up_s: float) -> tuple[float, bytes]:
-    """Sends a request line, then one header byte every 0.25 s and never ends the head:
-    (seconds until the server closed the connection, what it answered)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    started = time.monotonic()
-    writer.write(f"POST {WEBHOOK} HTTP/1.1\r\nHost: x\r\nX-Slow: ".encode())
-    answer = b""
-    try:
-        while time.monotonic() - started < give_up_s:
-            writer.write(b"a")
-            await writer.drain()
-            try:
-                chunk = await asyncio.wait_for(reader.read(65536), timeout=0.25)
-            except TimeoutError:
-                continue
-            answer += chunk
-            if not chunk:
-                break
-    except ConnectionError:
-        pass
-    closed_after = time.monotonic() - started
-    writer.close()
-    return closed_after, answer
+    """Sends a request line, then one header byte every 0.25 s and never ends the head."""
+    first = f"POST {WEBHOOK} HTTP/1.1\r\nHost: x\r\nX-Slow: ".encode()
+    return await send_slowly(port, first, b"a", give_up_s)
 
 
 def test_trickling_headers_are_cut_at_the_idle_timeout(tmp_path: Path) -> None:
