@@ -48,12 +48,16 @@ RENDER_CACHE_SIZE = 2048  # renders kept (one per job and spec/pods version)
 
 @dataclass(frozen=True)
 class Sources:
-    """Rule files and dashboards, loaded once at startup, and the renders made from them."""
+    """Rule files and dashboards, loaded once at startup, and the renders made from them;
+    with the two settings the reconciles read (where dashboards go, who reads spec.alerting)."""
 
     rule_files: tuple[RuleFile, ...]
     dashboards: tuple[DashboardFile, ...]
     # Where the jobs' dashboard ConfigMaps go; None: next to each job (render.dashboards_ref).
     dashboards_namespace: str | None = None
+    # Whether the gateway reads jobs' spec.alerting (--job-alerting); None: not told, and the
+    # operator says nothing of it (status.alerting_condition).
+    job_alerting: status.JobAlertingScope | None = None
     _cache: OrderedDict[Hashable, Rendered] = field(
         default_factory=OrderedDict, repr=False, compare=False
     )
@@ -81,7 +85,10 @@ class Sources:
 
 
 def load_sources(
-    rules_dir: Path, dashboards_dir: Path, dashboards_namespace: str | None = None
+    rules_dir: Path,
+    dashboards_dir: Path,
+    dashboards_namespace: str | None = None,
+    job_alerting: status.JobAlertingScope | None = None,
 ) -> Sources:
     rule_files = []
     for path in sorted(rules_dir.glob("*.yaml")) if rules_dir.is_dir() else []:
@@ -91,7 +98,7 @@ def load_sources(
     dashboards = []
     for path in sorted(dashboards_dir.glob("*.json")) if dashboards_dir.is_dir() else []:
         dashboards.append(DashboardFile(path.stem, json.loads(path.read_text(encoding="utf-8"))))
-    return Sources(tuple(rule_files), tuple(dashboards), dashboards_namespace)
+    return Sources(tuple(rule_files), tuple(dashboards), dashboards_namespace, job_alerting)
 
 
 # --- children -------------------------------------------------------------------------------
@@ -387,8 +394,9 @@ async def reconcile(
     conditions = _conditions(
         spec, rendered.alert_count, rendered.unknown_thresholds, summary, exporters
     )
+    base = _with_alerting_condition(conditions, spec, job, old_status, sources, emit)
     new_status = status.build_status(
-        old_status,
+        base,
         spec=spec,
         generation=generation,
         pods=summary,
@@ -403,6 +411,33 @@ async def reconcile(
             "Normal", "PhaseChanged", f"{old_status.get('phase', 'None')} -> {new_status['phase']}"
         )
     return str(new_status["phase"])
+
+
+def _with_alerting_condition(
+    conditions: list[status.Condition],
+    spec: TrainingJobSpec,
+    job: JobIdentity,
+    old_status: Mapping[str, Any],
+    sources: Sources,
+    emit: Emit,
+) -> Mapping[str, Any]:
+    """Adds the operator's AlertingReady (Unknown) to `conditions` when nothing reads the
+    job's spec.alerting, with one Warning per distinct message; else answers the old status
+    less a stale one of its own (the gateway's is kept). The answer is what build_status
+    merges into."""
+    old = old_status.get("conditions") or []
+    alerting = status.alerting_condition(spec, job.namespace, sources.job_alerting)
+    if alerting is None:
+        return {**old_status, "conditions": status.without_stale_alerting(old)}
+    conditions.append(alerting)
+    if not any(
+        c.get("type") == alerting.type
+        and c.get("reason") == alerting.reason
+        and c.get("message") == alerting.message
+        for c in old
+    ):
+        emit("Warning", alerting.reason, alerting.message)
+    return old_status
 
 
 def _conditions(
