@@ -394,7 +394,11 @@ async def reconcile(
     conditions = _conditions(
         spec, rendered.alert_count, rendered.unknown_thresholds, summary, exporters
     )
-    base = _with_alerting_condition(conditions, spec, job, old_status, sources, emit)
+    base, alerting, warn = status.alerting_of(old_status, spec, job.namespace, sources.job_alerting)
+    if alerting is not None:
+        conditions.append(alerting)
+        if warn:  # once per distinct message, not on every resync
+            emit("Warning", alerting.reason, alerting.message)
     new_status = status.build_status(
         base,
         spec=spec,
@@ -411,33 +415,6 @@ async def reconcile(
             "Normal", "PhaseChanged", f"{old_status.get('phase', 'None')} -> {new_status['phase']}"
         )
     return str(new_status["phase"])
-
-
-def _with_alerting_condition(
-    conditions: list[status.Condition],
-    spec: TrainingJobSpec,
-    job: JobIdentity,
-    old_status: Mapping[str, Any],
-    sources: Sources,
-    emit: Emit,
-) -> Mapping[str, Any]:
-    """Adds the operator's AlertingReady (Unknown) to `conditions` when nothing reads the
-    job's spec.alerting, with one Warning per distinct message; else answers the old status
-    less a stale one of its own (the gateway's is kept). The answer is what build_status
-    merges into."""
-    old = old_status.get("conditions") or []
-    alerting = status.alerting_condition(spec, job.namespace, sources.job_alerting)
-    if alerting is None:
-        return {**old_status, "conditions": status.without_stale_alerting(old)}
-    conditions.append(alerting)
-    if not any(
-        c.get("type") == alerting.type
-        and c.get("reason") == alerting.reason
-        and c.get("message") == alerting.message
-        for c in old
-    ):
-        emit("Warning", alerting.reason, alerting.message)
-    return old_status
 
 
 def _conditions(

@@ -150,6 +150,28 @@ def compute_phase(
     return "Monitoring"
 
 
+def alerting_of(
+    old_status: Mapping[str, Any],
+    spec: TrainingJobSpec,
+    namespace: str,
+    scope: JobAlertingScope | None,
+) -> tuple[Mapping[str, Any], Condition | None, bool]:
+    """Pure: (the status to merge into, the operator's AlertingReady or None, whether it is
+    news worth a Warning). Without a condition of its own, the status to merge into is the
+    old one less a stale AlertingReady the operator wrote (the gateway's is kept)."""
+    old = old_status.get("conditions") or []
+    alerting = alerting_condition(spec, namespace, scope)
+    if alerting is None:
+        return {**old_status, "conditions": without_stale_alerting(old)}, None, False
+    news = not any(
+        c.get("type") == alerting.type
+        and c.get("reason") == alerting.reason
+        and c.get("message") == alerting.message
+        for c in old
+    )
+    return old_status, alerting, news
+
+
 def merge_conditions(
     old: Sequence[Mapping[str, Any]], new: Iterable[Condition], now: str, generation: int
 ) -> list[dict[str, Any]]:
