@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from chart.chart_helm import one, rendered
+from chart.chart_helm import one, rendered, template
 from trainsentry.cli import COMMANDS, build_parser
 
 
@@ -40,6 +40,22 @@ def test_operator_arguments_parse() -> None:
     port = container["ports"][0]["containerPort"]
     assert args.liveness == f"http://0.0.0.0:{port}/healthz"
     assert container["livenessProbe"]["httpGet"]["port"] == "health"
+
+
+def test_the_operator_is_told_whether_the_gateway_reads_spec_alerting(tmp_path: Path) -> None:
+    """So that a job's spec.alerting that nothing reads gets AlertingReady=Unknown."""
+    args = _parse(_container(one(rendered("defaults"), "Deployment", "-operator"))["args"])
+    assert (args.job_alerting, args.job_alerting_namespace) == ("off", [])
+    values = {"gateway": {"jobAlerting": {"enabled": True}}}
+    on = _parse(
+        _container(one(template("defaults", values, tmp_path), "Deployment", "-operator"))["args"]
+    )
+    assert (on.job_alerting, on.job_alerting_namespace) == ("on", [])
+    values = {"gateway": {"jobAlerting": {"enabled": True, "namespaces": ["team-a", "team-b"]}}}
+    scoped = _parse(
+        _container(one(template("defaults", values, tmp_path), "Deployment", "-operator"))["args"]
+    )
+    assert (scoped.job_alerting, scoped.job_alerting_namespace) == ("on", ["team-a", "team-b"])
 
 
 def _run_ha_wrapper(container: dict[str, Any], pod_name: str, tmp_path: Path) -> list[str]:

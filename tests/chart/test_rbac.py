@@ -123,17 +123,24 @@ def test_cluster_role_is_bound_to_the_operator_only() -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account, "namespace": operator["metadata"]["namespace"]}
     ]
-    # No other Role/ClusterRole in the chart: the other components get no API access.
-    # (the operator's own Role for dashboards: test_default_install_writes_configmaps_...;
-    # operator.namespaces: test_namespaces_move_writes_...)
-    assert [o["kind"] for o in objs if o["kind"] in ("Role", "ClusterRole")] == [
-        "ClusterRole",
-        "Role",
-    ]
-    assert one(objs, "Role")["metadata"]["name"] == role["metadata"]["name"]
+    # No other Role/ClusterRole in the chart but the gateway's for the default cordon
+    # (test_cordon_grants_exactly_the_calls_the_gateway_makes): the other components get no
+    # API access. (the operator's own Role for dashboards:
+    # test_default_install_writes_configmaps_...; operator.namespaces: test_namespaces_move_...)
+    gateway = one(objs, "ClusterRole", "-gateway")
+    assert sorted(
+        (o["kind"], o["metadata"]["name"]) for o in objs if o["kind"] in ("Role", "ClusterRole")
+    ) == sorted(
+        [
+            ("ClusterRole", role["metadata"]["name"]),
+            ("ClusterRole", gateway["metadata"]["name"]),
+            ("Role", role["metadata"]["name"]),
+        ]
+    )
     for obj in objs:
         if obj["kind"] == "Deployment" and obj is not operator:
-            assert obj["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+            token = obj["metadata"]["name"].endswith("-gateway")  # the cordon's API calls
+            assert obj["spec"]["template"]["spec"]["automountServiceAccountToken"] is token
 
 
 TRAINING_JOB_STATUS = {
@@ -168,9 +175,24 @@ def gateway_access(objs: Sequence[Manifest]) -> tuple[list[Any] | None, bool]:
     return roles[0]["rules"], gateway["automountServiceAccountToken"]
 
 
-def test_gateway_gets_api_access_only_for_what_is_turned_on() -> None:
-    assert gateway_access(rendered("defaults")) == (None, False)
-    assert gateway_access(rendered("everything-on")) == ([TRAINING_JOB_STATUS, *FIND_RANKS], True)
+CORDON = [
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    {"apiGroups": ["trainsentry.io"], "resources": ["trainingjobs"], "verbs": ["get"]},
+    TRAINING_JOB_STATUS,
+]
+CORDON_OFF = {"remediation": {"cordon": "off"}}
+
+
+def test_gateway_gets_api_access_only_for_what_is_turned_on(tmp_path: Path) -> None:
+    # the cordon is on by default (approve mode): its grants, nothing else
+    assert gateway_access(rendered("defaults")) == (CORDON, True)
+    assert gateway_access(rendered("everything-on")) == (
+        [TRAINING_JOB_STATUS, *FIND_RANKS, *CORDON],
+        True,
+    )
+    off = template("defaults", {"gateway": CORDON_OFF}, tmp_path)
+    assert gateway_access(off) == (None, False)
 
 
 @pytest.mark.parametrize(
@@ -191,7 +213,8 @@ def test_gateway_api_access_follows_its_settings(
     gateway: dict[str, Any], rules: list[Any] | None, tmp_path: Path
 ) -> None:
     token = {"TRAINSENTRY_PROBE_TOKEN": "probe-s3cret"} if "diagnosis" in gateway else {}
-    objs = template("defaults", {"gateway": gateway, "channels": {"secretEnv": token}}, tmp_path)
+    values = {"gateway": {**CORDON_OFF, **gateway}, "channels": {"secretEnv": token}}
+    objs = template("defaults", values, tmp_path)
     assert gateway_access(objs) == (rules, rules is not None)
     assert diagnosis_settings(objs) == gateway.get("diagnosis")
     assert config_settings(objs).topology == gateway.get("topology", {})
@@ -292,12 +315,19 @@ def test_job_alerting_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path)
     # the calls the gateway's job alerting stage makes against the emulator
     # (tests/gateway/stages/test_job_alerting.py writes nothing; it checks the same file)
     calls = {tuple(call) for call in json.loads(JOB_ALERTING_CALLS.read_text(encoding="utf-8"))}
-    everywhere = template("defaults", {"gateway": {"jobAlerting": {"enabled": True}}}, tmp_path)
+    everywhere = template(
+        "defaults", {"gateway": {**CORDON_OFF, "jobAlerting": {"enabled": True}}}, tmp_path
+    )
     rules, token = gateway_access(everywhere)
     assert token and rules is not None and rule_grants(rules) == calls
     assert not find(everywhere, "Role", "-gateway-job-alerting")
     # with namespaces: a Role in each of them, and no cluster-wide grant
-    values = {"gateway": {"jobAlerting": {"enabled": True, "namespaces": ["team-a", "team-b"]}}}
+    values = {
+        "gateway": {
+            **CORDON_OFF,
+            "jobAlerting": {"enabled": True, "namespaces": ["team-a", "team-b"]},
+        }
+    }
     scoped = template("defaults", values, tmp_path)
     assert gateway_access(scoped) == (None, True)
     roles = find(scoped, "Role", "-gateway-job-alerting")
@@ -314,8 +344,8 @@ def test_job_alerting_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path)
             "https://open.larksuite.com/open-apis/bot/v2/hook/",
         ],
     }
-    # off by default: no grant, no section
-    assert gateway_access(rendered("defaults")) == (None, False)
+    # off by default: no grant (the default's are the cordon's), no section
+    assert gateway_access(rendered("defaults")) == (CORDON, True)
     assert config_settings(rendered("defaults")).job_alerting == {}
 
 
@@ -326,13 +356,24 @@ def test_cordon_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path) -> No
     # the calls the cordon stage makes against the emulator (tests/gateway/stages/
     # test_cordon.py checks the same file)
     calls = {tuple(call) for call in json.loads(CORDON_CALLS.read_text(encoding="utf-8"))}
-    on = template("defaults", {"gateway": {"remediation": {"threshold": 20}}}, tmp_path)
-    rules, token = gateway_access(on)
+    # on by default, in approve mode; other keys merge into it
+    rules, token = gateway_access(rendered("defaults"))
     assert token and rules is not None and rule_grants(rules) == calls
-    assert config_settings(on).remediation == {"threshold": 20}
-    # cordon: off, or no section: no grant
-    off = template("defaults", {"gateway": {"remediation": {"cordon": "off"}}}, tmp_path)
+    assert config_settings(rendered("defaults")).remediation == {"cordon": "approve"}
+    # what the gateway makes of it: approve; without a section (no chart, no cluster): nothing
+    from trainsentry.gateway.policy.cordon import Mode
+    from trainsentry.gateway.sections import cordon_settings_of
+
+    settings = cordon_settings_of(config_settings(rendered("defaults")).remediation)
+    assert settings is not None and settings.cordon is Mode.APPROVE
+    assert cordon_settings_of({}) is None
+    on = template("defaults", {"gateway": {"remediation": {"threshold": 20}}}, tmp_path)
+    assert gateway_access(on) == gateway_access(rendered("defaults"))
+    assert config_settings(on).remediation == {"cordon": "approve", "threshold": 20}
+    # cordon: off, or the section removed: no grant
+    off = template("defaults", {"gateway": CORDON_OFF}, tmp_path)
     assert gateway_access(off) == (None, False)
     assert config_settings(off).remediation == {"cordon": "off"}
-    assert gateway_access(rendered("defaults")) == (None, False)
-    assert config_settings(rendered("defaults")).remediation == {}
+    removed = template("defaults", {"gateway": {"remediation": None}}, tmp_path)
+    assert gateway_access(removed) == (None, False)
+    assert config_settings(removed).remediation == {}

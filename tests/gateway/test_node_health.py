@@ -45,7 +45,10 @@ def occurrence(name: str, node: str, days_ago: float, **labels: str) -> Alert:
         ("GPUXidDoubleBitECC", {"xid": "48", "gpu": "3"}, "ecc_double_bit", 8.0),
         ("GPUFellOffBus", {"xid": "79"}, "fell_off_bus", 6.0),  # XID 79: RESTART_BM, 6
         ("GPUXidRowRemapFailure", {"xid": "64"}, "row_remap_failure", 10.0),
-        ("GPUXid", {"xid": "64"}, "xid:64", 10.0),  # CONTACT_SUPPORT
+        ("GPUXid", {"xid": "64"}, "xid:64", 3.0),  # NVIDIA: RESET_GPU
+        ("GPUXid", {"xid": "48"}, "xid:48", 8.0),  # NVIDIA: WORKFLOW_XID_48
+        ("GPUXidNVLinkError", {"xid": "74"}, "xid:74", 3.0),  # NVIDIA: WORKFLOW_NVLINK_ERR
+        ("GPUXidResetRequired", {"xid": "61"}, "xid:61", 10.0),  # NVIDIA: CONTACT_SUPPORT
         ("GPUXidResetRequired", {"xid": "109"}, "xid:109", 3.0),  # RESET_GPU
         ("GPURowRemapFailure", {}, "row_remap_failure", 10.0),
         ("IBLinkFlapping", {"device": "mlx5_0"}, "ib_link_flap", 2.0),
@@ -65,7 +68,12 @@ def test_hardware_faults_are_weighed_by_kind(
         ("NodeFilesystemSpaceCritical", {"component": "node", "mountpoint": "/ckpt"}),
         ("NodeOOMKills", {"component": "node"}),
         ("GPUXidApplicationError", {"xid": "13", "component": "gpu"}),  # RESTART_APP
-        ("GPUXidInformational", {"xid": "45", "component": "gpu"}),  # IGNORE
+        ("GPUXidInformational", {"xid": "45", "component": "gpu"}),  # WORKFLOW_XID_45
+        # NVIDIA's immediate action for these is not a GPU reset: not sick hardware
+        ("GPUXidContainedECC", {"xid": "94"}),  # RESTART_APP
+        ("GPUXidHighSingleBitECCRate", {"xid": "92"}),  # IGNORE
+        ("GPUXidRowRemapPending", {"xid": "63"}),  # IGNORE
+        ("GPUXidResetRequired", {"xid": "154"}),  # XID_154: the XID it names counts
         ("TrainingJobHang", {}),
         ("IBSymbolErrors", {"component": "fabric"}),
     ],

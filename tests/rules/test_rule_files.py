@@ -173,6 +173,35 @@ def test_issue_named_xids_have_the_documented_priorities() -> None:
     }
 
 
+# NVIDIA's "Resolution Bucket (Immediate Action)" for some of our codes, as its Xid catalog
+# gives them (https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html; NVIDIA's
+# machine-readable copy in NVIDIA/NVSentinel, cited in rules/xid_catalogue.yaml). Our own
+# earlier guesses had 94, 63, 92 and 121 as RESET_GPU and 64 as CONTACT_SUPPORT.
+NVIDIA_IMMEDIATE_ACTION = {
+    13: "RESTART_APP",
+    43: "IGNORE",
+    48: "WORKFLOW_XID_48",
+    63: "IGNORE",
+    64: "RESET_GPU",
+    74: "WORKFLOW_NVLINK_ERR",
+    79: "RESTART_BM",
+    92: "IGNORE",
+    94: "RESTART_APP",
+    95: "RESET_GPU",
+    121: "IGNORE",
+}
+
+
+def test_resolutions_are_nvidias_immediate_action_buckets() -> None:
+    xid = _catalogue()["xid"]
+    assert {c: xid[c]["resolution"] for c in NVIDIA_IMMEDIATE_ACTION} == NVIDIA_IMMEDIATE_ACTION
+    assert {c: xid[c]["mnemonic"] for c in (79, 94)} == {
+        79: "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS",
+        94: "ROBUST_CHANNEL_CONTAINED_ERROR",
+    }
+    assert all(entry.get("mnemonic") for entry in xid.values()), "every code names NVIDIA's"
+
+
 def _csv_fields() -> set[str]:
     lines = [
         line

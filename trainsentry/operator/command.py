@@ -75,6 +75,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "that ConfigMap writes need a Role there only) instead of next to the job",
     )
     parser.add_argument(
+        "--job-alerting",
+        choices=("on", "off"),
+        default=None,
+        help="whether the gateway reads TrainingJobs' spec.alerting (the chart passes its "
+        "gateway.jobAlerting.enabled): with off, a job that sets owners, feishu or "
+        "onCallRosterRef gets AlertingReady=Unknown (JobAlertingDisabled) and a Warning "
+        "event; unset: the operator says nothing of it",
+    )
+    parser.add_argument(
+        "--job-alerting-namespace",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="with --job-alerting on: the gateway reads spec.alerting in this namespace only "
+        "(repeatable); a job elsewhere gets AlertingReady=Unknown (JobAlertingNotInNamespace)",
+    )
+    parser.add_argument(
         "--liveness",
         metavar="URL",
         default=None,
@@ -94,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
     from trainsentry.operator.handlers import OperatorOptions, build_registry
     from trainsentry.operator.login import load_api_config, login_handler
     from trainsentry.operator.reconcile import load_sources
+    from trainsentry.operator.status import JobAlertingScope
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -101,11 +119,19 @@ def run(args: argparse.Namespace) -> int:
     )
     quiet_url_loggers()
     log = logging.getLogger("trainsentry.operator")
+    if args.job_alerting_namespace and args.job_alerting != "on":
+        log.error("event=usage error='--job-alerting-namespace needs --job-alerting on'")
+        return 2
     try:
         sources = load_sources(
             Path(args.rules_dir or assets.rules_dir()),
             Path(args.dashboards_dir or assets.dashboards_dir()),
             args.dashboards_namespace or None,
+            None
+            if args.job_alerting is None
+            else JobAlertingScope(
+                args.job_alerting == "on", frozenset(args.job_alerting_namespace)
+            ),
         )
     except (OSError, ValueError) as exc:
         log.error("event=load_failed error=%r", str(exc))

@@ -48,12 +48,16 @@ RENDER_CACHE_SIZE = 2048  # renders kept (one per job and spec/pods version)
 
 @dataclass(frozen=True)
 class Sources:
-    """Rule files and dashboards, loaded once at startup, and the renders made from them."""
+    """Rule files and dashboards, loaded once at startup, and the renders made from them;
+    with the two settings the reconciles read (where dashboards go, who reads spec.alerting)."""
 
     rule_files: tuple[RuleFile, ...]
     dashboards: tuple[DashboardFile, ...]
     # Where the jobs' dashboard ConfigMaps go; None: next to each job (render.dashboards_ref).
     dashboards_namespace: str | None = None
+    # Whether the gateway reads jobs' spec.alerting (--job-alerting); None: not told, and the
+    # operator says nothing of it (status.alerting_condition).
+    job_alerting: status.JobAlertingScope | None = None
     _cache: OrderedDict[Hashable, Rendered] = field(
         default_factory=OrderedDict, repr=False, compare=False
     )
@@ -81,7 +85,10 @@ class Sources:
 
 
 def load_sources(
-    rules_dir: Path, dashboards_dir: Path, dashboards_namespace: str | None = None
+    rules_dir: Path,
+    dashboards_dir: Path,
+    dashboards_namespace: str | None = None,
+    job_alerting: status.JobAlertingScope | None = None,
 ) -> Sources:
     rule_files = []
     for path in sorted(rules_dir.glob("*.yaml")) if rules_dir.is_dir() else []:
@@ -91,7 +98,7 @@ def load_sources(
     dashboards = []
     for path in sorted(dashboards_dir.glob("*.json")) if dashboards_dir.is_dir() else []:
         dashboards.append(DashboardFile(path.stem, json.loads(path.read_text(encoding="utf-8"))))
-    return Sources(tuple(rule_files), tuple(dashboards), dashboards_namespace)
+    return Sources(tuple(rule_files), tuple(dashboards), dashboards_namespace, job_alerting)
 
 
 # --- children -------------------------------------------------------------------------------
@@ -387,8 +394,13 @@ async def reconcile(
     conditions = _conditions(
         spec, rendered.alert_count, rendered.unknown_thresholds, summary, exporters
     )
+    base, alerting, warn = status.alerting_of(old_status, spec, job.namespace, sources.job_alerting)
+    if alerting is not None:
+        conditions.append(alerting)
+        if warn:  # once per distinct message, not on every resync
+            emit("Warning", alerting.reason, alerting.message)
     new_status = status.build_status(
-        old_status,
+        base,
         spec=spec,
         generation=generation,
         pods=summary,

@@ -27,6 +27,70 @@ class Condition:
     ok: bool
     reason: str
     message: str = ""
+    unknown: bool = False  # status "Unknown" (neither True nor False: nothing decides it)
+
+
+# The gateway writes AlertingReady when it reads a job's spec.alerting; the operator writes it
+# only to say that nothing reads it (these reasons are the operator's, and only these).
+ALERTING_READY = "AlertingReady"
+ALERTING_DISABLED = "JobAlertingDisabled"
+ALERTING_NOT_IN_NAMESPACE = "JobAlertingNotInNamespace"
+OPERATOR_ALERTING_REASONS = frozenset({ALERTING_DISABLED, ALERTING_NOT_IN_NAMESPACE})
+
+
+@dataclass(frozen=True)
+class JobAlertingScope:
+    """What the operator is told of the gateway's job alerting (`--job-alerting`, set by the
+    chart from gateway.jobAlerting): off, or on in every namespace (`namespaces` empty) or
+    in those namespaces only."""
+
+    enabled: bool
+    namespaces: frozenset[str] = frozenset()
+
+
+def alerting_condition(
+    spec: TrainingJobSpec, namespace: str, scope: JobAlertingScope | None
+) -> Condition | None:
+    """Pure: the AlertingReady condition the operator owes a job whose routing settings
+    (spec.alerting owners, feishu, onCallRosterRef) nothing will read: Unknown, with the
+    reason and what to do. None when the gateway reads them (it writes the condition), when
+    the job gives none, or when the operator was not told (`scope` None).
+    `priorityOverrides` is not routing: the operator applies it to the rules itself."""
+    alerting = spec.alerting
+    if scope is None or not (alerting.owners or alerting.feishu or alerting.onCallRosterRef):
+        return None
+    if not scope.enabled:
+        return Condition(
+            ALERTING_READY,
+            False,
+            ALERTING_DISABLED,
+            "spec.alerting (owners, feishu, onCallRosterRef) is not read: the gateway's job "
+            "alerting is off (chart value gateway.jobAlerting.enabled); this job's alerts go to "
+            "the gateway's global routes. Ask the cluster admin to turn it on.",
+            unknown=True,
+        )
+    if scope.namespaces and namespace not in scope.namespaces:
+        return Condition(
+            ALERTING_READY,
+            False,
+            ALERTING_NOT_IN_NAMESPACE,
+            f"spec.alerting (owners, feishu, onCallRosterRef) is not read: the gateway's job "
+            f"alerting covers the namespaces {', '.join(sorted(scope.namespaces))}, not "
+            f"{namespace} (chart value gateway.jobAlerting.namespaces); this job's alerts go to "
+            "the gateway's global routes.",
+            unknown=True,
+        )
+    return None
+
+
+def without_stale_alerting(conditions: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Pure: `conditions` less an AlertingReady the operator wrote (its reasons only): one
+    that no longer holds. The gateway's own AlertingReady is kept."""
+    return [
+        c
+        for c in conditions
+        if not (c.get("type") == ALERTING_READY and c.get("reason") in OPERATOR_ALERTING_REASONS)
+    ]
 
 
 @dataclass(frozen=True)
@@ -86,15 +150,38 @@ def compute_phase(
     return "Monitoring"
 
 
+def alerting_of(
+    old_status: Mapping[str, Any],
+    spec: TrainingJobSpec,
+    namespace: str,
+    scope: JobAlertingScope | None,
+) -> tuple[Mapping[str, Any], Condition | None, bool]:
+    """Pure: (the status to merge into, the operator's AlertingReady or None, whether it is
+    news worth a Warning). Without a condition of its own, the status to merge into is the
+    old one less a stale AlertingReady the operator wrote (the gateway's is kept)."""
+    old = old_status.get("conditions") or []
+    alerting = alerting_condition(spec, namespace, scope)
+    if alerting is None:
+        return {**old_status, "conditions": without_stale_alerting(old)}, None, False
+    news = not any(
+        c.get("type") == alerting.type
+        and c.get("reason") == alerting.reason
+        and c.get("message") == alerting.message
+        for c in old
+    )
+    return old_status, alerting, news
+
+
 def merge_conditions(
     old: Sequence[Mapping[str, Any]], new: Iterable[Condition], now: str, generation: int
 ) -> list[dict[str, Any]]:
     """Kubernetes-style conditions; lastTransitionTime moves only when the status flips.
-    Conditions of other writers (the gateway's `AlertingReady`) are kept as they are."""
+    Conditions of other writers (the gateway's `AlertingReady`) are kept as they are, unless
+    `new` holds one of the same type (the operator's AlertingReady, alerting_condition)."""
     previous = {str(item.get("type")): item for item in old}
     result = []
     for cond in new:
-        status = "True" if cond.ok else "False"
+        status = "Unknown" if cond.unknown else "True" if cond.ok else "False"
         before = previous.get(cond.type)
         changed = before is None or before.get("status") != status
         result.append(

@@ -154,3 +154,10 @@ def test_xid_table_agrees_with_the_rules_catalogue() -> None:
         assert table[int(code)].priority == Priority(entry["priority"]), f"XID {code}"
         assert table[int(code)].name == entry["name"], f"XID {code}"
         assert table[int(code)].resolution == entry["resolution"], f"XID {code}"
+
+
+def test_every_xid_resolution_has_a_node_health_weight() -> None:
+    """A bucket missing from `node_health.xid_buckets` would silently weigh 0."""
+    policy = load_policy()
+    buckets = {entry.resolution for entry in policy.classification.xid.values()}
+    assert buckets <= set(policy.node_health.xid_buckets)

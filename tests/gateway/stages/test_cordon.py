@@ -462,6 +462,21 @@ async def test_a_refused_cordon_leaves_the_recommendation_out(
     assert unschedulable(cluster, "gpu-node-0")
 
 
+async def test_a_node_gone_from_the_cluster_is_answered_without_a_get(
+    cluster: KubeEmulator, start: Start
+) -> None:
+    """RBAC grants nodes `patch` only: a vanished Node is told by the patch's 404."""
+    running = await start()
+    await running.post(*SPREAD, *LEMON)
+    async with cluster.delete("/api/v1/nodes/gpu-node-0") as reply:
+        assert reply.status == 200, await reply.text()
+    answer = await running.press({"action": "cordon_approve", "node": "gpu-node-0"}, "ev-gone")
+    assert answer == "gpu-node-0 not cordoned: no node gpu-node-0 in the cluster"
+    assert node_events(cluster, "gpu-node-0") == []
+    nodes = {c.resource for c in cluster.recorded_calls(exclude_agent="kmock/") if c.verb == "get"}
+    assert "nodes" not in nodes
+
+
 async def test_the_share_counts_the_nodes_the_trainingjob_lists(
     cluster: KubeEmulator, start: Start
 ) -> None:

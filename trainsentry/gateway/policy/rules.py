@@ -73,8 +73,9 @@ class HardwareRule(AlertnameRule):
 class XidEntry(_Strict):
     name: str
     priority: Priority
-    # what fixes it (RESTART_APP, IGNORE, RESET_GPU, RESTART_BM, CONTACT_SUPPORT; rules/
-    # xid_catalogue.yaml); node health weighs the XID by it
+    # NVIDIA's "Resolution Bucket (Immediate Action)" for the code (RESTART_APP, IGNORE,
+    # RESET_GPU, RESTART_BM, CONTACT_SUPPORT, WORKFLOW_XID_48, ...; rules/xid_catalogue.yaml
+    # cites the source); node health weighs the XID by it (`NodeHealthPolicy.xid_buckets`)
     resolution: str = ""
     action: str = ""
 

@@ -14,8 +14,10 @@ Invariants:
 - the cluster writes are: patch the Node (`spec.unschedulable`), create an Event on it
   (namespace `default`), and set the `NodeCordoned` condition on each TrainingJob whose
   alerts named the node (read-modify-write of `status.conditions` with the
-  resourceVersion: a merge patch replaces the whole list). RBAC: nodes get/patch, events
-  create, trainingjobs/status get/patch.
+  resourceVersion: a merge patch replaces the whole list). RBAC: nodes patch (never get:
+  the patch answers the Node, whose uid the Event names, and 404 for a missing one), events
+  create, trainingjobs get (their `status.nodes`, the conditions' read) and trainingjobs/status
+  patch.
 """
 
 from __future__ import annotations
@@ -329,10 +331,9 @@ class Cordoner:
             return Outcome(False, f"{node} was not cordoned by trainsentry (kubectl uncordon)")
         try:
             kube = await self._kube()
-            body = await kube.get(NODES, None, node)
+            body = await self._patch_node(kube, node, None)
             if body is None:
                 return Outcome(False, f"no node {node} in the cluster")
-            await kube.patch(NODES, None, node, {"spec": {"unschedulable": None}})
             await kube.create(EVENTS, "default", self._event(body, "Uncordoned", who))
         except Exception as exc:  # the API's answer, or it is unreachable
             return Outcome(False, f"{node} not uncordoned: {_api_problem(exc)}")
@@ -373,15 +374,27 @@ class Cordoner:
         """Cordons the node; "" when done, else why not (the API's answer)."""
         try:
             kube = await self._kube()
-            body = await kube.get(NODES, None, node)
+            body = await self._patch_node(kube, node, True)
             if body is None:
                 return f"no node {node} in the cluster"
-            await kube.patch(NODES, None, node, {"spec": {"unschedulable": True}})
             await kube.create(EVENTS, "default", self._event(body, "Cordoned", who))
         except Exception as exc:  # the API's answer, or it is unreachable
             return _api_problem(exc)
         await self._job_conditions(kube, jobs, True, f"node {node} cordoned by {who}")
         return ""
+
+    @staticmethod
+    async def _patch_node(
+        kube: Kube, node: str, unschedulable: bool | None
+    ) -> dict[str, Any] | None:
+        """Sets `spec.unschedulable` (None removes it) and answers the patched Node, or None
+        when there is no such Node. A merge patch never creates one, so this needs no `get`."""
+        try:
+            return await kube.patch(NODES, None, node, {"spec": {"unschedulable": unschedulable}})
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     async def _job_conditions(
         self, kube: Kube, jobs: tuple[str, ...], cordoned: bool, message: str
