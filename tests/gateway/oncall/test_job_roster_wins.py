@@ -61,3 +61,44 @@ async def test_the_card_names_who_is_called_first_for_the_page() -> None:
     ]
     annotated = await paging.annotate(None, cards, START)  # type: ignore[arg-type]
     assert [card.payload["on_call"] for card in annotated] == ["gina (global)", "jo (job)"]
+
+
+def test_a_job_naming_an_escalation_policy_follows_it() -> None:
+    """The job's roster reference names `gpu-p0` (issue 21): its page follows that policy,
+    in no job group, whatever the route would have chosen."""
+    paging = Paging(
+        GATEWAY,
+        choose=lambda _route, _priority: "",
+        job_policies=lambda job: "gpu-p0" if job == "ml/llama" else "",
+    )
+    drafts = [draft(1, None), draft(2, {"job": "ml/llama", "roster": True})]
+    pages = [paging._page(d) for d in drafts]
+    assert [page.policy for page in pages] == ["", "gpu-p0"]
+    assert [paging._roster_group(d) for d in drafts] == [None, None]
+    state, calls = job_roster.batch(
+        GATEWAY,
+        new_state(),
+        START,
+        pages=pages,
+        page_rosters={},
+        resolved=(),
+        forget_before=None,
+        roster_of=lambda _job: None,
+        named=NAMED,
+    )
+    assert [(c.alert_id, c.person.name) for c in calls] == [(1, "gina"), (2, "pat")]
+    assert state["incidents"]["2"]["policy"] == "gpu-p0"
+    assert job_roster.ROSTER_KEY not in state["incidents"]["2"]
+
+
+def test_a_roster_reference_holds_layers_or_a_policy_name() -> None:
+    where = "ConfigMap oncall key roster.yaml"
+    found = job_roster.parse_roster("escalation_policy: gpu-p0\n", where)
+    assert found == job_roster.JobOnCall(policy="gpu-p0")
+    layers = "layers: [{name: a, members: [{name: jo}]}]\n"
+    found = job_roster.parse_roster(layers, where)
+    assert isinstance(found, job_roster.JobOnCall) and found.roster is not None
+    for text in ("escalation_policy: gpu-p0\n" + layers, "{}", "escalation_policy: 'a b'"):
+        problem = job_roster.parse_roster(text, where)
+        assert isinstance(problem, tuple) and problem[0] == "InvalidRoster", text
+        assert where in problem[1]
