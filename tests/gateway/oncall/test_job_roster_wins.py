@@ -102,3 +102,22 @@ def test_a_roster_reference_holds_layers_or_a_policy_name() -> None:
         problem = job_roster.parse_roster(text, where)
         assert isinstance(problem, tuple) and problem[0] == "InvalidRoster", text
         assert where in problem[1]
+
+
+async def test_the_card_of_a_job_naming_a_policy_names_that_policys_first_call() -> None:
+    async def named(_conn: object, _now: object) -> dict[str, Escalator]:
+        return NAMED
+
+    paging = Paging(
+        GATEWAY,
+        named=named,
+        choose=lambda _route, _priority: "",
+        job_policies=lambda job: "gpu-p0" if job == "ml/llama" else "",
+    )
+    payload = draft(2, {"job": "ml/llama", "roster": True}).payload
+    cards = [
+        NotificationDraft("feishu_bot", "alert", Priority.P0, "c1", draft(1, None).payload, 1),
+        NotificationDraft("feishu_bot", "alert", Priority.P0, "c2", payload, 2),
+    ]
+    annotated = await paging.annotate(None, cards, START)  # type: ignore[arg-type]
+    assert [card.payload["on_call"] for card in annotated] == ["gina (global)", "pat (policy)"]
