@@ -28,7 +28,11 @@ def draft(alert_id: int, job_route: dict[str, object] | None) -> NotificationDra
 
 
 def test_the_jobs_roster_wins_over_the_escalation_policy() -> None:
-    paging = Paging(GATEWAY, choose=lambda _route, _priority: "gpu-p0")
+    paging = Paging(
+        GATEWAY,
+        rosters=lambda job: JOB if job == "ml/llama" else None,
+        choose=lambda _route, _priority: "gpu-p0",
+    )
     drafts = [draft(1, None), draft(2, {"job": "ml/llama", "roster": True})]
     pages = [paging._page(d) for d in drafts]
     assert [page.policy for page in pages] == ["gpu-p0", ""]
@@ -69,7 +73,7 @@ def test_a_job_naming_an_escalation_policy_follows_it() -> None:
     paging = Paging(
         GATEWAY,
         choose=lambda _route, _priority: "",
-        job_policies=lambda job: "gpu-p0" if job == "ml/llama" else "",
+        job_policies=lambda job, _priority: "gpu-p0" if job == "ml/llama" else "",
     )
     drafts = [draft(1, None), draft(2, {"job": "ml/llama", "roster": True})]
     pages = [paging._page(d) for d in drafts]
@@ -94,11 +98,21 @@ def test_a_job_naming_an_escalation_policy_follows_it() -> None:
 def test_a_roster_reference_holds_layers_or_a_policy_name() -> None:
     where = "ConfigMap oncall key roster.yaml"
     found = job_roster.parse_roster("escalation_policy: gpu-p0\n", where)
-    assert found == job_roster.JobOnCall(policy="gpu-p0")
+    assert found == job_roster.JobOnCall(policies=dict.fromkeys(Priority, "gpu-p0"))
+    found = job_roster.parse_roster("escalation_policy: {P0: gpu-p0, P1: gpu-p1}\n", where)
+    assert found == job_roster.JobOnCall(policies={Priority.P0: "gpu-p0", Priority.P1: "gpu-p1"})
     layers = "layers: [{name: a, members: [{name: jo}]}]\n"
     found = job_roster.parse_roster(layers, where)
     assert isinstance(found, job_roster.JobOnCall) and found.roster is not None
-    for text in ("escalation_policy: gpu-p0\n" + layers, "{}", "escalation_policy: 'a b'"):
+    bad = (
+        "escalation_policy: gpu-p0\n" + layers,
+        "{}",
+        "escalation_policy: 'a b'",
+        "escalation_policy: {}",
+        "escalation_policy: {P7: gpu-p0}",
+        "escalation_policy: {P0: 'a b'}",
+    )
+    for text in bad:
         problem = job_roster.parse_roster(text, where)
         assert isinstance(problem, tuple) and problem[0] == "InvalidRoster", text
         assert where in problem[1]
@@ -112,7 +126,7 @@ async def test_the_card_of_a_job_naming_a_policy_names_that_policys_first_call()
         GATEWAY,
         named=named,
         choose=lambda _route, _priority: "",
-        job_policies=lambda job: "gpu-p0" if job == "ml/llama" else "",
+        job_policies=lambda job, _priority: "gpu-p0" if job == "ml/llama" else "",
     )
     payload = draft(2, {"job": "ml/llama", "roster": True}).payload
     cards = [
@@ -121,3 +135,17 @@ async def test_the_card_of_a_job_naming_a_policy_names_that_policys_first_call()
     ]
     annotated = await paging.annotate(None, cards, START)  # type: ignore[arg-type]
     assert [card.payload["on_call"] for card in annotated] == ["gina (global)", "pat (policy)"]
+
+
+def test_a_job_may_name_a_policy_per_priority() -> None:
+    """`escalation_policy: {P0: gpu-p0}`: its P0 pages follow gpu-p0; its P1 pages, for
+    which it names none, follow what their route chooses (here: none, the inline layers)."""
+    paging = Paging(
+        GATEWAY,
+        choose=lambda _route, _priority: "",
+        job_policies=lambda _job, priority: "gpu-p0" if priority is Priority.P0 else "",
+    )
+    p0 = draft(1, {"job": "ml/llama", "roster": True})
+    p1 = NotificationDraft("phone", "alert", Priority.P1, "k2", dict(p0.payload), 2)
+    assert [paging._page(d).policy for d in (p0, p1)] == ["gpu-p0", ""]
+    assert [paging._roster_group(d) for d in (p0, p1)] == [None, None]

@@ -30,6 +30,7 @@ from tests.gateway.stages.test_job_alerting import (
 from tests.support.feishu_server import FeishuContractServer
 from tests.support.gateway_process import close_in_process
 from tests.support.kube_emulator import KubeEmulator
+from trainsentry.alerts import Priority
 from trainsentry.config import Settings
 from trainsentry.gateway.assemble import build_job_alerting, create_app
 from trainsentry.gateway.channels import build
@@ -129,15 +130,23 @@ async def test_a_job_naming_an_escalation_policy_pages_through_it(
 ) -> None:
     configmaps = "/api/v1/namespaces/team-a/configmaps"
     await create(cluster, configmaps, configmap("policy", "escalation_policy: team-a-p0\n"))
-    await create(cluster, configmaps, configmap("typo", "escalation_policy: team-a-p1\n"))
+    await create(cluster, configmaps, configmap("typo", "escalation_policy: {P0: team-a-p1}\n"))
+    await create(cluster, configmaps, configmap("p0", "escalation_policy: {P0: team-a-p0}\n"))
     await create(
         cluster, configmaps, configmap("both", "escalation_policy: team-a-p0\nlayers: []\n")
     )
-    for name, ref in (("a", "policy"), ("typo", "typo"), ("both", "both")):
+    for name, ref in (("a", "policy"), ("typo", "typo"), ("both", "both"), ("p", "p0")):
         alerting = {"onCallRosterRef": {"name": ref, "key": "roster.yaml"}}
         await create(cluster, tj_path("team-a"), trainingjob("team-a", name, alerting))
     running: Running = await gateway()
-    assert running.stage.escalation_policy("team-a/a") == "team-a-p0"
+    assert running.stage.escalation_policy("team-a/a", Priority.P1) == "team-a-p0"
+    assert running.stage.escalation_policy("team-a/p", Priority.P0) == "team-a-p0"
+    assert running.stage.escalation_policy("team-a/p", Priority.P1) == ""
+    per_priority = condition(cluster, "team-a", "p")
+    assert (per_priority["status"], per_priority["message"]) == (
+        "True",
+        "pages follow escalation policies P0: team-a-p0 (ConfigMap p0 key roster.yaml)",
+    )
     ready = condition(cluster, "team-a", "a")
     assert (ready["status"], ready["reason"]) == ("True", "Ready"), ready
     assert "escalation policy team-a-p0" in ready["message"]
@@ -154,8 +163,10 @@ async def test_a_job_naming_an_escalation_policy_pages_through_it(
     await running.post(alert(2, "team-a", "typo", "TrainingJobDown"))
     await running.post(alert(3, "team-a", "both", "TrainingJobDown"))
     # the jobs whose reference cannot be followed: the global roster
+    await running.post(alert(4, "team-a", "p", "TrainingJobDown"))
     assert [user for _, users in feishu.urgent_calls for user in users] == [
         "ou_pat",
         "ou_gus",
         "ou_gus",
+        "ou_pat",
     ]

@@ -10,9 +10,10 @@ swaps in a new snapshot keyed by namespace/name:
 - `feishu.chatId`: a Feishu chat id (`oc_...`); needs the gateway's Feishu app;
 - `owners`: open_ids (`ou_...`) or e-mail addresses;
 - `onCallRosterRef`: a ConfigMap key in the job's namespace holding `layers:` in the format
-  of the gateway's `channels.escalation.layers`, or `escalation_policy: NAME`, one of the
-  gateway's `oncall.escalation_policies` (`escalation_policies`, set by the paging's
-  builder; an unknown name is a problem like any other, and the pages take the global route).
+  of the gateway's `channels.escalation.layers`, or `escalation_policy: NAME` (or per
+  priority, `{P0: NAME}`), of the gateway's `oncall.escalation_policies`
+  (`escalation_policies`, set by the paging's builder; an unknown name is a problem like
+  any other, and the pages take the global route).
 The policy reads `routes()` once per batch (route.JobRoute per job; the decision stays pure),
 the `feishu_job` channel reads `destination()` at each send, paging reads `roster()` and
 `escalation_policy()`, so a changed chat or roster is used for the next notification without
@@ -41,7 +42,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trainsentry.alerts import JobRef
+from trainsentry.alerts import JobRef, Priority
 from trainsentry.gateway.metrics import GatewayMetrics
 from trainsentry.gateway.policy.escalation import Roster
 from trainsentry.gateway.policy.job_roster import JobOnCall, parse_roster
@@ -91,13 +92,14 @@ class JobSettings:
     problems: tuple[Problem, ...] = ()
     uid: str = ""
     summary: str = ""  # what works, for the condition's message (no secrets)
-    escalation_policy: str = ""  # a configured oncall.escalation_policies name, or ""
+    # configured oncall.escalation_policies names by priority (empty: none named)
+    escalation_policies: Mapping[Priority, str] = field(default_factory=dict)
 
     def route(self) -> JobRoute:
         return JobRoute(
             feishu=self.destination is not None,
             owners=self.owners,
-            roster=self.roster is not None or bool(self.escalation_policy),
+            roster=self.roster is not None or bool(self.escalation_policies),
         )
 
 
@@ -218,10 +220,11 @@ class JobAlerting:
         found = self._get(job)
         return found.roster if found is not None else None
 
-    def escalation_policy(self, job: str) -> str:
-        """The configured escalation policy the job's roster reference names, or ""."""
+    def escalation_policy(self, job: str, priority: Priority) -> str:
+        """The configured escalation policy the job's roster reference names for `priority`,
+        or "" (none named for it, or the job has inline layers or nothing)."""
         found = self._get(job)
-        return found.escalation_policy if found is not None else ""
+        return found.escalation_policies.get(priority, "") if found is not None else ""
 
     def report(self, job: str, problem: Problem | None, *, fallback: bool) -> None:
         """From the `feishu_job` channel: how the job's last card went (None: fine)."""
@@ -307,11 +310,13 @@ class JobAlerting:
             else:
                 destination = JobDestination(chat_id=feishu.chatId)
                 works.append(f"cards to chat {feishu.chatId}")
-        roster, policy = await self._on_call(kube, job, alerting, problems, works)
+        roster, policies = await self._on_call(kube, job, alerting, problems, works)
         if owners:
             works.append(f"{len(owners)} owner(s) mentioned")
         summary = "; ".join(works)
-        return JobSettings(job, destination, owners, roster, tuple(problems), uid, summary, policy)
+        return JobSettings(
+            job, destination, owners, roster, tuple(problems), uid, summary, policies
+        )
 
     async def _on_call(
         self,
@@ -320,12 +325,12 @@ class JobAlerting:
         alerting: Alerting,
         problems: list[Problem],
         works: list[str],
-    ) -> tuple[Roster | None, str]:
-        """The job's roster reference: (its inline roster, the escalation policy it names);
-        (None, "") with a problem when it cannot be followed."""
+    ) -> tuple[Roster | None, dict[Priority, str]]:
+        """The job's roster reference: (its inline roster, the escalation policies it names
+        by priority); (None, {}) with a problem when it cannot be followed."""
         ref = alerting.onCallRosterRef
         if ref is None:
-            return None, ""
+            return None, {}
         where = f"ConfigMap {ref.name} key {ref.key}"
         configmap = await kube.get(CONFIGMAPS, job.namespace, ref.name)
         text = ((configmap or {}).get("data") or {}).get(ref.key)
@@ -337,20 +342,26 @@ class JobAlerting:
             problems.append(parsed)
         elif parsed.roster is not None:
             works.append(f"P0 pages call the roster of {where}")
-            return parsed.roster, ""
-        elif parsed.policy not in self.escalation_policies:
+            return parsed.roster, {}
+        elif unknown := sorted(set(parsed.policies.values()) - self.escalation_policies):
             known = ", ".join(sorted(self.escalation_policies)) or "none configured"
             problems.append(
                 (
                     "UnknownEscalationPolicy",
-                    f"{where} names escalation policy {parsed.policy!r}, which the gateway "
-                    f"does not have (oncall.escalation_policies: {known})",
+                    f"{where} names escalation policy {', '.join(map(repr, unknown))}, which "
+                    f"the gateway does not have (oncall.escalation_policies: {known})",
                 )
             )
         else:
-            works.append(f"P0 pages follow escalation policy {parsed.policy} ({where})")
-            return None, parsed.policy
-        return None, ""
+            names = sorted(set(parsed.policies.values()))
+            if len(names) == 1 and len(parsed.policies) == len(Priority):
+                said = f"escalation policy {names[0]}"
+            else:
+                said = ", ".join(f"{p.value}: {n}" for p, n in sorted(parsed.policies.items()))
+                said = f"escalation policies {said}"
+            works.append(f"pages follow {said} ({where})")
+            return None, dict(parsed.policies)
+        return None, {}
 
     async def _webhook(
         self, kube: Kube, job: JobRef, ref: Any, problems: list[Problem]

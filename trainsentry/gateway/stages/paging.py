@@ -82,8 +82,9 @@ class Paging:
     `channels.escalation` layers); `named` gives the `oncall.escalation_policies` ones, which
     pages choose by their route (`choose`). Both are parameters, so a caller may pass its own
     (a test's). A TrainingJob's own roster reference wins over both for its pages: the job
-    chose who is called: inline layers (`rosters`, by job key), or one of the named policies
-    (`job_policies`, by job key; "": none), which its pages then follow."""
+    chose who is called: inline layers (`rosters`, by job key), or named policies per
+    priority (`job_policies`, by job key and priority; "": none named), which its pages then
+    follow (a priority it names none for: the route's choice)."""
 
     def __init__(
         self,
@@ -93,7 +94,7 @@ class Paging:
         *,
         named: NamedEscalators | None = None,
         choose: EscalationChoice = _no_choice,
-        job_policies: Callable[[str], str] | None = None,
+        job_policies: Callable[[str, Priority], str] | None = None,
     ) -> None:
         self.escalator = escalator
         self.channel = channel
@@ -101,17 +102,17 @@ class Paging:
         self.rosters: job_roster.RosterOf = rosters or (lambda _job: None)
         self._named = named
         self._choose = choose
-        self.job_policies: Callable[[str], str] = job_policies or (lambda _job: "")
+        self.job_policies: Callable[[str, Priority], str] = job_policies or (lambda _j, _p: "")
 
     def _job_policy(self, draft: NotificationDraft) -> str:
-        """The escalation policy the page's job names in its roster reference, or ""."""
+        """The escalation policy the page's job names for its priority, or ""."""
         job = _roster_job(draft)
-        return self.job_policies(job) if job else ""
+        return self.job_policies(job, draft.priority) if job else ""
 
     def _roster_group(self, draft: NotificationDraft) -> str | None:
-        """The job whose inline roster the page follows (a job naming a policy: None)."""
+        """The job whose inline roster the page follows (None: a job naming policies)."""
         job = _roster_job(draft)
-        return job if job and not self.job_policies(job) else None
+        return job if job and self.rosters(job) is not None else None
 
     def _page(self, draft: NotificationDraft) -> IncidentPage:
         assert draft.alert_id is not None
@@ -122,12 +123,13 @@ class Paging:
             str(payload.get("job", "")),
             str((payload.get("annotations") or {}).get("summary", "")),
         )
-        # a page that follows its job's own roster follows no escalation policy but the one
-        # the roster reference names, if it names one
+        # a page that follows its job's inline roster follows no escalation policy; one whose
+        # job names a policy for its priority follows that; the others, their route's choice
         policy = (
-            self._job_policy(draft)
-            if _roster_job(draft)
-            else self._choose(str(payload.get("route", "")), draft.priority)
+            ""
+            if self._roster_group(draft)
+            else self._job_policy(draft)
+            or self._choose(str(payload.get("route", "")), draft.priority)
         )
         return IncidentPage(draft.alert_id, draft.priority, text, policy)
 
