@@ -142,8 +142,7 @@ def create_app(
         notifiers = {"console": ConsoleNotifier(settings.console_file)}
     gateway_metrics = metrics or GatewayMetrics()
     policy = load_policy(settings.policy_file) if plan is None else None
-    rosters = job_alerting.roster if job_alerting is not None else None
-    paging = paging_of(escalator, oncall, policy, "phone" in notifiers, rosters)
+    paging = paging_of(escalator, oncall, policy, "phone" in notifiers, job_alerting)
     # The real policy, unless a test injected its own PlanHook (then: no timers, no hold).
     policy_plan: PolicyPlan | None = None
     if plan is None:

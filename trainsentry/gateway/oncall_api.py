@@ -2,13 +2,18 @@
 
 - `GET /api/v1/oncall[?schedule=NAME][&at=ISO8601]`: who is on call, shaped like
   `trainsentry oncall now --json` (one schedule), or `{"schedules": [...]}` (all);
-- `GET /api/v1/oncall/{schedule}.ics[?days=60][&past_days=7]`: the iCalendar feed;
+- `GET /api/v1/oncall/{schedule}.ics[?days=60][&past_days=7][&key=KEY]`: the iCalendar feed;
+- `GET /api/v1/oncall/feeds`: each schedule's subscription URL, with its key;
 - `GET /api/v1/oncall/overrides[?schedule=NAME][&removed=true]`: run-time overrides and swaps;
 - `POST /api/v1/oncall/overrides`: add one; `DELETE /api/v1/oncall/overrides/{id}`: remove one;
 - `POST /api/v1/alerts/{id}/escalate`: call the next escalation step now.
 
 Reads take the read token (as the read API, gateway/read_api.py); changes take it too and are
-refused (403) when no token is set, as acks are. Bad input is a 400 whose reason names the
+refused (403) when no token is set, as acks are. The feed also opens with its schedule's
+subscription key (`?key=`, oncall/ical.py `feed_key`: an HMAC of the schedule's name under
+the read token, compared in constant time) for calendar apps, which cannot send a bearer
+token; only an authenticated caller is shown a key (`/api/v1/oncall/feeds`), and no key is
+ever logged (the gateway keeps no access log). Bad input is a 400 whose reason names the
 field; a store that cannot be reached is a 503.
 """
 
@@ -19,6 +24,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from aiohttp import web
+from pydantic import SecretStr
 
 from trainsentry.gateway.http_auth import authorized, error_response, read_token, unauthorized
 from trainsentry.gateway.pipeline import GATEWAY_KEY
@@ -26,7 +32,9 @@ from trainsentry.gateway.read_api import path_alert_id
 from trainsentry.gateway.stages.ack import EscalationRefused
 from trainsentry.gateway.stages.intake import text_problem
 from trainsentry.gateway.stages.oncall import OncallService, UnknownSchedule
+from trainsentry.notifiers.feishu.sign import secrets_equal
 from trainsentry.oncall.config import OncallConfigError
+from trainsentry.oncall.ical import feed_key
 from trainsentry.oncall.schedule import wall_to_instant
 from trainsentry.store.errors import DatabaseError
 
@@ -42,16 +50,31 @@ class _Bad(Exception):
         self.reason = reason
 
 
-def _guard(*, change: bool) -> Callable[[Handler], Handler]:
-    """The read token (a change is refused without one set), 400/404 from `_Bad`, 503 when
-    the store is unavailable."""
+def _feed_name(request: web.Request) -> str:
+    return request.match_info["schedule"].removesuffix(".ics")
+
+
+def _key_opens(request: web.Request, token: SecretStr) -> bool:
+    """The `key` given is the subscription key of the feed's schedule (constant time)."""
+    expected = feed_key(token.get_secret_value(), _feed_name(request))
+    return secrets_equal(request.query.get("key", ""), expected)
+
+
+def _guard(*, change: bool, feed: bool = False) -> Callable[[Handler], Handler]:
+    """The read token (a change is refused without one set), or for a `feed` the schedule's
+    subscription key instead; 400/404 from `_Bad`, 503 when the store is unavailable."""
 
     def wrap(handler: Handler) -> Handler:
         async def guarded(request: web.Request) -> web.StreamResponse:
             token = read_token(request.app[GATEWAY_KEY].settings)
             if change and token is None:
                 return error_response(403, "changes need TRAINSENTRY_API_TOKEN set on the gateway")
-            if not authorized(request, token):
+            if feed and token is not None and "key" in request.query:
+                if not _key_opens(request, token):
+                    return error_response(
+                        401, "wrong feed key (GET /api/v1/oncall/feeds gives the current one)"
+                    )
+            elif not authorized(request, token):
                 return unauthorized()
             try:
                 return await handler(request)
@@ -132,13 +155,12 @@ async def get_oncall(request: web.Request) -> web.StreamResponse:
     return web.json_response(answers[0] if name is not None else {"schedules": answers})
 
 
-@_guard(change=False)
+@_guard(change=False, feed=True)
 async def get_feed(request: web.Request) -> web.StreamResponse:
     oncall = _service(request)
-    name = request.match_info["schedule"]
-    if not name.endswith(".ics"):
+    if not request.match_info["schedule"].endswith(".ics"):
         raise _Bad(404, "not found: the feed is /api/v1/oncall/{schedule}.ics")
-    name = name.removesuffix(".ics")
+    name = _feed_name(request)
     ahead = timedelta(days=_number(request, "days", 60, 1, 366))
     past = timedelta(days=_number(request, "past_days", 7, 0, 366))
     body = await oncall.feed(name, past, ahead)
@@ -148,6 +170,22 @@ async def get_feed(request: web.Request) -> web.StreamResponse:
         charset="utf-8",
         headers={"Content-Disposition": f'inline; filename="{name}.ics"'},
     )
+
+
+@_guard(change=False)
+async def get_feeds(request: web.Request) -> web.StreamResponse:
+    """Each schedule's subscription URL, for a calendar app: `path` (with `?key=` when the
+    gateway has a read token) and `url` (the same on the host this request named)."""
+    oncall = _service(request)
+    token = read_token(request.app[GATEWAY_KEY].settings)
+    origin = str(request.url.origin())
+    feeds = []
+    for name in sorted(oncall.config.schedules):
+        path = f"/api/v1/oncall/{name}.ics"  # schedule names are URL-safe (config.py)
+        if token is not None:
+            path += f"?key={feed_key(token.get_secret_value(), name)}"
+        feeds.append({"schedule": name, "path": path, "url": origin + path})
+    return web.json_response({"feeds": feeds}, headers={"Cache-Control": "no-store"})
 
 
 @_guard(change=False)
@@ -211,6 +249,7 @@ async def post_escalate(request: web.Request) -> web.StreamResponse:
 def add_oncall_routes(app: web.Application) -> None:
     app.router.add_get("/api/v1/oncall", get_oncall)
     app.router.add_get("/api/v1/oncall/overrides", get_overrides)
+    app.router.add_get("/api/v1/oncall/feeds", get_feeds)
     app.router.add_post("/api/v1/oncall/overrides", post_override)
     app.router.add_delete("/api/v1/oncall/overrides/{change_id}", delete_override)
     app.router.add_get("/api/v1/oncall/{schedule}", get_feed)

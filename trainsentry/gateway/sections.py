@@ -40,11 +40,18 @@ def paging_of(
     oncall: OncallConfig | None,
     policy: Policy | None,
     phone: bool,
-    rosters: RosterOf | None = None,
+    job_alerting: JobAlerting | None = None,
 ) -> Paging | None:
     """The escalation stage: the inline layers (`escalator`) by default, the
-    `oncall.escalation_policies` where the policy's routes name them."""
+    `oncall.escalation_policies` where the policy's routes name them, a TrainingJob's own
+    roster reference (inline layers, or one of those policies) for its pages. Tells
+    `job_alerting` which policy names a roster reference may give."""
     named = oncall.escalation_policies if oncall is not None else {}
+    rosters: RosterOf | None = None
+    job_policies = None
+    if job_alerting is not None:
+        job_alerting.escalation_policies = frozenset(named)
+        rosters, job_policies = job_alerting.roster, job_alerting.escalation_policy
     if policy is not None:
         for field_name, name in escalation_names(policy).items():
             if name not in named:
@@ -58,7 +65,7 @@ def paging_of(
     if escalator is None:
         return None
     if oncall is None or not named or policy is None:
-        return Paging(escalator, rosters=rosters)
+        return Paging(escalator, rosters=rosters)  # no named policies: none to follow
     config, rules = oncall, policy
 
     async def current(conn: Any, now: datetime) -> Any:
@@ -69,6 +76,7 @@ def paging_of(
         rosters=rosters,
         named=current,
         choose=lambda route, priority: escalation_for(route, priority, rules),
+        job_policies=job_policies,
     )
 
 

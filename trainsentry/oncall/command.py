@@ -17,6 +17,7 @@ Who is on call, read from the top-level `oncall:` section of a configuration fil
                                   --start ISO8601 --end ISO8601 [--reason TEXT] [--by NAME]
   trainsentry oncall override list [--schedule NAME] [--removed]
   trainsentry oncall override remove ID [--by NAME]
+  trainsentry oncall feed [--schedule NAME]       (calendar subscription URLs, with their key)
 
 The first person listed is the one paged; each has the layer that puts them there and
 `until`, the next instant at which that changes (null if not within 400 days). --at without
@@ -29,9 +30,10 @@ Exit codes of `now`:
   0  answered
   1  the file cannot be read or its oncall: section is invalid (the message names the field)
   2  usage error (bad --at, unknown --schedule)
-Exit codes of `override`: 0 done, 1 the gateway refused (the reason names the field) or
-could not be reached, 2 bad arguments, 3 no such override. The API token comes from
-TRAINSENTRY_API_TOKEN, the gateway from --gateway or TRAINSENTRY_GATEWAY_URL.
+Exit codes of `override` and `feed`: 0 done, 1 the gateway refused (the reason names the
+field) or could not be reached, 2 bad arguments, 3 no such override (`feed`: no such
+schedule). The API token comes from TRAINSENTRY_API_TOKEN, the gateway from --gateway or
+TRAINSENTRY_GATEWAY_URL.
 """
 
 
@@ -56,6 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     override = sub.add_parser("override", help="run-time overrides and swaps (gateway API)")
     remote.add_arguments(override)
+    feed = sub.add_parser("feed", help="calendar subscription URLs, with their key (gateway API)")
+    remote.add_feed_arguments(feed)
 
 
 def _fail(code: int, message: str) -> int:
@@ -68,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
         from trainsentry.oncall import remote
 
         return remote.run(args)
+    if args.oncall_command == "feed":
+        from trainsentry.oncall import remote
+
+        return remote.run_feed(args)
     return _now(args)
 
 

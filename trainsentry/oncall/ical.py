@@ -9,6 +9,7 @@ clipped to the range asked for; the UID is stable for a stretch that starts insi
 from __future__ import annotations
 
 import hashlib
+import hmac
 from datetime import UTC, datetime
 
 from icalendar import Calendar, Event
@@ -17,6 +18,15 @@ from trainsentry.oncall.schedule import timeline
 from trainsentry.oncall.types import OVERRIDE_LAYER, Schedule
 
 PRODID = "-//trainsentry//oncall//EN"
+FEED_KEY_CONTEXT = b"trainsentry oncall feed v1\x00"  # keys of other uses never collide
+
+
+def feed_key(secret: str, schedule: str) -> str:
+    """Pure: the subscription key of `schedule`'s feed: HMAC-SHA256 of the schedule's name
+    under the gateway's `secret` (its read token), 32 hex digits (128 bits). A key opens one
+    schedule's feed only, reveals nothing of the secret, and changes when the secret does."""
+    mac = hmac.new(secret.encode(), FEED_KEY_CONTEXT + schedule.encode(), hashlib.sha256)
+    return mac.hexdigest()[:32]
 
 
 def primary_stretches(

@@ -1,5 +1,6 @@
 """`trainsentry oncall override add|list|remove`: run-time overrides and swaps through the
-gateway's API (`/api/v1/oncall/overrides`), which stores them with who and when.
+gateway's API (`/api/v1/oncall/overrides`), which stores them with who and when; and
+`trainsentry oncall feed`: each schedule's calendar subscription URL (`/api/v1/oncall/feeds`).
 
 The API token comes from TRAINSENTRY_API_TOKEN; the gateway from --gateway or
 TRAINSENTRY_GATEWAY_URL (default http://127.0.0.1:9095). Exit codes: 0 done, 1 the gateway
@@ -81,4 +82,33 @@ def run(args: argparse.Namespace) -> int:
             print("no overrides or swaps")
     else:
         print(("removed " if args.override_command == "remove" else "added ") + _line(result))
+    return 0
+
+
+def add_feed_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--schedule", metavar="NAME", help="this schedule only")
+    parser.add_argument("--gateway", default=None, metavar="URL", help="the gateway's URL")
+    parser.add_argument("--json", action="store_true", help="print the gateway's answer")
+
+
+def run_feed(args: argparse.Namespace) -> int:
+    """Prints `SCHEDULE URL` per schedule: the URL a calendar app subscribes to, with its
+    key (shown only to a caller with the API token). Exit 3: no such schedule."""
+    from trainsentry.api_client import Answer, call, gateway_base, refused
+
+    base = gateway_base(args.gateway)
+    answer = call("trainsentry oncall", base, "GET", "/api/v1/oncall/feeds")
+    if not isinstance(answer, Answer):
+        return answer
+    if answer.status != 200:
+        return refused(answer)
+    feeds = [f for f in answer.body["feeds"] if args.schedule in (None, f["schedule"])]
+    if args.schedule is not None and not feeds:
+        print(f"no schedule {args.schedule!r}")
+        return 3
+    if args.json:
+        print(json.dumps({"feeds": feeds}, indent=2))
+        return 0
+    for feed in feeds:
+        print(f"{feed['schedule']} {base}{feed['path']}")  # the URL the CLI reached it by
     return 0

@@ -75,7 +75,9 @@ async def start(
     oncall: str = ONCALL,
     policy: str = POLICY,
     console: Path | None = None,
+    access_log: bool = True,
 ) -> TestServer:
+    """`access_log=False`: no access log, as `trainsentry gateway` serves (commands/serve.py)."""
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(policy)
     settings = GatewaySettings(
@@ -97,7 +99,7 @@ async def start(
         oncall=parse_oncall(yaml.safe_load(oncall)),
     )
     server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
+    await server.start_server(**({} if access_log else {"access_log": None}))
     return server
 
 

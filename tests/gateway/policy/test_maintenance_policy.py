@@ -133,3 +133,51 @@ def test_ending_soon_and_its_notice() -> None:
     assert drafts[0].payload["maintenance"]["firing"] == [1, 2]
     assert "NodeDown (#2)" in drafts[0].payload["annotations"]["summary"]
     assert ending_notice(w, T, [], policy=load_policy(None), channels=None, now=at) == []
+
+
+def racked(alert_id: int, node: str, place: str, **labels: str) -> NotificationDraft:
+    found = draft(alert_id, node)
+    found.payload["labels"] = {"node": node, **labels}
+    found.payload["topology"] = {"rack": place, "leaf_switch": f"leaf-{place}"}
+    return found
+
+
+def rack_window(window_id: str, matchers: dict[str, Any]) -> Any:
+    body = {
+        "matchers": matchers,
+        "starts_at": T.isoformat(),
+        "ends_at": (T + timedelta(hours=2)).isoformat(),
+    }
+    return parse_window(body, window_id=window_id, created_at=T)
+
+
+def test_a_window_matches_the_alerts_place_in_the_topology() -> None:
+    """docs/oncall.md's `--match rack=r7`: the alerts of r7's nodes carry no rack label; the
+    topology stage put their place in the payload, and the window matches it."""
+    w = rack_window("mw-rack", {"rack": "r7", "alertname": {"regex": "GPU.*"}})
+    drafts = [
+        racked(1, "gpu-1", "r7", alertname="GPUXidError"),
+        racked(2, "gpu-2", "r8", alertname="GPUXidError"),  # another rack
+        racked(3, "gpu-3", "r7", alertname="NCCLHang"),  # another alert name
+        # the alert's own rack label wins over the topology's
+        racked(4, "gpu-4", "r7", alertname="GPUXidError", rack="r9"),
+        draft(5, "gpu-5"),  # no place known: no rack to match
+    ]
+    out = mute(drafts, windows=[w], mutes={}, now=T + timedelta(minutes=1))
+    assert sorted(out.new) == [1]
+    assert sorted(d.alert_id for d in out.kept if d.alert_id is not None) == [2, 3, 4, 5]
+    assert policy.match_labels({"rack": "r9"}, {"topology": {"rack": "r7", "pod": "p1"}}) == {
+        "rack": "r9",
+        "pod": "p1",
+    }
+
+
+def test_release_rematches_by_the_place_the_alert_had() -> None:
+    """At a window's end another window on the alert's rack keeps it muted."""
+    later = rack_window("mw-rack", {"rack": "r7"})
+    held = [draft_to_json(racked(1, "gpu-1", "r7"))]
+    out = release(
+        [(1, "mw-node", True, {"node": "gpu-1"}, held)], windows=[later], now=T + timedelta(hours=1)
+    )
+    assert out.moved == {1: ("mw-rack", T + timedelta(hours=2))}
+    assert out.notify == []

@@ -7,17 +7,92 @@ its roster: the job's roster as the gateway last read it, or the gateway's own w
 job's is gone or unusable now (so a page is never left without someone to call). Policy
 (threshold, ack timeout, calls per layer) stays the gateway's: the job chooses who is
 called, not how often.
+
+The roster reference (a ConfigMap key) holds either inline `layers:` or the name of one of
+the gateway's `oncall.escalation_policies` (`escalation_policy: NAME`, or per priority
+`escalation_policy: {P0: NAME, P1: OTHER}`): then the job's pages open an incident that
+names that policy (no job group), and follow it as a page routed to it by the alert policy
+would; a page of a priority the mapping leaves out follows what its route chooses.
+`parse_roster` reads the key; whether the names are configured is the stage's check (it
+knows the gateway's configuration).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trainsentry.alerts import Priority
 from trainsentry.gateway.policy.escalation import CallDue, Escalator, IncidentPage, Roster
+from trainsentry.gateway.policy.roster import roster_of
+from trainsentry.notifiers.settings import EscalationSettings, LayerSettings
 
 ROSTER_KEY = "roster"
+MAX_ROSTER_BYTES = 64 * 1024
+# (reason, message) of a problem with a job's settings, as notifiers/feishu/job.py's Problem
+RosterProblem = tuple[str, str]
+POLICY_NAME = r"^[A-Za-z0-9._-]{1,63}$"  # oncall/config.py's names
+PolicyName = Annotated[str, Field(pattern=POLICY_NAME)]
+
+
+class JobRoster(BaseModel):
+    """A job's roster reference (its ConfigMap key): the layers of `channels.escalation`,
+    or the name of an `oncall.escalation_policies` entry; exactly one of the two."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    layers: list[LayerSettings] | None = Field(default=None, min_length=1)
+    # a name for every priority, or names per priority
+    escalation_policy: PolicyName | dict[Priority, PolicyName] | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> JobRoster:
+        if (self.layers is None) == (self.escalation_policy is None):
+            raise ValueError("give exactly one of layers and escalation_policy")
+        if self.escalation_policy == {}:
+            raise ValueError("escalation_policy: name a policy for at least one priority")
+        return self
+
+
+@dataclass(frozen=True)
+class JobOnCall:
+    """What a job's roster reference names: inline layers (`roster`) or escalation policies
+    of the gateway by priority (`policies`, names not checked here); exactly one is set."""
+
+    roster: Roster | None = None
+    policies: Mapping[Priority, str] = field(default_factory=dict)
+
+
+def parse_roster(text: str, where: str) -> JobOnCall | RosterProblem:
+    """Pure: what a ConfigMap value names, or the problem with it (no values shown)."""
+    if len(text.encode()) > MAX_ROSTER_BYTES:
+        return "InvalidRoster", f"{where} is over {MAX_ROSTER_BYTES} bytes"
+    try:
+        raw = yaml.safe_load(text)
+        parsed = JobRoster.model_validate(raw)
+    except yaml.YAMLError as exc:
+        return "InvalidRoster", f"{where} is not YAML: {str(exc).splitlines()[0]}"
+    except ValidationError as exc:
+        errors = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'top'}: {e['msg']}" for e in exc.errors()[:3]
+        )
+        return "InvalidRoster", (
+            f"{where}: {errors} (layers: the format of channels.escalation.layers, "
+            "or escalation_policy: a name of oncall.escalation_policies)"
+        )
+    chosen = parsed.escalation_policy
+    if isinstance(chosen, str):
+        return JobOnCall(policies=dict.fromkeys(Priority, chosen))
+    if chosen is not None:
+        return JobOnCall(policies=dict(chosen))
+    assert parsed.layers is not None
+    return JobOnCall(roster=roster_of(EscalationSettings(layers=parsed.layers)))
+
 
 RosterOf = Callable[[str], Roster | None]
 

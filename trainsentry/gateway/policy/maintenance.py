@@ -14,7 +14,11 @@ Rules (docs/oncall.md, "Maintenance windows"):
 - when a mute's stretch ends: an alert no longer firing owes nothing; one another window
   (or the window's next stretch) mutes now stays muted, under that window; else its held
   notices are written now, saying which window held them;
-- storm summaries (no alert id) and archive rows are never muted.
+- storm summaries (no alert id) and archive rows are never muted;
+- windows match the alert's labels merged over its place in the topology (the payload's
+  `topology`, issue 23's levels such as `rack` or `leaf_switch`): `--match rack=r7` mutes the
+  alerts of r7's nodes though they carry no `rack` label; where the alert has a label of the
+  same name, the alert's label wins.
 """
 
 from __future__ import annotations
@@ -73,9 +77,19 @@ def _first_match(
     return None
 
 
+def _strings(found: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, Mapping) else {}
+
+
+def match_labels(labels: Mapping[str, str], payload: Mapping[str, Any]) -> dict[str, str]:
+    """Pure: what a window's matchers see of an alert: its place in the topology
+    (`payload["topology"]`, level -> name) with the alert's `labels` over it (they win where
+    both have a name)."""
+    return {**_strings(payload.get("topology")), **labels}
+
+
 def _labels(draft: NotificationDraft) -> dict[str, str]:
-    labels = draft.payload.get("labels")
-    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+    return match_labels(_strings(draft.payload.get("labels")), draft.payload)
 
 
 def mute(
@@ -145,7 +159,8 @@ def release(
         if not firing:
             out.resolved.add(alert_id)
             continue
-        match = _first_match(active, labels)
+        place = drafts[0].get("payload", {}) if drafts else {}  # the place it had when muted
+        match = _first_match(active, match_labels(labels, place))
         if match is not None:
             out.moved[alert_id] = (match[0].id, match[1])
             continue

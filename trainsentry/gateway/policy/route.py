@@ -119,10 +119,11 @@ def route(
 def escalation_for(route_id: str, priority: Priority, policy: Policy) -> str:
     """Pure: the escalation policy (an `oncall.escalation_policies` name) a page of the route
     `route_id` with `priority` follows: the route's own, else `routing.escalation` for the
-    priority, else "" (the inline `channels.escalation` layers)."""
+    priority, else "" (the inline `channels.escalation` layers). A route a TrainingJob's own
+    settings changed (`route:ID+job`, apply_job_route) is still route ID."""
     routing = policy.routing
     if route_id.startswith("route:"):
-        wanted = route_id.removeprefix("route:")
+        wanted = route_id.removeprefix("route:").removesuffix(JOB_ROUTE_SUFFIX)
         for rule in routing.routes:
             if rule.id == wanted and rule.escalation:
                 return rule.escalation
@@ -148,6 +149,8 @@ def escalation_names(policy: Policy) -> dict[str, str]:
 # The channel that delivers a job's Feishu cards to its own chat or bot (or, with mentions of
 # its owners, to the gateway's Feishu channels it replaced); gateway/stages/job_alerting.py.
 JOB_CHANNEL = "feishu_job"
+# Ends the route id of a decision a job's own route changed (`route:ml+job`).
+JOB_ROUTE_SUFFIX = "+job"
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +207,5 @@ def apply_job_route(
     if not extra:
         return decision, None
     extra["job"] = str(job)
-    return (
-        replace(decision, channels=_unique(channels), route_id=f"{decision.route_id}+job"),
-        extra,
-    )
+    route_id = f"{decision.route_id}{JOB_ROUTE_SUFFIX}"
+    return replace(decision, channels=_unique(channels), route_id=route_id), extra

@@ -10,10 +10,14 @@ swaps in a new snapshot keyed by namespace/name:
 - `feishu.chatId`: a Feishu chat id (`oc_...`); needs the gateway's Feishu app;
 - `owners`: open_ids (`ou_...`) or e-mail addresses;
 - `onCallRosterRef`: a ConfigMap key in the job's namespace holding `layers:` in the format
-  of the gateway's `channels.escalation.layers`.
+  of the gateway's `channels.escalation.layers`, or `escalation_policy: NAME` (or per
+  priority, `{P0: NAME}`), of the gateway's `oncall.escalation_policies`
+  (`escalation_policies`, set by the paging's builder; an unknown name is a problem like
+  any other, and the pages take the global route).
 The policy reads `routes()` once per batch (route.JobRoute per job; the decision stays pure),
-the `feishu_job` channel reads `destination()` at each send, paging reads `roster()`, so a
-changed chat or roster is used for the next notification without a restart.
+the `feishu_job` channel reads `destination()` at each send, paging reads `roster()` and
+`escalation_policy()`, so a changed chat or roster is used for the next notification without
+a restart.
 
 Problems get a visible answer, never a crash or a silent drop: the job's status gets the
 condition `AlertingReady=False` with the reason (read-modify-write of `status.conditions`,
@@ -36,17 +40,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trainsentry.alerts import JobRef
+from trainsentry.alerts import JobRef, Priority
 from trainsentry.gateway.metrics import GatewayMetrics
 from trainsentry.gateway.policy.escalation import Roster
-from trainsentry.gateway.policy.roster import roster_of
+from trainsentry.gateway.policy.job_roster import JobOnCall, parse_roster
 from trainsentry.gateway.policy.route import JobRoute
 from trainsentry.notifiers.feishu.bot import BotWebhook
 from trainsentry.notifiers.feishu.job import JobDestination, Problem
-from trainsentry.notifiers.settings import EscalationSettings, LayerSettings
 from trainsentry.operator.kube import CONFIGMAPS, TRAININGJOBS, Kube, KubeError, Resource
 from trainsentry.operator.spec import API_VERSION, KIND, Alerting, TrainingJobSpec
 
@@ -63,7 +65,6 @@ CHAT_ID = re.compile(r"oc_[A-Za-z0-9_-]{1,64}")
 OPEN_ID = re.compile(r"ou_[A-Za-z0-9_-]{1,64}")
 EMAIL = re.compile(r"[^@\s]{1,64}@[^@\s]{1,190}")
 MAX_OWNERS = 20
-MAX_ROSTER_BYTES = 64 * 1024
 MAX_JOBS = 10_000
 REFRESH_TIMEOUT_S = 120.0
 
@@ -80,14 +81,6 @@ class JobAlertingSettings(BaseModel):
     concurrency: int = Field(default=8, ge=1, le=64)
 
 
-class JobRoster(BaseModel):
-    """A job's roster (its ConfigMap key): the layers of `channels.escalation`."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    layers: list[LayerSettings] = Field(min_length=1)
-
-
 @dataclass(frozen=True)
 class JobSettings:
     """One job's `spec.alerting` as read and checked. `problems` in the order found."""
@@ -99,12 +92,14 @@ class JobSettings:
     problems: tuple[Problem, ...] = ()
     uid: str = ""
     summary: str = ""  # what works, for the condition's message (no secrets)
+    # configured oncall.escalation_policies names by priority (empty: none named)
+    escalation_policies: Mapping[Priority, str] = field(default_factory=dict)
 
     def route(self) -> JobRoute:
         return JobRoute(
             feishu=self.destination is not None,
             owners=self.owners,
-            roster=self.roster is not None,
+            roster=self.roster is not None or bool(self.escalation_policies),
         )
 
 
@@ -121,23 +116,6 @@ def check_owners(owners: Sequence[str]) -> tuple[tuple[str, ...], list[Problem]]
     if len(good) > MAX_OWNERS:
         problems.append(("TooManyOwners", f"{len(good)} owners; the first {MAX_OWNERS} are used"))
     return tuple(dict.fromkeys(good[:MAX_OWNERS])), problems
-
-
-def parse_roster(text: str, where: str) -> Roster | Problem:
-    """Pure: the roster in a ConfigMap value, or the problem with it (no values shown)."""
-    if len(text.encode()) > MAX_ROSTER_BYTES:
-        return "InvalidRoster", f"{where} is over {MAX_ROSTER_BYTES} bytes"
-    try:
-        raw = yaml.safe_load(text)
-        roster = JobRoster.model_validate(raw)
-    except yaml.YAMLError as exc:
-        return "InvalidRoster", f"{where} is not YAML: {str(exc).splitlines()[0]}"
-    except ValidationError as exc:
-        errors = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'top'}: {e['msg']}" for e in exc.errors()[:3]
-        )
-        return "InvalidRoster", f"{where}: {errors} (the format of channels.escalation.layers)"
-    return roster_of(EscalationSettings(layers=roster.layers))
 
 
 def secret_value(secret: Mapping[str, Any], key: str) -> str | None:
@@ -221,6 +199,9 @@ class JobAlerting:
         self._task: asyncio.Task[None] | None = None
         self._writes: set[asyncio.Task[None]] = set()
         self._write_lock = asyncio.Lock()
+        # the names a roster reference may give (`oncall.escalation_policies`); set by
+        # sections.paging_of before the first refresh
+        self.escalation_policies: frozenset[str] = frozenset()
 
     # what the policy, the channel and paging read ----------------------------------------
 
@@ -238,6 +219,12 @@ class JobAlerting:
     def roster(self, job: str) -> Roster | None:
         found = self._get(job)
         return found.roster if found is not None else None
+
+    def escalation_policy(self, job: str, priority: Priority) -> str:
+        """The configured escalation policy the job's roster reference names for `priority`,
+        or "" (none named for it, or the job has inline layers or nothing)."""
+        found = self._get(job)
+        return found.escalation_policies.get(priority, "") if found is not None else ""
 
     def report(self, job: str, problem: Problem | None, *, fallback: bool) -> None:
         """From the `feishu_job` channel: how the job's last card went (None: fine)."""
@@ -323,28 +310,58 @@ class JobAlerting:
             else:
                 destination = JobDestination(chat_id=feishu.chatId)
                 works.append(f"cards to chat {feishu.chatId}")
-        roster: Roster | None = None
-        ref = alerting.onCallRosterRef
-        if ref is not None:
-            where = f"ConfigMap {ref.name} key {ref.key}"
-            configmap = await kube.get(CONFIGMAPS, job.namespace, ref.name)
-            text = ((configmap or {}).get("data") or {}).get(ref.key)
-            if configmap is None:
-                problems.append(
-                    ("ConfigMapNotFound", f"no ConfigMap {ref.name} in {job.namespace}")
-                )
-            elif not isinstance(text, str):
-                problems.append(
-                    ("ConfigMapKeyMissing", f"ConfigMap {ref.name} has no key {ref.key}")
-                )
-            elif isinstance(parsed := parse_roster(text, where), Roster):
-                roster = parsed
-                works.append(f"P0 pages call the roster of {where}")
-            else:
-                problems.append(parsed)
+        roster, policies = await self._on_call(kube, job, alerting, problems, works)
         if owners:
             works.append(f"{len(owners)} owner(s) mentioned")
-        return JobSettings(job, destination, owners, roster, tuple(problems), uid, "; ".join(works))
+        summary = "; ".join(works)
+        return JobSettings(
+            job, destination, owners, roster, tuple(problems), uid, summary, policies
+        )
+
+    async def _on_call(
+        self,
+        kube: Kube,
+        job: JobRef,
+        alerting: Alerting,
+        problems: list[Problem],
+        works: list[str],
+    ) -> tuple[Roster | None, dict[Priority, str]]:
+        """The job's roster reference: (its inline roster, the escalation policies it names
+        by priority); (None, {}) with a problem when it cannot be followed."""
+        ref = alerting.onCallRosterRef
+        if ref is None:
+            return None, {}
+        where = f"ConfigMap {ref.name} key {ref.key}"
+        configmap = await kube.get(CONFIGMAPS, job.namespace, ref.name)
+        text = ((configmap or {}).get("data") or {}).get(ref.key)
+        if configmap is None:
+            problems.append(("ConfigMapNotFound", f"no ConfigMap {ref.name} in {job.namespace}"))
+        elif not isinstance(text, str):
+            problems.append(("ConfigMapKeyMissing", f"ConfigMap {ref.name} has no key {ref.key}"))
+        elif not isinstance(parsed := parse_roster(text, where), JobOnCall):
+            problems.append(parsed)
+        elif parsed.roster is not None:
+            works.append(f"P0 pages call the roster of {where}")
+            return parsed.roster, {}
+        elif unknown := sorted(set(parsed.policies.values()) - self.escalation_policies):
+            known = ", ".join(sorted(self.escalation_policies)) or "none configured"
+            problems.append(
+                (
+                    "UnknownEscalationPolicy",
+                    f"{where} names escalation policy {', '.join(map(repr, unknown))}, which "
+                    f"the gateway does not have (oncall.escalation_policies: {known})",
+                )
+            )
+        else:
+            names = sorted(set(parsed.policies.values()))
+            if len(names) == 1 and len(parsed.policies) == len(Priority):
+                said = f"escalation policy {names[0]}"
+            else:
+                said = ", ".join(f"{p.value}: {n}" for p, n in sorted(parsed.policies.items()))
+                said = f"escalation policies {said}"
+            works.append(f"pages follow {said} ({where})")
+            return None, dict(parsed.policies)
+        return None, {}
 
     async def _webhook(
         self, kube: Kube, job: JobRef, ref: Any, problems: list[Problem]

@@ -81,8 +81,10 @@ class Paging:
     """The escalation stage. `escalator` is the default roster and policy (the inline
     `channels.escalation` layers); `named` gives the `oncall.escalation_policies` ones, which
     pages choose by their route (`choose`). Both are parameters, so a caller may pass its own
-    (a test's). A TrainingJob's own roster (`rosters`, by job key) wins over both for
-    its pages: the job chose who is called."""
+    (a test's). A TrainingJob's own roster reference wins over both for its pages: the job
+    chose who is called: inline layers (`rosters`, by job key), or named policies per
+    priority (`job_policies`, by job key and priority; "": none named), which its pages then
+    follow (a priority it names none for: the route's choice)."""
 
     def __init__(
         self,
@@ -92,6 +94,7 @@ class Paging:
         *,
         named: NamedEscalators | None = None,
         choose: EscalationChoice = _no_choice,
+        job_policies: Callable[[str, Priority], str] | None = None,
     ) -> None:
         self.escalator = escalator
         self.channel = channel
@@ -99,6 +102,17 @@ class Paging:
         self.rosters: job_roster.RosterOf = rosters or (lambda _job: None)
         self._named = named
         self._choose = choose
+        self.job_policies: Callable[[str, Priority], str] = job_policies or (lambda _j, _p: "")
+
+    def _job_policy(self, draft: NotificationDraft) -> str:
+        """The escalation policy the page's job names for its priority, or ""."""
+        job = _roster_job(draft)
+        return self.job_policies(job, draft.priority) if job else ""
+
+    def _roster_group(self, draft: NotificationDraft) -> str | None:
+        """The job whose inline roster the page follows (None: a job naming policies)."""
+        job = _roster_job(draft)
+        return job if job and self.rosters(job) is not None else None
 
     def _page(self, draft: NotificationDraft) -> IncidentPage:
         assert draft.alert_id is not None
@@ -109,11 +123,13 @@ class Paging:
             str(payload.get("job", "")),
             str((payload.get("annotations") or {}).get("summary", "")),
         )
-        # a page that follows its job's own roster follows no escalation policy
+        # a page that follows its job's inline roster follows no escalation policy; one whose
+        # job names a policy for its priority follows that; the others, their route's choice
         policy = (
             ""
-            if _roster_job(draft)
-            else self._choose(str(payload.get("route", "")), draft.priority)
+            if self._roster_group(draft)
+            else self._job_policy(draft)
+            or self._choose(str(payload.get("route", "")), draft.priority)
         )
         return IncidentPage(draft.alert_id, draft.priority, text, policy)
 
@@ -183,7 +199,9 @@ class Paging:
             now,
             pages=opened,
             page_rosters={
-                d.alert_id: job for d in pages if d.alert_id is not None and (job := _roster_job(d))
+                d.alert_id: job
+                for d in pages
+                if d.alert_id is not None and (job := self._roster_group(d))
             },
             resolved=ending,
             forget_before=now - FORGET_STOPPED_AFTER,
@@ -240,14 +258,23 @@ class Paging:
                 and draft.kind == "alert"
                 and payload.get("status") == "firing"
             ):
-                job = _roster_job(draft)
+                job = self._roster_group(draft)
                 roster = self.rosters(job) if job else None
-                key = f"job:{job}" if roster is not None else str(payload.get("route", ""))
+                named = self._job_policy(draft)
+                key = (
+                    f"job:{job}"
+                    if roster is not None
+                    else f"policy:{named}"
+                    if named
+                    else str(payload.get("route", ""))
+                )
                 if key not in lines:
                     found = (
                         first_on_call(roster, now)
                         if roster is not None
-                        else await self.on_call_now(conn, key, draft.priority, now)
+                        else await self.on_call_now(
+                            conn, str(payload.get("route", "")), draft.priority, now, named
+                        )
                     )
                     lines[key] = on_call_words(found)
                 if lines[key]:
@@ -256,10 +283,11 @@ class Paging:
         return out
 
     async def on_call_now(
-        self, conn: Connection, route: str, priority: Priority, now: datetime
+        self, conn: Connection, route: str, priority: Priority, now: datetime, chosen: str = ""
     ) -> list[tuple[str, str, datetime | None]]:
-        """Who the first step of a page of `route` would call now: (name, layer, until)."""
-        chosen = self._choose(route, priority)
+        """Who the first step of a page of `route` would call now: (name, layer, until);
+        `chosen`: the escalation policy the page follows when not its route's."""
+        chosen = chosen or self._choose(route, priority)
         escalator = (await self.escalators(conn, now)).get(chosen, self.escalator)
         return first_on_call(escalator.roster, now)
 
