@@ -9,6 +9,7 @@ import base64
 import json
 import logging
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,14 +130,20 @@ class Running:
         await self.stage.settle()
 
 
-@pytest.fixture
-async def gateway(
-    cluster: KubeEmulator, feishu: FeishuContractServer, tmp_path: Path
+@asynccontextmanager
+async def gateway_with(
+    cluster: KubeEmulator, feishu: FeishuContractServer, tmp_path: Path, policy: str | None = None
 ) -> AsyncIterator[Any]:
+    """(start, an unreachable bot URL prefix) of a gateway with job alerting and the global
+    Feishu chat; `policy` is a policy file merged over the shipped one."""
     unreachable = f"http://127.0.0.1:{free_port()}/open-apis/bot/v2/hook/"
+    gateway_settings: dict[str, Any] = {"db": f"sqlite:///{tmp_path / 'gw.db'}"}
+    if policy is not None:
+        (tmp_path / "policy.yaml").write_text(policy)
+        gateway_settings["policy_file"] = str(tmp_path / "policy.yaml")
     settings = Settings.model_validate(
         {
-            "gateway": {"db": f"sqlite:///{tmp_path / 'gw.db'}"},
+            "gateway": gateway_settings,
             "channels": {
                 "feishu_app": {
                     "base_url": feishu.base_url,
@@ -187,6 +194,14 @@ async def gateway(
         await channels.built.aclose()
 
 
+@pytest.fixture
+async def gateway(
+    cluster: KubeEmulator, feishu: FeishuContractServer, tmp_path: Path
+) -> AsyncIterator[Any]:
+    async with gateway_with(cluster, feishu, tmp_path) as running:
+        yield running
+
+
 def chat_cards(feishu: FeishuContractServer, chat: str) -> list[dict[str, Any]]:
     return [
         json.loads(m["content"])
@@ -199,6 +214,14 @@ def jobs_in(cards: list[dict[str, Any]]) -> list[str]:
     text = [json.dumps(card) for card in cards]
     jobs = ("team-a/a", "team-b/b", "team-c/c")
     return sorted(job for job in jobs if any(job in t for t in text))
+
+
+def names_in(cards: list[dict[str, Any]]) -> list[str]:
+    """The alert names on `cards`, one per card (each card here is about one alert)."""
+    names = ("TrainingJobDown", "TrainingJobSlow", "NodeDiskDegraded")
+    found = [[n for n in names if n in json.dumps(card)] for card in cards]
+    assert all(len(f) == 1 for f in found), found
+    return sorted(f[0] for f in found)
 
 
 async def test_each_job_gets_its_own_chat_bot_owners_and_oncall(
@@ -271,6 +294,32 @@ async def test_each_job_gets_its_own_chat_bot_owners_and_oncall(
     for namespace, name in (("team-a", "a"), ("team-b", "b"), ("team-c", "c")):
         ready = condition(cluster, namespace, name)
         assert (ready["status"], ready["reason"]) == ("True", "Ready"), ready
+    assert feishu.rejections == []
+
+
+async def test_the_admins_policy_forbids_and_forces_through_the_real_gateway(
+    cluster: KubeEmulator, feishu: FeishuContractServer, tmp_path: Path
+) -> None:
+    """routing.jobs: P2 is not a job's to redirect (it stays in the gateway's chat only), every
+    P0 also reaches the gateway's chat (force), and an alert of another namespace naming the
+    same job gets nothing of the job's route."""
+    policy = "routing:\n  jobs: {allow: [P0, P1, P3], force: {P0: [feishu]}}\n"
+    await create(
+        cluster, tj_path("team-a"), trainingjob("team-a", "a", {"feishu": {"chatId": "oc_team_a"}})
+    )
+    async with gateway_with(cluster, feishu, tmp_path, policy) as (start, _):
+        running = await start()
+        await running.post(
+            alert(1, "team-a", "a", "TrainingJobDown"),  # P0: forced to the gateway's chat too
+            alert(2, "team-a", "a", "TrainingJobSlow"),  # P1: the job's chat only
+            alert(3, "team-a", "a", "NodeDiskDegraded"),  # P2: forbidden, the gateway's chat
+            alert(4, "team-x", "a", "TrainingJobSlow"),  # same job name, another namespace
+        )
+        names = {chat: names_in(chat_cards(feishu, chat)) for chat in (GLOBAL_CHAT, "oc_team_a")}
+    assert names["oc_team_a"] == ["TrainingJobDown", "TrainingJobSlow"]
+    assert names[GLOBAL_CHAT] == ["NodeDiskDegraded", "TrainingJobDown", "TrainingJobSlow"]
+    assert "team-x/a" in json.dumps(chat_cards(feishu, GLOBAL_CHAT))
+    assert "team-x/a" not in json.dumps(chat_cards(feishu, "oc_team_a"))
     assert feishu.rejections == []
 
 
