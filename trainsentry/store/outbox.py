@@ -139,14 +139,15 @@ async def claim_notifications(
         )
         .scalar_subquery()
     )
+    is_due = (
+        notifications.c.status == PENDING,
+        notifications.c.channel == channel,
+        notifications.c.next_attempt_at <= now,
+        notifications.c.id == oldest_open,
+    )
     due = (
         select(notifications.c.id)
-        .where(
-            notifications.c.status == PENDING,
-            notifications.c.channel == channel,
-            notifications.c.next_attempt_at <= now,
-            notifications.c.id == oldest_open,
-        )
+        .where(*is_due)
         # a rate-limited channel's backlog of P3 cards must not hold back a P0
         .order_by(notifications.c.priority, notifications.c.id)
         .limit(limit)
@@ -158,10 +159,14 @@ async def claim_notifications(
     ids = (await conn.execute(due)).scalars().all()
     if not ids:
         return []
+    # The update checks again that each row is still due. SQLite locks nothing while the
+    # select runs (pysqlite begins the transaction at the update), so another claimer of the
+    # channel (its loop beside `Outbox.drain`) may have claimed, tried and rescheduled a row
+    # in between: `pending` again, but its retry not due (or an older row of its group
+    # reopened). On PostgreSQL the selected rows are locked meanwhile (FOR UPDATE).
     stmt = (
         update(notifications)
-        .where(notifications.c.id.in_(ids))
-        .where(notifications.c.status == PENDING)
+        .where(notifications.c.id.in_(ids), *is_due)
         .values(status=SENDING, claimed_by=worker_id, claimed_until=lease_until)
         .returning(*notifications.c)
     )
