@@ -139,14 +139,15 @@ async def claim_notifications(
         )
         .scalar_subquery()
     )
+    is_due = (
+        notifications.c.status == PENDING,
+        notifications.c.channel == channel,
+        notifications.c.next_attempt_at <= now,
+        notifications.c.id == oldest_open,
+    )
     due = (
         select(notifications.c.id)
-        .where(
-            notifications.c.status == PENDING,
-            notifications.c.channel == channel,
-            notifications.c.next_attempt_at <= now,
-            notifications.c.id == oldest_open,
-        )
+        .where(*is_due)
         # a rate-limited channel's backlog of P3 cards must not hold back a P0
         .order_by(notifications.c.priority, notifications.c.id)
         .limit(limit)
@@ -158,10 +159,14 @@ async def claim_notifications(
     ids = (await conn.execute(due)).scalars().all()
     if not ids:
         return []
+    # The update checks again that each row is still due. SQLite locks nothing while the
+    # select runs (pysqlite begins the transaction at the update), so another claimer of the
+    # channel (its loop beside `Outbox.drain`) may have claimed, tried and rescheduled a row
+    # in between: `pending` again, but its retry not due (or an older row of its group
+    # reopened). On PostgreSQL the selected rows are locked meanwhile (FOR UPDATE).
     stmt = (
         update(notifications)
-        .where(notifications.c.id.in_(ids))
-        .where(notifications.c.status == PENDING)
+        .where(notifications.c.id.in_(ids), *is_due)
         .values(status=SENDING, claimed_by=worker_id, claimed_until=lease_until)
         .returning(*notifications.c)
     )
@@ -169,11 +174,21 @@ async def claim_notifications(
 
 
 async def record_outcomes(
-    conn: AsyncConnection, worker_id: str, outcomes: Sequence[SendOutcome], now: datetime
-) -> None:
-    """Writes the outcomes of claimed rows in one statement (only rows `worker_id` owns)."""
+    conn: AsyncConnection,
+    worker_id: str,
+    outcomes: Sequence[SendOutcome],
+    now: datetime,
+    *,
+    withdrawn_mark: str | None = None,
+) -> list[int]:
+    """Writes the outcomes of claimed rows in one statement (only rows `worker_id` owns).
+
+    A row to be tried again whose payload got `withdrawn_mark` while it was being sent
+    (`cancel_calls`: its escalation stopped) ends `cancelled` instead, with the mark's reason
+    as its error, in this same transaction: no channel rings it again, whether or not it
+    reads the mark. Returns those rows' ids."""
     if not outcomes:
-        return
+        return []
     stmt = (
         update(notifications)
         .where(
@@ -207,6 +222,29 @@ async def record_outcomes(
         for o in outcomes
     ]
     await conn.execute(stmt, params)
+    retries = [o.id for o in outcomes if o.status == PENDING]
+    if withdrawn_mark is None or not retries:
+        return []
+    return await _withdraw_marked(conn, retries, withdrawn_mark)
+
+
+async def _withdraw_marked(conn: AsyncConnection, ids: Sequence[int], mark: str) -> list[int]:
+    """Rows among `ids` pending with `payload[mark]` set become `cancelled`. Run after the
+    outcomes' update, which holds the rows (PostgreSQL) or the write lock (SQLite) until the
+    commit, so a stop committing in between cannot slip past."""
+    rows = await conn.execute(
+        select(notifications.c.id, notifications.c.payload).where(
+            notifications.c.id.in_(list(ids)), notifications.c.status == PENDING
+        )
+    )
+    withdrawn = {int(r.id): str(r.payload[mark]) for r in rows if r.payload.get(mark)}
+    for row_id, why in withdrawn.items():
+        await conn.execute(
+            update(notifications)
+            .where(notifications.c.id == row_id)
+            .values(status=CANCELLED, last_error=why[:2000])
+        )
+    return sorted(withdrawn)
 
 
 async def renew_leases(
@@ -274,7 +312,8 @@ async def cancel_calls(
 ) -> None:
     """Rows of `kind` on `channel` for `alert_ids` that have not gone out never will: pending
     ones become `cancelled` (reason `why`); one being sent right now keeps its status (the
-    outbox records that attempt) and gets `payload[mark] = why`, so a retry refuses to ring."""
+    outbox records that attempt) and gets `payload[mark] = why`: should that attempt end in a
+    retry, `record_outcomes` writes it `cancelled` instead."""
     for start in range(0, len(alert_ids), 1000):
         pending = notifications.c.status == PENDING
         stmt = (

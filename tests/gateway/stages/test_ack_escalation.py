@@ -310,13 +310,20 @@ async def test_stopping_cancels_a_call_waiting_for_its_retry(
         await close_in_process(server)
 
 
+@pytest.mark.parametrize("channel", ["phone", "webhook"])
 async def test_ack_while_a_call_is_in_flight_stops_its_retry(
-    db_url: str, receiver: Receiver
+    db_url: str, receiver: Receiver, channel: str
 ) -> None:
     """The call is being placed when the ack lands and the provider then fails it: the outbox
-    records the failure, and the phone channel refuses the retry instead of ringing."""
+    writes that attempt withdrawn instead of a retry, so nothing rings again. Also when the
+    `phone` channel is a generic webhook (`webhooks.phone`), which does not read the call's
+    cancel mark: before, its retry rang after the ack."""
     receiver.fail_first, receiver.delay = 1, 1.0
-    phone = PhoneNotifier(WebhookPhoneProvider(receiver.url, PHONE_TEMPLATE))
+    phone = (
+        PhoneNotifier(WebhookPhoneProvider(receiver.url, PHONE_TEMPLATE))
+        if channel == "phone"
+        else None
+    )
     clock = Clock()
     server = await start(db_url, receiver, clock, phone=phone)
     try:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 
 import pytest
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from tests.support.receiver import Receiver
 from trainsentry.alerts import NotificationDraft, Priority, utcnow
@@ -17,6 +19,7 @@ from trainsentry.gateway.stages.outbox import Outbox
 from trainsentry.notifiers.ratelimit import RateLimit, SlidingWindow
 from trainsentry.notifiers.webhook import WebhookNotifier
 from trainsentry.store import create_engine
+from trainsentry.store.outbox import PENDING, SendOutcome, claim_notifications, record_outcomes
 from trainsentry.store.schema import notifications
 from trainsentry.store.writes import insert_notifications
 
@@ -182,6 +185,62 @@ async def test_a_claim_takes_no_more_rows_than_its_limit(
     assert [row.idempotency_key for row in claimed] == ["c0-0", "c1-0"]
     assert await statuses(engine) == {"sending": 2, "pending": 3}
     await outbox.aclose()
+
+
+class _Between:
+    """A connection that runs `between` right after its first statement: another claimer's
+    whole turn placed inside a claim, between its select of the due rows and its update."""
+
+    def __init__(self, conn: AsyncConnection, between: Callable[[], Awaitable[None]]) -> None:
+        self._conn = conn
+        self._between: Callable[[], Awaitable[None]] | None = between
+        self.dialect = conn.dialect
+
+    async def execute(self, *args: Any, **kwargs: Any) -> Any:
+        result = await self._conn.execute(*args, **kwargs)
+        if self._between is not None:
+            between, self._between = self._between, None
+            await between()
+        return result
+
+
+async def test_a_claim_never_takes_a_row_whose_retry_is_not_due_yet(engine: AsyncEngine) -> None:
+    """Two claimers of one channel (the channel's loop and `Outbox.drain` of the demo and the
+    tests): while one selects the due rows, the other claims the same row, fails to send it
+    and schedules its retry a second later. On SQLite nothing locks the selected rows, so the
+    first one's update must check again that they are still due: before, it took the row back
+    at once and the retry went out without its back-off (a call retried before an ack could
+    stop it; the flake of test_stopping_cancels_a_call_waiting_for_its_retry[sqlite-ack])."""
+    t0 = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
+    lease = t0 + timedelta(seconds=60)
+    async with engine.begin() as conn:
+        await insert_notifications(conn, drafts(1), t0)
+    taken: dict[str, list[Any]] = {}
+
+    async def other_claimer_tries_and_fails() -> None:
+        async with engine.begin() as conn:
+            taken["other"] = rows = await claim_notifications(
+                conn, "webhook", limit=1, now=t0, worker_id="other", lease_until=lease
+            )
+        if rows:  # on PostgreSQL the row is locked (SKIP LOCKED): it takes nothing
+            retry = SendOutcome(
+                rows[0].id,
+                PENDING,
+                1,
+                last_error="RetryableError: HTTP 500",
+                next_attempt_at=t0 + timedelta(seconds=1),
+                failing_since=t0,
+            )
+            async with engine.begin() as conn:
+                await record_outcomes(conn, "other", [retry], t0)
+
+    async with engine.begin() as conn:
+        between = cast(AsyncConnection, _Between(conn, other_claimer_tries_and_fails))
+        taken["first"] = await claim_notifications(
+            between, "webhook", limit=1, now=t0, worker_id="first", lease_until=lease
+        )
+    # one claim of the first try; the retry waits for its time
+    assert [r.attempts for r in taken["other"] + taken["first"]] == [0]
 
 
 async def test_a_claimed_batch_is_sent_most_urgent_first(

@@ -13,6 +13,9 @@
   while it is being sent. A lease that expires (its holder crashed) puts the row back.
 - Order is kept per (channel, group_key): a row is only claimed when no older row of its
   group is still pending or being sent.
+- A call whose escalation stopped while it was being sent (marked by store/outbox.py
+  `cancel_calls`) is never tried again: an attempt that would retry it is written
+  `cancelled` in the same transaction (`record_outcomes`), whatever the channel.
 - Retries and giving up follow gateway/policy/delivery.py: by elapsed time of failing, not
   by attempts; a rate-limit answer is never a failure. `PermanentError` ends `dead` at once.
 - Delivery is at-least-once: a row holds its slot until its outcome is committed, so after a
@@ -44,6 +47,7 @@ from trainsentry.notifiers.base import (
     RetryableError,
     Withdrawn,
 )
+from trainsentry.notifiers.phone.notifier import CANCELLED_MARK
 from trainsentry.notifiers.ratelimit import RateGate, RateLimit, Slot
 from trainsentry.store.engine import Engine
 from trainsentry.store.outbox import (
@@ -462,7 +466,15 @@ class Outbox:
             batch = self._unwritten[:]
             self._unwritten.clear()
             async with self._engine.begin() as conn:
-                await record_outcomes(conn, self.worker_id, batch, self._clock())
+                withdrawn = await record_outcomes(
+                    conn, self.worker_id, batch, self._clock(), withdrawn_mark=CANCELLED_MARK
+                )
+        for row_id in withdrawn:
+            item = self._held.get(row_id)
+            channel = item.row.channel if item is not None else "?"
+            log.info("notification withdrawn while being sent channel=%s id=%d", channel, row_id)
+            if self._metrics is not None and item is not None:
+                self._metrics.sends.labels(channel, "cancelled").inc()
 
     async def aclose(self) -> None:
         await self.stop()
