@@ -39,8 +39,9 @@ TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
 RATE_LIMITS: tuple[RateLimit, ...] = (RateLimit(50, 1.0), RateLimit(1000, 60.0))
 TOKEN_INVALID_CODES = frozenset({99991661, 99991663, 99991668, 99991677})
 # 99991400: Feishu's "request trigger frequency limit" (HTTP 429, or 400 from older APIs);
-# 11232: the message service's frequency limit.
-RATE_LIMITED_CODES = frozenset({99991400, 11232})
+# 11232: the message service's frequency limit; 230020: the IM API's "this operation triggers
+# the frequency limit" (e.g. more than 5 updates a second of one message).
+RATE_LIMITED_CODES = frozenset({99991400, 11232, 230020})
 # What the tenant_access_token endpoint answers to credentials it will never accept: an
 # unknown app_id (10003 "invalid param") or a wrong app_secret (10014 "app secret invalid").
 CREDENTIAL_CODES = frozenset({10003, 10014})
@@ -305,7 +306,9 @@ class FeishuAppNotifier:
 
     Custom bots cannot receive card callbacks, so the interactive card goes through the app
     when one is configured. An `ack` notification whose payload carries the `message_id`
-    of the original card updates that card in place instead of posting a new one.
+    of the original card updates that card in place (im/v1/messages PATCH) instead of
+    posting a new one; when Feishu refuses the update for good (the card was recalled, is
+    past Feishu's 14 days, or is not one this app sent), the ack is posted as a new card.
     """
 
     rate_limits: tuple[RateLimit, ...] = RATE_LIMITS
@@ -343,8 +346,15 @@ class FeishuAppNotifier:
             raise PermanentError(str(exc)) from exc
         existing = notification.payload.get("message_id")
         if notification.kind == "ack" and isinstance(existing, str) and existing:
-            await self.client.update_card(existing, card)
-            return Receipt(channel=self.name, provider_id=existing, detail={"updated": True})
+            try:
+                await self.client.update_card(existing, card)
+            except PermanentError as exc:
+                log.warning(
+                    "event=feishu_card_update_refused notification=%s message_id=%s code=%s",
+                    notification.id, existing, exc.code,
+                )  # fmt: skip
+            else:
+                return Receipt(channel=self.name, provider_id=existing, detail={"updated": True})
         chat = chat or self.chats.get(notification.priority)
         if chat is None:
             raise PermanentError(f"no Feishu chat configured for {notification.priority}")

@@ -20,7 +20,8 @@ cannot be reached), the card goes to the fallback channels instead and the failu
 reported (`JobDestinations.report`: condition, event, metric); a success reports the route
 healthy again. Failures that are Feishu's, not the job's (rate limits, the app API down, a
 card it refuses in any chat) are raised to the outbox as usual. The webhook URL and secret
-are never logged.
+are never logged. The receipt's provider id is the Feishu app's message_id of the card (in
+the job's chat, or in a fallback chat through the app), so the alert's ack can redraw it.
 """
 
 from __future__ import annotations
@@ -164,12 +165,15 @@ class FeishuJobNotifier:
                 "event=job_route_failed job=%s reason=%s fallback=%s notification=%s",
                 job, problem[0], ",".join(fallback) or "-", notification.id,
             )  # fmt: skip
+        sent_as: str | None = None  # the app's message_id of the card, for its redraw
         for name in fallback:
-            await self.fallbacks[name].send(replace(card, channel=name))
+            receipt = await self.fallbacks[name].send(replace(card, channel=name))
+            if sent_as is None and isinstance(self.fallbacks[name], FeishuAppNotifier):
+                sent_as = receipt.provider_id
         detail: dict[str, Any] = {"job": job, "fallback": fallback}
         if problem is not None:
             detail["reason"] = problem[0]
-        return Receipt(channel=self.name, detail=detail)
+        return Receipt(channel=self.name, provider_id=sent_as, detail=detail)
 
     async def _own(self, card: OutboundNotification, destination: JobDestination) -> Receipt:
         if destination.chat_id:
