@@ -11,7 +11,13 @@ import pytest
 from tests.support.feishu_server import FeishuContractServer, card_problems
 from trainsentry.alerts import Priority
 from trainsentry.notifiers.base import PermanentError, RateLimitedError
-from trainsentry.notifiers.feishu.app import FeishuAppClient, FeishuAppNotifier, dedup_uuid
+from trainsentry.notifiers.feishu.app import (
+    FeishuAppClient,
+    FeishuAppNotifier,
+    app_message_gate,
+    dedup_uuid,
+)
+from trainsentry.notifiers.ratelimit import RateLimit
 
 from .helpers import alert_payload, notification
 
@@ -211,3 +217,22 @@ async def test_an_ack_whose_card_cannot_be_updated_is_posted_as_a_new_card(
     new = server.messages[str(posted.provider_id)]
     assert new["receive_id"] == "oc_oncall"
     assert "Acknowledged by" in new["content"]
+
+
+async def test_a_send_past_the_apps_shared_gate_is_put_back_as_rate_limited(
+    server: FeishuContractServer,
+) -> None:
+    """Two clients of one app share its message gate: the second client's send finds the
+    limit reached by the first and is rate limited (retried later), not sent nor failed."""
+    gate = app_message_gate((RateLimit(1, 10.0),), max_wait_s=0.1)
+    first = FeishuAppClient(server.base_url, APP_ID, APP_SECRET, message_gate=gate)
+    second = FeishuAppClient(server.base_url, APP_ID, APP_SECRET, message_gate=gate)
+    try:
+        await first.send_message("oc_chat", "text", {"text": "one"})
+        with pytest.raises(RateLimitedError) as limited:
+            await second.send_message("oc_chat", "text", {"text": "two"})
+    finally:
+        await first.aclose()
+        await second.aclose()
+    assert limited.value.retry_after is not None and 9 < limited.value.retry_after <= 11
+    assert len(server.messages) == 1

@@ -10,6 +10,9 @@ Deliberately independent of trainsentry's code (its own signature check, its own
 - frequency limits answered as Feishu's "Rate limits" page documents: HTTP 429 (400 on some
   older APIs), code 99991400 "request trigger frequency limit", with the headers
   `x-ogw-ratelimit-limit` and `x-ogw-ratelimit-reset` (seconds until the window resets);
+  sending (`POST im/v1/messages`) and updating (`PATCH im/v1/messages/{id}`) are each limited
+  to 50/s and 1000/min per app, as their API pages list (`message_arrivals` records when
+  each accepted one arrived, and from which app);
 - `POST /open-apis/im/v1/messages` (uuid de-duplication), `PATCH .../messages/{id}/urgent_phone`;
   with `chats` given, a message to a chat the app's bot is not in answers HTTP 400 code
   230002 ("Bot/User can NOT be out of the chat.");
@@ -285,6 +288,8 @@ class FeishuContractServer:
         self.contact_calls: list[list[str]] = []
         self.bot_windows: dict[str, Window] = {}
         self.app_window = Window([(100, 1.0 * time_scale)])
+        self.api_windows: dict[tuple[str, str], Window] = {}  # (app, API) -> its window
+        self.message_arrivals: list[tuple[float, str, str]] = []  # (monotonic, app, API)
         self.accepted: dict[str, list[tuple[float, dict[str, Any]]]] = defaultdict(list)
         self.rejections: list[tuple[str, int]] = []  # (what, code)
         self.tokens: dict[str, float] = {}  # token -> expires at (monotonic)
@@ -458,9 +463,24 @@ class FeishuContractServer:
         return None
 
     # ----------------------------------------------------------------- messages
+    def _api_limited(self, request: web.Request, api: str) -> web.Response | None:
+        """The per-app limit of a message API (50/s, 1000/min); None when within it."""
+        app = self._app_of(request)
+        window = self.api_windows.setdefault(
+            (app, api), Window([(50, 1.0 * self.time_scale), (1000, 60.0 * self.time_scale)])
+        )
+        now = time.monotonic()
+        if not window.admit(now):
+            self.rejections.append(("app", APP_RATE_LIMITED))
+            return rate_limited(limit=50)
+        self.message_arrivals.append((now, app, api))
+        return None
+
     async def send_message(self, request: web.Request) -> web.Response:
         if (denied := self._auth(request)) is not None:
             return denied
+        if (limited := self._api_limited(request, "send")) is not None:
+            return limited
         id_type = request.query.get("receive_id_type")
         if id_type not in ("open_id", "user_id", "union_id", "email", "chat_id"):
             return self._reject("im", BAD_PARAMS, "receive_id_type invalid", 400)
@@ -511,6 +531,8 @@ class FeishuContractServer:
     async def update_message(self, request: web.Request) -> web.Response:
         if (denied := self._auth(request)) is not None:
             return denied
+        if (limited := self._api_limited(request, "update")) is not None:
+            return limited
         mid = request.match_info["id"]
         message = self.messages.get(mid)
         if message is None:

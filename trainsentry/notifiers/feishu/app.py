@@ -4,6 +4,12 @@
 refreshed once more if Feishu says it is invalid) and wraps the calls trainsentry uses:
 send a message to a chat or user, update a card, and the urgent_phone buzz. The Sheets
 archive and the Feishu phone provider share one client.
+
+Feishu counts its message limits (RATE_LIMITS) per app, whichever channel sends. Clients of
+one app given one `message_gate` (`app_message_gate`; gateway/channels.py gives every client
+of the app the same one) keep their sends and card updates together under those limits; a
+send that would wait more than the gate's `max_wait` is a RateLimitedError the outbox
+retries later without counting it as a failure.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from trainsentry.notifiers.base import (
 )
 from trainsentry.notifiers.feishu.card import CardOptions, CardTooLarge, build_card, compact_json
 from trainsentry.notifiers.payload import PayloadError, parse_payload
-from trainsentry.notifiers.ratelimit import RateLimit
+from trainsentry.notifiers.ratelimit import RateGate, RateLimit, Slot
 from trainsentry.notifiers.settings import FeishuAppSettings, read_secret
 
 log = logging.getLogger(__name__)
@@ -48,6 +54,18 @@ CREDENTIAL_CODES = frozenset({10003, 10014})
 DEFAULT_TOKEN_LIFETIME_S = 7200.0  # Feishu's documented maximum
 DEFAULT_RATE_LIMIT_WAIT_S = 1.0
 UUID_MAX = 50
+# How long a send waits for the app's shared message gate before it is put back as rate
+# limited (well within the outbox's 30 s send deadline).
+MESSAGE_GATE_MAX_WAIT_S = 2.0
+
+
+def app_message_gate(
+    limits: tuple[RateLimit, ...] = RATE_LIMITS, max_wait_s: float = MESSAGE_GATE_MAX_WAIT_S
+) -> RateGate:
+    """The gate one Feishu app's messages share (sends and card updates of all its channels).
+    Conservative: Feishu lists sending and updating as two APIs of 50/s and 1000/min each;
+    the gate keeps both together under one."""
+    return RateGate(limits, max_wait=max_wait_s)
 
 
 class FeishuAppClient:
@@ -63,6 +81,7 @@ class FeishuAppClient:
         clock: Callable[[], float] = time.monotonic,
         refresh_margin_s: float = 300.0,
         timeout_s: float = 10.0,
+        message_gate: RateGate | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.app_id = app_id
@@ -75,16 +94,24 @@ class FeishuAppClient:
         self._refresh_at = 0.0
         self._lock = asyncio.Lock()
         self.tokens_fetched = 0
+        # the app's message limits, shared with the other clients of the app (None: the
+        # caller, e.g. the outbox's gate of one channel, keeps to them)
+        self.message_gate = message_gate
 
     @classmethod
     def from_settings(
-        cls, settings: FeishuAppSettings, env: Mapping[str, str] | None = None
+        cls,
+        settings: FeishuAppSettings,
+        env: Mapping[str, str] | None = None,
+        *,
+        message_gate: RateGate | None = None,
     ) -> FeishuAppClient:
         return cls(
             settings.base_url,
             settings.app_id,
             read_secret(settings.app_secret_env, env),
             timeout_s=settings.timeout_s,
+            message_gate=message_gate,
         )
 
     def __repr__(self) -> str:
@@ -178,10 +205,14 @@ class FeishuAppClient:
         }
         if uuid:
             body["uuid"] = dedup_uuid(uuid)
-        data = await self.call(
-            "POST", "/open-apis/im/v1/messages", params={"receive_id_type": receive_id_type},
-            body=body,
-        )  # fmt: skip
+        slot = await self._message_slot()
+        try:
+            data = await self.call(
+                "POST", "/open-apis/im/v1/messages", params={"receive_id_type": receive_id_type},
+                body=body,
+            )  # fmt: skip
+        finally:
+            self._message_done(slot)
         message_id = data.get("message_id")
         if not message_id:
             raise RetryableError("Feishu answered without a message_id")
@@ -205,9 +236,30 @@ class FeishuAppClient:
         return found
 
     async def update_card(self, message_id: str, card: Mapping[str, Any]) -> None:
-        await self.call(
-            "PATCH", f"/open-apis/im/v1/messages/{message_id}", body={"content": compact_json(card)}
-        )
+        slot = await self._message_slot()
+        try:
+            await self.call(
+                "PATCH",
+                f"/open-apis/im/v1/messages/{message_id}",
+                body={"content": compact_json(card)},
+            )
+        finally:
+            self._message_done(slot)
+
+    async def _message_slot(self) -> Slot | None:
+        """A turn under the app's message limits (None without a shared gate)."""
+        if self.message_gate is None:
+            return None
+        slot = await self.message_gate.acquire()
+        if isinstance(slot, float):
+            raise RateLimitedError(
+                f"the Feishu app {self.app_id}'s message limit is reached", retry_after=slot
+            )
+        return slot
+
+    def _message_done(self, slot: Slot | None) -> None:
+        if slot is not None and self.message_gate is not None:
+            self.message_gate.done(slot)
 
     async def urgent_phone(
         self, message_id: str, user_ids: Sequence[str], *, user_id_type: str = "open_id"
