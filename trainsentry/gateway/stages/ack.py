@@ -26,7 +26,7 @@ from trainsentry.gateway.policy.payload import idempotency_key
 from trainsentry.gateway.policy.route import CHANNEL_KINDS, JOB_CHANNEL
 from trainsentry.gateway.stages.paging import Paging
 from trainsentry.notifiers.alertmanager import SilenceClient
-from trainsentry.notifiers.base import NotifierError
+from trainsentry.notifiers.base import NotifierError, OutboundNotification
 from trainsentry.notifiers.payload import NotificationPayload
 from trainsentry.store import alert_state
 from trainsentry.store.cards import CardRow, alert_cards
@@ -256,6 +256,18 @@ class AckService:
             await insert_notifications(conn, drafts, now)
         log.info("escalated now alert_id=%d by=%s calls=%d", alert_id, who, len(calls))
         return EscalateResult(alert_id, who, now, calls)
+
+    async def card_message(self, notification: OutboundNotification) -> str | None:
+        """The message_id of the card an `ack` notification redraws, read as it is sent (the
+        channels' `find_card`): an ack drafted while the alert's card was still queued could
+        not name it, and the outbox sends it only after that card (one group per channel)."""
+        alert_id = notification.payload.get("alert_id")
+        if notification.kind != "ack" or not isinstance(alert_id, int):
+            return None
+        async with self._engine.connect() as conn:
+            cards = await alert_cards(conn, alert_id)
+        routes = ack_routes(cards, [notification.channel], self._clock())
+        return next((r.message_id for r in routes if r.channel == notification.channel), None)
 
     @staticmethod
     def _payload(

@@ -18,7 +18,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -54,6 +54,9 @@ CREDENTIAL_CODES = frozenset({10003, 10014})
 DEFAULT_TOKEN_LIFETIME_S = 7200.0  # Feishu's documented maximum
 DEFAULT_RATE_LIMIT_WAIT_S = 1.0
 UUID_MAX = 50
+# Finds the message_id of the card an `ack` redraws when its payload has none (the gateway
+# reads the alert's sent card from the store: gateway/stages/ack.py `AckService.card_message`).
+CardFinder = Callable[[OutboundNotification], Awaitable[str | None]]
 # How long a send waits for the app's shared message gate before it is put back as rate
 # limited (well within the outbox's 30 s send deadline).
 MESSAGE_GATE_MAX_WAIT_S = 2.0
@@ -278,6 +281,17 @@ class FeishuAppClient:
             await self._client.aclose()
 
 
+async def find_card(finder: CardFinder | None, notification: OutboundNotification) -> str | None:
+    """The message_id `finder` gives for an ack (None without one); its failure (the store
+    unreachable) is retried, never answered with a second card."""
+    if finder is None:
+        return None
+    try:
+        return await finder(notification)
+    except Exception as exc:
+        raise RetryableError(f"the card to redraw could not be read: {type(exc).__name__}") from exc
+
+
 def dedup_uuid(key: str) -> str:
     """Feishu's message `uuid` is at most 50 characters; longer keys are hashed."""
     return key if len(key) <= UUID_MAX else hashlib.sha256(key.encode()).hexdigest()[:40]
@@ -361,6 +375,9 @@ class FeishuAppNotifier:
     of the original card updates that card in place (im/v1/messages PATCH) instead of
     posting a new one; when Feishu refuses the update for good (the card was recalled, is
     past Feishu's 14 days, or is not one this app sent), the ack is posted as a new card.
+    An ack drafted while the card was still queued has no `message_id`; `find_card`, when
+    the gateway sets it, looks the card up at send time (the outbox sends an ack after the
+    alert's cards of its channel: one group).
     """
 
     rate_limits: tuple[RateLimit, ...] = RATE_LIMITS
@@ -379,6 +396,7 @@ class FeishuAppNotifier:
         self.chats = dict(chats)
         self.card_options = card_options or CardOptions(actions=True)
         self.receive_id_type = receive_id_type
+        self.find_card: CardFinder | None = None
 
     @classmethod
     def from_settings(
@@ -397,6 +415,8 @@ class FeishuAppNotifier:
         except (PayloadError, CardTooLarge, ValueError) as exc:
             raise PermanentError(str(exc)) from exc
         existing = notification.payload.get("message_id")
+        if notification.kind == "ack" and not existing:
+            existing = await find_card(self.find_card, notification)
         if notification.kind == "ack" and isinstance(existing, str) and existing:
             try:
                 await self.client.update_card(existing, card)

@@ -41,7 +41,13 @@ from trainsentry.notifiers.base import (
     Receipt,
     RetryableError,
 )
-from trainsentry.notifiers.feishu.app import RATE_LIMITS, FeishuAppClient, FeishuAppNotifier
+from trainsentry.notifiers.feishu.app import (
+    RATE_LIMITS,
+    CardFinder,
+    FeishuAppClient,
+    FeishuAppNotifier,
+    find_card,
+)
 from trainsentry.notifiers.feishu.bot import BotWebhook, FeishuBotNotifier, WebhookRouter
 from trainsentry.notifiers.feishu.card import CardOptions
 from trainsentry.notifiers.ratelimit import RateLimit
@@ -128,6 +134,8 @@ class FeishuJobNotifier:
         )
         self._bot = FeishuBotNotifier(WebhookRouter({}, _JobWebhooks(destinations)), name=name)
         self._emails: dict[str, tuple[str | None, float]] = {}  # email -> (open_id, at)
+        # an ack's card, looked up at send time when its payload has none (FeishuAppNotifier)
+        self.find_card: CardFinder | None = None
         self._clock = clock
         self._lock = asyncio.Lock()
 
@@ -139,6 +147,9 @@ class FeishuJobNotifier:
         mentions, missing = await self._mentions(route.get("owners") or [])
         payload = dict(notification.payload)
         payload.setdefault("job", job)  # the bot's router finds the job's webhook by it
+        redraw = notification.kind == "ack" and not payload.get("message_id")
+        if redraw and (found := await find_card(self.find_card, notification)):
+            payload["message_id"] = found
         if mentions:
             payload["mentions"] = list(dict.fromkeys([*payload.get("mentions", []), *mentions]))
         card = replace(notification, payload=payload)
