@@ -10,8 +10,14 @@ import pytest
 
 from tests.support.feishu_server import FeishuContractServer, card_problems
 from trainsentry.alerts import Priority
-from trainsentry.notifiers.base import PermanentError
-from trainsentry.notifiers.feishu.app import FeishuAppClient, FeishuAppNotifier, dedup_uuid
+from trainsentry.notifiers.base import PermanentError, RateLimitedError
+from trainsentry.notifiers.feishu.app import (
+    FeishuAppClient,
+    FeishuAppNotifier,
+    app_message_gate,
+    dedup_uuid,
+)
+from trainsentry.notifiers.ratelimit import RateLimit
 
 from .helpers import alert_payload, notification
 
@@ -142,3 +148,91 @@ def test_dedup_uuid_fits_feishu_limit() -> None:
     long_key = "x" * 80
     assert len(dedup_uuid(long_key)) <= 50 and dedup_uuid(long_key) == dedup_uuid(long_key)
     assert "app-secret" not in repr(FeishuAppClient("http://x", APP_ID, APP_SECRET))
+
+
+async def test_the_contract_server_updates_only_what_feishu_documents(
+    server: FeishuContractServer,
+) -> None:
+    """Feishu's limits on updating a card (im/v1/messages PATCH): a card this app sent, not
+    recalled, within 14 days, a shared card (update_multi) before and after, 5 a second."""
+    server.apps["cli_other"] = "other-secret"
+    client = FeishuAppClient(server.base_url, APP_ID, APP_SECRET)
+    other = FeishuAppClient(server.base_url, "cli_other", "other-secret")
+    card = {"schema": "2.0", "config": {"update_multi": True}, "body": {"elements": []}}
+    private = {"schema": "2.0", "body": {"elements": []}}  # not a shared card
+    try:
+        mid = await client.send_message("oc_chat", "interactive", card)
+        text = await client.send_message("oc_chat", "text", {"text": "plain"})
+        unshared = await client.send_message("oc_chat", "interactive", private)
+        old = await client.send_message("oc_chat", "interactive", card)
+        recalled = await client.send_message("oc_chat", "interactive", card)
+        server.messages[old]["sent_at"] -= 14 * 86400 + 60
+        server.recall(recalled)
+        await client.update_card(mid, card)  # allowed
+        refused = {
+            "another app's card": (other, mid, card),
+            "a text message": (client, text, card),
+            "a card sent unshared": (client, unshared, card),
+            "a new card unshared": (client, mid, private),
+            "a card sent 14 days ago": (client, old, card),
+            "a recalled card": (client, recalled, card),
+            "an unknown message": (client, "om_missing", card),
+        }
+        for why, (sender, message_id, new) in refused.items():
+            with pytest.raises(PermanentError) as caught:
+                await sender.update_card(message_id, new)
+            assert caught.value.code in (230001, 230011), why
+        for _ in range(4):  # 5 a second per message: the first one above and these
+            await client.update_card(mid, card)
+        with pytest.raises(RateLimitedError) as limited:
+            await client.update_card(mid, card)
+        assert limited.value.code == 230020
+    finally:
+        await client.aclose()
+        await other.aclose()
+    assert len(server.messages[mid]["updates"]) == 5
+    assert ("update", 230011) in server.rejections
+
+
+async def test_an_ack_whose_card_cannot_be_updated_is_posted_as_a_new_card(
+    server: FeishuContractServer,
+) -> None:
+    client = FeishuAppClient(server.base_url, APP_ID, APP_SECRET)
+    notifier = FeishuAppNotifier(client, {Priority.P0: "oc_oncall"})
+    try:
+        first = await notifier.send(notification(7, alert_payload("P0"), channel="feishu_app"))
+        assert first.provider_id is not None
+        server.recall(first.provider_id)
+        ack = notification(
+            8,
+            alert_payload("P0", acked_by="ou_bob", message_id=first.provider_id),
+            channel="feishu_app",
+            kind="ack",
+        )
+        posted = await notifier.send(ack)
+    finally:
+        await notifier.aclose()
+    assert posted.provider_id not in (None, first.provider_id)
+    assert server.messages[str(first.provider_id)]["updates"] == []
+    new = server.messages[str(posted.provider_id)]
+    assert new["receive_id"] == "oc_oncall"
+    assert "Acknowledged by" in new["content"]
+
+
+async def test_a_send_past_the_apps_shared_gate_is_put_back_as_rate_limited(
+    server: FeishuContractServer,
+) -> None:
+    """Two clients of one app share its message gate: the second client's send finds the
+    limit reached by the first and is rate limited (retried later), not sent nor failed."""
+    gate = app_message_gate((RateLimit(1, 10.0),), max_wait_s=0.1)
+    first = FeishuAppClient(server.base_url, APP_ID, APP_SECRET, message_gate=gate)
+    second = FeishuAppClient(server.base_url, APP_ID, APP_SECRET, message_gate=gate)
+    try:
+        await first.send_message("oc_chat", "text", {"text": "one"})
+        with pytest.raises(RateLimitedError) as limited:
+            await second.send_message("oc_chat", "text", {"text": "two"})
+    finally:
+        await first.aclose()
+        await second.aclose()
+    assert limited.value.retry_after is not None and 9 < limited.value.retry_after <= 11
+    assert len(server.messages) == 1

@@ -10,9 +10,20 @@ Deliberately independent of trainsentry's code (its own signature check, its own
 - frequency limits answered as Feishu's "Rate limits" page documents: HTTP 429 (400 on some
   older APIs), code 99991400 "request trigger frequency limit", with the headers
   `x-ogw-ratelimit-limit` and `x-ogw-ratelimit-reset` (seconds until the window resets);
-- `POST /open-apis/im/v1/messages` (uuid de-duplication), `PATCH .../messages/{id}`,
-  `PATCH .../messages/{id}/urgent_phone`; with `chats` given, a message to a chat the app's
-  bot is not in answers HTTP 400 code 230002 ("Bot/User can NOT be out of the chat.");
+  sending (`POST im/v1/messages`) and updating (`PATCH im/v1/messages/{id}`) are each limited
+  to 50/s and 1000/min per app, as their API pages list (`message_arrivals` records when
+  each accepted one arrived, and from which app);
+- `POST /open-apis/im/v1/messages` (uuid de-duplication), `PATCH .../messages/{id}/urgent_phone`;
+  with `chats` given, a message to a chat the app's bot is not in answers HTTP 400 code
+  230002 ("Bot/User can NOT be out of the chat.");
+- `PATCH /open-apis/im/v1/messages/{id}` (update a card the app sent) with the limits of
+  Feishu's page "更新已发送的消息卡片" (im-v1/message/patch): only an `interactive` message, only
+  with the identity (here: the app) that sent it, only a message not recalled (230011), only
+  within 14 days of its sending, only a shared card (`config.update_multi: true` in the card
+  as sent and in the new one), at most 5 updates a second per message (230020, the IM API's
+  frequency-limit code). An unknown message_id answers 230001 "invalid message_id" (Feishu's
+  230001 troubleshooting page); the page names no code for the other refusals, so they answer
+  230001 with an `ext=` reason, Feishu's form of a parameter error (UPDATE_REFUSED);
 - `POST /open-apis/contact/v3/users/batch_get_id?user_id_type=open_id` with `emails`: the
   `user_list` has one entry per address, with `user_id` only for the known ones (`emails`);
 - Sheets: `sheets/query`, `sheets_batch_update` (addSheet), `values_append` and
@@ -48,6 +59,11 @@ INVALID_PARAM = 10003  # the token endpoint's answer to an unknown app_id
 APP_SECRET_INVALID = 10014
 RANGE_ERROR = 90202
 BAD_PARAMS = 19002  # our stand-in for "params error" (Feishu does not document one code)
+INVALID_REQUEST = 230001  # IM: "Your request contains an invalid request parameter, ext=..."
+MESSAGE_RECALLED = 230011
+MESSAGE_RATE_LIMITED = 230020  # IM: "This operation triggers the frequency limit"
+UPDATE_REFUSED = INVALID_REQUEST  # our stand-in for the update limits the page gives no code
+CARD_UPDATE_DAYS = 14
 
 
 @dataclass
@@ -272,14 +288,21 @@ class FeishuContractServer:
         self.contact_calls: list[list[str]] = []
         self.bot_windows: dict[str, Window] = {}
         self.app_window = Window([(100, 1.0 * time_scale)])
+        self.api_windows: dict[tuple[str, str], Window] = {}  # (app, API) -> its window
+        self.message_arrivals: list[tuple[float, str, str]] = []  # (monotonic, app, API)
         self.accepted: dict[str, list[tuple[float, dict[str, Any]]]] = defaultdict(list)
         self.rejections: list[tuple[str, int]] = []  # (what, code)
         self.tokens: dict[str, float] = {}  # token -> expires at (monotonic)
+        self.token_apps: dict[str, str] = {}  # token -> the app_id it was issued to
         self.tokens_issued = 0
         self.token_requests = 0
         # answers the token endpoint gives before its real logic, first one first
         self.token_answers: list[web.Response] = []
+        # message_id -> the body sent, `receive_id_type`, `app_id` (the sender), `sent_at`
+        # (wall clock; a test ages a message by lowering it), `recalled`, `updates` (the
+        # cards it was updated to, in order)
         self.messages: dict[str, dict[str, Any]] = {}
+        self.update_windows: dict[str, Window] = {}  # message_id -> its updates' window
         self.uuids: dict[str, str] = {}
         self.urgent_calls: list[tuple[str, list[str]]] = []
         self.sheets: dict[str, dict[str, Sheet]] = {t: {} for t in (spreadsheets or set())}
@@ -409,7 +432,7 @@ class FeishuContractServer:
         now = time.monotonic()
         # Feishu hands back the current token while it has plenty of life left.
         for tok, expires in self.tokens.items():
-            if expires - now > self.token_ttl_s / 4:
+            if self.token_apps.get(tok) == app_id and expires - now > self.token_ttl_s / 4:
                 return web.json_response(
                     {
                         "code": 0,
@@ -421,6 +444,7 @@ class FeishuContractServer:
         self.tokens_issued += 1
         tok = f"t-{self.tokens_issued:04d}-{next(self._ids)}"
         self.tokens[tok] = now + self.token_ttl_s
+        self.token_apps[tok] = str(app_id)
         return web.json_response(
             {"code": 0, "msg": "ok", "tenant_access_token": tok, "expire": self.token_ttl_s}
         )
@@ -439,9 +463,24 @@ class FeishuContractServer:
         return None
 
     # ----------------------------------------------------------------- messages
+    def _api_limited(self, request: web.Request, api: str) -> web.Response | None:
+        """The per-app limit of a message API (50/s, 1000/min); None when within it."""
+        app = self._app_of(request)
+        window = self.api_windows.setdefault(
+            (app, api), Window([(50, 1.0 * self.time_scale), (1000, 60.0 * self.time_scale)])
+        )
+        now = time.monotonic()
+        if not window.admit(now):
+            self.rejections.append(("app", APP_RATE_LIMITED))
+            return rate_limited(limit=50)
+        self.message_arrivals.append((now, app, api))
+        return None
+
     async def send_message(self, request: web.Request) -> web.Response:
         if (denied := self._auth(request)) is not None:
             return denied
+        if (limited := self._api_limited(request, "send")) is not None:
+            return limited
         id_type = request.query.get("receive_id_type")
         if id_type not in ("open_id", "user_id", "union_id", "email", "chat_id"):
             return self._reject("im", BAD_PARAMS, "receive_id_type invalid", 400)
@@ -466,24 +505,83 @@ class FeishuContractServer:
             mid = self.uuids[uuid]
         else:
             mid = f"om_{next(self._ids):06d}"
-            self.messages[mid] = {**body, "receive_id_type": id_type, "updates": []}
+            self.messages[mid] = {
+                **body,
+                "receive_id_type": id_type,
+                "app_id": self._app_of(request),
+                "sent_at": time.time(),
+                "recalled": False,
+                "updates": [],
+            }
             if uuid:
                 self.uuids[uuid] = mid
         return web.json_response(
             {"code": 0, "msg": "success", "data": {"message_id": mid, "msg_type": body["msg_type"]}}
         )
 
+    def _app_of(self, request: web.Request) -> str:
+        """The app whose tenant_access_token authorised `request` (already checked)."""
+        tok = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        return self.token_apps.get(tok, "")
+
+    def recall(self, message_id: str) -> None:
+        """Someone recalled the message in the chat."""
+        self.messages[message_id]["recalled"] = True
+
     async def update_message(self, request: web.Request) -> web.Response:
         if (denied := self._auth(request)) is not None:
             return denied
+        if (limited := self._api_limited(request, "update")) is not None:
+            return limited
         mid = request.match_info["id"]
-        if mid not in self.messages:
-            return self._reject("im", 230011, "message not found", 400)
+        message = self.messages.get(mid)
+        if message is None:
+            return self._reject(
+                "update", INVALID_REQUEST,
+                "Your request contains an invalid request parameter, ext=invalid message_id.", 400,
+            )  # fmt: skip
         body = await request.json()
         if not isinstance(body.get("content"), str):
-            return self._reject("im", BAD_PARAMS, "content must be a JSON string", 400)
-        self.messages[mid]["updates"].append(json.loads(body["content"]))
+            return self._reject("update", BAD_PARAMS, "content must be a JSON string", 400)
+        try:
+            card = json.loads(body["content"])
+        except ValueError:
+            return self._reject("update", BAD_PARAMS, "content is not JSON", 400)
+        if message["recalled"]:
+            return self._reject("update", MESSAGE_RECALLED, "The message is recalled.", 400)
+        refused = self._update_refused(request, message, card)
+        if refused is not None:
+            return self._reject(
+                "update", UPDATE_REFUSED,
+                f"Your request contains an invalid request parameter, ext={refused}.", 400,
+            )  # fmt: skip
+        window = self.update_windows.setdefault(mid, Window([(5, 1.0 * self.time_scale)]))
+        if not window.admit(time.monotonic()):
+            return self._reject(
+                "update", MESSAGE_RATE_LIMITED, "This operation triggers the frequency limit.", 400
+            )
+        message["updates"].append(card)
         return web.json_response({"code": 0, "msg": "success", "data": {}})
+
+    def _update_refused(
+        self, request: web.Request, message: dict[str, Any], card: Any
+    ) -> str | None:
+        """Why Feishu's documented limits refuse this update (None: they allow it)."""
+        if message.get("msg_type") != "interactive":
+            return "only an interactive message (a card) can be updated"
+        if message.get("app_id") != self._app_of(request):
+            return "the message was sent by another identity"
+        if time.time() - float(message["sent_at"]) > CARD_UPDATE_DAYS * 86400:
+            return f"the message was sent more than {CARD_UPDATE_DAYS} days ago"
+        sent = json.loads(message["content"])
+        for what, which in (("as sent", sent), ("new", card)):
+            config = which.get("config") if isinstance(which, dict) else None
+            if not isinstance(config, dict) or config.get("update_multi") is not True:
+                return f"the {what} card is not a shared card (config.update_multi)"
+        problems = card_problems(card)
+        if problems:
+            return "card invalid: " + "; ".join(problems)
+        return None
 
     def press(
         self,

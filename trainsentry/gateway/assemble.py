@@ -67,6 +67,8 @@ from trainsentry.kubeclient import default_api_client
 from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
+from trainsentry.notifiers.feishu.app import FeishuAppNotifier
+from trainsentry.notifiers.feishu.job import FeishuJobNotifier
 from trainsentry.oncall.types import OncallConfig
 from trainsentry.store import create_engine, migrate
 from trainsentry.store.queries import first_occurrence
@@ -262,6 +264,9 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
         silences=w.silences,
         lock=policy_lock,
     )
+    for notifier in w.notifiers.values():  # an ack finds its card to redraw as it is sent
+        if isinstance(notifier, FeishuAppNotifier | FeishuJobNotifier):
+            notifier.find_card = gateway.ack.card_message
     if policy_plan is not None:
         gateway.classified = lambda: policy_plan.classified
         gateway.maintenance = policy_plan.maintenance = MaintenanceService(

@@ -12,6 +12,11 @@ variable, never showing a value), not the first alert.
 
 A new channel: its package under notifiers/ (notifier + settings model, importing only
 alerts.py and notifiers/base.py), a field in `ChannelsSettings`, one branch in `build_channels`.
+
+Feishu counts message limits per app: every Feishu app client built here for the one app of
+`channels.feishu_app` (its cards, the `feishu_job` channel, the phone provider's messages)
+shares one message gate (`BuiltChannels.feishu_gate`), so together they stay under the app's
+50/s and 1000/min, whatever each channel's own outbox bucket allows.
 """
 
 from __future__ import annotations
@@ -28,13 +33,13 @@ from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.notifiers.email import EmailNotifier
-from trainsentry.notifiers.feishu.app import FeishuAppClient, FeishuAppNotifier
+from trainsentry.notifiers.feishu.app import FeishuAppClient, FeishuAppNotifier, app_message_gate
 from trainsentry.notifiers.feishu.bot import FeishuBotNotifier
 from trainsentry.notifiers.feishu.card import CardOptions
 from trainsentry.notifiers.feishu.job import FeishuJobNotifier, JobDestinations
 from trainsentry.notifiers.feishu.sheet import FeishuSheetArchive
 from trainsentry.notifiers.phone.notifier import PhoneNotifier
-from trainsentry.notifiers.ratelimit import as_pairs
+from trainsentry.notifiers.ratelimit import RateGate, as_pairs
 from trainsentry.notifiers.settings import ChannelsSettings, SecretMissing, read_secret
 from trainsentry.notifiers.webhook import WebhookNotifier
 
@@ -43,6 +48,8 @@ from trainsentry.notifiers.webhook import WebhookNotifier
 class BuiltChannels:
     notifiers: dict[str, Notifier] = field(default_factory=dict)
     feishu_app: FeishuAppClient | None = None
+    # the message limits of the Feishu app, shared by all its clients (see the module doc)
+    feishu_gate: RateGate | None = None
     silences: SilenceClient | None = None
     escalator: Escalator | None = None
     # For the card callback handler (see feishu/callback.py), when configured.
@@ -78,8 +85,12 @@ def build_channels(
         built.notifiers[bot.name] = bot
     if settings.feishu_app is not None:
         app_settings = settings.feishu_app
-        # Each channel owns its client (and closes it); they share the app credentials.
-        built.feishu_app = FeishuAppClient.from_settings(app_settings, env)
+        # Each channel owns its client (and closes it); they share the app credentials and
+        # the app's message limits (one gate).
+        built.feishu_gate = app_message_gate()
+        built.feishu_app = FeishuAppClient.from_settings(
+            app_settings, env, message_gate=built.feishu_gate
+        )
         if app_settings.chats:
             app_notifier = FeishuAppNotifier.from_settings(app_settings, built.feishu_app)
             built.notifiers[app_notifier.name] = app_notifier
@@ -94,12 +105,13 @@ def build_channels(
         if settings.feishu_app is None:
             raise ValueError("channels.feishu_sheet needs channels.feishu_app (credentials)")
         sheet = FeishuSheetArchive.from_settings(
-            settings.feishu_sheet, FeishuAppClient.from_settings(settings.feishu_app, env)
+            settings.feishu_sheet,
+            FeishuAppClient.from_settings(settings.feishu_app, env, message_gate=built.feishu_gate),
         )
         built.notifiers[sheet.name] = sheet
     if settings.phone is not None:
         feishu = (
-            FeishuAppClient.from_settings(settings.feishu_app, env)
+            FeishuAppClient.from_settings(settings.feishu_app, env, message_gate=built.feishu_gate)
             if settings.feishu_app is not None
             else None
         )
@@ -167,8 +179,9 @@ def build(settings: Settings, env: Mapping[str, str] | None = None) -> Channels:
 
 def add_job_channel(channels: Channels, destinations: JobDestinations) -> FeishuJobNotifier:
     """Adds the `feishu_job` channel (TrainingJobs' own chats and bots, gateway/stages/
-    job_alerting.py): it sends through the Feishu app when one is configured and falls back
-    to the gateway's own Feishu channels."""
+    job_alerting.py): it sends through the Feishu app when one is configured (the client of
+    `feishu_app`, so the two channels' messages share the app's limits) and falls back to
+    the gateway's own Feishu channels."""
     built = channels.built
     fallbacks = {
         name: notifier

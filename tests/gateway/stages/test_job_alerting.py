@@ -483,3 +483,66 @@ async def test_an_api_failure_keeps_a_known_jobs_route_and_names_a_new_ones(
     await running.stage.settle()
     assert condition(cluster, "team-b", "new")["reason"] == "ApiError"
     assert condition(cluster, "team-b", "b")["status"] == "True"
+
+
+async def ack(running: Running, alert_id: int, who: str) -> None:
+    """The ack the API, the console and the card button share (stages/ack.py)."""
+    assert running.gateway.ack is not None
+    assert await running.gateway.ack.acknowledge(alert_id, who) is not None
+    await running.gateway.settle()
+
+
+async def test_a_jobs_alert_is_acked_where_its_cards_went(
+    cluster: KubeEmulator, feishu: FeishuContractServer, gateway: Any
+) -> None:
+    """The ack of a job's alert is shown the way its card went: the card in the job's own
+    chat redrawn in place, the job's bot told; the global chat, which the job's route
+    replaced, hears nothing. An alert of a job without a route is acked in the global chat;
+    one whose route failed (its card fell back to the global chat) has that card redrawn."""
+    start, _ = gateway
+    await create(
+        cluster,
+        "/api/v1/namespaces/team-b/secrets",
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bot"},
+         "data": {"url": b64(feishu.hook_url("team-b")), "sign": b64(SIGNING)}},
+    )  # fmt: skip
+    await create(
+        cluster,
+        tj_path("team-a"),
+        trainingjob("team-a", "a", {"feishu": {"chatId": "oc_team_a"}, "owners": ["ou_bob"]}),
+    )
+    bot = {"webhookSecretRef": {"name": "bot", "key": "url", "secretKey": "sign"}}
+    await create(cluster, tj_path("team-b"), trainingjob("team-b", "b", {"feishu": bot}))
+    lost = {"feishu": {"chatId": "oc_not_joined"}}
+    await create(cluster, tj_path("team-d"), trainingjob("team-d", "d", lost))
+    running = await start()
+    await running.post(
+        alert(1, "team-a", "a", "TrainingJobSlow"),
+        alert(2, "team-b", "b", "TrainingJobSlow"),
+        alert(3, "team-c", "c", "TrainingJobSlow"),  # no TrainingJob: the global route
+        alert(4, "team-d", "d", "TrainingJobSlow"),  # its chat refuses: the fallback
+    )
+    global_before = len(chat_cards(feishu, GLOBAL_CHAT))
+    assert global_before == 2 and len(feishu.accepted["team-b"]) == 1
+    [fell_back] = [m for m in feishu.messages.values() if "team-d/d" in m["content"]]
+    [job_message] = [m for m in feishu.messages.values() if m["receive_id"] == "oc_team_a"]
+    assert "<at id=ou_bob></at>" in job_message["content"]  # P1: the owners are mentioned
+    for alert_id, who in ((1, "ou_amy"), (2, "ou_ben"), (3, "ou_cid"), (4, "ou_dee")):
+        await ack(running, alert_id, who)
+    # team-a: its card in its chat is redrawn, nothing new is posted anywhere
+    assert len(chat_cards(feishu, "oc_team_a")) == 1
+    [redrawn] = job_message["updates"]
+    assert "ou_amy" in json.dumps(redrawn) and "Acknowledged by" in json.dumps(redrawn)
+    assert "<at id=ou_bob></at>" not in json.dumps(redrawn)  # owners are not pinged again
+    # team-b: a custom bot cannot update a card; its bot gets the ack card
+    acked_b = feishu.accepted["team-b"][1:]
+    assert len(acked_b) == 1 and "ou_ben" in json.dumps(acked_b[0][1])
+    # the global chat hears only of its own alert's ack
+    in_global = [m for m in feishu.messages.values() if m["receive_id"] == GLOBAL_CHAT]
+    global_text = json.dumps(in_global)
+    assert "ou_amy" not in global_text and "ou_ben" not in global_text
+    assert "ou_cid" in global_text
+    assert len(chat_cards(feishu, GLOBAL_CHAT)) == global_before  # redrawn, not re-posted
+    [redrawn_d] = fell_back["updates"]
+    assert "ou_dee" in json.dumps(redrawn_d)
+    assert {code for _, code in feishu.rejections} == {230002}  # only team-d's chat

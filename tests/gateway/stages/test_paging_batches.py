@@ -180,9 +180,10 @@ async def test_an_alert_acked_before_its_firing_is_planned_never_calls(
 async def test_an_ack_card_follows_the_alerts_own_cards(engine: AsyncEngine) -> None:
     """The outbox keeps order within a group: the ack shares the alert cards' group."""
     await intake(engine, [make_alert(1, labels=P0)])
-    plan = PolicyPlan(load_policy(), channels=("console",))
+    channels = ("console", "feishu_bot")  # the ack goes where the alert's cards went
+    plan = PolicyPlan(load_policy(), channels=channels)
     await PolicyWorker(engine, plan, clock=lambda: BASE_TIME).drain()
-    acks = AckService(engine, channels=("console", "feishu_bot"), clock=lambda: BASE_TIME)
+    acks = AckService(engine, channels=channels, clock=lambda: BASE_TIME)
     await acks.acknowledge(1, "alice")
     async with engine.connect() as conn:
         rows = (

@@ -131,11 +131,17 @@ async def test_the_ack_button_stops_the_escalation_and_redraws_the_card(
             clock.now += timedelta(minutes=30)
             await server.app[GATEWAY_KEY].settle()
             assert [b["payload"]["person"]["name"] for b in receiver.bodies] == ["alice"]
-            # the console's card is redrawn as acknowledged, and the chat is told who took it
+            # the console's card is redrawn as acknowledged, and so is the chat's: the card
+            # already in the chat is updated in place (PATCH im/v1/messages/:message_id),
+            # no second card is posted
             await page.goto(str(server.make_url("/ui/")))
             assert "acked by oncall-carol" in await page.text("a.card[data-alert-id='1']")
-            told = [m for m in feishu.messages.values() if m is not message]
-            assert any("oncall-carol" in json.dumps(m, ensure_ascii=False) for m in told)
+            assert list(feishu.messages.values()) == [message]
+            [redrawn] = message["updates"]
+            assert "Acknowledged by" in json.dumps(redrawn, ensure_ascii=False)
+            assert "oncall-carol" in json.dumps(redrawn, ensure_ascii=False)
+            assert "draining gpu-0001" in json.dumps(redrawn, ensure_ascii=False)
+            assert [what for what, _ in feishu.rejections] == []
         finally:
             await close_in_process(server)
             await client.aclose()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ from tests.support.gateway_process import close_in_process
 from tests.support.receiver import Receiver
 from tests.support.webhook_factory import make_alert
 from trainsentry.config import ConsoleSettings
+from trainsentry.gateway.pipeline import GATEWAY_KEY
+from trainsentry.notifiers.base import OutboundNotification, PermanentError, Receipt
 
 
 async def get(server: TestServer, path: str, **kwargs: Any) -> tuple[int, str]:
@@ -456,5 +459,171 @@ async def test_no_window_open_says_so(tmp_path: Path) -> None:
     try:
         _status, page = await get(server, "/ui/")
         assert "No window open." in page
+    finally:
+        await close_in_process(server)
+
+
+class RefusingChat:
+    """A chat channel whose provider refuses every card (it ends `dead`, with the reason)."""
+
+    name = "feishu_bot"
+
+    async def send(self, notification: OutboundNotification) -> Receipt:
+        raise PermanentError("Feishu refused: code 19021 sign match fail", code=19021)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def deliveries(page: str) -> list[tuple[str, str, str, str]]:
+    """(channel, kind, to, outcome) of each row of the incident's notifications table."""
+    table = page[page.index("<h2>Notifications and calls</h2>") :]
+    table = table[: table.index("</table>")]
+    rows = re.findall(
+        r'<tr class="o-(\w+)"><td>([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td><td>(\w+)', table
+    )
+    for status, *_rest, outcome in rows:
+        assert status == outcome  # the row's class is its outcome
+    return sorted((channel, kind, to, outcome) for _s, channel, kind, to, outcome in rows)
+
+
+async def test_an_incident_lists_every_notification_and_call_with_its_outcome(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """The incident page names each notification and call: channel, kind, who was called,
+    the outcome (sent, dead with the provider's reason), and the runbook, Grafana and
+    Prometheus links of the alert (only http(s) ones: annotations are attacker-controlled)."""
+    from trainsentry.alerts import Person
+    from trainsentry.gateway.policy.escalation import EscalationPolicy, Escalator, Layer, Roster
+    from trainsentry.notifiers.console import ConsoleNotifier
+    from trainsentry.notifiers.webhook import WebhookNotifier
+
+    escalator = Escalator(
+        Roster((Layer("primary", (Person("alice", phone="+8613800000001"),)),)),
+        EscalationPolicy(ack_timeout=timedelta(minutes=5)),
+    )
+    notifiers = {
+        "console": ConsoleNotifier(),
+        "feishu_bot": RefusingChat(),
+        "phone": WebhookNotifier(receiver.url, name="phone"),
+    }
+    server = await start(
+        f"sqlite:///{tmp_path / 'store.db'}", notifiers=notifiers, escalator=escalator
+    )
+    try:
+        linked = make_alert(1, labels={"priority": "P0"})
+        linked["annotations"].update(
+            runbook_url="https://runbooks.example/xid-79",
+            grafana_url="https://grafana.example/d/gpu?var-node=gpu-0001",
+        )
+        hostile = make_alert(2, labels={"priority": "P2"})
+        hostile["annotations"]["runbook_url"] = "javascript:alert(1)"
+        hostile["annotations"]["dashboard_url"] = "https://grafana.example/d/fallback"
+        hostile["generatorURL"] = "data:text/html,<script>alert(1)</script>"
+        await post_alerts(server, [linked, hostile])
+        status, page = await get(server, "/ui/incidents/1")
+        assert status == 200
+        assert deliveries(page) == [
+            ("console", "alert", "", "sent"),
+            ("feishu_bot", "alert", "", "dead"),
+            ("phone", "call", "alice", "sent"),
+        ]
+        assert "code 19021 sign match fail" in page  # the dead card says why
+        links = re.findall(r'<p class="links">(.*?)</p>', page)
+        assert len(links) == 1
+        anchors = re.findall(r'<a href="([^"]+)"[^>]*>([^<]+)</a>', links[0])
+        assert anchors == [
+            ("https://runbooks.example/xid-79", "Runbook"),
+            ("https://grafana.example/d/gpu?var-node=gpu-0001", "Grafana"),
+            ("http://prometheus.local/graph", "Prometheus"),
+        ]
+        _status, page = await get(server, "/ui/incidents/2")
+        anchors = re.findall(r'<a href="([^"]+)"[^>]*>([^<]+)</a>', page)
+        assert ("https://grafana.example/d/fallback", "Grafana") in anchors
+        assert not any(text in ("Runbook", "Prometheus") for _href, text in anchors)
+        assert "javascript:" not in page.split("<h2>Annotations</h2>")[0]
+        # acknowledged: the ack notices join the list, each with its outcome
+        gateway = server.app[GATEWAY_KEY]
+        assert gateway.ack is not None
+        assert await gateway.ack.acknowledge(1, "erin") is not None
+        await gateway.settle()
+        _status, page = await get(server, "/ui/incidents/1")
+        acks = [row for row in deliveries(page) if row[1] == "ack"]
+        assert acks == [("console", "ack", "", "sent"), ("feishu_bot", "ack", "", "dead")]
+    finally:
+        await close_in_process(server)
+
+
+async def test_the_job_and_namespace_filters(db_url: str) -> None:
+    """`job` and `namespace` narrow the Now page, alone and together, and its live fragment."""
+    server = await start(db_url)
+    try:
+        await post_alerts(
+            server,
+            [
+                alert(1, trainingjob="llama-70b", namespace="ml"),
+                alert(2, trainingjob="bert-ft", namespace="ml"),
+                alert(3, trainingjob="llama-70b", namespace="research"),
+                alert(4, trainingjob="bert-ft", namespace="research"),
+            ],
+        )
+
+        async def shown(query: str) -> list[str]:
+            status, page = await get(server, f"/ui/?{query}")
+            assert status == 200, query
+            _status, fragment = await get(server, f"/ui/fragments/now?{query}")
+            ids = sorted(re.findall(r'data-alert-id="(\d+)"', page))
+            assert sorted(re.findall(r'data-alert-id="(\d+)"', fragment)) == ids, query
+            return ids
+
+        assert await shown("") == ["1", "2", "3", "4"]
+        assert await shown("job=llama-70b") == ["1", "3"]
+        assert await shown("namespace=research") == ["3", "4"]
+        assert await shown("job=bert-ft&namespace=ml") == ["2"]
+        assert await shown("job=no-such-job") == []
+    finally:
+        await close_in_process(server)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime.now(UTC).replace(microsecond=0)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+async def test_the_session_cookie_is_httponly_samesite_and_expires(tmp_path: Path) -> None:
+    """Sign-in sets the session cookie HttpOnly, SameSite=Lax, on /ui/ only, for the
+    configured hours (the CSRF nonce SameSite=Strict); past its expiry the signed session
+    is refused even if a browser kept the cookie."""
+    clock = Clock()
+    console = ConsoleSettings(session_hours=2)
+    server = await start(
+        f"sqlite:///{tmp_path / 'store.db'}", token=TOKEN, console=console, clock=clock
+    )
+    try:
+        session = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
+        try:
+            async with session.get(server.make_url("/ui/login")) as r:
+                form = {"csrf": csrf_of(await r.text()), "name": "gina", "token": TOKEN}
+            url = server.make_url("/ui/login")
+            async with session.post(url, data=form, allow_redirects=False) as r:
+                assert r.status == 303
+                set_cookies = r.headers.getall("Set-Cookie")
+            cookies = {c.split("=", 1)[0]: c for c in set_cookies}
+            attributes = [a.strip().lower() for a in cookies["ts_session"].split(";")[1:]]
+            assert "httponly" in attributes and "samesite=lax" in attributes
+            assert "path=/ui/" in attributes and "max-age=7200" in attributes
+            assert "secure" not in attributes  # plain HTTP here; Secure on HTTPS
+            csrf = [a.strip().lower() for a in cookies["ts_csrf"].split(";")[1:]]
+            assert "httponly" in csrf and "samesite=strict" in csrf
+            async with session.get(server.make_url("/ui/"), allow_redirects=False) as r:
+                assert r.status == 200
+            clock.now += timedelta(hours=2, seconds=1)
+            async with session.get(server.make_url("/ui/"), allow_redirects=False) as r:
+                assert r.status == 303 and r.headers["Location"].startswith("/ui/login")
+        finally:
+            await session.close()
     finally:
         await close_in_process(server)

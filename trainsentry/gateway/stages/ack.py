@@ -2,7 +2,10 @@
 
 An ack records who and when (once; a second ack changes nothing), with an optional comment
 (kept in the alert's `acked` event and shown on the redrawn card), stops the phone
-escalation everywhere, and queues an `ack` notification so the chat cards show who took it.
+escalation everywhere, and queues an `ack` notification so the chat cards show who took it:
+where the alert's cards went (`ack_routes`): the same channels, a TrainingJob's own route
+(`feishu_job`, its `job_route`), and on a Feishu app card already sent, that card redrawn in
+place (its message_id; Feishu updates cards for 14 days) rather than a new one posted.
 "Escalate now" (`escalate_now`) calls the next step of a running escalation at once, and
 records who asked in the alert's history (an `escalated` event).
 With a duration and an Alertmanager configured, it also creates a silence matching the
@@ -20,20 +23,80 @@ from typing import Any
 
 from trainsentry.alerts import NotificationDraft, Priority
 from trainsentry.gateway.policy.payload import idempotency_key
-from trainsentry.gateway.policy.route import CHANNEL_KINDS
+from trainsentry.gateway.policy.route import CHANNEL_KINDS, JOB_CHANNEL
 from trainsentry.gateway.stages.paging import Paging
 from trainsentry.notifiers.alertmanager import SilenceClient
-from trainsentry.notifiers.base import NotifierError
+from trainsentry.notifiers.base import NotifierError, OutboundNotification
 from trainsentry.notifiers.payload import NotificationPayload
 from trainsentry.store import alert_state
+from trainsentry.store.cards import CardRow, alert_cards
 from trainsentry.store.engine import Engine
 from trainsentry.store.writes import insert_notifications
 
 log = logging.getLogger("trainsentry.ack")
 
-# Channels whose message about an alert is updated to show the ack.
-# Where an ack is shown: every chat channel (route.py's `feishu` kind) and the console.
-CHAT_CHANNELS = frozenset({*CHANNEL_KINDS["feishu"], "console"})
+# Where an ack can be shown: the chat channels (route.py's `feishu` kind), a TrainingJob's own
+# Feishu route and the console.
+CHAT_CHANNELS = frozenset({*CHANNEL_KINDS["feishu"], JOB_CHANNEL, "console"})
+# Channels that redraw the card they sent (a payload's `message_id`, FeishuAppNotifier).
+REDRAWN_CHANNELS = frozenset({"feishu_app", JOB_CHANNEL})
+# Feishu updates a card for 14 days after it was sent (im/v1/messages PATCH); an older card
+# gets a new one. The hour of margin covers the time the ack waits in the outbox.
+CARD_UPDATE_WINDOW = timedelta(days=14) - timedelta(hours=1)
+
+
+@dataclass(frozen=True, slots=True)
+class AckRoute:
+    """One `ack` notification: its channel, the card it redraws, the job route it takes."""
+
+    channel: str
+    message_id: str | None = None
+    job_route: dict[str, Any] | None = None
+
+
+def ack_routes(cards: list[CardRow], channels: Collection[str], now: datetime) -> list[AckRoute]:
+    """Pure: where an alert's ack is shown, given its card rows (`store/cards.py`, newest
+    first) and this gateway's ack channels (`channels`, configured CHAT_CHANNELS).
+
+    - The ack goes the way the alert's cards went: to each ack channel that has a card of
+      the alert not cancelled (a `feishu_job` card's `job_route` kept, its owners not
+      mentioned again), and to the console. So a TrainingJob's alert is acked in the job's
+      chat or bot, never in the global chats its route replaced.
+    - On `feishu_app` and `feishu_job`, the newest card sent with a provider id less than
+      CARD_UPDATE_WINDOW ago is redrawn (`message_id`); otherwise a new card is posted.
+    - An alert with no card rows at all (none planned, or purged by retention) is acked
+      on every ack channel but `feishu_job` (which needs a job's route).
+    """
+    wanted = sorted(set(channels) & CHAT_CHANNELS)
+    if not cards:
+        return [AckRoute(name) for name in wanted if name != JOB_CHANNEL]
+    shown = [c for c in cards if c.channel in wanted and c.status != "cancelled"]
+    routes: list[AckRoute] = []
+    for name in wanted:
+        mine = [c for c in shown if c.channel == name]
+        if not mine and name != "console":
+            continue
+        route = None
+        if name == JOB_CHANNEL:
+            route = next((c.job_route for c in mine if c.job_route), None)
+            if route is None:
+                continue  # a job card without its route cannot be sent again
+        message_id = None
+        if name in REDRAWN_CHANNELS:
+            message_id = next(
+                (
+                    c.provider_id
+                    for c in mine
+                    if c.status == "sent"
+                    and c.provider_id
+                    and c.sent_at is not None
+                    and now - c.sent_at < CARD_UPDATE_WINDOW
+                ),
+                None,
+            )
+        job_route = {**route, "owners": []} if route is not None else None
+        routes.append(AckRoute(name, message_id, job_route))
+    return routes
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +170,7 @@ class AckService:
         # it takes the write lock, so the ticker could plan calls from the escalation state it read
         # before this ack committed, and write that state back over the ack.
         self._lock = lock or asyncio.Lock()
-        self._chat_channels = sorted(CHAT_CHANNELS & set(channels))
+        self._chat_channels = sorted(CHAT_CHANNELS & set(channels))  # see ack_routes
         self._clock = clock
         self._paging = paging
         self._silences = silences
@@ -144,7 +207,8 @@ class AckService:
             if comment:
                 payload["ack_comment"] = comment
             if not already:
-                await insert_notifications(conn, self._drafts(row, payload), now)
+                routes = ack_routes(await alert_cards(conn, alert_id), self._chat_channels, now)
+                await insert_notifications(conn, self._drafts(row, payload, routes), now)
         result = AckResult(
             alert_id,
             str(acked_by),
@@ -193,6 +257,18 @@ class AckService:
         log.info("escalated now alert_id=%d by=%s calls=%d", alert_id, who, len(calls))
         return EscalateResult(alert_id, who, now, calls)
 
+    async def card_message(self, notification: OutboundNotification) -> str | None:
+        """The message_id of the card an `ack` notification redraws, read as it is sent (the
+        channels' `find_card`): an ack drafted while the alert's card was still queued could
+        not name it, and the outbox sends it only after that card (one group per channel)."""
+        alert_id = notification.payload.get("alert_id")
+        if notification.kind != "ack" or not isinstance(alert_id, int):
+            return None
+        async with self._engine.connect() as conn:
+            cards = await alert_cards(conn, alert_id)
+        routes = ack_routes(cards, [notification.channel], self._clock())
+        return next((r.message_id for r in routes if r.channel == notification.channel), None)
+
     @staticmethod
     def _payload(
         row: Any, who: str, now: datetime, silence: timedelta | None
@@ -218,21 +294,31 @@ class AckService:
             payload["silenced_until"] = (now + silence).isoformat()
         return payload
 
-    def _drafts(self, row: Any, payload: NotificationPayload) -> list[NotificationDraft]:
+    @staticmethod
+    def _drafts(
+        row: Any, payload: NotificationPayload, routes: list[AckRoute]
+    ) -> list[NotificationDraft]:
         who = payload["acked_by"]
-        return [
-            NotificationDraft(
-                channel=channel,
-                kind="ack",
-                priority=Priority(payload["priority"]),
-                idempotency_key=idempotency_key("ack", channel, str(row.id)),
-                payload=dict(payload),
-                alert_id=row.id,
-                group_key=f"alert:{row.fingerprint}",  # after the alert's own cards
-                reason=f"acknowledged by {who}",
+        drafts = []
+        for route in routes:
+            extra: dict[str, Any] = {}
+            if route.message_id:
+                extra["message_id"] = route.message_id
+            if route.job_route is not None:
+                extra["job_route"] = route.job_route
+            drafts.append(
+                NotificationDraft(
+                    channel=route.channel,
+                    kind="ack",
+                    priority=Priority(payload["priority"]),
+                    idempotency_key=idempotency_key("ack", route.channel, str(row.id)),
+                    payload={**payload, **extra},
+                    alert_id=row.id,
+                    group_key=f"alert:{row.fingerprint}",  # after the alert's own cards
+                    reason=f"acknowledged by {who}",
+                )
             )
-            for channel in self._chat_channels
-        ]
+        return drafts
 
     async def _silence(
         self,

@@ -4,6 +4,12 @@
 refreshed once more if Feishu says it is invalid) and wraps the calls trainsentry uses:
 send a message to a chat or user, update a card, and the urgent_phone buzz. The Sheets
 archive and the Feishu phone provider share one client.
+
+Feishu counts its message limits (RATE_LIMITS) per app, whichever channel sends. Clients of
+one app given one `message_gate` (`app_message_gate`; gateway/channels.py gives every client
+of the app the same one) keep their sends and card updates together under those limits; a
+send that would wait more than the gate's `max_wait` is a RateLimitedError the outbox
+retries later without counting it as a failure.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -28,7 +34,7 @@ from trainsentry.notifiers.base import (
 )
 from trainsentry.notifiers.feishu.card import CardOptions, CardTooLarge, build_card, compact_json
 from trainsentry.notifiers.payload import PayloadError, parse_payload
-from trainsentry.notifiers.ratelimit import RateLimit
+from trainsentry.notifiers.ratelimit import RateGate, RateLimit, Slot
 from trainsentry.notifiers.settings import FeishuAppSettings, read_secret
 
 log = logging.getLogger(__name__)
@@ -39,14 +45,30 @@ TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
 RATE_LIMITS: tuple[RateLimit, ...] = (RateLimit(50, 1.0), RateLimit(1000, 60.0))
 TOKEN_INVALID_CODES = frozenset({99991661, 99991663, 99991668, 99991677})
 # 99991400: Feishu's "request trigger frequency limit" (HTTP 429, or 400 from older APIs);
-# 11232: the message service's frequency limit.
-RATE_LIMITED_CODES = frozenset({99991400, 11232})
+# 11232: the message service's frequency limit; 230020: the IM API's "this operation triggers
+# the frequency limit" (e.g. more than 5 updates a second of one message).
+RATE_LIMITED_CODES = frozenset({99991400, 11232, 230020})
 # What the tenant_access_token endpoint answers to credentials it will never accept: an
 # unknown app_id (10003 "invalid param") or a wrong app_secret (10014 "app secret invalid").
 CREDENTIAL_CODES = frozenset({10003, 10014})
 DEFAULT_TOKEN_LIFETIME_S = 7200.0  # Feishu's documented maximum
 DEFAULT_RATE_LIMIT_WAIT_S = 1.0
 UUID_MAX = 50
+# Finds the message_id of the card an `ack` redraws when its payload has none (the gateway
+# reads the alert's sent card from the store: gateway/stages/ack.py `AckService.card_message`).
+CardFinder = Callable[[OutboundNotification], Awaitable[str | None]]
+# How long a send waits for the app's shared message gate before it is put back as rate
+# limited (well within the outbox's 30 s send deadline).
+MESSAGE_GATE_MAX_WAIT_S = 2.0
+
+
+def app_message_gate(
+    limits: tuple[RateLimit, ...] = RATE_LIMITS, max_wait_s: float = MESSAGE_GATE_MAX_WAIT_S
+) -> RateGate:
+    """The gate one Feishu app's messages share (sends and card updates of all its channels).
+    Conservative: Feishu lists sending and updating as two APIs of 50/s and 1000/min each;
+    the gate keeps both together under one."""
+    return RateGate(limits, max_wait=max_wait_s)
 
 
 class FeishuAppClient:
@@ -62,6 +84,7 @@ class FeishuAppClient:
         clock: Callable[[], float] = time.monotonic,
         refresh_margin_s: float = 300.0,
         timeout_s: float = 10.0,
+        message_gate: RateGate | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.app_id = app_id
@@ -74,16 +97,24 @@ class FeishuAppClient:
         self._refresh_at = 0.0
         self._lock = asyncio.Lock()
         self.tokens_fetched = 0
+        # the app's message limits, shared with the other clients of the app (None: the
+        # caller, e.g. the outbox's gate of one channel, keeps to them)
+        self.message_gate = message_gate
 
     @classmethod
     def from_settings(
-        cls, settings: FeishuAppSettings, env: Mapping[str, str] | None = None
+        cls,
+        settings: FeishuAppSettings,
+        env: Mapping[str, str] | None = None,
+        *,
+        message_gate: RateGate | None = None,
     ) -> FeishuAppClient:
         return cls(
             settings.base_url,
             settings.app_id,
             read_secret(settings.app_secret_env, env),
             timeout_s=settings.timeout_s,
+            message_gate=message_gate,
         )
 
     def __repr__(self) -> str:
@@ -177,10 +208,14 @@ class FeishuAppClient:
         }
         if uuid:
             body["uuid"] = dedup_uuid(uuid)
-        data = await self.call(
-            "POST", "/open-apis/im/v1/messages", params={"receive_id_type": receive_id_type},
-            body=body,
-        )  # fmt: skip
+        slot = await self._message_slot()
+        try:
+            data = await self.call(
+                "POST", "/open-apis/im/v1/messages", params={"receive_id_type": receive_id_type},
+                body=body,
+            )  # fmt: skip
+        finally:
+            self._message_done(slot)
         message_id = data.get("message_id")
         if not message_id:
             raise RetryableError("Feishu answered without a message_id")
@@ -204,9 +239,30 @@ class FeishuAppClient:
         return found
 
     async def update_card(self, message_id: str, card: Mapping[str, Any]) -> None:
-        await self.call(
-            "PATCH", f"/open-apis/im/v1/messages/{message_id}", body={"content": compact_json(card)}
-        )
+        slot = await self._message_slot()
+        try:
+            await self.call(
+                "PATCH",
+                f"/open-apis/im/v1/messages/{message_id}",
+                body={"content": compact_json(card)},
+            )
+        finally:
+            self._message_done(slot)
+
+    async def _message_slot(self) -> Slot | None:
+        """A turn under the app's message limits (None without a shared gate)."""
+        if self.message_gate is None:
+            return None
+        slot = await self.message_gate.acquire()
+        if isinstance(slot, float):
+            raise RateLimitedError(
+                f"the Feishu app {self.app_id}'s message limit is reached", retry_after=slot
+            )
+        return slot
+
+    def _message_done(self, slot: Slot | None) -> None:
+        if slot is not None and self.message_gate is not None:
+            self.message_gate.done(slot)
 
     async def urgent_phone(
         self, message_id: str, user_ids: Sequence[str], *, user_id_type: str = "open_id"
@@ -223,6 +279,17 @@ class FeishuAppClient:
     async def aclose(self) -> None:
         if self._owns_client:
             await self._client.aclose()
+
+
+async def find_card(finder: CardFinder | None, notification: OutboundNotification) -> str | None:
+    """The message_id `finder` gives for an ack (None without one); its failure (the store
+    unreachable) is retried, never answered with a second card."""
+    if finder is None:
+        return None
+    try:
+        return await finder(notification)
+    except Exception as exc:
+        raise RetryableError(f"the card to redraw could not be read: {type(exc).__name__}") from exc
 
 
 def dedup_uuid(key: str) -> str:
@@ -305,7 +372,12 @@ class FeishuAppNotifier:
 
     Custom bots cannot receive card callbacks, so the interactive card goes through the app
     when one is configured. An `ack` notification whose payload carries the `message_id`
-    of the original card updates that card in place instead of posting a new one.
+    of the original card updates that card in place (im/v1/messages PATCH) instead of
+    posting a new one; when Feishu refuses the update for good (the card was recalled, is
+    past Feishu's 14 days, or is not one this app sent), the ack is posted as a new card.
+    An ack drafted while the card was still queued has no `message_id`; `find_card`, when
+    the gateway sets it, looks the card up at send time (the outbox sends an ack after the
+    alert's cards of its channel: one group).
     """
 
     rate_limits: tuple[RateLimit, ...] = RATE_LIMITS
@@ -324,6 +396,7 @@ class FeishuAppNotifier:
         self.chats = dict(chats)
         self.card_options = card_options or CardOptions(actions=True)
         self.receive_id_type = receive_id_type
+        self.find_card: CardFinder | None = None
 
     @classmethod
     def from_settings(
@@ -342,9 +415,18 @@ class FeishuAppNotifier:
         except (PayloadError, CardTooLarge, ValueError) as exc:
             raise PermanentError(str(exc)) from exc
         existing = notification.payload.get("message_id")
+        if notification.kind == "ack" and not existing:
+            existing = await find_card(self.find_card, notification)
         if notification.kind == "ack" and isinstance(existing, str) and existing:
-            await self.client.update_card(existing, card)
-            return Receipt(channel=self.name, provider_id=existing, detail={"updated": True})
+            try:
+                await self.client.update_card(existing, card)
+            except PermanentError as exc:
+                log.warning(
+                    "event=feishu_card_update_refused notification=%s message_id=%s code=%s",
+                    notification.id, existing, exc.code,
+                )  # fmt: skip
+            else:
+                return Receipt(channel=self.name, provider_id=existing, detail={"updated": True})
         chat = chat or self.chats.get(notification.priority)
         if chat is None:
             raise PermanentError(f"no Feishu chat configured for {notification.priority}")

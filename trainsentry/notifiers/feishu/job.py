@@ -20,7 +20,8 @@ cannot be reached), the card goes to the fallback channels instead and the failu
 reported (`JobDestinations.report`: condition, event, metric); a success reports the route
 healthy again. Failures that are Feishu's, not the job's (rate limits, the app API down, a
 card it refuses in any chat) are raised to the outbox as usual. The webhook URL and secret
-are never logged.
+are never logged. The receipt's provider id is the Feishu app's message_id of the card (in
+the job's chat, or in a fallback chat through the app), so the alert's ack can redraw it.
 """
 
 from __future__ import annotations
@@ -40,7 +41,13 @@ from trainsentry.notifiers.base import (
     Receipt,
     RetryableError,
 )
-from trainsentry.notifiers.feishu.app import RATE_LIMITS, FeishuAppClient, FeishuAppNotifier
+from trainsentry.notifiers.feishu.app import (
+    RATE_LIMITS,
+    CardFinder,
+    FeishuAppClient,
+    FeishuAppNotifier,
+    find_card,
+)
 from trainsentry.notifiers.feishu.bot import BotWebhook, FeishuBotNotifier, WebhookRouter
 from trainsentry.notifiers.feishu.card import CardOptions
 from trainsentry.notifiers.ratelimit import RateLimit
@@ -127,6 +134,8 @@ class FeishuJobNotifier:
         )
         self._bot = FeishuBotNotifier(WebhookRouter({}, _JobWebhooks(destinations)), name=name)
         self._emails: dict[str, tuple[str | None, float]] = {}  # email -> (open_id, at)
+        # an ack's card, looked up at send time when its payload has none (FeishuAppNotifier)
+        self.find_card: CardFinder | None = None
         self._clock = clock
         self._lock = asyncio.Lock()
 
@@ -138,6 +147,9 @@ class FeishuJobNotifier:
         mentions, missing = await self._mentions(route.get("owners") or [])
         payload = dict(notification.payload)
         payload.setdefault("job", job)  # the bot's router finds the job's webhook by it
+        redraw = notification.kind == "ack" and not payload.get("message_id")
+        if redraw and (found := await find_card(self.find_card, notification)):
+            payload["message_id"] = found
         if mentions:
             payload["mentions"] = list(dict.fromkeys([*payload.get("mentions", []), *mentions]))
         card = replace(notification, payload=payload)
@@ -164,12 +176,15 @@ class FeishuJobNotifier:
                 "event=job_route_failed job=%s reason=%s fallback=%s notification=%s",
                 job, problem[0], ",".join(fallback) or "-", notification.id,
             )  # fmt: skip
+        sent_as: str | None = None  # the app's message_id of the card, for its redraw
         for name in fallback:
-            await self.fallbacks[name].send(replace(card, channel=name))
+            receipt = await self.fallbacks[name].send(replace(card, channel=name))
+            if sent_as is None and isinstance(self.fallbacks[name], FeishuAppNotifier):
+                sent_as = receipt.provider_id
         detail: dict[str, Any] = {"job": job, "fallback": fallback}
         if problem is not None:
             detail["reason"] = problem[0]
-        return Receipt(channel=self.name, detail=detail)
+        return Receipt(channel=self.name, provider_id=sent_as, detail=detail)
 
     async def _own(self, card: OutboundNotification, destination: JobDestination) -> Receipt:
         if destination.chat_id:

@@ -1,0 +1,62 @@
+"""Where an ack is shown (`ack_routes`, pure): the way the alert's cards went."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from trainsentry.gateway.stages.ack import AckRoute, ack_routes
+from trainsentry.store.cards import CardRow
+
+NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+ALL = ("console", "feishu_app", "feishu_bot", "feishu_job", "phone")
+JOB = {"job": "team-a/a", "fallback": ["feishu_app"], "owners": ["ou_bob"]}
+
+
+def card(
+    nid: int,
+    channel: str,
+    status: str = "sent",
+    *,
+    provider_id: str | None = None,
+    age: timedelta = timedelta(minutes=5),
+    job_route: dict[str, object] | None = None,
+) -> CardRow:
+    sent = NOW - age if status == "sent" else None
+    return CardRow(nid, channel, status, sent, provider_id, job_route)
+
+
+def test_the_newest_sent_card_is_redrawn_within_feishus_14_days() -> None:
+    cards = [  # newest first, as the store reads them
+        card(5, "feishu_app", "pending"),
+        card(4, "feishu_app", provider_id="om_new"),
+        card(3, "feishu_app", provider_id="om_old"),
+        card(2, "console", provider_id="2"),
+    ]
+    assert ack_routes(cards, ALL, NOW) == [
+        AckRoute("console"),  # the console redraws nothing in Feishu
+        AckRoute("feishu_app", "om_new"),
+    ]
+    stale = [card(4, "feishu_app", provider_id="om_old", age=timedelta(days=14))]
+    assert ack_routes(stale, ALL, NOW) == [AckRoute("console"), AckRoute("feishu_app")]
+
+
+def test_a_job_routed_alert_is_acked_on_its_route_only_without_mentions() -> None:
+    cards = [card(2, "feishu_job", provider_id="om_job", job_route=JOB), card(1, "console")]
+    assert ack_routes(cards, ALL, NOW) == [
+        AckRoute("console"),
+        AckRoute("feishu_job", "om_job", {**JOB, "owners": []}),
+    ]
+
+
+def test_channels_whose_cards_were_withdrawn_or_that_are_gone_hear_nothing() -> None:
+    cards = [card(3, "feishu_bot", "cancelled"), card(2, "feishu_app", "dead")]
+    assert ack_routes(cards, ALL, NOW) == [AckRoute("console"), AckRoute("feishu_app")]
+    assert ack_routes(cards, ("console", "feishu_bot"), NOW) == [AckRoute("console")]
+
+
+def test_an_alert_without_card_rows_is_acked_on_every_chat_channel_but_a_jobs() -> None:
+    assert ack_routes([], ALL, NOW) == [
+        AckRoute("console"),
+        AckRoute("feishu_app"),
+        AckRoute("feishu_bot"),
+    ]
