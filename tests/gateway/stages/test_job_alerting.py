@@ -32,6 +32,7 @@ from trainsentry.gateway.app import WEBHOOK_PATH
 from trainsentry.gateway.assemble import build_job_alerting, create_app
 from trainsentry.gateway.channels import Channels, build
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
+from trainsentry.gateway.sections import oncall_of
 from trainsentry.gateway.stages.job_alerting import JobAlerting
 
 # The API calls the job alerting stage makes, as the emulator records them; the chart's RBAC
@@ -132,10 +133,15 @@ class Running:
 
 @asynccontextmanager
 async def gateway_with(
-    cluster: KubeEmulator, feishu: FeishuContractServer, tmp_path: Path, policy: str | None = None
+    cluster: KubeEmulator,
+    feishu: FeishuContractServer,
+    tmp_path: Path,
+    policy: str | None = None,
+    oncall: dict[str, Any] | None = None,
 ) -> AsyncIterator[Any]:
     """(start, an unreachable bot URL prefix) of a gateway with job alerting and the global
-    Feishu chat; `policy` is a policy file merged over the shipped one."""
+    Feishu chat; `policy` is a policy file merged over the shipped one, `oncall` the
+    gateway's `oncall:` section."""
     unreachable = f"http://127.0.0.1:{free_port()}/open-apis/bot/v2/hook/"
     gateway_settings: dict[str, Any] = {"db": f"sqlite:///{tmp_path / 'gw.db'}"}
     if policy is not None:
@@ -162,6 +168,7 @@ async def gateway_with(
                 "refresh_seconds": 0.2,
                 "webhook_prefixes": [feishu.hook_url(""), unreachable],
             },
+            "oncall": oncall,
         }
     )
     channels = build(settings, {"FEISHU_APP_SECRET": "app-secret"})
@@ -178,6 +185,7 @@ async def gateway_with(
         rate_limits=channels.rate_limits,
         escalator=channels.built.escalator,
         job_alerting=stage,
+        oncall=oncall_of(settings),
     )
     server = TestServer(app, host="127.0.0.1")
 
@@ -200,6 +208,16 @@ async def gateway(
 ) -> AsyncIterator[Any]:
     async with gateway_with(cluster, feishu, tmp_path) as running:
         yield running
+
+
+async def create_bot_secret(cluster: KubeEmulator, feishu: FeishuContractServer) -> None:
+    """team-b's Secret `bot`: its custom bot's URL (`url`) and signing secret (`sign`)."""
+    await create(
+        cluster,
+        "/api/v1/namespaces/team-b/secrets",
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bot"},
+         "data": {"url": b64(feishu.hook_url("team-b")), "sign": b64(SIGNING)}},
+    )  # fmt: skip
 
 
 def chat_cards(feishu: FeishuContractServer, chat: str) -> list[dict[str, Any]]:
@@ -234,12 +252,7 @@ async def test_each_job_gets_its_own_chat_bot_owners_and_oncall(
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "oncall"},
          "data": {"roster.yaml": ROSTER}},
     )  # fmt: skip
-    await create(
-        cluster,
-        "/api/v1/namespaces/team-b/secrets",
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bot"},
-         "data": {"url": b64(feishu.hook_url("team-b")), "sign": b64(SIGNING)}},
-    )  # fmt: skip
+    await create_bot_secret(cluster, feishu)
     await create(
         cluster,
         tj_path("team-a"),
@@ -500,12 +513,7 @@ async def test_a_jobs_alert_is_acked_where_its_cards_went(
     replaced, hears nothing. An alert of a job without a route is acked in the global chat;
     one whose route failed (its card fell back to the global chat) has that card redrawn."""
     start, _ = gateway
-    await create(
-        cluster,
-        "/api/v1/namespaces/team-b/secrets",
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bot"},
-         "data": {"url": b64(feishu.hook_url("team-b")), "sign": b64(SIGNING)}},
-    )  # fmt: skip
+    await create_bot_secret(cluster, feishu)
     await create(
         cluster,
         tj_path("team-a"),

@@ -12,11 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestServer
-from kubernetes_asyncio.client import ApiClient, Configuration
 
 from tests.gateway.stages.test_job_alerting import (
-    GLOBAL_CHAT,
     Running,
     alert,
     cluster,
@@ -24,18 +21,13 @@ from tests.gateway.stages.test_job_alerting import (
     create,
     events,
     feishu,
+    gateway_with,
     tj_path,
     trainingjob,
 )
 from tests.support.feishu_server import FeishuContractServer
-from tests.support.gateway_process import close_in_process
 from tests.support.kube_emulator import KubeEmulator
 from trainsentry.alerts import Priority
-from trainsentry.config import Settings
-from trainsentry.gateway.assemble import build_job_alerting, create_app
-from trainsentry.gateway.channels import build
-from trainsentry.gateway.pipeline import GATEWAY_KEY
-from trainsentry.gateway.sections import oncall_of
 
 __all__ = ["cluster", "feishu"]  # the fixtures, shared with test_job_alerting
 
@@ -66,54 +58,8 @@ ONCALL = {
 async def gateway(
     cluster: KubeEmulator, feishu: FeishuContractServer, tmp_path: Path
 ) -> AsyncIterator[Any]:
-    settings = Settings.model_validate(
-        {
-            "gateway": {"db": f"sqlite:///{tmp_path / 'gw.db'}"},
-            "channels": {
-                "feishu_app": {
-                    "base_url": feishu.base_url,
-                    "app_id": "cli_app",
-                    "chats": {GLOBAL_CHAT: ["P0", "P1", "P2", "P3"]},
-                },
-                "phone": {"provider": "feishu"},
-                "escalation": {
-                    "layers": [
-                        {"name": "global", "members": [{"name": "gus", "feishu_open_id": "ou_gus"}]}
-                    ]
-                },
-            },
-            "job_alerting": {"enabled": True, "refresh_seconds": 0.2},
-            "oncall": ONCALL,
-        }
-    )
-    channels = build(settings, {"FEISHU_APP_SECRET": "app-secret"})
-
-    async def api() -> ApiClient:
-        return ApiClient(Configuration(host=str(cluster.url).rstrip("/")))
-
-    stage = build_job_alerting(settings.job_alerting, channels, api)
-    assert stage is not None and channels.built is not None
-    app = create_app(
-        settings.gateway,
-        notifiers=channels.notifiers,
-        rate_limits=channels.rate_limits,
-        escalator=channels.built.escalator,
-        job_alerting=stage,
-        oncall=oncall_of(settings),
-    )
-    server = TestServer(app, host="127.0.0.1")
-
-    async def start() -> Running:
-        await server.start_server()
-        await stage.refresh()
-        await stage.settle()
-        return Running(server, server.app[GATEWAY_KEY], stage, channels)
-
-    try:
+    async with gateway_with(cluster, feishu, tmp_path, oncall=ONCALL) as (start, _):
         yield start
-    finally:
-        await close_in_process(server)
-        await channels.built.aclose()
 
 
 def configmap(name: str, text: str) -> dict[str, Any]:
