@@ -45,7 +45,7 @@ from trainsentry.gateway.policy.route import CHANNEL_KINDS
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.stages.job_alerting import EVENTS
 from trainsentry.gateway.stages.topology import TopologySource
-from trainsentry.operator.kube import NODES, TRAININGJOBS, Kube, KubeError
+from trainsentry.operator.kube import NODES, TRAININGJOBS, Kube, KubeError, event
 from trainsentry.store.cordon import SCOPE, cordon_states, lock_cordon
 from trainsentry.store.engine import Connection, Engine
 from trainsentry.store.node_health import node_occurrences
@@ -421,26 +421,23 @@ class Cordoner:
         )
 
     def _event(self, node: Mapping[str, Any], reason: str, who: str) -> dict[str, Any]:
-        meta, now = node.get("metadata") or {}, self._now()
-        name = str(meta.get("name", ""))
-        return {
+        meta = node.get("metadata") or {}
+        involved = {
             "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{name[:200]}.", "namespace": "default"},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "name": name,
-                "uid": meta.get("uid", ""),
-            },
-            "reason": reason,
-            "message": f"{reason} by {who[:200]} (trainsentry node health)",
-            "type": "Warning" if reason == "Cordoned" else "Normal",
-            "source": {"component": "trainsentry-gateway"},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
+            "kind": "Node",
+            "name": str(meta.get("name", "")),
+            "uid": str(meta.get("uid", "")),
         }
+        message = f"{reason} by {who[:200]} (trainsentry node health)"
+        return event(
+            involved,
+            "default",
+            reason,
+            message,
+            warning=reason == "Cordoned",
+            component="trainsentry-gateway",
+            at=self._clock(),
+        )
 
     def _now(self) -> str:
         return self._clock().astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

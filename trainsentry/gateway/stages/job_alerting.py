@@ -49,7 +49,14 @@ from trainsentry.gateway.policy.job_roster import JobOnCall, parse_roster
 from trainsentry.gateway.policy.route import JobRoute
 from trainsentry.notifiers.feishu.bot import BotWebhook
 from trainsentry.notifiers.feishu.job import JobDestination, Problem
-from trainsentry.operator.kube import CONFIGMAPS, TRAININGJOBS, Kube, KubeError, Resource
+from trainsentry.operator.kube import (
+    CONFIGMAPS,
+    TRAININGJOBS,
+    Kube,
+    KubeError,
+    Resource,
+    event,
+)
 from trainsentry.operator.spec import API_VERSION, KIND, Alerting, TrainingJobSpec
 
 log = logging.getLogger("trainsentry.job_alerting")
@@ -438,26 +445,23 @@ class JobAlerting:
 
     def _event(self, settings: JobSettings, wanted: tuple[bool, str, str]) -> dict[str, Any]:
         ok, reason, message = wanted
-        job, now = settings.job, self._now()
-        return {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{job.name[:200]}.", "namespace": job.namespace},
-            "involvedObject": {
-                "apiVersion": API_VERSION,
-                "kind": KIND,
-                "name": job.name,
-                "namespace": job.namespace,
-                "uid": settings.uid,
-            },
-            "reason": "AlertingReady" if ok else reason,
-            "message": message[:1000],
-            "type": "Normal" if ok else "Warning",
-            "source": {"component": "trainsentry-gateway"},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
+        job = settings.job
+        involved = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": job.name,
+            "namespace": job.namespace,
+            "uid": settings.uid,
         }
+        return event(
+            involved,
+            job.namespace,
+            "AlertingReady" if ok else reason,
+            message,
+            warning=not ok,
+            component="trainsentry-gateway",
+            at=self._clock(),
+        )
 
     def _now(self) -> str:
         return self._clock().astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
