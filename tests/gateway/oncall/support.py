@@ -76,8 +76,10 @@ async def start(
     policy: str = POLICY,
     console: Path | None = None,
     access_log: bool = True,
+    extra_notifiers: dict[str, Notifier] | None = None,
 ) -> TestServer:
-    """`access_log=False`: no access log, as `trainsentry gateway` serves (commands/serve.py)."""
+    """`access_log=False`: no access log, as `trainsentry gateway` serves (commands/serve.py);
+    `extra_notifiers`: channels beside the console and the webhook "phone" (e.g. Feishu)."""
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(policy)
     settings = GatewaySettings(
@@ -90,6 +92,7 @@ async def start(
     notifiers: dict[str, Notifier] = {
         "console": ConsoleNotifier(console),
         "phone": WebhookNotifier(receiver.url, name="phone"),
+        **(extra_notifiers or {}),
     }
     app = create_app(
         settings,

@@ -11,9 +11,12 @@ from pathlib import Path
 from sqlalchemy import select
 
 from tests.gateway.oncall.support import START, Clock, start
+from tests.support.feishu_server import FeishuContractServer
 from tests.support.gateway_process import close_in_process
 from tests.support.receiver import Receiver
+from trainsentry.alerts import Priority
 from trainsentry.gateway.pipeline import GATEWAY_KEY
+from trainsentry.notifiers.feishu.app import FeishuAppClient, FeishuAppNotifier
 from trainsentry.store.schema import notifications
 
 HANDOFF = datetime(2026, 11, 23, 8, 0, tzinfo=UTC)  # Monday 09:00 in Berlin: alice -> carol
@@ -81,3 +84,33 @@ async def test_a_handoff_missed_by_a_long_downtime_is_not_announced(
         assert [r["handoff"]["to"] for r in await handoff_rows(server)] == ["alice"]
     finally:
         await close_in_process(server)
+
+
+async def test_the_handoff_notice_reaches_the_feishu_group(
+    db_url: str, receiver: Receiver, tmp_path: Path
+) -> None:
+    """Through the Feishu app channel to Feishu's contract server (which checks the card the
+    way Feishu does): one card in the on-call group naming who takes over from whom."""
+    async with FeishuContractServer(apps={"cli_app": "secret"}, chats={"oc_oncall"}) as feishu:
+        client = FeishuAppClient(feishu.base_url, "cli_app", "secret")
+        chat = FeishuAppNotifier(client, {p: "oc_oncall" for p in Priority})
+        clock = Clock()
+        server = await start(
+            db_url, receiver, clock, tmp_path, extra_notifiers={"feishu_app": chat}
+        )
+        try:
+            await server.app[GATEWAY_KEY].handoffs.run_once()
+            clock.now = HANDOFF + timedelta(seconds=30)
+            written = await server.app[GATEWAY_KEY].handoffs.run_once()
+            assert written == 2  # the console's and the Feishu group's
+            await server.app[GATEWAY_KEY].settle()
+        finally:
+            await close_in_process(server)
+        [message] = feishu.messages.values()
+        assert (message["receive_id"], message["msg_type"]) == ("oc_oncall", "interactive")
+        card = json.loads(message["content"])
+        shown = json.dumps(card, ensure_ascii=False)
+        assert card["header"]["title"]["content"] == "On-call handoff: gpu-infra"
+        assert "carol (primary)" in shown and "alice" in shown, shown
+        assert "2026-11-30T09:00:00+01:00" in shown
+        assert feishu.rejections == []
