@@ -45,12 +45,12 @@ def test_operator_arguments_parse() -> None:
 def test_the_operator_is_told_whether_the_gateway_reads_spec_alerting(tmp_path: Path) -> None:
     """So that a job's spec.alerting that nothing reads gets AlertingReady=Unknown."""
     args = _parse(_container(one(rendered("defaults"), "Deployment", "-operator"))["args"])
-    assert (args.job_alerting, args.job_alerting_namespace) == ("off", [])
-    values = {"gateway": {"jobAlerting": {"enabled": True}}}
-    on = _parse(
+    assert (args.job_alerting, args.job_alerting_namespace) == ("on", [])  # on by default
+    values = {"gateway": {"jobAlerting": {"enabled": False}}}
+    off = _parse(
         _container(one(template("defaults", values, tmp_path), "Deployment", "-operator"))["args"]
     )
-    assert (on.job_alerting, on.job_alerting_namespace) == ("on", [])
+    assert (off.job_alerting, off.job_alerting_namespace) == ("off", [])
     values = {"gateway": {"jobAlerting": {"enabled": True, "namespaces": ["team-a", "team-b"]}}}
     scoped = _parse(
         _container(one(template("defaults", values, tmp_path), "Deployment", "-operator"))["args"]

@@ -182,16 +182,25 @@ CORDON = [
     TRAINING_JOB_STATUS,
 ]
 CORDON_OFF = {"remediation": {"cordon": "off"}}
+JOB_ALERTING_OFF = {"jobAlerting": {"enabled": False}}
+# what a default install grants beyond a setting under test: neither of the two
+DEFAULTS_OFF = {**CORDON_OFF, **JOB_ALERTING_OFF}
+JOB_ALERTING = [
+    {"apiGroups": ["trainsentry.io"], "resources": ["trainingjobs"], "verbs": ["get", "list"]},
+    TRAINING_JOB_STATUS,
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+]
 
 
 def test_gateway_gets_api_access_only_for_what_is_turned_on(tmp_path: Path) -> None:
-    # the cordon is on by default (approve mode): its grants, nothing else
-    assert gateway_access(rendered("defaults")) == (CORDON, True)
+    # job alerting and the cordon (approve mode) are on by default: their grants, nothing else
+    assert gateway_access(rendered("defaults")) == ([*JOB_ALERTING, *CORDON], True)
     assert gateway_access(rendered("everything-on")) == (
-        [TRAINING_JOB_STATUS, *FIND_RANKS, *CORDON],
+        [TRAINING_JOB_STATUS, *FIND_RANKS, *JOB_ALERTING, *CORDON],
         True,
     )
-    off = template("defaults", {"gateway": CORDON_OFF}, tmp_path)
+    off = template("defaults", {"gateway": DEFAULTS_OFF}, tmp_path)
     assert gateway_access(off) == (None, False)
 
 
@@ -213,7 +222,7 @@ def test_gateway_api_access_follows_its_settings(
     gateway: dict[str, Any], rules: list[Any] | None, tmp_path: Path
 ) -> None:
     token = {"TRAINSENTRY_PROBE_TOKEN": "probe-s3cret"} if "diagnosis" in gateway else {}
-    values = {"gateway": {**CORDON_OFF, **gateway}, "channels": {"secretEnv": token}}
+    values = {"gateway": {**DEFAULTS_OFF, **gateway}, "channels": {"secretEnv": token}}
     objs = template("defaults", values, tmp_path)
     assert gateway_access(objs) == (rules, rules is not None)
     assert diagnosis_settings(objs) == gateway.get("diagnosis")
@@ -315,17 +324,29 @@ def test_job_alerting_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path)
     # the calls the gateway's job alerting stage makes against the emulator
     # (tests/gateway/stages/test_job_alerting.py writes nothing; it checks the same file)
     calls = {tuple(call) for call in json.loads(JOB_ALERTING_CALLS.read_text(encoding="utf-8"))}
-    everywhere = template(
-        "defaults", {"gateway": {**CORDON_OFF, "jobAlerting": {"enabled": True}}}, tmp_path
-    )
+    secrets = {("get", "", "secrets")}
+    assert secrets <= calls
+    # on by default, in every namespace: everything but Secrets, cluster-wide
+    everywhere = template("defaults", {"gateway": CORDON_OFF}, tmp_path)
     rules, token = gateway_access(everywhere)
-    assert token and rules is not None and rule_grants(rules) == calls
+    assert token and rules is not None and rule_grants(rules) == calls - secrets
     assert not find(everywhere, "Role", "-gateway-job-alerting")
-    # with namespaces: a Role in each of them, and no cluster-wide grant
+    assert not find(everywhere, "Role", "-gateway-job-secrets")
+    assert config_settings(everywhere).job_alerting["enabled"] is True
+    # Secrets only in the namespaces an admin lists, each through a Role of its own
+    values = {"gateway": {**CORDON_OFF, "jobAlerting": {"secretNamespaces": ["team-b"]}}}
+    allowed = template("defaults", values, tmp_path)
+    assert rule_grants(gateway_access(allowed)[0] or []) == calls - secrets
+    [role] = find(allowed, "Role", "-gateway-job-secrets")
+    assert role["metadata"]["namespace"] == "team-b" and rule_grants(role["rules"]) == secrets
+    [binding] = find(allowed, "RoleBinding", "-gateway-job-secrets")
+    assert binding["metadata"]["namespace"] == "team-b"
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    # with namespaces: a Role in each of them (Secrets included), and no cluster-wide grant
     values = {
         "gateway": {
             **CORDON_OFF,
-            "jobAlerting": {"enabled": True, "namespaces": ["team-a", "team-b"]},
+            "jobAlerting": {"namespaces": ["team-a", "team-b"], "secretNamespaces": ["x"]},
         }
     }
     scoped = template("defaults", values, tmp_path)
@@ -333,6 +354,7 @@ def test_job_alerting_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path)
     roles = find(scoped, "Role", "-gateway-job-alerting")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert all(rule_grants(role["rules"]) == calls for role in roles)
+    assert not find(scoped, "Role", "-gateway-job-secrets")  # namespaces already say where
     bindings = find(scoped, "RoleBinding", "-gateway-job-alerting")
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     assert config_settings(scoped).job_alerting == {
@@ -344,9 +366,10 @@ def test_job_alerting_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path)
             "https://open.larksuite.com/open-apis/bot/v2/hook/",
         ],
     }
-    # off by default: no grant (the default's are the cordon's), no section
-    assert gateway_access(rendered("defaults")) == (CORDON, True)
-    assert config_settings(rendered("defaults")).job_alerting == {}
+    # off: no grant, no section
+    off = template("defaults", {"gateway": DEFAULTS_OFF}, tmp_path)
+    assert gateway_access(off) == (None, False)
+    assert config_settings(off).job_alerting == {}
 
 
 CORDON_CALLS = REPO / "tests" / "gateway" / "stages" / "cordon_api_calls.json"
@@ -356,8 +379,10 @@ def test_cordon_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path) -> No
     # the calls the cordon stage makes against the emulator (tests/gateway/stages/
     # test_cordon.py checks the same file)
     calls = {tuple(call) for call in json.loads(CORDON_CALLS.read_text(encoding="utf-8"))}
-    # on by default, in approve mode; other keys merge into it
-    rules, token = gateway_access(rendered("defaults"))
+    # on by default, in approve mode; other keys merge into it (job alerting off here: its
+    # grants are its own test's)
+    cordon_only = template("defaults", {"gateway": JOB_ALERTING_OFF}, tmp_path)
+    rules, token = gateway_access(cordon_only)
     assert token and rules is not None and rule_grants(rules) == calls
     assert config_settings(rendered("defaults")).remediation == {"cordon": "approve"}
     # what the gateway makes of it: approve; without a section (no chart, no cluster): nothing
@@ -367,13 +392,15 @@ def test_cordon_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path) -> No
     settings = cordon_settings_of(config_settings(rendered("defaults")).remediation)
     assert settings is not None and settings.cordon is Mode.APPROVE
     assert cordon_settings_of({}) is None
-    on = template("defaults", {"gateway": {"remediation": {"threshold": 20}}}, tmp_path)
-    assert gateway_access(on) == gateway_access(rendered("defaults"))
+    values = {"gateway": {**JOB_ALERTING_OFF, "remediation": {"threshold": 20}}}
+    on = template("defaults", values, tmp_path)
+    assert gateway_access(on) == gateway_access(cordon_only)
     assert config_settings(on).remediation == {"cordon": "approve", "threshold": 20}
     # cordon: off, or the section removed: no grant
-    off = template("defaults", {"gateway": CORDON_OFF}, tmp_path)
+    off = template("defaults", {"gateway": DEFAULTS_OFF}, tmp_path)
     assert gateway_access(off) == (None, False)
     assert config_settings(off).remediation == {"cordon": "off"}
-    removed = template("defaults", {"gateway": {"remediation": None}}, tmp_path)
+    values = {"gateway": {**JOB_ALERTING_OFF, "remediation": None}}
+    removed = template("defaults", values, tmp_path)
     assert gateway_access(removed) == (None, False)
     assert config_settings(removed).remediation == {}

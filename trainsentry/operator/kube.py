@@ -82,6 +82,8 @@ class Resource:
 PODS = Resource("", "v1", "pods")
 NODES = Resource("", "v1", "nodes", namespaced=False)
 CONFIGMAPS = Resource("", "v1", "configmaps")
+SECRETS = Resource("", "v1", "secrets")
+EVENTS = Resource("", "v1", "events")
 PROMETHEUSRULES = Resource("monitoring.coreos.com", "v1", "prometheusrules")
 PODMONITORS = Resource("monitoring.coreos.com", "v1", "podmonitors")
 TRAININGJOBS = Resource("trainsentry.io", "v1alpha1", "trainingjobs")

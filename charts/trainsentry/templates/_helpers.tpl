@@ -300,12 +300,19 @@ in the namespace of the job that references them.
 - apiGroups: [trainsentry.io]
   resources: [trainingjobs/status]
   verbs: [patch]
-# get: feishu.webhookSecretRef (the bot's URL and signing secret) and onCallRosterRef
+# get: onCallRosterRef
 - apiGroups: [""]
-  resources: [secrets, configmaps]
+  resources: [configmaps]
   verbs: [get]
 # create: an Event on the job when AlertingReady changes
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+{{- end }}
+
+{{- define "trainsentry.jobAlertingSecretRules" -}}
+# get: feishu.webhookSecretRef (the bot's URL and signing secret); never cluster-wide
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
 {{- end }}

@@ -498,6 +498,32 @@ async def test_an_api_failure_keeps_a_known_jobs_route_and_names_a_new_ones(
     assert condition(cluster, "team-b", "b")["status"] == "True"
 
 
+async def test_a_secret_the_gateway_may_not_read_is_named_and_the_global_route_taken(
+    cluster: KubeEmulator, feishu: FeishuContractServer, gateway: Any
+) -> None:
+    """The chart grants no Secret reads cluster-wide (only in the namespaces an admin lists):
+    a job elsewhere naming its bot's Secret is told so (SecretNotReadable, not a passing API
+    error) and its cards go to the global chat; a roster ConfigMap likewise."""
+    start, _ = gateway
+    await create_bot_secret(cluster, feishu)
+    ref = {"webhookSecretRef": {"name": "bot", "key": "url", "secretKey": "sign"}}
+    await create(cluster, tj_path("team-b"), trainingjob("team-b", "b", {"feishu": ref}))
+    roster = {"onCallRosterRef": {"name": "oncall", "key": "roster.yaml"}}
+    await create(cluster, tj_path("team-c"), trainingjob("team-c", "c", roster))
+    cluster.inject_fault("get", "secrets", 403, times=100)
+    cluster.inject_fault("get", "configmaps", 403, times=100)
+    running = await start()
+    await running.post(alert(1, "team-b", "b", "TrainingJobSlow"))
+    secret = condition(cluster, "team-b", "b")
+    assert (secret["status"], secret["reason"]) == ("False", "SecretNotReadable"), secret
+    assert "secretNamespaces" in secret["message"]
+    configmap = condition(cluster, "team-c", "c")
+    assert (configmap["status"], configmap["reason"]) == ("False", "ConfigMapNotReadable")
+    assert [e["reason"] for e in events(cluster, "team-b", "b")] == ["SecretNotReadable"]
+    assert jobs_in(chat_cards(feishu, GLOBAL_CHAT)) == ["team-b/b"]
+    assert feishu.accepted.get("team-b", []) == []
+
+
 async def ack(running: Running, alert_id: int, who: str) -> None:
     """The ack the API, the console and the card button share (stages/ack.py)."""
     assert running.gateway.ack is not None

@@ -43,9 +43,8 @@ from trainsentry.gateway.policy.cordon import (
 )
 from trainsentry.gateway.policy.route import CHANNEL_KINDS
 from trainsentry.gateway.policy.rules import Policy
-from trainsentry.gateway.stages.job_alerting import EVENTS
 from trainsentry.gateway.stages.topology import TopologySource
-from trainsentry.operator.kube import NODES, TRAININGJOBS, Kube, KubeError, event
+from trainsentry.operator.kube import EVENTS, NODES, TRAININGJOBS, Kube, KubeError, event
 from trainsentry.store.cordon import SCOPE, cordon_states, lock_cordon
 from trainsentry.store.engine import Connection, Engine
 from trainsentry.store.node_health import node_occurrences

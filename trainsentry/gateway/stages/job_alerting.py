@@ -32,10 +32,8 @@ reach logs, events, conditions or metrics: messages name the Secret and key, nev
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
-import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -46,32 +44,37 @@ from trainsentry.alerts import JobRef, Priority
 from trainsentry.gateway.metrics import GatewayMetrics
 from trainsentry.gateway.policy.escalation import Roster
 from trainsentry.gateway.policy.job_roster import JobOnCall, parse_roster
+from trainsentry.gateway.policy.job_settings import (
+    CHAT_ID,
+    JobSettings,
+    check_owners,
+    condition_of,
+    secret_value,
+    with_condition,
+)
 from trainsentry.gateway.policy.route import JobRoute
 from trainsentry.notifiers.feishu.bot import BotWebhook
 from trainsentry.notifiers.feishu.job import JobDestination, Problem
 from trainsentry.operator.kube import (
     CONFIGMAPS,
+    EVENTS,
+    SECRETS,
     TRAININGJOBS,
     Kube,
     KubeError,
-    Resource,
     event,
 )
 from trainsentry.operator.spec import API_VERSION, KIND, Alerting, TrainingJobSpec
 
 log = logging.getLogger("trainsentry.job_alerting")
 
-CONDITION = "AlertingReady"
-SECRETS = Resource("", "v1", "secrets")
-EVENTS = Resource("", "v1", "events")
+# What the API answers a read the gateway's RBAC does not allow: a setting problem of the job
+# (its condition says so), not a passing failure.
+FORBIDDEN = 403
 FEISHU_HOOKS = (
     "https://open.feishu.cn/open-apis/bot/v2/hook/",
     "https://open.larksuite.com/open-apis/bot/v2/hook/",
 )
-CHAT_ID = re.compile(r"oc_[A-Za-z0-9_-]{1,64}")
-OPEN_ID = re.compile(r"ou_[A-Za-z0-9_-]{1,64}")
-EMAIL = re.compile(r"[^@\s]{1,64}@[^@\s]{1,190}")
-MAX_OWNERS = 20
 MAX_JOBS = 10_000
 REFRESH_TIMEOUT_S = 120.0
 
@@ -86,86 +89,6 @@ class JobAlertingSettings(BaseModel):
     namespaces: list[str] = Field(default_factory=list)  # empty: every namespace
     webhook_prefixes: list[str] = Field(default_factory=lambda: list(FEISHU_HOOKS), min_length=1)
     concurrency: int = Field(default=8, ge=1, le=64)
-
-
-@dataclass(frozen=True)
-class JobSettings:
-    """One job's `spec.alerting` as read and checked. `problems` in the order found."""
-
-    job: JobRef
-    destination: JobDestination | None = None
-    owners: tuple[str, ...] = ()
-    roster: Roster | None = None
-    problems: tuple[Problem, ...] = ()
-    uid: str = ""
-    summary: str = ""  # what works, for the condition's message (no secrets)
-    # configured oncall.escalation_policies names by priority (empty: none named)
-    escalation_policies: Mapping[Priority, str] = field(default_factory=dict)
-
-    def route(self) -> JobRoute:
-        return JobRoute(
-            feishu=self.destination is not None,
-            owners=self.owners,
-            roster=self.roster is not None or bool(self.escalation_policies),
-        )
-
-
-# --- pure checks ------------------------------------------------------------------------------
-
-
-def check_owners(owners: Sequence[str]) -> tuple[tuple[str, ...], list[Problem]]:
-    """Pure: the owners that are open_ids or e-mail addresses (at most MAX_OWNERS)."""
-    good = [o.strip() for o in owners if OPEN_ID.fullmatch(o.strip()) or EMAIL.fullmatch(o.strip())]
-    problems: list[Problem] = []
-    if bad := [o for o in owners if o.strip() not in good]:
-        shown = ", ".join(repr(o[:64]) for o in bad[:5])
-        problems.append(("InvalidOwner", f"owners must be open_ids (ou_...) or e-mails: {shown}"))
-    if len(good) > MAX_OWNERS:
-        problems.append(("TooManyOwners", f"{len(good)} owners; the first {MAX_OWNERS} are used"))
-    return tuple(dict.fromkeys(good[:MAX_OWNERS])), problems
-
-
-def secret_value(secret: Mapping[str, Any], key: str) -> str | None:
-    """Pure: a Secret's value at `key` (base64 in `data`), stripped; None when absent."""
-    data = secret.get("data") or {}
-    if key not in data:
-        return None
-    try:
-        return base64.b64decode(str(data[key]), validate=True).decode().strip()
-    except (ValueError, UnicodeDecodeError):
-        return None
-
-
-def condition_of(settings: JobSettings, sent: Problem | None) -> tuple[bool, str, str]:
-    """Pure: (ok, reason, message) of the job's AlertingReady condition."""
-    problems = [*settings.problems, *([sent] if sent is not None else [])]
-    if not problems:
-        return True, "Ready", settings.summary or "alerting settings in use"
-    message = "; ".join(words for _, words in problems)
-    return False, problems[0][0], (message + "; alerts take the gateway's own route")[:1000]
-
-
-def with_condition(
-    conditions: Sequence[Mapping[str, Any]],
-    ok: bool,
-    reason: str,
-    message: str,
-    now: str,
-    generation: int | None,
-) -> list[dict[str, Any]]:
-    """Pure: `status.conditions` with AlertingReady set (others kept); lastTransitionTime
-    moves only when the status flips."""
-    status = "True" if ok else "False"
-    before = next((c for c in conditions if c.get("type") == CONDITION), None)
-    mine: dict[str, Any] = {"type": CONDITION, "status": status, "reason": reason}
-    mine["message"] = message
-    if generation is not None:
-        mine["observedGeneration"] = generation
-    same = before is not None and before.get("status") == status
-    mine["lastTransitionTime"] = (
-        str(before.get("lastTransitionTime", now)) if same and before else now
-    )
-    return [dict(c) for c in conditions if c.get("type") != CONDITION] + [mine]
 
 
 # --- the stage --------------------------------------------------------------------------------
@@ -339,7 +262,15 @@ class JobAlerting:
         if ref is None:
             return None, {}
         where = f"ConfigMap {ref.name} key {ref.key}"
-        configmap = await kube.get(CONFIGMAPS, job.namespace, ref.name)
+        try:
+            configmap = await kube.get(CONFIGMAPS, job.namespace, ref.name)
+        except KubeError as exc:
+            if exc.status != FORBIDDEN:
+                raise
+            problems.append(
+                ("ConfigMapNotReadable", f"the gateway may not read ConfigMaps in {job.namespace}")
+            )
+            return None, {}
         text = ((configmap or {}).get("data") or {}).get(ref.key)
         if configmap is None:
             problems.append(("ConfigMapNotFound", f"no ConfigMap {ref.name} in {job.namespace}"))
@@ -373,7 +304,19 @@ class JobAlerting:
     async def _webhook(
         self, kube: Kube, job: JobRef, ref: Any, problems: list[Problem]
     ) -> BotWebhook | None:
-        secret = await kube.get(SECRETS, job.namespace, ref.name)  # only the job's namespace
+        try:
+            secret = await kube.get(SECRETS, job.namespace, ref.name)  # the job's namespace only
+        except KubeError as exc:
+            if exc.status != FORBIDDEN:
+                raise
+            problems.append(
+                (
+                    "SecretNotReadable",
+                    f"the gateway may not read Secrets in {job.namespace} (an admin allows it "
+                    "with the chart's gateway.jobAlerting.secretNamespaces or namespaces)",
+                )
+            )
+            return None
         if secret is None:
             problems.append(("SecretNotFound", f"no Secret {ref.name} in {job.namespace}"))
             return None
