@@ -27,6 +27,30 @@ T = TypeVar("T")
 Conditions = list[dict[str, Any]]
 
 
+class LazyApiClient:
+    """A Kubernetes ApiClient opened from `factory` at its first use, not at start (a gateway
+    stage whose cluster is unreachable still starts), and closed by `close()`; a use after
+    that opens a new one. Invariant: at most one client is open at a time (concurrent first
+    uses wait for the same one)."""
+
+    def __init__(self, factory: Callable[[], Awaitable[Any]]) -> None:
+        self._factory = factory
+        self._api: Any = None
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> Any:
+        async with self._lock:
+            if self._api is None:
+                self._api = await self._factory()
+            return self._api
+
+    async def close(self) -> None:
+        async with self._lock:
+            api, self._api = self._api, None
+            if api is not None and hasattr(api, "close"):  # tests may hand in a bare stand-in
+                await api.close()
+
+
 def event(
     involved: dict[str, str],
     namespace: str,

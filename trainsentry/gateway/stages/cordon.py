@@ -44,7 +44,15 @@ from trainsentry.gateway.policy.cordon import (
 from trainsentry.gateway.policy.route import CHANNEL_KINDS
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.stages.topology import TopologySource
-from trainsentry.operator.kube import EVENTS, NODES, TRAININGJOBS, Kube, KubeError, event
+from trainsentry.operator.kube import (
+    EVENTS,
+    NODES,
+    TRAININGJOBS,
+    Kube,
+    KubeError,
+    LazyApiClient,
+    event,
+)
 from trainsentry.store.cordon import SCOPE, cordon_states, lock_cordon
 from trainsentry.store.engine import Connection, Engine
 from trainsentry.store.node_health import node_occurrences
@@ -106,8 +114,7 @@ class Cordoner:
         self.settings = settings
         self._engine = engine
         self._policy = policy
-        self._api_factory = api_factory
-        self._api: Any = None
+        self._api = LazyApiClient(api_factory)
         self._channels = sorted(CARD_CHANNELS & set(channels))
         self._topology = topology
         self._clock = clock
@@ -130,14 +137,10 @@ class Cordoner:
 
     async def stop(self) -> None:
         await self._task.stop()
-        if self._api is not None:
-            await self._api.close()
-            self._api = None
+        await self._api.close()
 
     async def _kube(self) -> Kube:
-        if self._api is None:
-            self._api = await self._api_factory()
-        return Kube(self._api)
+        return Kube(await self._api.get())
 
     # reading -----------------------------------------------------------------------------
 

@@ -62,6 +62,7 @@ from trainsentry.operator.kube import (
     TRAININGJOBS,
     Kube,
     KubeError,
+    LazyApiClient,
     event,
 )
 from trainsentry.operator.spec import API_VERSION, KIND, Alerting, TrainingJobSpec
@@ -119,8 +120,7 @@ class JobAlerting:
         clock: Callable[[], datetime] = lambda: datetime.now(tz=UTC),
     ) -> None:
         self.settings = settings
-        self._api_factory = api_factory
-        self._api: Any = None
+        self._api = LazyApiClient(api_factory)
         self._has_app = has_app
         self._clock = clock
         self._state = _State()
@@ -172,9 +172,7 @@ class JobAlerting:
     # reading the cluster -----------------------------------------------------------------
 
     async def _kube(self) -> Kube:
-        if self._api is None:
-            self._api = await self._api_factory()
-        return Kube(self._api)
+        return Kube(await self._api.get())
 
     async def refresh(self) -> None:
         """One pass: list the jobs, read and check what they reference, publish."""
@@ -433,6 +431,4 @@ class JobAlerting:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         await self.settle()
-        if self._api is not None and hasattr(self._api, "close"):
-            await self._api.close()
-        self._api = None  # a later refresh (tests) opens a new client
+        await self._api.close()  # a later refresh (tests) opens a new client

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from trainsentry.alerts import AlertChange, ChangeKind, JobRef, Priority
+from trainsentry.operator.kube import LazyApiClient
 
 log = logging.getLogger("trainsentry.job_status")
 
@@ -46,8 +47,7 @@ class JobStatusFeeder:
         min_interval: float = 10.0,
         patch: Callable[..., Awaitable[bool]] | None = None,
     ) -> None:
-        self._api_factory = api_factory
-        self._api: Any = None
+        self._api = LazyApiClient(api_factory)
         self._min_interval = min_interval
         self._patch = patch
         self._last: dict[JobRef, tuple[str, str, float]] = {}
@@ -109,8 +109,7 @@ class JobStatusFeeder:
         verdict: tuple[str, tuple[int, ...]] | None = None,
     ) -> None:
         try:
-            if self._api is None:
-                self._api = await self._api_factory()
+            api = await self._api.get()
             patch = self._patch
             if patch is None:
                 from trainsentry.operator.status import patch_last_alert
@@ -120,7 +119,7 @@ class JobStatusFeeder:
             if verdict is not None:
                 extra = {"diagnosis": verdict[0], "culprit_ranks": verdict[1]}
             found = await patch(
-                self._api,
+                api,
                 job.namespace,
                 job.name,
                 change.alert.name,
@@ -138,5 +137,4 @@ class JobStatusFeeder:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._api is not None and hasattr(self._api, "close"):
-            await self._api.close()
+        await self._api.close()

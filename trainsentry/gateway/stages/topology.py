@@ -20,6 +20,7 @@ from trainsentry.gateway.policy.topology import (
     from_node_labels,
     from_settings,
 )
+from trainsentry.operator.kube import LazyApiClient
 from trainsentry.tasks import OwnedTask
 
 log = logging.getLogger("trainsentry.topology")
@@ -38,8 +39,7 @@ class TopologySource:
     ) -> None:
         self.settings = settings
         self._page_size = page_size
-        self._api_factory = api_factory
-        self._api: Any = None
+        self._api = None if api_factory is None else LazyApiClient(api_factory)
         self._topology = from_settings(settings)
         self._task = OwnedTask("topology", self._run)
         self.refreshed = 0  # successful listings since start
@@ -57,16 +57,13 @@ class TopologySource:
         await self._task.stop()
         if self._api is not None:
             await self._api.close()
-            self._api = None
 
     async def refresh(self) -> Topology:
         """Lists the Node objects once and keeps their topology; raises what failed."""
         from kubernetes_asyncio import client
 
-        assert self._api_factory is not None
-        if self._api is None:
-            self._api = await self._api_factory()
-        core = client.CoreV1Api(self._api)
+        assert self._api is not None
+        core = client.CoreV1Api(await self._api.get())
         named: list[tuple[str, dict[str, str]]] = []
         token: str | None = None
         while len(named) < MAX_NODES:
