@@ -7,10 +7,15 @@ import asyncio
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 from aiohttp.test_utils import TestServer
 
 from tests.support.realservers import RunningServer, start_server
+from tests.support.webhook_factory import encode, make_body
+from trainsentry.gateway.app import WEBHOOK_PATH
+from trainsentry.gateway.pipeline import GATEWAY_KEY
 
 
 def start_gateway(
@@ -48,3 +53,16 @@ async def close_in_process(server: TestServer) -> None:
     teardown hangs once seen here came from aiosqlite's stop(): store/sqlite_driver.py.)"""
     await server.close()
     await asyncio.sleep(0.2)
+
+
+async def post_alerts(
+    server: TestServer, alerts: list[dict[str, Any]], token: str | None = None
+) -> None:
+    """Posts `alerts` as one Alertmanager webhook to an in-process gateway, asserts the 200,
+    then waits until the gateway has planned and sent what they caused (`settle`)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession(headers=headers) as session:
+        url = server.make_url(WEBHOOK_PATH)
+        async with session.post(url, data=encode(make_body(alerts))) as response:
+            assert response.status == 200, await response.text()
+    await server.app[GATEWAY_KEY].settle()

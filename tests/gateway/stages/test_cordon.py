@@ -22,12 +22,12 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 
 from tests.operator.operator_harness import TJ, Validator, declare_cluster
 from tests.support.feishu_server import FeishuContractServer
-from tests.support.gateway_process import close_in_process
+from tests.support.gateway_process import close_in_process, post_alerts
 from tests.support.kube_emulator import KubeEmulator
-from tests.support.webhook_factory import encode, make_alert, make_body
+from tests.support.webhook_factory import make_alert
 from trainsentry.cli import main as cli_main
 from trainsentry.config import ConfigError, Settings
-from trainsentry.gateway.app import WEBHOOK_PATH, CardCallbackSettings
+from trainsentry.gateway.app import CardCallbackSettings
 from trainsentry.gateway.assemble import create_app
 from trainsentry.gateway.channels import build
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
@@ -97,14 +97,7 @@ class Running:
     console: Path
 
     async def post(self, *alerts: dict[str, Any]) -> None:
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(
-                self.server.make_url(WEBHOOK_PATH), data=encode(make_body(list(alerts)))
-            ) as answer,
-        ):
-            assert answer.status == 200, await answer.text()
-        await self.gateway.settle()
+        await post_alerts(self.server, list(alerts))
 
     def cards(self) -> list[dict[str, Any]]:
         if not self.console.exists():

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import kmock
 import pytest
 from aiohttp.test_utils import TestServer
@@ -23,12 +22,11 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from tests.operator.operator_harness import TJ, Validator, declare_cluster
 from tests.support.eventually import eventually
 from tests.support.feishu_server import FeishuContractServer, Hook
-from tests.support.gateway_process import close_in_process
+from tests.support.gateway_process import close_in_process, post_alerts
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.ports import free_port
-from tests.support.webhook_factory import encode, make_alert, make_body
+from tests.support.webhook_factory import make_alert
 from trainsentry.config import Settings
-from trainsentry.gateway.app import WEBHOOK_PATH
 from trainsentry.gateway.assemble import build_job_alerting, create_app
 from trainsentry.gateway.channels import Channels, build
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
@@ -120,14 +118,7 @@ class Running:
     channels: Channels
 
     async def post(self, *alerts: dict[str, Any]) -> None:
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(
-                self.server.make_url(WEBHOOK_PATH), data=encode(make_body(list(alerts)))
-            ) as answer,
-        ):
-            assert answer.status == 200, await answer.text()
-        await self.gateway.settle()
+        await post_alerts(self.server, list(alerts))
         await self.stage.settle()
 
 

@@ -6,13 +6,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from aiohttp.test_utils import TestServer
 from pydantic import SecretStr
 
-from tests.support.webhook_factory import encode, make_alert, make_body
+from tests.support.gateway_process import (
+    post_alerts as post_alerts,  # the tests import it from here
+)
+from tests.support.webhook_factory import make_alert
 from trainsentry.config import ConsoleSettings, GatewaySettings
-from trainsentry.gateway.app import WEBHOOK_PATH
 from trainsentry.gateway.assemble import create_app
 from trainsentry.gateway.pipeline import GATEWAY_KEY
 from trainsentry.store.alert_state import save_verdict
@@ -34,17 +35,6 @@ async def start(
     server = TestServer(create_app(settings, **extra), host="127.0.0.1")
     await server.start_server()
     return server
-
-
-async def post_alerts(
-    server: TestServer, alerts: list[dict[str, Any]], token: str | None = None
-) -> None:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    async with aiohttp.ClientSession(headers=headers) as session:
-        url = server.make_url(WEBHOOK_PATH)
-        async with session.post(url, data=encode(make_body(alerts))) as response:
-            assert response.status == 200, await response.text()
-    await server.app[GATEWAY_KEY].settle()
 
 
 def alert(index: int, **labels: str) -> dict[str, Any]:
