@@ -67,9 +67,10 @@ def test_alert_card_has_the_fields_people_need() -> None:
     for needle in (
         "team-a/llama-70b", "**Rank:** 27", "**Node:** gpu-node-07", "**GPU:** 3",
         "**Value:** 79", "2026-11-22 01:00:00 UTC (30m ago)", "hardware fault",
-        "**Count:** 3", "<at id=ou_alice></at>", "<at id=all></at>", "component=gpu",
+        "**Count:** 3", "<at id=ou_alice></at>", "component=gpu",
     ):  # fmt: skip
         assert needle in text, needle
+    assert "<at id=all>" not in text  # mentions only for configured open_ids
     urls = [b["behaviors"][0].get("default_url") for b in _buttons(card)]
     assert "https://runbooks.example/gpu-xid" in urls
     assert "https://grafana.example/d/job?var-job=llama-70b" in urls
@@ -94,7 +95,8 @@ def test_no_action_buttons_without_app_or_when_resolved_or_acked() -> None:
     acked = parse_payload(alert_payload(acked_by="ou_bob", silenced_until="2026-11-22T05:00:00Z"))
     card = alert_card(acked, CardOptions(actions=True))
     assert callbacks(card) == []
-    assert "Acknowledged by <at id=ou_bob></at>" in _texts(card)
+    assert "Acknowledged by ou_bob" in _texts(card)  # a name, never a mention
+    assert "<at" not in _texts(card)
     assert "Silenced until 2026-11-22 05:00 UTC" in _texts(card)
 
 
@@ -104,6 +106,87 @@ def test_label_values_cannot_inject_markup() -> None:
     card = alert_card(parse_payload(payload))
     assert "<at id=all>" not in _texts(card)
     assert "&lt;at id=all&gt;" in _texts(card)
+
+
+# Feishu's mention forms (card markdown and text messages) and what makes text clickable or
+# styled in card markdown: none may form from text the gateway did not write.
+HOSTILE = (
+    "<at id=all></at>",
+    "<at ids=ou_a,ou_b></at>",
+    "<at email=boss@example.com></at>",
+    '<at user_id="all"></at>',
+    "[ACK HERE](https://evil.example/ack)",
+    "![i](img_v2_1)",
+    "<a href='https://evil.example'>x</a>",
+    "<link url='https://evil.example'>y</link>",
+    "<font color='red'>URGENT</font>",
+    "<text_tag color='red'>P0</text_tag>",
+)
+MARKUP = ("<at", "](", "![", "<a ", "<a>", "<link", "<font color='red'", "<text_tag")
+
+
+def _markdown(card: dict[str, Any]) -> str:
+    found: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("tag") == "markdown":
+                found.append(node["content"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(card)
+    return "\n".join(found)
+
+
+def test_outside_text_forms_no_mention_link_or_tag_on_any_card() -> None:
+    evil = " ".join(HOSTILE)
+    alert = alert_payload(
+        mentions=["all", "ou_x></at><at id=all", "ou_owner"],
+        acked_by=evil, ack_comment=evil, on_call=evil, diagnosis=evil, reason=evil,
+        annotations={"summary": evil, "description": evil, "value": evil},
+    )  # fmt: skip
+    alert["labels"] = {"node": evil, "extra": evil, evil: "key"}
+    storm = _storm_payload(
+        {"total": 2, "items": [{"alertname": evil, "node": evil, "summary": evil}],
+         "by_alertname": {evil: 2}, "by_node": {evil: 2}, "by_gpu": {evil: 1}}
+    )  # fmt: skip
+    handoff = {"priority": "P3", "status": "firing",
+               "handoff": {"schedule": evil, "to": evil, "layer": evil, "previous": evil,
+                           "until": evil, "next": [{"name": evil, "layer": evil}]}}  # fmt: skip
+    cordon = {
+        "priority": "P1",
+        "status": "firing",
+        "cordon": {"node": "gpu-1", "summary": evil, "jobs": [evil], "reason": evil},
+    }
+    for kind, payload in (("alert", alert), ("storm", storm), ("handoff", handoff),
+                          ("cordon", cordon)):  # fmt: skip
+        card = build_card(kind, parse_payload(payload), CardOptions(actions=True))
+        text = _markdown(card)
+        assert card_problems(card) == []
+        for needle in MARKUP:
+            assert needle not in text.replace("<at id=ou_owner></at>", ""), (kind, needle, text)
+        assert "&#91;ACK HERE&#93;" in text, kind  # shown as words
+    # the configured open_id alone is mentioned
+    assert _markdown(build_card("alert", parse_payload(alert))).count("<at ") == 1
+
+
+def test_link_buttons_take_only_http_urls() -> None:
+    bad = ("javascript:alert(1)", "JavaScript:alert(1)", "lark://applink.feishu.cn/x",
+           "data:text/html,x", "//evil.example", "https://a b.example", "http://[")  # fmt: skip
+    for url in bad:
+        payload = alert_payload(annotations={"runbook_url": url, "dashboard_url": url})
+        payload["generator_url"] = payload["grafana_url"] = url
+        card = alert_card(parse_payload(payload))
+        assert _buttons(card) == [], url
+        storm = storm_card(parse_payload(_storm_payload({"total": 1, "list_url": url})))
+        assert _buttons(storm) == [], url
+    good = alert_payload(annotations={"runbook_url": " https://runbooks.example/x "})
+    urls = [b["behaviors"][0]["default_url"] for b in _buttons(alert_card(parse_payload(good)))]
+    assert urls == ["https://runbooks.example/x", "https://grafana.example/d/job?var-job=llama-70b"]
 
 
 def test_oversized_alert_is_trimmed_and_says_so() -> None:

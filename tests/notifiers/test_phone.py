@@ -150,6 +150,25 @@ async def test_feishu_urgent_phone_provider() -> None:
         assert feishu.urgent_calls[0] == (first.call_id, ["ou_alice"])
 
 
+async def test_feishu_phone_message_mentions_nobody_and_links_nowhere() -> None:
+    """The DM the call rings about is a Feishu text message, whose words come from the alert:
+    `<at user_id="all">` (text messages' mention of everyone) and `[text](url)` form
+    nothing in what the contract server received."""
+    words = call_text(
+        "P0", "GpuXidError", "ml/llama", '<at user_id="all"></at> [ACK HERE](https://evil.example)'
+    )
+    async with FeishuContractServer(apps={"cli": "sec"}, users={"ou_alice"}) as feishu:
+        provider = FeishuUrgentPhoneProvider(FeishuAppClient(feishu.base_url, "cli", "sec"))
+        try:
+            await provider.call(_call(text=words))
+        finally:
+            await provider.aclose()
+    [dm] = feishu.messages.values()
+    text = json.loads(dm["content"])["text"]
+    assert "GpuXidError" in text and "ACK HERE" in text
+    assert "<at" not in text and "](" not in text and "[ACK" not in text, text
+
+
 async def test_escalation_to_phone_channel_end_to_end(phones: PhoneContractServer) -> None:
     """plan() -> call_payload -> outbox row -> PhoneNotifier -> Twilio, layer by layer."""
     settings = PhoneSettings.model_validate(

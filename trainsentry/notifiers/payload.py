@@ -109,7 +109,7 @@ class NotificationPayload(TypedDict):
     reason: NotRequired[str]  # why the policy classified it so (human words)
     rule_id: NotRequired[str]  # which policy rule fired
     count: NotRequired[int]  # occurrences folded into this notification (flaps, repeats)
-    mentions: NotRequired[list[str]]  # Feishu open_ids to <at>; "all" for everyone
+    mentions: NotRequired[list[str]]  # configured Feishu open_ids to <at> (feishu/markup.py)
     acked_by: NotRequired[str]
     ack_comment: NotRequired[str]  # what the person who acknowledged wrote
     on_call: NotRequired[str]  # P0: who the escalation calls first, in words

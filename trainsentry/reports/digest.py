@@ -15,7 +15,9 @@ from typing import Any
 import httpx
 
 from trainsentry.notifiers.feishu.bot import classify_response, signed_body
-from trainsentry.notifiers.feishu.card import compact_json, escape_md
+from trainsentry.notifiers.feishu.card import compact_json
+from trainsentry.notifiers.feishu.markup import escape_md
+from trainsentry.notifiers.links import safe_url
 from trainsentry.reports.figures import WeeklyStats
 
 
@@ -34,7 +36,7 @@ def digest_card(
     if noisy:
         lines.append(f"**Rules to tune**: {escape_md(', '.join(noisy))}")
     elements: list[dict[str, Any]] = [{"tag": "markdown", "content": "\n".join(lines)}]
-    if link:
+    if link := safe_url(link):
         elements.append(
             {
                 "tag": "button",

@@ -9,7 +9,8 @@ from pydantic import SecretStr
 
 from trainsentry.config import ConsoleSettings
 from trainsentry.gateway.ui import auth
-from trainsentry.gateway.ui.views import BadQuery, age, diagnosis, parse_filters, safe_url
+from trainsentry.gateway.ui.views import BadQuery, age, diagnosis, parse_filters
+from trainsentry.notifiers.links import safe_url
 
 NOW = datetime(2026, 11, 25, 3, 0, tzinfo=UTC)
 KEY = auth.signing_key(SecretStr("token-a"))
@@ -57,7 +58,8 @@ def test_names_are_printable_and_bounded() -> None:
 def test_only_web_links_are_drawn() -> None:
     assert safe_url("https://grafana.example/d/x") == "https://grafana.example/d/x"
     for bad in ("javascript:alert(1)", "JaVaScRiPt:alert(1)", "data:text/html,x", "//evil",
-                "http://", "", None, "ftp://x/y"):  # fmt: skip
+                "http://", "", None, "ftp://x/y", "lark://applink.feishu.cn/x", "http://[",
+                "https://a b", "https://a\x00b"):  # fmt: skip
         assert safe_url(bad) == ""
 
 

@@ -16,10 +16,10 @@ from trainsentry.alerts import JobRef, Priority
 from trainsentry.gateway.policy.escalation import Roster
 from trainsentry.gateway.policy.route import JobRoute
 from trainsentry.notifiers.feishu.job import JobDestination, Problem
+from trainsentry.notifiers.feishu.markup import OPEN_ID  # the ids cards mention
 
 CONDITION = "AlertingReady"
 CHAT_ID = re.compile(r"oc_[A-Za-z0-9_-]{1,64}")
-OPEN_ID = re.compile(r"ou_[A-Za-z0-9_-]{1,64}")
 EMAIL = re.compile(r"[^@\s]{1,64}@[^@\s]{1,190}")
 MAX_OWNERS = 20
 

@@ -8,7 +8,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 from trainsentry.gateway.policy.escalation import Escalator
 from trainsentry.gateway.ui.model import (
@@ -32,6 +31,7 @@ from trainsentry.gateway.ui.model import (
     Window,
 )
 from trainsentry.labels import GPU_ID_LABELS, NODE_LABELS, first_label
+from trainsentry.notifiers.links import safe_url  # one rule for cards and the console
 from trainsentry.store.console import AlertRow, Incident
 
 MAX_FILTER = 200
@@ -78,15 +78,6 @@ def age(since: datetime, now: datetime) -> str:
     if hours < 48:
         return f"{hours} h {minutes % 60} min" if minutes % 60 else f"{hours} h"
     return f"{hours // 24} d {hours % 24} h"
-
-
-def safe_url(url: str | None) -> str:
-    """Pure: the URL when it is http(s) with a host, else "" (a `javascript:` link in an
-    annotation is attacker-controlled)."""
-    if not url or len(url) > 4096:
-        return ""
-    parts = urlsplit(url.strip())
-    return url.strip() if parts.scheme in ("http", "https") and parts.netloc else ""
 
 
 def card(row: AlertRow, now: datetime) -> Card:

@@ -7,6 +7,10 @@ ack / silence buttons in a form container with an optional comment input (its te
 back in the callback's `action.form_value`, callback.py). Every card is cut to fit a byte
 budget (Feishu's custom bot takes at most 20 KB per request): lists are trimmed first and
 always say how many entries were cut.
+
+Text from outside (labels, annotations, names, comments) goes through `markup.escape_md`: it
+forms no mention, link, image or tag; mentions are drawn only for configured open_ids
+(`markup.mention_markup`); a link button only for an http(s) URL (`links.safe_url`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from trainsentry.notifiers.feishu.markup import escape_md, mention_markup
+from trainsentry.notifiers.links import safe_url
 from trainsentry.notifiers.payload import (
     NotificationPayload,
     StormItem,
@@ -84,11 +90,6 @@ def card_bytes(card: Mapping[str, Any]) -> int:
 
 def compact_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def escape_md(text: str) -> str:
-    """Neutralises markup a label value could smuggle into a markdown element."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def clip(text: str, limit: int) -> str:
@@ -174,10 +175,6 @@ def _button_row(buttons: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def mention_markup(open_ids: Sequence[str]) -> str:
-    return " ".join(f"<at id={escape_md(open_id)}></at>" for open_id in open_ids)
-
-
 def _state_words(payload: NotificationPayload) -> str:
     """FIRING / RESOLVED, or what the policy made of it: a recurrence, flapping, an ack."""
     event = payload.get("event", "")
@@ -233,7 +230,7 @@ def _ack_elements(payload: NotificationPayload) -> list[dict[str, Any]]:
     lines = []
     who = payload.get("acked_by")
     if who:
-        lines.append(f"✅ Acknowledged by {mention_markup([who])}")
+        lines.append(f"✅ Acknowledged by {escape_md(clip(who, 200))}")  # never a mention
         comment = payload.get("ack_comment")
         if comment:
             lines.append(f"💬 {escape_md(clip(comment, 500))}")
@@ -273,16 +270,13 @@ def _comment_form(buttons: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _links(payload: NotificationPayload) -> list[dict[str, Any]]:
-    buttons = []
-    runbook = annotation(payload, "runbook_url")
-    if runbook:
-        buttons.append(_link_button("Runbook", runbook))
-    grafana = payload.get("grafana_url") or annotation(payload, "dashboard_url")
-    if grafana:
-        buttons.append(_link_button("Grafana", grafana))
-    source = payload.get("generator_url")
-    if source:
-        buttons.append(_link_button("Source", source))
+    """Runbook, Grafana and Source buttons, each only for an http(s) URL (links.safe_url)."""
+    found = (
+        ("Runbook", annotation(payload, "runbook_url")),
+        ("Grafana", payload.get("grafana_url") or annotation(payload, "dashboard_url")),
+        ("Source", payload.get("generator_url")),
+    )
+    buttons = [_link_button(text, url) for text, raw in found if (url := safe_url(raw))]
     return [_button_row(buttons)] if buttons else []
 
 
@@ -447,8 +441,8 @@ def storm_card(
                 lines.append(f"- … {cut} more alerts not shown")
             elements.append(_markdown("**Alerts**\n" + "\n".join(lines)))
         elements.extend(_links(payload))
-        if storm.get("list_url"):
-            elements.append(_button_row([_link_button("All alerts", storm.get("list_url", ""))]))
+        if list_url := safe_url(storm.get("list_url")):
+            elements.append(_button_row([_link_button("All alerts", list_url)]))
         elements.append({"tag": "hr"})
         elements.append(
             _markdown(f"<font color='grey'>{escape_md(options.product)} · storm</font>")

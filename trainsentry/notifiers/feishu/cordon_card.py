@@ -13,8 +13,8 @@ from trainsentry.notifiers.feishu.card import (
     _card,
     _markdown,
     clip,
-    escape_md,
 )
+from trainsentry.notifiers.feishu.markup import escape_md
 from trainsentry.notifiers.payload import NotificationPayload
 
 

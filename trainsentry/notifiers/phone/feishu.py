@@ -2,13 +2,16 @@
 
 Feishu rings a user about a message the app sent. With a `message_id` (the alert card in
 the on-call chat) that message is used; otherwise the app first sends the person a short
-direct message (de-duplicated by the call's idempotency key) and rings about that.
+direct message (de-duplicated by the call's idempotency key) and rings about that. The
+message is a Feishu text message, and its words come from the alert: they are escaped
+(`markup.escape_text`), so they mention nobody and link nowhere.
 """
 
 from __future__ import annotations
 
 from trainsentry.notifiers.base import PermanentError
 from trainsentry.notifiers.feishu.app import FeishuAppClient
+from trainsentry.notifiers.feishu.markup import escape_text
 from trainsentry.notifiers.phone.base import CallReceipt, PhoneCall
 
 
@@ -27,7 +30,7 @@ class FeishuUrgentPhoneProvider:
             message_id = await self.client.send_message(
                 open_id,
                 "text",
-                {"text": call.text},
+                {"text": escape_text(call.text)},
                 receive_id_type="open_id",
                 uuid=call.idempotency_key,
             )
