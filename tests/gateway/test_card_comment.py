@@ -7,7 +7,6 @@ stores the comment with the ack and redraws the card showing it, escaped."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,6 @@ import aiohttp
 from aiohttp.test_utils import TestServer
 
 from tests.gateway.ui.helpers import TOKEN, alert, post_alerts, start
-from tests.notifiers.test_feishu_callback import encrypt, signed_headers
 from tests.support.feishu_server import FeishuContractServer
 from tests.support.gateway_process import close_in_process
 from trainsentry.alerts import Priority
@@ -33,9 +31,7 @@ EVIL = "draining gpu-0001 <at id=all></at> <font color='red'>x</font>"
 
 async def press(server: TestServer, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """Posts a callback as Feishu does with an encrypt key: encrypted, signed, fresh."""
-    raw = json.dumps(encrypt(body, ENCRYPT_KEY)).encode()
-    headers = signed_headers(raw, ENCRYPT_KEY, ts=int(time.time()))
-    headers["Content-Type"] = "application/json"
+    headers, raw = FeishuContractServer.callback_request(body, encrypt_key=ENCRYPT_KEY)
     async with aiohttp.ClientSession() as session:
         async with session.post(server.make_url(CALLBACK.path), data=raw, headers=headers) as r:
             return r.status, await r.json()

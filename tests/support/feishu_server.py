@@ -24,6 +24,13 @@ Deliberately independent of trainsentry's code (its own signature check, its own
   frequency-limit code). An unknown message_id answers 230001 "invalid message_id" (Feishu's
   230001 troubleshooting page); the page names no code for the other refusals, so they answer
   230001 with an `ext=` reason, Feishu's form of a parameter error (UPDATE_REFUSED);
+- card callbacks as Feishu delivers them (`press` builds the `card.action.trigger` body,
+  `callback_request` the request): with the app's encrypt key set, the body is
+  `{"encrypt": base64(iv + AES-256-CBC(key = SHA-256(encrypt key), PKCS#7(json)))}` and the
+  request carries `X-Lark-Request-Timestamp`, `X-Lark-Request-Nonce` and `X-Lark-Signature`
+  = hex SHA-256 of timestamp + nonce + encrypt key + raw body (Feishu's "Encrypt and verify
+  requests"); without an encrypt key the body is the plain JSON, unsigned, with the
+  verification token in `header.token` as the only proof;
 - `POST /open-apis/contact/v3/users/batch_get_id?user_id_type=open_id` with `emails`: the
   `user_list` has one entry per address, with `user_id` only for the known ones (`emails`);
 - Sheets: `sheets/query`, `sheets_batch_update` (addSheet), `values_append` and
@@ -40,6 +47,7 @@ import hashlib
 import hmac
 import itertools
 import json
+import os
 import re
 import time
 from collections import defaultdict, deque
@@ -628,6 +636,38 @@ class FeishuContractServer:
                 "context": {"open_message_id": message_id, "open_chat_id": "oc_1"},
             },
         }  # fmt: skip
+
+    @staticmethod
+    def callback_request(
+        body: dict[str, Any], *, encrypt_key: str | None = None, at: int | None = None
+    ) -> tuple[dict[str, str], bytes]:
+        """(headers, raw body) of the callback request Feishu posts for `body` (e.g. from
+        `press`): encrypted and signed when the app has an encrypt key, else plain and
+        unsigned (module docstring). `at`: the request's Unix time (default now)."""
+        headers = {"Content-Type": "application/json; charset=utf-8"}
+        if encrypt_key is None:
+            return headers, json.dumps(body).encode()
+        from cryptography.hazmat.primitives import padding
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+        key = hashlib.sha256(encrypt_key.encode()).digest()
+        iv = os.urandom(16)
+        padder = padding.PKCS7(128).padder()
+        plain = padder.update(json.dumps(body).encode()) + padder.finalize()
+        encryptor = Cipher(algorithms.AES(key), modes.CBC(iv)).encryptor()
+        sealed = iv + encryptor.update(plain) + encryptor.finalize()
+        raw = json.dumps({"encrypt": base64.b64encode(sealed).decode()}).encode()
+        timestamp = str(int(time.time()) if at is None else at)
+        nonce = os.urandom(8).hex()
+        signature = hashlib.sha256((timestamp + nonce + encrypt_key).encode() + raw).hexdigest()
+        headers.update(
+            {
+                "X-Lark-Request-Timestamp": timestamp,
+                "X-Lark-Request-Nonce": nonce,
+                "X-Lark-Signature": signature,
+            }
+        )
+        return headers, raw
 
     async def urgent_phone(self, request: web.Request) -> web.Response:
         if (denied := self._auth(request)) is not None:

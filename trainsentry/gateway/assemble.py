@@ -196,7 +196,24 @@ def create_app(
 
     app.cleanup_ctx.append(lifecycle)
     add_routes(app, card_callback)
+    _say_if_unsigned(card_callback, gateway_metrics)
     return app
+
+
+def _say_if_unsigned(callback: CardCallbackSettings | None, metrics: GatewayMetrics) -> None:
+    """Without an encrypt key Feishu neither encrypts nor signs card callbacks: the static
+    verification token alone proves one, and the presser's open_id and the event id are
+    whatever the caller writes (docs/channels.md). Said once at start, and in /metrics."""
+    unsigned = callback is not None and not callback.encrypt_key
+    metrics.feishu_callbacks_unsigned.set(1 if unsigned else 0)
+    if callback is not None and unsigned:
+        log.warning(
+            "event=feishu_callbacks_unsigned path=%s: Feishu card callbacks are accepted on "
+            "the verification token alone (no signature, no timestamp check; the presser's "
+            "open_id and the event id are the caller's word): set "
+            "channels.feishu_app.callback.encrypt_key_env to the app's encrypt key",
+            callback.path,
+        )
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,13 @@ class GatewayMetrics:
             ["priority"],
             registry=r,
         )
+        # Feishu card callbacks mounted without an encrypt key (assemble.create_app)
+        self.feishu_callbacks_unsigned = Gauge(
+            "trainsentry_feishu_callbacks_unsigned",
+            "1 when Feishu card callbacks are accepted without an encrypt key: unsigned, "
+            "proven by the static verification token alone (docs/channels.md); else 0",
+            registry=r,
+        )
         # TrainingJobs' own alert routes (stages/job_alerting.py)
         self.job_alerting_not_ready = Gauge(
             "trainsentry_job_alerting_not_ready",
