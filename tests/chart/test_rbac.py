@@ -370,6 +370,12 @@ def test_job_alerting_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path)
     off = template("defaults", {"gateway": DEFAULTS_OFF}, tmp_path)
     assert gateway_access(off) == (None, False)
     assert config_settings(off).job_alerting == {}
+    # phonePrefixes: the numbers a job's roster may name, as the gateway reads them
+    from trainsentry.gateway.stages.job_alerting import JobAlertingSettings
+
+    values = {"gateway": {**CORDON_OFF, "jobAlerting": {"phonePrefixes": ["+86", "+1555"]}}}
+    section = config_settings(template("defaults", values, tmp_path)).job_alerting
+    assert JobAlertingSettings.model_validate(section).phone_prefixes == ["+86", "+1555"]
 
 
 CORDON_CALLS = REPO / "tests" / "gateway" / "stages" / "cordon_api_calls.json"

@@ -32,6 +32,11 @@ REJECTED: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ),
     ("bad digest", {"image": {"digest": "latest"}}, ("digest",)),
     (
+        "phone prefix not +digits",
+        {"gateway": {"jobAlerting": {"phonePrefixes": ["0086"]}}},
+        ("phonePrefixes",),
+    ),
+    (
         "retention below what the weekly report reads",
         {"gateway": {"retention": {"alerts_days": 7}}},
         ("alerts_days",),

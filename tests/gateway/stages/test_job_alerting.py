@@ -129,10 +129,11 @@ async def gateway_with(
     tmp_path: Path,
     policy: str | None = None,
     oncall: dict[str, Any] | None = None,
+    job_alerting: dict[str, Any] | None = None,
 ) -> AsyncIterator[Any]:
     """(start, an unreachable bot URL prefix) of a gateway with job alerting and the global
     Feishu chat; `policy` is a policy file merged over the shipped one, `oncall` the
-    gateway's `oncall:` section."""
+    gateway's `oncall:` section, `job_alerting` more keys of its `job_alerting:` section."""
     unreachable = f"http://127.0.0.1:{free_port()}/open-apis/bot/v2/hook/"
     gateway_settings: dict[str, Any] = {"db": f"sqlite:///{tmp_path / 'gw.db'}"}
     if policy is not None:
@@ -158,6 +159,7 @@ async def gateway_with(
                 "enabled": True,
                 "refresh_seconds": 0.2,
                 "webhook_prefixes": [feishu.hook_url(""), unreachable],
+                **(job_alerting or {}),
             },
             "oncall": oncall,
         }

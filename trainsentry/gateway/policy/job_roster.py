@@ -15,22 +15,32 @@ names that policy (no job group), and follow it as a page routed to it by the al
 would; a page of a priority the mapping leaves out follows what its route chooses.
 `parse_roster` reads the key; whether the names are configured is the stage's check (it
 knows the gateway's configuration).
+
+Inline layers name whom the gateway's paid voice provider calls, so a team's roster is held
+to limits the gateway's own configuration is not: every `phone` in E.164 form (ITU-T
+Recommendation E.164, "The international public telecommunication numbering plan": `+`, a
+country code, which never starts with 0, and at most 15 digits in all; here 8 to 15 digits,
+nothing else, no spaces), every `feishu_open_id` an open_id (`ou_...`), at most MAX_LAYERS
+layers and MAX_PEOPLE people in all, names of at most MAX_NAME characters; and, when the
+admin gives `job_alerting.phone_prefixes`, only numbers under one of them.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainsentry.alerts import Priority
 from trainsentry.gateway.policy.escalation import CallDue, Escalator, IncidentPage, Roster
 from trainsentry.gateway.policy.roster import roster_of
-from trainsentry.notifiers.settings import EscalationSettings, LayerSettings
+from trainsentry.notifiers.feishu.markup import OPEN_ID
+from trainsentry.notifiers.settings import EscalationSettings, LayerSettings, PersonSettings
 
 ROSTER_KEY = "roster"
 MAX_ROSTER_BYTES = 64 * 1024
@@ -38,6 +48,35 @@ MAX_ROSTER_BYTES = 64 * 1024
 RosterProblem = tuple[str, str]
 POLICY_NAME = r"^[A-Za-z0-9._-]{1,63}$"  # oncall/config.py's names
 PolicyName = Annotated[str, Field(pattern=POLICY_NAME)]
+# ITU-T E.164: "+", then at most 15 digits, the country code first (never 0); 8 at least
+E164 = re.compile(r"\+[1-9][0-9]{7,14}")
+MAX_LAYERS = 10
+MAX_PEOPLE = 20  # in all the layers together
+MAX_NAME = 100
+
+
+class JobPerson(PersonSettings):
+    """A person of a job's roster: `PersonSettings`, with the numbers and ids checked."""
+
+    name: str = Field(min_length=1, max_length=MAX_NAME)
+
+    @field_validator("phone")
+    @classmethod
+    def _e164(cls, value: str) -> str:
+        if value and not E164.fullmatch(value):
+            raise ValueError("must be E.164: + and 8 to 15 digits, e.g. +8613800000000")
+        return value
+
+    @field_validator("feishu_open_id")
+    @classmethod
+    def _open_id(cls, value: str) -> str:
+        if value and not OPEN_ID.fullmatch(value):
+            raise ValueError("must be a Feishu open_id (ou_...)")
+        return value
+
+
+class JobLayer(LayerSettings):
+    members: list[JobPerson]  # type: ignore[assignment]  # checked people only
 
 
 class JobRoster(BaseModel):
@@ -46,9 +85,16 @@ class JobRoster(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    layers: list[LayerSettings] | None = Field(default=None, min_length=1)
+    layers: list[JobLayer] | None = Field(default=None, min_length=1)
     # a name for every priority, or names per priority
     escalation_policy: PolicyName | dict[Priority, PolicyName] | None = None
+
+    @field_validator("layers", mode="before")
+    @classmethod
+    def _few_layers(cls, value: Any) -> Any:
+        if isinstance(value, list) and len(value) > MAX_LAYERS:
+            raise ValueError(f"at most {MAX_LAYERS} layers")  # before each is checked
+        return value
 
     @model_validator(mode="after")
     def _one(self) -> JobRoster:
@@ -56,6 +102,8 @@ class JobRoster(BaseModel):
             raise ValueError("give exactly one of layers and escalation_policy")
         if self.escalation_policy == {}:
             raise ValueError("escalation_policy: name a policy for at least one priority")
+        if self.layers is not None and sum(len(x.members) for x in self.layers) > MAX_PEOPLE:
+            raise ValueError(f"at most {MAX_PEOPLE} people in all the layers")
         return self
 
 
@@ -68,8 +116,11 @@ class JobOnCall:
     policies: Mapping[Priority, str] = field(default_factory=dict)
 
 
-def parse_roster(text: str, where: str) -> JobOnCall | RosterProblem:
-    """Pure: what a ConfigMap value names, or the problem with it (no values shown)."""
+def parse_roster(
+    text: str, where: str, phone_prefixes: Sequence[str] = ()
+) -> JobOnCall | RosterProblem:
+    """Pure: what a ConfigMap value names, or the problem with it (no values shown).
+    `phone_prefixes`: when given, every phone must start with one of them."""
     if len(text.encode()) > MAX_ROSTER_BYTES:
         return "InvalidRoster", f"{where} is over {MAX_ROSTER_BYTES} bytes"
     try:
@@ -91,7 +142,15 @@ def parse_roster(text: str, where: str) -> JobOnCall | RosterProblem:
     if chosen is not None:
         return JobOnCall(policies=dict(chosen))
     assert parsed.layers is not None
-    return JobOnCall(roster=roster_of(EscalationSettings(layers=parsed.layers)))
+    if phone_prefixes:
+        for i, layer in enumerate(parsed.layers):
+            for j, member in enumerate(layer.members):
+                if member.phone and not member.phone.startswith(tuple(phone_prefixes)):
+                    return "InvalidRoster", (
+                        f"{where}: layers.{i}.members.{j}.phone is not under the numbers the "
+                        f"gateway calls (job_alerting.phone_prefixes: {', '.join(phone_prefixes)})"
+                    )
+    return JobOnCall(roster=roster_of(EscalationSettings(layers=list(parsed.layers))))
 
 
 RosterOf = Callable[[str], Roster | None]

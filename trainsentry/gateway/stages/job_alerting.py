@@ -36,7 +36,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -90,6 +90,10 @@ class JobAlertingSettings(BaseModel):
     namespaces: list[str] = Field(default_factory=list)  # empty: every namespace
     webhook_prefixes: list[str] = Field(default_factory=lambda: list(FEISHU_HOOKS), min_length=1)
     concurrency: int = Field(default=8, ge=1, le=64)
+    # the numbers a job's own roster may name (e.g. ["+86"]); empty: any E.164 number
+    phone_prefixes: list[Annotated[str, Field(pattern=r"^\+[0-9]{1,15}$")]] = Field(
+        default_factory=list
+    )
 
 
 # --- the stage --------------------------------------------------------------------------------
@@ -274,7 +278,9 @@ class JobAlerting:
             problems.append(("ConfigMapNotFound", f"no ConfigMap {ref.name} in {job.namespace}"))
         elif not isinstance(text, str):
             problems.append(("ConfigMapKeyMissing", f"ConfigMap {ref.name} has no key {ref.key}"))
-        elif not isinstance(parsed := parse_roster(text, where), JobOnCall):
+        elif not isinstance(
+            parsed := parse_roster(text, where, self.settings.phone_prefixes), JobOnCall
+        ):
             problems.append(parsed)
         elif parsed.roster is not None:
             works.append(f"P0 pages call the roster of {where}")
