@@ -8,14 +8,13 @@ one job raises the result by `raise_by` levels.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from trainsentry.alerts import Alert, Priority, parse_priority
 from trainsentry.gateway.policy.rules import AlertnameRule, Policy
+from trainsentry.userregex import full_match
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,17 +62,10 @@ class Classification:
         )
 
 
-@lru_cache(maxsize=1024)
-def _compiled(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
-
-
 def _rule_matches(rule: AlertnameRule, labels: Mapping[str, str]) -> bool:
-    if not _compiled(rule.alertname).fullmatch(labels.get("alertname", "")):
+    if not full_match(rule.alertname, labels.get("alertname", "")):
         return False
-    return all(
-        _compiled(pattern).fullmatch(labels.get(name, "")) for name, pattern in rule.labels.items()
-    )
+    return all(full_match(pattern, labels.get(name, "")) for name, pattern in rule.labels.items())
 
 
 # XID codes are small (NVIDIA's table ends in the hundreds); longer digit runs are no code.

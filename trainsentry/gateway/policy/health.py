@@ -13,17 +13,16 @@ Score of a node = sum over its faults within `horizon` of weight * 0.5 ** (age /
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import lru_cache
 from typing import Any
 
 from trainsentry.alerts import Alert
 from trainsentry.gateway.policy.classify import xid_code
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.labels import GPU_ID_LABELS, first_label
+from trainsentry.userregex import full_match
 
 MAX_GPUS_PER_NODE = 64  # GPU names kept per node (labels are attacker-controlled)
 
@@ -35,11 +34,6 @@ class Fault:
     gpu: str  # "" when the alert names no GPU
 
 
-@lru_cache(maxsize=256)
-def _compiled(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
-
-
 def fault_of(alert: Alert, policy: Policy) -> Fault | None:
     """Pure: the hardware fault an alert occurrence reports, or None (not sick hardware)."""
     rules = policy.node_health
@@ -47,7 +41,7 @@ def fault_of(alert: Alert, policy: Policy) -> Fault | None:
     gpu = first_label(alert.labels, GPU_ID_LABELS)[:64]
     name = alert.name
     for rule in rules.faults:
-        if rule.weight > 0 and _compiled(rule.alertname).fullmatch(name):
+        if rule.weight > 0 and full_match(rule.alertname, name):
             found.append(Fault(rule.kind, rule.weight, gpu))
     code = xid_code(alert, policy.classification.xid_labels)
     if code is not None and code in policy.classification.xid:

@@ -26,7 +26,6 @@ idempotency of each message depends only on (element, episode, kind, job or numb
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -37,6 +36,7 @@ from trainsentry.gateway.policy.classify import Classification, xid_code
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.topology import Topology
 from trainsentry.labels import job_text
+from trainsentry.userregex import full_match
 
 INFRA_KIND = "infra"  # NotificationDraft.kind of an incident's card and of its job notices
 INFRA_ALERTNAME = "InfrastructureIncident"
@@ -55,7 +55,7 @@ def hardware_component(alert: Alert, policy: Policy) -> str:
     `infrastructure.ignore_alertnames` (a full disk, an OOM: not the hardware)."""
     component = alert.labels.get("component", "")
     ignored = policy.infrastructure.ignore_alertnames
-    if ignored and re.fullmatch(ignored, alert.name):
+    if ignored and full_match(ignored, alert.name):
         return ""
     if component in policy.infrastructure.components:
         return component

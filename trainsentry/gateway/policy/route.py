@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
 from trainsentry.alerts import JobRef, Priority
 from trainsentry.gateway.policy.rules import JobRoutingPolicy, Policy
 from trainsentry.gateway.policy.rules import Route as RouteRule
 from trainsentry.notifiers.payload import JobRoutePayload
+from trainsentry.userregex import full_match
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,11 +44,6 @@ def unconfigured_names(policy: Policy, configured: Collection[str]) -> list[str]
     return sorted({n for n in named if n not in optional and not expand(n, configured)})
 
 
-@lru_cache(maxsize=512)
-def _compiled(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
-
-
 def _matches(rule: RouteRule, priority: Priority, labels: Mapping[str, str]) -> bool:
     if rule.priorities and priority not in rule.priorities:
         return False
@@ -59,9 +53,7 @@ def _matches(rule: RouteRule, priority: Priority, labels: Mapping[str, str]) -> 
         job = JobRef.from_labels(labels)
         if job is None or job.name not in rule.jobs:
             return False
-    return all(
-        _compiled(pattern).fullmatch(labels.get(name, "")) for name, pattern in rule.labels.items()
-    )
+    return all(full_match(pattern, labels.get(name, "")) for name, pattern in rule.labels.items())
 
 
 def _unique(names: Collection[str]) -> tuple[str, ...]:

@@ -11,7 +11,6 @@ change one XID entry or one default route without repeating the rest, and a list
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from trainsentry.alerts import Priority
 from trainsentry.assets import data_file
 from trainsentry.labels import GPU_LABELS, NODE_LABELS
+from trainsentry.userregex import RegexRefused, check_user_regex
 
 DEFAULT_POLICY_FILE = "policy.yaml"
 
@@ -37,11 +37,11 @@ class _Strict(BaseModel):
 
 
 def _check_regex(value: str) -> str:
+    """A pattern the policy matches labels with: RE2, anchored (trainsentry/userregex.py)."""
     try:
-        re.compile(value)
-    except re.error as exc:
-        raise ValueError(f"invalid regex {value!r}: {exc}") from exc
-    return value
+        return check_user_regex(value)
+    except RegexRefused as exc:
+        raise ValueError(f"invalid regex {value[:80]!r}: {exc}") from None
 
 
 class AlertnameRule(_Strict):
