@@ -152,6 +152,32 @@ def test_gateway_with_a_bad_policy_file(tmp_path: Path, policy: str) -> None:
     assert not (tmp_path / "g.db").exists()
 
 
+def test_gateway_with_a_policy_regex_re2_refuses(tmp_path: Path) -> None:
+    """A look-ahead (Python's re has one, RE2 and Alertmanager do not): the policy file's path
+    and the place of the pattern, and no store made."""
+    policy_file = tmp_path / "policy.yaml"
+    routes = [{"id": "r", "labels": {"node": "gpu-(?!17)"}, "channels": ["console"]}]
+    policy_file.write_text(yaml.safe_dump({"routing": {"routes": routes}}))
+    result = run_cli(
+        tmp_path, "gateway", "--listen", "127.0.0.1:0", "--db", "sqlite:///g.db",
+        env={"TRAINSENTRY_POLICY_FILE": str(policy_file)},
+    )  # fmt: skip
+    assert_usage_error(result, "policy.yaml", "routing.routes.0.labels", "RE2 syntax")
+    assert not (tmp_path / "g.db").exists()
+
+
+def test_gateway_with_a_total_window_cap_below_one_window(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump({"maintenance": {"max_window_hours": 48, "max_total_hours": 24}})
+    )
+    result = run_cli(
+        tmp_path, "gateway", "--listen", "127.0.0.1:0", "--db", "sqlite:///g.db",
+        "--config", str(config),
+    )  # fmt: skip
+    assert_usage_error(result, "maintenance", "max_total_hours must be at least max_window_hours")
+
+
 def test_gateway_with_an_unusable_database_url(tmp_path: Path) -> None:
     result = run_cli(
         tmp_path, "gateway", "--listen", "127.0.0.1:0", "--db", "mysql://u:s3cret@h/db"

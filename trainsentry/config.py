@@ -200,15 +200,29 @@ class WebhookChannelSettings(BaseModel):
 
 class MaintenanceSettings(BaseModel):
     """Maintenance windows (docs/oncall.md, "Maintenance windows"): the longest window (one
-    occurrence) a request may ask for, how long before a window's end its still-firing
-    alerts are announced (0: never), and how long after its last muted alert resolved a
-    still-open window is listed in the weekly report."""
+    occurrence) a request may ask for; the longest a window may last in all, from its first
+    start to its last end across a recurring window's occurrences (None: max_window_hours;
+    at most 10 years, as far as a rule is searched); how long before a window's end its
+    still-firing alerts are announced (0: never), and how long after its last muted alert
+    resolved a still-open window is listed in the weekly report."""
 
     model_config = ConfigDict(extra="forbid")
 
     max_window_hours: float = Field(default=168.0, gt=0, le=8784)
+    max_total_hours: float | None = Field(default=None, gt=0, le=87840)
     announce_before_minutes: float = Field(default=15.0, ge=0, le=1440)
     report_quiet_hours: float = Field(default=24.0, gt=0, le=8784)
+
+    @model_validator(mode="after")
+    def _total_covers_one(self) -> MaintenanceSettings:
+        if self.max_total_hours is not None and self.max_total_hours < self.max_window_hours:
+            raise ValueError("max_total_hours must be at least max_window_hours")
+        return self
+
+    @property
+    def total_hours(self) -> float:
+        """The longest a window may last in all (first start to last end), in hours."""
+        return self.max_window_hours if self.max_total_hours is None else self.max_total_hours
 
 
 class Settings(BaseModel):

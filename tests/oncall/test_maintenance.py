@@ -8,6 +8,7 @@ Sunday of October 2026 (the 25th), +01:00 after.
 from __future__ import annotations
 
 import contextlib
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -21,10 +22,12 @@ from trainsentry.oncall.maintenance import active_span, muted_by, rule_of
 from trainsentry.oncall.windows import parse_window
 
 CREATED = datetime(2026, 10, 15, 9, 30, tzinfo=UTC)
+YEAR = timedelta(days=366)
 P0 = {"alertname": "KubeNodeNotReady", "priority": "P0", "namespace": "team-a"}
 
 
 def window(body: dict[str, Any], **kwargs: Any):  # type: ignore[no-untyped-def]
+    kwargs.setdefault("max_total", YEAR)  # the cap in all has tests of its own
     return parse_window(body, window_id=kwargs.pop("window_id", "w1"), created_at=CREATED, **kwargs)
 
 
@@ -37,7 +40,7 @@ ONE_OFF = {
 }
 TUESDAYS = {
     "matchers": {"node": {"regex": "gpu-node-1[0-9]"}},
-    "rrule": "FREQ=WEEKLY;BYDAY=TU",
+    "rrule": "FREQ=WEEKLY;BYDAY=TU;UNTIL=20261231T000000",
     "start": "02:00",
     "duration_minutes": 120,
     "timezone": "Europe/Berlin",
@@ -96,7 +99,7 @@ def test_recurring_window_at_local_wall_time_across_dst(
 def test_recurring_occurrence_in_the_spring_gap_starts_at_the_jump() -> None:
     # Sunday 29 March 2026 02:30 does not exist in Berlin; the window opens at the jump
     # (01:00Z) and lasts its 60 real minutes.
-    w = window({**TUESDAYS, "rrule": "FREQ=WEEKLY;BYDAY=SU", "start": "02:30",
+    w = window({**TUESDAYS, "rrule": "FREQ=WEEKLY;BYDAY=SU;COUNT=8", "start": "02:30",
                 "duration_minutes": 60, "since": "2026-03-01"})  # fmt: skip
     assert active_span(w, utc("2026-03-29T01:30")) == (
         utc("2026-03-29T01:00"),
@@ -120,8 +123,8 @@ BAD = [
     ({**TUESDAYS, "rrule": "FREQ=DAILY;BYMONTH=2,4;BYMONTHDAY=31,-31"}, "rrule: BYMONTHDAY never"),
     ({**TUESDAYS, "rrule": "FREQ=DAILY;INTERVAL=7;BYDAY=TU"}, "rrule: a DAILY rule with an"),
     ({**TUESDAYS, "rrule": "FREQ=MONTHLY;BYDAY=6MO"}, "rrule: BYDAY '6MO': the number"),
-    ({**TUESDAYS, "rrule": "FREQ=MONTHLY;INTERVAL=12;BYMONTH=3"}, "window.rrule: never fires"),
-    ({**TUESDAYS, "rrule": "FREQ=WEEKLY;BYDAY=XX"}, "window.rrule: not an RRULE"),
+    ({**TUESDAYS, "rrule": "FREQ=MONTHLY;INTERVAL=12;BYMONTH=3;COUNT=2"}, "rrule: never fires"),
+    ({**TUESDAYS, "rrule": "FREQ=WEEKLY;BYDAY=XX;COUNT=2"}, "window.rrule: not an RRULE"),
     ({**TUESDAYS, "rrule": "every tuesday"}, "window.rrule: not an RRULE"),
     ({**TUESDAYS, "rrule": "FREQ=MINUTELY"}, "window.rrule: FREQ must be DAILY"),
     ({**TUESDAYS, "rrule": "DTSTART:20200101T000000\nRRULE:FREQ=DAILY"}, "window.rrule: give one"),
@@ -141,6 +144,16 @@ BAD = [
     ({**ONE_OFF, **TUESDAYS}, "window: give starts_at/ends_at or rrule"),
     ({**ONE_OFF, "colour": "red"}, "window.colour: unknown field"),
     ({**ONE_OFF, "reason": 5}, "window.reason: must be a string"),
+    # issue 32 finding 5: windows that mute every alert, or never end
+    ({**TUESDAYS, "rrule": "FREQ=WEEKLY;BYDAY=TU"}, "window.rrule: needs COUNT or UNTIL"),
+    ({**ONE_OFF, "matchers": {"alertname": {"regex": ".*"}}}, "window.matchers: every matcher"),
+    ({**ONE_OFF, "matchers": {"nosuchlabel": ""}}, "window.matchers: every matcher matches"),
+    ({**ONE_OFF, "matchers": {"node": {"regex": "|x"}}}, "window.matchers: every matcher"),
+    # RE2 (Alertmanager's syntax): no look-around
+    (
+        {**ONE_OFF, "matchers": {"node": {"regex": "(?=gpu)gpu-1"}}},
+        "matchers.node.regex: not a regular expression (RE2 syntax)",
+    ),
 ]
 
 
@@ -156,6 +169,42 @@ def test_the_cap_is_a_parameter() -> None:
     with pytest.raises(OncallConfigError, match="duration_minutes: longer than the cap"):
         window(TUESDAYS, max_window=cap)
     assert window({**TUESDAYS, "duration_minutes": 60}, max_window=cap)
+
+
+def test_the_cap_in_all_counts_real_time_across_a_dst_change() -> None:
+    # Tuesdays 02:00 in Berlin for 60 minutes, twice: 20 Oct 00:00Z (CEST) and 27 Oct 01:00Z
+    # (CET). First start to last end: 7 days 2 hours of real time, 7 days 1 hour on the wall.
+    body = {**TUESDAYS, "rrule": "FREQ=WEEKLY;BYDAY=TU;COUNT=2", "duration_minutes": 60}
+    with pytest.raises(OncallConfigError, match=r"window\.rrule: the occurrences last longer"):
+        window(body, max_total=timedelta(days=7, hours=1, minutes=30))
+    assert window(body, max_total=timedelta(days=7, hours=2))
+    until = {**body, "rrule": "FREQ=WEEKLY;BYDAY=TU;UNTIL=20261027T020000"}
+    with pytest.raises(OncallConfigError, match=r"window\.rrule: the occurrences last longer"):
+        window(until, max_total=timedelta(days=7, hours=1, minutes=30))
+    assert window(until, max_total=timedelta(days=7, hours=2))
+    # the default cap in all is the default cap of one window (168 hours)
+    with pytest.raises(OncallConfigError, match="last longer than the cap in all"):
+        parse_window(body, window_id="w", created_at=CREATED)
+    # a stored window is read again without the caps (max_total=None)
+    endless_count = {**body, "rrule": "FREQ=DAILY;COUNT=1000"}
+    assert window(endless_count, max_total=None).recurring is not None
+
+
+def test_empty_matchers_are_allowed_beside_one_that_needs_a_value() -> None:
+    w = window({**ONE_OFF, "matchers": {"node": "gpu-node-17", "team": ""}})
+    at = utc("2026-10-27T02:00")
+    assert muted_by([w], {**P0, "node": "gpu-node-17"}, at) is w
+    assert muted_by([w], {**P0, "node": "gpu-node-17", "team": "a"}, at) is None
+    assert muted_by([w], P0, at) is None
+
+
+def test_a_backtracking_regex_and_a_crafted_label_take_no_time() -> None:
+    w = window({**ONE_OFF, "matchers": {"node": {"regex": "(a+)+"}}})
+    at = utc("2026-10-27T02:00")
+    started = time.perf_counter()
+    assert muted_by([w], {**P0, "node": "a" * 28 + "!"}, at) is None  # re: 13-31 s
+    assert time.perf_counter() - started < 0.5
+    assert muted_by([w], {**P0, "node": "aaaa"}, at) is w
 
 
 def test_the_oncall_section_has_no_window_cap_of_its_own() -> None:

@@ -4,7 +4,8 @@ Every function here is pure: time is a parameter (the rule objects are memoised,
 changes no answer).
 
 A window holds when every matcher holds (a label missing from the alert is the empty string,
-as in Alertmanager; regular expressions are fully anchored, as in Alertmanager) and t lies in
+as in Alertmanager; regular expressions are RE2 and fully anchored, as in Alertmanager:
+trainsentry/userregex.py) and t lies in
 the window: one-off windows from `starts_at` (included) to `ends_at` (excluded); recurring
 windows in an occurrence, which starts at a local wall time of the RRULE (anchored at the
 window's `anchor` date and `start` time in its time zone, with schedule.py's wall time rule
@@ -54,6 +55,23 @@ def first_occurrence(recurrence: Recurrence) -> datetime | None:
     return found
 
 
+def outlasts(recurrence: Recurrence, cap: timedelta) -> bool:
+    """Pure: whether the window lasts longer than `cap` in all, from its first occurrence's
+    start to its last occurrence's end (a rule without COUNT or UNTIL always does). Reads the
+    occurrences only up to the first one that ends past the cap."""
+    first = first_occurrence(recurrence)
+    if first is None:
+        return False
+    start = wall_to_instant(first, recurrence.tz)
+    latest = first + cap - recurrence.duration  # the last start (wall time) that may fit
+    for occurrence in rule_of(recurrence).xafter(latest - _SLACK, inc=True):
+        if wall_to_instant(occurrence, recurrence.tz) + recurrence.duration - start > cap:
+            return True
+        if occurrence > latest + _SLACK:  # past any offset change: it did not fit above
+            break
+    return False
+
+
 def occurrence_at(recurrence: Recurrence, t: datetime) -> tuple[datetime, datetime] | None:
     """Pure: (start, end) instants of the occurrence covering `t`, the one ending last when
     several overlap; None when none covers `t`."""
@@ -81,12 +99,13 @@ def active_span(window: MaintenanceWindow, t: datetime) -> tuple[datetime, datet
 
 
 def matcher_holds(matcher: Matcher, labels: Mapping[str, str]) -> bool:
-    """Pure: equality, or a full match of the regular expression."""
+    """Pure: equality, or a full match of the regular expression (on the value's first
+    userregex.MAX_VALUE_CHARS characters)."""
     value = labels.get(matcher.label, "")
     if not isinstance(value, str):
         return False
     if matcher.pattern is not None:
-        return matcher.pattern.fullmatch(value) is not None
+        return matcher.pattern.fullmatch(value)
     return value == matcher.value
 
 

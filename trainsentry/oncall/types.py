@@ -16,10 +16,11 @@ Invariants (checked by config.py, relied on by the math):
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
+
+from trainsentry.userregex import UserRegex
 
 OVERRIDE_LAYER = "override"  # the `layer` of an answer that comes from an override
 
@@ -154,11 +155,17 @@ class Segment:
 
 @dataclass(frozen=True)
 class Matcher:
-    """`label` equals `value`, or fully matches the regular expression `pattern`."""
+    """`label` equals `value`, or fully matches the regular expression `pattern` (RE2,
+    trainsentry/userregex.py)."""
 
     label: str
     value: str | None = None
-    pattern: re.Pattern[str] | None = None
+    pattern: UserRegex | None = None
+
+    @property
+    def matches_empty(self) -> bool:
+        """Whether an alert without the label (the empty string) is matched."""
+        return self.pattern.matches_empty if self.pattern is not None else self.value == ""
 
 
 @dataclass(frozen=True)

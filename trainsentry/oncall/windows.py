@@ -3,6 +3,13 @@ them): parsed, validated and turned into oncall/types.py's MaintenanceWindow.
 
 Pure: the caller passes the creation time. Any bad input raises OncallConfigError naming each
 wrong field (`window.rrule: never fires ...`); no input makes it raise anything else.
+
+Every window mutes something and ends, as Alertmanager requires of its silences: at least
+one matcher must not match the empty string (silence/silence.go, validateSilence: "at least
+one matcher must not match the empty string"), so `{"alertname": {"regex": ".*"}}` or
+`{"nosuchlabel": ""}` is refused; a recurring rule needs COUNT or UNTIL; and the whole window,
+first start to last end, is at most `max_total` (the caps are the caller's: the gateway
+passes its `maintenance.*` settings when a window is made, none when it reads a stored one).
 """
 
 from __future__ import annotations
@@ -23,8 +30,9 @@ from trainsentry.oncall.config import (
     _text,
     parse_timezone,
 )
-from trainsentry.oncall.maintenance import first_occurrence
+from trainsentry.oncall.maintenance import first_occurrence, outlasts
 from trainsentry.oncall.types import MaintenanceWindow, Matcher, Recurrence
+from trainsentry.userregex import RegexRefused, compile_user_regex
 
 __all__ = ["OncallConfigError", "parse_window"]
 
@@ -79,6 +87,8 @@ def _rrule_refusal(text: str) -> str | None:
                 return "BYMONTHDAY never falls in BYMONTH: the rule never fires"
         except ValueError:
             return "BYMONTH and BYMONTHDAY must be numbers"
+    if "COUNT" not in parts and "UNTIL" not in parts:
+        return "needs COUNT or UNTIL: a window must end (without them the rule repeats forever)"
     return None
 
 
@@ -97,14 +107,25 @@ def _matchers(value: Any, field: str) -> tuple[Matcher, ...]:
         if not isinstance(raw["regex"], str):
             raise _Bad(f"{where}.regex", "must be a string")
         try:
-            found.append(Matcher(label=label, pattern=re.compile(raw["regex"])))
-        except (re.error, RecursionError, OverflowError) as exc:
-            raise _Bad(f"{where}.regex", f"not a regular expression: {exc}") from None
+            found.append(Matcher(label=label, pattern=compile_user_regex(raw["regex"])))
+        except RegexRefused as exc:
+            raise _Bad(f"{where}.regex", str(exc)) from None
+    if all(matcher.matches_empty for matcher in found):
+        raise _Bad(
+            field,
+            "every matcher matches the empty string (what a label the alert lacks reads as), so "
+            "the window would mute alerts that carry none of these labels: at least one matcher "
+            "must need a value (Alertmanager refuses such silences too)",
+        )
     return tuple(found)
 
 
 def _recurrence(
-    raw: dict[str, Any], field: str, created_at: datetime, max_window: timedelta
+    raw: dict[str, Any],
+    field: str,
+    created_at: datetime,
+    max_window: timedelta,
+    max_total: timedelta | None,
 ) -> Recurrence:
     tz = parse_timezone(raw.get("timezone"), f"{field}.timezone")
     text = _text(raw.get("rrule"), f"{field}.rrule").upper()
@@ -147,6 +168,12 @@ def _recurrence(
         raise _Bad(f"{field}.rrule", f"not an RRULE: {str(exc)[:120]}") from None
     if first is None:
         raise _Bad(f"{field}.rrule", f"never fires (no occurrence within 10 years of {anchor})")
+    if max_total is not None and outlasts(recurrence, max_total):
+        raise _Bad(
+            f"{field}.rrule",
+            f"the occurrences last longer than the cap in all ({max_total}, from the first "
+            "start to the last end): a smaller COUNT or an earlier UNTIL",
+        )
     return recurrence
 
 
@@ -156,12 +183,15 @@ def parse_window(
     window_id: str,
     created_at: datetime,
     max_window: timedelta = DEFAULT_MAX_WINDOW,
+    max_total: timedelta | None = DEFAULT_MAX_WINDOW,
     field: str = "window",
 ) -> MaintenanceWindow:
     """Pure: a maintenance window from its request body. One-off: `starts_at`, `ends_at`
-    (with a UTC offset, or local to `timezone`); recurring: `rrule`, `start` ('HH:MM'),
-    `duration_minutes`, `timezone` and optionally `since` (the rule's first day; default:
-    `created_at`'s date there). A window (an occurrence) longer than `max_window` is refused."""
+    (with a UTC offset, or local to `timezone`); recurring: `rrule` (with COUNT or UNTIL),
+    `start` ('HH:MM'), `duration_minutes`, `timezone` and optionally `since` (the rule's
+    first day; default: `created_at`'s date there). Refused: a window (an occurrence) longer
+    than `max_window`; one lasting longer than `max_total` from its first start to its last
+    end (None: not checked); matchers that all match the empty string."""
     problems = _Problems()
     raw = problems.check(lambda: _mapping(value, field, _WINDOW_KEYS, {"matchers"}))
     problems.raise_any()
@@ -181,7 +211,9 @@ def parse_window(
             f"{field}: give starts_at/ends_at or rrule/start/duration_minutes, not both"
         )
     elif recurring:
-        recurrence = problems.check(lambda: _recurrence(raw, field, created_at, max_window))
+        recurrence = problems.check(
+            lambda: _recurrence(raw, field, created_at, max_window, max_total)
+        )
     else:
         tz = problems.check(
             lambda: (
@@ -198,10 +230,8 @@ def parse_window(
         if starts_at is not None and ends_at is not None:
             if ends_at <= starts_at:
                 problems.found.append(f"{field}.ends_at: is not after starts_at")
-            elif ends_at - starts_at > max_window:
-                problems.found.append(
-                    f"{field}.ends_at: the window is longer than the cap ({max_window})"
-                )
+            elif ends_at - starts_at > (cap := min(max_window, max_total or max_window)):
+                problems.found.append(f"{field}.ends_at: the window is longer than the cap ({cap})")
     problems.raise_any()
     return MaintenanceWindow(
         id=window_id,

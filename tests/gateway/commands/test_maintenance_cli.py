@@ -22,7 +22,8 @@ async def test_maintenance_add_list_end(db_url: str) -> None:
     settings = GatewaySettings(
         listen="127.0.0.1:0", db=db_url, webhook_token=SecretStr(TOKEN), api_token=SecretStr(TOKEN)
     )
-    app = create_app(settings, maintenance=MaintenanceSettings(max_window_hours=48))
+    maintenance = MaintenanceSettings(max_window_hours=48, max_total_hours=24 * 30)
+    app = create_app(settings, maintenance=maintenance)
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     try:
@@ -38,13 +39,13 @@ async def test_maintenance_add_list_end(db_url: str) -> None:
         assert one_off["matchers"] == {"node": "gpu-node-17", "job": {"regex": "llama-.*"}}
         assert one_off["active"] and one_off["created_by"] == "alice"
         code, out = await run_cli(
-            "maintenance", "add", "--match", "rack=r7", "--rrule", "FREQ=WEEKLY;BYDAY=TU",
+            "maintenance", "add", "--match", "rack=r7", "--rrule", "FREQ=WEEKLY;BYDAY=TU;COUNT=4",
             "--at", "02:00", "--duration", "120m", "--timezone", "Europe/Berlin", *gateway,
             env=env,
         )  # fmt: skip
         assert code == 0, out
         recurring_id = out.split()[0]
-        assert recurring_id.startswith("mw-") and "FREQ=WEEKLY;BYDAY=TU" in out
+        assert recurring_id.startswith("mw-") and "FREQ=WEEKLY;BYDAY=TU;COUNT=4" in out
         code, out = await run_cli("maintenance", "list", *gateway, env=env)
         assert code == 0 and one_off["id"] in out and recurring_id in out, out
         assert "ACTIVE" in out and "NVLink swap" in out
@@ -66,6 +67,21 @@ async def test_maintenance_add_list_end(db_url: str) -> None:
             "--duration", "1h", "--timezone", "Mars/Base", *gateway, env=env,
         )  # fmt: skip
         assert code == 2 and "window.timezone" in out, out
+        # windows that would mute every alert, or never end (issue 32 finding 5)
+        code, out = await run_cli(
+            "maintenance", "add", "--match", "node=x", "--rrule", "FREQ=DAILY", "--at", "00:00",
+            "--duration", "1d", "--timezone", "UTC", *gateway, env=env,
+        )  # fmt: skip
+        assert code == 2 and "window.rrule: needs COUNT or UNTIL" in out, out
+        code, out = await run_cli(
+            "maintenance", "add", "--match", "nosuchlabel=", "--duration", "1h", *gateway, env=env
+        )
+        assert code == 2 and "window.matchers: every matcher matches the empty string" in out
+        code, out = await run_cli(
+            "maintenance", "add", "--match", "node~(a+)+(?=!)", "--duration", "1h", *gateway,
+            env=env,
+        )  # fmt: skip
+        assert code == 2 and "window.matchers.node.regex: not a regular expression" in out, out
         code, out = await run_cli("maintenance", "add", "--match", "node", "--duration", "1h")
         assert code == 2 and "LABEL=VALUE" in out
         code, out = await run_cli("maintenance", "end", "mw-00ff", *gateway, env=env)

@@ -32,6 +32,7 @@ from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.notifiers.webhook import WebhookNotifier
 from trainsentry.store.engine import create_engine
+from trainsentry.store.maintenance import WindowRow, insert_window
 from trainsentry.store.schema import notifications
 
 TOKEN = "api-token"
@@ -272,7 +273,7 @@ async def test_a_recurring_window_mutes_in_each_occurrence_only(
     try:
         body = {
             "matchers": {"node": "gpu-17"},
-            "rrule": "FREQ=DAILY",
+            "rrule": "FREQ=DAILY;COUNT=2",
             "start": "03:00",
             "duration_minutes": 60,
             "timezone": "UTC",
@@ -299,6 +300,121 @@ async def test_a_recurring_window_mutes_in_each_occurrence_only(
         assert len(phoned(receiver)) == 2
         status, detail = await call(server, "GET", "/api/v1/alerts/3")
         assert detail["muted_by"]["until"] == (START + timedelta(days=1, hours=1)).isoformat()
+        clock.now = START + timedelta(days=2, minutes=30)  # COUNT=2: no third occurrence
+        await post_alerts(server, [make_alert(4, labels={**P0, "node": "gpu-17"})])
+        await settle(server)
+        assert (4, "firing") in phoned(receiver)
+    finally:
+        await close_in_process(server)
+
+
+# Each was accepted and muted every P0 (issue 32 finding 5): every matcher matches the empty
+# string (Alertmanager's rule for silences), or the rule never ends.
+MUTE_EVERYTHING = [
+    {"alertname": {"regex": ".*"}},
+    {"nosuchlabel": ""},
+    {"node": {"regex": "|x"}},
+    {"a": "", "b": {"regex": ".*"}},  # Alertmanager's silence_test.go case
+]
+
+
+async def test_windows_muting_everything_or_forever_are_refused_and_the_p0_pages(
+    db_url: str, receiver: Receiver
+) -> None:
+    clock = Clock()
+    server = await start(db_url, receiver, clock)
+    try:
+        for matchers in MUTE_EVERYTHING:
+            status, answer = await call(
+                server, "POST", "/api/v1/maintenance", {**node_window("x"), "matchers": matchers}
+            )
+            assert status == 400, (matchers, answer)
+            assert answer["error"].startswith("window.matchers: every matcher matches the empty")
+        daily = {
+            "matchers": {"node": "gpu-17"},
+            "rrule": "FREQ=DAILY",
+            "start": "00:00",
+            "duration_minutes": 1440,
+            "timezone": "UTC",
+            "created_by": "mallory",
+        }
+        status, answer = await call(server, "POST", "/api/v1/maintenance", daily)
+        assert status == 400 and answer["error"].startswith("window.rrule: needs COUNT or UNTIL")
+        # bounded, but 30 days of daily occurrences: longer than max_window_hours in all
+        daily["rrule"] = "FREQ=DAILY;COUNT=30"
+        status, answer = await call(server, "POST", "/api/v1/maintenance", daily)
+        assert status == 400 and "longer than the cap in all" in answer["error"], answer
+        daily["rrule"] = "FREQ=DAILY;UNTIL=20261201T000000"
+        status, answer = await call(server, "POST", "/api/v1/maintenance", daily)
+        assert status == 400 and answer["error"].startswith("window.rrule"), answer
+        status, listed = await call(server, "GET", "/api/v1/maintenance")
+        assert listed["items"] == []
+        await post_alerts(server, [make_alert(1, labels={**P0, "node": "gpu-17"})])
+        await settle(server)
+        assert phoned(receiver) == [(1, "firing")]
+    finally:
+        await close_in_process(server)
+
+
+async def test_a_stored_window_the_rules_now_refuse_is_ignored_and_logged(
+    db_url: str, receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Stored by a version that accepted it: every alert, every day, forever. Read again
+    (without the caps of the day, with the rules), it is refused: logged, and mutes nothing."""
+    server = await start(db_url, receiver, Clock())
+    try:
+        request = {
+            "matchers": {"alertname": {"regex": ".*"}},
+            "rrule": "FREQ=DAILY",
+            "start": "00:00",
+            "duration_minutes": 1440,
+            "timezone": "UTC",
+            "created_by": "mallory",
+        }
+        row = WindowRow(
+            id="mw-0ld", created_at=START, created_by="mallory", reason="", request=request,
+            starts_at=None, ends_at=None, ended_at=None, ended_by=None, announced_end=None,
+        )  # fmt: skip
+        engine = create_engine(db_url)
+        try:
+            async with engine.begin() as conn:
+                await insert_window(conn, row)
+        finally:
+            await engine.dispose()
+        await post_alerts(server, [make_alert(1, labels={**P0, "node": "gpu-17"})])
+        await settle(server)
+        assert phoned(receiver) == [(1, "firing")]
+        assert any(
+            "mw-0ld cannot be read" in r.getMessage() and "every matcher" in r.getMessage()
+            for r in caplog.records
+        )
+    finally:
+        await close_in_process(server)
+
+
+async def test_a_longer_recurring_window_needs_max_total_hours(
+    db_url: str, receiver: Receiver
+) -> None:
+    weekly = {
+        "matchers": {"rack": "r7"},
+        "rrule": "FREQ=WEEKLY;COUNT=4",
+        "start": "02:00",
+        "duration_minutes": 120,
+        "timezone": "Europe/Berlin",
+        "created_by": "ops",
+    }
+    server = await start(db_url, receiver, Clock())
+    try:
+        status, answer = await call(server, "POST", "/api/v1/maintenance", weekly)
+        assert status == 400 and answer["error"].startswith("window.rrule"), answer
+    finally:
+        await close_in_process(server)
+    settings = MaintenanceSettings(max_total_hours=24 * 31)
+    server = await start(db_url, receiver, Clock(), maintenance=settings)
+    try:
+        status, window = await call(server, "POST", "/api/v1/maintenance", weekly)
+        assert status == 201, window
+        assert window["rrule"] == "FREQ=WEEKLY;COUNT=4"
     finally:
         await close_in_process(server)
 
@@ -351,11 +467,24 @@ BAD = [
       "start": "02:00", "duration_minutes": 60, "timezone": "UTC"}, "window.rrule"),
     ({"matchers": {"node": "x"}, "created_by": "a", "starts_at": "2026-11-20T05:00:00Z",
       "ends_at": "2026-11-22T06:00:00Z"}, "window.ends_at"),  # longer than the 24 h cap
-    ({"matchers": {"node": "x"}, "created_by": "a", "rrule": "FREQ=DAILY", "start": "02:00",
+    ({"matchers": {"node": "x"}, "created_by": "a", "rrule": "FREQ=DAILY;COUNT=1", "start": "02:00",
       "duration_minutes": 24 * 60 + 1, "timezone": "UTC"}, "window.duration_minutes"),
+    ({"matchers": {"node": "x"}, "created_by": "a", "rrule": "FREQ=DAILY", "start": "02:00",
+      "duration_minutes": 60, "timezone": "UTC"}, "window.rrule: needs COUNT or UNTIL"),
+    ({"matchers": {"node": "x"}, "created_by": "a", "rrule": "FREQ=DAILY;COUNT=2", "start": "02:00",
+      "duration_minutes": 60, "timezone": "UTC"}, "window.rrule: the occurrences last longer"),
     ({"matchers": {"node": {"regex": "gpu-(["}}, "created_by": "a",
       "starts_at": "2026-11-20T05:00:00Z", "ends_at": "2026-11-20T06:00:00Z"},
      "window.matchers.node.regex"),
+    ({"matchers": {"node": {"regex": "gpu-1(?!7)"}}, "created_by": "a",
+      "starts_at": "2026-11-20T05:00:00Z", "ends_at": "2026-11-20T06:00:00Z"},
+     "window.matchers.node.regex: not a regular expression (RE2 syntax)"),
+    ({"matchers": {"node": {"regex": "gpu-.{0,500}"}}, "created_by": "a",
+      "starts_at": "2026-11-20T05:00:00Z", "ends_at": "2026-11-20T06:00:00Z"},
+     "window.matchers.node.regex: too large"),
+    ({"matchers": {"nosuchlabel": ""}, "created_by": "a",
+      "starts_at": "2026-11-20T05:00:00Z", "ends_at": "2026-11-20T06:00:00Z"},
+     "window.matchers: every matcher matches the empty string"),
     ({"matchers": {}, "created_by": "a", "starts_at": "2026-11-20T05:00:00Z",
       "ends_at": "2026-11-20T06:00:00Z"}, "window.matchers"),
     ({"matchers": {"node": "x"}, "starts_at": "2026-11-20T05:00:00Z",

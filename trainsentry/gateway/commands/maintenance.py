@@ -13,9 +13,10 @@ Maintenance windows through the gateway's API (/api/v1/maintenance). While a win
 active, a matching alert is stored and archived as always but sends no chat card and rings
 no phone; if it still fires when the window ends, it is notified then.
 
-  add   --match LABEL=VALUE (equality) or --match LABEL~REGEX (full match), repeatable, all
-        must hold; then either a one-off window: --start TIME (default now) and --end TIME
-        or --duration 2h; or a recurring one: --rrule 'FREQ=WEEKLY;BYDAY=TU' --at 02:00
+  add   --match LABEL=VALUE (equality) or --match LABEL~REGEX (RE2, full match), repeatable,
+        all must hold, at least one must need a value (not only match a missing label); then
+        either a one-off window: --start TIME (default now) and --end TIME or --duration 2h;
+        or a recurring one, which must end: --rrule 'FREQ=WEEKLY;BYDAY=TU;COUNT=4' --at 02:00
         --duration 120m --timezone Europe/Berlin. TIME is ISO 8601 with an offset (or local
         to --timezone). --reason says why; --by who (default: your user name).
   list  the windows not over yet (--all: every window), --json for the API's answer
@@ -52,7 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add.add_argument("--start", default=None, metavar="TIME", help="one-off: start (default now)")
     add.add_argument("--end", default=None, metavar="TIME", help="one-off: end")
     add.add_argument("--duration", type=_minutes, default=None, metavar="D", help="2h, 90m")
-    add.add_argument("--rrule", default=None, help="recurring: an RRULE, FREQ=WEEKLY;BYDAY=TU")
+    add.add_argument(
+        "--rrule",
+        default=None,
+        help="recurring: an RRULE with COUNT or UNTIL, FREQ=WEEKLY;BYDAY=TU;COUNT=4",
+    )
     add.add_argument("--at", default=None, metavar="HH:MM", help="recurring: local start time")
     add.add_argument("--since", default=None, metavar="DATE", help="recurring: first day")
     add.add_argument("--timezone", default=None, help="IANA time zone, e.g. Europe/Berlin")

@@ -59,7 +59,7 @@ log = logging.getLogger("trainsentry.maintenance")
 MAX_REQUEST_BYTES = 64 * 1024
 MAX_MATCHERS = 32
 MAX_TEXT = 1000  # reason, created_by, a value or a regular expression
-# A stored window is parsed again without the cap of the day (the cap applies when made).
+# A stored window is parsed again without the caps of the day (they apply when it is made).
 _NO_CAP = timedelta(days=3660)
 
 
@@ -84,7 +84,7 @@ def _check_text(value: Any, where: str) -> None:
 
 
 def validate_request(
-    body: Any, *, window_id: str, now: datetime, max_window: timedelta
+    body: Any, *, window_id: str, now: datetime, max_window: timedelta, max_total: timedelta
 ) -> MaintenanceWindow:
     """Pure: a window request checked for storing and parsed; WindowRejected names the field."""
     if not isinstance(body, dict):
@@ -97,7 +97,9 @@ def validate_request(
     if not isinstance(created_by, str) or not created_by.strip():
         raise WindowRejected("window.created_by: is required (who makes the window)")
     try:
-        return parse_window(body, window_id=window_id, created_at=now, max_window=max_window)
+        return parse_window(
+            body, window_id=window_id, created_at=now, max_window=max_window, max_total=max_total
+        )
     except OncallConfigError as exc:
         raise WindowRejected(str(exc)) from None
 
@@ -154,11 +156,19 @@ class MaintenanceService:
     def max_window(self) -> timedelta:
         return timedelta(hours=self.settings.max_window_hours)
 
+    @property
+    def max_total(self) -> timedelta:
+        return timedelta(hours=self.settings.total_hours)
+
     def _parse(self, row: WindowRow) -> MaintenanceWindow | None:
         if row.id not in self._parsed:
             try:
                 self._parsed[row.id] = parse_window(
-                    row.request, window_id=row.id, created_at=row.created_at, max_window=_NO_CAP
+                    row.request,
+                    window_id=row.id,
+                    created_at=row.created_at,
+                    max_window=_NO_CAP,
+                    max_total=None,
                 )
             except OncallConfigError as exc:  # stored by a version that accepted more
                 log.error("maintenance window %s cannot be read, ignored: %s", row.id, exc)
@@ -184,7 +194,9 @@ class MaintenanceService:
         """Validates and stores a window; raises WindowRejected naming the field."""
         now = self._clock()
         window_id = f"mw-{secrets.token_hex(6)}"
-        window = validate_request(body, window_id=window_id, now=now, max_window=self.max_window)
+        window = validate_request(
+            body, window_id=window_id, now=now, max_window=self.max_window, max_total=self.max_total
+        )
         row = WindowRow(
             id=window_id,
             created_at=now,
