@@ -255,3 +255,19 @@ async def test_calls_can_be_told_apart_by_user_agent(emu: KubeEmulator) -> None:
     assert emu.recorded_calls() == {ApiCall("list", "", "configmaps"), ApiCall("list", "", "nodes")}
     assert emu.recorded_calls(exclude_agent="kmock/") == {ApiCall("list", "", "nodes")}
     assert emu.agents[1] == "operator/1"
+
+
+async def test_every_request_is_logged_with_its_path_as_sent(emu: KubeEmulator) -> None:
+    """The request log keeps the path exactly as it arrived: escapes are not decoded, and
+    requests no resource route knows (discovery, unknown paths) are logged too."""
+    await call(emu, "GET", CM)
+    async with emu.get(f"{CM}/a%2Fb", headers={"User-Agent": "gateway/1"}):
+        pass
+    async with emu.get("/api", headers={"User-Agent": "gateway/1"}):
+        pass
+    assert [(s.method, s.raw_path) for s in emu.requests] == [
+        ("GET", CM),
+        ("GET", f"{CM}/a%2Fb"),
+        ("GET", "/api"),
+    ]
+    assert emu.sent_paths(exclude_agent="kmock/") == [f"{CM}/a%2Fb", "/api"]

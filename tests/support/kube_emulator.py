@@ -73,6 +73,16 @@ class ApiCall:
         }
 
 
+@dataclass(frozen=True)
+class Sent:
+    """One HTTP request as it arrived: its method, its path and query exactly as sent
+    (percent-escapes kept), and its User-Agent."""
+
+    method: str
+    raw_path: str
+    agent: str
+
+
 @dataclass
 class Fault:
     verb: str
@@ -169,6 +179,7 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         self.calls: list[ApiCall] = []
         self.agents: list[str] = []  # the User-Agent of each call, parallel to `calls`
         self.namespaces: list[str | None] = []  # the namespace of each call (RBAC scope)
+        self.requests: list[Sent] = []  # every request, resource call or not
         self.faults: list[Fault] = []
         self.history_limit = _HISTORY_LIMIT
         # Called with every object as it would be stored after a create or patch; a raised
@@ -209,6 +220,14 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             if exclude_agent is None or not agent.startswith(exclude_agent)
         }
 
+    def sent_paths(self, exclude_agent: str | None = None) -> list[str]:
+        """The raw path of every request, in order, optionally without one client's."""
+        return [
+            sent.raw_path
+            for sent in self.requests
+            if exclude_agent is None or not sent.agent.startswith(exclude_agent)
+        ]
+
     def live(self, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:
         """The raw objects of `resource` (e.g. "v1/configmaps") that currently exist."""
         wanted = kmock.resource(resource)
@@ -233,13 +252,18 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     # --- request handling -----------------------------------------------------------------
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        raw = request._raw_request  # the request-target as it arrived, escapes kept
+        raw_path = raw.raw_path if raw is not None else str(request.url.raw_path_qs)
+        agent = str(request.headers.get("User-Agent", ""))
+        method = getattr(request.method, "value", request.method)
+        self.requests.append(Sent(str(method).upper(), raw_path, agent))
         resource = request.resource
         if resource is None or resource.plural is None:
             return await kmock.KubernetesScaffold._handle(self, request)  # discovery
         verb = _verb(request)
         group = resource.group or ""
         self.calls.append(ApiCall(verb, group, resource.plural, request.subresource or ""))
-        self.agents.append(str(request.headers.get("User-Agent", "")))
+        self.agents.append(agent)
         self.namespaces.append(request.namespace or None)
         if not any(resource == known for known in self._get_resources()):
             raise kmock.KubernetesResourceNotFoundError()

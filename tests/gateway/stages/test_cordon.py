@@ -497,3 +497,33 @@ def test_the_operator_keeps_the_node_cordoned_condition() -> None:
     merged = merge_conditions(mine, [Condition("RulesReady", True, "Applied")], "later", 2)
     assert [c["type"] for c in merged] == ["RulesReady", "NodeCordoned"]
     assert merged[1] == mine[0]
+
+
+ESCAPING_NODE = "../namespaces/kube-system/secrets/x"
+
+
+async def test_a_node_label_that_is_no_node_name_never_reaches_the_api(
+    cluster: KubeEmulator, start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 32, finding 1: alert labels are anyone's. A "node" of `../namespaces/...`
+    with enough faults to be cordoned is skipped with a logged reason (no card, no API
+    request naming it: `PATCH /api/v1/nodes/../namespaces/kube-system/secrets/x` would be
+    a patch of that Secret), and the check goes on: the real lemon beside it is cordoned."""
+    cluster.declare("v1/secrets", "Secret")
+    await create(
+        cluster,
+        "/api/v1/namespaces/kube-system/secrets",
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "x"}, "data": {}},
+    )
+    running = await start(cordon="auto", max_job_share=1, max_per_hour=5)
+    forged = [fault(400 + i, ESCAPING_NODE, "big", 2 + i) for i in range(3)]
+    lemon = [fault(410 + i, "gpu-node-3", "big", 2 + i) for i in range(3)]
+    await running.post(*SPREAD, *forged, *lemon)
+    await running.gateway.settle()
+    ours = cluster.sent_paths(exclude_agent="kmock/")
+    assert not [p for p in ours if "kube-system" in p or "secrets" in p or ".." in p], ours
+    secret = cluster.get_live("v1/secrets", "kube-system", "x")
+    assert secret is not None and "spec" not in secret
+    assert unschedulable(cluster, "gpu-node-3")  # the check went on
+    assert [c["cordon"]["node"] for c in running.cards()] == ["gpu-node-3"]
+    assert "not a valid node name" in caplog.text and ESCAPING_NODE in caplog.text

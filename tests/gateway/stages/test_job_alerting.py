@@ -573,3 +573,83 @@ async def test_a_jobs_alert_is_acked_where_its_cards_went(
     [redrawn_d] = fell_back["updates"]
     assert "ou_dee" in json.dumps(redrawn_d)
     assert {code for _, code in feishu.rejections} == {230002}  # only team-d's chat
+
+
+async def create_unchecked(cluster: KubeEmulator, path: str, body: dict[str, Any]) -> None:
+    """Stores `body` without the schema check: an object kept from before the CRD refused
+    it (or a cluster whose CRD is older), which the gateway must still not trust."""
+    validator, cluster.validator = cluster.validator, None
+    try:
+        await create(cluster, path, body)
+    finally:
+        cluster.validator = validator
+
+
+TEAM_B_ROSTER = """
+layers:
+  - name: team-b-primary
+    members: [{name: bella, feishu_open_id: ou_bella}]
+"""
+# References that climb out of the job's namespace (issue 32, finding 1): as written, and
+# with the dots percent-encoded (an HTTP client decodes and collapses both).
+ESCAPES = {
+    "dots": {
+        "feishu": {
+            "webhookSecretRef": {
+                "name": "../../team-b/secrets/bot", "key": "url", "secretKey": "sign"
+            }
+        }
+    },
+    "encoded": {
+        "feishu": {
+            "webhookSecretRef": {
+                "name": "%2e%2e/%2e%2e/team-b/secrets/bot", "key": "url", "secretKey": "sign"
+            }
+        }
+    },
+    "roster": {
+        "onCallRosterRef": {"name": "../../team-b/configmaps/oncall", "key": "roster.yaml"}
+    },
+}  # fmt: skip
+ESCAPING_FIELDS = {
+    "dots": "spec.alerting.feishu.webhookSecretRef.name",
+    "encoded": "spec.alerting.feishu.webhookSecretRef.name",
+    "roster": "spec.alerting.onCallRosterRef.name",
+}
+
+
+async def test_a_reference_cannot_climb_into_another_namespace(
+    cluster: KubeEmulator, feishu: FeishuContractServer, gateway: Any
+) -> None:
+    """Issue 32, finding 1: team-a's TrainingJobs name team-b's Secret and roster through
+    `../` (plain and percent-encoded). The gateway reads nothing of team-b's (no request
+    even names its namespace), team-b's bot and on-call person hear nothing, and each job
+    says why: AlertingReady=False, reason InvalidReference, naming the field."""
+    start, _ = gateway
+    await create_bot_secret(cluster, feishu)
+    await create(
+        cluster,
+        "/api/v1/namespaces/team-b/configmaps",
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "oncall"},
+         "data": {"roster.yaml": TEAM_B_ROSTER}},
+    )  # fmt: skip
+    for name, alerting in ESCAPES.items():
+        await create_unchecked(cluster, tj_path("team-a"), trainingjob("team-a", name, alerting))
+    running = await start()
+    await running.post(*(alert(i, "team-a", name, "TrainingJobDown") for i, name in enumerate(ESCAPES)))
+    assert feishu.accepted.get("team-b", []) == []  # team-b's bot got no card
+    rung = {user for _, users in feishu.urgent_calls for user in users}
+    assert "ou_bella" not in rung and rung == {"ou_gus"}  # the global on-call, not team-b's
+    ours = cluster.sent_paths(exclude_agent="kmock/")
+    assert ours and not [p for p in ours if "team-b" in p or "%2" in p.lower() or ".." in p]
+    assert not [
+        call for call in cluster.recorded_calls(exclude_agent="kmock/")
+        if call.resource in ("secrets", "configmaps")
+    ]  # fmt: skip
+    for name, field in ESCAPING_FIELDS.items():
+        ready = condition(cluster, "team-a", name)
+        assert (ready["status"], ready["reason"]) == ("False", "InvalidReference"), ready
+        assert field in ready["message"], ready
+        assert "InvalidReference" in {e["reason"] for e in events(cluster, "team-a", name)}
+    global_text = json.dumps(chat_cards(feishu, GLOBAL_CHAT))  # every card took the global route
+    assert all(f"team-a/{name}" in global_text for name in ESCAPES)
