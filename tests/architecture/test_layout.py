@@ -166,6 +166,22 @@ def test_only_the_store_imports_sqlalchemy() -> None:
     assert not offenders, _where(offenders)
 
 
+# Beside kube/, only the operator's kopf login and handlers touch the client library: they
+# build the one ApiClient configuration that kopf and `Kube` share.
+BUILDS_THE_KUBERNETES_CLIENT = ("trainsentry.operator.login", "trainsentry.operator.handlers")
+
+
+def test_only_the_kube_part_talks_to_kubernetes() -> None:
+    offenders = [
+        i
+        for i in _all_imports()
+        if i.target.split(".")[0] in ("kubernetes_asyncio", "kubernetes")
+        and _part(i.module) != "kube"
+        and i.module not in BUILDS_THE_KUBERNETES_CLIENT
+    ]
+    assert not offenders, _where(offenders)
+
+
 def test_the_policy_is_pure() -> None:
     io_libraries = {"aiohttp", "httpx", "sqlalchemy", "kubernetes_asyncio"}
     forbidden_inside = (

@@ -24,8 +24,8 @@ from referencing import Registry, Resource
 
 from tests.support.eventually import eventually
 from tests.support.kube_emulator import ApiCall, KubeEmulator
+from trainsentry.kube.client import RetryPolicy
 from trainsentry.operator.handlers import OperatorOptions, build_registry
-from trainsentry.operator.kube import RetryPolicy
 from trainsentry.operator.reconcile import Sources
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,6 +18,7 @@ from trainsentry.gateway.stages.diagnosis import (
     past_checkpoint_limit,
 )
 from trainsentry.gateway.stages.hang_enrichment import HangVerdict
+from trainsentry.kube.names import InvalidName
 
 TJ_PATH = f"/apis/trainsentry.io/v1alpha1/namespaces/{NS}/trainingjobs"
 POD_PATH = f"/api/v1/namespaces/{NS}/pods"
@@ -72,3 +73,17 @@ def test_a_checkpoint_is_held_until_its_peers_have_waited_the_limit() -> None:
     # Already past it (the dumps say the peers waited 700 s): paged now.
     _, until = past_checkpoint_limit(_checkpoint(700.0), 600.0, now)
     assert until is None
+
+
+async def test_a_job_from_alert_labels_that_is_no_name_is_never_asked_for(
+    cluster: KubeEmulator,
+) -> None:
+    """The job of a hang alert comes from its labels (anyone's): the resolver refuses one
+    that is no Kubernetes name before any request (the diagnosis then fails, and the page
+    goes out without a verdict)."""
+    async with ApiClient(Configuration(host=str(cluster.url).rstrip("/"))) as api:
+        resolver = KubernetesEndpoints(api)
+        for job in (JobRef(NS, "../../team-b/trainingjobs/x"), JobRef("../team-b", "ck")):
+            with pytest.raises(InvalidName):
+                await resolver(job)
+    assert cluster.sent_paths(exclude_agent="kmock/") == []

@@ -37,7 +37,8 @@ from tests.support.dump_probes import start_dump_probes
 from tests.support.eventually import eventually
 from tests.support.gateway_process import close_in_process
 from tests.support.kube_emulator import KubeEmulator
-from trainsentry.operator.kube import Kube, KubeError, RetryPolicy
+from trainsentry.kube.client import Kube, KubeError, RetryPolicy
+from trainsentry.kube.names import InvalidName
 from trainsentry.operator.login import login_handler
 from trainsentry.operator.nodes import CLAIM_PREFIX
 from trainsentry.operator.reconcile import ClaimLedger, Sources, reconcile
@@ -411,6 +412,14 @@ async def test_last_alert_from_the_gateway_sets_the_phase(
         await patch_last_alert(api, NS, "g", "GPUXidCritical", "P1", at)
         await eventually(lambda: status_of(cluster, "g").get("phase") == "Degraded")
         assert await patch_last_alert(api, NS, "nope", "X", "P3", at) is False
+        # the job comes from alert labels: one that is no name is refused before a request
+        # (the operator runs beside: only the paths these would have become are looked for)
+        sent = len(cluster.requests)
+        for namespace, name in ((NS, "../../../../../../api/v1/nodes/gpu-1"), ("..", "g")):
+            with pytest.raises(InvalidName):
+                await patch_last_alert(api, namespace, name, "X", "P3", at)
+        astray = ("/api/v1/nodes/gpu-1/status", "/apis/trainsentry.io/v1alpha1/trainingjobs/g")
+        assert not [p for p in cluster.sent_paths()[sent:] if p.startswith(astray)]
     assert status_of(cluster, "g")["ranks"] == {"expected": 2, "running": 2}
 
 

@@ -63,7 +63,7 @@ from trainsentry.gateway.stages.planning.ticker import Ticker
 from trainsentry.gateway.stages.planning.worker import PolicyWorker
 from trainsentry.gateway.stages.retention import Retention
 from trainsentry.gateway.stages.topology import TopologySource
-from trainsentry.kubeclient import default_api_client
+from trainsentry.kube.client import default_api_client
 from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier

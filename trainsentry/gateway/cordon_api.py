@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from typing import Any
 
 from aiohttp import web
@@ -20,6 +19,7 @@ from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.cordon import NodeDecision
 from trainsentry.gateway.stages.cordon import PRIORITY
 from trainsentry.gateway.stages.intake import text_problem
+from trainsentry.kube.names import subdomain_problems
 from trainsentry.notifiers.feishu.callback import CardAction
 from trainsentry.notifiers.feishu.card import CardOptions
 from trainsentry.notifiers.feishu.cordon_card import cordon_card
@@ -29,7 +29,6 @@ from trainsentry.store.errors import DatabaseError
 
 log = logging.getLogger("trainsentry.gateway")
 
-_NODE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 MAX_BODY_BYTES = 4096
 
 
@@ -93,7 +92,7 @@ async def post_uncordon(request: web.Request) -> web.Response:
     if not authorized(request, token):
         return unauthorized()
     node = request.match_info["node"]
-    if not _NODE.match(node):
+    if subdomain_problems(node):  # Kubernetes' rule for a node's name
         return error_response(400, "the node is not a node name")
     if gateway.cordon is None:
         return error_response(409, "remediation.cordon is off on this gateway")

@@ -29,7 +29,7 @@ from trainsentry.gateway.stages.job_alerting import JobAlerting, JobAlertingSett
 from trainsentry.gateway.stages.oncall import current_escalators
 from trainsentry.gateway.stages.paging import Paging
 from trainsentry.gateway.stages.topology import TopologySource
-from trainsentry.kubeclient import default_api_client
+from trainsentry.kube.client import default_api_client
 from trainsentry.notifiers.settings import SecretMissing, read_secret
 from trainsentry.oncall.config import OncallConfigError, parse_oncall
 from trainsentry.oncall.types import OncallConfig

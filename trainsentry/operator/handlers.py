@@ -16,8 +16,8 @@ from typing import Any
 import kopf
 from kubernetes_asyncio.client import ApiClient, Configuration
 
+from trainsentry.kube.client import Kube, KubeError, RetryPolicy
 from trainsentry.operator import reconcile as rec
-from trainsentry.operator.kube import Kube, KubeError, RetryPolicy
 from trainsentry.operator.spec import GROUP, MONITOR_ANNOTATION, PLURAL, VERSION
 
 log = logging.getLogger(__name__)

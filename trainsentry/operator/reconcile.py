@@ -20,8 +20,9 @@ import yaml
 from pydantic import ValidationError
 
 from trainsentry.alerts import PROBE_HANG_ALERT
+from trainsentry.kube.client import Kube, KubeError
+from trainsentry.kube.resources import BY_KIND, NODES, PODS, TRAININGJOBS
 from trainsentry.operator import discovery, nodes, status
-from trainsentry.operator.kube import BY_KIND, NODES, PODS, TRAININGJOBS, Kube, KubeError
 from trainsentry.operator.render import (
     DashboardFile,
     Rendered,

@@ -293,7 +293,8 @@ async def patch_last_alert(
     The operator folds `lastAlert` into `phase` (Hung, Degraded) on its next reconcile.
     Needs RBAC `patch` on `trainingjobs/status`.
     """
-    from trainsentry.operator.kube import TRAININGJOBS, Kube, KubeError
+    from trainsentry.kube.client import Kube, KubeError
+    from trainsentry.kube.resources import TRAININGJOBS
 
     body = last_alert_patch(alertname, priority, at, status, diagnosis, culprit_ranks)
     try:

@@ -636,7 +636,9 @@ async def test_a_reference_cannot_climb_into_another_namespace(
     for name, alerting in ESCAPES.items():
         await create_unchecked(cluster, tj_path("team-a"), trainingjob("team-a", name, alerting))
     running = await start()
-    await running.post(*(alert(i, "team-a", name, "TrainingJobDown") for i, name in enumerate(ESCAPES)))
+    await running.post(
+        *(alert(i, "team-a", name, "TrainingJobDown") for i, name in enumerate(ESCAPES))
+    )
     assert feishu.accepted.get("team-b", []) == []  # team-b's bot got no card
     rung = {user for _, users in feishu.urgent_calls for user in users}
     assert "ou_bella" not in rung and rung == {"ou_gus"}  # the global on-call, not team-b's

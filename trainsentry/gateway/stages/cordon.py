@@ -44,15 +44,10 @@ from trainsentry.gateway.policy.cordon import (
 from trainsentry.gateway.policy.route import CHANNEL_KINDS
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.stages.topology import TopologySource
-from trainsentry.operator.kube import (
-    EVENTS,
-    NODES,
-    TRAININGJOBS,
-    Kube,
-    KubeError,
-    LazyApiClient,
-    event,
-)
+from trainsentry.kube.client import Kube, KubeError, LazyApiClient
+from trainsentry.kube.events import event
+from trainsentry.kube.names import InvalidName, subdomain_problems
+from trainsentry.kube.resources import EVENTS, NODES, TRAININGJOBS
 from trainsentry.store.cordon import SCOPE, cordon_states, lock_cordon
 from trainsentry.store.engine import Connection, Engine
 from trainsentry.store.node_health import node_occurrences
@@ -68,6 +63,7 @@ PRIORITY = Priority.P1
 CARD_CHANNELS = frozenset({*CHANNEL_KINDS["feishu"], "console"})
 MAX_JOBS_READ = 20  # TrainingJobs read for one decision (a card names at most 20)
 MAX_LISTED = 10_000  # nodes taken from one TrainingJob's status.nodes
+MAX_REFUSED_LOGGED = 1_000  # refused node labels remembered, so each is logged once
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +91,8 @@ def _api_problem(exc: Exception) -> str:
     """The Kubernetes API's failure in words, without its body (no secrets, bounded)."""
     if isinstance(exc, KubeError):
         return f"Kubernetes API answered {exc.status}"
+    if isinstance(exc, InvalidName):  # refused by the client, before any request
+        return str(exc)[:300]
     return f"Kubernetes API unreachable ({type(exc).__name__})"
 
 
@@ -119,6 +117,7 @@ class Cordoner:
         self._topology = topology
         self._clock = clock
         self._on_drafts = on_drafts
+        self._refused: set[str] = set()  # node labels already logged as no node name
         self._task = OwnedTask(
             "cordon",
             lambda: every(
@@ -186,13 +185,17 @@ class Cordoner:
         if self.settings.cordon is Mode.AUTO:  # the jobs' listed nodes, before the lock
             async with self._engine.connect() as conn:
                 decisions, alerts = await self._read(conn, now, lock=False)
-            found = candidates(alerts, self._policy, self.settings, decisions, now)
+            found = self._nodes_only(
+                candidates(alerts, self._policy, self.settings, decisions, now)
+            )
             if not found:
                 return []
             listed = await self._listed_nodes({job for c in found for job in c.jobs})
         async with self._engine.begin() as conn:
             decisions, alerts = await self._read(conn, now)
-            found = candidates(alerts, self._policy, self.settings, decisions, now)
+            found = self._nodes_only(
+                candidates(alerts, self._policy, self.settings, decisions, now)
+            )
             job_nodes = with_listed_nodes(job_nodes_of(alerts), listed)
             rows: dict[str, tuple[dict[str, Any], datetime | None]] = {}
             for candidate in found:
@@ -225,6 +228,27 @@ class Cordoner:
                 "cordon: nodes=%s mode=%s", [c.health.node for c in found], self.settings.cordon
             )
         return [c.health.node for c in found]
+
+    def _nodes_only(self, found: list[Candidate]) -> list[Candidate]:
+        """The candidates whose `node` label is a Kubernetes node name (a DNS-1123
+        subdomain). Labels are anyone's and a node's name goes into an API path
+        (`PATCH /api/v1/nodes/NAME`), so any other is skipped: no card, no request; logged
+        once per label, with the reason."""
+        kept = []
+        for candidate in found:
+            node = candidate.health.node
+            if not (problems := subdomain_problems(node)):
+                kept.append(candidate)
+            elif node not in self._refused:
+                if len(self._refused) >= MAX_REFUSED_LOGGED:
+                    self._refused.clear()
+                self._refused.add(node)
+                log.warning(
+                    "cordon: skipped node=%r: not a valid node name (%s)",
+                    node[:253],
+                    "; ".join(problems),
+                )
+        return kept
 
     def _decision(
         self, candidate: Candidate, status: Status, now: datetime, reason: str = ""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -32,12 +32,14 @@ from trainsentry.gateway.stages.hang_enrichment import (
 )
 from trainsentry.gateway.stages.hang_trigger import ALERTNAME as TRIGGER_ALERTNAME
 from trainsentry.gateway.stages.paging import Paging
-from trainsentry.kubeclient import default_api_client
+from trainsentry.kube.client import Kube, KubeError, LazyApiClient, RetryPolicy, default_api_client
+from trainsentry.kube.resources import PODS, TRAININGJOBS
 from trainsentry.store.alert_state import cancel_held, save_verdict
 from trainsentry.store.engine import Connection, Engine
 
 log = logging.getLogger("trainsentry.diagnosis")
 
+_ONE_TRY = RetryPolicy(attempts=1)  # the diagnosis has its own deadline; the page never waits
 DEFAULT_HANG_ALERTS = ("TrainingJobHang", "TrainingRankStalledBehindPeers", TRIGGER_ALERTNAME)
 
 
@@ -84,41 +86,43 @@ class StaticEndpoints:
 
 
 class KubernetesEndpoints:
-    """The job's running pods, found by the TrainingJob's selector; one endpoint per rank."""
+    """The job's running pods, found by the TrainingJob's selector; one endpoint per rank.
+    The job's namespace and name come from alert labels: the client refuses ones that are
+    no Kubernetes names (InvalidName) before any request, and the diagnosis fails."""
 
-    def __init__(self, api_client: Any | None = None) -> None:
-        self._api_client = api_client
+    def __init__(
+        self,
+        api_client: Any | None = None,
+        api_factory: Callable[[], Awaitable[Any]] = default_api_client,
+    ) -> None:
+        async def given() -> Any:
+            return api_client
+
+        self._api = LazyApiClient(api_factory if api_client is None else given)
         #: job -> spec.checkpointLimitSeconds as last read (absent: the spec sets none)
         self.checkpoint_limits: dict[JobRef, float] = {}
 
-    async def _client(self) -> Any:
-        if self._api_client is None:
-            self._api_client = await default_api_client()
-        return self._api_client
-
     async def __call__(self, job: JobRef) -> list[RankEndpoint]:
-        from kubernetes_asyncio import client
-
         from trainsentry.operator.spec import TrainingJobSpec
 
-        api_client = await self._client()
-        custom = client.CustomObjectsApi(api_client)
-        body = await custom.get_namespaced_custom_object(
-            "trainsentry.io", "v1alpha1", job.namespace, "trainingjobs", job.name
-        )
+        kube = Kube(await self._api.get(), _ONE_TRY)
+        body = await kube.get(TRAININGJOBS, job.namespace, job.name)
+        if body is None:
+            raise KubeError(404, f"no TrainingJob {job}")
         spec = TrainingJobSpec.model_validate(body.get("spec") or {})
         if spec.checkpointLimitSeconds is None:
             self.checkpoint_limits.pop(job, None)
         elif len(self.checkpoint_limits) < 10_000 or job in self.checkpoint_limits:
             self.checkpoint_limits[job] = float(spec.checkpointLimitSeconds)
-        core = client.CoreV1Api(api_client)
-        pods = await core.list_namespaced_pod(
-            job.namespace, label_selector=spec.pod_selector().as_string()
-        )
+        pods = await kube.list(PODS, job.namespace, spec.pod_selector().as_string())
         running = [
-            PodAddress(pod.metadata.name, pod.status.pod_ip or "", pod.spec.node_name or "")
-            for pod in pods.items
-            if pod.status is not None and pod.status.phase == "Running"
+            PodAddress(
+                str((pod.get("metadata") or {}).get("name") or ""),
+                str((pod.get("status") or {}).get("podIP") or ""),
+                str((pod.get("spec") or {}).get("nodeName") or ""),
+            )
+            for pod in pods
+            if (pod.get("status") or {}).get("phase") == "Running"
         ]
         return endpoints_for_pods(
             running, base_port=spec.probe.port, ranks_per_pod=spec.ranksPerPod

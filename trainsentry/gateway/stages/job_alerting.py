@@ -3,8 +3,11 @@
 Every `refresh_seconds` the stage lists the TrainingJobs (all namespaces, or the configured
 ones) through the Kubernetes API, reads what their settings reference, checks it, and
 swaps in a new snapshot keyed by namespace/name:
-- `feishu.webhookSecretRef`: the Secret in the JOB'S OWN namespace (a reference has no
-  namespace field, so no job can name another namespace's Secret); `key` holds the custom
+- every reference names an object in the JOB'S OWN namespace: it has no namespace field,
+  and the Kubernetes client refuses a name that is no object name (a DNS-1123 subdomain)
+  before any request, so no `../` or `%2e%2e/` reaches another namespace; such a job gets
+  `InvalidReference` and nothing is read for it;
+- `feishu.webhookSecretRef`: the Secret; `key` holds the custom
   bot's webhook URL, which must start with one of `webhook_prefixes` (Feishu's bot hook
   URLs by default: the gateway posts nowhere else), `secretKey` its signing secret;
 - `feishu.chatId`: a Feishu chat id (`oc_...`); needs the gateway's Feishu app;
@@ -53,18 +56,12 @@ from trainsentry.gateway.policy.job_settings import (
     with_condition,
 )
 from trainsentry.gateway.policy.route import JobRoute
+from trainsentry.kube.client import Kube, KubeError, LazyApiClient
+from trainsentry.kube.events import event
+from trainsentry.kube.names import InvalidName
+from trainsentry.kube.resources import CONFIGMAPS, EVENTS, SECRETS, TRAININGJOBS
 from trainsentry.notifiers.feishu.bot import BotWebhook
 from trainsentry.notifiers.feishu.job import JobDestination, Problem
-from trainsentry.operator.kube import (
-    CONFIGMAPS,
-    EVENTS,
-    SECRETS,
-    TRAININGJOBS,
-    Kube,
-    KubeError,
-    LazyApiClient,
-    event,
-)
 from trainsentry.operator.spec import API_VERSION, KIND, Alerting, TrainingJobSpec
 
 log = logging.getLogger("trainsentry.job_alerting")
@@ -78,6 +75,7 @@ FEISHU_HOOKS = (
 )
 MAX_JOBS = 10_000
 REFRESH_TIMEOUT_S = 120.0
+INVALID_REFERENCE = "InvalidReference"
 
 
 class JobAlertingSettings(BaseModel):
@@ -210,6 +208,7 @@ class JobAlerting:
     async def _read(self, kube: Kube, body: Mapping[str, Any]) -> JobSettings | None:
         meta = body.get("metadata") or {}
         job = JobRef(str(meta.get("namespace", "")), str(meta.get("name", "")))
+        uid = str(meta.get("uid", ""))
         try:
             alerting = TrainingJobSpec.model_validate(body.get("spec") or {}).alerting
         except ValidationError:
@@ -217,12 +216,14 @@ class JobAlerting:
         if not (alerting.owners or alerting.feishu or alerting.onCallRosterRef):
             return None
         try:
-            return await self._check(kube, job, str(meta.get("uid", "")), alerting)
+            return await self._check(kube, job, uid, alerting)
+        except InvalidName as exc:  # the client's own check, should the model's be bypassed
+            return JobSettings(job, problems=((INVALID_REFERENCE, str(exc)),), uid=uid)
         except KubeError as exc:
             if (known := self._state.settings.get(job)) is not None:
                 return known  # a passing API failure does not reroute a working job
             problem = ("ApiError", f"the gateway could not read the job's references: {exc}")
-            return JobSettings(job, problems=(problem,), uid=str(meta.get("uid", "")))
+            return JobSettings(job, problems=(problem,), uid=uid)
 
     async def _check(self, kube: Kube, job: JobRef, uid: str, alerting: Alerting) -> JobSettings:
         owners, problems = check_owners(alerting.owners)

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from trainsentry.alerts import AlertChange, ChangeKind, JobRef, Priority
-from trainsentry.operator.kube import LazyApiClient
+from trainsentry.kube.client import LazyApiClient
 
 log = logging.getLogger("trainsentry.job_status")
 

@@ -20,13 +20,15 @@ from trainsentry.gateway.policy.topology import (
     from_node_labels,
     from_settings,
 )
-from trainsentry.operator.kube import LazyApiClient
+from trainsentry.kube.client import Kube, LazyApiClient, RetryPolicy
+from trainsentry.kube.resources import NODES
 from trainsentry.tasks import OwnedTask
 
 log = logging.getLogger("trainsentry.topology")
 
 _PAGE = 500  # nodes per list call
 _CALL_TIMEOUT_S = 30.0
+_ONE_TRY = RetryPolicy(attempts=1)  # a failed listing waits for the next refresh
 
 
 class TopologySource:
@@ -60,21 +62,15 @@ class TopologySource:
 
     async def refresh(self) -> Topology:
         """Lists the Node objects once and keeps their topology; raises what failed."""
-        from kubernetes_asyncio import client
-
         assert self._api is not None
-        core = client.CoreV1Api(await self._api.get())
+        kube = Kube(await self._api.get(), _ONE_TRY, timeout_s=_CALL_TIMEOUT_S)
         named: list[tuple[str, dict[str, str]]] = []
         token: str | None = None
         while len(named) < MAX_NODES:
-            kwargs: dict[str, Any] = {"limit": self._page_size, "_request_timeout": _CALL_TIMEOUT_S}
-            if token:
-                kwargs["_continue"] = token
-            page = await core.list_node(**kwargs)
-            for node in page.items:
-                meta = node.metadata
-                named.append((meta.name or "", dict(meta.labels or {})))
-            token = page.metadata._continue if page.metadata is not None else None
+            page, token = await kube.list_page(NODES, limit=self._page_size, token=token)
+            for node in page:
+                meta = node.get("metadata") or {}
+                named.append((str(meta.get("name") or ""), dict(meta.get("labels") or {})))
             if not token:
                 break
         self._topology = from_node_labels(self.settings, named)

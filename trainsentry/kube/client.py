@@ -1,8 +1,18 @@
-"""A small typed shell over kubernetes_asyncio: generic get/list/create/patch/delete by resource,
-JSON merge patches, and retries with exponential backoff on 429 and 5xx.
+"""`Kube`: generic, typed, retrying access to the Kubernetes API with plain-dict objects.
 
-One generic client instead of the per-kind generated APIs: the operator touches built-ins and
-custom resources alike, always as plain dicts, and every call goes through one retry policy.
+One generic client instead of the per-kind generated APIs: the operator and the gateway
+touch built-ins and custom resources alike, always as plain dicts, and every call goes
+through one policy:
+- names first: every namespace is checked as a DNS-1123 label and every object name as a
+  DNS-1123 subdomain (names.py) BEFORE any request; a bad one raises `InvalidName` (a
+  ValueError, never a KubeError: it is the caller's input, not the API's answer);
+- paths from `Resource.path`, every segment percent-encoded (resources.py);
+- retries with exponential backoff and jitter on 429, 5xx and lost connections
+  (`RetryPolicy`); any other failure, or the last retry's, is a `KubeError` with the HTTP
+  status (0: no answer); JSON merge patches (RFC 7386).
+
+`LazyApiClient` opens the underlying ApiClient at first use; `default_api_client` is the
+in-cluster service account, else the local kubeconfig.
 """
 
 from __future__ import annotations
@@ -12,11 +22,13 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
+
+from trainsentry.kube.names import InvalidName, check_name, check_namespace, label_problems
+from trainsentry.kube.resources import Resource
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +37,18 @@ T = TypeVar("T")
 
 # An object's `status.conditions` (the list a merge patch replaces whole).
 Conditions = list[dict[str, Any]]
+
+
+async def default_api_client() -> Any:
+    """An ApiClient for the pod's service account when running in a cluster, else for the
+    local kubeconfig."""
+    from kubernetes_asyncio import client, config
+
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        await config.load_kube_config()
+    return client.ApiClient()
 
 
 class LazyApiClient:
@@ -49,77 +73,6 @@ class LazyApiClient:
             api, self._api = self._api, None
             if api is not None and hasattr(api, "close"):  # tests may hand in a bare stand-in
                 await api.close()
-
-
-def event(
-    involved: dict[str, str],
-    namespace: str,
-    reason: str,
-    message: str,
-    *,
-    warning: bool,
-    component: str,
-    at: datetime,
-) -> dict[str, Any]:
-    """Pure: a core/v1 Event about `involved` (its apiVersion, kind, name, uid, and namespace
-    for a namespaced object) in `namespace`, first and last seen `at`, counted once; the
-    name is generated from the object's (cut to 200 characters), the message cut to 1,000."""
-    stamp = at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{involved['name'][:200]}.", "namespace": namespace},
-        "involvedObject": involved,
-        "reason": reason,
-        "message": message[:1000],
-        "type": "Warning" if warning else "Normal",
-        "source": {"component": component},
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
-
-
-@dataclass(frozen=True)
-class Resource:
-    group: str
-    version: str
-    plural: str
-    namespaced: bool = True
-
-    def path(
-        self, namespace: str | None, name: str | None = None, subresource: str | None = None
-    ) -> str:
-        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-        if self.namespaced:
-            if namespace is None:
-                raise ValueError(f"{self.plural} is namespaced; a namespace is required")
-            base += f"/namespaces/{namespace}"
-        parts = [base, self.plural]
-        if name is not None:
-            parts.append(name)
-        if subresource is not None:
-            parts.append(subresource)
-        return "/".join(parts)
-
-
-PODS = Resource("", "v1", "pods")
-NODES = Resource("", "v1", "nodes", namespaced=False)
-CONFIGMAPS = Resource("", "v1", "configmaps")
-SECRETS = Resource("", "v1", "secrets")
-EVENTS = Resource("", "v1", "events")
-PROMETHEUSRULES = Resource("monitoring.coreos.com", "v1", "prometheusrules")
-PODMONITORS = Resource("monitoring.coreos.com", "v1", "podmonitors")
-TRAININGJOBS = Resource("trainsentry.io", "v1alpha1", "trainingjobs")
-PYTORCHJOBS = Resource("kubeflow.org", "v1", "pytorchjobs")
-VOLCANOJOBS = Resource("batch.volcano.sh", "v1alpha1", "jobs")
-
-BY_KIND = {
-    "ConfigMap": CONFIGMAPS,
-    "PrometheusRule": PROMETHEUSRULES,
-    "PodMonitor": PODMONITORS,
-    "TrainingJob": TRAININGJOBS,
-}
 
 
 class KubeError(Exception):
@@ -159,12 +112,30 @@ async def with_retries(call: Callable[[], Awaitable[T]], policy: RetryPolicy, wh
     raise AssertionError("unreachable")
 
 
-class Kube:
-    """Generic, retrying access to the Kubernetes API with plain-dict objects."""
+def object_path(
+    res: Resource, namespace: str | None, name: str | None = None, subresource: str | None = None
+) -> str:
+    """Pure: `res.path(...)` after checking the namespace (a DNS-1123 label), the name (a
+    DNS-1123 subdomain) and the subresource (a label); InvalidName names the one at fault."""
+    if namespace is not None:
+        check_namespace(namespace)
+    if name is not None:
+        check_name(name, f"{res.kind} name")
+    if subresource is not None and (problems := label_problems(subresource)):
+        raise InvalidName("subresource", subresource, problems)
+    return res.path(namespace, name, subresource)
 
-    def __init__(self, api: ApiClient, policy: RetryPolicy | None = None) -> None:
+
+class Kube:
+    """Generic, retrying access to the Kubernetes API with plain-dict objects (module
+    docstring). `timeout_s` bounds each HTTP request (None: the client's default)."""
+
+    def __init__(
+        self, api: ApiClient, policy: RetryPolicy | None = None, *, timeout_s: float | None = None
+    ) -> None:
         self.api = api
         self.policy = policy or RetryPolicy()
+        self.timeout_s = timeout_s
 
     async def _call(
         self,
@@ -175,6 +146,10 @@ class Kube:
         query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
     ) -> Any:
+        extra: dict[str, Any] = {}
+        if self.timeout_s is not None:
+            extra["_request_timeout"] = self.timeout_s
+
         async def once() -> Any:
             return await self.api.call_api(
                 path,
@@ -185,36 +160,59 @@ class Kube:
                 response_types_map={200: "object", 201: "object", 202: "object"},
                 auth_settings=["BearerToken"],
                 _return_http_data_only=True,
+                **extra,
             )
 
         return await with_retries(once, self.policy, f"{method} {path}")
 
     async def get(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """The object, or None when there is none (404)."""
+        path = object_path(res, namespace, name)
         try:
-            result: dict[str, Any] = await self._call("GET", res.path(namespace, name))
+            result: dict[str, Any] = await self._call("GET", path)
         except KubeError as exc:
             if exc.status == 404:
                 return None
             raise
         return result
 
+    async def list_page(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        limit: int | None = None,
+        token: str | None = None,
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of a list: (at most `limit` objects, the `continue` token of the next
+        page or None after the last). `token` is the previous page's."""
+        query = [("labelSelector", label_selector)] if label_selector else []
+        if limit is not None:
+            query.append(("limit", str(int(limit))))
+        if token:
+            query.append(("continue", token))
+        result = await self._call("GET", object_path(res, namespace), query=query)
+        items: list[dict[str, Any]] = result.get("items") or []
+        next_token = (result.get("metadata") or {}).get("continue") or None
+        return items, (str(next_token) if next_token else None)
+
     async def list(
         self, res: Resource, namespace: str | None = None, label_selector: str | None = None
     ) -> list[dict[str, Any]]:
-        query = [("labelSelector", label_selector)] if label_selector else []
-        path = (
-            res.path(namespace)
-            if namespace or not res.namespaced
-            else (Resource(res.group, res.version, res.plural, namespaced=False).path(None))
-        )
-        result = await self._call("GET", path, query=query)
-        items: list[dict[str, Any]] = result.get("items") or []
+        """Every object of `res` in `namespace` (None: every namespace, or cluster-scoped)
+        matching `label_selector`, in one request."""
+        items, _ = await self.list_page(res, namespace, label_selector=label_selector)
         return items
 
     async def create(
         self, res: Resource, namespace: str | None, body: dict[str, Any]
     ) -> dict[str, Any]:
-        result: dict[str, Any] = await self._call("POST", res.path(namespace), body=body)
+        """Creates `body` (its name, if any, checked like every other) and answers it."""
+        name = (body.get("metadata") or {}).get("name")
+        if name is not None:
+            check_name(name, f"{res.kind} name")
+        result: dict[str, Any] = await self._call("POST", object_path(res, namespace), body=body)
         return result
 
     async def patch(
@@ -228,7 +226,7 @@ class Kube:
         """A JSON merge patch (RFC 7386): `None` removes a key, lists are replaced."""
         result: dict[str, Any] = await self._call(
             "PATCH",
-            res.path(namespace, name, subresource),
+            object_path(res, namespace, name, subresource),
             body=patch,
             content_type="application/merge-patch+json",
         )
@@ -263,8 +261,9 @@ class Kube:
                     raise
 
     async def delete(self, res: Resource, namespace: str | None, name: str) -> bool:
+        """Deletes the object; False when there was none (404)."""
         try:
-            await self._call("DELETE", res.path(namespace, name))
+            await self._call("DELETE", object_path(res, namespace, name))
         except KubeError as exc:
             if exc.status == 404:
                 return False

@@ -1,11 +1,11 @@
-"""The Kubernetes client the gateway's stages share the handling of (operator/kube.py
+"""The Kubernetes client the gateway's stages share the handling of (kube/client.py
 LazyApiClient): opened at first use, one at a time, closed on stop, reopened after."""
 
 from __future__ import annotations
 
 import asyncio
 
-from trainsentry.operator.kube import LazyApiClient
+from trainsentry.kube.client import LazyApiClient
 
 
 class FakeApi:
