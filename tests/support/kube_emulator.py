@@ -23,7 +23,10 @@ Added on top of kmock:
 - fault injection: `inject_fault("create", "prometheusrules", 500, times=2)` answers the next
   two matching calls with that status, without touching state.
 - a `validator` hook: every object about to be stored by a create or patch is passed to it;
-  a ValueError answers 422 (the operator tests plug in strict schema validation).
+  a ValueError answers 422 (the operator tests plug in strict schema validation). A write
+  through the status subresource goes to the validator's `validate_status` when it has
+  one: the API server checks only the status schema there, so an object stored before a
+  stricter schema still takes status writes.
 - call recording: every resource call is kept in `calls` as `ApiCall(verb, group, resource,
   subresource)`, where verb is the RBAC verb (get, list, watch, create, patch, delete), with
   its User-Agent in `agents` and its namespace (None: cluster-scoped or all namespaces) in
@@ -302,11 +305,14 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             return 200, await self._delete(request)
         raise kmock.KubernetesError(status=405, reason="MethodNotAllowed", message=verb)
 
-    def _validate(self, raw: dict[str, Any]) -> None:
+    def _validate(self, raw: dict[str, Any], subresource: str | None = None) -> None:
         if self.validator is None:
             return
+        check = self.validator
+        if subresource == "status":
+            check = getattr(self.validator, "validate_status", self.validator)
         try:
-            self.validator(raw)
+            check(raw)
         except ValueError as exc:
             raise kmock.KubernetesError(status=422, reason="Invalid", message=str(exc)) from exc
 
@@ -447,7 +453,10 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                 meta[immutable] = old["metadata"][immutable]
         if _spec_part(new) != _spec_part(old):
             meta["generation"] = int(old["metadata"].get("generation", 1)) + 1
-        self._validate(new)
+        status_only = (
+            request.subresource if self._has_status_subresource(request.resource) else None
+        )
+        self._validate(new, status_only)
         meta["resourceVersion"] = self._next_rv()
         key = (request.resource, self._namespace(request), request.name)
         self._store(key, new)

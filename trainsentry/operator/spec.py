@@ -7,9 +7,12 @@ that both agree.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from trainsentry.kube.names import subdomain_problems
 
 GROUP = "trainsentry.io"
 VERSION = "v1alpha1"
@@ -38,6 +41,26 @@ WORKLOAD_POD_LABEL = {
 WORKLOAD_API_VERSION = {"PyTorchJob": "kubeflow.org/v1", "Job": "batch.volcano.sh/v1alpha1"}
 
 PriorityName = Literal["P0", "P1", "P2", "P3"]
+
+# The error type of a reference whose name is no Kubernetes object name (the CRD's pattern
+# refuses those; an object stored before it had one may still carry such a name).
+INVALID_OBJECT_NAME = "invalid_object_name"
+
+
+def _object_name(value: str) -> str:
+    """Pure: `value` when it is a DNS-1123 subdomain, the name of a Secret, a ConfigMap or a
+    workload; else a validation error of type INVALID_OBJECT_NAME saying why."""
+    if problems := subdomain_problems(value):
+        raise PydanticCustomError(
+            INVALID_OBJECT_NAME,
+            "{value} is not a valid Kubernetes object name: {problems}",
+            {"value": repr(value[:80]), "problems": "; ".join(problems)},
+        )
+    return value
+
+
+# The name of an object a TrainingJob refers to, always in the job's own namespace.
+ObjectName = Annotated[str, AfterValidator(_object_name)]
 
 
 class _Model(BaseModel):
@@ -81,7 +104,7 @@ class LabelSelector(_Model):
 
 class WorkloadRef(_Model):
     kind: Literal["PyTorchJob", "Job"]
-    name: str
+    name: ObjectName
     apiVersion: str | None = None
 
 
@@ -107,7 +130,7 @@ class Exporters(_Model):
 
 
 class SecretKeyRef(_Model):
-    name: str
+    name: ObjectName
     key: str
 
 

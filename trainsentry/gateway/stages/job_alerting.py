@@ -4,9 +4,10 @@ Every `refresh_seconds` the stage lists the TrainingJobs (all namespaces, or the
 ones) through the Kubernetes API, reads what their settings reference, checks it, and
 swaps in a new snapshot keyed by namespace/name:
 - every reference names an object in the JOB'S OWN namespace: it has no namespace field,
-  and the Kubernetes client refuses a name that is no object name (a DNS-1123 subdomain)
-  before any request, so no `../` or `%2e%2e/` reaches another namespace; such a job gets
-  `InvalidReference` and nothing is read for it;
+  and its name must be an object name (a DNS-1123 subdomain: the CRD's pattern, the spec
+  model and the Kubernetes client each check it, so no `../` or `%2e%2e/` reaches another
+  namespace); a job whose reference is no name gets `InvalidReference`, naming the field,
+  and nothing is read for it;
 - `feishu.webhookSecretRef`: the Secret; `key` holds the custom
   bot's webhook URL, which must start with one of `webhook_prefixes` (Feishu's bot hook
   URLs by default: the gateway posts nowhere else), `secretKey` its signing secret;
@@ -62,7 +63,13 @@ from trainsentry.kube.names import InvalidName
 from trainsentry.kube.resources import CONFIGMAPS, EVENTS, SECRETS, TRAININGJOBS
 from trainsentry.notifiers.feishu.bot import BotWebhook
 from trainsentry.notifiers.feishu.job import JobDestination, Problem
-from trainsentry.operator.spec import API_VERSION, KIND, Alerting, TrainingJobSpec
+from trainsentry.operator.spec import (
+    API_VERSION,
+    INVALID_OBJECT_NAME,
+    KIND,
+    Alerting,
+    TrainingJobSpec,
+)
 
 log = logging.getLogger("trainsentry.job_alerting")
 
@@ -76,6 +83,16 @@ FEISHU_HOOKS = (
 MAX_JOBS = 10_000
 REFRESH_TIMEOUT_S = 120.0
 INVALID_REFERENCE = "InvalidReference"
+
+
+def invalid_references(exc: ValidationError) -> tuple[Problem, ...]:
+    """Pure: an InvalidReference problem per reference of `spec.alerting` whose name is no
+    Kubernetes object name, naming the field; () when the spec fails for other reasons."""
+    return tuple(
+        (INVALID_REFERENCE, f"spec.{'.'.join(map(str, error['loc']))}: {error['msg']}")
+        for error in exc.errors(include_url=False, include_input=False)
+        if error["type"] == INVALID_OBJECT_NAME and error["loc"][:1] == ("alerting",)
+    )
 
 
 class JobAlertingSettings(BaseModel):
@@ -211,8 +228,11 @@ class JobAlerting:
         uid = str(meta.get("uid", ""))
         try:
             alerting = TrainingJobSpec.model_validate(body.get("spec") or {}).alerting
-        except ValidationError:
-            return None  # the operator reports an invalid spec (RulesReady=False)
+        except ValidationError as exc:
+            # A reference that is no object name (the CRD refuses those; an older object may
+            # carry one): read nothing, say which field. Else the operator reports the spec.
+            bad = invalid_references(exc)
+            return JobSettings(job, problems=bad, uid=uid) if bad else None
         if not (alerting.owners or alerting.feishu or alerting.onCallRosterRef):
             return None
         try:
