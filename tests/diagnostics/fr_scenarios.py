@@ -33,7 +33,7 @@ Scenarios (rank numbers are global):
   mismatch; gloo aborts it right after, so the others dump first).
 
 (gloo records no send/recv in the Flight Recorder, so pipeline hangs are tested on the real
-NCCL dumps in ../shared/nccl/pp instead.)
+NCCL dumps in tests/fixtures/nccl/pp instead.)
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The real NCCL Flight Recorder dumps in ../shared/nccl (H100, torch 2.11.0+cu130, NCCL 2.28.9).
+"""The real NCCL Flight Recorder dumps in tests/fixtures/nccl (H100, torch 2.11.0+cu130, NCCL 2.28.9).
 
 `pp/`: a 4-stage send/recv pipeline whose rank 2 stops; `compute_timing/`: rank 3's GPU spins
 in a compute kernel queued before all_reduce #20, TORCH_NCCL_ENABLE_TIMING=1; `hang/`: rank 2

@@ -5,7 +5,7 @@ probe came to read only the generic recorder (gloo's) and see nothing of a real 
 Here the two recorders of torch's c10d module are replaced by stand-ins that answer, the way
 torch's `FlightRecorder::dump_json` does (entries left out for `includeCollectives=False`,
 completed ones for `onlyActive=True`, the key omitted when nothing is left), with what the
-real recorders held during the H100 hang in ../shared/nccl: ProcessGroupNCCL's recorder had
+real recorders held during the H100 hang in tests/fixtures/nccl: ProcessGroupNCCL's recorder had
 the 20 all_reduces, the generic one nothing.
 """
 

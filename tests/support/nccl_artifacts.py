@@ -1,9 +1,10 @@
-"""The real NCCL artifacts in ../shared/nccl (an H100, torch 2.11.0+cu130, NCCL 2.28.9).
+"""The real NCCL artifacts in tests/fixtures/nccl (an H100, torch 2.11.0+cu130, NCCL 2.28.9).
 
-Made by ../shared/nccl/nccl_cases.py: a 4-rank NCCL job, rank 2 stops before all_reduce #20
-(`hang/`), a 4-stage send/recv pipeline whose rank 2 stops (`pp/`), and rank 3's GPU stuck in
-a compute kernel with TORCH_NCCL_ENABLE_TIMING=1 (`compute_timing/`). Tests that need them
-skip, saying why, where the folder is absent (CI has shared/ beside the clone).
+A 4-rank NCCL job whose rank 2 stops before all_reduce #20 (`hang/`, with NCCL RAS's answer in
+`ras/`), a 4-stage send/recv pipeline whose rank 2 stops (`pp/`), and rank 3's GPU stuck in a
+compute kernel with TORCH_NCCL_ENABLE_TIMING=1 (`compute_timing/`). They are part of the
+repository (tests/fixtures/nccl/README.md says where and how they were made), so every test
+that reads them runs on a fresh clone.
 """
 
 from __future__ import annotations
@@ -13,14 +14,11 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-NCCL_DIR = Path(__file__).resolve().parents[3] / "shared" / "nccl"
+NCCL_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
 
 
 def nccl_dir() -> Path:
-    if not NCCL_DIR.is_dir():
-        pytest.skip(f"the real NCCL artifacts are not at {NCCL_DIR}")
+    """The folder of the real artifacts (in the repository: never skipped)."""
     return NCCL_DIR
 
 

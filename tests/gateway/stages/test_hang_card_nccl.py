@@ -1,4 +1,4 @@
-"""The hang card on the real NCCL dumps in ../shared/nccl (H100, torch 2.11, NCCL 2.28.9).
+"""The hang card on the real NCCL dumps in tests/fixtures/nccl (H100, torch 2.11, NCCL 2.28.9).
 
 Each rank's dump goes through the gateway's `diagnose` as its probe serves it (the watchdog's
 Flight Recorder, as JSON), with the probe's capture time: the card's sentence must name the
