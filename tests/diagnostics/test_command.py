@@ -99,3 +99,53 @@ def test_world_of_unknown_size_is_said_and_the_topology_settles_it(
     hang = json.loads(capsys.readouterr().out)["hang"]
     assert hang["missing_ranks"] == [3] and hang["root_cause_ranks"] == [3]
     assert hang["membership_known"] is True
+
+
+# ------------------------------------------------------------------ a new user's mistakes
+
+
+def test_format_that_does_not_fit_the_file_names_the_file_and_what_was_expected(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before: `--format ras` on a pickle answered "'utf-8' codec can't decode byte 0x80";
+    `--format fr` on RAS text "cannot tell the rank from the file name"."""
+    from tests.support.nccl_artifacts import nccl_dir
+
+    pickle_dump = nccl_dir() / "hang" / "watchdog" / "fr_nccl_rank_0"
+    ras_text = nccl_dir() / "ras" / "hang.txt"
+    for fmt, path, expected, found in (
+        ("ras", pickle_dump, "NCCL RAS", "Flight Recorder"),
+        ("fr", ras_text, "Flight Recorder", "NCCL RAS"),
+        ("megatrace", ras_text, "Megatrace", "NCCL RAS"),
+    ):
+        assert main(["analyze", str(path), "--format", fmt]) == 1
+        err = " ".join(capsys.readouterr().err.split())
+        assert str(path) in err and expected in err and found in err, err
+        assert "codec" not in err and "cannot tell the rank" not in err
+
+
+def test_topology_that_does_not_fit_the_job_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before: `--topology 3,3,3` (27 ranks) on a 4-rank job was accepted silently."""
+    from tests.support.nccl_artifacts import nccl_dir
+
+    dumps = nccl_dir() / "hang" / "watchdog"
+    assert main(["analyze", str(dumps), "--topology", "3,3,3"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "27 ranks" in err and "4" in err and "--topology" in err
+    assert main(["analyze", str(dumps), "--topology", "1,1,4", "--json"]) == EXIT_HANG
+    capsys.readouterr()
+
+
+def test_slow_rank_table_names_its_communicators(capsys: pytest.CaptureFixture[str]) -> None:
+    """The real stuck-GPU dumps flag rank 3 as late too; its table's communicators column
+    showed "0" (the default group's name, read as a count): now the group is described."""
+    from tests.support.nccl_artifacts import nccl_dir
+
+    main(["analyze", str(nccl_dir() / "compute_timing" / "watchdog")])
+    out = capsys.readouterr().out
+    assert "slow ranks" in out
+    row = next(line for line in out.splitlines() if line.strip().startswith("│ 3"))
+    cells = [c.strip() for c in row.strip("│ ").split("│")]
+    assert cells[-1] == "default_pg", cells

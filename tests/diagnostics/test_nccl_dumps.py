@@ -1,4 +1,4 @@
-"""The real NCCL Flight Recorder dumps in tests/fixtures/nccl (H100, torch 2.11.0+cu130, NCCL 2.28.9).
+"""The real NCCL Flight Recorder dumps in tests/fixtures/nccl (H100, torch 2.11, NCCL 2.28.9).
 
 `pp/`: a 4-stage send/recv pipeline whose rank 2 stops; `compute_timing/`: rank 3's GPU spins
 in a compute kernel queued before all_reduce #20, TORCH_NCCL_ENABLE_TIMING=1; `hang/`: rank 2
@@ -100,12 +100,12 @@ def test_sidecar_then_mtime_give_the_capture_time(tmp_path: Path) -> None:
     for rank in range(4):
         shutil.copy(source / f"fr_nccl_rank_{rank}", tmp_path / f"fr_nccl_rank_{rank}")
         os.utime(tmp_path / f"fr_nccl_rank_{rank}", ns=(last + 40 * 10**9,) * 2)
-    by_mtime = analyze([tmp_path]).to_dict()
+    by_mtime = analyze([tmp_path], in_place=True).to_dict()
     assert by_mtime["captured_from"] == ["mtime"]
     assert 40 <= by_mtime["hang"]["waited_s"] < 42
     for rank in range(4):
         (tmp_path / f"fr_nccl_rank_{rank}.captured_at_ns").write_text(str(last + 10 * 10**9))
-    by_sidecar = analyze([tmp_path]).to_dict()
+    by_sidecar = analyze([tmp_path], in_place=True).to_dict()
     assert by_sidecar["captured_from"] == ["sidecar"]
     assert 10 <= by_sidecar["hang"]["waited_s"] < 12
     assert len(by_sidecar["inputs"]) == 4  # the sidecars are not read as dumps
@@ -129,3 +129,72 @@ def test_summary_names_the_rank_that_never_started(capsys: pytest.CaptureFixture
     assert code == 3
     assert "never started on rank(s): 3" in summary
     assert "root cause rank(s): 3" in summary
+
+
+# ------------------------------------------------------------------ copied dumps
+
+
+def _copied(case: str, tmp_path: Path) -> Path:
+    """The watchdog dumps as `kubectl cp` leaves them: new files, the copy's mtime."""
+    target = tmp_path / case
+    shutil.copytree(nccl_dir() / case / "watchdog", target)
+    return target
+
+
+def test_copied_dumps_claim_no_wait_beyond_what_the_entries_show(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Copied with fresh file times and no capture time, the real hang still names rank 2,
+    but its wait is unknown: only "at least 0.01 s before the last recorded event" (rank 2's
+    completion of #19, discovered just after the others entered #20). Before: the copy's
+    mtime was taken as the capture time, and the ranks "waited 264,023.9 s" (73 hours)."""
+    folder = _copied("hang", tmp_path)
+    out = analyze([folder]).to_dict()
+    assert out["verdict"] == "hang" and out["culprit_ranks"] == [2]
+    assert out["captured_from"] == ["unknown"] and out["captured_at_ns"] is None
+    assert out["hang"]["waited_s"] is None
+    assert 0.005 < out["hang"]["waited_at_least_s"] < 0.02
+    assert any("--captured-at" in n and "no capture time" in n for n in out["notes"])
+    assert cli_main(["analyze", str(folder)]) == 3
+    summary = " ".join(capsys.readouterr().out.split())
+    assert "waited at least 0.01 s before the last recorded event" in summary, summary
+    assert "victims: none" not in summary
+    assert "ranks 0, 1, 3 wait" in summary
+
+
+def test_copied_pipeline_dumps_name_the_stage_with_unknown_waits(tmp_path: Path) -> None:
+    out = analyze([_copied("pp", tmp_path)]).to_dict()
+    assert out["verdict"] == "hang" and out["culprit_ranks"] == [2]
+    assert {(w["rank"], w["peer"]) for w in out["p2p_waits"]} >= {(1, 2), (3, 2)}
+    assert all(w["waited_s"] is None and w["waited_at_least_s"] >= 0 for w in out["p2p_waits"])
+
+
+def test_captured_at_takes_a_time_of_day(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--captured-at` with an ISO 8601 time (what `date -u -Iseconds` prints) or epoch
+    seconds, as a person copying dumps knows it; a time without a zone is refused."""
+    from datetime import UTC, datetime
+
+    folder = _copied("hang", tmp_path)
+    at_s = _latest_entry_ns("hang") // 10**9 + 30
+    iso = datetime.fromtimestamp(at_s, UTC).isoformat()
+    for given in (iso, str(at_s)):
+        assert cli_main(["analyze", str(folder), "--json", f"--captured-at={given}"]) == 3
+        out = json.loads(capsys.readouterr().out)
+        assert 29 <= out["hang"]["waited_s"] < 31 and out["captured_from"] == ["option"]
+    naive = datetime.fromtimestamp(at_s, UTC).replace(tzinfo=None).isoformat()
+    assert cli_main(["analyze", str(folder), f"--captured-at={naive}"]) == 2
+    assert "time zone" in capsys.readouterr().err
+
+
+def test_in_place_says_the_files_mtime_is_the_capture_time(tmp_path: Path) -> None:
+    """Only the caller can say a file was written in place (the probe's collector does):
+    then its mtime counts."""
+    folder = _copied("hang", tmp_path)
+    last = _latest_entry_ns("hang")
+    for rank in range(4):
+        os.utime(folder / f"fr_nccl_rank_{rank}", ns=(last + 61 * 10**9,) * 2)
+    assert analyze([folder]).to_dict()["hang"]["waited_s"] is None
+    out = analyze([folder], in_place=True).to_dict()
+    assert out["captured_from"] == ["mtime"] and 61 <= out["hang"]["waited_s"] < 62

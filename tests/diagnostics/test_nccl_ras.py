@@ -120,8 +120,12 @@ def test_json_names_the_rank_that_is_behind(tmp_path: Path) -> None:
     assert report.verdict == "hang"
     hang = report.to_dict()["hang"]
     assert hang["communicator"] == "00000000001f2e3d"  # as the text report prints it
-    assert hang["missing_ranks"] == [6]
-    assert hang["root_cause_ranks"] == [6]
+    assert hang["missing_ranks"] == [6] and hang["rank_space"] == "communicator"
+    # RAS names a process; without the probes' status that is no global rank.
+    assert hang["root_cause_ranks"] == [] and report.culprit_ranks == []
+    (root,) = report.to_dict()["processes"]
+    assert (root["pid"], root["node_address"], root["gpu"]) == (1006, "10.0.0.0", "6")
+    assert root["communicators"][0]["rank"] == 6 and root["global_rank"] is None
     assert hang["op"] == "AllReduce" and hang["seq"] == 1200
     assert hang["waited_s"] is None
     assert hang["arrived_count"] == 15
@@ -149,7 +153,7 @@ def test_text_output(tmp_path: Path) -> None:
     path.write_text(TEXT)
     report = analyze([path])
     assert report.verdict == "hang"
-    assert report.hang.root_cause_ranks == [6, 9]
+    assert sorted(p.pid for p in report.hang.processes if p.role == "root_cause") == [1006, 4242]
 
 
 def test_corrupt_json_names_the_file(tmp_path: Path) -> None:
@@ -159,4 +163,4 @@ def test_corrupt_json_names_the_file(tmp_path: Path) -> None:
     bad.write_text(json.dumps(ras_json(behind=3))[:300])
     report = analyze([good, bad], format="ras")
     assert [e.path for e in report.errors] == [str(bad)]
-    assert report.hang.root_cause_ranks == [3]
+    assert [p.pid for p in report.hang.processes if p.role == "root_cause"] == [1003]

@@ -20,7 +20,7 @@ import pytest
 
 from tests.support.nccl_artifacts import nccl_dir
 from trainsentry.cli import main as cli_main
-from trainsentry.diagnostics import AnalyzeError, analyze
+from trainsentry.diagnostics import AnalyzeError, Report, analyze
 
 HEADER_2289 = """NCCL version 2.28.9 compiled with CUDA 13.0
 CUDA runtime version 13000, driver version 13000
@@ -52,6 +52,36 @@ def text_report(summary: str, table: str, errors: str = "", warnings: str = "") 
     return HEADER_2289.format(summary=summary, table=table, errors=errors, warnings=warnings)
 
 
+def root_pids(report: Report) -> list[int]:
+    """The pids of the processes the verdict names as root causes."""
+    return [p.pid for p in report.hang.processes if p.role == "root_cause"]
+
+
+def probe_statuses(pids: dict[int, int], host: str) -> list[dict[str, Any]]:
+    """What each rank's probe answers on /status today (trainsentry/probe/runtime.py
+    status(): `pid` and `host_ips` name the process), for global rank -> pid on `host`."""
+    return [
+        {
+            "rank": g,
+            "local_rank": g,
+            "world_size": len(pids),
+            "node": f"gpu-{g:02d}",
+            "pod": f"hang-w-{g}",
+            "trainingjob": "hang",
+            "namespace": "gpu",
+            "pid": pid,
+            "host_ips": [host],
+            "step": 19,
+            "healthy": True,
+            "error": "",
+            "recorders": ["nccl"],
+            "captured_at": 0.0,
+            "process_groups": {},
+        }
+        for g, pid in pids.items()
+    ]
+
+
 def gpu_line(rank: int, pid: int, host: str, gpu: int, what: str = "") -> str:
     lead = f"Rank {rank} {what} -- " if what else f"Rank {rank} -- "
     return f"  {lead}GPU {gpu} managed by process {pid} on node {host}\n"
@@ -61,14 +91,39 @@ def gpu_line(rank: int, pid: int, host: str, gpu: int, what: str = "") -> str:
 
 
 def test_real_2289_text_names_rank_2_and_its_process(tmp_path: Path) -> None:
+    """RAS names the process (GPU 0, pid 468, node 127.0.0.1), rank 2 of its communicator.
+    Alone that is no global rank (a communicator as large as the job need not be the
+    world); with the probes' status (pid, host_ips) it is global rank 2."""
     report = analyze([nccl_dir() / "ras" / "hang.txt"])
     assert report.format == "ras"
     assert report.verdict == "hang"
-    assert report.hang.root_cause_ranks == [2]
+    assert report.hang.root_cause_ranks == [] and report.culprit_ranks == []
+    (root,) = report.hang.processes
+    assert (root.role, root.pid, root.node_address, root.gpu) == (
+        "root_cause",
+        468,
+        "127.0.0.1",
+        "0",
+    )
+    assert [(p.communicator, p.rank) for p in root.places] == [("3fbb9922cfecdb6e", 2)]
+    assert (
+        root.describe()
+        == "process 468 on 127.0.0.1 (GPU 0; communicator rank 2 of 3fbb9922cfecdb6e)"
+    )
     primary = report.primary_hang
     assert primary is not None and primary.op == "AllReduce" and primary.seq == 20
-    assert list(primary.arrived_ranks) == [0, 1, 3]
+    assert list(primary.arrived_ranks) == [0, 1, 3] and primary.rank_space == "communicator"
     assert any("process 468 on node 127.0.0.1" in n for n in report.notes), report.notes
+    statuses = tmp_path / "status.json"
+    statuses.write_text(json.dumps(probe_statuses({0: 462, 1: 466, 2: 468, 3: 471}, "127.0.0.1")))
+    mapped = analyze([nccl_dir() / "ras" / "hang.txt", statuses]).to_dict()
+    assert mapped["root_cause_ranks"] == [2] and mapped["culprit_ranks"] == [2]
+    assert mapped["processes"][0]["pod"] == "hang-w-2"
+    # The text names only rank 2's process: the others' ranks stay communicator ranks.
+    assert mapped["hang"]["rank_space"] == "communicator"
+    in_json = analyze([nccl_dir() / "ras" / "hang.json", statuses]).to_dict()
+    assert in_json["hang"]["rank_space"] == "global" and in_json["culprit_ranks"] == [2]
+    assert in_json["hang"]["arrived_ranks"] == [0, 1, 3]
 
 
 def test_real_2289_json_and_text_are_two_snapshots_of_one_stalled_communicator() -> None:
@@ -76,7 +131,7 @@ def test_real_2289_json_and_text_are_two_snapshots_of_one_stalled_communicator()
     report = analyze([ras / "hang.json", ras / "hang.txt"])
     assert report.verdict == "hang"
     assert report.communicators == 1  # one communicator seen twice, not two
-    assert report.hang.root_cause_ranks == [2]
+    assert root_pids(report) == [468]
     assert len(report.hang.hangs) == 1
 
 
@@ -204,7 +259,7 @@ def test_2289_json_with_an_unresponsive_process_is_repaired(tmp_path: Path) -> N
     report = analyze([path])
     assert report.errors == []
     assert report.verdict == "hang"
-    assert report.hang.root_cause_ranks == [2]
+    assert root_pids(report) == [468]
     assert any("process 468 on node 10.0.0.2" in n for n in report.notes), report.notes
     assert any("2.28" in n and "comma" in n for n in report.notes), report.notes
 
@@ -267,7 +322,13 @@ def test_224_missing_rank_wording(tmp_path: Path) -> None:
     path.write_text(TEXT_224)
     report = analyze([path])
     assert report.verdict == "hang"
-    assert report.hang.root_cause_ranks == [21]  # the 32-rank communicator is the world
+    # 2.24 names no process for a missing rank: communicator rank 21, no global rank (a
+    # 32-rank communicator in a 32-GPU job is not therefore the world).
+    assert report.hang.root_cause_ranks == []
+    (root,) = report.hang.processes
+    assert root.pid == -1 and [(p.communicator, p.rank) for p in root.places] == [
+        ("00000000abcdef01", 21)
+    ]
     assert report.primary_hang is not None
     assert list(report.primary_hang.missing_ranks) == [21]
 
@@ -311,7 +372,9 @@ def test_text_error_section_names_the_rank(tmp_path: Path) -> None:
     )
     report = analyze([path])
     assert report.verdict == "hang"
-    assert report.hang.root_cause_ranks == [1]
+    (root,) = report.hang.processes
+    assert (root.role, root.pid, root.gpu) == ("root_cause", 101, "1")
+    assert root.places[0].what == "reported System error" and "System error" in root.meaning
     assert any("System error" in n for n in report.notes), report.notes
 
 
@@ -331,7 +394,9 @@ def test_json_remote_error_points_at_the_unresponsive_peer(tmp_path: Path) -> No
     path.write_text(raw)
     report = analyze([path])
     assert report.verdict == "hang"
-    assert report.hang.root_cause_ranks == [1]
+    assert root_pids(report) == [101]
+    remote = [p for p in report.hang.processes if p.role == "remote_error"]
+    assert [p.pid for p in remote] == [100, 102, 103]
     assert any("Remote process error" in n for n in report.notes), report.notes
 
 
@@ -343,7 +408,7 @@ def test_json_local_async_error_is_the_culprit(tmp_path: Path) -> None:
     path.write_text(json_report([("ab", 4, ranks, [])], version="2.29.2"))
     report = analyze([path])
     assert report.verdict == "hang"
-    assert report.hang.root_cause_ranks == [3]
+    assert root_pids(report) == [103]
 
 
 # ------------------------------------------------------------------ one rank ahead
@@ -404,7 +469,7 @@ def test_no_progress_between_snapshots_is_a_hang(tmp_path: Path) -> None:
     second.write_text(_comm_at({0: 20, 1: 20, 2: 19, 3: 20}).replace("{ts}", "2026-11-24 10:00:20"))
     report = analyze([first, second])
     assert report.verdict == "hang"
-    assert report.hang.root_cause_ranks == [2]
+    assert root_pids(report) == [102]
     assert len(report.hang.hangs) == 1
 
 
@@ -533,8 +598,8 @@ def test_cascade_across_communicators_names_the_stalled_process_only(tmp_path: P
     path.write_text(json_report(comms, version="2.30.7"))
     report = analyze([path])
     assert report.verdict == "hang"
-    assert report.hang.root_cause_ranks == [3]
-    assert report.hang.victim_ranks == [2]
+    assert root_pids(report) == [7003]
+    assert [p.pid for p in report.hang.processes if p.role == "victim"] == [7002]
     assert sum(n.startswith("culprit:") for n in report.notes) == 1
 
 
@@ -564,7 +629,7 @@ def test_probe_ras_snapshot_file_is_read(tmp_path: Path) -> None:
     path.write_text(json.dumps(status_from_report(raw, "text").to_dict()))
     report = analyze([path])
     assert report.verdict == "hang"
-    assert report.hang.root_cause_ranks == [2]
+    assert root_pids(report) == [468]
 
 
 def test_communicator_gone_from_the_latest_json_is_not_hung(tmp_path: Path) -> None:
@@ -688,3 +753,188 @@ def test_no_communicator_data_is_verdict_ok_with_a_note(
     out = json.loads(capsys.readouterr().out)
     assert code == 0
     assert any("3748990" in n and "dead" in n for n in out["notes"])
+
+
+# ------------------------------------------------------------------ processes, not ranks
+
+
+def test_tp_dp_stalled_process_is_one_culprit_and_no_communicator_rank(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Process 5005 is rank 1 of its TP pair and rank 2 of its DP group. Before, the verdict
+    named "rank 1" (`culprit_ranks`, the TP pair's rank, as if global) and the hangs ranks 1
+    and 2; now one process, with its rank in each communicator, and no global rank."""
+    (tmp_path / "ras.json").write_text(tp_dp_report(stalled=5))
+    out = analyze([tmp_path / "ras.json"]).to_dict()
+    assert out["culprit_ranks"] == [] and out["root_cause_ranks"] == []
+    (root,) = out["processes"]
+    assert (root["role"], root["pid"], root["node_address"], root["gpu"]) == (
+        "root_cause",
+        5005,
+        "10.0.1.1",
+        "1",
+    )
+    assert [(c["communicator"], c["rank"]) for c in root["communicators"]] == [
+        ("0000000000000102", 1),
+        ("0000000000000201", 2),
+    ]
+    assert all(h["rank_space"] == "communicator" for h in out["hangs"])
+    assert cli_main(["analyze", str(tmp_path / "ras.json")]) == 3
+    summary = " ".join(capsys.readouterr().out.split())
+    assert (
+        "root cause: process 5005 on 10.0.1.1 (GPU 1; communicator rank 1 of "
+        "0000000000000102, communicator rank 2 of 0000000000000201)" in summary
+    ), summary
+    assert "root cause rank(s)" not in summary
+
+
+def _two_groups(only_b: bool) -> str:
+    """Groups A (global 0-3, node 10.0.3.0) and B (global 4-7, node 10.0.3.1) of 4 ranks,
+    each its own communicator; B's rank 2 (global rank 6, pid 6006) stalls. With `only_b`
+    A's processes hold no communicator any more, so the report lists B alone: a communicator
+    as large as every GPU the report shows."""
+    comms = []
+    for name, base in (("b0", 0), ("b1", 4)):
+        if only_b and base == 0:
+            continue
+        ranks = [
+            _json_rank(
+                i, f"10.0.3.{base // 4}", 6000 + base + i, ar(40 if i == 2 and base else 41), gpu=i
+            )
+            for i in range(4)
+        ]
+        comms.append((name, 4, ranks, []))
+    return json_report(comms, version="2.29.2")
+
+
+@pytest.mark.parametrize("only_b", [False, True])
+def test_group_b_rank_2_is_global_rank_6_only_by_the_probes(tmp_path: Path, only_b: bool) -> None:
+    """Before: `culprit_ranks` said 2 (B's communicator rank), or with B alone in the report
+    it was taken for the world and its rank 2 for global rank 2."""
+    path = tmp_path / "ras.json"
+    path.write_text(_two_groups(only_b))
+    out = analyze([path]).to_dict()
+    assert out["culprit_ranks"] == [] and out["root_cause_ranks"] == []
+    (root,) = out["processes"]
+    assert (root["pid"], root["global_rank"]) == (6006, None)
+    assert (
+        root["description"]
+        == "process 6006 on 10.0.3.1 (GPU 2; communicator rank 2 of 00000000000000b1)"
+    )
+    statuses = tmp_path / "probes.json"
+    statuses.write_text(
+        json.dumps(
+            [dict(probe_status(g), pid=6000 + g, host_ips=[f"10.0.3.{g // 4}"]) for g in range(8)]
+        )
+    )
+    mapped = analyze([path, statuses]).to_dict()
+    assert mapped["culprit_ranks"] == [6] and mapped["root_cause_ranks"] == [6]
+    assert mapped["processes"][0]["description"].startswith(
+        "global rank 6 (process 6006 on 10.0.3.1"
+    )
+
+
+def test_op_mismatch_names_the_rank_that_launched_what_the_others_never_did(
+    tmp_path: Path,
+) -> None:
+    """Rank 0 launched a Broadcast where ranks 1-3 launched AllReduce 21: each rank is
+    behind the others on some function. Before: all four were culprits; now the rank whose
+    counts differ from the three others'. MISMATCH lines as rasClientRunComms prints them
+    (a group of more than one rank by count, the single outlier rank by rank)."""
+    line = "-- GPU 0 managed by process 100 on node 10.0.0.1\n"
+    warnings = (
+        "#0-0 (00000000000000c1) MISMATCH\n"
+        "  Communicator ranks have different Broadcast operation counts\n"
+        "  3 ranks have not launched any operations\n"
+        f"  Rank 0 has launched up to operation 1 {line}"
+        "\n"
+        "  Communicator ranks have different AllReduce operation counts\n"
+        "  3 ranks have launched up to operation 21\n"
+        f"  Rank 0 has launched up to operation 20 {line}"
+        "\n"
+    )
+    text = tmp_path / "ras.txt"
+    text.write_text(
+        text_report(
+            "      1          4            1          4        4",
+            "    0         1         1         4         4         4   RUNNING  MISMATCH",
+            warnings=warnings,
+        )
+    )
+    ranks = [
+        _json_rank(r, "10.0.0.1", 100 + r, {"Broadcast": 1, "AllReduce": 20} if r == 0 else ar(21))
+        for r in range(4)
+    ]
+    as_json = tmp_path / "ras.json"
+    as_json.write_text(json_report([("c1", 4, ranks, [])], version="2.29.2"))
+    for path in (text, as_json):
+        report = analyze([path])
+        assert report.verdict == "hang"
+        assert [p.pid for p in report.hang.processes] == [100], report.hang.processes
+        primary = report.primary_hang
+        assert primary is not None and list(primary.missing_ranks) == [0]
+        assert list(primary.arrived_ranks) == [1, 2, 3]
+        assert primary.op == "AllReduce" and primary.seq == 21
+        assert any("collective mismatch" in n and "[0]" in n for n in report.notes), report.notes
+
+
+def test_op_mismatch_two_against_two_names_everyone(tmp_path: Path) -> None:
+    """No group is larger: RAS cannot tell which side launched the wrong collective."""
+    ranks = [
+        _json_rank(r, "10.0.0.1", 100 + r, {"Broadcast": 1, "AllReduce": 20} if r < 2 else ar(21))
+        for r in range(4)
+    ]
+    path = tmp_path / "ras.json"
+    path.write_text(json_report([("c2", 4, ranks, [])], version="2.29.2"))
+    report = analyze([path])
+    assert sorted(p.pid for p in report.hang.processes) == [100, 101, 102, 103]
+    assert any("no group" in n for n in report.notes), report.notes
+
+
+def test_remote_process_error_carries_the_reporting_rank_and_what_it_means(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`Rank 2 reported Remote process error -- GPU 2 managed by process 1234 on node
+    10.0.0.2` (rasClientBreakDownErrors), nobody missing: before, the verdict named nobody
+    and the rank was only in a note. Now the structured verdict carries the reporting rank,
+    its GPU, process and node, and what ncclRemoteError means."""
+    errors = (
+        "#0-0 (00000000000000e5) ERROR\n"
+        "  Asynchronous error on 1 rank\n"
+        + gpu_line(2, 1234, "10.0.0.2", 2, "reported Remote process error")
+        + "\n"
+    )
+    text = tmp_path / "ras.txt"
+    text.write_text(
+        text_report(
+            "      2          2            1          4        4",
+            "    0         1         2         2         4         4   RUNNING   ERROR",
+            errors,
+        )
+    )
+    ranks = [
+        _json_rank(r, f"10.0.0.{1 + r // 2}", 1232 + r, ar(9), async_error=6 if r == 2 else 0)
+        for r in range(4)
+    ]
+    as_json = tmp_path / "ras.json"
+    as_json.write_text(json_report([("e5", 4, ranks, [])], version="2.29.2"))
+    for path in (text, as_json):
+        out = analyze([path]).to_dict()
+        assert out["verdict"] == "hang"
+        (lead,) = out["processes"]
+        assert lead["role"] == "remote_error"
+        assert (lead["pid"], lead["node_address"], lead["gpu"]) == (1234, "10.0.0.2", "2")
+        assert lead["communicators"] == [
+            {
+                "communicator": "00000000000000e5",
+                "size": 4,
+                "rank": 2,
+                "what": "reported Remote process error",
+            }
+        ]
+        assert "remote process exited or the network failed" in lead["meaning"]
+        assert "peers" in lead["meaning"]
+        assert out["culprit_ranks"] == []  # the failed peer is not named by RAS
+    assert cli_main(["analyze", str(text)]) == 3
+    summary = " ".join(capsys.readouterr().out.split())
+    assert "reported a remote error: process 1234 on 10.0.0.2" in summary, summary

@@ -9,14 +9,19 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from trainsentry.diagnostics.hang import DEFAULT_MIN_IDLE_S, analyze_hangs, membership_note
+from trainsentry.diagnostics.hang import (
+    DEFAULT_MIN_IDLE_S,
+    HangAnalysis,
+    analyze_hangs,
+    membership_note,
+)
 from trainsentry.diagnostics.mismatch import analyze_mismatches
 from trainsentry.diagnostics.model import InputError, Trace
 from trainsentry.diagnostics.ras_hang import analyze_ras
-from trainsentry.diagnostics.readers import detect_format, list_inputs, read_trace
+from trainsentry.diagnostics.readers import detect_format, list_inputs, misfits, read_trace
 from trainsentry.diagnostics.report import Report, decide_verdict
 from trainsentry.diagnostics.slow import DEFAULT_ALPHA, DEFAULT_MIN_LAG_MS, analyze_slow
-from trainsentry.diagnostics.topology import Topology, load_topology_file
+from trainsentry.diagnostics.topology import Topology, TopologyMismatchError, load_topology_file
 
 FORMATS = ("auto", "fr", "megatrace", "ras")
 
@@ -38,12 +43,15 @@ def analyze(
     progress: Progress | None = None,
     workers: int | None = None,
     captured_at_ns: int | None = None,
+    in_place: bool = False,
 ) -> Report:
     """Analyse trace files or directories of them.
 
     Waits are measured against when each dump was taken: `captured_at_ns` if given, else a
-    sidecar `<dump>.captured_at_ns`, else the file's mtime (Flight Recorder), never the
-    clock of this call.
+    sidecar `<dump>.captured_at_ns`, else, with `in_place=True` (the files are where the job
+    or the probe's collector wrote them, not copies), the file's mtime; never the clock of
+    this call. Without any of these (copied Flight Recorder dumps: torch's dumps carry no
+    capture time) a wait is unknown and the report gives what the entries show instead.
 
     `workers` bounds the processes used to parse large Flight Recorder inputs (default: one
     per CPU from 64 files / 32 MB on; 1 keeps everything in this process).
@@ -60,12 +68,16 @@ def analyze(
     if not files:
         why = f": {', '.join(map(str, absent))} does not exist" if absent else ""
         raise AnalyzeError(f"no input files found{why}")
+    topology_source = "--topology"
     if topology is None:
         for config in config_files:
             topology = load_topology_file(config)
             if topology is not None:
+                topology_source = str(config)
                 break
-    chosen, rejected = (format, []) if format != "auto" else detect_format(files)
+    chosen, rejected = (
+        detect_format(files) if format == "auto" else (format, misfits(format, files))
+    )
     readable = [f for f in files if f not in {r for r, _ in rejected}]
     trace = read_trace(
         chosen,
@@ -75,18 +87,38 @@ def analyze(
         total=len(files),
         workers=workers,
         captured_at_ns=captured_at_ns,
+        in_place=in_place,
     )
     for path, reason in [*rejected, *((p, "no such file or directory") for p in absent)]:
         trace.inputs.append(str(path))
         trace.errors.append(InputError(str(path), reason))
     if trace.topology is None:
         trace.topology = topology
+    if topology is not None and trace.format != "ras":
+        _check_topology(trace, topology, topology_source)
     if not trace.streams and not trace.ras and not trace.reports_read:
         details = "; ".join(f"{e.path}: {e.message}" for e in trace.errors[:5])
         raise AnalyzeError(
             f"no readable trace data ({details})" if details else "no readable trace data"
         )
     return _report(trace, min_idle_s, alpha, min_lag_ms, started)
+
+
+def _check_topology(trace: Trace, topology: Topology, source: str) -> None:
+    """Pure: raise TopologyMismatchError when the layout cannot be this job's (its world
+    size differs from the one the trace states, or a rank lies beyond it)."""
+    stated = trace.world_size
+    if stated is not None and stated != topology.world_size:
+        why = f"the job has {stated} ranks (its dumps say so)"
+    elif trace.world_floor > topology.world_size:
+        why = f"the input names rank {trace.world_floor - 1}"
+    else:
+        return
+    given = f"--topology {topology.tp},{topology.pp},{topology.dp}"
+    where = given if source == "--topology" else f"the topology in {source}"
+    raise TopologyMismatchError(
+        f"{where} ({topology.describe()}) is {topology.world_size} ranks, but {why}"
+    )
 
 
 def analyze_trace(
@@ -103,11 +135,20 @@ def analyze_trace(
 def _report(
     trace: Trace, min_idle_s: float, alpha: float, min_lag_ms: float, started: float
 ) -> Report:
-    hang = analyze_ras(trace) if trace.format == "ras" else analyze_hangs(trace, min_idle_s)
     mismatch = analyze_mismatches(trace)
-    slow = analyze_slow(trace, alpha, min_lag_ms)
+    mismatch_at: dict[str, int] = {}
+    for m in mismatch.mismatches:
+        if m.kind != "state":
+            mismatch_at[m.comm] = min(m.seq, mismatch_at.get(m.comm, m.seq))
+    hang = (
+        analyze_ras(trace)
+        if trace.format == "ras"
+        else analyze_hangs(trace, min_idle_s, mismatch_at)
+    )
+    slow = analyze_slow(trace, alpha, min_lag_ms, mismatch_at)
     notes = list(trace.notes)
     notes.extend(hang.notes)
+    notes.extend(_wait_notes(trace, hang))
     without_input = _ranks_without_input(trace)
     if without_input:
         notes.insert(
@@ -119,6 +160,14 @@ def _report(
         note = membership_note(stuck)
         if note is not None:
             notes.append(note)
+    for after in hang.after_mismatch:
+        notes.append(
+            f"{after.comm}: rank(s) {list(after.missing_ranks)[:8]} had not reached seq "
+            f"{after.seq}, {after.seq - mismatch_at[after.comm]} collective(s) after the "
+            f"mismatch at seq {mismatch_at[after.comm]} that the job ran past: from the "
+            "mismatch on, equal sequence numbers name different operations; not a hang of "
+            "its own"
+        )
     for candidate in hang.too_recent:
         notes.append(
             f"{candidate.comm}: rank(s) {list(candidate.missing_ranks)[:8]} had not reached "
@@ -128,6 +177,8 @@ def _report(
     ranks = set(trace.ranks_with_data)
     for comm in trace.communicators.values():
         ranks.update(comm.ranks)
+    # RAS: ranks of the largest communicator where no probe maps processes to global ranks.
+    ranks.update(range(max((c.size for c in trace.ras), default=0)))
     return Report(
         verdict=decide_verdict(hang, mismatch, slow),
         format=trace.format,
@@ -143,12 +194,30 @@ def _report(
         notes=notes,
         elapsed_s=time.perf_counter() - started,
         captured_at_ns=trace.capture_end_ns if trace.format == "fr" else 0,
+        last_event_ns=trace.last_event_ns if trace.format == "fr" else 0,
         captured_from=list(trace.captured_from),
         ranks_without_input=without_input,
     )
 
 
 _WHAT = {"fr": "Flight Recorder dump", "megatrace": "Megatrace log"}
+
+
+def _wait_notes(trace: Trace, hang: HangAnalysis) -> list[str]:
+    """Pure: what a wait without a capture time means, when a hang or p2p wait needs one."""
+    unknown = [h for h in hang.hangs if h.waited_s is None and h.waited_at_least_s is not None]
+    unknown_p2p = [w for w in hang.p2p_waits if w.waited_s is None]
+    if trace.format != "fr" or not (unknown or unknown_p2p):
+        return []
+    bound = max([h.waited_at_least_s or 0.0 for h in unknown] or [0.0])
+    return [
+        "no capture time for these dumps (copied files have the copy's time, and torch's "
+        "dumps carry none): the waiting ranks waited at least "
+        f"{bound:.2f} s before the last event any rank recorded, how much longer is unknown, "
+        "and a snapshot of a running job would look the same. Give the time the dumps were "
+        "taken (--captured-at, or a <dump>.captured_at_ns file beside each dump), or "
+        "--in-place if these are the files the job itself wrote"
+    ]
 
 
 def _listed(ranks: list[int], limit: int = 16) -> str:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from trainsentry.diagnostics.hang import CommHang
     from trainsentry.diagnostics.report import Report
 
 HELP = "diagnose a hang, mismatch or slow rank from Flight Recorder / Megatrace / NCCL RAS"
@@ -60,12 +61,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
+        "--captured-at",
+        default=None,
+        metavar="TIME",
+        help="when the dumps were taken: ISO 8601 with a time zone (2026-11-24T21:30:00Z) or "
+        "seconds since the epoch; waits are measured against it (default: a "
+        "<dump>.captured_at_ns file beside each dump, else --in-place's file times, else "
+        "unknown: copied dumps say only how long the ranks waited before the last event)",
+    )
+    parser.add_argument(
         "--captured-at-ns",
         type=int,
         default=None,
         metavar="NS",
-        help="when the dumps were taken (ns since the epoch); waits are measured against it "
-        "(default: a <dump>.captured_at_ns file beside each dump, else the dump's mtime)",
+        help="the same in nanoseconds since the epoch",
+    )
+    parser.add_argument(
+        "--in-place",
+        action="store_true",
+        help="the dumps are the files the job itself wrote (not copies): each file's "
+        "modification time is when it was taken",
     )
     parser.add_argument(
         "--min-idle",
@@ -92,11 +107,20 @@ def run(args: argparse.Namespace) -> int:
     from trainsentry.diagnostics.api import AnalyzeError, analyze
     from trainsentry.diagnostics.hang import DEFAULT_MIN_IDLE_S
     from trainsentry.diagnostics.slow import DEFAULT_ALPHA, DEFAULT_MIN_LAG_MS
-    from trainsentry.diagnostics.topology import TopologyError, parse_topology
+    from trainsentry.diagnostics.topology import (
+        TopologyError,
+        TopologyMismatchError,
+        parse_topology,
+    )
 
     try:
         topology = parse_topology(args.topology) if args.topology else None
-    except TopologyError as exc:
+        captured_at_ns = args.captured_at_ns
+        if args.captured_at is not None:
+            captured_at_ns = parse_time_ns(args.captured_at)
+        if captured_at_ns is not None and captured_at_ns <= 0:
+            raise ValueError("--captured-at must be after the epoch")
+    except ValueError as exc:
         print(f"trainsentry analyze: {exc}", file=sys.stderr)
         return EXIT_USAGE
     options = {
@@ -105,13 +129,16 @@ def run(args: argparse.Namespace) -> int:
         "min_idle_s": DEFAULT_MIN_IDLE_S if args.min_idle is None else args.min_idle,
         "alpha": DEFAULT_ALPHA if args.alpha is None else args.alpha,
         "min_lag_ms": DEFAULT_MIN_LAG_MS if args.min_lag_ms is None else args.min_lag_ms,
-        "captured_at_ns": args.captured_at_ns,
+        "captured_at_ns": captured_at_ns,
+        "in_place": args.in_place,
     }
-    if args.captured_at_ns is not None and args.captured_at_ns <= 0:
-        print("trainsentry analyze: --captured-at-ns must be positive", file=sys.stderr)
-        return EXIT_USAGE
     try:
         report = _analyze_with_progress(analyze, args.paths, options)
+    except TopologyMismatchError as exc:
+        if args.json:
+            print(json.dumps({"verdict": None, "error": str(exc)}))
+        print(f"trainsentry analyze: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except (AnalyzeError, TopologyError) as exc:
         if args.json:
             print(json.dumps({"verdict": None, "error": str(exc)}))
@@ -122,6 +149,31 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_summary(report)
     return _VERDICT_EXIT[report.verdict]
+
+
+def parse_time_ns(text: str) -> int:
+    """Pure: `2026-11-24T21:30:00Z` / `...+08:00` (ISO 8601 with a zone) or seconds since
+    the epoch, to nanoseconds since the epoch. Raises ValueError (a time without a zone is
+    ambiguous: the dumps' clock and this machine's zone need not agree)."""
+    from datetime import datetime
+
+    value = text.strip()
+    try:
+        return round(float(value) * 1e9)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise ValueError(
+            f"--captured-at {text!r}: expected ISO 8601 (2026-11-24T21:30:00Z) or seconds "
+            "since the epoch"
+        ) from exc
+    if moment.tzinfo is None:
+        raise ValueError(
+            f"--captured-at {text!r} has no time zone: add Z (UTC) or an offset such as +08:00"
+        )
+    return round(moment.timestamp() * 1e9)
 
 
 def _analyze_with_progress(analyze: object, paths: list[str], options: dict[str, object]) -> Report:
@@ -161,6 +213,50 @@ def _ranks(ranks: list[int] | tuple[int, ...], limit: int = 16) -> str:
     return shown + (f", ... (+{more})" if more > 0 else "") if ranks else "none"
 
 
+def _seconds(value: float) -> str:
+    return f"{value:.2f} s" if value < 10 else f"{value:,.1f} s"
+
+
+def _waiting(report: Report, hang: CommHang) -> str:
+    """Pure: who waits in the hang and for how long, saying what the time is measured to."""
+    waiting = [r for r in hang.arrived_ranks if r not in hang.not_started_ranks]
+    count = len(waiting)
+    space = "" if hang.rank_space == "global" else f"{hang.rank_space} "
+    who = (
+        f"{space}rank{'s' if count != 1 else ''} {_ranks(waiting)} wait{'s' if count == 1 else ''}"
+    )
+    if hang.waited_s is not None:
+        source = ", ".join(report.captured_from) or "the end of the logs"
+        return f"{who}: waited {_seconds(hang.waited_s)} until the capture ({source})"
+    if hang.waited_at_least_s is not None:
+        return (
+            f"{who}: waited at least {_seconds(hang.waited_at_least_s)} before the last recorded "
+            "event; how much longer is unknown (no capture time: see notes)"
+        )
+    return f"{who}: for how long is unknown ({report.format} records no times)"
+
+
+_ROLES = {
+    "root_cause": "root cause",
+    "victim": "victim",
+    "remote_error": "reported a remote error",
+}
+
+
+def _print_processes(console: Any, report: Report) -> None:
+    """NCCL RAS: the processes the verdict is about, each with its place per communicator."""
+    for process in report.hang.processes[:10]:
+        colour = "bold red" if process.role == "root_cause" else "bold"
+        console.print(f"  {_ROLES[process.role]}: [{colour}]{process.describe()}[/]")
+        for place in process.places[:8]:
+            console.print(
+                f"    rank {place.rank} of communicator {place.communicator} "
+                f"({place.size} ranks): {place.what}"
+            )
+        if process.role != "victim":
+            console.print(f"    {process.meaning}")
+
+
 def print_summary(report: Report) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -175,7 +271,6 @@ def print_summary(report: Report) -> None:
     )
     primary = report.primary_hang
     if primary is not None:
-        waited = "unknown" if primary.waited_s is None else f"{primary.waited_s:.1f} s"
         console.print(
             f"[bold]hang[/] on {primary.comm} ({primary.desc or 'no description'}) at seq "
             f"{primary.seq}: {primary.op}"
@@ -194,14 +289,17 @@ def print_summary(report: Report) -> None:
                 f"{' + ' if primary.missing_ranks else ''}"
                 f"{primary.unidentified} unnamed (group membership unknown, see notes)"
             )
-        console.print(
-            f"  missing ranks: {missing}; "
-            f"{len(primary.arrived_ranks)} ranks arrived and waited {waited}"
-        )
-        console.print(
-            f"  root cause rank(s): [bold red]{_ranks(report.hang.root_cause_ranks)}"
-            f"[/]; victims: {_ranks(report.hang.victim_ranks)}"
-        )
+        space = "" if primary.rank_space == "global" else f"{primary.rank_space} "
+        console.print(f"  missing {space}ranks: {missing}")
+        console.print(f"  {_waiting(report, primary)}")
+        roots = report.hang.root_cause_ranks
+        victims = report.hang.victim_ranks
+        if roots or report.format != "ras":
+            console.print(
+                f"  root cause rank(s): [bold red]{_ranks(roots)}[/]"
+                + (f"; victims: {_ranks(victims)}" if victims else "")
+            )
+        _print_processes(console, report)
         if report.hang.skipped_ranks:
             console.print(
                 f"  rank(s) {_ranks(report.hang.skipped_ranks)} skipped a collective and moved "
@@ -226,12 +324,18 @@ def print_summary(report: Report) -> None:
             table.add_column(column)
         for s in report.slow.slow_ranks[:10]:
             p_text = f"{s.p_value:.2g}" if s.p_value > 0 else f"<= 1e{s.log10_p_bound:.0f}"
+            named = [
+                desc or comm
+                for comm, desc in zip(
+                    s.communicators, s.descriptions or s.communicators, strict=False
+                )
+            ]
             table.add_row(
                 str(s.rank),
                 p_text,
                 f"{s.lag_ms:.2f}",
                 f"{s.last_count}/{s.ops}",
-                ", ".join(s.communicators),
+                ", ".join(named),
             )
         console.print(table)
         for v in report.slow.victims[:10]:

@@ -7,7 +7,13 @@ reached but never completed. Members that reached it waited; the others are miss
 
 A verdict needs idle time and agreement, so the end of a log is not mistaken for a hang:
 the ranks that arrived must have waited at least `min_idle_s` before the capture ended, and
-when the format records completion, the stuck entry must be incomplete on them.
+when the format records completion, the stuck entry must be incomplete on them. Waits are
+measured against when each rank's record was captured, where something says so (a time
+given, a sidecar, files written in place, the end of Megatrace logs); where nothing does
+(dumps copied off the cluster: torch's dumps carry no capture time), the wait is unknown,
+only bounded from below by the last event any rank recorded (`waited_at_least_s`), and
+the idle requirement cannot be checked: the stuck collective is reported, with a note
+that a snapshot of a running job would look the same.
 
 Across communicators the waits form a graph (arrived rank -> missing rank, p2p sender or
 receiver -> its peer). A missing rank that is itself waiting somewhere else is a victim;
@@ -22,11 +28,12 @@ exactly the ones nothing names.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from trainsentry.diagnostics.model import State, Stream, Trace
+from trainsentry.diagnostics.model import ProcessVerdict, State, Stream, Trace
 
 DEFAULT_MIN_IDLE_S = 2.0
 
@@ -40,7 +47,9 @@ class CommHang:
     arrived_ranks: tuple[int, ...]
     missing_ranks: tuple[int, ...]
     no_dump_ranks: tuple[int, ...]
-    waited_s: float | None  # None: the format has no timing (NCCL RAS)
+    #: How long the arrived ranks had waited when their record was captured; None when
+    #: no capture time is known (or the format has no times: NCCL RAS).
+    waited_s: float | None
     first_arrival_ns: int
     #: Members of the group nothing names (see `Communicator.unidentified`).
     unidentified: int | None = 0
@@ -49,10 +58,23 @@ class CommHang:
     not_started_ranks: tuple[int, ...] = ()
     #: Whether the dumps record when collectives start (None: not asked, e.g. ranks missing).
     timing_recorded: bool | None = None
+    #: What the entries alone show: the longest time from an arrival to the last event any
+    #: rank recorded (None: no timestamps). The wait was at least this long.
+    waited_at_least_s: float | None = None
+    #: "global" when the ranks above are global ranks; "communicator" when they are ranks
+    #: of this communicator only (NCCL RAS without probe statuses naming the processes).
+    rank_space: str = "global"
 
     @property
     def membership_known(self) -> bool:
         return self.unidentified == 0
+
+    @property
+    def wait_bound_s(self) -> float:
+        """The wait known for sure: `waited_s` if known, else `waited_at_least_s`, else 0."""
+        if self.waited_s is not None:
+            return self.waited_s
+        return self.waited_at_least_s or 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +84,12 @@ class P2PWait:
     comm: str
     op: str
     seq: int
-    waited_s: float
+    waited_s: float | None  # None: no capture time known
+    waited_at_least_s: float | None = None  # to the last event any rank recorded
+
+    @property
+    def wait_bound_s(self) -> float:
+        return self.waited_s if self.waited_s is not None else self.waited_at_least_s or 0.0
 
 
 @dataclass
@@ -77,6 +104,12 @@ class HangAnalysis:
     not_started_ranks: list[int] = field(default_factory=list)
     #: Ranks found to have skipped a collective and moved on (a cascade's first cause).
     skipped_ranks: list[int] = field(default_factory=list)
+    #: Stuck-looking ends of communicators whose ranks ran past a blocking mismatch earlier:
+    #: the mismatch explains them; they are not hangs of their own.
+    after_mismatch: list[CommHang] = field(default_factory=list)
+    #: NCCL RAS: the processes the verdict is about (culprits, and ranks reporting a remote
+    #: error), merged across communicators; [] for other formats.
+    processes: list[ProcessVerdict] = field(default_factory=list)
     #: What the analysis could not tell, in words (no timing recorded, ...).
     notes: list[str] = field(default_factory=list)
 
@@ -89,7 +122,7 @@ class HangAnalysis:
         ] or self.hangs
         if not involved:
             return None
-        return max(involved, key=lambda h: (h.waited_s or 0.0, -h.seq))
+        return max(involved, key=lambda h: (h.wait_bound_s, -h.seq))
 
 
 def _first_incomplete(stream: Stream) -> int | None:
@@ -133,6 +166,7 @@ def _comm_hang(trace: Trace, comm_id: str, min_idle_s: float) -> tuple[CommHang 
     missing = tuple(sorted({r for r in reached if reached[r] < seq} | set(no_dump)))
     arrival_times: list[int] = []
     waits: list[float] = []
+    bounds: list[float] = []
     started: set[int] = set()
     op = "?"
     incomplete_on_arrived = True
@@ -145,7 +179,11 @@ def _comm_hang(trace: Trace, comm_id: str, min_idle_s: float) -> tuple[CommHang 
             continue  # reached it per pg_status, but the entry left the ring buffer
         arrival_times.append(int(mine.time_ns[i]))
         # Each rank's wait is measured against its own dump's time, never our clock.
-        waits.append((trace.captured_at(rank) - int(mine.time_ns[i])) / 1e9)
+        captured = trace.captured_at(rank)
+        if captured is not None:
+            waits.append((captured - int(mine.time_ns[i])) / 1e9)
+        if trace.last_event_ns:
+            bounds.append((trace.last_event_ns - int(mine.time_ns[i])) / 1e9)
         op = trace.signatures[int(mine.signature[i])].describe()
         if int(mine.state[i]) >= State.STARTED:
             started.add(rank)
@@ -154,7 +192,8 @@ def _comm_hang(trace: Trace, comm_id: str, min_idle_s: float) -> tuple[CommHang 
     if not arrival_times:
         return None, False
     first = min(arrival_times)
-    waited = max(0.0, *waits)
+    waited = max(0.0, *waits) if waits else None
+    at_least = max(0.0, *bounds) if bounds else None
     timing: bool | None = None
     not_started: tuple[int, ...] = ()
     if states_known and not missing:
@@ -176,30 +215,48 @@ def _comm_hang(trace: Trace, comm_id: str, min_idle_s: float) -> tuple[CommHang 
         comm.unidentified,
         not_started,
         timing,
+        at_least,
     )
     agreed = incomplete_on_arrived if states_known else bool(missing)
     if not agreed:
         return None, False
-    return hang, waited >= min_idle_s
+    # Without a capture time the idle requirement cannot be checked (see the module doc).
+    return hang, waited is None or waited >= min_idle_s
 
 
 def _p2p_waits(trace: Trace, min_idle_s: float) -> list[P2PWait]:
-    waits = []
+    waits: list[P2PWait] = []
     for stream in trace.streams.values():
         if not stream.is_p2p or stream.peer is None:
             continue
         pending = _first_incomplete(stream)
         if pending is None:
             continue
-        i = _event_at(stream, pending)
-        if i is None or int(stream.peer[i]) < 0:
-            continue
-        waited = (trace.captured_at(stream.rank) - int(stream.time_ns[i])) / 1e9
-        if waited >= min_idle_s:
-            op = trace.signatures[int(stream.signature[i])].op
-            waits.append(
-                P2PWait(stream.rank, int(stream.peer[i]), stream.comm, op, pending, waited)
-            )
+        # A batch (batch_isend_irecv) is several ops under one number: the rank waits on
+        # every peer of it, since its recorder cannot say which of them completed.
+        first = int(np.searchsorted(stream.seq, pending))
+        last = int(np.searchsorted(stream.seq, pending, side="right"))
+        for i in range(first, last):
+            peer = int(stream.peer[i])
+            if peer < 0 or any(w.rank == stream.rank and w.peer == peer for w in waits):
+                continue
+            created = int(stream.time_ns[i])
+            captured = trace.captured_at(stream.rank)
+            waited = None if captured is None else (captured - created) / 1e9
+            at_least = (trace.last_event_ns - created) / 1e9 if trace.last_event_ns else None
+            if waited is None or waited >= min_idle_s:
+                op = trace.signatures[int(stream.signature[i])].op
+                waits.append(
+                    P2PWait(
+                        stream.rank,
+                        peer,
+                        stream.comm,
+                        op,
+                        pending,
+                        waited,
+                        None if at_least is None else max(0.0, at_least),
+                    )
+                )
     return waits
 
 
@@ -225,7 +282,15 @@ def _root_causes(edges: dict[int, set[int]]) -> list[int]:
     return sorted(terminal)
 
 
-def analyze_hangs(trace: Trace, min_idle_s: float = DEFAULT_MIN_IDLE_S) -> HangAnalysis:
+def analyze_hangs(
+    trace: Trace,
+    min_idle_s: float = DEFAULT_MIN_IDLE_S,
+    mismatch_at: Mapping[str, int] | None = None,
+) -> HangAnalysis:
+    """Pure. `mismatch_at`: per communicator, the first sequence number with a blocking
+    mismatch; a stuck collective after it is the mismatch's consequence (the ranks pair
+    different operations from there on: NCCL does not check counts, and a job can run on
+    past a size mismatch), listed in `after_mismatch`, not a hang of its own."""
     analysis = HangAnalysis()
     for comm_id, comm in trace.communicators.items():
         if len(comm.ranks) < 2 and comm.membership_known:
@@ -234,7 +299,11 @@ def analyze_hangs(trace: Trace, min_idle_s: float = DEFAULT_MIN_IDLE_S) -> HangA
         if not streams or any(s.is_p2p for s in streams):
             continue
         candidate, accepted = _comm_hang(trace, comm_id, min_idle_s)
-        if candidate is not None:
+        if candidate is None:
+            continue
+        if mismatch_at and candidate.seq > mismatch_at.get(comm_id, candidate.seq):
+            analysis.after_mismatch.append(candidate)
+        else:
             (analysis.hangs if accepted else analysis.too_recent).append(candidate)
     analysis.p2p_waits = _p2p_waits(trace, min_idle_s)
     edges: dict[int, set[int]] = {}
@@ -306,7 +375,7 @@ def _p2p_hangs(trace: Trace, analysis: HangAnalysis) -> list[CommHang]:
         if not blamed:
             continue
         comm = trace.communicators.get(comm_id)
-        first = min(blamed, key=lambda w: -w.waited_s)
+        first = min(blamed, key=lambda w: -w.wait_bound_s)
         stream = trace.streams[(comm_id, first.rank)]
         i = _event_at(stream, first.seq)
         hangs.append(
@@ -322,8 +391,14 @@ def _p2p_hangs(trace: Trace, analysis: HangAnalysis) -> list[CommHang]:
                 no_dump_ranks=tuple(
                     sorted(r for r in {w.peer for w in blamed} if r not in trace.ranks_with_data)
                 ),
-                waited_s=max(w.waited_s for w in blamed),
+                waited_s=None
+                if any(w.waited_s is None for w in blamed)
+                else max(w.waited_s or 0.0 for w in blamed),
                 first_arrival_ns=int(stream.time_ns[i]) if i is not None else 0,
+                waited_at_least_s=max(
+                    (w.waited_at_least_s for w in blamed if w.waited_at_least_s is not None),
+                    default=None,
+                ),
             )
         )
     return hangs

@@ -250,9 +250,11 @@ class RasCommunicator:
     left_ranks: tuple[int, ...] = ()
     #: Communicator rank -> the NCCL error it reported ("Remote process error", ...).
     errors: dict[int, str] = field(default_factory=dict)
-    #: Communicator rank -> global rank, where the probes' status (or the world
-    #: communicator) tells.
+    #: Communicator rank -> global rank, where a probe's status names the process (its pid,
+    #: and RAS's node address among its host_ips).
     global_ranks: dict[int, int] = field(default_factory=dict)
+    #: Communicator rank -> (pod, Kubernetes node) from that probe's status.
+    identities: dict[int, tuple[str, str]] = field(default_factory=dict)
     #: (function, ranks, launched count) of groups a text report printed without naming
     #: their ranks, where they could not be placed (see `trainsentry.probe.ras_report`).
     unnamed_groups: tuple[tuple[str, int, int], ...] = ()
@@ -260,6 +262,53 @@ class RasCommunicator:
     #: the first and the last (None: one report).
     snapshots: int = 1
     progressed: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RasPlace:
+    """Where a process stands in one communicator (NCCL RAS)."""
+
+    communicator: str
+    size: int
+    rank: int  # its rank in that communicator
+    what: str  # "has not launched AllReduce 31", "reported Remote process error", ...
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessVerdict:
+    """A process NCCL RAS points at: RAS names processes (`GPU g managed by process PID on
+    node ADDR`), and one process is a different rank in each of its communicators.
+
+    `role`: "root_cause" (a culprit that waits on nobody), "victim" (a culprit that waits
+    on a root cause elsewhere), "remote_error" (its NCCL reported a Remote process error:
+    a peer process died or the network to it failed; not itself the cause).
+    """
+
+    role: str
+    node_address: str  # the address RAS prints (NCCL's socket interface); "" unknown
+    pid: int  # -1 unknown
+    gpu: str
+    global_rank: int | None  # None unless a probe's status names this process
+    pod: str
+    node: str  # Kubernetes node, from the probe
+    places: tuple[RasPlace, ...]
+    meaning: str
+
+    def describe(self) -> str:
+        """`process 5005 on 10.0.1.1 (GPU 1; communicator rank 1 of 0000000000000102)`, or
+        `global rank 5 (process 5005 on 10.0.1.1, GPU 1, pod p, node n)` when mapped."""
+        process = f"process {self.pid}" if self.pid >= 0 else "a process"
+        where = f"{process} on {self.node_address or '?'}"
+        if self.global_rank is None:
+            ranks = ", ".join(
+                f"communicator rank {p.rank} of {p.communicator}" for p in self.places
+            )
+            gpu = f"GPU {self.gpu}; " if self.gpu else ""
+            return f"{where} ({gpu}{ranks})"
+        extra = [f"GPU {self.gpu}"] if self.gpu else []
+        extra += [f"pod {self.pod}"] if self.pod else []
+        extra += [f"node {self.node}"] if self.node else []
+        return f"global rank {self.global_rank} ({', '.join([where, *extra])})"
 
 
 @dataclass
@@ -272,22 +321,34 @@ class Trace:
     errors: list[InputError] = field(default_factory=list)
     inputs: list[str] = field(default_factory=list)
     ranks_with_data: set[int] = field(default_factory=set)
-    #: When the capture ended: the latest timestamp seen (or the dump files' mtime).
+    #: When the capture ended, where that is known: the latest capture time given for a
+    #: Flight Recorder dump, the end of the Megatrace logs; 0 when nothing says (copied
+    #: dumps with no capture time).
     capture_end_ns: int = 0
     #: Per rank, when its dump was taken (see `readers.flight_recorder.capture_time`);
     #: ranks not listed use `capture_end_ns`.
     captured_ns: dict[int, int] = field(default_factory=dict)
-    #: Where those times came from: "option", "sidecar", "mtime", "entries" (sorted, unique).
+    #: Where those times came from: "option", "sidecar", "mtime" (files written in place),
+    #: "entries", "unknown" (sorted, unique).
     captured_from: list[str] = field(default_factory=list)
+    #: The latest time any entry of any rank records (its creation, start or completion):
+    #: the bound a wait is measured against when no capture time is known.
+    last_event_ns: int = 0
     topology: Topology | None = None
     ras: list[RasCommunicator] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     #: NCCL RAS reports read (one may name no communicator at all).
     reports_read: int = 0
+    #: The job's world size where the trace itself states it (a Flight Recorder pg_config
+    #: listing the default group, or its all_gather sizes); None if it does not.
+    world_size: int | None = None
+    #: One more than the highest rank the input names (a world has at least this many).
+    world_floor: int = 0
 
-    def captured_at(self, rank: int) -> int:
-        """When `rank`'s record was captured: its own dump's time, else the capture's end."""
-        return self.captured_ns.get(rank, self.capture_end_ns)
+    def captured_at(self, rank: int) -> int | None:
+        """When `rank`'s record was captured: its own dump's time, else the capture's end;
+        None when nothing says (then only `last_event_ns` bounds its waits from below)."""
+        return self.captured_ns.get(rank, self.capture_end_ns) or None
 
     def streams_of(self, comm: str) -> list[Stream]:
         members = self.communicators[comm].ranks

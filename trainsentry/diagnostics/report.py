@@ -7,7 +7,7 @@ from typing import Any
 
 from trainsentry.diagnostics.hang import CommHang, HangAnalysis
 from trainsentry.diagnostics.mismatch import MismatchAnalysis
-from trainsentry.diagnostics.model import Gap, InputError
+from trainsentry.diagnostics.model import Gap, InputError, ProcessVerdict
 from trainsentry.diagnostics.slow import SlowAnalysis, SlowRank
 from trainsentry.diagnostics.topology import Topology
 
@@ -26,10 +26,14 @@ def _hang_dict(hang: CommHang, analysis: HangAnalysis | None = None) -> dict[str
         "arrived_count": len(hang.arrived_ranks),
         "arrived_ranks": list(hang.arrived_ranks),
         "waited_s": None if hang.waited_s is None else round(hang.waited_s, 3),
+        "waited_at_least_s": None
+        if hang.waited_at_least_s is None
+        else round(hang.waited_at_least_s, 3),
         "membership_known": hang.membership_known,
         "unidentified_members": hang.unidentified,
         "not_started_ranks": list(hang.not_started_ranks),
         "timing_recorded": hang.timing_recorded,
+        "rank_space": hang.rank_space,
     }
     if analysis is not None:
         out["root_cause_ranks"] = list(analysis.root_cause_ranks)
@@ -41,13 +45,19 @@ def culprit_ranks(report: dict[str, Any]) -> list[int]:
     """Pure: the ranks a reader should name, by verdict (what `Report.culprit_ranks` says).
 
     hang: the root causes (a rank that never arrived, never started, skipped a collective
-    or never posted its side of a send/recv), else the primary hang's missing ranks;
+    or never posted its side of a send/recv), else the primary hang's missing ranks when
+    they are global ranks (NCCL RAS without probe statuses knows communicator ranks only:
+    it names processes, in `processes`, and no rank here);
     mismatch: the blocking mismatches' culprits; slow: the slow ranks; ok: none.
     """
     verdict = report.get("verdict")
     if verdict == "hang":
         hang = report.get("hang") or {}
-        return list(report.get("root_cause_ranks") or hang.get("missing_ranks") or [])
+        if report.get("root_cause_ranks"):
+            return list(report["root_cause_ranks"])
+        if hang.get("rank_space", "global") != "global" or report.get("format") == "ras":
+            return []
+        return list(hang.get("missing_ranks") or [])
     if verdict == "mismatch":
         seen: dict[int, None] = {}
         for m in report.get("mismatches") or []:
@@ -59,6 +69,24 @@ def culprit_ranks(report: dict[str, Any]) -> list[int]:
     return []
 
 
+def _process_dict(process: ProcessVerdict) -> dict[str, Any]:
+    return {
+        "role": process.role,
+        "global_rank": process.global_rank,
+        "pid": process.pid if process.pid >= 0 else None,
+        "node_address": process.node_address or None,
+        "gpu": process.gpu or None,
+        "pod": process.pod or None,
+        "node": process.node or None,
+        "description": process.describe(),
+        "communicators": [
+            {"communicator": p.communicator, "size": p.size, "rank": p.rank, "what": p.what}
+            for p in process.places
+        ],
+        "meaning": process.meaning,
+    }
+
+
 def _slow_dict(slow: SlowRank) -> dict[str, Any]:
     return {
         "rank": slow.rank,
@@ -67,6 +95,7 @@ def _slow_dict(slow: SlowRank) -> dict[str, Any]:
         "lag_ms": round(slow.lag_ms, 3),
         "mean_lag_ms": round(slow.mean_lag_ms, 3),
         "communicators": list(slow.communicators),
+        "communicator_descriptions": list(slow.descriptions),
         "last_count": slow.last_count,
         "ops": slow.ops,
         "victim_of": slow.victim_of,
@@ -88,9 +117,13 @@ class Report:
     ranks: int = 0
     notes: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
-    #: When the dumps were taken, and from what ("option", "sidecar", "mtime", "entries").
+    #: When the dumps were taken (0: unknown), and from what ("option", "sidecar", "mtime",
+    #: "entries", "unknown").
     captured_at_ns: int = 0
     captured_from: list[str] = field(default_factory=list)
+    #: The last event any dump records (what waits are bounded by when the capture time is
+    #: unknown); 0 for formats other than Flight Recorder.
+    last_event_ns: int = 0
     #: Ranks the job has that left no input at all (no dump / log).
     ranks_without_input: list[int] = field(default_factory=list)
 
@@ -105,8 +138,11 @@ class Report:
     def _verdict_parts(self) -> dict[str, Any]:
         primary = self.primary_hang
         return {
+            "format": self.format,
             "root_cause_ranks": list(self.hang.root_cause_ranks),
-            "hang": {"missing_ranks": list(primary.missing_ranks)} if primary else None,
+            "hang": {"missing_ranks": list(primary.missing_ranks), "rank_space": primary.rank_space}
+            if primary
+            else None,
             "mismatches": [
                 {"kind": m.kind, "culprit_ranks": list(m.culprit_ranks)}
                 for m in self.mismatch.mismatches
@@ -139,8 +175,10 @@ class Report:
             "ranks_without_input": list(self.ranks_without_input),
             "captured_at_ns": self.captured_at_ns or None,
             "captured_from": list(self.captured_from),
+            "last_event_ns": self.last_event_ns or None,
             "hang": _hang_dict(primary, self.hang) if primary else None,
             "hangs": [_hang_dict(h) for h in self.hang.hangs],
+            "processes": [_process_dict(p) for p in self.hang.processes],
             "p2p_waits": [
                 {
                     "rank": w.rank,
@@ -148,7 +186,10 @@ class Report:
                     "communicator": w.comm,
                     "op": w.op,
                     "seq": w.seq,
-                    "waited_s": round(w.waited_s, 3),
+                    "waited_s": None if w.waited_s is None else round(w.waited_s, 3),
+                    "waited_at_least_s": None
+                    if w.waited_at_least_s is None
+                    else round(w.waited_at_least_s, 3),
                 }
                 for w in self.hang.p2p_waits
             ],

@@ -20,6 +20,7 @@ fewer communicators, is reported as its victim, not as a cause.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -63,6 +64,9 @@ class SlowRank:
     ops: int
     victim_of: int | None = None
     log10_p_bound: float = 0.0
+    #: The communicators' descriptions (torch's group_desc, e.g. "default_pg"), in the same
+    #: order; "" where a group has none.
+    descriptions: tuple[str, ...] = ()
 
 
 @dataclass
@@ -117,7 +121,9 @@ def stage_map(trace: Trace) -> dict[int, int]:
     return stages
 
 
-def _arrival_matrix(trace: Trace, comm_id: str) -> tuple[list[int], np.ndarray] | None:
+def _arrival_matrix(
+    trace: Trace, comm_id: str, stop_at: int | None = None
+) -> tuple[list[int], np.ndarray] | None:
     streams = [s for s in trace.streams_of(comm_id) if len(s.seq)]
     if len(streams) < 2:
         return None
@@ -128,6 +134,8 @@ def _arrival_matrix(trace: Trace, comm_id: str) -> tuple[list[int], np.ndarray] 
     common = firsts[0][0]
     for uniq, _ in firsts[1:]:
         common = np.intersect1d(common, uniq, assume_unique=True)
+    if stop_at is not None:
+        common = common[common < stop_at]
     if len(common) < MIN_OPS:
         return None
     columns = []
@@ -178,8 +186,15 @@ def _remove_stage_offsets(times: np.ndarray, stages: list[int]) -> np.ndarray:
 
 
 def analyze_slow(
-    trace: Trace, alpha: float = DEFAULT_ALPHA, min_lag_ms: float = DEFAULT_MIN_LAG_MS
+    trace: Trace,
+    alpha: float = DEFAULT_ALPHA,
+    min_lag_ms: float = DEFAULT_MIN_LAG_MS,
+    stop_at: Mapping[str, int] | None = None,
 ) -> SlowAnalysis:
+    """Pure. `stop_at`: per communicator, the first sequence number with a blocking
+    mismatch; only arrivals before it count (after it the ranks' equal numbers name
+    different operations: a rank whose larger all_reduce consumed its peers' next one is a
+    whole collective "late" on every later number without being slow)."""
     stages = stage_map(trace)
     raw: list[tuple[str, tuple[int, ...], int, int, int, float, float, float, float]] = []
     for comm_id, comm in trace.communicators.items():
@@ -187,7 +202,7 @@ def analyze_slow(
             continue
         if any(s.is_p2p for s in trace.streams_of(comm_id)):
             continue
-        matrix = _arrival_matrix(trace, comm_id)
+        matrix = _arrival_matrix(trace, comm_id, (stop_at or {}).get(comm_id))
         if matrix is None:
             continue
         ranks, times = matrix
@@ -234,12 +249,14 @@ def analyze_slow(
                 if cause.rank in group and len(cause.communicators) > len(rank_tests):
                     victim_of = cause.rank
                     break
+        comms = tuple(sorted(t.comm for t in rank_tests))
         result = SlowRank(
             rank=rank,
             p_value=min(t.p_adjusted for t in rank_tests),
             lag_ms=strongest.median_lag_ms,
             mean_lag_ms=strongest.mean_lag_ms,
-            communicators=tuple(sorted(t.comm for t in rank_tests)),
+            communicators=comms,
+            descriptions=tuple(trace.communicators[c].desc for c in comms),
             last_count=sum(t.last_count for t in rank_tests),
             ops=sum(t.ops for t in rank_tests),
             victim_of=victim_of,

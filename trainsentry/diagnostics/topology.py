@@ -16,6 +16,10 @@ class TopologyError(ValueError):
     pass
 
 
+class TopologyMismatchError(TopologyError):
+    """A topology given by the caller that does not fit the job's world size."""
+
+
 @dataclass(frozen=True, slots=True)
 class Topology:
     tp: int

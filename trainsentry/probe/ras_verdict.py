@@ -10,6 +10,7 @@ the probe (`suspects` in its RAS status) and by `trainsentry analyze` (`ras_hang
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,10 @@ class RasCommState:
     remote_errors: tuple[int, ...]  # reported "Remote process error"
     ahead_minority: bool  # fewer ranks launched `seq` than did not
     unnamed_behind: int = 0  # ranks behind that the (text) report does not name
+    #: The ranks disagree on which collective comes next (each is behind on some function)
+    #: and the culprits are the ranks outside the largest group of equal counts; False when
+    #: no group is largest (then every rank is a culprit).
+    mismatch: bool = False
 
     @property
     def culprits(self) -> tuple[int, ...]:
@@ -89,6 +94,17 @@ def judge_comm(
         for counts in counts_by_op.values():
             members |= set(counts)
     arrived = tuple(sorted(members - culprits - left))
+    mismatch = False
+    if behind and not arrived and not groups:
+        # Every rank is behind on some function: they launched different collectives. The
+        # ranks whose counts differ from the largest group's launched what the others never
+        # will (a collective mismatch): they are the culprits, the others wait on them.
+        odd = _odd_ranks(counts_by_op, absent, set(behind))
+        if odd:
+            mismatch = True
+            behind = {r: behind[r] for r in odd}
+            culprits = set(behind) | set(unanswered) | set(failed)
+            arrived = tuple(sorted(members - culprits - left))
     if behind:
         seq, op = min(behind.values())
     elif waiting_in:
@@ -107,7 +123,21 @@ def judge_comm(
         remote_errors=remote,
         ahead_minority=bool(behind) and len(arrived) < len(behind) + unnamed_behind,
         unnamed_behind=unnamed_behind,
+        mismatch=mismatch,
     )
+
+
+def _odd_ranks(
+    counts_by_op: Mapping[str, Mapping[int, int]], absent: set[int], ranks: set[int]
+) -> set[int]:
+    """Pure: the ranks whose launch counts (over every function) differ from those of the
+    largest group of ranks with equal counts; empty when no group is largest."""
+    ops = sorted(counts_by_op)
+    vectors = {r: tuple(counts_by_op[op].get(r, -1) for op in ops) for r in ranks - absent}
+    ranked = Counter(vectors.values()).most_common(2)
+    if not ranked or (len(ranked) > 1 and ranked[0][1] == ranked[1][1]):
+        return set()
+    return {r for r, v in vectors.items() if v != ranked[0][0]}
 
 
 def suspects(report: RasReport, limit: int = 256) -> list[dict[str, Any]]:

@@ -61,6 +61,34 @@ def sniff(path: Path) -> str | None:
     return None
 
 
+#: What each format is, for error messages.
+FORMAT_NAMES = {
+    "fr": "a PyTorch Flight Recorder dump (pickle or JSON, one file per rank)",
+    "megatrace": "a Megatrace NCCL log (one rank_N.log per rank)",
+    "ras": "an NCCL RAS report (ncclras text or JSON, or a probe's /ras answer)",
+    PROBE_STATUS: "a probe's /status JSON",
+}
+
+
+def misfits(format: str, files: list[Path]) -> list[tuple[Path, str]]:
+    """Files that plainly are another format than the one the caller named, with the reason
+    (naming what was expected and what the file looks like). Files the sniffer does not
+    recognise are left to the reader, whose errors say what it expected."""
+    out = []
+    for f in files:
+        kind = sniff(f)
+        if kind is None or kind == format or (format == "ras" and kind == PROBE_STATUS):
+            continue
+        out.append(
+            (
+                f,
+                f"--format {format} expects {FORMAT_NAMES[format]}, but this file looks like "
+                f"{FORMAT_NAMES[kind]}",
+            )
+        )
+    return out
+
+
 def detect_format(files: list[Path]) -> tuple[str, list[tuple[Path, str]]]:
     """(format most files are in, files that are not in it with the reason)."""
     kinds = {f: sniff(f) for f in files}
@@ -90,6 +118,7 @@ def read_trace(
     total: int | None = None,
     workers: int | None = None,
     captured_at_ns: int | None = None,
+    in_place: bool = False,
 ) -> Trace:
     done = 0
     count = total if total is not None else len(files)
@@ -112,7 +141,12 @@ def read_trace(
         from trainsentry.diagnostics.readers.flight_recorder import read_flight_recorder
 
         trace = read_flight_recorder(
-            files, on_file=tick, workers=workers, topology=topology, captured_at_ns=captured_at_ns
+            files,
+            on_file=tick,
+            workers=workers,
+            topology=topology,
+            captured_at_ns=captured_at_ns,
+            in_place=in_place,
         )
     trace.topology = topology
     return trace

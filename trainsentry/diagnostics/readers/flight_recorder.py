@@ -17,6 +17,16 @@ Notes on the format (checked against torch 2.13):
 - gloo entries stay `state == "scheduled"`; `retired == True` is what marks completion.
 - collectives are numbered by `collective_seq_id`, point-to-point ops by `p2p_seq_id`; ops
   of one coalesced group share a sequence number.
+- `batch_isend_irecv` on NCCL (torch's test_c10d_nccl.py `test_batched_send_recv`): every op
+  of the batch is recorded with the batch's `p2p_seq_id` and stays `scheduled` forever (those
+  works are never enqueued); the batch's state is its closing `nccl:coalesced` entry, which
+  ProcessGroupNCCL records with `is_p2p` false (`isP2POp(OpType::COALESCED)`) and the current
+  `collective_seq_id`. That entry is read as the close of the p2p batch it follows (same
+  `p2p_seq_id`), never as a collective, and gives every op of the batch its state.
+- `pg_status` numbers works by their own counter (`isP2P ? seqP2P_ : seqCollective_`): after
+  a send/recv or a batch, `last_enqueued_collective` is a p2p number (the real pipeline
+  dumps: 36, the last `p2p_seq_id`, in a group with no collective at all). It is applied to a
+  group's collectives only when the dump's last entry of that group is a collective.
 """
 
 from __future__ import annotations
@@ -69,8 +79,28 @@ _STATES: dict[Any, int] = {
 }
 
 
+#: Group-local peer of a row that closes a p2p batch (an `nccl:coalesced` entry): its state
+#: is the batch's; it names no peer and is not kept as an event.
+_BATCH_CLOSE = -2
+
+
 class FlightRecorderError(ValueError):
     pass
+
+
+def _closes_p2p_batch(
+    rows: list[tuple[int, int, int, int, bool, int]], op: str, is_p2p: Any, p2p_seq: Any
+) -> bool:
+    """Pure: whether an entry is the `nccl:coalesced` entry closing the p2p batch recorded
+    just before it in its group (same `p2p_seq_id`; recorded with `is_p2p` false)."""
+    return (
+        op == "coalesced"
+        and not is_p2p
+        and bool(rows)
+        and rows[-1][4]
+        and rows[-1][5] != _BATCH_CLOSE
+        and rows[-1][0] == p2p_seq
+    )
 
 
 class _PlainUnpickler(pickle.Unpickler):
@@ -345,6 +375,8 @@ def _parse_entry_slowly(
     is_p2p = entry.get("is_p2p")
     if is_p2p is None:
         is_p2p = op in P2P_OPS
+    if _closes_p2p_batch(columns.rows, op, is_p2p, entry.get("p2p_seq_id")):
+        is_p2p, peer = True, _BATCH_CLOSE
     if is_p2p and own >= 0:
         own_local[pg_name] = own
     seq = entry.get("p2p_seq_id" if is_p2p else "collective_seq_id")
@@ -411,11 +443,6 @@ def parse_dump(
             _parse_entry_slowly(entry, source, cache, by_pg, pg_desc, pg_id_to_name, own_local)
             last_name = None
             continue
-        seq = p2p_seq if is_p2p else collective_seq
-        if seq.__class__ is not int:
-            _parse_entry_slowly(entry, source, cache, by_pg, pg_desc, pg_id_to_name, own_local)
-            last_name = None
-            continue
         if pg[0] != last_name:
             last_name = pg[0]
             columns = by_pg.get(str(last_name))
@@ -425,6 +452,11 @@ def parse_dump(
                 pg_desc[pg_name] = str(pg[1]) if len(pg) > 1 else ""
                 pg_id_to_name[str(entry.get("pg_id"))] = pg_name
             rows = columns.rows
+        seq = p2p_seq if is_p2p else collective_seq
+        if seq.__class__ is not int:
+            _parse_entry_slowly(entry, source, cache, by_pg, pg_desc, pg_id_to_name, own_local)
+            last_name = None
+            continue
         try:  # marshal is an exact, 3x cheaper key than repr for these plain values
             raw: bytes | str = dumps((profiling_name, inputs, outputs, in_dtypes, out_dtypes))
         except ValueError:
@@ -433,6 +465,14 @@ def parse_dump(
         if found is None:
             op, peer, own = cache.name(str(profiling_name))
             found = known[raw] = (cache.signature(entry, op), peer, own)
+        peer = found[1]
+        if (
+            not is_p2p
+            and rows
+            and rows[-1][4]
+            and _closes_p2p_batch(rows, cache.name(str(profiling_name))[0], is_p2p, p2p_seq)
+        ):
+            seq, is_p2p, peer = p2p_seq, True, _BATCH_CLOSE
         if is_p2p and found[2] >= 0:
             own_local[str(last_name)] = found[2]
         rows.append(
@@ -442,7 +482,7 @@ def parse_dump(
                 found[0],
                 completed if retired is True else states.get(state, scheduled),
                 bool(is_p2p),
-                found[1],
+                peer,
             )
         )
     for columns in by_pg.values():
@@ -469,6 +509,10 @@ def parse_dump(
             if name and isinstance(desc, str) and desc and pg_desc.get(name) in _NO_DESC:
                 pg_desc[name] = desc  # entries without a description: pg_config's
     last_enqueued, last_started = _pg_status(dump.get("pg_status"), by_pg, pg_id_to_name)
+    for name, columns in by_pg.items():
+        if columns.rows and columns.rows[-1][4]:  # pg_status counts p2p works then
+            last_enqueued.pop(name, None)
+            last_started.pop(name, None)
     arrays = {name: columns.to_arrays() for name, columns in by_pg.items()}
     return RankDump(
         rank,
@@ -563,6 +607,22 @@ def _build_stream(
     peers = None
     if is_p2p:
         local = columns.peer_local[picks]
+        closes = local == _BATCH_CLOSE
+        if closes.any():
+            # A batch's ops stay `scheduled`: each takes the state of the entry closing it.
+            state_of = dict(zip(seq[closes].tolist(), states[closes].tolist(), strict=True))
+            states = np.asarray(
+                [state_of.get(s, st) for s, st in zip(seq.tolist(), states.tolist(), strict=True)],
+                dtype=np.int8,
+            )
+            keep = ~closes
+            seq, sigs, states, times, local = (
+                seq[keep],
+                sigs[keep],
+                states[keep],
+                times[keep],
+                local[keep],
+            )
         if peer_lookup is None:
             peers = np.where(local >= 0, local, -1).tolist()
         elif len(peer_lookup):
@@ -724,9 +784,10 @@ def join_dumps(dumps: list[RankDump], trace: Trace, named_ranks: set[int] | None
     own_ranks: dict[str, dict[int, int]] = {}
     for d in dumps:
         trace.ranks_with_data.add(d.rank)
-        trace.capture_end_ns = max(trace.capture_end_ns, d.latest_ns)
+        trace.last_event_ns = max(trace.last_event_ns, d.latest_ns)
         if d.captured_ns:
             trace.captured_ns[d.rank] = d.captured_ns
+            trace.capture_end_ns = max(trace.capture_end_ns, d.captured_ns)
         known_ranks.add(d.rank)
         known_ranks.update(d.listed_ranks)
         for pg in d.by_pg:
@@ -741,6 +802,10 @@ def join_dumps(dumps: list[RankDump], trace: Trace, named_ranks: set[int] | None
             own_ranks.setdefault(pg, {}).setdefault(local, d.rank)
     world_floor = max(known_ranks) + 1 if known_ranks else 0
     hints = _size_hints(dumps, trace.signatures)
+    trace.world_floor = world_floor
+    for pg in members:
+        if descs.get(pg) == "default_pg":
+            trace.world_size = len(declared[pg]) if pg in declared else hints.get(pg)
     for pg, seen in members.items():
         trace.communicators[pg] = _membership(
             pg,
@@ -832,13 +897,19 @@ class _ChunkResult:
     sources: set[str] = field(default_factory=set)
 
 
-def capture_time(path: Path, given_ns: int | None = None) -> tuple[int, str]:
-    """(when the dump at `path` was taken, where that came from).
+def capture_time(
+    path: Path, given_ns: int | None = None, in_place: bool = False
+) -> tuple[int, str]:
+    """(when the dump at `path` was taken, where that came from); (0, "unknown") if nothing
+    says.
 
-    The caller's time (`--captured-at-ns`, "option") wins; then a sidecar file
+    The caller's time (`--captured-at`, "option") wins; then a sidecar file
     `<dump>.captured_at_ns` holding nanoseconds since the epoch ("sidecar", written by
-    whatever fetched the dump); then the file's mtime ("mtime"). Never the clock of the
-    analysis: a dump analysed an hour later must not have waited an hour longer.
+    whatever fetched the dump); then, only when the caller says the files are where the job
+    (or the probe's collector) wrote them, the file's mtime ("mtime"). A copied file's mtime
+    is the time of the copy (`kubectl cp`, `scp`, an archive), and torch's dumps carry no time
+    of their own. Never the clock of the analysis: a dump analysed an hour later must not
+    have waited an hour longer.
     """
     if given_ns is not None:
         return given_ns, "option"
@@ -849,11 +920,17 @@ def capture_time(path: Path, given_ns: int | None = None) -> tuple[int, str]:
             return int(text), "sidecar"
     except (OSError, UnicodeDecodeError):
         pass
-    return os.stat(path).st_mtime_ns, "mtime"
+    if in_place:
+        return os.stat(path).st_mtime_ns, "mtime"
+    return 0, "unknown"
 
 
 def _read_one(
-    path: Path, rank: int, cache: SignatureCache, captured_at_ns: int | None = None
+    path: Path,
+    rank: int,
+    cache: SignatureCache,
+    captured_at_ns: int | None = None,
+    in_place: bool = False,
 ) -> tuple[RankDump, str]:
     data = path.read_bytes()
     decoded = decode_dump(data, str(path))
@@ -863,11 +940,10 @@ def _read_one(
         if isinstance(exc, FlightRecorderError):
             raise
         raise FlightRecorderError(f"{path}: unexpected entry structure ({exc!r})") from exc
-    dump.captured_ns, source = capture_time(path, captured_at_ns)
+    dump.captured_ns, source = capture_time(path, captured_at_ns, in_place)
     # An entry later than the stated capture time (a clock ahead) still bounds it.
-    if dump.latest_ns > dump.captured_ns:
+    if dump.captured_ns and dump.latest_ns > dump.captured_ns:
         dump.captured_ns, source = dump.latest_ns, "entries"
-    dump.latest_ns = dump.captured_ns
     return dump, source
 
 
@@ -875,6 +951,7 @@ def _read_chunk(
     items: list[tuple[int, str, int]],
     on_file: Callable[[], None] | None = None,
     captured_at_ns: int | None = None,
+    in_place: bool = False,
 ) -> _ChunkResult:
     """Read (index, path, rank) items with a private signature table (runs in workers too)."""
     # Dumps are millions of small containers that die by refcount right after parsing;
@@ -888,7 +965,7 @@ def _read_chunk(
         for index, name, rank in items:
             path = Path(name)
             try:
-                dump, source = _read_one(path, rank, cache, captured_at_ns)
+                dump, source = _read_one(path, rank, cache, captured_at_ns, in_place)
                 dump.index = index
                 result.dumps.append(dump)
                 result.sources.add(source)
@@ -928,6 +1005,7 @@ def _read_in_workers(
     count: int,
     on_file: Callable[[], None] | None,
     captured_at_ns: int | None = None,
+    in_place: bool = False,
 ) -> list[_ChunkResult]:
     """Fork workers (only from a single-threaded caller: forking a threaded server is unsafe,
     and spawn would re-import the caller's __main__)."""
@@ -942,7 +1020,10 @@ def _read_in_workers(
         context = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(max_workers=count, mp_context=context) as pool:
             for future in as_completed(
-                [pool.submit(_read_chunk, chunk, None, captured_at_ns) for chunk in chunks]
+                [
+                    pool.submit(_read_chunk, chunk, None, captured_at_ns, in_place)
+                    for chunk in chunks
+                ]
             ):
                 result = future.result()
                 results.append(result)
@@ -952,7 +1033,7 @@ def _read_in_workers(
     except (BrokenProcessPool, OSError):
         done = {index for result in results for index in _indices(result)}
         rest = [item for item in items if item[0] not in done]
-        results.append(_read_chunk(rest, on_file, captured_at_ns))
+        results.append(_read_chunk(rest, on_file, captured_at_ns, in_place))
     return results
 
 
@@ -966,8 +1047,12 @@ def read_flight_recorder(
     workers: int | None = None,
     topology: Topology | None = None,
     captured_at_ns: int | None = None,
+    in_place: bool = False,
 ) -> Trace:
     """Read one dump per rank; a bad file becomes an `InputError`, the others are analysed.
+
+    Capture times: see `capture_time` (`in_place`: the files' mtimes are when they were
+    taken).
 
     Large inputs are parsed in `workers` processes (default: one per CPU, up to 8, from 64
     files and 32 MB on); each returns numpy columns and its own signature table, which we
@@ -982,7 +1067,11 @@ def read_flight_recorder(
         trace.inputs.append(str(path))
         rank = ranks.get(path)
         if rank is None:
-            messages[index] = f"{path}: cannot tell the rank from the file name"
+            messages[index] = (
+                f"{path}: cannot tell the rank from the file name (a Flight Recorder dump is "
+                "one file per rank with the rank at the end of its name, e.g. "
+                "nccl_trace_rank_3)"
+            )
         elif rank in seen_ranks:
             messages[index] = f"{path}: rank {rank} already read from {seen_ranks[rank]}"
         else:
@@ -994,9 +1083,9 @@ def read_flight_recorder(
     count = _worker_count([Path(p) for _, p, _ in items], workers)
     results: list[_ChunkResult] = []
     if count > 1 and threading.active_count() == 1:
-        results = _read_in_workers(items, count, on_file, captured_at_ns)
+        results = _read_in_workers(items, count, on_file, captured_at_ns, in_place)
     else:
-        results.append(_read_chunk(items, on_file, captured_at_ns))
+        results.append(_read_chunk(items, on_file, captured_at_ns, in_place))
     dumps: list[RankDump] = []
     sources: set[str] = set()
     for chunk_result in results:

@@ -237,6 +237,7 @@ def build_trace(
         trace.ranks_with_data.add(raw.rank)
         if raw.time_ns:
             trace.capture_end_ns = max(trace.capture_end_ns, max(raw.time_ns))
+            trace.last_event_ns = trace.capture_end_ns
         if raw.group_hash is not None:
             by_hash.setdefault(f"g{raw.group_hash}", []).append(raw)
         elif raw.single_rank:
@@ -305,7 +306,11 @@ def read_megatrace(
         try:
             with path.open(encoding="utf-8", errors="strict") as handle:
                 raws.extend(parse_lines(handle, str(path), trace.notes))
-        except (OSError, UnicodeDecodeError, MegatraceFormatError) as exc:
+        except UnicodeDecodeError:
+            trace.errors.append(
+                InputError(str(path), "not a Megatrace NCCL log: the file is not UTF-8 text")
+            )
+        except (OSError, MegatraceFormatError) as exc:
             trace.errors.append(InputError(str(path), str(exc)))
         if on_file is not None:
             on_file()

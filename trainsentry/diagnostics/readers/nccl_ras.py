@@ -11,9 +11,10 @@ docstring for the formats NCCL 2.24 to 2.30 write and the 2.28.7/2.28.9 JSON def
   latest report no longer flags it (text lists only communicators with a problem; JSON
   lists all, so a communicator absent there is gone).
 - Global ranks. RAS ranks are communicator ranks. A process is mapped to its global rank
-  by the probes' status (`pid` + one of `host_ips` equal to RAS's node address), else,
-  when a report has a communicator spanning every GPU of the job, that communicator's rank
-  (torch's default group numbers NCCL ranks as global ranks).
+  only by a probe's status (`pid` + one of `host_ips` equal to RAS's node address). A
+  communicator as large as the job is not taken for the world: RAS's job summary counts
+  the processes it reached, so a group of the job can be as large as that count, and its
+  ranks are no global ranks (group B's rank 2 is not global rank 2).
 - Healthy text reports name no communicator; each table row's communicators are kept
   under a placeholder name (`group0-1`) so the report counts and reads as ok.
 """
@@ -27,11 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from trainsentry.diagnostics.model import InputError, RasCommunicator, Trace
-from trainsentry.diagnostics.ras_hang import comm_state, root_processes
+from trainsentry.diagnostics.ras_hang import comm_state
 from trainsentry.probe.ras_report import (
-    REMOTE_ERROR,
     RasComm,
-    RasProcess,
     RasReport,
     RasReportError,
     load_json,
@@ -145,34 +144,16 @@ def _identity_map(statuses: list[Mapping[str, Any]]) -> dict[tuple[str, int], Pr
     return out
 
 
-def _world(report: RasReport) -> RasComm | None:
-    """The communicator spanning every GPU of the job, if the report shows one."""
-    if report.format == "text":
-        gpus = report.total_gpus
-    else:
-        gpus = len({(p.host, p.pid, p.gpu) for c in report.comms for p in c.processes.values()})
-    candidates = [c for c in report.comms if c.size > 1 and c.size == gpus]
-    return candidates[0] if candidates else None
-
-
-def _global_ranks(
-    comm: RasComm,
-    world: RasComm | None,
-    probes: dict[tuple[str, int], ProbeIdentity],
-) -> dict[int, int]:
-    mapping: dict[int, int] = {}
-    if world is not None:
-        by_process = {(p.host, p.pid): r for r, p in world.processes.items() if p.pid >= 0}
-        if comm is world:
-            mapping = {r: r for r in range(comm.size)}
-        for rank, process in comm.processes.items():
-            if (process.host, process.pid) in by_process:
-                mapping[rank] = by_process[(process.host, process.pid)]
+def _identities(
+    comm: RasComm, probes: dict[tuple[str, int], ProbeIdentity]
+) -> dict[int, ProbeIdentity]:
+    """Pure: communicator rank -> the probe naming its process (pid and node address)."""
+    out = {}
     for rank, process in comm.processes.items():
-        who = probes.get((process.host, process.pid))
+        who = probes.get((process.host, process.pid)) if process.pid >= 0 else None
         if who is not None:
-            mapping[rank] = who.rank
-    return mapping
+            out[rank] = who
+    return out
 
 
 def _lowest(comm: RasComm) -> dict[str, int]:
@@ -245,12 +226,8 @@ def merge_reports(
         progressed, note = _progress(key, history, latest)
         if note:
             notes.append(note)
-        out.append(
-            _communicator(
-                comm, _global_ranks(comm, _world(report), probes), len(history), progressed
-            )
-        )
-        notes.extend(_comm_notes(comm, probes))
+        out.append(_communicator(comm, _identities(comm, probes), len(history), progressed))
+        notes.extend(_comm_notes(comm))
     if latest is not None and latest.format == "text":
         named = {c.label for c in latest.comms}
         for group, (count, size, _status, _errors) in enumerate(latest.table):
@@ -261,7 +238,10 @@ def merge_reports(
 
 
 def _communicator(
-    comm: RasComm, global_ranks: dict[int, int], snapshots: int, progressed: bool | None
+    comm: RasComm,
+    identities: dict[int, ProbeIdentity],
+    snapshots: int,
+    progressed: bool | None,
 ) -> RasCommunicator:
     majority = {
         op: Counter(values.values()).most_common(1)[0][0]
@@ -279,14 +259,17 @@ def _communicator(
         processes={r: (p.host, p.pid, p.gpu) for r, p in comm.processes.items()},
         left_ranks=tuple(sorted(comm.left)),
         errors=dict(comm.errors),
-        global_ranks=global_ranks,
+        global_ranks={r: who.rank for r, who in identities.items()},
+        identities={r: (who.pod, who.node) for r, who in identities.items()},
         unnamed_groups=tuple(comm.unnamed),
         snapshots=snapshots,
         progressed=progressed,
     )
 
 
-def _comm_notes(comm: RasComm, probes: dict[tuple[str, int], ProbeIdentity]) -> list[str]:
+def _comm_notes(comm: RasComm) -> list[str]:
+    """Pure: what one communicator's report leaves open (who left, whom it does not name).
+    The processes themselves are named by the analysis (`ras_hang`)."""
     notes = []
     if comm.left:
         notes.append(
@@ -308,31 +291,7 @@ def _comm_notes(comm: RasComm, probes: dict[tuple[str, int], ProbeIdentity]) -> 
             f"{state.op} {state.seq} but the text report does not name them and their counts "
             "are unknown (plain STATUS lists few outliers; VERBOSE STATUS or JSON names them)"
         )
-    remote = sorted(r for r, e in comm.errors.items() if e == REMOTE_ERROR)
-    if remote:
-        notes.append(
-            f"communicator {comm.hash}: rank(s) {remote} reported Remote process error: a "
-            "peer process failed; they wait on it"
-        )
-    for rank, error in sorted(comm.errors.items()):
-        if error != REMOTE_ERROR:
-            process = comm.processes.get(rank)
-            who = f" ({describe(process, probes)})" if process else ""
-            notes.append(f"communicator {comm.hash}: rank {rank}{who} reported {error}")
     return notes
-
-
-def describe(process: RasProcess, probes: Mapping[tuple[str, int], ProbeIdentity]) -> str:
-    """Pure: a process as RAS names it, with its probe's global rank, pod and node if known."""
-    who = probes.get((process.host, process.pid))
-    if who is None:
-        return process.describe()
-    where = ", ".join(
-        x
-        for x in (f"pod {who.pod}" if who.pod else "", f"node {who.node}" if who.node else "")
-        if x
-    )
-    return f"{process.describe()} = global rank {who.rank}{', ' + where if where else ''}"
 
 
 def state_notes(trace: Trace, reports: int) -> list[str]:
@@ -346,10 +305,18 @@ def state_notes(trace: Trace, reports: int) -> list[str]:
         )
     for comm in stuck:
         state = comm_state(comm)
-        if state.behind and not state.arrived:
+        if state.mismatch:
+            notes.append(
+                f"communicator {comm.hash}: the ranks launched different collectives (each is "
+                f"behind the others on some function): a collective mismatch; rank(s) "
+                f"{list(state.behind)} launched what the {len(state.arrived)} others never did, "
+                f"and have not launched {state.op} {state.seq} they wait in"
+            )
+        elif state.behind and not state.arrived:
             notes.append(
                 f"communicator {comm.hash}: every rank is behind the others on some function: "
-                "they disagree on which collective comes next (a collective mismatch)"
+                "they disagree on which collective comes next (a collective mismatch), and no "
+                "group of ranks with equal counts is larger than the others: every rank is named"
             )
         elif state.ahead_minority:
             notes.append(
@@ -358,38 +325,6 @@ def state_notes(trace: Trace, reports: int) -> list[str]:
                 "are held up elsewhere, or the ranks ahead issued a collective the others never "
                 "will (RAS cannot tell which)"
             )
-    return notes
-
-
-def culprit_notes(trace: Trace, probes: Mapping[tuple[str, int], ProbeIdentity]) -> list[str]:
-    """Pure: one line per root-cause process, merged over the communicators it stalls."""
-    comms = {c.hash: c for c in trace.ras}
-    notes = []
-    for _key, global_rank, places in root_processes(trace):
-        first = comms[places[0][0]]
-        host, pid, gpu = first.processes.get(places[0][1], ("", -1, ""))
-        if host:
-            process = RasProcess(host, pid, gpu)
-            who = describe(process, probes)
-        else:
-            who = "a process RAS could not name"
-        if global_rank is not None and f"global rank {global_rank}" not in who:
-            who += f" = global rank {global_rank}"
-        elif global_rank is None:
-            who += " (global rank unknown: give analyze the probes' /status JSON)"
-        where = []
-        for comm_hash, rank in places:
-            comm = comms[comm_hash]
-            state = comm_state(comm)
-            if rank in comm.errors and comm.errors[rank] != REMOTE_ERROR:
-                what = f"reported {comm.errors[rank]}"
-            elif rank in state.unanswered:
-                what = "sent no data" + (" (considered dead)" if rank in comm.dead_ranks else "")
-            else:
-                what = f"has not launched {state.op} {state.seq}"
-            where.append(f"rank {rank} of communicator {comm_hash} ({comm.size} ranks) {what}")
-        count = f"{len(places)} communicators" if len(places) > 1 else "1 communicator"
-        notes.append(f"culprit: {who}; in {count}: " + "; ".join(where))
     return notes
 
 
@@ -405,7 +340,15 @@ def read_nccl_ras(paths: list[Path], on_file: Callable[[], None] | None = None) 
         trace.inputs.append(str(path))
         try:
             report, found = parse_ras_document(path.read_text(encoding="utf-8"), str(path))
-        except (OSError, UnicodeDecodeError, RasFormatError) as exc:
+        except UnicodeDecodeError:
+            trace.errors.append(
+                InputError(
+                    str(path),
+                    "not an NCCL RAS report (ncclras text or JSON) or probe status: the file "
+                    "is not UTF-8 text",
+                )
+            )
+        except (OSError, RasFormatError) as exc:
             trace.errors.append(InputError(str(path), str(exc)))
         else:
             if report is not None:
@@ -437,5 +380,4 @@ def read_nccl_ras(paths: list[Path], on_file: Callable[[], None] | None = None) 
             )
     trace.ranks_with_data = {g for c in trace.ras for g in c.global_ranks.values()}
     trace.notes.extend(state_notes(trace, len(reports)))
-    trace.notes.extend(culprit_notes(trace, _identity_map(statuses)))
     return trace
