@@ -364,7 +364,8 @@ def diagnose(job: str, results: Sequence[FetchResult]) -> HangVerdict:
             if captured.get(rank):  # waits are measured against the dump's own time
                 os.utime(path, ns=(captured[rank], captured[rank]))
         try:
-            report = analyze([tmp], format="fr").to_dict()
+            # Written here, each with its probe's capture time as mtime: files in place.
+            report = analyze([tmp], format="fr", in_place=True).to_dict()
         except AnalyzeError as exc:
             return HangVerdict(
                 job=job,
