@@ -159,3 +159,24 @@ def test_size_mismatch_in_a_running_job_copied_without_capture_time(
     cli_main(["analyze", str(folder)])
     summary = " ".join(capsys.readouterr().out.split())
     assert "root cause" not in summary and "slow ranks" not in summary
+
+
+def test_a_stall_after_a_size_mismatch_is_explained_by_it(tmp_path: Path) -> None:
+    """Rank 2's all_reduce #5 is twice as large; from there on equal numbers pair different
+    operations, and at #9 rank 3 looks missing. The mismatch explains it: rank 2 is named,
+    #9 is a note, not a hang of rank 3's (before: the report's hang named rank 3 as its
+    root cause)."""
+    ranks = [NcclRank(r, 4) for r in range(4)]
+    for seq in range(1, 10):
+        for r in ranks:
+            if seq == 9 and r.rank == 3:
+                continue
+            created = BASE_NS + seq * STEP_NS + r.rank * 300_000
+            done = None if seq == 9 else created + DONE_NS
+            r.all_reduce(created, done, 2 * MIB if (seq == 5 and r.rank == 2) else MIB)
+    folder = write_dumps(ranks, tmp_path / "dumps")
+    last_ns = max(e["time_created_ns"] for r in ranks for e in r.entries)
+    out = analyze([folder], captured_at_ns=last_ns + TIMEOUT_NS).to_dict()
+    assert out["verdict"] == "mismatch" and out["culprit_ranks"] == [2]
+    assert out["hangs"] == [] and out["root_cause_ranks"] == [] and out["hang"] is None
+    assert any("after the mismatch at seq 5" in n and "[3]" in n for n in out["notes"])
