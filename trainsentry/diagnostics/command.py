@@ -60,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="parallel layout, e.g. 2,4,1 (default: config.yaml if present)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument(
+    when = parser.add_mutually_exclusive_group()
+    when.add_argument(
         "--captured-at",
         default=None,
         metavar="TIME",
@@ -69,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "<dump>.captured_at_ns file beside each dump, else --in-place's file times, else "
         "unknown: copied dumps say only how long the ranks waited before the last event)",
     )
-    parser.add_argument(
+    when.add_argument(
         "--captured-at-ns",
         type=int,
         default=None,
