@@ -39,6 +39,7 @@ from trainsentry.gateway.read_api import (
     get_notifications,
     path_alert_id,
 )
+from trainsentry.gateway.request_body import BodyRejected, read_body, read_json_object
 from trainsentry.gateway.stages.hang_trigger import (
     MAX_TRIGGER_BYTES,
     TriggerRejected,
@@ -87,15 +88,11 @@ async def receive_webhook(request: web.Request) -> web.Response:
     if not _authorized(request, gateway.settings.webhook_token):
         metrics.receipts.labels("unauthorized").inc()
         return _unauthorized()
-    cap = gateway.settings.max_body_bytes
-    if request.content_length is not None and request.content_length > cap:
-        metrics.receipts.labels("too_large").inc()
-        return _error(413, f"body larger than {cap} bytes")
     try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
+        body = await read_body(request, gateway.settings.max_body_bytes)
+    except BodyRejected as exc:
         metrics.receipts.labels("too_large").inc()
-        return _error(413, f"body larger than {cap} bytes")
+        return _error(exc.status, exc.reason)
     try:
         receipt = parse_webhook(body, received_at=gateway.clock())
     except IntakeRejected as exc:
@@ -133,11 +130,10 @@ async def receive_hang_trigger(request: web.Request) -> web.Response:
     if not _authorized(request, SecretStr(diagnoser.token)):
         gateway.metrics.receipts.labels("unauthorized").inc()
         return _unauthorized()
-    if request.content_length is not None and request.content_length > MAX_TRIGGER_BYTES:
-        return _error(413, f"body larger than {MAX_TRIGGER_BYTES} bytes")
-    body = await request.content.read(MAX_TRIGGER_BYTES + 1)
     try:
-        trigger = parse_trigger(body)
+        trigger = parse_trigger(await read_body(request, MAX_TRIGGER_BYTES))
+    except BodyRejected as exc:
+        return _error(exc.status, exc.reason)
     except TriggerRejected as exc:
         gateway.metrics.receipts.labels("rejected").inc()
         return _error(400, str(exc))
@@ -221,11 +217,9 @@ async def post_ack(request: web.Request) -> web.Response:
     except web.HTTPBadRequest as exc:
         return _error(400, exc.reason)
     try:
-        body = await request.json() if request.can_read_body else {}
-    except ValueError:
-        return _error(400, "body must be JSON")
-    if not isinstance(body, dict):
-        return _error(400, "body must be a JSON object")
+        body = await read_json_object(request)
+    except BodyRejected as exc:
+        return _error(exc.status, exc.reason)
     who = body.get("by")
     minutes = body.get("silence_minutes")
     if not isinstance(who, str) or not who.strip() or len(who) > 200:
@@ -299,9 +293,9 @@ async def post_notifications_retry(request: web.Request) -> web.Response:
     if not _authorized(request, token):
         return _unauthorized()
     try:
-        body = await request.json() if request.can_read_body else {}
-    except ValueError:
-        return _error(400, "body must be JSON")
+        body = await read_json_object(request)
+    except BodyRejected as exc:
+        return _error(exc.status, exc.reason)
     selection = parse_retry_request(body, gateway.clock())
     if isinstance(selection, str):
         return _error(400, selection)

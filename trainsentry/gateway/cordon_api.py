@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -17,6 +16,7 @@ from aiohttp import web
 from trainsentry.gateway.http_auth import authorized, error_response, unauthorized
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.cordon import NodeDecision
+from trainsentry.gateway.request_body import BodyRejected, read_json
 from trainsentry.gateway.stages.cordon import PRIORITY
 from trainsentry.gateway.stages.intake import text_problem
 from trainsentry.kube.names import subdomain_problems
@@ -96,13 +96,10 @@ async def post_uncordon(request: web.Request) -> web.Response:
         return error_response(400, "the node is not a node name")
     if gateway.cordon is None:
         return error_response(409, "remediation.cordon is off on this gateway")
-    raw = await request.content.read(MAX_BODY_BYTES + 1)
-    if len(raw) > MAX_BODY_BYTES:
-        return error_response(413, f"body over {MAX_BODY_BYTES} bytes")
     try:
-        body = json.loads(raw) if raw.strip() else {}
-    except ValueError:
-        return error_response(400, "body must be JSON")
+        body = await read_json(request, MAX_BODY_BYTES)
+    except BodyRejected as exc:
+        return error_response(exc.status, exc.reason)
     who = body.get("by") if isinstance(body, dict) else None
     if not isinstance(who, str) or not who.strip() or len(who) > 200:
         return error_response(400, "'by' (who uncordons) is required, up to 200 characters")

@@ -9,13 +9,13 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 from aiohttp import web
 
 from trainsentry.gateway.http_auth import authorized, error_response, read_token, unauthorized
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
+from trainsentry.gateway.request_body import BodyRejected, read_json
 from trainsentry.gateway.stages.intake import text_problem
 from trainsentry.gateway.stages.maintenance import (
     MAX_REQUEST_BYTES,
@@ -42,19 +42,13 @@ def _write_refusal(request: web.Request) -> web.Response | None:
 
 
 async def _json_body(request: web.Request) -> object:
-    if request.content_length is not None and request.content_length > MAX_REQUEST_BYTES:
-        raise web.HTTPRequestEntityTooLarge(
-            max_size=MAX_REQUEST_BYTES, actual_size=request.content_length
-        )
-    raw = await request.content.read(MAX_REQUEST_BYTES + 1)
-    if len(raw) > MAX_REQUEST_BYTES:
-        raise web.HTTPRequestEntityTooLarge(max_size=MAX_REQUEST_BYTES, actual_size=len(raw))
-    if not raw.strip():
-        return {}
+    """The body (request_body.py: bounded, JSON, not nested deeply); refusals as HTTP errors."""
     try:
-        return json.loads(raw)
-    except (ValueError, RecursionError):
-        raise web.HTTPBadRequest(reason="body must be JSON") from None
+        return await read_json(request, MAX_REQUEST_BYTES)
+    except BodyRejected as exc:
+        if exc.status == 413:
+            raise web.HTTPRequestEntityTooLarge(max_size=MAX_REQUEST_BYTES, actual_size=0) from None
+        raise web.HTTPBadRequest(reason=exc.reason) from None
 
 
 async def post_window(request: web.Request) -> web.Response:

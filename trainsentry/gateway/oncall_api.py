@@ -29,6 +29,7 @@ from pydantic import SecretStr
 from trainsentry.gateway.http_auth import authorized, error_response, read_token, unauthorized
 from trainsentry.gateway.pipeline import GATEWAY_KEY
 from trainsentry.gateway.read_api import path_alert_id
+from trainsentry.gateway.request_body import BodyRejected, read_json_object
 from trainsentry.gateway.stages.ack import EscalationRefused
 from trainsentry.gateway.stages.intake import text_problem
 from trainsentry.gateway.stages.oncall import OncallService, UnknownSchedule
@@ -120,12 +121,9 @@ def _number(request: web.Request, name: str, default: int, low: int, high: int) 
 
 async def _json_object(request: web.Request) -> dict[str, Any]:
     try:
-        body = await request.json() if request.can_read_body else {}
-    except ValueError:
-        raise _Bad(400, "body must be JSON") from None
-    if not isinstance(body, dict):
-        raise _Bad(400, "body must be a JSON object")
-    return body
+        return await read_json_object(request)
+    except BodyRejected as exc:
+        raise _Bad(exc.status, exc.reason) from None
 
 
 def _at(request: web.Request, oncall: OncallService, schedule: str | None) -> datetime | None:

@@ -89,7 +89,7 @@ def decrypt_body(encrypted: str, encrypt_key: str) -> dict[str, Any]:
         unpadder = padding.PKCS7(128).unpadder()
         plain = unpadder.update(padded) + unpadder.finalize()
         value = json.loads(plain)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RecursionError) as exc:
         raise CallbackRejected("cannot decrypt the callback body", status=400) from exc
     if not isinstance(value, dict):
         raise CallbackRejected("decrypted body is not an object", status=400)
@@ -124,8 +124,8 @@ def parse_callback(
     """Authenticates a callback request and decodes it (pure; `now` is Unix seconds)."""
     try:
         outer = json.loads(body)
-    except ValueError as exc:
-        raise CallbackRejected("body is not JSON", status=400) from exc
+    except (ValueError, RecursionError):  # RecursionError: nested beyond the parser's bound
+        raise CallbackRejected("body is not JSON", status=400) from None
     if not isinstance(outer, dict):
         raise CallbackRejected("body is not an object", status=400)
     signed = False
