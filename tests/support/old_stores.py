@@ -9,6 +9,7 @@ from tests.support.webhook_factory import BASE_TIME
 from trainsentry.store.migrations import MIGRATIONS
 from trainsentry.store.schema import (
     callback_events,
+    console_revoked_sessions,
     maintenance_mutes,
     maintenance_windows,
     metadata,
@@ -23,6 +24,7 @@ ADDED_TABLES = {
     5: (callback_events,),
     6: (maintenance_windows, maintenance_mutes),
     10: (oncall_overrides,),
+    11: (console_revoked_sessions,),
 }
 # Columns that later versions added to tables version 1 created: {version: {table: names}}.
 ADDED_COLUMNS: dict[int, dict[str, tuple[str, ...]]] = {

@@ -124,6 +124,19 @@ def _create_oncall_overrides_v10(conn: Connection) -> None:
     table.create(conn)
 
 
+def _create_console_revoked_sessions_v11(conn: Connection) -> None:
+    # The table as version 11 defines it.
+    table = Table(
+        "console_revoked_sessions",
+        MetaData(),
+        Column("session_id", String(64), primary_key=True),
+        Column("expires_at", UTCDateTime, nullable=False),
+        Column("revoked_at", UTCDateTime, nullable=False),
+    )
+    Index("ix_console_revoked_sessions_expires", table.c.expires_at)
+    table.create(conn)
+
+
 MIGRATIONS: dict[int, list[Step]] = {
     1: [],
     # 2: the policy runs after the intake's commit, from a durable inbox of events
@@ -158,4 +171,6 @@ MIGRATIONS: dict[int, list[Step]] = {
     9: [_add_alert_topology_v9],
     # 10: run-time on-call overrides and swaps, with who added and removed them
     10: [_create_oncall_overrides_v10],
+    # 11: signing out of the console ends the session for every copy of its cookie
+    11: [_create_console_revoked_sessions_v11],
 }

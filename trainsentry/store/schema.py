@@ -12,6 +12,7 @@ Tables:
 - maintenance_windows: maintenance windows as requested, who made and who ended them.
 - maintenance_mutes: alerts a window muted, with the notices they are owed at its end.
 - oncall_overrides: run-time on-call overrides and swaps, with who added and removed them.
+- console_revoked_sessions: console sessions signed out before their cookie expires.
 
 Bump SCHEMA_VERSION and add a step to `migrations.MIGRATIONS` for every change.
 """
@@ -40,7 +41,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -296,3 +297,15 @@ oncall_overrides = Table(
     Column("removed_at", UTCDateTime, nullable=True),
 )
 Index("ix_oncall_overrides_schedule", oncall_overrides.c.schedule, oncall_overrides.c.ends_at)
+
+# Console sessions ended by signing out (store/console_sessions.py): the session id of a
+# cookie that is still signed and unexpired but must no longer sign anyone in, kept until the
+# cookie would have expired (then deleted on the way).
+console_revoked_sessions = Table(
+    "console_revoked_sessions",
+    metadata,
+    Column("session_id", String(64), primary_key=True),
+    Column("expires_at", UTCDateTime, nullable=False),
+    Column("revoked_at", UTCDateTime, nullable=False),
+)
+Index("ix_console_revoked_sessions_expires", console_revoked_sessions.c.expires_at)

@@ -125,7 +125,7 @@ async def test_the_ack_button_stops_the_escalation_and_redraws_the_card(
             await page.fill("form.action-ack input[name=comment]", "draining gpu-0001")
             await page.click("#action-ack")
             await page.wait_for("document.body.innerText.includes('acknowledged by oncall-carol')")
-            assert "escalation stopped" in await page.text(".notice")
+            assert "the phone escalation is stopped" in await page.text(".notice")
             assert "draining gpu-0001" in await page.text("ol.timeline")
             # the phone stops: the next layer is never rung
             clock.now += timedelta(minutes=30)
@@ -165,11 +165,12 @@ async def test_the_escalate_button_calls_the_next_layer_now(
         await page.goto(str(server.make_url("/ui/login?next=/ui/incidents/1")))
         await sign_in(page, server, "oncall-carol", TOKEN)
         await page.click("#action-escalate")
-        await page.wait_for("document.body.innerText.includes('escalated by oncall-carol')")
-        assert "calling bob (secondary) now" in await page.text(".notice")
+        await page.wait_for("document.body.innerText.includes('Escalated: the next step')")
         await server.app[GATEWAY_KEY].settle()  # the clock has not moved: no timeout passed
         assert [b["payload"]["person"]["name"] for b in receiver.bodies] == ["alice", "bob"]
         assert "oncall-carol" in await page.text("ol.timeline")
+        await page.goto(str(server.make_url("/ui/incidents/1")))  # bob's call, in the list
+        assert "bob" in await page.text("section[aria-label='Notifications and calls'] table")
         # acknowledged, there is nothing left to escalate: refused, nobody else is rung
         await page.click("#action-ack")
         await page.wait_for("document.body.innerText.includes('acknowledged by oncall-carol')")
@@ -293,10 +294,10 @@ async def test_the_silence_button_creates_it_in_a_real_alertmanager(
             await page.evaluate("document.querySelector('form.action-silence select').value = '60'")
             await page.fill("form.action-silence input[name=comment]", "swapping the cable")
             await page.click("#action-silence")
-            await page.wait_for("document.body.innerText.includes('silenced for 60 min')")
-            notice = await page.text(".notice")
-            silence_id = notice.split("(silence ")[1].rstrip(")")
-            assert "silenced" in await page.text("ol.timeline")
+            await page.wait_for("document.body.innerText.includes('silenced in Alertmanager')")
+            timeline = await page.text("ol.timeline")
+            assert "by lee for 60 min (silence " in timeline
+            silence_id = timeline.split("(silence ")[1].split(")")[0]
             assert "acknowledged by lee" in await page.text("#live")
             async with aiohttp.ClientSession() as session:
                 async with session.get(f"{am.url}/api/v2/silence/{silence_id}") as answer:

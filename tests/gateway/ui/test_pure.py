@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -16,16 +19,33 @@ NOW = datetime(2026, 11, 25, 3, 0, tzinfo=UTC)
 KEY = auth.signing_key(SecretStr("token-a"))
 
 
+SID = "session-id-0123456789"
+
+
 def test_a_session_reads_back_until_it_expires_and_not_under_another_key() -> None:
-    cookie = auth.sign_session(KEY, "alice", NOW + timedelta(hours=1))
-    assert auth.read_session(KEY, cookie, NOW) == "alice"
+    expires = NOW + timedelta(hours=1)
+    cookie = auth.sign_session(KEY, "alice", expires, SID)
+    assert auth.read_session(KEY, cookie, NOW) == auth.Session("alice", SID, expires)
     assert auth.read_session(KEY, cookie, NOW + timedelta(hours=1)) is None  # expired
     assert auth.read_session(auth.signing_key(SecretStr("token-b")), cookie, NOW) is None
     payload, _, mac = cookie.partition(".")
-    forged = auth.sign_session(KEY, "mallory", NOW + timedelta(days=9)).partition(".")[0]
+    forged = auth.sign_session(KEY, "mallory", NOW + timedelta(days=9), SID).partition(".")[0]
     assert auth.read_session(KEY, f"{forged}.{mac}", NOW) is None
-    for junk in ("", ".", "x.y", payload, "a" * 5000, f"{payload}.{mac}x"):
+    for junk in ("", ".", "x.y", payload, "a" * 5000, f"{payload}.{mac}x", f"{payload}\udcff"):
         assert auth.read_session(KEY, junk, NOW) is None
+
+
+def test_a_session_without_an_id_is_none() -> None:
+    """Cookies signed before sessions had an id could not be signed out: refused."""
+    body = b'{"u":"alice","exp":%d}' % int((NOW + timedelta(hours=1)).timestamp())
+    payload = base64.urlsafe_b64encode(body).decode().rstrip("=")
+    mac = base64.urlsafe_b64encode(hmac.new(KEY, payload.encode(), hashlib.sha256).digest())
+    cookie = f"{payload}.{mac.decode().rstrip('=')}"
+    assert auth.read_session(KEY, cookie, NOW) is None
+    assert (
+        auth.read_session(KEY, auth.sign_session(KEY, "a", NOW + timedelta(hours=1), "short"), NOW)
+        is None
+    )
 
 
 def test_csrf_tokens_belong_to_their_nonce() -> None:
@@ -35,6 +55,8 @@ def test_csrf_tokens_belong_to_their_nonce() -> None:
     assert not auth.csrf_ok(KEY, None, token)
     assert not auth.csrf_ok(KEY, "nonce-1", None)
     assert not auth.csrf_ok(KEY, "nonce-1", "")
+    assert not auth.csrf_ok(KEY, "nonce-\udcff", token)  # a cookie of bytes no nonce has
+    assert not auth.csrf_ok(KEY, "nonce-1", token + "\udcff")
 
 
 def test_proxies_are_trusted_by_address_only() -> None:

@@ -16,7 +16,7 @@ import jinja2
 from aiohttp import web
 
 from trainsentry.gateway.pipeline import GATEWAY_KEY
-from trainsentry.gateway.ui import handlers
+from trainsentry.gateway.ui import handlers, pages, signin
 from trainsentry.gateway.ui.feed import ChangeFeed
 from trainsentry.store.console import change_marker
 
@@ -42,7 +42,7 @@ def add_ui_routes(app: web.Application, *, feed_interval: float = 1.0) -> None:
 
     feed = ChangeFeed(read_marker, interval=feed_interval)
     app[handlers.FEED_KEY] = feed
-    app[handlers.TEMPLATES_KEY] = templates()
+    app[pages.TEMPLATES_KEY] = templates()
 
     async def close_feed(_app: web.Application) -> None:
         await feed.close()
@@ -59,8 +59,8 @@ def add_ui_routes(app: web.Application, *, feed_interval: float = 1.0) -> None:
     router.add_post("/ui/maintenance/{window_id}/end", handlers.post_end_window)
     router.add_get("/ui/history", handlers.history_page)
     router.add_get("/ui/job", handlers.job_page)
-    router.add_get("/ui/login", handlers.login_page)
-    router.add_post("/ui/login", handlers.login_post)
+    router.add_get("/ui/login", signin.login_page)
+    router.add_post("/ui/login", signin.login_post)
     router.add_post("/ui/logout", handlers.logout_post)
     router.add_static("/ui/static", HERE / "static", append_version=False)
 

@@ -9,6 +9,10 @@ An action is a name, a label, whether its form has a comment and a coroutine; `A
 the table the templates draw buttons from and the POST handler dispatches through. A new
 action is one more entry, shown only where its service exists on the assembled gateway
 (`available`).
+
+What an action did is said on the page it redirects to by a key in `?done=` whose message
+is fixed here (`NOTICES`): a link can only choose among these, never put its own text on the
+page. The details (who, which silence, whom it calls) are on the incident page itself.
 """
 
 from __future__ import annotations
@@ -33,9 +37,21 @@ class ActionRefused(ValueError):
         self.status = status
 
 
+NOTICES: dict[str, str] = {
+    "acked": "Acknowledged.",
+    "acked-escalation-stopped": "Acknowledged: the phone escalation is stopped.",
+    "already-acked": "It was acknowledged already (by whom: below); a comment is kept.",
+    "silenced": "Acknowledged and silenced in Alertmanager (the silence is in the timeline).",
+    "silence-failed": "Acknowledged, but not silenced: this gateway has no Alertmanager for"
+    " silences, or Alertmanager refused it (the gateway's log says why).",
+    "escalated": "Escalated: the next step is being called now (see the notifications below).",
+    "window-ended": "The maintenance window is ended.",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    message: str
+    notice: str  # a key of NOTICES
     ok: bool = True
 
 
@@ -75,9 +91,8 @@ async def _ack(
     if result is None:
         return None
     if result.already_acked:
-        return Outcome(f"already acknowledged by {result.acked_by}")
-    stopped = "; escalation stopped" if result.escalation_stopped else ""
-    return Outcome(f"acknowledged by {result.acked_by}{stopped}")
+        return Outcome("already-acked")
+    return Outcome("acked-escalation-stopped" if result.escalation_stopped else "acked")
 
 
 async def _silence(
@@ -91,8 +106,8 @@ async def _silence(
     if result is None:
         return None
     if result.silence_error:
-        return Outcome(f"acknowledged; the silence failed: {result.silence_error}", ok=False)
-    return Outcome(f"silenced for {minutes} min (silence {result.silence_id})")
+        return Outcome("silence-failed", ok=False)
+    return Outcome("silenced")
 
 
 async def _escalate(
@@ -101,14 +116,13 @@ async def _escalate(
     """The next step of the running escalation is called now (409: none is running)."""
     assert gateway.ack is not None
     try:
-        result = await gateway.ack.escalate_now(alert_id, who)
+        await gateway.ack.escalate_now(alert_id, who)
     except EscalationRefused as exc:
         if exc.status == 404:
             return None
         raise ActionRefused(exc.reason, status=exc.status) from None
     gateway.outbox.wake()
-    calls = ", ".join(f"{c['person']} ({c['layer']})" for c in result.calls) or "nobody"
-    return Outcome(f"escalated by {who}: calling {calls} now")
+    return Outcome("escalated")
 
 
 ACTIONS: dict[str, Action] = {

@@ -6,24 +6,26 @@ another origin)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
-import jinja2
 from aiohttp import web
 
 from trainsentry.gateway.http_auth import read_token
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.stages.planning.plan import FINGERPRINT_SCOPE, STORM_SCOPE
 from trainsentry.gateway.ui import auth
-from trainsentry.gateway.ui.actions import ACTIONS, SILENCE_CHOICES, ActionRefused
+from trainsentry.gateway.ui.actions import ACTIONS, NOTICES, SILENCE_CHOICES, ActionRefused
 from trainsentry.gateway.ui.feed import ChangeFeed, Marker
+from trainsentry.gateway.ui.pages import CSRF_KEY, BadForm, read_form
+from trainsentry.gateway.ui.pages import now_of as _now
+from trainsentry.gateway.ui.pages import render as _render
+from trainsentry.gateway.ui.signin import sign_out, viewer_of
 from trainsentry.gateway.ui.views import (
     BadQuery,
     incident_view,
@@ -35,7 +37,6 @@ from trainsentry.gateway.ui.views import (
     text_param,
     windows,
 )
-from trainsentry.notifiers.feishu.sign import secrets_equal
 from trainsentry.store import console as store
 from trainsentry.store.errors import DatabaseError
 from trainsentry.store.maintenance import mutes_of
@@ -44,22 +45,13 @@ from trainsentry.store.policy_state import load_states
 log = logging.getLogger("trainsentry.ui")
 
 FEED_KEY = web.AppKey("ui_feed", ChangeFeed)
-TEMPLATES_KEY = web.AppKey("ui_templates", jinja2.Environment)
 WINDOW_ID = re.compile(r"^mw-[0-9a-f]{1,32}$")  # as `DELETE /api/v1/maintenance/{id}` checks
-CSRF_KEY = web.RequestKey("ui_csrf", str)  # the CSRF token the page's forms carry
+MAX_FORM = 16384
 MAX_OPEN = 5000  # open alerts drawn on the Now page (more: the page says it is cut)
 HISTORY_DAYS = (7, 14, 28, 56)
 KEEPALIVE_S = 15.0
-CSP = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
-)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def _now(gateway: Gateway) -> datetime:
-    return gateway.clock()
 
 
 def _page(*, fragment: bool = False) -> Callable[[Any], Handler]:
@@ -70,16 +62,18 @@ def _page(*, fragment: bool = False) -> Callable[[Any], Handler]:
         handler: Callable[[web.Request, auth.Viewer], Awaitable[web.StreamResponse]],
     ) -> Handler:
         async def guarded(request: web.Request) -> web.StreamResponse:
-            gateway = request.app[GATEWAY_KEY]
-            token = read_token(gateway.settings)
-            who = auth.viewer(request, token, gateway.settings.console, _now(gateway))
+            token = read_token(request.app[GATEWAY_KEY].settings)
+            try:
+                who = await viewer_of(request)
+            except (OSError, DatabaseError, TimeoutError) as exc:
+                return web.Response(status=503, text=f"store unavailable: {type(exc).__name__}")
             if who.via == "none":
                 if fragment:
                     return web.Response(status=401, text="sign in again")
                 back = request.path_qs[:1000] if request.method == "GET" else "/ui/"
                 target = "/ui/login?" + urlencode({"next": back})
                 raise web.HTTPSeeOther(target)
-            nonce = request.cookies.get(auth.CSRF_COOKIE)
+            nonce = auth.cookie(request, auth.CSRF_COOKIE)
             fresh = token is not None and not nonce
             if fresh:
                 nonce = auth.new_nonce()
@@ -88,8 +82,12 @@ def _page(*, fragment: bool = False) -> Callable[[Any], Handler]:
             )
             try:
                 response = await handler(request, who)
-            except BadQuery as exc:
+            except (BadQuery, BadForm, auth.BadOrigin) as exc:
                 response = _render(request, who, "error.html.j2", status=400, message=str(exc))
+            except web.HTTPRequestEntityTooLarge:
+                response = _render(
+                    request, who, "error.html.j2", status=413, message="form too large"
+                )
             except (OSError, DatabaseError, TimeoutError) as exc:
                 response = _render(
                     request, who, "error.html.j2", status=503,
@@ -102,30 +100,6 @@ def _page(*, fragment: bool = False) -> Callable[[Any], Handler]:
         return guarded
 
     return wrap
-
-
-def _headers(response: web.StreamResponse) -> web.StreamResponse:
-    response.headers["Content-Security-Policy"] = CSP
-    response.headers["X-Content-Type-Options"] = "nosniff"
-    response.headers["Referrer-Policy"] = "same-origin"
-    response.headers["Cache-Control"] = "no-store"
-    return response
-
-
-def _render(
-    request: web.Request, who: auth.Viewer, template: str, *, status: int = 200, **context: Any
-) -> web.Response:
-    env = request.app[TEMPLATES_KEY]
-    gateway = request.app[GATEWAY_KEY]
-    text = env.get_template(template).render(
-        viewer=who,
-        csrf=request.get(CSRF_KEY, ""),
-        token_set=read_token(gateway.settings) is not None,
-        now=_now(gateway),
-        **context,
-    )
-    response = web.Response(text=text, status=status, content_type="text/html", charset="utf-8")
-    return _headers(response)  # type: ignore[return-value]
 
 
 async def _marker(gateway: Gateway) -> Marker:
@@ -172,7 +146,8 @@ async def now_page(request: web.Request, who: auth.Viewer) -> web.StreamResponse
     view, marker = await _now_view(request)
     return _render(
         request, who, "now.html.j2", view=view, marker=_marker_text(marker),
-        notice=request.query.get("done", "")[:300], can_end=_can_end(request.app[GATEWAY_KEY]),
+        notice=NOTICES.get(request.query.get("done", "")),
+        can_end=_can_end(request.app[GATEWAY_KEY]),
     )  # fmt: skip
 
 
@@ -221,7 +196,7 @@ async def incident_page(request: web.Request, who: auth.Viewer) -> web.StreamRes
     return _render(
         request, who, "incident.html.j2", view=view, marker=_marker_text(marker),
         actions=_actions(request.app[GATEWAY_KEY]), silence_choices=SILENCE_CHOICES,
-        notice=request.query.get("done", "")[:300],
+        notice=NOTICES.get(request.query.get("done", "")),
     )  # fmt: skip
 
 
@@ -239,7 +214,8 @@ async def incident_fragment(request: web.Request, who: auth.Viewer) -> web.Strea
 
 async def _form(request: web.Request, who: auth.Viewer) -> dict[str, str] | web.Response:
     """The posted form of an action, or the refusal: a signed-in viewer on a gateway with a
-    token, a bounded form, the CSRF token of the viewer's nonce, and this site's origin."""
+    token, a bounded form (BadForm, 413), the CSRF token of the viewer's nonce, and this
+    site's origin (auth.BadOrigin when the Origin is not a URL)."""
     gateway = request.app[GATEWAY_KEY]
     token = read_token(gateway.settings)
     if token is None or not who.can_act or who.name is None:
@@ -247,12 +223,9 @@ async def _form(request: web.Request, who: auth.Viewer) -> dict[str, str] | web.
             request, who, "error.html.j2", status=403,
             message="actions need TRAINSENTRY_API_TOKEN set on the gateway and a sign-in",
         )  # fmt: skip
-    if request.content_length is not None and request.content_length > 16384:
-        return _render(request, who, "error.html.j2", status=413, message="form too large")
-    form = await asyncio.wait_for(request.post(), timeout=10)
-    fields = {k: v for k, v in form.items() if isinstance(v, str)}
+    fields = await read_form(request, MAX_FORM)
     given = fields.get(auth.CSRF_FIELD) or request.headers.get(auth.CSRF_HEADER)
-    nonce = request.cookies.get(auth.CSRF_COOKIE)
+    nonce = auth.cookie(request, auth.CSRF_COOKIE)
     if not auth.same_origin(request) or not auth.csrf_ok(auth.signing_key(token), nonce, given):
         return _render(
             request, who, "error.html.j2", status=403,
@@ -280,7 +253,7 @@ async def post_action(request: web.Request, who: auth.Viewer) -> web.StreamRespo
     if outcome is None:
         return _render(request, who, "error.html.j2", status=404, message="no such incident")
     log.info("console action=%s alert_id=%d by=%s", action.name, alert_id, who.name)
-    query = urlencode({"done": outcome.message})
+    query = urlencode({"done": outcome.notice})
     raise web.HTTPSeeOther(f"/ui/incidents/{alert_id}?{query}")
 
 
@@ -305,7 +278,7 @@ async def post_end_window(request: web.Request, who: auth.Viewer) -> web.StreamR
     if ended is None:
         return _render(request, who, "error.html.j2", status=404, message="no such window")
     log.info("console ended maintenance window=%s by=%s", window_id, who.name)
-    raise web.HTTPSeeOther("/ui/?" + urlencode({"done": f"window {window_id} ended"}))
+    raise web.HTTPSeeOther("/ui/?" + urlencode({"done": "window-ended"}))
 
 
 @_page()
@@ -385,61 +358,11 @@ def _parse_marker(raw: str) -> Marker | None:
     return int(parts[0]), int(parts[1]), int(parts[2])
 
 
-async def login_page(request: web.Request) -> web.StreamResponse:
-    gateway = request.app[GATEWAY_KEY]
-    if read_token(gateway.settings) is None:
-        raise web.HTTPSeeOther("/ui/")
-    nonce = auth.new_nonce()
-    who = auth.Viewer(None, False, "none")
-    request[CSRF_KEY] = nonce
-    response = _render(request, who, "login.html.j2", next=_next(request.query.get("next")),
-                       failed=False)  # fmt: skip
-    auth.set_cookie(response, request, "ts_login", nonce, 600)
-    return response
-
-
-def _next(raw: str | None) -> str:
-    """Only a path of the console (no other site, no `//host`)."""
-    if raw and raw.startswith("/ui/") and not raw.startswith("//") and len(raw) <= 1000:
-        return raw
-    return "/ui/"
-
-
-async def login_post(request: web.Request) -> web.StreamResponse:
-    """The token and a name → the session cookie. The form carries the nonce of its own
-    short-lived cookie (login CSRF), and its Origin must be this site."""
-    gateway = request.app[GATEWAY_KEY]
-    token = read_token(gateway.settings)
-    if token is None:
-        raise web.HTTPSeeOther("/ui/")
-    if request.content_length is not None and request.content_length > 8192:
-        return web.Response(status=413, text="form too large")
-    form = await asyncio.wait_for(request.post(), timeout=10)
-    nonce = request.cookies.get("ts_login", "")
-    given = str(form.get("csrf", ""))
-    name = auth.clean_name(str(form.get("name", "")))
-    presented = str(form.get("token", "")).strip()
-    target = _next(str(form.get("next", "")))
-    who = auth.Viewer(None, False, "none")
-    if not auth.same_origin(request) or not nonce or not secrets_equal(given, nonce):
-        return _render(request, who, "error.html.j2", status=403,
-                       message="the sign-in form expired: load it again")  # fmt: skip
-    if name is None or not secrets_equal(presented, token.get_secret_value()):
-        log.info("console sign-in refused from %s", request.remote)
-        request[CSRF_KEY] = nonce
-        return _render(request, who, "login.html.j2", status=401, next=target, failed=True)
-    hours = gateway.settings.console.session_hours
-    expires = _now(gateway) + timedelta(hours=hours)
-    response = web.HTTPSeeOther(target)
-    value = auth.sign_session(auth.signing_key(token), name, expires)
-    auth.set_cookie(response, request, auth.SESSION_COOKIE, value, int(hours * 3600))
-    auth.set_cookie(response, request, auth.CSRF_COOKIE, auth.new_nonce(), None)
-    response.del_cookie("ts_login", path=auth.COOKIE_PATH)
-    log.info("console sign-in name=%s from %s", name, request.remote)
-    raise response
-
-
-async def logout_post(request: web.Request) -> web.StreamResponse:
-    response = web.HTTPSeeOther("/ui/login")
-    response.del_cookie(auth.SESSION_COOKIE, path=auth.COOKIE_PATH)
-    raise response
+@_page()
+async def logout_post(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
+    """POST /ui/logout: a form like the others (CSRF token, this site's origin); the session
+    ends on the server (signin.py)."""
+    fields = await _form(request, who)
+    if isinstance(fields, web.Response):
+        return fields
+    return await sign_out(request, who)
