@@ -9,11 +9,12 @@ the templates escape.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Text, cast, func, or_, select
+from sqlalchemy import Text, case, cast, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trainsentry.store.schema import alert_events, alerts, notifications, policy_state
@@ -79,17 +80,39 @@ def _alert_row(row: Any) -> AlertRow:
 async def change_marker(conn: AsyncConnection) -> tuple[int, int, int]:
     """What the live feed compares to see that something changed: the newest event (fired,
     resolved, acked, silenced, ...), the newest notification, and how many notifications are
-    not final yet (a send or a cancelled call changes it). Three index lookups."""
-    last_event = (await conn.execute(select(func.max(alert_events.c.id)))).scalar()
-    last_note = (await conn.execute(select(func.max(notifications.c.id)))).scalar()
-    in_flight = (
+    not final yet (a send or a cancelled call changes it). Three index lookups, one query."""
+    in_flight = notifications.c.status.in_(("pending", "sending"))
+    row = (
         await conn.execute(
-            select(func.count())
-            .select_from(notifications)
-            .where(notifications.c.status.in_(("pending", "sending")))
+            select(
+                select(func.max(alert_events.c.id)).scalar_subquery(),
+                select(func.max(notifications.c.id)).scalar_subquery(),
+                select(func.count()).select_from(notifications).where(in_flight).scalar_subquery(),
+            )
         )
-    ).scalar()
-    return int(last_event or 0), int(last_note or 0), int(in_flight or 0)
+    ).one()
+    return int(row[0] or 0), int(row[1] or 0), int(row[2] or 0)
+
+
+#: The priority an open alert is listed and counted under: the one the policy stored (P3
+#: until it has planned the alert).
+_PRIORITY = func.coalesce(alerts.c.priority, "P3")
+_COMPONENT = alerts.c.labels["component"].as_string()
+
+
+def _open(
+    priority: str | None, namespace: str | None, job: str | None, component: str | None
+) -> list[Any]:
+    conditions: list[Any] = [alerts.c.status == "firing"]
+    if priority:
+        conditions.append(priority == _PRIORITY)
+    if namespace:
+        conditions.append(alerts.c.job_namespace == namespace)
+    if job:
+        conditions.append(alerts.c.job_name == job)
+    if component:
+        conditions.append(component == _COMPONENT)
+    return conditions
 
 
 async def open_alerts(
@@ -98,22 +121,75 @@ async def open_alerts(
     priority: str | None = None,
     namespace: str | None = None,
     job: str | None = None,
+    component: str | None = None,
     limit: int = 2000,
 ) -> list[AlertRow]:
-    """Firing occurrences, newest first, at most `limit`."""
+    """Firing occurrences, the most urgent first, newest first within a priority, at most
+    `limit`; `component` is the `component` label."""
     query = (
         select(*_LIST_COLUMNS)
-        .where(alerts.c.status == "firing")
-        .order_by(alerts.c.id.desc())
+        .where(*_open(priority, namespace, job, component))
+        .order_by(_PRIORITY, alerts.c.id.desc())
         .limit(limit)
     )
-    if priority:
-        query = query.where(alerts.c.priority == priority)
-    if namespace:
-        query = query.where(alerts.c.job_namespace == namespace)
-    if job:
-        query = query.where(alerts.c.job_name == job)
     return [_alert_row(row) for row in await conn.execute(query)]
+
+
+@dataclass(frozen=True, slots=True)
+class OpenCounts:
+    """How many firing occurrences match a filter, wherever a listing of them is cut."""
+
+    by_priority: dict[str, int]
+    by_job: dict[tuple[str, str], tuple[int, int]]  # (namespace, job) -> (open, not acked)
+    choices: dict[str, list[str]]  # namespace, job, component: values among them, sorted
+
+
+async def open_counts(
+    conn: AsyncConnection,
+    *,
+    priority: str | None = None,
+    namespace: str | None = None,
+    job: str | None = None,
+    component: str | None = None,
+    jobs: Iterable[str] = (),
+    max_choices: int = 200,
+) -> OpenCounts:
+    """The counts behind a cut list of open alerts: per priority, per job of `jobs` (the
+    job names listed) with how many are not acknowledged, and the first `max_choices`
+    namespaces, jobs and components among them (the component filter not applied to these,
+    so that it can be changed)."""
+    where = _open(priority, namespace, job, component)
+    by_priority = {
+        str(row[0]): int(row[1])
+        for row in await conn.execute(
+            select(_PRIORITY, func.count()).where(*where).group_by(_PRIORITY)
+        )
+    }
+    by_job: dict[tuple[str, str], tuple[int, int]] = {}
+    names = sorted(set(jobs))
+    if names:
+        unacked = func.sum(case((alerts.c.acked_at.is_(None), 1), else_=0))
+        found = await conn.execute(
+            select(alerts.c.job_namespace, alerts.c.job_name, func.count(), unacked)
+            .where(*where, alerts.c.job_name.in_(names))
+            .group_by(alerts.c.job_namespace, alerts.c.job_name)
+        )
+        by_job = {(str(r[0]), str(r[1])): (int(r[2]), int(r[3] or 0)) for r in found}
+    choices = {}
+    for field, column in (
+        ("namespace", alerts.c.job_namespace),
+        ("job", alerts.c.job_name),
+        ("component", _COMPONENT),
+    ):
+        values = await conn.execute(
+            select(column)
+            .where(*_open(priority, namespace, job, None), column.is_not(None), column != "")
+            .distinct()
+            .order_by(column)
+            .limit(max_choices)
+        )
+        choices[field] = [str(value) for value in values.scalars()]
+    return OpenCounts(by_priority, by_job, choices)
 
 
 async def states_in_scope(conn: AsyncConnection, scope: str, limit: int = 1000) -> dict[str, Any]:

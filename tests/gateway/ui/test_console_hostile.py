@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 
@@ -210,3 +211,43 @@ def test_done_shows_only_the_consoles_own_messages(gateway: RunningServer) -> No
         assert b'class="notice"' not in page.body
     page = get(gateway, "/ui/incidents/1?done=acked", jar)
     assert b'class="notice"' in page.body and b"Acknowledged" in page.body
+
+
+NEXT_ELSEWHERE = [
+    "https://evil.example/ui/",
+    "//evil.example/ui/",
+    "/\\evil.example",
+    "/ui-not/",
+    "javascript:alert(1)",
+]
+
+
+@pytest.mark.parametrize("target", NEXT_ELSEWHERE)
+def test_sign_in_goes_back_only_to_a_console_page(gateway: RunningServer, target: str) -> None:
+    """Held up in the red team (kept so): `next=` leads to a path of the console only."""
+    page = get(gateway, "/ui/login?" + urlencode({"next": target}))
+    assert page.status == 200 and b'name="next" value="/ui/"' in page.body
+    nonce = csrf_of(page.body)
+    form = urlencode({"csrf": nonce, "name": "erin", "token": TOKEN, "next": target})
+    cookie = ("Cookie", f"ts_login={nonce}")
+    answer = raw_request(gateway.port, "POST", "/ui/login", [cookie, FORM], form.encode())
+    assert answer.status == 303 and answer.headers["location"] == "/ui/", answer.headers
+
+
+def test_every_page_carries_the_security_headers(gateway: RunningServer) -> None:
+    """Held up in the red team (kept so): the CSP forbids framing and other origins on the
+    pages, the error pages and the live fragments alike."""
+    jar = sign_in(gateway)
+    for path, status in (
+        ("/ui/", 200),
+        ("/ui/login", 200),
+        ("/ui/incidents/1", 200),
+        ("/ui/fragments/now", 200),
+        ("/ui/history?days=3", 400),
+        ("/ui/incidents/999", 404),
+    ):
+        answer = get(gateway, path, jar)
+        assert answer.status == status, (path, answer.status)
+        csp = answer.headers.get("content-security-policy", "")
+        assert "frame-ancestors 'none'" in csp and "default-src 'none'" in csp, path
+        assert answer.headers.get("x-content-type-options") == "nosniff", path

@@ -18,6 +18,7 @@ from aiohttp import web
 from trainsentry.gateway.pipeline import GATEWAY_KEY
 from trainsentry.gateway.ui import handlers, pages, signin
 from trainsentry.gateway.ui.feed import ChangeFeed
+from trainsentry.gateway.ui.render_cache import RenderCache
 from trainsentry.store.console import change_marker
 
 HERE = Path(__file__).resolve().parent
@@ -35,7 +36,9 @@ def templates() -> jinja2.Environment:
     return env
 
 
-def add_ui_routes(app: web.Application, *, feed_interval: float = 1.0) -> None:
+def add_ui_routes(
+    app: web.Application, *, feed_interval: float = 1.0, now_reuse_s: float = 1.0
+) -> None:
     async def read_marker() -> tuple[int, int, int]:
         async with app[GATEWAY_KEY].engine.connect() as conn:
             return await change_marker(conn)
@@ -43,6 +46,7 @@ def add_ui_routes(app: web.Application, *, feed_interval: float = 1.0) -> None:
     feed = ChangeFeed(read_marker, interval=feed_interval)
     app[handlers.FEED_KEY] = feed
     app[pages.TEMPLATES_KEY] = templates()
+    app[handlers.NOW_CACHE_KEY] = RenderCache(reuse_s=now_reuse_s)
 
     async def close_feed(_app: web.Application) -> None:
         await feed.close()

@@ -6,15 +6,18 @@ another origin)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
+import jinja2
 from aiohttp import web
+from markupsafe import Markup
 
 from trainsentry.gateway.http_auth import read_token
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
@@ -22,9 +25,11 @@ from trainsentry.gateway.stages.planning.plan import FINGERPRINT_SCOPE, STORM_SC
 from trainsentry.gateway.ui import auth
 from trainsentry.gateway.ui.actions import ACTIONS, NOTICES, SILENCE_CHOICES, ActionRefused
 from trainsentry.gateway.ui.feed import ChangeFeed, Marker
-from trainsentry.gateway.ui.pages import CSRF_KEY, BadForm, read_form
+from trainsentry.gateway.ui.model import Filters, NowView
+from trainsentry.gateway.ui.pages import CSRF_KEY, TEMPLATES_KEY, BadForm, headers, read_form
 from trainsentry.gateway.ui.pages import now_of as _now
 from trainsentry.gateway.ui.pages import render as _render
+from trainsentry.gateway.ui.render_cache import RenderCache
 from trainsentry.gateway.ui.signin import sign_out, viewer_of
 from trainsentry.gateway.ui.views import (
     BadQuery,
@@ -47,7 +52,7 @@ log = logging.getLogger("trainsentry.ui")
 FEED_KEY = web.AppKey("ui_feed", ChangeFeed)
 WINDOW_ID = re.compile(r"^mw-[0-9a-f]{1,32}$")  # as `DELETE /api/v1/maintenance/{id}` checks
 MAX_FORM = 16384
-MAX_OPEN = 5000  # open alerts drawn on the Now page (more: the page says it is cut)
+MAX_CARDS = 500  # open alerts drawn on the Now page, the most urgent (more: "and N more")
 HISTORY_DAYS = (7, 14, 28, 56)
 KEEPALIVE_S = 15.0
 
@@ -111,26 +116,58 @@ def _marker_text(marker: Marker) -> str:
     return ".".join(str(part) for part in marker)
 
 
-async def _now_view(request: web.Request) -> tuple[Any, Marker]:
+@dataclass(frozen=True, slots=True)
+class NowPart:
+    """The Now page's alert list, drawn once and shared by every viewer of its filters
+    (render_cache.py): the view (the filters' choices come from it) and its HTML."""
+
+    view: NowView
+    marker: str
+    html: str  # _groups.html.j2 rendered (autoescaped) from `view`
+
+
+NOW_CACHE_KEY: web.AppKey[RenderCache[NowPart]] = web.AppKey("ui_now_cache")
+
+
+async def _now_part(request: web.Request) -> NowPart:
+    """The alert list for the request's filters: the most urgent MAX_CARDS open alerts with
+    the counts of all, built at most once a second per filter (the store read on the loop,
+    the view and its HTML in a thread) and reused while the store's marker stands."""
     gateway = request.app[GATEWAY_KEY]
     filters = parse_filters(request.query)
+    cache = request.app[NOW_CACHE_KEY]
+    asked_at = cache.now()
     async with gateway.engine.connect() as conn:
         marker = await store.change_marker(conn)
+    env = request.app[TEMPLATES_KEY]
+    return await cache.get(
+        tuple(filters.query().items()), marker, lambda: _build_now(gateway, env, filters), asked_at
+    )
+
+
+async def _build_now(gateway: Gateway, env: jinja2.Environment, filters: Filters) -> NowPart:
+    chosen = filters.priority, filters.namespace, filters.job, filters.component
+    priority, namespace, job, component = (value or None for value in chosen)
+    async with gateway.engine.connect() as conn:
+        marker = _marker_text(await store.change_marker(conn))
         rows = await store.open_alerts(
-            conn,
-            priority=filters.priority or None,
-            namespace=filters.namespace or None,
-            job=filters.job or None,
-            limit=MAX_OPEN + 1,
-        )
+            conn, priority=priority, namespace=namespace, job=job, component=component,
+            limit=MAX_CARDS,
+        )  # fmt: skip
+        counts = await store.open_counts(
+            conn, priority=priority, namespace=namespace, job=job, component=component,
+            jobs=[row.job for row in rows],
+        )  # fmt: skip
         storms = await store.states_in_scope(conn, STORM_SCOPE)
-        mutes = await mutes_of(conn, [row.id for row in rows[:MAX_OPEN]])
-    view = now_view(
-        rows[:MAX_OPEN], storms, filters, _now(gateway), truncated=len(rows) > MAX_OPEN,
-        mutes=mutes,
-    )  # fmt: skip
-    found = None if gateway.maintenance is None else windows(await gateway.maintenance.windows())
-    return replace(view, oncall=await _on_call(gateway), windows=found), marker
+        mutes = await mutes_of(conn, [row.id for row in rows])
+    now = _now(gateway)
+
+    def draw() -> NowPart:
+        view = now_view(rows, storms, filters, now, truncated=False, mutes=mutes, counts=counts)
+        html = env.get_template("_groups.html.j2").render(view=view, marker=marker)
+        return NowPart(view, marker, html)
+
+    return await asyncio.to_thread(draw)
 
 
 async def _on_call(gateway: Gateway) -> Any:
@@ -143,11 +180,14 @@ async def _on_call(gateway: Gateway) -> Any:
 
 @_page()
 async def now_page(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
-    view, marker = await _now_view(request)
+    part = await _now_part(request)
+    gateway = request.app[GATEWAY_KEY]
+    found = None if gateway.maintenance is None else windows(await gateway.maintenance.windows())
+    view = replace(part.view, oncall=await _on_call(gateway), windows=found)
     return _render(
-        request, who, "now.html.j2", view=view, marker=_marker_text(marker),
-        notice=NOTICES.get(request.query.get("done", "")),
-        can_end=_can_end(request.app[GATEWAY_KEY]),
+        request, who, "now.html.j2", view=view, marker=part.marker,
+        groups=Markup(part.html),
+        notice=NOTICES.get(request.query.get("done", "")), can_end=_can_end(gateway),
     )  # fmt: skip
 
 
@@ -157,8 +197,10 @@ def _can_end(gateway: Gateway) -> bool:
 
 @_page(fragment=True)
 async def now_fragment(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
-    view, marker = await _now_view(request)
-    return _render(request, who, "_groups.html.j2", view=view, marker=_marker_text(marker))
+    part = await _now_part(request)
+    response = web.Response(text=part.html, content_type="text/html", charset="utf-8")
+    headers(response)
+    return response
 
 
 def _alert_id(request: web.Request) -> int:

@@ -66,6 +66,12 @@ class JobGroup:
     counts: dict[str, int]
     storm: Storm | None = None
     unacked: int = 0
+    total: int = 0  # open in the job, drawn or not (>= len(cards))
+
+    @property
+    def more(self) -> int:
+        """Open in the job but not drawn: the page draws the most urgent only."""
+        return max(0, self.total - len(self.cards))
 
     @property
     def title(self) -> str:
@@ -125,8 +131,9 @@ class NowView:
     total: int
     counts: dict[str, int]
     filters: Filters
-    truncated: bool
+    truncated: bool  # fewer cards drawn than `total`
     choices: dict[str, list[str]]  # the values seen, for the filter selects
+    shown: int = 0  # cards drawn
     oncall: OnCall | None = None
     windows: list[Window] | None = None
 

@@ -32,7 +32,7 @@ from trainsentry.gateway.ui.model import (
 )
 from trainsentry.labels import GPU_ID_LABELS, NODE_LABELS, first_label
 from trainsentry.notifiers.links import safe_url  # one rule for cards and the console
-from trainsentry.store.console import AlertRow, Incident
+from trainsentry.store.console import AlertRow, Incident, OpenCounts
 
 MAX_FILTER = 200
 MAX_GRID = 4096  # ranks drawn one cell each; a larger job shows its culprits only
@@ -118,9 +118,12 @@ def now_view(
     *,
     truncated: bool,
     mutes: Mapping[int, Mapping[str, Any]] | None = None,
+    counts: OpenCounts | None = None,
 ) -> NowView:
     """Pure: the open alerts grouped by job (most urgent group first; in a group, most urgent
-    then newest first), the component filter applied, and the storms of the jobs."""
+    then newest first), the component filter applied, and the storms of the jobs. `rows` may
+    be the most urgent of more: `counts` then gives the totals, each job's open and unacked
+    alerts, and the filter choices, so the page says how many it does not draw."""
     choices: dict[str, set[str]] = {"namespace": set(), "job": set(), "component": set()}
     grouped: dict[tuple[str, str], list[Card]] = {}
     for row in rows:
@@ -137,26 +140,34 @@ def now_view(
     groups = []
     for (namespace, job), cards in grouped.items():
         cards.sort(key=_order)
-        counts = Counter(c.priority for c in cards)
+        drawn = len(cards), sum(1 for c in cards if c.acked_by is None)
+        total, unacked = counts.by_job.get((namespace, job), drawn) if counts else drawn
         groups.append(
             JobGroup(
                 namespace=namespace,
                 job=job,
                 cards=cards,
-                counts=dict(counts),
+                counts=dict(Counter(c.priority for c in cards)),
                 storm=_storm(storms, namespace, job),
-                unacked=sum(1 for c in cards if c.acked_by is None),
+                unacked=unacked,
+                total=max(total, len(cards)),
             )
         )
-    groups.sort(key=lambda g: (PRIORITIES.index(g.top), not g.job, -len(g.cards), g.title))
-    total = Counter(c.priority for g in groups for c in g.cards)
+    groups.sort(key=lambda g: (PRIORITIES.index(g.top), not g.job, -g.total, g.title))
+    shown = sum(len(g.cards) for g in groups)
+    by_priority = Counter(c.priority for g in groups for c in g.cards)
+    if counts is not None:
+        by_priority = Counter({p: n for p, n in counts.by_priority.items() if n})
+        choices = {k: set(v) for k, v in counts.choices.items()}
+    total_open = max(sum(by_priority.values()), shown)
     return NowView(
         groups=groups,
-        total=sum(total.values()),
-        counts=dict(total),
+        total=total_open,
+        counts=dict(by_priority),
         filters=filters,
-        truncated=truncated,
+        truncated=truncated or total_open > shown,
         choices={k: sorted(v - {""})[:MAX_CHOICES] for k, v in choices.items()},
+        shown=shown,
     )
 
 
