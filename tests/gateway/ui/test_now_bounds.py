@@ -2,7 +2,7 @@
 (issue 32 finding 11), on SQLite and PostgreSQL: an old P0 is drawn though many newer
 alerts are open (the page once drew the newest 5,000 whatever their priority), the totals,
 each job's count and the filter choices cover every open alert, and the page says how many
-it does not draw, with a link to the job's own list."""
+it does not draw, with a link to the job's own list. The job's page draws its newest."""
 
 from __future__ import annotations
 
@@ -57,5 +57,9 @@ async def test_the_most_urgent_are_drawn_and_the_rest_counted(
         assert drawn(page) == ["6", "5", "4"] and "5 open" in page
         page = await page_of(server, "/ui/?component=gpu")
         assert drawn(page) == ["7"] and "1 open" in page and "more" not in page
+        # the job's page: the newest drawn, its hardware counted over all of them
+        page = await page_of(server, "/ui/job?namespace=ml&name=job-a&days=56")
+        assert drawn(page) == ["6", "5", "4"]
+        assert "Alert history (6, the newest 3 drawn)" in page
     finally:
         await close_in_process(server)
