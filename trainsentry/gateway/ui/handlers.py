@@ -70,8 +70,11 @@ def _page(*, fragment: bool = False) -> Callable[[Any], Handler]:
             token = read_token(request.app[GATEWAY_KEY].settings)
             try:
                 who = await viewer_of(request)
-            except (OSError, DatabaseError, TimeoutError) as exc:
-                return web.Response(status=503, text=f"store unavailable: {type(exc).__name__}")
+            except (OSError, DatabaseError, TimeoutError) as exc:  # the session's check
+                return _render(
+                    request, auth.ANONYMOUS, "error.html.j2", status=503,
+                    message=f"store unavailable, retry: {type(exc).__name__}",
+                )  # fmt: skip
             if who.via == "none":
                 if fragment:
                     return web.Response(status=401, text="sign in again")
@@ -186,7 +189,7 @@ async def now_page(request: web.Request, who: auth.Viewer) -> web.StreamResponse
     view = replace(part.view, oncall=await _on_call(gateway), windows=found)
     return _render(
         request, who, "now.html.j2", view=view, marker=part.marker,
-        groups=Markup(part.html),
+        groups=Markup(part.html),  # the autoescaped _groups template's own output
         notice=NOTICES.get(request.query.get("done", "")), can_end=_can_end(gateway),
     )  # fmt: skip
 
