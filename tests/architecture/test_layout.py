@@ -157,6 +157,26 @@ def test_diagnostics_imports_only_the_ras_modules_of_the_probe() -> None:
     assert not [e for e in _part_edges() if e[0] == "probe"], "probe imports another part"
 
 
+# What the operator and the gateway may take from the probe (docs/architecture.md): the
+# per-job token and, for the operator's webhook, the injected probe's layout.
+FROM_THE_PROBE = {
+    "operator": ("trainsentry.probe.token", "trainsentry.probe.inject"),
+    "gateway": ("trainsentry.probe.token",),
+}
+
+
+@pytest.mark.parametrize("part", sorted(FROM_THE_PROBE))
+def test_operator_and_gateway_import_only_the_probes_shared_modules(part: str) -> None:
+    allowed = FROM_THE_PROBE[part]
+    wrong = [
+        i
+        for i in _part_edges().get((part, "probe"), [])
+        if i.target != "trainsentry.probe"  # `from trainsentry.probe import token` names both
+        and not any(i.target == m or i.target.startswith(m + ".") for m in allowed)
+    ]
+    assert not wrong, _where(wrong)
+
+
 def test_only_the_store_imports_sqlalchemy() -> None:
     offenders = [
         i

@@ -565,14 +565,16 @@ async def test_a_probe_hang_trigger_makes_the_job_hung_with_the_rank_named(
     from trainsentry.config import GatewaySettings
     from trainsentry.gateway.assemble import Diagnosis, create_app
     from trainsentry.gateway.stages.diagnosis import DiagnosisSettings, StaticEndpoints
+    from trainsentry.probe.token import job_token
 
     probe_token, world, culprit = "probe-token", 4, 2
     await seed(cluster, "g", ["gpu-1", "gpu-2"])
     await post(cluster, TJ_PATH, trainingjob("g"))
     await eventually(lambda: status_of(cluster, "g").get("phase") == "Monitoring")
 
+    # Each probe holds the job's own token (the operator's Secret); the gateway derives it.
     runners = await start_dump_probes(
-        world, scenario="hang", culprit=culprit, entries=40, token=probe_token
+        world, scenario="hang", culprit=culprit, entries=40, token=job_token(probe_token, NS, "g")
     )
     addresses = probe_addresses(runners)
 

@@ -222,3 +222,37 @@ def test_host_ips_come_from_the_downward_api_first() -> None:
         "fd00::11",
     )
     assert isinstance(host_ips({}), tuple)
+
+
+def test_a_probe_accepts_its_jobs_derived_token_and_no_other_jobs() -> None:
+    """The gateway fetches a job's dumps with that job's token (`token.job_token` of the
+    master): a probe holding the master (the manual path) or the job's token (the operator's
+    Secret) accepts it; another job's token, or the master given to a job-token probe, not."""
+    from trainsentry.probe.identity import ProbeConfig
+    from trainsentry.probe.recorders import Recorders
+    from trainsentry.probe.runtime import Probe
+    from trainsentry.probe.token import job_token
+
+    mine = job_token("master", "team-a", "llama")
+    other = job_token("master", "team-b", "llama")
+    assert mine != other and len(mine) == 64 and mine != job_token("master", "team-a", "llam")
+    cases = {
+        "master": {"master": 200, mine: 200, other: 401, "wrong": 401},
+        mine: {mine: 200, "master": 401, other: 401},
+    }
+    for configured, answers in cases.items():
+        config = ProbeConfig(
+            bind="127.0.0.1", port=0, token=configured, namespace="team-a", trainingjob="llama"
+        )
+        probe = Probe(config, Recorders([]))
+        probe.server.start()
+        try:
+            for given, status in answers.items():
+                response = httpx.get(
+                    f"http://127.0.0.1:{probe.port}/stack",
+                    headers={"Authorization": f"Bearer {given}"},
+                    timeout=5,
+                )
+                assert response.status_code == status, (configured, given)
+        finally:
+            probe.stop()

@@ -23,6 +23,7 @@ class Gateway:
     def __init__(self, answers: list[int] | None = None) -> None:
         self.answers = list(answers or [])
         self.seen: list[tuple[str, str, dict[str, Any]]] = []
+        self.senders: list[str] = []
         gateway = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -33,6 +34,7 @@ class Gateway:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length))
                 gateway.seen.append((self.path, self.headers.get("Authorization", ""), body))
+                gateway.senders.append(self.client_address[0])
                 code = gateway.answers.pop(0) if gateway.answers else 202
                 self.send_response(code)
                 self.send_header("Content-Length", "2")
@@ -65,6 +67,20 @@ def client(url: str, **kwargs: Any) -> TriggerClient:
 def test_a_trigger_is_posted_with_the_bearer_token(gateway: Gateway) -> None:
     assert client(gateway.url).send(BODY) is True
     assert gateway.seen == [(TRIGGER_PATH, f"Bearer {TOKEN}", BODY)]
+
+
+def test_a_probe_bound_to_one_address_sends_from_it(gateway: Gateway) -> None:
+    """The gateway takes a trigger only from an address of the job's ranks (the pods' IPs):
+    a probe bound to its pod's address (TRAINSENTRY_PROBE_BIND) sends from that address,
+    not from whatever address the system picks (127.0.0.1 here)."""
+    from trainsentry.probe.trigger import source_address
+
+    assert source_address("0.0.0.0") is None and source_address("::") is None
+    assert source_address("[::]") is None and source_address("localhost") is None
+    assert source_address("10.1.2.3") == "10.1.2.3" and source_address("[::1]") == "::1"
+    assert client(gateway.url).send(BODY) is True
+    assert client(gateway.url, source="127.0.0.23").send(BODY) is True
+    assert gateway.senders == ["127.0.0.1", "127.0.0.23"]
 
 
 def test_server_errors_are_retried_with_the_same_body(gateway: Gateway) -> None:

@@ -19,12 +19,12 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import SecretStr
 
 from trainsentry.alerts import JobRef, Priority, utcnow
 from trainsentry.gateway.cordon_api import add_cordon_routes, card_cordon
 from trainsentry.gateway.http_auth import WEBHOOK_PATH as WEBHOOK_PATH
 from trainsentry.gateway.http_auth import authorized as _authorized
+from trainsentry.gateway.http_auth import bearer as _bearer
 from trainsentry.gateway.http_auth import error_response as _error
 from trainsentry.gateway.http_auth import read_token
 from trainsentry.gateway.http_auth import unauthorized as _unauthorized
@@ -44,6 +44,7 @@ from trainsentry.gateway.stages.hang_trigger import (
     MAX_TRIGGER_BYTES,
     TriggerRejected,
     parse_trigger,
+    trigger_token_ok,
     trigger_webhook,
 )
 from trainsentry.gateway.stages.intake import (
@@ -127,7 +128,8 @@ async def receive_hang_trigger(request: web.Request) -> web.Response:
     diagnoser, keys, sources = gateway.diagnoser, gateway.trigger_keys, gateway.trigger_sources
     if diagnoser is None or keys is None or sources is None:
         return _error(404, "hang triggers are off: this gateway has no hang diagnosis configured")
-    if not _authorized(request, SecretStr(diagnoser.token)):
+    given = _bearer(request)
+    if given is None:
         gateway.metrics.receipts.labels("unauthorized").inc()
         return _unauthorized()
     try:
@@ -137,6 +139,9 @@ async def receive_hang_trigger(request: web.Request) -> web.Response:
     except TriggerRejected as exc:
         gateway.metrics.receipts.labels("rejected").inc()
         return _error(400, str(exc))
+    if not trigger_token_ok(given, diagnoser.token, trigger):  # the job's token, or the master
+        gateway.metrics.receipts.labels("unauthorized").inc()
+        return _unauthorized()
     job = JobRef(trigger.namespace, trigger.trainingjob)
     try:
         allowed = await asyncio.wait_for(sources.allowed(job, request.remote), timeout=5)

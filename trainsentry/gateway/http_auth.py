@@ -19,12 +19,17 @@ def error_response(status: int, reason: str, **extra: Any) -> web.Response:
     return web.json_response({"error": reason, **extra}, status=status)
 
 
+def bearer(request: web.Request) -> str | None:
+    """The token of the request's `Authorization: Bearer <token>` header, or None."""
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    return given.strip() if scheme.lower() == "bearer" else None
+
+
 def authorized(request: web.Request, token: SecretStr | None) -> bool:
     if token is None:
         return True
-    header = request.headers.get("Authorization", "")
-    scheme, _, given = header.partition(" ")
-    return scheme.lower() == "bearer" and secrets_equal(given.strip(), token.get_secret_value())
+    given = bearer(request)
+    return given is not None and secrets_equal(given, token.get_secret_value())
 
 
 def read_token(settings: GatewaySettings) -> SecretStr | None:

@@ -23,7 +23,8 @@ from trainsentry.probe.recorders import PyGroup, Recorder, Recorders, find_recor
 from trainsentry.probe.server import Endpoints, ProbeServer
 from trainsentry.probe.stacks import current_phase, thread_stacks
 from trainsentry.probe.stall import Stall, StallDetector, StallPolicy
-from trainsentry.probe.trigger import TriggerClient
+from trainsentry.probe.token import accepted_tokens
+from trainsentry.probe.trigger import TriggerClient, source_address
 
 log = logging.getLogger("trainsentry.probe")
 
@@ -129,7 +130,9 @@ class Probe:
             )
         )
         self.trigger = (
-            TriggerClient(config.gateway_url, config.token) if config.gateway_url else None
+            TriggerClient(config.gateway_url, config.token, source=source_address(config.bind))
+            if config.gateway_url
+            else None
         )
         self._stalls: dict[str, Stall] = {}
         self.recorders = recorders
@@ -149,7 +152,7 @@ class Probe:
                 dump=self.dump,
                 ras=self.ras_snapshot,
                 stack=self.stack,
-                token=config.token,
+                tokens=accepted_tokens(config.token, config.namespace, config.trainingjob),
                 identity_headers={
                     "X-Trainsentry-Rank": str(config.rank),
                     "X-Trainsentry-Local-Rank": str(config.local_rank),

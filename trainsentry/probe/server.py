@@ -27,7 +27,7 @@ import os
 import shutil
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -48,7 +48,9 @@ class Endpoints:
     ras: Callable[[], dict[str, Any] | None]
     #: `/stack`: this rank's thread stacks and marked phase, taken when asked.
     stack: Callable[[], dict[str, Any]]
-    token: str | None
+    #: The bearer tokens accepted (`token.accepted_tokens`: the configured one and the one
+    #: derived from it for this job); empty: the protected endpoints answer 403.
+    tokens: tuple[str, ...]
     identity_headers: dict[str, str]
     #: torch's watchdog writes `<prefix><rank>` files (TORCH_FR_DUMP_TEMP_FILE); "" = none.
     watchdog_prefix: str = ""
@@ -76,14 +78,18 @@ def watchdog_dumps(prefix: str) -> list[dict[str, Any]]:
     return sorted(found, key=lambda f: (f["mtime"], f["name"]))
 
 
-def bearer_ok(header: str | None, token: str | None) -> bool:
-    """True when `header` is `Bearer <token>` for the configured token (constant time)."""
-    if not token or not header:
+def bearer_ok(header: str | None, token: str | Sequence[str] | None) -> bool:
+    """True when `header` is `Bearer <t>` for the configured token, or one of the configured
+    tokens (each compared in constant time, all of them every time)."""
+    tokens = (token,) if isinstance(token, str) else tuple(token or ())
+    if not any(tokens) or not header:
         return False
     scheme, _, value = header.partition(" ")
     if scheme.lower() != "bearer":
         return False
-    return hmac.compare_digest(value.strip().encode(), token.encode())
+    given = value.strip().encode()
+    matches = [hmac.compare_digest(given, t.encode()) for t in tokens if t]
+    return any(matches)
 
 
 def _handler(endpoints: Endpoints) -> type[BaseHTTPRequestHandler]:
@@ -135,10 +141,10 @@ def _handler(endpoints: Endpoints) -> type[BaseHTTPRequestHandler]:
             self._send(code, json.dumps(payload).encode(), "application/json", extra)
 
         def _authorized(self) -> bool:
-            if not endpoints.token:
+            if not endpoints.tokens:
                 self._json(403, {"error": "disabled: no probe token configured"})
                 return False
-            if not bearer_ok(self.headers.get("Authorization"), endpoints.token):
+            if not bearer_ok(self.headers.get("Authorization"), endpoints.tokens):
                 self.send_response(401)
                 self.send_header("WWW-Authenticate", 'Bearer realm="trainsentry-probe"')
                 self.send_header("Content-Length", "0")

@@ -20,10 +20,15 @@ Invariants:
   ranks do not post in the same millisecond), then at most `max_attempts` tries with a
   doubling back-off; 4xx answers (bad token, job unknown) are not retried.
 - The token goes only into the Authorization header; it is never logged.
+- A probe bound to one address (TRAINSENTRY_PROBE_BIND, e.g. the pod's IP on a pod with
+  several interfaces) sends its triggers from that address too: the gateway accepts a
+  trigger only from an address of one of the job's ranks.
 """
 
 from __future__ import annotations
 
+import http.client
+import ipaddress
 import json
 import logging
 import queue
@@ -38,6 +43,39 @@ from typing import Any
 log = logging.getLogger("trainsentry.probe.trigger")
 
 TRIGGER_PATH = "/api/v1/hang-triggers"
+
+
+def source_address(bind: str) -> str | None:
+    """Pure: the address triggers are sent from for a probe bound to `bind`: that address
+    when it is one unicast IP address, else None (the system's choice)."""
+    try:
+        address = ipaddress.ip_address(bind.strip("[]"))
+    except ValueError:
+        return None
+    return None if address.is_unspecified else str(address)
+
+
+class _HTTPFrom(urllib.request.HTTPHandler):
+    def __init__(self, address: str) -> None:
+        super().__init__()
+        self._address = address
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(http.client.HTTPConnection, req, source_address=(self._address, 0))
+
+
+class _HTTPSFrom(urllib.request.HTTPSHandler):
+    def __init__(self, address: str) -> None:
+        super().__init__()
+        self._address = address
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(
+            http.client.HTTPSConnection,
+            req,
+            context=self._context,  # type: ignore[attr-defined]
+            source_address=(self._address, 0),
+        )
 
 
 @dataclass
@@ -59,11 +97,15 @@ class TriggerClient:
     backoff_s: float = 1.0
     sleep: Callable[[float], bool] | None = None  # returns True when stopping
     stats: TriggerStats = field(default_factory=TriggerStats)
+    #: Send from this address (`source_address`); None: the system's choice.
+    source: str | None = None
 
     def __post_init__(self) -> None:
         self._queue: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=64)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        handlers = [_HTTPFrom(self.source), _HTTPSFrom(self.source)] if self.source else []
+        self._opener = urllib.request.build_opener(*handlers)
 
     @property
     def url(self) -> str:
@@ -111,7 +153,7 @@ class TriggerClient:
             if self.token:
                 request.add_header("Authorization", f"Bearer {self.token}")
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:
+                with self._opener.open(request, timeout=self.timeout_s) as answer:
                     answer.read(4096)
                 self.stats.sent += 1
                 log.info(

@@ -30,11 +30,13 @@ from trainsentry.gateway.pipeline import GATEWAY_KEY
 from trainsentry.gateway.stages.diagnosis import DiagnosisSettings, StaticEndpoints
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.notifiers.webhook import WebhookNotifier
+from trainsentry.probe.token import job_token
 
 TOKEN = "gw-token"
 PROBE_TOKEN = "probe-token"
 WORLD = 8
 CULPRIT = 5
+JOB_TOKEN = job_token(PROBE_TOKEN, "ml", "llama")
 HANG = {"alertname": "TrainingJobHang", "priority": "P0", "trainingjob": "llama", "namespace": "ml"}
 
 
@@ -42,7 +44,8 @@ async def start_probe(rank: int, *, silent: bool = False) -> web.AppRunner:
     dump = json.dumps(make_dump(rank, WORLD, 60, scenario="hang", culprit=CULPRIT)).encode()
 
     async def handle(request: web.Request) -> web.Response:
-        if request.headers.get("Authorization") != f"Bearer {PROBE_TOKEN}":
+        # The gateway fetches with the job's own token, never the master (probe/token.py).
+        if request.headers.get("Authorization") != f"Bearer {JOB_TOKEN}":
             return web.Response(status=401)
         if silent:
             await asyncio.sleep(6)

@@ -268,6 +268,28 @@ async def test_the_endpoint_takes_triggers_only_from_the_jobs_ranks(tmp_path: Pa
         await close_in_process(server)
 
 
+async def test_a_jobs_own_token_pages_that_job_and_no_other(tmp_path: Path) -> None:
+    """The operator gives each TrainingJob's namespace its job's token (HMAC of the master,
+    `trainsentry.probe.token.job_token`): the gateway recomputes it per trigger. Team B's
+    token cannot page team A's job, even from an address of team A's ranks."""
+    from trainsentry.probe.token import job_token
+
+    body = probe_body(1, 21.0)
+    server = await _gateway(tmp_path, ["127.0.0.1"])
+    try:
+        team_b = job_token("probe-token", "team-b", "llama")
+        assert (await _post(server, body, token=team_b))[0] == 401
+        wrong_master = job_token("another-master", "team-a", "llama")
+        assert (await _post(server, body, token=wrong_master))[0] == 401
+        own = job_token("probe-token", "team-a", "llama")
+        status, text = await _post(server, body, token=own)
+        assert status == 202 and json.loads(text)["first"] is True, text
+        status, text = await _post(server, probe_body(3, 24.0), token="probe-token")
+        assert status == 202 and json.loads(text)["first"] is False, text  # the master too
+    finally:
+        await close_in_process(server)
+
+
 async def test_without_diagnosis_the_endpoint_says_it_is_off(tmp_path: Path) -> None:
     server = await _gateway(tmp_path, None)
     try:

@@ -3,7 +3,8 @@
 When a hang alert of a TrainingJob fires, its notifications are written to the outbox held
 for `hold_seconds` (inside the intake transaction). Right after the commit the gateway finds
 the job's ranks (a static list, or the Kubernetes API by the TrainingJob's pod selector),
-fetches every rank's Flight Recorder dump (`hang_enrichment.enrich_hang`: bounded
+fetches every rank's Flight Recorder dump with the job's own probe token (`job_token` of
+the master: a pod never sees the master token) (`hang_enrichment.enrich_hang`: bounded
 concurrency, per-request timeouts, an overall deadline below the hold), runs the analyzer,
 stores the verdict with the alert and releases the held notifications with the verdict in
 their payload (`diagnosis`). If anything fails or takes too long, the notifications go out
@@ -34,6 +35,7 @@ from trainsentry.gateway.stages.hang_trigger import ALERTNAME as TRIGGER_ALERTNA
 from trainsentry.gateway.stages.paging import Paging
 from trainsentry.kube.client import Kube, KubeError, LazyApiClient, RetryPolicy, default_api_client
 from trainsentry.kube.resources import PODS, TRAININGJOBS
+from trainsentry.probe.token import job_token
 from trainsentry.store.alert_state import cancel_held, save_verdict
 from trainsentry.store.engine import Connection, Engine
 
@@ -215,7 +217,7 @@ class HangDiagnoser:
             verdict = await enrich_hang(
                 job,
                 endpoints,
-                self.token,
+                job_token(self.token, job.namespace, job.name),  # never the master to a pod
                 timeout_s=self.settings.request_timeout_seconds,
                 deadline_s=self.settings.deadline_seconds,
                 concurrency=self.settings.concurrency,

@@ -18,11 +18,13 @@ Invariants:
 - Everything in a trigger is attacker-controlled: the body is capped (8 KiB), every field
   is typed and bounded, names must be Kubernetes names, and only fixed, known labels are
   built from it (no free-form labels or annotations pass through).
-- Every training pod holds the probes' token, so the token alone does not say which job a
-  sender belongs to: a trigger is accepted only from an address of one of the job's ranks
-  (`TriggerSources`: the job's probe endpoints as the diagnosis finds them, cached 30 s),
-  so one team's pod cannot page another team's job, and a job that does not exist is
-  refused.
+- A trigger for job J carries J's own token (`trainsentry.probe.token.job_token` of the
+  master probe token, which the operator keeps in a Secret next to J), or the master itself
+  (`trigger_token_ok`): a team's token speaks for its own job only. And a trigger is
+  accepted only from an address of one of the job's ranks (`TriggerSources`: the job's
+  probe endpoints as the diagnosis finds them, cached 30 s), so one team's pod cannot page
+  another team's job even with a token that is not per job, and a job that does not exist
+  is refused.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainsentry.alerts import PROBE_HANG_ALERT, JobRef
 from trainsentry.gateway.stages.intake import label_fingerprint
+from trainsentry.notifiers.feishu.sign import secrets_equal
+from trainsentry.probe.token import job_token
 
 ALERTNAME = PROBE_HANG_ALERT
 MAX_TRIGGER_BYTES = 8 * 1024
@@ -86,6 +90,14 @@ def parse_trigger(body: bytes) -> HangTrigger:
             f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()[:5]
         )
         raise TriggerRejected(f"not a hang trigger: {where}") from None
+
+
+def trigger_token_ok(given: str, master: str, trigger: HangTrigger) -> bool:
+    """Pure: whether `given` may post `trigger`: the token of the trigger's own job, or the
+    master probe token. Both compared in constant time, always both."""
+    own = job_token(master, trigger.namespace, trigger.trainingjob)
+    matches = [secrets_equal(given, own), secrets_equal(given, master)]
+    return any(matches)
 
 
 def trigger_labels(trigger: HangTrigger) -> dict[str, str]:
