@@ -188,3 +188,5 @@ def test_wheel_carries_rules_dashboards_and_the_entry_point(tmp_path: Path) -> N
     assert not [n for n in names if n.startswith("trainsentry/data/rules/tests/")]
     assert "trainsentry/data/rules/dcgm-counters.csv" in names
     assert "trainsentry/data/rules/alertmanager-inhibit.yaml" in names
+    # The start-up hook the webhook's init container copies (`trainsentry probe install`).
+    assert "trainsentry/probe/injected/sitecustomize.py" in names

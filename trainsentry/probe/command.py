@@ -17,6 +17,8 @@ Talk to the training-side probe and to NCCL's RAS service.
   trainsentry probe status URL                 a rank probe's identity and collective progress
   trainsentry probe dump URL [-o FILE]         a rank's current Flight Recorder dump (JSON); the
                                                bearer token comes from TRAINSENTRY_PROBE_TOKEN
+  trainsentry probe install DIR                copy the probe and its start-up hook into DIR (the
+                                               init container the operator's webhook adds runs it)
 
 URL is the probe's base URL, e.g. http://10.0.0.13:9401. In a training script the probe is
 started with `trainsentry.probe.start()` or `TRAINSENTRY_PROBE=1 ... -m trainsentry.probe.launch`.
@@ -44,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     dump.add_argument("url")
     dump.add_argument("-o", "--output", help="write to this file instead of stdout")
     dump.add_argument("--timeout", type=float, default=10.0)
+    install = sub.add_parser(
+        "install", help="copy the probe into DIR for a training image without it"
+    )
+    install.add_argument("dir", help="the folder (an emptyDir the training container mounts)")
 
 
 def _run_ras(args: argparse.Namespace) -> int:
@@ -145,6 +151,28 @@ def _run_dump(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_install(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from trainsentry.probe.inject import install
+
+    try:
+        counts = install(Path(args.dir))
+    except OSError as exc:
+        print(f"trainsentry probe install: cannot write {args.dir}: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"installed the trainsentry probe in {args.dir}: "
+        + ", ".join(f"{name} {count} files" for name, count in counts.items())
+    )
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    handlers = {"ras": _run_ras, "status": _run_status, "dump": _run_dump}
+    handlers = {
+        "ras": _run_ras,
+        "status": _run_status,
+        "dump": _run_dump,
+        "install": _run_install,
+    }
     return handlers[args.probe_command](args)
