@@ -25,7 +25,7 @@ from referencing import Registry, Resource
 from tests.support.eventually import eventually
 from tests.support.kube_emulator import ApiCall, KubeEmulator
 from trainsentry.kube.client import RetryPolicy
-from trainsentry.operator.handlers import OperatorOptions, build_registry
+from trainsentry.operator.handlers import OperatorOptions, WebhookServing, build_registry
 from trainsentry.operator.reconcile import Sources
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +47,7 @@ def declare_cluster(emu: KubeEmulator, workloads: bool = True) -> None:
     emu.declare("v1/pods", "Pod")
     emu.declare("v1/nodes", "Node", namespaced=False)
     emu.declare("v1/configmaps", "ConfigMap")
+    emu.declare("v1/secrets", "Secret")
     emu.declare("v1/events", "Event")
     emu.declare(RULES, "PrometheusRule")
     emu.declare(MONITORS, "PodMonitor")
@@ -226,6 +227,8 @@ class OperatorThread:
         discovery: bool = True,
         peering: str | None = None,
         namespaces: list[str] | None = None,
+        probe_token: str | None = None,
+        webhook: WebhookServing | None = None,
     ) -> None:
         self.url = url
         self.peering = peering
@@ -239,6 +242,8 @@ class OperatorThread:
             login=self._login,
             retry=RetryPolicy(attempts=6, base_delay=0.02, max_delay=0.2),
             scan_cluster=not namespaces,
+            probe_token=probe_token,
+            webhook=webhook,
         )
         self.registry = build_registry(sources, options)
         self.thread = threading.Thread(target=self._run, daemon=True)

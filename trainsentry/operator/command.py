@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainsentry.operator.handlers import WebhookServing
 
 HELP = "run the TrainingJob operator"
 DESCRIPTION = """\
 Run the TrainingJob operator: for every TrainingJob it renders a PrometheusRule, a
 PodMonitor and a dashboard ConfigMap, labels the job's nodes for the shared exporters and
 keeps the job's status; opted-in PyTorchJobs / Volcano Jobs get a TrainingJob.
+
+The probe token: with TRAINSENTRY_PROBE_TOKEN (the gateway's master probe token) in the
+environment, every TrainingJob's namespace gets a Secret <job>-trainsentry-probe-token with
+the job's own token (HMAC of the master and the job's name), owned by the job. With
+--webhook-port, pods a TrainingJob selects get the probe as they are created.
 
 Connects in-cluster when run in a pod (service account) unless --kubeconfig or --context
 is given, else with the kubeconfig (--kubeconfig, $KUBECONFIG or ~/.kube/config) and its
@@ -91,6 +101,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --job-alerting on: the gateway reads spec.alerting in this namespace only "
         "(repeatable); a job elsewhere gets AlertingReady=Unknown (JobAlertingNotInNamespace)",
     )
+    hook = parser.add_argument_group(
+        "admission webhook",
+        "instrument the pods of TrainingJobs as they are created (docs/operator.md, "
+        '"Instrumenting the job\'s pods"); the chart sets all of these',
+    )
+    hook.add_argument(
+        "--webhook-port",
+        type=int,
+        metavar="PORT",
+        help="serve the mutating admission webhook over HTTPS on this port (unset: no webhook)",
+    )
+    hook.add_argument("--webhook-cert", metavar="FILE", help="its TLS certificate (PEM)")
+    hook.add_argument("--webhook-key", metavar="FILE", help="its TLS private key (PEM)")
+    hook.add_argument(
+        "--probe-image",
+        metavar="IMAGE",
+        help="the trainsentry image the pods' init container copies the probe from",
+    )
+    hook.add_argument(
+        "--probe-image-pull-policy",
+        choices=("Always", "IfNotPresent", "Never"),
+        default="IfNotPresent",
+    )
+    hook.add_argument(
+        "--gateway-url",
+        metavar="URL",
+        default="",
+        help="the gateway's address as pods reach it (their TRAINSENTRY_GATEWAY_URL: hang "
+        "triggers go there), e.g. http://trainsentry-gateway.trainsentry.svc:9095",
+    )
     parser.add_argument(
         "--liveness",
         metavar="URL",
@@ -100,8 +140,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
+PROBE_TOKEN_ENV = "TRAINSENTRY_PROBE_TOKEN"
+
+
+def webhook_serving(args: argparse.Namespace, env: Mapping[str, str]) -> WebhookServing | None:
+    """The webhook the arguments ask for, or None; ValueError says what is missing."""
+    from trainsentry.operator.handlers import WebhookServing
+    from trainsentry.operator.instrument import InstrumentSettings
+
+    if args.webhook_port is None:
+        return None
+    missing = [
+        flag
+        for flag, value in (
+            ("--webhook-cert", args.webhook_cert),
+            ("--webhook-key", args.webhook_key),
+            ("--probe-image", args.probe_image),
+        )
+        if not value
+    ]
+    if missing:
+        raise ValueError(f"--webhook-port needs {', '.join(missing)}")
+    if not 0 < args.webhook_port < 65536:
+        raise ValueError(f"--webhook-port {args.webhook_port} is not a port")
+    settings = InstrumentSettings(
+        image=args.probe_image,
+        gateway_url=args.gateway_url,
+        image_pull_policy=args.probe_image_pull_policy,
+        token_secrets=bool((env.get(PROBE_TOKEN_ENV) or "").strip()),
+    )
+    return WebhookServing(
+        settings, port=args.webhook_port, certfile=args.webhook_cert, keyfile=args.webhook_key
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
+    import os
     from pathlib import Path
 
     import kopf
@@ -122,6 +197,18 @@ def run(args: argparse.Namespace) -> int:
     if args.job_alerting_namespace and args.job_alerting != "on":
         log.error("event=usage error='--job-alerting-namespace needs --job-alerting on'")
         return 2
+    try:
+        webhook = webhook_serving(args, os.environ)
+    except ValueError as exc:
+        log.error("event=usage error=%r", str(exc))
+        return 2
+    probe_token = (os.environ.get(PROBE_TOKEN_ENV) or "").strip() or None
+    if probe_token is None:
+        log.warning(
+            "event=no_probe_token detail=%r",
+            f"{PROBE_TOKEN_ENV} is not set: no job gets a probe token Secret, and "
+            "instrumented pods get no token (their probes serve no dumps)",
+        )
     try:
         sources = load_sources(
             Path(args.rules_dir or assets.rules_dir()),
@@ -149,6 +236,8 @@ def run(args: argparse.Namespace) -> int:
             api_config=api_config,
             login=login_handler(args.kubeconfig, args.context),
             scan_cluster=not exact,
+            probe_token=probe_token,
+            webhook=webhook,
         )
         registry = build_registry(sources, options)
         await kopf.operator(

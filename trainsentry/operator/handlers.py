@@ -8,26 +8,45 @@ the resync interval, how to log in.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import jsonpatch
 import kopf
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from trainsentry.kube.client import Kube, KubeError, RetryPolicy
 from trainsentry.operator import reconcile as rec
-from trainsentry.operator.spec import GROUP, MONITOR_ANNOTATION, PLURAL, VERSION
+from trainsentry.operator.admission import AdmissionServer, ProbeSecrets, Webhook
+from trainsentry.operator.instrument import InstrumentSettings
+from trainsentry.operator.spec import GROUP, MONITOR_ANNOTATION, PLURAL, VERSION, JobIdentity
 
 log = logging.getLogger(__name__)
 
 FINALIZER = "trainsentry.io/finalizer"
+# The mutating webhook's id: kopf serves it at POST /<id> (the chart's webhook path).
+WEBHOOK_ID = "instrument-pods"
 # kind → (group, version, plural) of the workloads that can opt in to discovery.
 DISCOVERABLE = {
     "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
     "Job": ("batch.volcano.sh", "v1alpha1", "jobs"),
 }
+
+
+@dataclass(frozen=True)
+class WebhookServing:
+    """The admission webhook (`admission.py`): where kopf serves it (HTTPS with the given
+    certificate; the chart makes one) and what it gives the pods."""
+
+    settings: InstrumentSettings
+    port: int = 9443
+    certfile: str | None = None
+    keyfile: str | None = None
+    address: str = "0.0.0.0"
+    budget_s: float = 3.0  # below the webhook's timeoutSeconds in the chart (5)
 
 
 @dataclass(frozen=True)
@@ -43,6 +62,10 @@ class OperatorOptions:
     # kopf watches namespaces (and CRDs) to follow glob patterns; with exact namespace names
     # that is not needed, and turning it off spares the cluster-wide list/watch permission.
     scan_cluster: bool = True
+    # The master probe token: each job's namespace gets a Secret with the job's token derived
+    # from it (admission.ProbeSecrets); None: no Secrets, and pods get no token.
+    probe_token: str | None = field(default=None, repr=False)
+    webhook: WebhookServing | None = None
 
 
 def _emitter(body: kopf.Body) -> rec.Emit:
@@ -121,6 +144,17 @@ def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.Opera
         memo.kube = Kube(memo.api, options.retry)
         memo.node_locks = rec.NodeLocks()
         memo.claims = rec.ClaimLedger()
+        memo.probe_secrets = ProbeSecrets(options.probe_token) if options.probe_token else None
+        if options.webhook is not None:
+            serving = options.webhook
+            settings.admission.server = AdmissionServer(
+                addr=serving.address,
+                port=serving.port,
+                certfile=serving.certfile,
+                pkeyfile=serving.keyfile,
+            )
+            settings.admission.managed = None  # the chart owns the webhook configuration
+            memo.webhook = Webhook(serving.settings, memo.probe_secrets, serving.budget_s)
         log.info(
             "event=operator_started rule_files=%d dashboards=%d discovery=%s",
             len(sources.rule_files),
@@ -152,6 +186,8 @@ def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.Opera
                     memo.claims,
                 )
                 warned.keep_only(uid, seen)
+                if memo.probe_secrets is not None:
+                    await memo.probe_secrets.ensure(memo.kube, JobIdentity.from_body(body))
             except KubeError as exc:
                 kopf.warn(body, reason="ReconcileFailed", message=str(exc)[:1000])
                 raise kopf.TemporaryError(str(exc), delay=options.retry_delay) from exc
@@ -228,6 +264,27 @@ def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.Opera
                 raise kopf.TemporaryError(str(exc), delay=options.retry_delay) from exc
         locks.pop(uid, None)
         warned.forget(uid)
+        if memo.probe_secrets is not None:
+            memo.probe_secrets.forget(uid)  # the Secret goes with the job (ownerReference)
+
+    if options.webhook is not None:
+
+        @kopf.on.mutate(
+            "v1",
+            "pods",
+            id=WEBHOOK_ID,
+            operations=["CREATE"],
+            ignore_failures=True,
+            side_effects=True,  # the job's token Secret; not on a dry run
+            registry=registry,
+        )
+        async def instrument_pod(
+            body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, dryrun: bool, **_: Any
+        ) -> None:
+            plan = await memo.webhook.review(memo.kube, body, dry_run=dryrun)
+            if plan.ops:
+                patch.fns.append(functools.partial(jsonpatch.apply_patch, patch=plan.ops,
+                                                   in_place=True))  # fmt: skip
 
     if options.discovery:
         for kind, (group, version, plural) in DISCOVERABLE.items():

@@ -7,6 +7,7 @@ that both agree.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -87,6 +88,25 @@ class LabelSelector(_Model):
                 for req in self.matchExpressions
             ]
         return result
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """Pure: whether an object with `labels` is selected, as the API server decides it
+        (Kubernetes "Labels and Selectors"): every matchLabels pair and every expression
+        hold; `In` needs the key with one of the values, `NotIn` holds for an absent key
+        too, `Exists` / `DoesNotExist` look at the key only. An empty selector selects all."""
+        if any(labels.get(key) != value for key, value in self.matchLabels.items()):
+            return False
+        for req in self.matchExpressions:
+            present = req.key in labels
+            if req.operator == "In" and not (present and labels[req.key] in req.values):
+                return False
+            if req.operator == "NotIn" and present and labels[req.key] in req.values:
+                return False
+            if req.operator == "Exists" and not present:
+                return False
+            if req.operator == "DoesNotExist" and present:
+                return False
+        return True
 
     def as_string(self) -> str:
         """The selector in the `?labelSelector=` syntax."""
@@ -176,6 +196,9 @@ class TrainingJobSpec(_Model):
     alerting: Alerting = Field(default_factory=Alerting)
     prometheus: PrometheusOptions = Field(default_factory=PrometheusOptions)
     dashboard: Dashboard = Field(default_factory=Dashboard)
+    # The operator's admission webhook gives the job's pods the probe (docs/operator.md,
+    # "Instrumenting the job's pods"); false: its pods are left as they are.
+    instrument: bool = True
 
     @model_validator(mode="after")
     def _one_way_to_find_pods(self) -> TrainingJobSpec:
