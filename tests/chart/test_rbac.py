@@ -183,8 +183,9 @@ CORDON = [
 ]
 CORDON_OFF = {"remediation": {"cordon": "off"}}
 JOB_ALERTING_OFF = {"jobAlerting": {"enabled": False}}
-# what a default install grants beyond a setting under test: neither of the two
-DEFAULTS_OFF = {**CORDON_OFF, **JOB_ALERTING_OFF}
+DIAGNOSIS_OFF = {"diagnosis": {"enabled": False}}
+# what a default install grants beyond a setting under test: none of the three
+DEFAULTS_OFF = {**CORDON_OFF, **JOB_ALERTING_OFF, **DIAGNOSIS_OFF}
 JOB_ALERTING = [
     {"apiGroups": ["trainsentry.io"], "resources": ["trainingjobs"], "verbs": ["get", "list"]},
     TRAINING_JOB_STATUS,
@@ -194,8 +195,9 @@ JOB_ALERTING = [
 
 
 def test_gateway_gets_api_access_only_for_what_is_turned_on(tmp_path: Path) -> None:
-    # job alerting and the cordon (approve mode) are on by default: their grants, nothing else
-    assert gateway_access(rendered("defaults")) == ([*JOB_ALERTING, *CORDON], True)
+    # the hang diagnosis (finding a job's ranks), job alerting and the cordon (approve mode)
+    # are on by default: their grants, nothing else
+    assert gateway_access(rendered("defaults")) == ([*FIND_RANKS, *JOB_ALERTING, *CORDON], True)
     assert gateway_access(rendered("everything-on")) == (
         [TRAINING_JOB_STATUS, *FIND_RANKS, *JOB_ALERTING, *CORDON],
         True,
@@ -210,9 +212,18 @@ def test_gateway_gets_api_access_only_for_what_is_turned_on(tmp_path: Path) -> N
         ({"trainingJobStatus": True}, [TRAINING_JOB_STATUS]),
         ({"diagnosis": {"kubernetes": True}}, FIND_RANKS),
         ({"diagnosis": {"enabled": True, "kubernetes": True}}, FIND_RANKS),
-        # Diagnosis off, or on with static endpoints only: no API access.
+        # Diagnosis off, or on with static endpoints only: no API access. (Helm merges maps:
+        # the default's kubernetes: true stays unless set to false.)
         ({"diagnosis": {"enabled": False, "kubernetes": True}}, None),
-        ({"diagnosis": {"static_endpoints": {"ml/llama": ["10.0.0.1:9402"]}}}, None),
+        (
+            {
+                "diagnosis": {
+                    "kubernetes": False,
+                    "static_endpoints": {"ml/llama": ["1.2.3.4:9402"]},
+                }
+            },
+            None,
+        ),
         # The topology from Node labels: list nodes, nothing else; a static one: no access.
         ({"topology": TOPOLOGY_FROM_NODES}, [LIST_NODES]),
         ({"topology": {"levels": ["rack"], "nodes": {"gpu-node-0": {"rack": "r1"}}}}, None),
@@ -221,11 +232,10 @@ def test_gateway_gets_api_access_only_for_what_is_turned_on(tmp_path: Path) -> N
 def test_gateway_api_access_follows_its_settings(
     gateway: dict[str, Any], rules: list[Any] | None, tmp_path: Path
 ) -> None:
-    token = {"TRAINSENTRY_PROBE_TOKEN": "probe-s3cret"} if "diagnosis" in gateway else {}
-    values = {"gateway": {**DEFAULTS_OFF, **gateway}, "channels": {"secretEnv": token}}
+    values = {"gateway": {**DEFAULTS_OFF, **gateway}}
     objs = template("defaults", values, tmp_path)
     assert gateway_access(objs) == (rules, rules is not None)
-    assert diagnosis_settings(objs) == gateway.get("diagnosis")
+    assert diagnosis_settings(objs) == {"kubernetes": True, **values["gateway"]["diagnosis"]}
     assert config_settings(objs).topology == gateway.get("topology", {})
 
 
@@ -327,14 +337,18 @@ def test_job_alerting_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path)
     secrets = {("get", "", "secrets")}
     assert secrets <= calls
     # on by default, in every namespace: everything but Secrets, cluster-wide
-    everywhere = template("defaults", {"gateway": CORDON_OFF}, tmp_path)
+    everywhere = template(
+        "defaults", {"gateway": {**CORDON_OFF, **DIAGNOSIS_OFF, **DIAGNOSIS_OFF}}, tmp_path
+    )
     rules, token = gateway_access(everywhere)
     assert token and rules is not None and rule_grants(rules) == calls - secrets
     assert not find(everywhere, "Role", "-gateway-job-alerting")
     assert not find(everywhere, "Role", "-gateway-job-secrets")
     assert config_settings(everywhere).job_alerting["enabled"] is True
     # Secrets only in the namespaces an admin lists, each through a Role of its own
-    values = {"gateway": {**CORDON_OFF, "jobAlerting": {"secretNamespaces": ["team-b"]}}}
+    values = {
+        "gateway": {**CORDON_OFF, **DIAGNOSIS_OFF, "jobAlerting": {"secretNamespaces": ["team-b"]}}
+    }
     allowed = template("defaults", values, tmp_path)
     assert rule_grants(gateway_access(allowed)[0] or []) == calls - secrets
     [role] = find(allowed, "Role", "-gateway-job-secrets")
@@ -346,6 +360,7 @@ def test_job_alerting_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path)
     values = {
         "gateway": {
             **CORDON_OFF,
+            **DIAGNOSIS_OFF,
             "jobAlerting": {"namespaces": ["team-a", "team-b"], "secretNamespaces": ["x"]},
         }
     }
@@ -387,7 +402,9 @@ def test_cordon_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path) -> No
     calls = {tuple(call) for call in json.loads(CORDON_CALLS.read_text(encoding="utf-8"))}
     # on by default, in approve mode; other keys merge into it (job alerting off here: its
     # grants are its own test's)
-    cordon_only = template("defaults", {"gateway": JOB_ALERTING_OFF}, tmp_path)
+    cordon_only = template(
+        "defaults", {"gateway": {**JOB_ALERTING_OFF, **DIAGNOSIS_OFF, **DIAGNOSIS_OFF}}, tmp_path
+    )
     rules, token = gateway_access(cordon_only)
     assert token and rules is not None and rule_grants(rules) == calls
     assert config_settings(rendered("defaults")).remediation == {"cordon": "approve"}
@@ -398,7 +415,7 @@ def test_cordon_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path) -> No
     settings = cordon_settings_of(config_settings(rendered("defaults")).remediation)
     assert settings is not None and settings.cordon is Mode.APPROVE
     assert cordon_settings_of({}) is None
-    values = {"gateway": {**JOB_ALERTING_OFF, "remediation": {"threshold": 20}}}
+    values = {"gateway": {**JOB_ALERTING_OFF, **DIAGNOSIS_OFF, "remediation": {"threshold": 20}}}
     on = template("defaults", values, tmp_path)
     assert gateway_access(on) == gateway_access(cordon_only)
     assert config_settings(on).remediation == {"cordon": "approve", "threshold": 20}
@@ -406,7 +423,7 @@ def test_cordon_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path) -> No
     off = template("defaults", {"gateway": DEFAULTS_OFF}, tmp_path)
     assert gateway_access(off) == (None, False)
     assert config_settings(off).remediation == {"cordon": "off"}
-    values = {"gateway": {**JOB_ALERTING_OFF, "remediation": None}}
+    values = {"gateway": {**JOB_ALERTING_OFF, **DIAGNOSIS_OFF, "remediation": None}}
     removed = template("defaults", values, tmp_path)
     assert gateway_access(removed) == (None, False)
     assert config_settings(removed).remediation == {}

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from chart.chart_helm import VALUES_SETS, find, one, pod_specs, rendered
+from chart.chart_helm import NAMESPACE, VALUES_SETS, find, one, pod_specs, rendered, template
+from chart.netpol import Pod, allowed
 
 # dcgm-exporter runs as root to reach the kubelet's root-owned pod-resources socket
 # (docs/deploy.md); it still gets no capabilities, no privilege escalation, no host namespaces.
@@ -92,27 +94,71 @@ def _peers(policy: dict[str, Any]) -> list[dict[str, Any]]:
     return [peer for rule in policy["spec"].get("ingress", []) for peer in rule["from"]]
 
 
-def test_gateway_admits_only_alertmanager_and_prometheus() -> None:
-    objs = rendered("defaults")
-    gateway = one(objs, "Deployment", "-gateway")
-    policies = _policies_for(objs, gateway["spec"]["template"]["metadata"]["labels"])
-    assert len(policies) == 1
-    peers = _peers(policies[0])
-    apps = sorted(p["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for p in peers)
-    assert apps == ["alertmanager", "prometheus"]
-    assert all("namespaceSelector" in p for p in peers)  # not "any namespace"
-    ports = [port for rule in policies[0]["spec"]["ingress"] for port in rule["ports"]]
-    assert ports == [{"port": "http", "protocol": "TCP"}]
+def pod_of(obj: dict[str, Any], namespace: str = NAMESPACE) -> Pod:
+    """A workload's pod as the evaluator sees it: labels and named container ports."""
+    spec = obj["spec"]["jobTemplate"]["spec"] if obj["kind"] == "CronJob" else obj["spec"]
+    template = spec["template"]
+    ports = {
+        p["name"]: (p["containerPort"], p.get("protocol", "TCP"))
+        for c in template["spec"]["containers"]
+        for p in c.get("ports", [])
+        if "name" in p
+    }
+    return Pod(namespace, template["metadata"]["labels"], named_ports=ports)
 
 
-def test_operator_and_report_admit_nothing() -> None:
+ALERTMANAGER = Pod("monitoring", {"app.kubernetes.io/name": "alertmanager"})
+PROMETHEUS = Pod("monitoring", {"app.kubernetes.io/name": "prometheus"})
+TRAINING = Pod("team-a", {"trainsentry.io/trainingjob": "llama", "job": "llama"})
+UNLABELLED = Pod("team-a", {"job": "llama"})
+INGRESS = Pod("ingress-nginx", {"app.kubernetes.io/name": "ingress-nginx"})
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        (ALERTMANAGER, True),
+        (PROMETHEUS, True),
+        (TRAINING, True),  # hang triggers, from any namespace
+        (Pod("other-team", {"trainsentry.io/trainingjob": "x"}), True),
+        (UNLABELLED, False),
+        (INGRESS, False),  # only through networkPolicy.gatewayExtraFrom
+        (Pod("monitoring", {"app.kubernetes.io/name": "grafana"}), False),
+        (Pod(NAMESPACE, {"app.kubernetes.io/component": "report"}), False),
+    ],
+)
+def test_the_gateway_takes_alertmanager_prometheus_and_labelled_training_pods_only(
+    source: Pod, expected: bool
+) -> None:
     objs = rendered("defaults")
-    for suffix, kind in (("-operator", "Deployment"), ("-report", "CronJob")):
-        obj = one(objs, kind, suffix)
-        spec = obj["spec"]["jobTemplate"]["spec"] if kind == "CronJob" else obj["spec"]
-        (policy,) = _policies_for(objs, spec["template"]["metadata"]["labels"])
-        assert policy["spec"]["policyTypes"] == ["Ingress"]
-        assert not policy["spec"].get("ingress")
+    policies = find(objs, "NetworkPolicy")
+    gateway = pod_of(one(objs, "Deployment", "-gateway"))
+    port = one(objs, "Deployment", "-gateway")["spec"]["template"]["spec"]["containers"][0]
+    http = port["ports"][0]["containerPort"]
+    assert allowed(policies, source, gateway, http) is expected
+    assert not allowed(policies, source, gateway, http + 1)  # no other port, for anyone
+
+
+def test_extra_peers_reach_the_gateway_when_listed() -> None:
+    objs = rendered("everything-on")  # gatewayExtraFrom: the ingress-nginx namespace
+    gateway = pod_of(one(objs, "Deployment", "-gateway"))
+    assert allowed(find(objs, "NetworkPolicy"), INGRESS, gateway, 9095)
+
+
+def test_operator_takes_only_its_webhook_port_and_report_nothing(tmp_path: Path) -> None:
+    objs = rendered("defaults")
+    policies = find(objs, "NetworkPolicy")
+    operator = one(objs, "Deployment", "-operator")
+    container = operator["spec"]["template"]["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    apiserver = Pod("", ip="10.0.0.1")  # the control plane: no pod selector names it
+    assert allowed(policies, apiserver, pod_of(operator), ports["webhook"])
+    assert not allowed(policies, TRAINING, pod_of(operator), ports["health"])
+    report = pod_of(one(objs, "CronJob", "-report"))
+    assert not allowed(policies, PROMETHEUS, report, 9095)
+    values = {"operator": {"webhook": {"enabled": False}}}
+    off = find(template("defaults", values, tmp_path), "NetworkPolicy")
+    assert not allowed(off, apiserver, pod_of(operator), ports["webhook"])
 
 
 def test_exporters_admit_only_prometheus() -> None:

@@ -102,20 +102,25 @@ CONTRADICTIONS: list[tuple[str, dict[str, Any], str]] = [
     (
         "tokens twice",
         {"gateway": {"auth": {"existingSecret": "t", "webhookToken": "x"}}},
-        "leave gateway.auth.webhookToken/apiToken empty",
+        "leave gateway.auth.webhookToken/apiToken/probeToken empty",
     ),
     (
-        "diagnosis without the probes' token",
-        {"gateway": {"diagnosis": {"kubernetes": True}}},
-        "put TRAINSENTRY_PROBE_TOKEN in channels.secretEnv (or in channels.existingSecret)",
+        "probe token twice",
+        {"gateway": {"auth": {"existingSecret": "t", "probeToken": "x"}}},
+        "leave gateway.auth.webhookToken/apiToken/probeToken empty",
     ),
     (
-        "diagnosis with its own token variable, not given",
+        "the probes' token where it used to be",
+        {"channels": {"secretEnv": {"TRAINSENTRY_PROBE_TOKEN": "t"}}},
+        "the probes' token is gateway.auth's probe-token now",
+    ),
+    (
+        "the probes' token under its own variable where it used to be",
         {
             "gateway": {"diagnosis": {"probe_token_env": "PROBE_TOKEN"}},
-            "channels": {"secretEnv": {"TRAINSENTRY_PROBE_TOKEN": "t"}},
+            "channels": {"secretEnv": {"PROBE_TOKEN": "t"}},
         },
-        "put PROBE_TOKEN in channels.secretEnv",
+        "remove PROBE_TOKEN from channels.secretEnv",
     ),
 ]
 
@@ -148,19 +153,32 @@ def test_replicas_above_one_with_postgresql_are_accepted(tmp_path: Path) -> None
 @pytest.mark.parametrize(
     "values",
     [
+        {},
         {"gateway": {"diagnosis": {"kubernetes": True}}, "channels": {"existingSecret": "ch"}},
-        {"gateway": {"diagnosis": {"enabled": False, "kubernetes": True}}},
-        {
-            "gateway": {"diagnosis": {"probe_token_env": "PROBE_TOKEN"}},
-            "channels": {"secretEnv": {"PROBE_TOKEN": "t"}},
-        },
+        {"gateway": {"diagnosis": {"enabled": False}}},
+        {"gateway": {"diagnosis": {"probe_token_env": "PROBE_TOKEN"}}},
+        {"gateway": {"auth": {"probeToken": "given"}}},
     ],
-    ids=["token in an existing Secret", "diagnosis off", "own token variable"],
-)
-def test_diagnosis_with_its_token_or_turned_off_is_accepted(
+    ids=["defaults", "channels in an existing Secret", "diagnosis off", "own token variable",
+         "given token"],
+)  # fmt: skip
+def test_diagnosis_takes_the_probes_token_from_the_auth_secret(
     values: dict[str, Any], tmp_path: Path
 ) -> None:
+    """The probes' master token is gateway.auth's `probe-token` (generated unless given);
+    the gateway reads it under diagnosis.probe_token_env, the operator as
+    TRAINSENTRY_PROBE_TOKEN."""
     objs = template(overrides=values, tmp=tmp_path)
-    assert any(
-        o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-gateway") for o in objs
+    gateway = next(
+        o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-gateway")
     )
+    name = values.get("gateway", {}).get("diagnosis", {}).get("probe_token_env")
+    env = {e["name"]: e for e in gateway["spec"]["template"]["spec"]["containers"][0]["env"]}
+    ref = env[name or "TRAINSENTRY_PROBE_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "ts-trainsentry-gateway-auth", "key": "probe-token"}
+    auth = next(o for o in objs if o["kind"] == "Secret" and o["metadata"]["name"] == ref["name"])
+    given = values.get("gateway", {}).get("auth", {}).get("probeToken")
+    if given:
+        import base64
+
+        assert base64.b64decode(auth["data"]["probe-token"]).decode() == given

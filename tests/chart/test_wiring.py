@@ -167,7 +167,9 @@ def _env_names(node: Any) -> set[str]:
 
 
 def test_only_known_settings_variables_are_set() -> None:
-    known = set(_ENV_MAP) | {"TRAINSENTRY_CONFIG"}
+    # TRAINSENTRY_PROBE_TOKEN: the probes' master token, read by the gateway's diagnosis
+    # section (gateway/sections.py) and the operator (operator/command.py)
+    known = set(_ENV_MAP) | {"TRAINSENTRY_CONFIG", "TRAINSENTRY_PROBE_TOKEN"}
     for obj in find(rendered("everything-on"), "Deployment") + find(
         rendered("everything-on"), "CronJob"
     ):
@@ -229,12 +231,15 @@ def test_alertmanager_reaches_the_gateway_with_its_token(values: str) -> None:
 def test_generated_tokens_differ() -> None:
     objs = rendered("defaults")
     secret = one(objs, "Secret", "-gateway-auth")
-    assert len(set(secret["data"].values())) == 2
+    assert len(set(secret["data"].values())) == 3  # webhook, API and probe tokens
 
 
 def test_existing_secrets_are_used_and_not_created() -> None:
     objs = rendered("ha-postgres")
-    assert not find(objs, "Secret")
+    # only the admission webhook's generated certificate (operator-webhook.yaml)
+    assert [s["metadata"]["name"] for s in find(objs, "Secret")] == [
+        "ts-trainsentry-operator-webhook-tls"
+    ]
     env = {e["name"]: e for e in _container(one(objs, "Deployment", "-gateway"))["env"]}
     assert env["TRAINSENTRY_DB"]["valueFrom"]["secretKeyRef"] == {
         "name": "trainsentry-db",

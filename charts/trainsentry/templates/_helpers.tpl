@@ -246,14 +246,45 @@ affinity:
 {{- if and .Values.channels.existingSecret .Values.channels.secretEnv -}}
 {{- fail "set channels.existingSecret or channels.secretEnv, not both" -}}
 {{- end -}}
-{{- if and $g.auth.existingSecret (or $g.auth.webhookToken $g.auth.apiToken) -}}
-{{- fail "gateway.auth.existingSecret holds the tokens: leave gateway.auth.webhookToken/apiToken empty" -}}
+{{- if and $g.auth.existingSecret (or $g.auth.webhookToken $g.auth.apiToken $g.auth.probeToken) -}}
+{{- fail "gateway.auth.existingSecret holds the tokens: leave gateway.auth.webhookToken/apiToken/probeToken empty" -}}
 {{- end -}}
-{{- $diagnosis := $g.diagnosis | default dict -}}
-{{- $probeToken := get $diagnosis "probe_token_env" | default "TRAINSENTRY_PROBE_TOKEN" -}}
-{{- if and $diagnosis (ne (toString (get $diagnosis "enabled")) "false") (not .Values.channels.existingSecret) (not (hasKey (.Values.channels.secretEnv | default dict) $probeToken)) -}}
-{{- fail (printf "gateway.diagnosis needs the probes' bearer token: put %s in channels.secretEnv (or in channels.existingSecret)" $probeToken) -}}
+{{- $probeToken := include "trainsentry.probeTokenEnv" . -}}
+{{- if hasKey (.Values.channels.secretEnv | default dict) $probeToken -}}
+{{- fail (printf "the probes' token is gateway.auth's %s now (generated, or gateway.auth.probeToken, or the key %s of gateway.auth.existingSecret): remove %s from channels.secretEnv" $g.auth.probeTokenKey $g.auth.probeTokenKey $probeToken) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The variable the gateway reads the probes' master token from (diagnosis.probe_token_env). */}}
+{{- define "trainsentry.probeTokenEnv" -}}
+{{- get (.Values.gateway.diagnosis | default dict) "probe_token_env" | default "TRAINSENTRY_PROBE_TOKEN" -}}
+{{- end -}}
+
+{{/* The probes' master token from the auth Secret: (dict "ctx" $ "name" "ENV_NAME") */}}
+{{- define "trainsentry.probeTokenRef" -}}
+- name: {{ .name }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "trainsentry.authSecretName" .ctx }}
+      key: {{ .ctx.Values.gateway.auth.probeTokenKey }}
+{{- end -}}
+
+{{/* Is the admission webhook on: "true" or "". */}}
+{{- define "trainsentry.webhookOn" -}}
+{{- if and .Values.operator.enabled .Values.operator.webhook.enabled }}true{{ end -}}
+{{- end -}}
+
+{{- define "trainsentry.webhookService" -}}
+{{- include "trainsentry.componentName" (dict "ctx" . "component" "operator-webhook") -}}
+{{- end -}}
+
+{{- define "trainsentry.webhookTlsSecret" -}}
+{{- printf "%s-tls" (include "trainsentry.webhookService" .) -}}
+{{- end -}}
+
+{{/* The gateway's address as training pods reach it (its Service, the Service's port). */}}
+{{- define "trainsentry.gatewayUrl" -}}
+{{- printf "http://%s.%s.svc:%d" (include "trainsentry.componentName" (dict "ctx" . "component" "gateway")) .Release.Namespace (int .Values.gateway.service.port) -}}
 {{- end -}}
 
 {{/* Alertmanager matchers in text form (name="v", name=~"re", and the older match /
