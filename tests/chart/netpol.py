@@ -43,6 +43,20 @@ class Pod:
         return {"kubernetes.io/metadata.name": self.namespace, **self.namespace_labels}
 
 
+def workload_pod(obj: Mapping[str, Any], namespace: str) -> Pod:
+    """The pod of a rendered workload (Deployment, DaemonSet, CronJob) as the evaluator sees
+    it: its template's labels and named container ports."""
+    spec = obj["spec"]["jobTemplate"]["spec"] if obj["kind"] == "CronJob" else obj["spec"]
+    template = spec["template"]
+    ports = {
+        p["name"]: (int(p["containerPort"]), str(p.get("protocol", "TCP")))
+        for c in template["spec"]["containers"]
+        for p in c.get("ports", [])
+        if "name" in p
+    }
+    return Pod(namespace, dict(template["metadata"]["labels"]), named_ports=ports)
+
+
 def selects(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
     return LabelSelector.model_validate(selector or {}).matches(labels)
 

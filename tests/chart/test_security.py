@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from chart.chart_helm import NAMESPACE, VALUES_SETS, find, one, pod_specs, rendered, template
-from chart.netpol import Pod, allowed
+from chart.netpol import Pod, allowed, workload_pod
 
 # dcgm-exporter runs as root to reach the kubelet's root-owned pod-resources socket
 # (docs/deploy.md); it still gets no capabilities, no privilege escalation, no host namespaces.
@@ -95,16 +95,7 @@ def _peers(policy: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def pod_of(obj: dict[str, Any], namespace: str = NAMESPACE) -> Pod:
-    """A workload's pod as the evaluator sees it: labels and named container ports."""
-    spec = obj["spec"]["jobTemplate"]["spec"] if obj["kind"] == "CronJob" else obj["spec"]
-    template = spec["template"]
-    ports = {
-        p["name"]: (p["containerPort"], p.get("protocol", "TCP"))
-        for c in template["spec"]["containers"]
-        for p in c.get("ports", [])
-        if "name" in p
-    }
-    return Pod(namespace, template["metadata"]["labels"], named_ports=ports)
+    return workload_pod(obj, namespace)
 
 
 ALERTMANAGER = Pod("monitoring", {"app.kubernetes.io/name": "alertmanager"})

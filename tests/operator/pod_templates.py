@@ -24,6 +24,7 @@ def pytorchjob_pod(
     image: str = "registry.example.com/llm/train:2.13",
     command: list[str] | None = None,
     extra_env: list[dict[str, Any]] | None = None,
+    master_port: int = 23456,
 ) -> dict[str, Any]:
     """The pod of replica `replica_type` ("master" or "worker") `index` of PyTorchJob `job`
     with one master and `workers` workers, as it reaches admission (no uid, no status)."""
@@ -39,7 +40,7 @@ def pytorchjob_pod(
     env = [
         *(extra_env or []),
         {"name": "PYTHONUNBUFFERED", "value": "0"},
-        {"name": "MASTER_PORT", "value": "23456"},
+        {"name": "MASTER_PORT", "value": str(master_port)},
         {"name": "MASTER_ADDR", "value": f"{job}-master-0"},
         {"name": "WORLD_SIZE", "value": str(workers + 1)},
         {"name": "RANK", "value": str(rank)},
@@ -69,7 +70,7 @@ def pytorchjob_pod(
                     "name": "pytorch",
                     "image": image,
                     "command": command or ["python", "/workspace/train.py"],
-                    "ports": [{"name": "pytorchjob-port", "containerPort": 23456}],
+                    "ports": [{"name": "pytorchjob-port", "containerPort": master_port}],
                     "env": env,
                     "resources": {"limits": {"nvidia.com/gpu": "8"}},
                 }

@@ -1,13 +1,8 @@
 """The admission webhook in the running operator (kopf's WebhookServer over real HTTPS) on the
-Kubernetes emulator: admission.k8s.io/v1 AdmissionReviews in, JSONPatches out; the job's
-probe token Secret kept next to it (owned by it, gone with it, rewritten after a restart,
-never read); pods it cannot judge admitted unchanged with a log line or an Event.
-
-The AdmissionReview's shape is the one Kubernetes documents ("Dynamic Admission Control",
-Request and Response): `request.uid`, `kind`, `resource`, `requestKind`,
-`requestResource`, `namespace`, `operation`, `userInfo`, `object`, `oldObject`, `dryRun`,
-`options`; the answer echoes `uid` with `allowed`, `patchType: JSONPatch` and a base64
-`patch`."""
+Kubernetes emulator: admission.k8s.io/v1 AdmissionReviews in (`install.admission_review`,
+the shape kubernetes.io documents), JSONPatches out; the job's probe token Secret kept next
+to it (owned by it, gone with it, rewritten after a restart, never read); pods it cannot
+judge admitted unchanged with a log line or an Event."""
 
 from __future__ import annotations
 
@@ -25,6 +20,7 @@ from operator_harness import NS, TJ, OperatorThread, delete, post, trainingjob
 from pod_templates import pytorchjob_pod
 
 from tests.support.eventually import eventually
+from tests.support.install import admission_review
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.ports import free_port
 from tests.support.tls import self_signed
@@ -39,37 +35,6 @@ TJ_PATH = f"/apis/{TJ.replace('/trainingjobs', '')}/namespaces/{NS}/trainingjobs
 SETTINGS = InstrumentSettings(image="ts:1", gateway_url="http://ts-gateway.trainsentry.svc:9095")
 
 
-def admission_review(
-    pod: dict[str, Any], namespace: str, *, uid: str = "705ab4f5-6393-11e8-b7cc-42010a800002"
-) -> dict[str, Any]:
-    """An AdmissionReview for a pod CREATE, as the API server sends it (kubernetes.io)."""
-    gvk = {"group": "", "version": "v1", "kind": "Pod"}
-    gvr = {"group": "", "version": "v1", "resource": "pods"}
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": gvk,
-            "resource": gvr,
-            "requestKind": gvk,
-            "requestResource": gvr,
-            "name": pod["metadata"].get("name", ""),
-            "namespace": namespace,
-            "operation": "CREATE",
-            "userInfo": {
-                "username": "system:serviceaccount:kubeflow:training-operator",
-                "uid": "014fbff9a07c",
-                "groups": ["system:serviceaccounts", "system:authenticated"],
-            },
-            "object": pod,
-            "oldObject": None,
-            "dryRun": False,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
-        },
-    }
-
-
 class Hook:
     """The operator's webhook endpoint, called as the API server calls it (HTTPS, the CA)."""
 
@@ -78,12 +43,15 @@ class Hook:
         self.context = ssl.create_default_context(cafile=str(cafile))
 
     async def review(self, pod: dict[str, Any], namespace: str = NS) -> dict[str, Any]:
+        review = admission_review(pod, namespace)
         async with httpx.AsyncClient(verify=self.context, timeout=10) as http:
-            answer = await http.post(self.url, json=admission_review(pod, namespace))
+            answer = await http.post(self.url, json=review)
         assert answer.status_code == 200, answer.text
         body: dict[str, Any] = answer.json()
         assert body["apiVersion"] == "admission.k8s.io/v1" and body["kind"] == "AdmissionReview"
-        return body["response"]
+        assert body["response"]["uid"] == review["request"]["uid"]
+        response: dict[str, Any] = body["response"]
+        return response
 
     async def post_raw(self, data: bytes) -> int:
         async with httpx.AsyncClient(verify=self.context, timeout=10) as http:
@@ -146,9 +114,7 @@ async def test_a_selected_pod_is_instrumented_and_its_job_holds_its_own_token(
         assert job is not None and owner["uid"] == job["metadata"]["uid"]
 
         pod = pytorchjob_pod("llama", NS, "worker", 1, workers=3)
-        response = await hook.review(pod)
-        assert response["uid"] == "705ab4f5-6393-11e8-b7cc-42010a800002"
-        result = patched(pod, response)
+        result = patched(pod, await hook.review(pod))
         env = {e["name"]: e for e in result["spec"]["containers"][0]["env"]}
         assert env["TRAINSENTRY_JOB"]["value"] == "llama"
         assert env["TRAINSENTRY_PROBE_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == (
