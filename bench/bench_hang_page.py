@@ -12,7 +12,14 @@ Baseline in the same run: the stall threshold itself (the 20 s floor once the gr
 history), so the report also shows what the path adds after the threshold: detection,
 trigger, dumps, stacks, analysis, send.
 
-    .venv/bin/python -m bench.bench_hang_page [--runs 3] [--train 30]
+    .venv/bin/python -m bench.bench_hang_page [--runs 3] [--train 30] [--injected]
+
+`--injected`: the same stall on the installed path instead (tests/support/install_scenario.py):
+the chart rendered by helm, the gateway and the operator run with its objects, a PyTorchJob's
+4 pods admitted through the operator's webhook and run with exactly the env, volumes and
+PYTHONPATH it gave (the probe copied in by the init container's command), a training script
+with no trainsentry import and no launcher, in an image stand-in without trainsentry; the
+card goes to the Feishu contract server through the chart's bot settings.
 """
 
 from __future__ import annotations
@@ -192,14 +199,35 @@ def one_run(train_s: float) -> dict[str, float]:
             feishu.close()
 
 
+def injected_run(train_s: float) -> dict[str, float]:
+    """One run on the installed path, default probe settings (see the module docstring)."""
+    from tests.support.install_scenario import cards, hang_paged, installed
+
+    async def scenario() -> dict[str, float]:
+        with tempfile.TemporaryDirectory(prefix="bench-hang-injected-") as folder:
+            tmp = Path(folder)
+            async with installed(tmp) as (cluster, feishu):
+                run = await hang_paged(cluster, feishu, tmp, {"STALL_AFTER": str(train_s)})
+                return {
+                    "card_s": run.card_s,
+                    "threshold_s": run.threshold_s,
+                    "cards": float(len(cards(feishu))),
+                }
+
+    return asyncio.run(scenario())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--train", type=float, default=30.0)
+    parser.add_argument(
+        "--injected", action="store_true", help="the installed path: webhook, no launcher"
+    )
     args = parser.parse_args()
     results = []
     for run in range(args.runs):
-        result = one_run(args.train)
+        result = injected_run(args.train) if args.injected else one_run(args.train)
         results.append(result)
         after = result["card_s"] - result["threshold_s"]
         print(

@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -62,3 +63,70 @@ def test_snippet_inhibit_rule_is_one_of_the_rules_file() -> None:
     )
     for rule in yaml.safe_load(snippet())["inhibit_rules"]:
         assert rule in shipped["inhibit_rules"]
+
+
+def _default_release() -> list[Any]:
+    out = helm("template", "trainsentry", str(CHART), "--namespace", "trainsentry")
+    return [o for o in yaml.safe_load_all(out) if o]
+
+
+def test_every_gateway_url_in_the_docs_uses_the_gateways_service_port() -> None:
+    """docs/probe.md once said :8080 (the operator's health port): every URL naming the
+    gateway's Service, in the docs and the READMEs, now says the Service's port."""
+    objs = _default_release()
+    service = next(
+        o
+        for o in objs
+        if o["kind"] == "Service" and str(o["metadata"]["name"]).endswith("-gateway")
+    )
+    port = service["spec"]["ports"][0]["port"]
+    pages = [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md", CHART / "README.md"]
+    found = []
+    for page in pages:
+        for match in re.finditer(r"https?://[a-z0-9.-]*gateway[a-z0-9.-]*:(\d+)", page.read_text()):
+            found.append((page.name, match.group(0)))
+            assert int(match.group(1)) == port, f"{page.name}: {match.group(0)}"
+    assert found  # the pattern still finds the docs' URLs
+
+
+def manual_pod_template() -> Any:
+    text = (REPO / "docs" / "probe.md").read_text(encoding="utf-8")
+    match = re.search(r"<!-- manual-pod-template -->\n```yaml\n(.*?)```", text, re.S)
+    assert match, "docs/probe.md lost its manual pod template"
+    template = yaml.safe_load(match.group(1))
+    return template
+
+
+def test_the_manual_pod_template_works_with_a_default_release() -> None:
+    """The pod template docs/probe.md gives clusters without the webhook: a valid Pod, every
+    variable one the probe reads, the gateway's real Service and port, the Secret name and
+    key the operator writes, the label the NetworkPolicy admits, the webhook's dump folder."""
+    import kubernetes_validate
+
+    from trainsentry.operator.instrument import DUMP_VOLUME, TOKEN_KEY, token_secret_name
+    from trainsentry.operator.spec import JOB_LABEL
+    from trainsentry.probe.identity import config_from_env
+    from trainsentry.probe.inject import DUMP_MOUNT
+
+    template = manual_pod_template()
+    pod = {"apiVersion": "v1", "kind": "Pod", **template}
+    pod["metadata"] = {"name": "llama-worker-0", **template["metadata"]}
+    for version in ("1.30.0", "1.37.0"):
+        kubernetes_validate.validate(pod, version, strict=True)
+    container = template["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    literal = {name: e["value"] for name, e in env.items() if "value" in e}
+    config = config_from_env({**literal, "TRAINSENTRY_NAMESPACE": "team-a", "POD_NAME": "p",
+                              "TRAINSENTRY_NODE": "n", "TRAINSENTRY_PROBE_TOKEN": "t"})  # fmt: skip
+    assert (config.trainingjob, config.gateway_url) == ("llama", literal["TRAINSENTRY_GATEWAY_URL"])
+    assert config.token == "t" and config.pod == "p" and config.node == "n"
+    objs = _default_release()
+    service = next(o for o in objs if o["kind"] == "Service"
+                   and str(o["metadata"]["name"]).endswith("-gateway"))  # fmt: skip
+    name, port = service["metadata"]["name"], service["spec"]["ports"][0]["port"]
+    assert config.gateway_url == f"http://{name}.trainsentry.svc:{port}"
+    ref = env["TRAINSENTRY_PROBE_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": token_secret_name("llama"), "key": TOKEN_KEY}
+    assert template["metadata"]["labels"][JOB_LABEL] == "llama"
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts[DUMP_VOLUME] == DUMP_MOUNT
