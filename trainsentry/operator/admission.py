@@ -19,6 +19,9 @@ from typing import Any
 import aiohttp.web
 import kopf
 
+from trainsentry.kube.client import Kube, KubeError
+from trainsentry.kube.events import event
+from trainsentry.kube.resources import EVENTS, SECRETS, TRAININGJOBS
 from trainsentry.operator.instrument import (
     InstrumentSettings,
     Plan,
@@ -26,9 +29,6 @@ from trainsentry.operator.instrument import (
     token_secret,
     token_secret_name,
 )
-from trainsentry.kube.client import Kube, KubeError
-from trainsentry.kube.events import event
-from trainsentry.kube.resources import EVENTS, SECRETS, TRAININGJOBS
 from trainsentry.operator.spec import API_VERSION, KIND, JobIdentity
 from trainsentry.probe.token import job_token
 
