@@ -186,11 +186,14 @@ def start_prometheus(
     *,
     extra_args: Sequence[str] = (),
     timeout: float = DEFAULT_START_TIMEOUT,
+    backfill: str | None = None,
 ) -> RunningServer:
     """A real Prometheus with `config` (a prometheus.yml as a dict) and `rule_files`.
 
     `rule_files` are added to the config's `rule_files` as absolute paths. Storage is a
-    fresh directory, so nothing carries over between servers.
+    fresh directory, so nothing carries over between servers. `backfill`: OpenMetrics text
+    (samples with timestamps, ending in `# EOF`) written into the storage first with
+    `promtool tsdb create-blocks-from openmetrics`, so the server starts with that history.
     """
     binary = _binary("PROMETHEUS_BIN", "prometheus")
     full_config = dict(config)
@@ -201,6 +204,15 @@ def start_prometheus(
 
     def prepare(workdir: Path) -> None:
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(full_config, sort_keys=False))
+        if backfill is not None:
+            (workdir / "history.om").write_text(backfill)
+            promtool = str(Path(binary).with_name("promtool"))
+            done = subprocess.run(
+                [promtool, "tsdb", "create-blocks-from", "openmetrics", "history.om", "data"],
+                cwd=workdir, capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            if done.returncode != 0:
+                raise ServerStartError(f"promtool backfill failed: {done.stderr[-2000:]}")
 
     def argv(port: int, workdir: Path) -> list[str]:
         return [
