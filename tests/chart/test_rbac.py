@@ -178,7 +178,7 @@ def gateway_access(objs: Sequence[Manifest]) -> tuple[list[Any] | None, bool]:
 CORDON = [
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
-    {"apiGroups": ["trainsentry.io"], "resources": ["trainingjobs"], "verbs": ["get"]},
+    {"apiGroups": ["trainsentry.io"], "resources": ["trainingjobs"], "verbs": ["get", "list"]},
     TRAINING_JOB_STATUS,
 ]
 CORDON_OFF = {"remediation": {"cordon": "off"}}
@@ -407,7 +407,11 @@ def test_cordon_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path) -> No
     )
     rules, token = gateway_access(cordon_only)
     assert token and rules is not None and rule_grants(rules) == calls
-    assert config_settings(rendered("defaults")).remediation == {"cordon": "approve"}
+    evidence = {"prometheus_url": "http://prometheus-operated.monitoring.svc:9090"}
+    assert config_settings(rendered("defaults")).remediation == {
+        "cordon": "approve",
+        "evidence": evidence,
+    }
     # what the gateway makes of it: approve; without a section (no chart, no cluster): nothing
     from trainsentry.gateway.policy.cordon import Mode
     from trainsentry.gateway.sections import cordon_settings_of
@@ -418,11 +422,15 @@ def test_cordon_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path) -> No
     values = {"gateway": {**JOB_ALERTING_OFF, **DIAGNOSIS_OFF, "remediation": {"threshold": 20}}}
     on = template("defaults", values, tmp_path)
     assert gateway_access(on) == gateway_access(cordon_only)
-    assert config_settings(on).remediation == {"cordon": "approve", "threshold": 20}
+    assert config_settings(on).remediation == {
+        "cordon": "approve",
+        "evidence": evidence,
+        "threshold": 20,
+    }
     # cordon: off, or the section removed: no grant
     off = template("defaults", {"gateway": DEFAULTS_OFF}, tmp_path)
     assert gateway_access(off) == (None, False)
-    assert config_settings(off).remediation == {"cordon": "off"}
+    assert config_settings(off).remediation == {"cordon": "off", "evidence": evidence}
     values = {"gateway": {**JOB_ALERTING_OFF, **DIAGNOSIS_OFF, "remediation": None}}
     removed = template("defaults", values, tmp_path)
     assert gateway_access(removed) == (None, False)

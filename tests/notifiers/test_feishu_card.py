@@ -160,7 +160,14 @@ def test_outside_text_forms_no_mention_link_or_tag_on_any_card() -> None:
     cordon = {
         "priority": "P1",
         "status": "firing",
-        "cordon": {"node": "gpu-1", "summary": evil, "jobs": [evil], "reason": evil},
+        "cordon": {
+            "nodes": [
+                {"node": "gpu-1", "summary": evil, "jobs": [evil], "reason": evil},
+                {"node": "gpu-2", "summary": evil, "status": "cordoned", "by": evil},
+            ],
+            "incident": evil,
+            "approvable": True,
+        },
     }
     for kind, payload in (("alert", alert), ("storm", storm), ("handoff", handoff),
                           ("cordon", cordon)):  # fmt: skip

@@ -37,6 +37,7 @@ from trainsentry.gateway.sections import (
     build_diagnosis_parts,
     build_job_alerting,
     build_topology,
+    cordon_approvers_of,
     cordon_settings_of,
     oncall_of,
     paging_of,
@@ -139,12 +140,14 @@ def create_app(
 ) -> web.Application:
     """Builds the gateway app; the store is opened (and its schema checked) at startup.
     `job_alerting`: TrainingJobs' own routes (its `feishu_job` channel among `notifiers`).
-    Raises ConfigError when the policy names an escalation policy `oncall` lacks."""
+    Raises ConfigError when the policy names an escalation policy `oncall` lacks, or
+    `remediation.approvers` a person it lacks."""
     if notifiers is None:
         notifiers = {"console": ConsoleNotifier(settings.console_file)}
     gateway_metrics = metrics or GatewayMetrics()
     policy = load_policy(settings.policy_file) if plan is None else None
     paging = paging_of(escalator, oncall, policy, "phone" in notifiers, job_alerting)
+    approvers = cordon_approvers_of(remediation, oncall)
     # The real policy, unless a test injected its own PlanHook (then: no timers, no hold).
     policy_plan: PolicyPlan | None = None
     if plan is None:
@@ -177,6 +180,7 @@ def create_app(
         oncall=oncall,
         job_alerting=job_alerting,
         remediation=remediation,
+        approvers=approvers,
     )
     limits = BodyLimits(
         read_timeout_s=settings.body_timeout_s,
@@ -237,6 +241,7 @@ class _Wiring:
     oncall: OncallConfig | None = None
     job_alerting: JobAlerting | None = None
     remediation: CordonSettings | None = None
+    approvers: Mapping[str, str] = field(default_factory=dict)
 
 
 async def _open(app: web.Application, w: _Wiring) -> Gateway:
@@ -307,7 +312,8 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
     if w.remediation is not None and w.remediation.cordon is not Mode.OFF and policy_plan:
         gateway.cordon = Cordoner(
             engine, w.remediation, policy_plan.policy, w.kube_api or default_api_client,
-            tuple(w.notifiers), topology=w.topology, clock=clock, on_drafts=outbox.wake,
+            tuple(w.notifiers), approvers=w.approvers, topology=w.topology, clock=clock,
+            on_drafts=outbox.wake,
         )  # fmt: skip
     if settings.trainingjob_status:
         gateway.job_status = JobStatusFeeder(w.kube_api or default_api_client)

@@ -1,7 +1,8 @@
 """Cordon with a human in the loop, over HTTP (stages/cordon.py does the work):
 
 - the cordon card's Approve / Dismiss buttons arrive through the signed Feishu card
-  callback (app.py `card_ack` → `card_cordon`); a replayed event id is acted on once;
+  callback (app.py `card_ack` → `card_cordon`); a replayed event id is acted on once; a
+  press by anyone not in `remediation.approvers` is refused (toast) and changes nothing;
 - `POST /api/v1/nodes/{node}/uncordon {"by": WHO}`: the node schedulable again (API token;
   logged with who asked: the audit line `event=node_uncordoned`).
 """
@@ -9,6 +10,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from aiohttp import web
@@ -16,8 +19,8 @@ from aiohttp import web
 from trainsentry.gateway.http_auth import authorized, error_response, unauthorized
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.cordon import NodeDecision
+from trainsentry.gateway.policy.cordon_cards import entry, payload
 from trainsentry.gateway.request_body import BodyRejected, read_json
-from trainsentry.gateway.stages.cordon import PRIORITY
 from trainsentry.gateway.stages.intake import text_problem
 from trainsentry.kube.names import subdomain_problems
 from trainsentry.notifiers.feishu.callback import CardAction
@@ -60,28 +63,21 @@ async def card_cordon(gateway: Gateway, action: CardAction) -> dict[str, Any]:
     )  # fmt: skip
     kind = "success" if outcome.ok else "error"
     answer: dict[str, Any] = {"toast": {"type": kind, "content": outcome.message[:500]}}
-    if outcome.decision is not None:  # the card redrawn in place: who decided, no buttons
-        answer["card"] = {"type": "raw", "data": decided_card(action.node, outcome.decision)}
+    if outcome.card:  # the card redrawn in place: who decided; buttons for the nodes left
+        data = decided_card(outcome.card, bool(stage.settings.approvers), gateway.clock())
+        answer["card"] = {"type": "raw", "data": data}
     return answer
 
 
-def decided_card(node: str, decision: NodeDecision) -> dict[str, Any]:
-    """The cordon card after a press: its status and who pressed, without buttons."""
-    payload = parse_payload(
-        {
-            "priority": PRIORITY.value,
-            "status": "firing",
-            "cordon": {
-                "node": node,
-                "summary": f"{node}: {decision.status.value} by {decision.by}",
-                "score": decision.score,
-                "faults": dict(decision.faults or {}),
-                "jobs": list(decision.jobs),
-                "status": decision.status.value,
-            },
-        }
-    )
-    return cordon_card(payload, CardOptions(actions=False))
+def decided_card(
+    card: Mapping[str, NodeDecision], approvable: bool, now: datetime
+) -> dict[str, Any]:
+    """The cordon card after a press: each node's status and who decided it, and the
+    buttons of the nodes still recommended."""
+    entries = [entry(node, decision) for node, decision in card.items()]
+    incident = ""  # the redraw keeps the nodes; the incident line is the sent card's
+    body = parse_payload(payload(entries, incident, approvable, now))
+    return cordon_card(body, CardOptions(actions=True))
 
 
 async def post_uncordon(request: web.Request) -> web.Response:

@@ -12,7 +12,7 @@ from typing import Any
 
 from trainsentry.config import ConfigError, Settings
 from trainsentry.gateway.channels import Channels, add_job_channel
-from trainsentry.gateway.policy.cordon import CordonConfigError, CordonSettings
+from trainsentry.gateway.policy.cordon import CordonConfigError, CordonSettings, approver_ids
 from trainsentry.gateway.policy.cordon import parse_settings as parse_cordon
 from trainsentry.gateway.policy.escalation import EscalationPolicy, Escalator, Roster
 from trainsentry.gateway.policy.job_roster import RosterOf
@@ -151,5 +151,19 @@ def cordon_settings_of(raw: Mapping[str, Any]) -> CordonSettings | None:
         return None
     try:
         return parse_cordon(raw)
+    except CordonConfigError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def cordon_approvers_of(
+    settings: CordonSettings | None, oncall: OncallConfig | None
+) -> dict[str, str]:
+    """Feishu open_id -> name of the people `remediation.approvers` names (people of
+    `oncall.people`, or open_ids); ConfigError naming the entry that is neither."""
+    try:
+        return approver_ids(
+            settings.approvers if settings is not None else (),
+            oncall.people if oncall is not None else {},
+        )
     except CordonConfigError as exc:
         raise ConfigError(str(exc)) from None

@@ -11,7 +11,7 @@ from trainsentry.gateway.policy.cordon import (
     Status,
     blocked,
     candidates,
-    job_nodes_of,
+    share_nodes,
 )
 from trainsentry.gateway.policy.rules import load_policy
 
@@ -49,8 +49,28 @@ def test_the_threshold_and_decay_decide_and_a_decision_resets_the_count() -> Non
     assert candidates(LEMON, POLICY, off, {}, NOW) == []
 
 
+def test_the_jobs_on_a_node_are_the_clusters() -> None:
+    listed = {"ml/big": ["n0", "n1", "n2", "n3"], "ml/small": ["n0", "n9"], "ml/empty": []}
+    # listed jobs count with exactly their listed nodes, whatever the alerts name
+    assert share_nodes("n0", listed, []) == {
+        "ml/big": {"n0", "n1", "n2", "n3"},
+        "ml/small": {"n0", "n9"},
+    }
+    assert share_nodes("n1", listed, ["ml/small"]) == {"ml/big": {"n0", "n1", "n2", "n3"}}
+    # a job the alerts name that the cluster lists no nodes for: the node alone (1 of 1)
+    assert share_nodes("n5", listed, ["ml/ghost", "ml/empty"]) == {
+        "ml/ghost": {"n5"},
+        "ml/empty": {"n5"},
+    }
+    # jobs not read at all: refused, unless any share is allowed
+    reason = blocked("n5", SETTINGS, {}, None, NOW, automatic=False)
+    assert reason is not None and "could not be listed" in reason
+    assert blocked("n5", CordonSettings(max_job_share=1), {}, None, NOW, automatic=False) is None
+
+
 def test_the_guards() -> None:
-    jobs = job_nodes_of([fell(f"n{i}", 1, "big") for i in range(4)] + [fell("n0", 1, "small")])
+    listed = {"ml/big": ["n0", "n1", "n2", "n3"], "ml/small": ["n0"]}
+    jobs = {**share_nodes("n0", listed, []), **share_nodes("n3", listed, [])}
     assert jobs == {"ml/big": {"n0", "n1", "n2", "n3"}, "ml/small": {"n0"}}
     # share: n0 is small's only node
     reason = blocked("n0", SETTINGS, {}, jobs, NOW, automatic=False)

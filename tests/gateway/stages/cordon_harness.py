@@ -1,15 +1,16 @@
 """What the cordon tests share: the Kubernetes API as the kmock emulator over HTTP with the
 real TrainingJob CRD and built-in schemas, the real gateway in process (a replica per call,
-each with its own console file, all on one database), presses of the card's buttons as
-signed Feishu callbacks through the gateway's callback route, and alerts as Alertmanager
-sends them."""
+each with its own console file, all on one database), a real Prometheus remembering the
+alerts it fired (the evidence the gateway asks for: tests/support/prometheus_history.py),
+presses of the card's buttons as signed Feishu callbacks through the gateway's callback
+route, and alerts as Alertmanager sends them. The approver is alice (`ou_alice`)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,6 +24,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from tests.operator.operator_harness import TJ, Validator, declare_cluster
 from tests.support.gateway_process import close_in_process, post_alerts
 from tests.support.kube_emulator import KubeEmulator
+from tests.support.prometheus_history import remembering
 from tests.support.webhook_factory import make_alert
 from trainsentry.config import Settings
 from trainsentry.gateway.app import CardCallbackSettings
@@ -32,6 +34,7 @@ from trainsentry.gateway.policy.cordon import CordonSettings
 from trainsentry.gateway.sections import build_topology
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.notifiers.feishu.sign import event_signature
+from trainsentry.oncall.config import parse_oncall
 
 VERIFICATION = "vt-cordon"
 ENCRYPT_KEY = "ek-cordon"
@@ -39,6 +42,17 @@ CARD_PATH = "/api/v1/feishu/card"
 TOKEN = "api-token"
 JOBS_PATH = "/apis/trainsentry.io/v1alpha1/namespaces/ml/trainingjobs"
 NODES = [f"gpu-node-{index}" for index in range(8)]
+ONCALL = {
+    "people": {"alice": {"feishu_open_id": "ou_alice"}, "bob": {"feishu_open_id": "ou_bob"}},
+    "schedules": {
+        "infra": {
+            "timezone": "UTC",
+            "layers": [
+                {"name": "primary", "start": "2026-01-05T09:00", "shift": "1w", "members": ["bob"]}
+            ],
+        }
+    },
+}
 
 
 async def create(cluster: KubeEmulator, path: str, body: dict[str, Any]) -> None:
@@ -91,7 +105,8 @@ def fault(
 
 @contextlib.asynccontextmanager
 async def emulated_cluster() -> AsyncIterator[KubeEmulator]:
-    """Eight Nodes and two TrainingJobs in `ml`: "big" and "small", neither with a status."""
+    """Eight Nodes and two TrainingJobs in `ml`: "big", whose status lists the eight nodes,
+    and "small", which lists none yet."""
     async with KubeEmulator() as emu, kmock.Server(emu):
         declare_cluster(emu, workloads=False)
         emu.validator = Validator()
@@ -99,6 +114,7 @@ async def emulated_cluster() -> AsyncIterator[KubeEmulator]:
             await create(emu, "/api/v1/nodes", node_body(node))
         for job in ("big", "small"):
             await create(emu, JOBS_PATH, job_body("ml", job))
+        await list_nodes(emu, "big", NODES)
         yield emu
 
 
@@ -158,9 +174,11 @@ Start = Callable[..., Awaitable[Running]]
 
 @contextlib.asynccontextmanager
 async def gateways(cluster: KubeEmulator, tmp_path: Path, db_url: str) -> AsyncIterator[Start]:
-    """`start(**remediation)` starts a gateway (a replica, with its own console file) on the
-    one database, talking to `cluster`."""
+    """`start(fired=ALERTS, **remediation)` starts a gateway (a replica, with its own console
+    file) on the one database, talking to `cluster`, with a Prometheus that fired ALERTS
+    (None: no Prometheus; `evidence_url` names one instead)."""
     servers: list[TestServer] = []
+    prometheus = contextlib.ExitStack()
 
     async def api() -> ApiClient:
         return ApiClient(Configuration(host=str(cluster.url).rstrip("/")))
@@ -170,18 +188,29 @@ async def gateways(cluster: KubeEmulator, tmp_path: Path, db_url: str) -> AsyncI
         replica: str = "a",
         topology: dict[str, Any] | None = None,
         channels: dict[str, Any] | None = None,
+        fired: Sequence[Mapping[str, Any]] | None = None,
+        evidence_url: str = "",
         **remediation: Any,
     ) -> Running:
         settings = Settings.model_validate({"gateway": {"db": db_url, "api_token": TOKEN}})
         console = tmp_path / f"console-{replica}.jsonl"
+        if fired is not None:
+            evidence_url = prometheus.enter_context(remembering(tmp_path, fired)).url
         app = create_app(
             settings.gateway,
             notifiers={**(channels or {}), "console": ConsoleNotifier(console)},
             card_callback=CardCallbackSettings(CARD_PATH, VERIFICATION, ENCRYPT_KEY),
             kube_api=api,
             topology=build_topology(topology or {}),
+            oncall=parse_oncall(ONCALL),
             remediation=CordonSettings.model_validate(
-                {"threshold": 15, "check_seconds": 3600, **remediation}
+                {
+                    "threshold": 15,
+                    "check_seconds": 3600,
+                    "approvers": ["alice"],
+                    "evidence": {"prometheus_url": evidence_url},
+                    **remediation,
+                }
             ),
         )
         server = TestServer(app, host="127.0.0.1")
@@ -194,6 +223,7 @@ async def gateways(cluster: KubeEmulator, tmp_path: Path, db_url: str) -> AsyncI
     finally:
         for server in servers:
             await close_in_process(server)
+        prometheus.close()
 
 
 def unschedulable(cluster: KubeEmulator, node: str) -> bool:

@@ -26,6 +26,7 @@ from tests.gateway.stages.cordon_harness import (
     fault,
     gateways,
     job_condition,
+    list_nodes,
     node_events,
     unschedulable,
 )
@@ -35,7 +36,7 @@ from trainsentry.cli import main as cli_main
 from trainsentry.config import ConfigError, Settings
 from trainsentry.gateway.channels import build
 from trainsentry.gateway.sections import cordon_settings_of
-from trainsentry.gateway.stages.cordon import with_node_condition
+from trainsentry.gateway.stages.cordon_cluster import with_node_condition
 from trainsentry.notifiers.feishu.callback import CallbackRejected, CardAction, parse_callback
 from trainsentry.notifiers.feishu.card import CardOptions, build_card
 
@@ -56,12 +57,17 @@ async def start(cluster: KubeEmulator, tmp_path: Path, db_url: str) -> AsyncIter
         yield run
 
 
-# a lemon: gpu-node-17's three falls off the bus (6 each, barely decayed) reach 15; the job
-# "big" ran on eight nodes (its alerts named them), "small" on gpu-node-0 and gpu-node-1
+# a lemon: gpu-node-0's three falls off the bus (6 each, barely decayed) reach 15, each one
+# fired by Prometheus; the job "big" runs on eight nodes (its status lists them)
 LEMON = [fault(i, "gpu-node-0", "big", 2 + i) for i in range(3)]
 SPREAD = [
     fault(10 + i, f"gpu-node-{i}", "big", 1, name="NodeFilesystemAlmostFull") for i in range(8)
 ]
+
+
+def only_node(card: dict[str, Any]) -> dict[str, Any]:
+    [node] = card["cordon"]["nodes"]
+    return dict(node)
 
 
 async def test_a_lemon_gets_one_card_and_approval_cordons_it(
@@ -70,16 +76,16 @@ async def test_a_lemon_gets_one_card_and_approval_cordons_it(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    running = await start()
+    running = await start(fired=LEMON)
     await running.post(*SPREAD, *LEMON[:2])
     assert running.cards() == []  # 12 < 15: not yet
     await running.post(LEMON[2])
     await running.gateway.settle()  # a second check sends nothing new
     cards = running.cards()
     assert len(cards) == 1, cards
-    assert cards[0]["cordon"]["node"] == "gpu-node-0"
-    assert "3 fell_off_bus" in cards[0]["cordon"]["summary"]
-    assert cards[0]["cordon"]["jobs"] == ["ml/big"]
+    assert only_node(cards[0])["node"] == "gpu-node-0"
+    assert "3 fell_off_bus" in only_node(cards[0])["summary"]
+    assert only_node(cards[0])["jobs"] == ["ml/big"]
     card = build_card("cordon", cards[0], CardOptions(actions=True))
     values = [
         b["behaviors"][0]["value"]
@@ -92,7 +98,7 @@ async def test_a_lemon_gets_one_card_and_approval_cordons_it(
     answer = await running.press_answer(values[0], "ev-approve")
     assert answer["toast"]["content"] == "gpu-node-0: cordoned"
     redrawn = json.dumps(answer["card"]["data"])  # who approved, and no buttons left
-    assert "Cordoned: gpu-node-0" in redrawn and "by ou_alice" in redrawn
+    assert "Cordoned: gpu-node-0" in redrawn and "by alice" in redrawn
     assert "cordon_approve" not in redrawn
     assert unschedulable(cluster, "gpu-node-0")
     assert [e["reason"] for e in node_events(cluster, "gpu-node-0")] == ["Cordoned"]
@@ -131,7 +137,8 @@ async def test_a_lemon_gets_one_card_and_approval_cordons_it(
 
 
 async def test_dismiss_does_nothing_and_no_new_card(cluster: KubeEmulator, start: Start) -> None:
-    running = await start()
+    warm = fault(50, "gpu-node-0", "big", 0.5, name="GPUTemperatureHigh")
+    running = await start(fired=[*LEMON, warm])
     # a node trainsentry did not cordon is not its to uncordon
     url = running.server.make_url("/api/v1/nodes/gpu-node-1/uncordon")
     headers = {"Authorization": f"Bearer {TOKEN}"}
@@ -148,7 +155,7 @@ async def test_dismiss_does_nothing_and_no_new_card(cluster: KubeEmulator, start
     assert len(running.cards()) == 1
     answer = await running.press({"action": "cordon_dismiss", "node": "gpu-node-0"}, "ev-dismiss")
     assert answer == "gpu-node-0: dismissed"
-    await running.post(fault(50, "gpu-node-0", "big", 0.5, name="GPUTemperatureHigh"))
+    await running.post(warm)
     assert len(running.cards()) == 1
     assert not unschedulable(cluster, "gpu-node-0")
     assert node_events(cluster, "gpu-node-0") == []
@@ -159,12 +166,10 @@ async def test_dismiss_does_nothing_and_no_new_card(cluster: KubeEmulator, start
 
 
 async def test_the_share_guard_holds(cluster: KubeEmulator, start: Start) -> None:
-    running = await start(max_job_share=0.25)
-    # "small" ran on two nodes: cordoning one of them would be half of it
-    await running.post(
-        *SPREAD, *LEMON, fault(60, "gpu-node-1", "small", 1, name="NodeFilesystemAlmostFull")
-    )
-    await running.post(fault(61, "gpu-node-0", "small", 1, name="NodeFilesystemAlmostFull"))
+    running = await start(max_job_share=0.25, fired=LEMON)
+    # "small" runs on two nodes: cordoning one of them would be half of it
+    await list_nodes(cluster, "small", ["gpu-node-0", "gpu-node-1"])
+    await running.post(*SPREAD, *LEMON)
     answer = await running.press({"action": "cordon_approve", "node": "gpu-node-0"}, "ev-share")
     assert "max_job_share" in answer and "ml/small" in answer
     assert not unschedulable(cluster, "gpu-node-0")
@@ -173,21 +178,22 @@ async def test_the_share_guard_holds(cluster: KubeEmulator, start: Start) -> Non
 async def test_auto_mode_cordons_without_a_click_within_the_hourly_rate(
     cluster: KubeEmulator, start: Start
 ) -> None:
-    running = await start(cordon="auto", max_per_hour=1, max_job_share=1)
     lemons = [
         fault(100 + 10 * n + i, f"gpu-node-{n}", "big", 1 + i) for n in (3, 4) for i in range(3)
     ]
+    running = await start(cordon="auto", max_per_hour=1, max_job_share=1, fired=lemons)
     await running.post(*SPREAD, *lemons)
     cordoned = [n for n in ("gpu-node-3", "gpu-node-4") if unschedulable(cluster, n)]
     assert len(cordoned) == 1, cordoned  # the second is over the hourly limit: a card instead
-    statuses = sorted(card["cordon"]["status"] for card in running.cards())
+    [card] = running.cards()  # the two nodes of one check share a card
+    statuses = sorted(node["status"] for node in card["cordon"]["nodes"])
     assert statuses == ["cordoned", "recommended"]
-    held = next(c for c in running.cards() if c["cordon"]["status"] == "recommended")
-    assert "max_per_hour" in held["cordon"]["reason"]
+    held = next(n for n in card["cordon"]["nodes"] if n["status"] == "recommended")
+    assert "max_per_hour" in held["reason"]
 
 
 async def test_off_mode_sends_nothing(cluster: KubeEmulator, start: Start) -> None:
-    running = await start(cordon="off")
+    running = await start(cordon="off", fired=LEMON)
     await running.post(*SPREAD, *LEMON)
     assert running.cards() == []
     assert not unschedulable(cluster, "gpu-node-0")
@@ -211,16 +217,22 @@ async def test_auto_mode_leaves_a_node_under_an_infrastructure_incident_to_a_hum
     """Three nodes under leaf-7 fail together: the switch is suspected, so the lemon among
     them is not cordoned automatically; its card asks a human instead."""
     leaf = {n: {"leaf_switch": "leaf-7"} for n in ("gpu-node-5", "gpu-node-6", "gpu-node-7")}
+    before = [fault(200 + i, "gpu-node-5", "big", 3 + i) for i in range(2)]
+    together = [fault(210 + i, f"gpu-node-{5 + i}", "big", 0) for i in range(3)]
     running = await start(
-        cordon="auto", max_job_share=1, topology={"levels": ["leaf_switch"], "nodes": leaf}
+        cordon="auto",
+        max_job_share=1,
+        topology={"levels": ["leaf_switch"], "nodes": leaf},
+        fired=[*before, *together],
     )
-    await running.post(*SPREAD, *[fault(200 + i, "gpu-node-5", "big", 3 + i) for i in range(2)])
-    await running.post(*[fault(210 + i, f"gpu-node-{5 + i}", "big", 0) for i in range(3)])
+    await running.post(*SPREAD, *before)
+    await running.post(*together)
     assert not unschedulable(cluster, "gpu-node-5")
     [card] = running.cards()
-    assert card["cordon"]["node"] == "gpu-node-5"
-    assert card["cordon"]["status"] == "recommended"
-    assert "leaf_switch=leaf-7" in card["cordon"]["reason"]
+    assert card["cordon"]["incident"] == "leaf_switch=leaf-7"
+    assert only_node(card)["node"] == "gpu-node-5"
+    assert only_node(card)["status"] == "recommended"
+    assert "leaf_switch=leaf-7" in only_node(card)["reason"]
     # a human may still approve it (the incident guard is for automatic cordons only)
     answer = await running.press({"action": "cordon_approve", "node": "gpu-node-5"}, "ev-infra")
     assert answer == "gpu-node-5: cordoned"
@@ -228,8 +240,8 @@ async def test_auto_mode_leaves_a_node_under_an_infrastructure_incident_to_a_hum
 
 
 async def test_two_replicas_send_one_card(cluster: KubeEmulator, start: Start) -> None:
-    a = await start(replica="a")
-    b = await start(replica="b")
+    a = await start(replica="a", fired=LEMON)
+    b = await start(replica="b", fired=LEMON)
     await a.post(*SPREAD, *LEMON)
     assert a.gateway.cordon is not None and b.gateway.cordon is not None
     await asyncio.gather(*(g.gateway.cordon.run_once() for g in (a, b, a, b)))
@@ -281,7 +293,7 @@ async def test_the_feishu_app_posts_the_card_with_its_buttons(
         }
         channels = build(settings, env)
         try:
-            running = await start(channels=dict(channels.notifiers))
+            running = await start(channels=dict(channels.notifiers), fired=LEMON)
             await running.post(*SPREAD, *LEMON)
             cards = [
                 json.loads(m["content"])
@@ -302,7 +314,7 @@ async def test_the_feishu_app_posts_the_card_with_its_buttons(
 async def test_a_refused_cordon_leaves_the_recommendation_out(
     cluster: KubeEmulator, start: Start
 ) -> None:
-    running = await start()
+    running = await start(fired=LEMON)
     await running.post(*SPREAD, *LEMON)
     cluster.inject_fault("patch", "nodes", 403)  # RBAC says no: not retried
     answer = await running.press({"action": "cordon_approve", "node": "gpu-node-0"}, "ev-403")
@@ -319,7 +331,7 @@ async def test_a_node_gone_from_the_cluster_is_answered_without_a_get(
     cluster: KubeEmulator, start: Start
 ) -> None:
     """RBAC grants nodes `patch` only: a vanished Node is told by the patch's 404."""
-    running = await start()
+    running = await start(fired=LEMON)
     await running.post(*SPREAD, *LEMON)
     async with cluster.delete("/api/v1/nodes/gpu-node-0") as reply:
         assert reply.status == 200, await reply.text()
@@ -335,15 +347,12 @@ async def test_the_share_counts_the_nodes_the_trainingjob_lists(
 ) -> None:
     """The job's alerts named only the lemon (1 of 1: refused); once the operator has written
     the job's nodes into its status, the share is 1 of 8 and the cordon goes ahead."""
-    running = await start(max_job_share=0.25)
-    await running.post(*[fault(300 + i, "gpu-node-0", "small", 2 + i) for i in range(3)])
+    falls = [fault(300 + i, "gpu-node-0", "small", 2 + i) for i in range(3)]
+    running = await start(max_job_share=0.25, fired=falls)
+    await running.post(*falls)
     answer = await running.press({"action": "cordon_approve", "node": "gpu-node-0"}, "ev-one")
     assert "1 of its 1 nodes" in answer
-    path = "/apis/trainsentry.io/v1alpha1/namespaces/ml/trainingjobs/small/status"
-    nodes = [f"gpu-node-{i}" for i in range(8)]
-    headers = {"Content-Type": "application/merge-patch+json"}
-    async with cluster.patch(path, json={"status": {"nodes": nodes}}, headers=headers) as reply:
-        assert reply.status == 200, await reply.text()
+    await list_nodes(cluster, "small", [f"gpu-node-{i}" for i in range(8)])
     answer = await running.press({"action": "cordon_approve", "node": "gpu-node-0"}, "ev-eight")
     assert answer == "gpu-node-0: cordoned"
     assert unschedulable(cluster, "gpu-node-0")
@@ -375,9 +384,9 @@ async def test_a_node_label_that_is_no_node_name_never_reaches_the_api(
         "/api/v1/namespaces/kube-system/secrets",
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "x"}, "data": {}},
     )
-    running = await start(cordon="auto", max_job_share=1, max_per_hour=5)
     forged = [fault(400 + i, ESCAPING_NODE, "big", 2 + i) for i in range(3)]
     lemon = [fault(410 + i, "gpu-node-3", "big", 2 + i) for i in range(3)]
+    running = await start(cordon="auto", max_job_share=1, max_per_hour=5, fired=[*forged, *lemon])
     await running.post(*SPREAD, *forged, *lemon)
     await running.gateway.settle()
     ours = cluster.sent_paths(exclude_agent="kmock/")
@@ -385,5 +394,5 @@ async def test_a_node_label_that_is_no_node_name_never_reaches_the_api(
     secret = cluster.get_live("v1/secrets", "kube-system", "x")
     assert secret is not None and "spec" not in secret
     assert unschedulable(cluster, "gpu-node-3")  # the check went on
-    assert [c["cordon"]["node"] for c in running.cards()] == ["gpu-node-3"]
+    assert [n["node"] for c in running.cards() for n in c["cordon"]["nodes"]] == ["gpu-node-3"]
     assert "not a valid node name" in caplog.text and ESCAPING_NODE in caplog.text

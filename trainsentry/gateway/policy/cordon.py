@@ -1,45 +1,73 @@
-"""Cordon with a human in the loop (pure): which sick nodes to recommend, and whether a
-cordon may go ahead now.
+"""Cordon with a human in the loop (pure): which sick nodes to recommend, whether a
+cordon may go ahead now, and who may decide.
 
 A node whose hardware fault score (gateway/policy/health.py) reaches
-`remediation.threshold` is recommended once: one card with Approve / Dismiss. After a
+`remediation.threshold` is recommended once, counting only the occurrences Prometheus
+confirmed it fired (gateway/policy/evidence.py; the stage passes those alone). After a
 decision (dismissed, cordoned then uncordoned) only faults that started after it count
 towards the next recommendation, so a dismissed node gets no new card until it fails again.
 
 Guards, checked before every cordon (approved or automatic):
-- share: after the cordon, no job has more than `max_job_share` of its nodes cordoned. A
-  job's nodes are the nodes its alerts named within the health horizon, joined with the
-  nodes its TrainingJob lists in `status.nodes` when it can be read (the gateway's RBAC
-  gives it no pod reads, so this is what it knows of where a job runs);
+- share: after the cordon, no job has more than `max_job_share` of its nodes cordoned. The
+  jobs on a node and their nodes come from the cluster: every TrainingJob whose
+  `status.nodes` (the operator writes it) lists the node counts with those nodes, whatever
+  the alerts say. A job the node's alerts name that the cluster lists no nodes for counts
+  as that node alone (1 of 1: refused below a share of 1), and when the TrainingJobs could
+  not be listed at all the cordon is refused: knowing too little makes the guard stricter;
 - rate: at most `max_per_hour` cordons in the last hour, whoever approved them;
 - infrastructure (auto mode only): no open infrastructure incident covers an element of the
   node's place (then the switch or the PDU is broken, not the node).
+
+Only the people of `approvers` (names of `oncall.people`, pressing as their
+`feishu_open_id`, or Feishu open_ids) decide a recommendation.
 
 Every function takes the time as a parameter.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trainsentry.alerts import Alert
-from trainsentry.gateway.policy.health import NodeHealth, score_nodes
+from trainsentry.gateway.policy.health import NodeHealth, fault_of, score_nodes
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.labels import job_text
+from trainsentry.oncall.types import Person
 
 MAX_JOBS_LISTED = 20  # jobs named on a card and kept in a node's state
+_OPEN_ID = re.compile(r"ou_[A-Za-z0-9]{1,64}")
+_URL = re.compile(r"https?://[^\s/?#]+(/[^\s?#]*)?")
 
 
 class Mode(StrEnum):
     OFF = "off"
     APPROVE = "approve"
     AUTO = "auto"
+
+
+class EvidenceSettings(BaseModel):
+    """`remediation.evidence`: the Prometheus that evaluates the shipped rules, asked whether
+    a hardware alert is one of its firings (gateway/policy/evidence.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prometheus_url: str = ""  # empty: nothing is confirmed, nothing recommended
+    timeout_seconds: float = Field(default=10.0, gt=0, le=120)
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        value = value.strip()
+        if value and not _URL.fullmatch(value):
+            raise ValueError("must be an http:// or https:// URL without query or fragment")
+        return value
 
 
 class CordonSettings(BaseModel):
@@ -52,6 +80,9 @@ class CordonSettings(BaseModel):
     max_job_share: float = Field(default=0.25, gt=0, le=1)
     max_per_hour: int = Field(default=2, ge=1, le=1000)
     check_seconds: float = Field(default=60.0, ge=0.05, le=86400)
+    max_cards_per_hour: int = Field(default=6, ge=1, le=1000)  # cordon cards sent, any kind
+    approvers: tuple[str, ...] = Field(default=(), max_length=100)  # people or open_ids
+    evidence: EvidenceSettings = EvidenceSettings()
 
 
 class CordonConfigError(ValueError):
@@ -88,6 +119,7 @@ class NodeDecision:
     faults: Mapping[str, int] | None = None
     jobs: tuple[str, ...] = ()
     reason: str = ""
+    card: tuple[str, ...] = ()  # the nodes on this node's card (folded), itself included
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -98,6 +130,7 @@ class NodeDecision:
             "faults": dict(self.faults or {}),
             "jobs": list(self.jobs),
             "reason": self.reason,
+            "card": list(self.card),
         }
 
     @classmethod
@@ -110,13 +143,14 @@ class NodeDecision:
             faults=dict(data.get("faults") or {}),
             jobs=tuple(str(job) for job in data.get("jobs") or ()),
             reason=str(data.get("reason", "")),
+            card=tuple(str(node) for node in data.get("card") or ()),
         )
 
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
     health: NodeHealth
-    jobs: tuple[str, ...]  # namespace/name of the jobs whose alerts named the node
+    jobs: tuple[str, ...]  # namespace/name: the jobs the cluster lists on it, and its alerts name
 
 
 def jobs_by_node(alerts: Iterable[Alert]) -> dict[str, set[str]]:
@@ -129,6 +163,27 @@ def jobs_by_node(alerts: Iterable[Alert]) -> dict[str, set[str]]:
     return found
 
 
+def counted_faults(
+    alerts: Iterable[Alert], policy: Policy, decisions: Mapping[str, NodeDecision], now: datetime
+) -> list[Alert]:
+    """Pure: the hardware fault occurrences that would count towards a recommendation now:
+    within the horizon, of a node with no recommendation out and not cordoned, and started
+    after the node's last decision."""
+    horizon = policy.node_health.horizon
+    found = []
+    for alert in alerts:
+        before = decisions.get(alert.node)
+        if not alert.node or (now - alert.starts_at).total_seconds() > horizon:
+            continue
+        if before is not None and (
+            before.status in (Status.RECOMMENDED, Status.CORDONED) or alert.starts_at <= before.at
+        ):
+            continue
+        if fault_of(alert, policy) is not None:
+            found.append(alert)
+    return found
+
+
 def candidates(
     alerts: Iterable[Alert],
     policy: Policy,
@@ -138,18 +193,12 @@ def candidates(
 ) -> list[Candidate]:
     """Pure: the nodes to recommend now, sickest first: score at or above the threshold,
     counting for a node with a past decision only the faults that started after it; nodes
-    with a recommendation out or cordoned are never candidates."""
+    with a recommendation out or cordoned are never candidates. `alerts`: the occurrences
+    that may count (the stage passes the confirmed ones); `jobs` are those they name."""
     if settings.cordon is Mode.OFF:
         return []
     occurrences = list(alerts)
-    counted = []
-    for alert in occurrences:
-        before = decisions.get(alert.node)
-        if before is not None and (
-            before.status in (Status.RECOMMENDED, Status.CORDONED) or alert.starts_at <= before.at
-        ):
-            continue
-        counted.append(alert)
+    counted = counted_faults(occurrences, policy, decisions, now)
     jobs = jobs_by_node(occurrences)
     return [
         Candidate(health, tuple(sorted(jobs.get(health.node, ())))[:MAX_JOBS_LISTED])
@@ -162,15 +211,16 @@ def blocked(
     node: str,
     settings: CordonSettings,
     decisions: Mapping[str, NodeDecision],
-    job_nodes: Mapping[str, set[str]],
+    job_nodes: Mapping[str, set[str]] | None,
     now: datetime,
     *,
     automatic: bool,
     incident_elements: Iterable[str] = (),
 ) -> str | None:
     """Pure: why `node` may not be cordoned now (a sentence), or None when it may.
-    `job_nodes`: job -> the nodes its alerts named; `incident_elements`: `level=element` of
-    the open infrastructure incidents covering the node's place."""
+    `job_nodes`: job -> its nodes, for the jobs on the node (`share_nodes`); None when the
+    jobs could not be read (refused unless `max_job_share` is 1); `incident_elements`:
+    `level=element` of the open infrastructure incidents covering the node's place."""
     if settings.cordon is Mode.OFF:
         return "remediation.cordon is off"
     cordoned = {n for n, d in decisions.items() if d.status is Status.CORDONED}
@@ -187,6 +237,13 @@ def blocked(
     recent = sum(1 for d in decisions.values() if d.status is Status.CORDONED and d.at > hour_ago)
     if recent >= settings.max_per_hour:
         return f"{recent} nodes cordoned in the last hour (remediation.max_per_hour)"
+    if job_nodes is None:
+        if settings.max_job_share >= 1:
+            return None
+        return (
+            f"the jobs on {node} are unknown (TrainingJobs could not be listed): "
+            "remediation.max_job_share cannot be checked"
+        )
     for job, nodes in sorted(job_nodes.items()):
         if node not in nodes:
             continue
@@ -199,28 +256,46 @@ def blocked(
     return None
 
 
-def job_nodes_of(alerts: Iterable[Alert]) -> dict[str, set[str]]:
-    """Pure: job (`namespace/name`) -> the nodes its alerts named."""
-    found: dict[str, set[str]] = {}
-    for node, jobs in jobs_by_node(alerts).items():
-        for job in jobs:
-            found.setdefault(job, set()).add(node)
+def share_nodes(
+    node: str, listed: Mapping[str, Iterable[str]], named: Iterable[str]
+) -> dict[str, set[str]]:
+    """Pure: job -> its nodes, for the jobs on `node`: every job whose TrainingJob lists the
+    node in `status.nodes` (`listed`: job -> those nodes, from the cluster), with exactly the
+    nodes listed; and each job in `named` (the node's alerts name it) the cluster lists no
+    nodes for, as the node alone. A job listed without the node is not on it."""
+    found = {job: set(nodes) for job, nodes in listed.items() if node in set(nodes)}
+    for job in named:
+        if not set(listed.get(job, ())):
+            found.setdefault(job, {node})
     return found
 
 
-def with_listed_nodes(
-    job_nodes: Mapping[str, set[str]], listed: Mapping[str, Iterable[str]]
-) -> dict[str, set[str]]:
-    """Pure: the jobs' nodes from their alerts, joined with the nodes their TrainingJobs list
-    (`status.nodes`, written by the operator; a job not read keeps its alert-named nodes)."""
-    joined = {job: set(nodes) for job, nodes in job_nodes.items()}
-    for job, nodes in listed.items():
-        joined.setdefault(job, set()).update(nodes)
-    return joined
+def jobs_on(
+    node: str, listed: Mapping[str, Iterable[str]], named: Iterable[str]
+) -> tuple[str, ...]:
+    """Pure: the jobs a card names for `node` (and whose NodeCordoned condition a cordon
+    sets): those `share_nodes` counts, sorted, at most MAX_JOBS_LISTED."""
+    return tuple(sorted(share_nodes(node, listed, named)))[:MAX_JOBS_LISTED]
 
 
-def summary(candidate: Candidate) -> str:
-    """Pure: "cordon gpu-node-17: 3 xid:79 ..." as the card's first line says it."""
-    health = candidate.health
-    faults = ", ".join(f"{count} {kind}" for kind, count in sorted(health.faults.items()))
-    return f"cordon {health.node}: {faults} (score {health.score:.1f})"
+def approver_ids(names: Iterable[str], people: Mapping[str, Person]) -> dict[str, str]:
+    """Pure: feishu_open_id -> name of each approver. An entry is a person of `oncall.people`
+    (pressing as their `feishu_open_id`) or a Feishu open_id itself (`ou_...`, its own name);
+    CordonConfigError names the entry that is neither, or a person without an open_id."""
+    found: dict[str, str] = {}
+    for index, name in enumerate(names):
+        person = people.get(name)
+        if person is None and _OPEN_ID.fullmatch(name):
+            found[name] = name
+            continue
+        if person is None:
+            raise CordonConfigError(
+                f"remediation.approvers[{index}]: {name[:64]!r} is neither a person of "
+                "oncall.people nor a Feishu open_id (ou_...)"
+            )
+        if not person.feishu_open_id:
+            raise CordonConfigError(
+                f"remediation.approvers[{index}]: {name} has no feishu_open_id (oncall.people)"
+            )
+        found[person.feishu_open_id] = name
+    return found
