@@ -8,6 +8,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.prometheus_history import remembering
 from tests.support.realservers import http_json
 from trainsentry.alerts import Alert, AlertStatus
@@ -72,6 +74,7 @@ def test_only_cordonable_nodes_and_plain_alertnames_are_looked_up() -> None:
     assert [len(q.alerts) for q in queries([weird, alert("e", "n1", "0", NOW)])] == [1]
 
 
+@pytest.mark.e2e
 def test_the_queries_find_the_firings_in_a_real_prometheus(tmp_path: Path) -> None:
     """Dotted node names, two batches (starts an hour apart), an occurrence nobody fired."""
     real = [

@@ -45,6 +45,9 @@ from trainsentry.notifiers.feishu.card import CardOptions, build_card
 API_CALLS = Path(__file__).resolve().parent / "cordon_api_calls.json"
 
 
+pytestmark = pytest.mark.e2e  # a real Prometheus per gateway (the evidence)
+
+
 @pytest.fixture
 async def cluster() -> AsyncIterator[KubeEmulator]:
     async with emulated_cluster() as emu:

@@ -45,6 +45,8 @@ from trainsentry.notifiers.feishu.card import CardOptions, build_card
 from trainsentry.notifiers.payload import parse_payload
 from trainsentry.oncall.config import parse_oncall
 
+pytestmark = pytest.mark.e2e  # a real Prometheus per gateway (the evidence)
+
 
 @pytest.fixture
 async def cluster() -> AsyncIterator[KubeEmulator]:
@@ -265,7 +267,6 @@ def prometheus_config(exporter: str, alertmanager: str | None) -> dict[str, Any]
     return config
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the store is not under test
 async def test_a_firing_of_the_shipped_rule_is_evidence(
     cluster: KubeEmulator, start: Start, tmp_path: Path
