@@ -179,8 +179,10 @@ def test_approvers_are_people_or_open_ids() -> None:
         people = {**ONCALL, "people": {**ONCALL["people"], "dave": {"phone": "+4915100000004"}}}
         with pytest.raises(ConfigError, match=problem):
             cordon_approvers_of(cordon_settings_of({"approvers": approvers}), parse_oncall(people))
-    with pytest.raises(ConfigError, match=r"remediation\.evidence\.prometheus_url: "):
-        cordon_settings_of({"evidence": {"prometheus_url": "javascript:alert(1)"}})
+    for url in ("javascript:alert(1)", "http://user:s3cret@prometheus:9090", "prometheus:9090"):
+        with pytest.raises(ConfigError, match=r"remediation\.evidence\.prometheus_url: ") as bad:
+            cordon_settings_of({"evidence": {"prometheus_url": url}})
+        assert "s3cret" not in str(bad.value)
     with pytest.raises(ConfigError, match=r"remediation\.max_cards_per_hour: "):
         cordon_settings_of({"max_cards_per_hour": 0})
 

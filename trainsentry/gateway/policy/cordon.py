@@ -43,7 +43,7 @@ from trainsentry.oncall.types import Person
 
 MAX_JOBS_LISTED = 20  # jobs named on a card and kept in a node's state
 _OPEN_ID = re.compile(r"ou_[A-Za-z0-9]{1,64}")
-_URL = re.compile(r"https?://[^\s/?#]+(/[^\s?#]*)?")
+_URL = re.compile(r"https?://[^\s/?#@]+(/[^\s?#@]*)?")  # no user:password@ (it is logged)
 
 
 class Mode(StrEnum):
@@ -66,7 +66,9 @@ class EvidenceSettings(BaseModel):
     def _http_url(cls, value: str) -> str:
         value = value.strip()
         if value and not _URL.fullmatch(value):
-            raise ValueError("must be an http:// or https:// URL without query or fragment")
+            raise ValueError(
+                "must be an http:// or https:// URL without credentials, query or fragment"
+            )
         return value
 
 
