@@ -16,6 +16,7 @@ from trainsentry.store.schema import (
     oncall_overrides,
     policy_inbox,
     schema_version,
+    webhook_groups,
 )
 
 # Tables that later versions added.
@@ -25,6 +26,7 @@ ADDED_TABLES = {
     6: (maintenance_windows, maintenance_mutes),
     10: (oncall_overrides,),
     11: (console_revoked_sessions,),
+    12: (webhook_groups,),
 }
 # Columns that later versions added to tables version 1 created: {version: {table: names}}.
 ADDED_COLUMNS: dict[int, dict[str, tuple[str, ...]]] = {

@@ -117,6 +117,7 @@ async def receive_webhook(request: web.Request) -> web.Response:
             "new": outcome.new,
             "changed": outcome.changed,
             "unchanged": outcome.unchanged,
+            "resend": outcome.resend,
         }
     )
 

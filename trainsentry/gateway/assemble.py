@@ -87,15 +87,25 @@ class Diagnosis:
     probe_token: str = field(repr=False)
 
 
+def _receipt_outcome(outcome: ReceiptOutcome) -> str:
+    if outcome.resend:
+        return "resend"
+    return "replay" if outcome.times_received > 1 else "stored"
+
+
 def _record_commit(gateway: Gateway, outcomes: Sequence[ReceiptOutcome]) -> None:
+    """After the intake's commit (or an unchanged resend answered from the store): metrics,
+    and the policy worker woken when there is something for it in the inbox."""
     metrics = gateway.metrics
+    queued = False
     for outcome in outcomes:
-        metrics.receipts.labels("replay" if outcome.times_received > 1 else "stored").inc()
+        metrics.receipts.labels(_receipt_outcome(outcome)).inc()
         metrics.alerts_stored.inc(outcome.new)
         metrics.duplicates.inc(outcome.unchanged)
         for change in outcome.changes:
             metrics.alert_changes.labels(change.kind.value).inc()
-    if gateway.policy_worker is not None:
+        queued = queued or bool(outcome.changes)
+    if queued and gateway.policy_worker is not None:
         gateway.policy_worker.wake()
 
 

@@ -20,8 +20,8 @@ class GatewayMetrics:
         r = self.registry
         self.receipts = Counter(
             "trainsentry_webhook_receipts_total",
-            "Webhook requests by outcome (stored, replay, rejected, unauthorized, too_large, "
-            "unavailable)",
+            "Webhook requests by outcome (stored, replay, resend: an unchanged group re-sent, "
+            "rejected, unauthorized, too_large, unavailable)",
             ["outcome"],
             registry=r,
         )

@@ -72,6 +72,7 @@ class Gateway:
     async def settle(self) -> None:
         """Plans every stored change, fires due timers and sends everything pending, now
         (the demo and tests drive a gateway on virtual time with this)."""
+        await self.writer.flush()  # the counts of resends answered from the store
         if self.policy_worker is not None:
             await self.policy_worker.drain()
         if self.ticker is not None:

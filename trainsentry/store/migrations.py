@@ -23,7 +23,14 @@ from sqlalchemy import (
     Text,
 )
 
-from trainsentry.store.schema import Id, Json, UTCDateTime, alert_events, alerts
+from trainsentry.store.schema import (
+    Id,
+    Json,
+    UTCDateTime,
+    alert_events,
+    alerts,
+    webhook_receipts,
+)
 
 Step = str | Callable[[Connection], None]
 
@@ -137,6 +144,20 @@ def _create_console_revoked_sessions_v11(conn: Connection) -> None:
     table.create(conn)
 
 
+def _create_webhook_groups_v12(conn: Connection) -> None:
+    # The table as version 12 defines it.
+    table = Table(
+        "webhook_groups",
+        MetaData(),
+        Column("key", String(64), primary_key=True),
+        Column("digest", String(64), nullable=False),
+        Column("receipt_id", Id, ForeignKey(webhook_receipts.c.id), nullable=False),
+        Column("updated_at", UTCDateTime, nullable=False),
+    )
+    Index("ix_webhook_groups_receipt", table.c.receipt_id)
+    table.create(conn)
+
+
 MIGRATIONS: dict[int, list[Step]] = {
     1: [],
     # 2: the policy runs after the intake's commit, from a durable inbox of events
@@ -173,4 +194,6 @@ MIGRATIONS: dict[int, list[Step]] = {
     10: [_create_oncall_overrides_v10],
     # 11: signing out of the console ends the session for every copy of its cookie
     11: [_create_console_revoked_sessions_v11],
+    # 12: each Alertmanager group's last content, to recognise an unchanged resend (issue 34)
+    12: [_create_webhook_groups_v12],
 }

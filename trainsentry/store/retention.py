@@ -8,7 +8,8 @@ Invariants kept here:
   notifications is pending or being sent and no maintenance window still holds its notices
   back; it goes with all its events, notifications and (closed) mutes, in one transaction.
   A notification only when it is sent, dead or cancelled. A receipt only when no webhook
-  brought its body since the cut (references to it are cleared first).
+  brought its body since the cut (references to it are cleared first, and the group digest
+  it set goes with it).
 - A batch looks at most at `limit` rows of the kind it purges, the next ones by time through
   a time index (keyset: the next batch starts after the last row looked at), and deletes at
   most those (an alert's batch: up to `limit` alerts plus their events and notifications),
@@ -45,6 +46,7 @@ from trainsentry.store.schema import (
     maintenance_mutes,
     notifications,
     policy_inbox,
+    webhook_groups,
     webhook_receipts,
 )
 
@@ -174,6 +176,9 @@ async def purge_receipts(
     await conn.execute(
         update(alert_events).where(alert_events.c.receipt_id.in_(ids)).values(receipt_id=None)
     )
+    # a group's digest goes with the receipt that set it: the group's next webhook is
+    # recorded in full (store/resends.py)
+    await conn.execute(delete(webhook_groups).where(webhook_groups.c.receipt_id.in_(ids)))
     result = await conn.execute(delete(webhook_receipts).where(webhook_receipts.c.id.in_(ids)))
     return Batch(Purged(receipts=result.rowcount), len(ids))
 

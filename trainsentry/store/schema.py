@@ -13,6 +13,8 @@ Tables:
 - maintenance_mutes: alerts a window muted, with the notices they are owed at its end.
 - oncall_overrides: run-time on-call overrides and swaps, with who added and removed them.
 - console_revoked_sessions: console sessions signed out before their cookie expires.
+- webhook_groups: per Alertmanager group, a digest of the content the intake last recorded,
+  to recognise the group re-sent unchanged (store/resends.py).
 
 Bump SCHEMA_VERSION and add a step to `migrations.MIGRATIONS` for every change.
 """
@@ -41,7 +43,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -309,3 +311,18 @@ console_revoked_sessions = Table(
     Column("revoked_at", UTCDateTime, nullable=False),
 )
 Index("ix_console_revoked_sessions_expires", console_revoked_sessions.c.expires_at)
+
+# The content of each Alertmanager group (by the SHA-256 of its `groupKey`) as the intake last
+# recorded it, written in the same transaction as its alerts, events and policy inbox rows
+# (store/resends.py): a byte-identical resend whose group still holds this digest, and whose
+# alerts are still all firing, is answered without touching them. `digest` "" = the content
+# is not known (a truncated webhook). The row goes with its receipt (retention).
+webhook_groups = Table(
+    "webhook_groups",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("digest", String(64), nullable=False),
+    Column("receipt_id", Id, ForeignKey("webhook_receipts.id"), nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+Index("ix_webhook_groups_receipt", webhook_groups.c.receipt_id)

@@ -1,6 +1,7 @@
 """Writing webhook receipts and alert occurrences: the one place that turns received alerts into
 stored state changes. Runs inside the caller's transaction. Every change is recorded as an
-event and queued in the policy inbox, which the policy worker empties after the commit.
+event and queued in the policy inbox, which the policy worker empties after the commit. Each
+receipt's group keeps a digest of its content (`webhook_groups`, store/resends.py).
 
 Replays are harmless: an occurrence is keyed by (fingerprint, startsAt) and only a real status
 change adds an event. With several gateway replicas on PostgreSQL, existing rows are locked
@@ -10,6 +11,7 @@ occurrence is detected by `ON CONFLICT DO NOTHING` and re-read, so each change i
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -52,6 +54,11 @@ class IncomingReceipt:
     external_url: str
     alerts: list[Alert]
     group_labels: dict[str, str] = field(default_factory=dict)
+    # What the group holds (gateway/stages/intake.py `content_digest`; "" = not known, e.g. a
+    # truncated list), and whether every alert fires without endsAt, so that an unchanged
+    # resend of it may be answered from the store alone (store/resends.py).
+    content_digest: str = ""
+    skippable: bool = False
 
 
 @dataclass(slots=True)
@@ -62,6 +69,8 @@ class ReceiptOutcome:
     changed: int = 0
     unchanged: int = 0
     changes: list[AlertChange] = field(default_factory=list)
+    # an unchanged resend of its group, answered from the store without a write
+    resend: bool = False
 
 
 def dialect_insert(conn: AsyncConnection, table: Table) -> Any:
@@ -204,6 +213,35 @@ def _occurrence_row(
 _CHANGE_KIND = {status: ChangeKind(status.value) for status in AlertStatus}
 
 
+def group_row_key(group_key: str) -> str:
+    """Pure: the `webhook_groups` key of a group: the SHA-256 of its `groupKey` (fixed size,
+    whatever the key's length)."""
+    return hashlib.sha256(group_key.encode()).hexdigest()
+
+
+_GROUP_COLUMNS = ("key", "digest", "receipt_id", "updated_at")
+_GROUP_UPSERT = (
+    "ON CONFLICT (key) DO UPDATE SET digest = excluded.digest, "
+    "receipt_id = excluded.receipt_id, updated_at = excluded.updated_at"
+)
+
+
+def _group_steps(
+    receipts: Sequence[IncomingReceipt], outcomes: Sequence[ReceiptOutcome], enc: Encoder
+) -> Steps[None]:
+    """Each receipt's group now holds that receipt's content (store/resends.py); the last
+    receipt of a group in the batch wins (its statuses were applied last). Rows go in key
+    order, so PostgreSQL replicas writing the same groups lock them in one order."""
+    latest: dict[str, tuple[Any, ...]] = {}
+    for receipt, outcome in zip(receipts, outcomes, strict=True):
+        key = group_row_key(receipt.group_key)
+        at = enc.time(receipt.received_at)
+        latest[key] = (key, receipt.content_digest, outcome.receipt_id, at)
+    rows = [latest[key] for key in sorted(latest)]
+    if rows:
+        yield from insert_steps("webhook_groups", _GROUP_COLUMNS, rows, tail=_GROUP_UPSERT)
+
+
 async def record_receipts(
     conn: AsyncConnection, receipts: Sequence[IncomingReceipt]
 ) -> list[ReceiptOutcome]:
@@ -230,6 +268,8 @@ def record_receipts_steps(
             else:
                 entry.alert = alert
                 entry.statuses.append((alert.status, index, at))
+    # the digest goes with the changes its content makes, never ahead of them
+    yield from _group_steps(receipts, outcomes, enc)
     if not seen:
         return outcomes
 

@@ -11,6 +11,7 @@ backlog never delays the answer to Alertmanager.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -24,6 +25,14 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 from trainsentry.alerts import GO_ZERO_TIME, Alert, AlertChange, AlertStatus, utcnow
 from trainsentry.store.engine import Connection, Engine
 from trainsentry.store.errors import DatabaseError, DriverError, StoreDown
+from trainsentry.store.resends import (
+    ReceiptTouch,
+    content_digest,
+    known_resend,
+    open_reader,
+    skippable,
+    touch_receipts,
+)
 from trainsentry.store.writes import IncomingReceipt, ReceiptOutcome, record_receipts
 from trainsentry.tasks import OwnedTask
 
@@ -180,6 +189,8 @@ def parse_webhook(body: bytes, received_at: datetime | None = None) -> IncomingR
         external_url=payload.externalURL,
         alerts=alerts,
         group_labels=dict(payload.groupLabels),
+        content_digest=content_digest(alerts) if payload.truncatedAlerts == 0 else "",
+        skippable=skippable(alerts, payload.truncatedAlerts),
     )
 
 
@@ -248,12 +259,17 @@ PlanHook = Callable[[Connection, Sequence[AlertChange], datetime], Awaitable[int
 
 @dataclass(slots=True)
 class _Pending:
-    receipt: IncomingReceipt
-    future: asyncio.Future[ReceiptOutcome]
+    receipt: IncomingReceipt | None  # None: only write the resends' counts (`flush`)
+    future: asyncio.Future[ReceiptOutcome | None]
 
 
 class IntakeWriter:
-    """One writer task; many requests per transaction (group commit)."""
+    """One writer task; many requests per transaction (group commit).
+
+    An unchanged resend of a group (store/resends.py) is answered from a read of the store,
+    without a transaction; what recording it would have counted (its receipt's
+    `times_received`, `last_received_at`) is added up here and written with the next
+    transaction, at most `touch_after` seconds later. A crash loses only those counts."""
 
     def __init__(
         self,
@@ -261,47 +277,141 @@ class IntakeWriter:
         *,
         max_batch_alerts: int = 5000,
         on_commit: Callable[[Sequence[ReceiptOutcome]], None] | None = None,
+        touch_after: float = 1.0,
     ) -> None:
         self._engine = engine
         self._max_batch_alerts = max_batch_alerts
         self._on_commit = on_commit
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._task = OwnedTask("intake-writer", self._run)
+        self._touch_after = touch_after
+        self._touches: dict[int, ReceiptTouch] = {}  # receipt id -> resends not yet counted
+        self._touch_timer: asyncio.TimerHandle | None = None
+        self._reader: Connection | None = None  # for `known_resend`, opened on first use
+        self._reader_lock = asyncio.Lock()
 
     def start(self) -> None:
         self._task.start()
 
     async def stop(self) -> None:
         await self._task.stop()
+        if self._touch_timer is not None:
+            self._touch_timer.cancel()
+            self._touch_timer = None
         while not self._queue.empty():
             self._queue.get_nowait().future.set_exception(StoreUnavailable("shutting down"))
+        if self._touches:
+            try:
+                await self._transaction([], self._take_touches())
+            except Exception as exc:  # only counts are lost; the alerts are stored
+                log.warning("intake: resend counts not written at stop error=%r", exc)
+        async with self._reader_lock:
+            await self._close_reader()
+
+    async def _close_reader(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            with contextlib.suppress(Exception):
+                await reader.close()
 
     @property
     def queued(self) -> int:
         return self._queue.qsize()
 
     async def submit(self, receipt: IncomingReceipt) -> ReceiptOutcome:
-        """Returns once the receipt is committed; raises StoreUnavailable otherwise."""
-        future: asyncio.Future[ReceiptOutcome] = asyncio.get_running_loop().create_future()
+        """Returns once the receipt is committed (or is known to be stored already: an
+        unchanged resend); raises StoreUnavailable otherwise."""
+        if receipt.skippable:
+            outcome = await self._known_resend(receipt)
+            if outcome is not None:
+                if self._on_commit is not None:
+                    self._on_commit([outcome])
+                return outcome
+        future: asyncio.Future[ReceiptOutcome | None] = asyncio.get_running_loop().create_future()
         await self._queue.put(_Pending(receipt, future))
-        return await future
+        outcome = await future
+        assert outcome is not None
+        return outcome
+
+    async def flush(self) -> None:
+        """Writes the counts of resends answered from the store now (tests, the demo)."""
+        if self._touches:
+            future: asyncio.Future[ReceiptOutcome | None] = (
+                asyncio.get_running_loop().create_future()
+            )
+            await self._queue.put(_Pending(None, future))
+            await future
+
+    async def _known_resend(self, receipt: IncomingReceipt) -> ReceiptOutcome | None:
+        """The answer to an unchanged resend of its group, from a read of the store; None when
+        it must be recorded (or the read failed: the writer then answers for the store)."""
+        async with self._reader_lock:
+            try:
+                if self._reader is None:
+                    self._reader = await open_reader(self._engine)
+                known = await known_resend(self._reader, receipt)
+            except Exception as exc:
+                if not isinstance(exc, DatabaseError | OSError):
+                    log.exception("intake: checking for an unchanged resend failed")
+                await self._close_reader()  # a new one next time (the store may be back)
+                return None
+        if known is None:
+            return None
+        touch = self._touches.get(known.receipt_id)
+        if touch is None:
+            touch = self._touches[known.receipt_id] = ReceiptTouch(0, receipt.received_at)
+        touch.count += 1
+        touch.last_at = max(touch.last_at, receipt.received_at)
+        if self._touch_timer is None:
+            self._touch_timer = asyncio.get_running_loop().call_later(
+                self._touch_after, self._touches_due
+            )
+        return ReceiptOutcome(
+            receipt_id=known.receipt_id,
+            times_received=known.times_received + touch.count,
+            unchanged=len(receipt.alerts),
+            resend=True,
+        )
+
+    def _touches_due(self) -> None:
+        self._touch_timer = None
+        if self._touches:  # a transaction since may have written them already
+            future = asyncio.get_running_loop().create_future()
+            self._queue.put_nowait(_Pending(None, future))
+
+    def _take_touches(self) -> dict[int, ReceiptTouch]:
+        touches, self._touches = self._touches, {}
+        return touches
+
+    def _put_back(self, touches: dict[int, ReceiptTouch]) -> None:
+        """Touches whose transaction failed wait for the next one."""
+        for receipt_id, touch in touches.items():
+            now = self._touches.get(receipt_id)
+            if now is None:
+                self._touches[receipt_id] = touch
+            else:
+                now.count += touch.count
+                now.last_at = max(now.last_at, touch.last_at)
 
     async def _run(self) -> None:
         while True:
             batch = [await self._queue.get()]
-            alerts = len(batch[0].receipt.alerts)
+            alerts = _alert_count(batch[0])
             while not self._queue.empty() and alerts < self._max_batch_alerts:
                 item = self._queue.get_nowait()
                 batch.append(item)
-                alerts += len(item.receipt.alerts)
+                alerts += _alert_count(item)
             live = [item for item in batch if not item.future.cancelled()]
             if live:
                 await self._commit_batch(live)
 
     async def _commit_batch(self, batch: list[_Pending]) -> None:
+        receipts = [item.receipt for item in batch if item.receipt is not None]
+        touches = self._take_touches()
         try:
-            outcomes = await self._transaction([item.receipt for item in batch])
+            outcomes = await self._transaction(receipts, touches)
         except Exception as exc:
+            self._put_back(touches)
             # Whatever fails, the writer must live on: a dead writer would leave every later
             # webhook waiting for an answer. Unknown errors are bugs, logged with their trace.
             if len(batch) > 1 and not _is_unavailable(exc):
@@ -319,23 +429,34 @@ class IntakeWriter:
                 if not item.future.done():
                     item.future.set_exception(StoreUnavailable(reason))
             return
-        if self._on_commit is not None:
+        if self._on_commit is not None and outcomes:
             self._on_commit(outcomes)
-        for item, outcome in zip(batch, outcomes, strict=True):
+        answers = iter(outcomes)
+        for item in batch:
+            outcome = next(answers) if item.receipt is not None else None
             if not item.future.done():
                 item.future.set_result(outcome)
 
-    async def _transaction(self, receipts: list[IncomingReceipt]) -> list[ReceiptOutcome]:
+    async def _transaction(
+        self, receipts: list[IncomingReceipt], touches: dict[int, ReceiptTouch]
+    ) -> list[ReceiptOutcome]:
         for attempt in range(3):
             try:
                 async with self._engine.begin() as conn:
-                    return await record_receipts(conn, receipts)
+                    outcomes = await record_receipts(conn, receipts) if receipts else []
+                    if touches:
+                        await touch_receipts(conn, touches)
+                    return outcomes
             except DriverError as exc:
                 if attempt < 2 and _is_retryable_conflict(exc):
                     await asyncio.sleep(0.01 * (attempt + 1))
                     continue
                 raise
         raise AssertionError("unreachable")
+
+
+def _alert_count(item: _Pending) -> int:
+    return len(item.receipt.alerts) if item.receipt is not None else 0
 
 
 def _is_retryable_conflict(exc: DriverError) -> bool:
