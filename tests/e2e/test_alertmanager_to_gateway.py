@@ -121,6 +121,52 @@ def test_unchanged_alert_repeated_by_alertmanager_notifies_once(tmp_path: Path) 
             assert [n["payload"]["event"] for n in sent] == ["firing"]
 
 
+def receipt_outcomes(gateway_url: str) -> dict[str, float]:
+    """trainsentry_webhook_receipts_total by outcome, from the gateway's /metrics."""
+    text = urllib.request.urlopen(f"{gateway_url}/metrics", timeout=5).read().decode()
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith('trainsentry_webhook_receipts_total{outcome="'):
+            outcome = line.split('"', 2)[1]
+            found[outcome] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def test_a_group_alertmanager_repeats_unchanged_is_recognised(tmp_path: Path) -> None:
+    """Issue 34 item 5, with Alertmanager's own webhooks: 50 alerts of one group, repeated
+    every second (repeat_interval 1s). The repeats are answered as unchanged resends: no
+    policy work, no notification, every alert planned once."""
+    db_url = f"sqlite:///{tmp_path / 'store.db'}"
+    with start_gateway(tmp_path, db_url, token=TOKEN) as gateway:
+        with start_alertmanager(tmp_path, am_config(gateway.url)) as am, logs_on_error(am, gateway):
+            post_am_alerts(am.url, [am_alert(f"gpu-{n:02d}") for n in range(50)])
+
+            def planned() -> list[dict[str, Any]] | None:
+                items = http_json(f"{gateway.url}/api/v1/alerts?limit=100", token=TOKEN)["items"]
+                done = len(items) == 50 and all(a["priority"] for a in items)
+                return items if done else None
+
+            wait_for(planned, 30, "50 alerts stored and planned")
+            wait_for(
+                lambda: receipt_outcomes(gateway.url).get("resend", 0) >= 1,
+                30,
+                "Alertmanager to repeat the group",
+            )
+            sent = http_json(f"{gateway.url}/api/v1/notifications?limit=1000", token=TOKEN)
+            seen = receipt_outcomes(gateway.url)
+            wait_for(
+                lambda: receipt_outcomes(gateway.url).get("resend", 0) >= seen["resend"] + 2,
+                30,
+                "two more repeats",
+            )
+            outcomes = receipt_outcomes(gateway.url)
+            assert outcomes.get("stored", 0) == seen.get("stored", 0), "nothing new recorded"
+            again = http_json(f"{gateway.url}/api/v1/notifications?limit=1000", token=TOKEN)
+            assert again["items"] == sent["items"], "the repeats notified nothing"
+            items = planned() or []
+            assert {a["labels"]["node"] for a in items} == {f"gpu-{n:02d}" for n in range(50)}
+
+
 def test_truncated_webhook_is_completed_from_alertmanager_api(tmp_path: Path) -> None:
     """`max_alerts: 3` makes Alertmanager cut the list; the gateway fetches the rest."""
     import yaml

@@ -1,10 +1,12 @@
-"""kill -9 the gateway while 2,000 alerts are being posted; every alert that got a 200 survives."""
+"""kill -9 the gateway while 2,000 alerts are being posted; every alert that got a 200 survives;
+kill -9 it before a group is planned, re-send the group: every alert is planned once."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 
 import aiohttp
@@ -14,7 +16,7 @@ from sqlalchemy import func, select
 from tests.support.gateway_process import start_gateway
 from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.store import create_engine
-from trainsentry.store.schema import alert_events, alerts
+from trainsentry.store.schema import alert_events, alerts, policy_inbox
 
 pytestmark = pytest.mark.e2e
 TOKEN = "crash-token"
@@ -103,3 +105,103 @@ def test_kill_9_during_intake_loses_no_acknowledged_alert(tmp_path: Path, db_url
     rows, distinct, events, fingerprints = asyncio.run(stored_counts(db_url))
     assert rows == distinct == fingerprints == 2000  # no duplicate occurrences
     assert events == 2000  # one firing event per alert, none repeated
+
+
+GROUP_BODY = encode(
+    make_body(
+        [make_alert(5000 + i) for i in range(50)],
+        group_key='{}:{alertname="GPUXidError", trainingjob="llama-70b"}',
+    )
+)
+# Holds the policy back: its transaction fails writing the first notification and rolls
+# back, so the group's changes stay in the policy inbox, stored but never planned (a store
+# error: the worker retries it, never sets it aside).
+HOLD_POLICY = {
+    "sqlite": [
+        "CREATE TRIGGER ts_hold BEFORE INSERT ON notifications "
+        "BEGIN SELECT RAISE(ABORT, 'held by the test'); END"
+    ],
+    "postgresql": [
+        "CREATE FUNCTION ts_hold() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN RAISE EXCEPTION 'held by the test'; END $$",
+        "CREATE TRIGGER ts_hold BEFORE INSERT ON notifications "
+        "FOR EACH ROW EXECUTE FUNCTION ts_hold()",
+    ],
+}
+RELEASE_POLICY = {
+    "sqlite": ["DROP TRIGGER ts_hold"],
+    "postgresql": ["DROP TRIGGER ts_hold ON notifications", "DROP FUNCTION ts_hold()"],
+}
+
+
+async def run_sql(db_url: str, statements: list[str]) -> None:
+    engine = create_engine(db_url)
+    try:
+        async with engine.begin() as conn:
+            for statement in statements:
+                await conn.exec_driver_sql(statement)
+    finally:
+        await engine.dispose()
+
+
+async def planning_state(db_url: str) -> tuple[int, int, int, int]:
+    """(alerts, alerts the policy planned (a priority), events, changes waiting)."""
+    engine = create_engine(db_url)
+    try:
+        async with engine.connect() as conn:
+
+            async def scalar(query: object) -> int:
+                return int((await conn.execute(query)).scalar_one())  # type: ignore[call-overload]
+
+            return (
+                await scalar(select(func.count()).select_from(alerts)),
+                await scalar(select(func.count(alerts.c.priority))),
+                await scalar(select(func.count()).select_from(alert_events)),
+                await scalar(select(func.count()).select_from(policy_inbox)),
+            )
+    finally:
+        await engine.dispose()
+
+
+async def post_group(url: str) -> dict[str, object]:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, data=GROUP_BODY, headers=headers) as response,
+    ):
+        assert response.status == 200, await response.text()
+        answer: dict[str, object] = await response.json()
+        return answer
+
+
+def test_kill_9_before_planning_then_the_group_resent_loses_nothing(
+    tmp_path: Path, db_url: str
+) -> None:
+    """Issue 34 item 5: a group stored, the gateway killed before its policy ran, then the
+    group re-sent unchanged after the restart: every alert is planned once, none lost. (The
+    group's digest is written with its changes: the resend may be recognised as unchanged,
+    and the changes it repeats are planned from the inbox.)"""
+    backend = db_url.split(":", 1)[0]
+    gateway = start_gateway(tmp_path, db_url, token=TOKEN)
+    url = f"{gateway.url}/api/v1/alertmanager"
+    try:
+        asyncio.run(run_sql(db_url, HOLD_POLICY[backend]))
+        assert asyncio.run(post_group(url))["new"] == 50
+        time.sleep(1.5)  # the policy worker tries (and fails) at least once
+        assert asyncio.run(planning_state(db_url)) == (50, 0, 50, 50), "stored, not planned"
+        os.kill(gateway.process.pid, signal.SIGKILL)
+        gateway.process.wait(timeout=10)
+    finally:
+        gateway.stop()
+    asyncio.run(run_sql(db_url, RELEASE_POLICY[backend]))
+
+    restarted = start_gateway(tmp_path, db_url, token=TOKEN)
+    try:
+        answer = asyncio.run(post_group(f"{restarted.url}/api/v1/alertmanager"))
+        assert (answer["new"], answer["changed"], answer["unchanged"]) == (0, 0, 50)
+        deadline = time.monotonic() + 30
+        while asyncio.run(planning_state(db_url)) != (50, 50, 50, 0):
+            assert time.monotonic() < deadline, asyncio.run(planning_state(db_url))
+            time.sleep(0.2)
+    finally:
+        restarted.stop()
