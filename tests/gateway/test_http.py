@@ -193,7 +193,8 @@ async def test_health_ready_and_metrics(server: TestServer, http: aiohttp.Client
         text = await response.text()
         assert response.headers["Content-Type"].startswith("text/plain")
     assert 'trainsentry_webhook_receipts_total{outcome="stored"} 1.0' in text
-    assert 'trainsentry_webhook_receipts_total{outcome="replay"} 1.0' in text
+    # the same all-firing body again: an unchanged resend of its group (store/resends.py)
+    assert 'trainsentry_webhook_receipts_total{outcome="resend"} 1.0' in text
     assert 'trainsentry_webhook_receipts_total{outcome="rejected"} 1.0' in text
     assert "trainsentry_alerts_duplicate_total 1.0" in text
     assert "trainsentry_intake_latency_seconds_count 2.0" in text

@@ -9,6 +9,7 @@ built and started by assemble.py and found under `GATEWAY_KEY` (pipeline.py).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections import Counter
@@ -94,26 +95,33 @@ async def receive_webhook(request: web.Request) -> web.Response:
     except BodyRejected as exc:
         metrics.receipts.labels("too_large").inc()
         return _error(exc.status, exc.reason)
-    try:
-        receipt = parse_webhook(body, received_at=gateway.clock())
-    except IntakeRejected as exc:
-        metrics.receipts.labels("rejected").inc()
-        log.info("webhook rejected reason=%r", exc.reason)
-        return _error(400, exc.reason, details=exc.details)
-    try:
-        outcome = await gateway.writer.submit(receipt)
-    except StoreUnavailable as exc:
-        metrics.receipts.labels("unavailable").inc()
-        return _error(503, f"store unavailable, retry: {exc}")
+    received_at = gateway.clock()
+    sha256 = hashlib.sha256(body).hexdigest()
+    # the same bytes as a body stored lately: an unchanged resend needs no parse
+    outcome = await gateway.writer.answer_known(sha256, received_at)
+    alerts = outcome.unchanged if outcome is not None else 0
+    if outcome is None:
+        try:
+            receipt = parse_webhook(body, received_at=received_at, body_sha256=sha256)
+        except IntakeRejected as exc:
+            metrics.receipts.labels("rejected").inc()
+            log.info("webhook rejected reason=%r", exc.reason)
+            return _error(400, exc.reason, details=exc.details)
+        try:
+            outcome = await gateway.writer.submit(receipt)
+        except StoreUnavailable as exc:
+            metrics.receipts.labels("unavailable").inc()
+            return _error(503, f"store unavailable, retry: {exc}")
+        alerts = len(receipt.alerts)
+        if receipt.truncated_alerts > 0:
+            _complete_truncated(gateway, receipt)
     metrics.intake_latency.observe(time.perf_counter() - started)
-    if receipt.truncated_alerts > 0:
-        _complete_truncated(gateway, receipt)
     return web.json_response(
         {
             "status": "stored",
             "receipt_id": outcome.receipt_id,
             "replay": outcome.times_received > 1,
-            "alerts": len(receipt.alerts),
+            "alerts": alerts,
             "new": outcome.new,
             "changed": outcome.changed,
             "unchanged": outcome.unchanged,

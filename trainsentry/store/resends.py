@@ -89,6 +89,40 @@ def skippable(alerts: Sequence[Alert], truncated: int) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class ResendProbe:
+    """What `known_resend` needs of a body: which group, what content, which bytes, and its
+    occurrences (distinct (fingerprint, startsAt), sorted). Small: the intake keeps one per
+    body it saw lately, so a resend of that body needs no parse (gateway/stages/intake.py)."""
+
+    group_key: str
+    content_digest: str
+    body_sha256: str
+    occurrences: tuple[tuple[str, datetime], ...]
+    alerts: int  # the body's alerts (repeats of an occurrence included)
+
+
+# Bodies with more occurrences are recorded as any other (SQLite binds at most 32,766 values).
+MAX_OCCURRENCES = 10_000
+
+
+def resend_probe(receipt: IncomingReceipt) -> ResendProbe | None:
+    """Pure: the probe of a parsed body, or None when it can never be answered from the store
+    (not skippable, or over MAX_OCCURRENCES occurrences)."""
+    if not receipt.skippable or not receipt.content_digest:
+        return None
+    occurrences = sorted({(alert.fingerprint, alert.starts_at) for alert in receipt.alerts})
+    if len(occurrences) > MAX_OCCURRENCES:
+        return None
+    return ResendProbe(
+        receipt.group_key,
+        receipt.content_digest,
+        receipt.body_sha256,
+        tuple(occurrences),
+        len(receipt.alerts),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class KnownReceipt:
     """A stored receipt an unchanged resend repeats."""
 
@@ -108,40 +142,34 @@ _FIRING_SQLITE = "(a.fingerprint, a.starts_at) IN (VALUES {})"
 _FIRING_POSTGRESQL = (
     "(a.fingerprint, a.starts_at) IN (SELECT * FROM unnest(?::text[], ?::timestamptz[]))"
 )
-# Bodies with more occurrences are recorded as any other (SQLite binds at most 32,766 values).
-MAX_OCCURRENCES = 10_000
 
 
-def known_resend_steps(receipt: IncomingReceipt, enc: Encoder) -> Steps[KnownReceipt | None]:
+def known_resend_steps(probe: ResendProbe, enc: Encoder) -> Steps[KnownReceipt | None]:
     """`known_resend` as one statement (a read)."""
-    if not receipt.skippable or not receipt.content_digest:
-        return None
-    wanted = sorted({(alert.fingerprint, enc.time(alert.starts_at)) for alert in receipt.alerts})
-    if len(wanted) > MAX_OCCURRENCES:
-        return None
     params: list[Any] = []
     if enc.sqlite:
-        firing = _FIRING_SQLITE.format(",".join(["(?,?)"] * len(wanted)))
-        for fingerprint, starts_at in wanted:
-            params += (fingerprint, starts_at)
+        firing = _FIRING_SQLITE.format(",".join(["(?,?)"] * len(probe.occurrences)))
+        for fingerprint, starts_at in probe.occurrences:
+            params += (fingerprint, enc.time(starts_at))
     else:
         firing = _FIRING_POSTGRESQL
-        params += ([fp for fp, _ in wanted], [starts_at for _, starts_at in wanted])
-    params += (group_row_key(receipt.group_key), receipt.body_sha256)
+        params.append([fingerprint for fingerprint, _ in probe.occurrences])
+        params.append([enc.time(starts_at) for _, starts_at in probe.occurrences])
+    params += (group_row_key(probe.group_key), probe.body_sha256)
     rows = yield Fetch(_KNOWN.format(firing), params)
     if not rows:
         return None  # not a stored body
     receipt_id, times, digest, firing_now = rows[0]
-    if digest != receipt.content_digest or int(firing_now) != len(wanted):
+    if digest != probe.content_digest or int(firing_now) != len(probe.occurrences):
         return None
     return KnownReceipt(int(receipt_id), int(times))
 
 
-async def known_resend(conn: AsyncConnection, receipt: IncomingReceipt) -> KnownReceipt | None:
-    """The stored receipt `receipt` repeats when it is an unchanged resend of its group that
+async def known_resend(conn: AsyncConnection, probe: ResendProbe) -> KnownReceipt | None:
+    """The stored receipt a body repeats when it is an unchanged resend of its group that
     needs no write (module docstring), else None. A read only, of committed rows (on disk):
     `conn` need not be in a transaction (`open_reader`)."""
-    return await run_steps(conn, known_resend_steps(receipt, encoder(conn)))
+    return await run_steps(conn, known_resend_steps(probe, encoder(conn)))
 
 
 async def open_reader(engine: AsyncEngine) -> AsyncConnection:

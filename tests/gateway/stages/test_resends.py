@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.support.gateway_process import close_in_process
 from tests.support.webhook_factory import BASE_TIME, encode, make_alert, make_body
@@ -22,6 +23,9 @@ from trainsentry.config import GatewaySettings
 from trainsentry.gateway.app import WEBHOOK_PATH
 from trainsentry.gateway.assemble import create_app
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
+from trainsentry.gateway.stages.intake import parse_webhook
+from trainsentry.gateway.stages.resends import Resends
+from trainsentry.store.resends import resend_probe
 from trainsentry.store.schema import (
     alert_events,
     alerts,
@@ -29,6 +33,7 @@ from trainsentry.store.schema import (
     policy_inbox,
     webhook_receipts,
 )
+from trainsentry.store.writes import record_receipts
 
 GROUP = '{}/{severity="P2"}:{alertname="GPUXidError", trainingjob="llama-70b"}'
 
@@ -178,6 +183,8 @@ async def test_a_resend_of_an_all_firing_group_after_a_change_is_recognised(
     # a late copy of the older notification (an HA peer) is recorded as before, not skipped
     late = await running.post(group(members), after_s=1)
     assert late["resend"] is False and late["replay"] is True
+    assert running.gateway.metrics.receipts.labels("replay")._value.get() == 1
+    assert running.resends_counted() == 1
 
 
 async def test_another_groups_change_to_an_alert_is_not_skipped_over(running: Running) -> None:
@@ -234,3 +241,35 @@ async def test_the_stale_sweep_sees_resent_alerts_as_fresh(running: Running) -> 
     statuses = await running.statuses()
     assert {statuses[f"{i:016x}"] for i in range(3)} == {"firing"}
     assert {statuses[f"{i:016x}"] for i in range(3, 6)} == {"resolved"}
+
+
+async def test_the_bodies_kept_to_skip_their_parse_are_bounded(engine: AsyncEngine) -> None:
+    """The intake keeps the probes of bodies seen lately so their resends are not parsed
+    again, up to a number of occurrences: the least recently seen go first (their resends are
+    then parsed and recognised all the same)."""
+    flushes: list[int] = []
+    resends = Resends(
+        engine,
+        on_answer=lambda _outcome: None,
+        request_flush=lambda: flushes.append(1),
+        max_known_occurrences=10,
+    )
+    receipts = [
+        parse_webhook(encode(make_body([make_alert(10 * g + i) for i in range(5)], group_key=key)))
+        for g, key in enumerate(("{}:a", "{}:b", "{}:c"))
+    ]
+    async with engine.begin() as conn:
+        await record_receipts(conn, receipts)
+    probes = [resend_probe(receipt) for receipt in receipts]
+    try:
+        for probe in probes:
+            assert probe is not None
+            resends.remember(probe)
+        first, second, third = (receipt.body_sha256 for receipt in receipts)
+        assert await resends.answer_known(first, BASE_TIME) is None, "the oldest went"
+        answered = await resends.answer_known(third, BASE_TIME)
+        assert answered is not None and answered.resend and answered.unchanged == 5
+        assert await resends.answer_known(second, BASE_TIME) is not None
+        assert resends.owed
+    finally:
+        await resends.close()

@@ -5,13 +5,13 @@
 commit), each caller's future resolving only after its transaction committed — so a 200 means
 the alerts are on disk, each change queued in the policy inbox in the same transaction. The
 alert policy runs after the commit (stages/planning/worker.py), so a slow policy or a storm's
-backlog never delays the answer to Alertmanager.
+backlog never delays the answer to Alertmanager. An unchanged resend of a group is answered
+from a read instead, with nothing to commit (store/resends.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -23,13 +23,13 @@ from typing import Annotated, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from trainsentry.alerts import GO_ZERO_TIME, Alert, AlertChange, AlertStatus, utcnow
+from trainsentry.gateway.stages.resends import Resends
 from trainsentry.store.engine import Connection, Engine
 from trainsentry.store.errors import DatabaseError, DriverError, StoreDown
 from trainsentry.store.resends import (
     ReceiptTouch,
     content_digest,
-    known_resend,
-    open_reader,
+    resend_probe,
     skippable,
     touch_receipts,
 )
@@ -157,8 +157,11 @@ def _surrogate_at(value: object, where: str) -> str | None:
     return None
 
 
-def parse_webhook(body: bytes, received_at: datetime | None = None) -> IncomingReceipt:
-    """Validates a webhook body. Raises IntakeRejected with a reason for anything unstorable."""
+def parse_webhook(
+    body: bytes, received_at: datetime | None = None, body_sha256: str | None = None
+) -> IncomingReceipt:
+    """Validates a webhook body. Raises IntakeRejected with a reason for anything unstorable.
+    `body_sha256`: the body's SHA-256 (hex) when the caller has it already."""
     try:
         # pydantic parses and validates the bytes in one pass (no Python dict in between);
         # the JSON parser refuses bad UTF-8 and lone surrogates, and so does the slow path.
@@ -179,7 +182,7 @@ def parse_webhook(body: bytes, received_at: datetime | None = None) -> IncomingR
                 [f"alerts.{index}: startsAt/endsAt outside the years 1 to 9999 in UTC"],
             ) from None
     return IncomingReceipt(
-        body_sha256=hashlib.sha256(body).hexdigest(),
+        body_sha256=body_sha256 or hashlib.sha256(body).hexdigest(),
         body_text=text,
         received_at=received_at or utcnow(),
         receiver=payload.receiver,
@@ -266,10 +269,9 @@ class _Pending:
 class IntakeWriter:
     """One writer task; many requests per transaction (group commit).
 
-    An unchanged resend of a group (store/resends.py) is answered from a read of the store,
-    without a transaction; what recording it would have counted (its receipt's
-    `times_received`, `last_received_at`) is added up here and written with the next
-    transaction, at most `touch_after` seconds later. A crash loses only those counts."""
+    An unchanged resend of a group is answered from one read of the store, with nothing to
+    commit (`resends`, stages/resends.py); the counts it owes its receipt are written with
+    the writer's next transaction, at most `touch_after` seconds later."""
 
     def __init__(
         self,
@@ -284,35 +286,26 @@ class IntakeWriter:
         self._on_commit = on_commit
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._task = OwnedTask("intake-writer", self._run)
-        self._touch_after = touch_after
-        self._touches: dict[int, ReceiptTouch] = {}  # receipt id -> resends not yet counted
-        self._touch_timer: asyncio.TimerHandle | None = None
-        self._reader: Connection | None = None  # for `known_resend`, opened on first use
-        self._reader_lock = asyncio.Lock()
+        self.resends = Resends(
+            engine,
+            on_answer=lambda outcome: on_commit([outcome]) if on_commit else None,
+            request_flush=self._request_flush,
+            touch_after=touch_after,
+        )
 
     def start(self) -> None:
         self._task.start()
 
     async def stop(self) -> None:
         await self._task.stop()
-        if self._touch_timer is not None:
-            self._touch_timer.cancel()
-            self._touch_timer = None
         while not self._queue.empty():
             self._queue.get_nowait().future.set_exception(StoreUnavailable("shutting down"))
-        if self._touches:
+        if self.resends.owed:
             try:
-                await self._transaction([], self._take_touches())
+                await self._transaction([], self.resends.take_touches())
             except Exception as exc:  # only counts are lost; the alerts are stored
                 log.warning("intake: resend counts not written at stop error=%r", exc)
-        async with self._reader_lock:
-            await self._close_reader()
-
-    async def _close_reader(self) -> None:
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            with contextlib.suppress(Exception):
-                await reader.close()
+        await self.resends.close()
 
     @property
     def queued(self) -> int:
@@ -321,77 +314,36 @@ class IntakeWriter:
     async def submit(self, receipt: IncomingReceipt) -> ReceiptOutcome:
         """Returns once the receipt is committed (or is known to be stored already: an
         unchanged resend); raises StoreUnavailable otherwise."""
-        if receipt.skippable:
-            outcome = await self._known_resend(receipt)
+        probe = resend_probe(receipt)
+        if probe is not None:
+            outcome = await self.resends.answer(probe, receipt.received_at)
             if outcome is not None:
-                if self._on_commit is not None:
-                    self._on_commit([outcome])
                 return outcome
         future: asyncio.Future[ReceiptOutcome | None] = asyncio.get_running_loop().create_future()
         await self._queue.put(_Pending(receipt, future))
         outcome = await future
         assert outcome is not None
+        if probe is not None:
+            self.resends.remember(probe)
         return outcome
+
+    async def answer_known(self, body_sha256: str, received_at: datetime) -> ReceiptOutcome | None:
+        """The answer to the same bytes as a body stored lately, when it is an unchanged
+        resend now (no parse needed); None: parse it and `submit` it."""
+        return await self.resends.answer_known(body_sha256, received_at)
 
     async def flush(self) -> None:
         """Writes the counts of resends answered from the store now (tests, the demo)."""
-        if self._touches:
+        if self.resends.owed:
             future: asyncio.Future[ReceiptOutcome | None] = (
                 asyncio.get_running_loop().create_future()
             )
             await self._queue.put(_Pending(None, future))
             await future
 
-    async def _known_resend(self, receipt: IncomingReceipt) -> ReceiptOutcome | None:
-        """The answer to an unchanged resend of its group, from a read of the store; None when
-        it must be recorded (or the read failed: the writer then answers for the store)."""
-        async with self._reader_lock:
-            try:
-                if self._reader is None:
-                    self._reader = await open_reader(self._engine)
-                known = await known_resend(self._reader, receipt)
-            except Exception as exc:
-                if not isinstance(exc, DatabaseError | OSError):
-                    log.exception("intake: checking for an unchanged resend failed")
-                await self._close_reader()  # a new one next time (the store may be back)
-                return None
-        if known is None:
-            return None
-        touch = self._touches.get(known.receipt_id)
-        if touch is None:
-            touch = self._touches[known.receipt_id] = ReceiptTouch(0, receipt.received_at)
-        touch.count += 1
-        touch.last_at = max(touch.last_at, receipt.received_at)
-        if self._touch_timer is None:
-            self._touch_timer = asyncio.get_running_loop().call_later(
-                self._touch_after, self._touches_due
-            )
-        return ReceiptOutcome(
-            receipt_id=known.receipt_id,
-            times_received=known.times_received + touch.count,
-            unchanged=len(receipt.alerts),
-            resend=True,
-        )
-
-    def _touches_due(self) -> None:
-        self._touch_timer = None
-        if self._touches:  # a transaction since may have written them already
-            future = asyncio.get_running_loop().create_future()
-            self._queue.put_nowait(_Pending(None, future))
-
-    def _take_touches(self) -> dict[int, ReceiptTouch]:
-        touches, self._touches = self._touches, {}
-        return touches
-
-    def _put_back(self, touches: dict[int, ReceiptTouch]) -> None:
-        """Touches whose transaction failed wait for the next one."""
-        for receipt_id, touch in touches.items():
-            now = self._touches.get(receipt_id)
-            if now is None:
-                self._touches[receipt_id] = touch
-            else:
-                now.count += touch.count
-                now.last_at = max(now.last_at, touch.last_at)
+    def _request_flush(self) -> None:
+        future: asyncio.Future[ReceiptOutcome | None] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Pending(None, future))
 
     async def _run(self) -> None:
         while True:
@@ -407,11 +359,11 @@ class IntakeWriter:
 
     async def _commit_batch(self, batch: list[_Pending]) -> None:
         receipts = [item.receipt for item in batch if item.receipt is not None]
-        touches = self._take_touches()
+        touches = self.resends.take_touches()
         try:
             outcomes = await self._transaction(receipts, touches)
         except Exception as exc:
-            self._put_back(touches)
+            self.resends.put_back(touches)
             # Whatever fails, the writer must live on: a dead writer would leave every later
             # webhook waiting for an answer. Unknown errors are bugs, logged with their trace.
             if len(batch) > 1 and not _is_unavailable(exc):
