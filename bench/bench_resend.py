@@ -8,22 +8,26 @@ what each costs the gateway, in alternating triples on one running gateway proce
 - recorded: the same alerts in a new body (`notification_reason` changed, as newer
   Alertmanagers write it): unchanged, but recorded in full, which is what every resend
   cost before (the baseline in the same run);
-- idle: no webhook, the same wait: what the gateway's own timers and polls use in such a
+- healthz: `GET /healthz`, the cheapest request there is: what any HTTP request costs;
+- idle: no request, the same wait: what the gateway's own timers and polls use in such a
   window (the floor of the method, included in every figure).
 
 Per webhook: the wall time until the gateway went quiet again (the answer, and for a fresh
-group its planning and its notifications sent to the console channel), and the CPU the
-gateway used meanwhile: its process (all threads, /proc/PID/task/*/schedstat, nanoseconds),
+group its planning, and with `--send console` its notifications sent to the console
+channel; with `--send no` the policy routes to no channel), and the CPU the gateway used
+meanwhile: its process (all threads, /proc/PID/task/*/schedstat, nanoseconds),
 plus on PostgreSQL the server processes serving its connections. The resend's receipt count
 is written later, once for all resends of that second; that write is timed on its own.
 
     .venv/bin/python -m bench.bench_resend [--backend sqlite|postgresql|both] [--pairs 30]
+        [--send no|console|both]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
@@ -120,6 +124,11 @@ async def one(
     if body is None:
         wall, after = await probe.until_quiet(started)
         return wall, (after - before) / 1e9
+    if expect == "healthz":
+        async with session.get(url.replace("/api/v1/alertmanager", "/healthz")) as response:
+            await response.read()
+        wall, after = await probe.until_quiet(started)
+        return wall, (after - before) / 1e9
     async with session.post(url, data=body) as response:
         answer = await response.json()
         assert response.status == 200, answer
@@ -138,6 +147,7 @@ async def run_pairs(url: str, probe: Probe, pairs: int) -> dict[str, list[tuple[
         "fresh": [],
         "resend": [],
         "recorded": [],
+        "healthz": [],
         "idle": [],
     }
     async with aiohttp.ClientSession() as session:
@@ -148,6 +158,7 @@ async def run_pairs(url: str, probe: Probe, pairs: int) -> dict[str, list[tuple[
             later: list[tuple[str, bytes | None]] = [
                 ("resend", body),
                 ("recorded", group(index, "repeat interval elapsed")),
+                ("healthz", b""),
                 ("idle", None),
             ]
             if index % 2:
@@ -184,13 +195,18 @@ async def counts_write_seconds(db_url: str, rounds: int = 20) -> float:
     return statistics.median(times)
 
 
-def bench(backend: str, pairs: int, tmp: Path) -> None:
+def bench(backend: str, pairs: int, tmp: Path, send: bool) -> None:
     pg_url = make_pg_database() if backend == "postgresql" else None
-    db_url = pg_url or f"sqlite:///{tmp / 'resend.db'}"
+    db_url = pg_url or f"sqlite:///{tmp / f'resend-{send}.db'}"
     port = free_port()
     argv = [sys.executable, "-m", "trainsentry", "gateway", "--listen", f"127.0.0.1:{port}"]
     argv += ["--db", db_url, "--log-level", "WARNING"]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = dict(os.environ)
+    if not send:  # no channel: the policy plans and writes nothing to send
+        policy = tmp / "no-channels.yaml"
+        policy.write_text("routing:\n  always: []\n")
+        env["TRAINSENTRY_POLICY_FILE"] = str(policy)
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_ready(f"http://127.0.0.1:{port}", proc)
         probe = Probe(proc.pid, pg_url)
@@ -212,9 +228,10 @@ def bench(backend: str, pairs: int, tmp: Path) -> None:
         pairs_ = zip(results[kind], results["fresh"], strict=True)
         return statistics.median(k[i] / f[i] for k, f in pairs_)
 
-    print(f"\n{backend}: medians of {pairs} alternating triples, 50-alert groups")
+    what = "notifications sent to the console channel" if send else "planned, no channel"
+    print(f"\n{backend}, {what}: medians of {pairs} alternating triples, 50-alert groups")
     print("                    wall ms   CPU ms   (ratio to fresh: wall, CPU; medians of pairs)")
-    for kind in ("fresh", "resend", "recorded", "idle"):
+    for kind in ("fresh", "resend", "recorded", "healthz", "idle"):
         line = f"  {kind:9s}   {med(kind, 0) * 1e3:9.2f} {med(kind, 1) * 1e3:8.2f}"
         if kind in ("resend", "recorded"):
             line += f"   {ratio(kind, 0):.3f}  {ratio(kind, 1):.3f}"
@@ -229,11 +246,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--backend", choices=("sqlite", "postgresql", "both"), default="both")
     parser.add_argument("--pairs", type=int, default=30, help="measured triples per backend")
+    parser.add_argument(
+        "--send",
+        choices=("no", "console", "both"),
+        default="both",
+        help="no: route to no channel (fresh = intake + policy); console: and send its "
+        "notifications to the console channel",
+    )
     args = parser.parse_args()
     backends = ("sqlite", "postgresql") if args.backend == "both" else (args.backend,)
+    sends = {"no": (False,), "console": (True,), "both": (False, True)}[args.send]
     with tempfile.TemporaryDirectory() as tmp:
         for backend in backends:
-            bench(backend, args.pairs, Path(tmp))
+            for send in sends:
+                bench(backend, args.pairs, Path(tmp), send)
     return 0
 
 

@@ -133,19 +133,25 @@ class KnownReceipt:
 # One statement, so the check is one round trip (one hop to SQLite's thread): the receipt,
 # its group's digest, and how many of the body's occurrences are stored and firing (each
 # (fingerprint, startsAt) is unique, so all are when the count is the number of occurrences).
+# The occurrences are looked up from the list, through the unique index: filtered on the
+# status first, a planner would read every firing alert (SQLite did, through the status
+# index); CROSS JOIN keeps SQLite's order (tests/store/test_resends.py reads both plans).
 _KNOWN = (
-    "SELECT r.id, r.times_received, g.digest, (SELECT count(*) FROM alerts a WHERE {} "
-    "AND a.status = 'firing') FROM webhook_receipts r "
+    "SELECT r.id, r.times_received, g.digest, (SELECT count(*) FROM {} "
+    "WHERE a.status = 'firing') FROM webhook_receipts r "
     "LEFT JOIN webhook_groups g ON g.key = ? WHERE r.body_sha256 = ?"
 )
-_FIRING_SQLITE = "(a.fingerprint, a.starts_at) IN (VALUES {})"
+_FIRING_SQLITE = (
+    "(VALUES {}) AS k CROSS JOIN alerts a ON a.fingerprint = k.column1 AND a.starts_at = k.column2"
+)
 _FIRING_POSTGRESQL = (
-    "(a.fingerprint, a.starts_at) IN (SELECT * FROM unnest(?::text[], ?::timestamptz[]))"
+    "unnest(?::text[], ?::timestamptz[]) AS k(fingerprint, starts_at) JOIN alerts a "
+    "ON a.fingerprint = k.fingerprint AND a.starts_at = k.starts_at"
 )
 
 
-def known_resend_steps(probe: ResendProbe, enc: Encoder) -> Steps[KnownReceipt | None]:
-    """`known_resend` as one statement (a read)."""
+def known_resend_sql(probe: ResendProbe, enc: Encoder) -> tuple[str, list[Any]]:
+    """Pure: the statement `known_resend` runs for `probe`, with its parameters."""
     params: list[Any] = []
     if enc.sqlite:
         firing = _FIRING_SQLITE.format(",".join(["(?,?)"] * len(probe.occurrences)))
@@ -156,7 +162,12 @@ def known_resend_steps(probe: ResendProbe, enc: Encoder) -> Steps[KnownReceipt |
         params.append([fingerprint for fingerprint, _ in probe.occurrences])
         params.append([enc.time(starts_at) for _, starts_at in probe.occurrences])
     params += (group_row_key(probe.group_key), probe.body_sha256)
-    rows = yield Fetch(_KNOWN.format(firing), params)
+    return _KNOWN.format(firing), params
+
+
+def known_resend_steps(probe: ResendProbe, enc: Encoder) -> Steps[KnownReceipt | None]:
+    """`known_resend` as one statement (a read)."""
+    rows = yield Fetch(*known_resend_sql(probe, enc))
     if not rows:
         return None  # not a stored body
     receipt_id, times, digest, firing_now = rows[0]
