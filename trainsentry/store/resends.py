@@ -133,36 +133,35 @@ class KnownReceipt:
 # One statement, so the check is one round trip (one hop to SQLite's thread): the receipt,
 # its group's digest, and how many of the body's occurrences are stored and firing (each
 # (fingerprint, startsAt) is unique, so all are when the count is the number of occurrences).
-# The occurrences are looked up from the list, through the unique index: filtered on the
-# status first, a planner would read every firing alert (SQLite did, through the status
-# index); CROSS JOIN keeps SQLite's order (tests/store/test_resends.py reads both plans).
+# Each occurrence's status is looked up on its own (a correlated subquery, which neither
+# planner flattens into a join) through the unique index: joined, SQLite read every firing
+# alert through the status index, and PostgreSQL hashed the whole table whenever it believed
+# it small (after a burst of new alerts), so a resend cost more with every alert stored.
+# tests/store/test_resends.py reads both plans.
 _KNOWN = (
-    "SELECT r.id, r.times_received, g.digest, (SELECT count(*) FROM {} "
-    "WHERE a.status = 'firing') FROM webhook_receipts r "
+    "SELECT r.id, r.times_received, g.digest, (SELECT count(*) FROM {} WHERE "
+    "(SELECT a.status FROM alerts a WHERE a.fingerprint = k.fingerprint "
+    "AND a.starts_at = k.starts_at) = 'firing') FROM webhook_receipts r "
     "LEFT JOIN webhook_groups g ON g.key = ? WHERE r.body_sha256 = ?"
 )
-_FIRING_SQLITE = (
-    "(VALUES {}) AS k CROSS JOIN alerts a ON a.fingerprint = k.column1 AND a.starts_at = k.column2"
-)
-_FIRING_POSTGRESQL = (
-    "unnest(?::text[], ?::timestamptz[]) AS k(fingerprint, starts_at) JOIN alerts a "
-    "ON a.fingerprint = k.fingerprint AND a.starts_at = k.starts_at"
-)
+# the body's occurrences as a table k(fingerprint, starts_at)
+_OCCURRENCES_SQLITE = "(SELECT column1 AS fingerprint, column2 AS starts_at FROM (VALUES {})) AS k"
+_OCCURRENCES_POSTGRESQL = "unnest(?::text[], ?::timestamptz[]) AS k(fingerprint, starts_at)"
 
 
 def known_resend_sql(probe: ResendProbe, enc: Encoder) -> tuple[str, list[Any]]:
     """Pure: the statement `known_resend` runs for `probe`, with its parameters."""
     params: list[Any] = []
     if enc.sqlite:
-        firing = _FIRING_SQLITE.format(",".join(["(?,?)"] * len(probe.occurrences)))
+        occurrences = _OCCURRENCES_SQLITE.format(",".join(["(?,?)"] * len(probe.occurrences)))
         for fingerprint, starts_at in probe.occurrences:
             params += (fingerprint, enc.time(starts_at))
     else:
-        firing = _FIRING_POSTGRESQL
+        occurrences = _OCCURRENCES_POSTGRESQL
         params.append([fingerprint for fingerprint, _ in probe.occurrences])
         params.append([enc.time(starts_at) for _, starts_at in probe.occurrences])
     params += (group_row_key(probe.group_key), probe.body_sha256)
-    return _KNOWN.format(firing), params
+    return _KNOWN.format(occurrences), params
 
 
 def known_resend_steps(probe: ResendProbe, enc: Encoder) -> Steps[KnownReceipt | None]:
