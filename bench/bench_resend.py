@@ -12,15 +12,18 @@ what each costs the gateway, in alternating triples on one running gateway proce
 - idle: no request, the same wait: what the gateway's own timers and polls use in such a
   window (the floor of the method, included in every figure).
 
-Per webhook: the wall time until the gateway went quiet again (the answer, and for a fresh
-group its planning, and with `--send console` its notifications sent to the console
-channel; with `--send no` the policy routes to no channel), and the CPU the gateway used
-meanwhile: its process (all threads, /proc/PID/task/*/schedstat, nanoseconds),
-plus on PostgreSQL the server processes serving its connections. The resend's receipt count
-is written later, once for all resends of that second; that write is timed on its own.
+Each measurement is a burst of `--burst` webhooks of one kind, one after the other (so it
+does not hinge on the wake-up of an idle process). Per webhook: the wall time until the
+gateway went quiet again (the answers, and for fresh groups their planning, and with
+`--send console` their notifications sent to the console channel, always on by default;
+with `--send no` the policy routes to no channel, so a fresh group costs intake and policy
+only), and the CPU the gateway used meanwhile: its process (all threads,
+/proc/PID/task/*/schedstat, nanoseconds), plus on PostgreSQL the server processes serving
+its connections. A resend's receipt count is written later, once for all resends of that
+second; that write is timed on its own.
 
     .venv/bin/python -m bench.bench_resend [--backend sqlite|postgresql|both] [--pairs 30]
-        [--send no|console|both]
+        [--burst 5] [--send no|console|both]
 """
 
 from __future__ import annotations
@@ -114,35 +117,40 @@ class Probe:
 
 
 async def one(
-    session: aiohttp.ClientSession, url: str, body: bytes | None, probe: Probe, expect: str
+    session: aiohttp.ClientSession,
+    url: str,
+    bodies: list[bytes] | None,
+    probe: Probe,
+    expect: str,
 ) -> tuple[float, float]:
-    """Posts `body`; (wall seconds until the gateway went quiet, its CPU seconds). With no
-    body: the same for an idle gateway (its timers and polls: the floor of the method)."""
+    """Posts `bodies` one after the other; per webhook, (wall seconds until the gateway went
+    quiet, its CPU seconds). A burst, so a measurement does not hinge on one wake-up of an
+    idle process. With no bodies: the same wait on an idle gateway (its timers and polls)."""
     await probe.until_quiet(time.perf_counter())
     before = cpu_ns(probe.pids)
     started = time.perf_counter()
-    if body is None:
-        wall, after = await probe.until_quiet(started)
-        return wall, (after - before) / 1e9
-    if expect == "healthz":
-        async with session.get(url.replace("/api/v1/alertmanager", "/healthz")) as response:
-            await response.read()
-        wall, after = await probe.until_quiet(started)
-        return wall, (after - before) / 1e9
-    async with session.post(url, data=body) as response:
-        answer = await response.json()
-        assert response.status == 200, answer
+    for body in bodies or ():
+        if expect == "healthz":
+            async with session.get(url.replace("/api/v1/alertmanager", "/healthz")) as response:
+                await response.read()
+            continue
+        async with session.post(url, data=body) as response:
+            answer = await response.json()
+            assert response.status == 200, answer
+        if expect == "fresh":
+            assert answer["new"] == ALERTS and not answer["resend"], answer
+        elif expect == "resend":
+            assert answer["resend"] and answer["unchanged"] == ALERTS, answer
+        else:
+            assert not answer["resend"] and answer["unchanged"] == ALERTS, answer
     wall, after = await probe.until_quiet(started)
-    if expect == "fresh":
-        assert answer["new"] == ALERTS and not answer["resend"], answer
-    elif expect == "resend":
-        assert answer["resend"] and answer["unchanged"] == ALERTS, answer
-    else:
-        assert not answer["resend"] and answer["unchanged"] == ALERTS, answer
-    return wall, (after - before) / 1e9
+    count = len(bodies or [None])
+    return wall / count, (after - before) / 1e9 / count
 
 
-async def run_pairs(url: str, probe: Probe, pairs: int) -> dict[str, list[tuple[float, float]]]:
+async def run_pairs(
+    url: str, probe: Probe, pairs: int, burst: int
+) -> dict[str, list[tuple[float, float]]]:
     results: dict[str, list[tuple[float, float]]] = {
         "fresh": [],
         "resend": [],
@@ -153,12 +161,13 @@ async def run_pairs(url: str, probe: Probe, pairs: int) -> dict[str, list[tuple[
     async with aiohttp.ClientSession() as session:
         for index in range(pairs + WARMUP):
             await probe.refresh()
-            body = group(index)
-            fresh = await one(session, url, body, probe, "fresh")
-            later: list[tuple[str, bytes | None]] = [
-                ("resend", body),
-                ("recorded", group(index, "repeat interval elapsed")),
-                ("healthz", b""),
+            groups = range(index * burst, (index + 1) * burst)
+            bodies = [group(g) for g in groups]
+            fresh = await one(session, url, bodies, probe, "fresh")
+            later: list[tuple[str, list[bytes] | None]] = [
+                ("resend", bodies),
+                ("recorded", [group(g, "repeat interval elapsed") for g in groups]),
+                ("healthz", [b""] * burst),
                 ("idle", None),
             ]
             if index % 2:
@@ -195,7 +204,7 @@ async def counts_write_seconds(db_url: str, rounds: int = 20) -> float:
     return statistics.median(times)
 
 
-def bench(backend: str, pairs: int, tmp: Path, send: bool) -> None:
+def bench(backend: str, pairs: int, burst: int, tmp: Path, send: bool) -> None:
     pg_url = make_pg_database() if backend == "postgresql" else None
     db_url = pg_url or f"sqlite:///{tmp / f'resend-{send}.db'}"
     port = free_port()
@@ -211,7 +220,7 @@ def bench(backend: str, pairs: int, tmp: Path, send: bool) -> None:
         wait_ready(f"http://127.0.0.1:{port}", proc)
         probe = Probe(proc.pid, pg_url)
         url = f"http://127.0.0.1:{port}/api/v1/alertmanager"
-        results = asyncio.run(run_pairs(url, probe, pairs))
+        results = asyncio.run(run_pairs(url, probe, pairs, burst))
     finally:
         proc.terminate()
         proc.wait(timeout=20)
@@ -229,7 +238,10 @@ def bench(backend: str, pairs: int, tmp: Path, send: bool) -> None:
         return statistics.median(k[i] / f[i] for k, f in pairs_)
 
     what = "notifications sent to the console channel" if send else "planned, no channel"
-    print(f"\n{backend}, {what}: medians of {pairs} alternating triples, 50-alert groups")
+    print(
+        f"\n{backend}, {what}: medians of {pairs} alternating triples of bursts of {burst} "
+        "50-alert webhooks, per webhook"
+    )
     print("                    wall ms   CPU ms   (ratio to fresh: wall, CPU; medians of pairs)")
     for kind in ("fresh", "resend", "recorded", "healthz", "idle"):
         line = f"  {kind:9s}   {med(kind, 0) * 1e3:9.2f} {med(kind, 1) * 1e3:8.2f}"
@@ -246,6 +258,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--backend", choices=("sqlite", "postgresql", "both"), default="both")
     parser.add_argument("--pairs", type=int, default=30, help="measured triples per backend")
+    parser.add_argument("--burst", type=int, default=5, help="webhooks per measurement")
     parser.add_argument(
         "--send",
         choices=("no", "console", "both"),
@@ -259,7 +272,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for backend in backends:
             for send in sends:
-                bench(backend, args.pairs, Path(tmp), send)
+                bench(backend, args.pairs, args.burst, Path(tmp), send)
     return 0
 
 
