@@ -52,7 +52,7 @@ class Resends:
         self._timer: asyncio.TimerHandle | None = None
         self._reader: Connection | None = None  # opened on first use
         self._reader_lock = asyncio.Lock()
-        # probes by body SHA-256, least recently seen first; about 100 bytes per occurrence
+        # probes by body SHA-256, least recently seen first; about 200 bytes per occurrence
         self._known: OrderedDict[str, ResendProbe] = OrderedDict()
         self._known_occurrences = 0
         self._max_known_occurrences = max_known_occurrences
