@@ -72,8 +72,10 @@ def test_demo_help_lists_exit_codes() -> None:
 
 
 def test_demo_serve_links_the_console_of_its_run(tmp_path: Path) -> None:
+    import collections
     import re
     import signal
+    import threading
     import urllib.request
 
     process = subprocess.Popen(
@@ -91,11 +93,20 @@ def test_demo_serve_links_the_console_of_its_run(tmp_path: Path) -> None:
                 url = found.group(1)
                 break
         assert url is not None, "no console address printed"
+        # Keep reading what the demo prints, so a full pipe never blocks its shutdown, and
+        # keep the last lines to say why, should it not end.
+        tail: collections.deque[str] = collections.deque(maxlen=40)
+        reader = threading.Thread(target=tail.extend, args=(process.stdout,), daemon=True)
+        reader.start()
         with urllib.request.urlopen(url + "history?days=7", timeout=10) as response:
             page = response.read().decode()
         assert "GPUFellOffBus" in page and "gpu-node-17" in page
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 0
+        try:
+            code = process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("demo --serve did not end 30 s after Ctrl-C; it printed:\n" + "".join(tail))
+        assert code == 0, "".join(tail)
     finally:
         if process.poll() is None:
             process.kill()
