@@ -126,6 +126,9 @@ class AlertChange:
     kind: ChangeKind
     alert: Alert
     at: datetime
+    # The Alertmanager group (the webhook's `groupKey`) whose notification carried the change;
+    # "" when none did (an expiry, a sender without groups). Incidents group by it.
+    group_key: str = ""
 
 
 @dataclass(slots=True)

@@ -10,6 +10,8 @@ from trainsentry.store.migrations import MIGRATIONS
 from trainsentry.store.schema import (
     callback_events,
     console_revoked_sessions,
+    incident_alerts,
+    incidents,
     maintenance_mutes,
     maintenance_windows,
     metadata,
@@ -27,6 +29,7 @@ ADDED_TABLES = {
     10: (oncall_overrides,),
     11: (console_revoked_sessions,),
     12: (webhook_groups,),
+    13: (incidents, incident_alerts),
 }
 # Columns that later versions added to tables version 1 created: {version: {table: names}}.
 ADDED_COLUMNS: dict[int, dict[str, tuple[str, ...]]] = {

@@ -52,11 +52,14 @@ class Claimed:
     changes: list[AlertChange]
 
 
+# The change's Alertmanager group: the groupKey of the webhook that carried it (none for an
+# expiry); incidents group by it (gateway/policy/incident.py).
 _SELECT = (
     "SELECT i.event_id, e.kind, e.at, a.id, a.fingerprint, a.labels, a.annotations, "
-    "a.starts_at, a.ends_at, a.generator_url "
+    "a.starts_at, a.ends_at, a.generator_url, r.group_key "
     "FROM policy_inbox i JOIN alert_events e ON e.id = i.event_id "
     "JOIN alerts a ON a.id = e.alert_id "
+    "LEFT JOIN webhook_receipts r ON r.id = e.receipt_id "
 )
 _ORDER = "ORDER BY i.urgency, i.event_id LIMIT ?"
 # SQLite: one gateway, one policy transaction at a time (gateway/stages/planning/
@@ -82,7 +85,7 @@ async def claim_inbox(conn: AsyncConnection, limit: int) -> Claimed:
     rows = await fetch(conn, sql, (limit,))
     event_ids: list[int] = []
     changes: list[AlertChange] = []
-    for event_id, kind_text, at, alert_id, fp, labels, notes, starts, ends, url in rows:
+    for event_id, kind_text, at, alert_id, fp, labels, notes, starts, ends, url, group in rows:
         kind = ChangeKind(kind_text)
         # The occurrence as stored now; its status is the one this change moved it to.
         status = AlertStatus.FIRING if kind is ChangeKind.FIRING else AlertStatus.RESOLVED
@@ -96,7 +99,8 @@ async def claim_inbox(conn: AsyncConnection, limit: int) -> Claimed:
             generator_url=url,
         )
         event_ids.append(int(event_id))
-        changes.append(AlertChange(int(alert_id), kind, alert, decode_time(at)))
+        change = AlertChange(int(alert_id), kind, alert, decode_time(at), group or "")
+        changes.append(change)
     return Claimed(event_ids, changes)
 
 

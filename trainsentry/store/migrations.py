@@ -17,10 +17,12 @@ from sqlalchemy import (
     DateTime,
     ForeignKey,
     Index,
+    Integer,
     MetaData,
     String,
     Table,
     Text,
+    text,
 )
 
 from trainsentry.store.schema import (
@@ -158,6 +160,56 @@ def _create_webhook_groups_v12(conn: Connection) -> None:
     table.create(conn)
 
 
+def _create_incidents_v13(conn: Connection) -> None:
+    # The tables as version 13 defines them.
+    meta = MetaData()
+    incidents = Table(
+        "incidents",
+        meta,
+        Column("id", Id, primary_key=True, autoincrement=False),
+        Column("key_hash", String(64), nullable=False),
+        Column("key", Text, nullable=False),
+        Column("status", String(16), nullable=False),
+        Column("priority", String(2), nullable=False),
+        Column("job", Text, nullable=False, default=""),
+        Column("cause", Text, nullable=False, default=""),
+        Column("cause_alert_id", Id, nullable=True),
+        Column("alerts_total", Integer, nullable=False, default=0),
+        Column("alerts_firing", Integer, nullable=False, default=0),
+        Column("opened_at", UTCDateTime, nullable=False),
+        Column("updated_at", UTCDateTime, nullable=False),
+        Column("resolved_at", UTCDateTime, nullable=True),
+        Column("acked_at", UTCDateTime, nullable=True),
+        Column("acked_by", Text, nullable=True),
+        Column("due_at", UTCDateTime, nullable=True),
+        Column("state", Json, nullable=False),
+    )
+    is_open = text("status = 'firing'")
+    Index(
+        "uq_incidents_open_key",
+        incidents.c.key_hash,
+        unique=True,
+        sqlite_where=is_open,
+        postgresql_where=is_open,
+    )
+    Index("ix_incidents_due", incidents.c.due_at)
+    Index("ix_incidents_status", incidents.c.status, incidents.c.id)
+    members = Table(
+        "incident_alerts",
+        meta,
+        Column("alert_id", Id, ForeignKey(alerts.c.id), primary_key=True, autoincrement=False),
+        Column("incident_id", Id, ForeignKey(incidents.c.id), nullable=False),
+        Column("role", String(16), nullable=False),
+        Column("group_key", Text, nullable=False, default=""),
+        Column("joined_at", UTCDateTime, nullable=False),
+    )
+    Index("ix_incident_alerts_incident", members.c.incident_id)
+    incidents.create(conn)
+    members.create(conn)
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("CREATE SEQUENCE incident_ids")
+
+
 MIGRATIONS: dict[int, list[Step]] = {
     1: [],
     # 2: the policy runs after the intake's commit, from a durable inbox of events
@@ -196,4 +248,6 @@ MIGRATIONS: dict[int, list[Step]] = {
     11: [_create_console_revoked_sessions_v11],
     # 12: each Alertmanager group's last content, to recognise an unchanged resend (issue 34)
     12: [_create_webhook_groups_v12],
+    # 13: incidents, the unit of notification, and which incident each alert is in (issue 34)
+    13: [_create_incidents_v13],
 }

@@ -6,7 +6,8 @@ Invariants kept here:
 - Only finished rows go. An alert only when it is resolved and neither received, resolved nor
   acknowledged since the cut, none of its events waits in the policy inbox, none of its
   notifications is pending or being sent and no maintenance window still holds its notices
-  back; it goes with all its events, notifications and (closed) mutes, in one transaction.
+  back; it goes with all its events, notifications, (closed) mutes and its place in its
+  incident (a resolved incident left without alerts goes too), in one transaction.
   A notification only when it is sent, dead or cancelled. A receipt only when no webhook
   brought its body since the cut (references to it are cleared first, and the group digest
   it set goes with it).
@@ -43,6 +44,8 @@ from trainsentry.store.schema import (
     alert_events,
     alerts,
     callback_events,
+    incident_alerts,
+    incidents,
     maintenance_mutes,
     notifications,
     policy_inbox,
@@ -244,6 +247,7 @@ async def purge_alerts(
         delete(notifications).where(notifications.c.alert_id.in_(ids))
     )
     await conn.execute(delete(maintenance_mutes).where(maintenance_mutes.c.alert_id.in_(ids)))
+    await _forget_members(conn, ids)
     gone_events = await conn.execute(delete(alert_events).where(alert_events.c.alert_id.in_(ids)))
     gone_alerts = await conn.execute(delete(alerts).where(alerts.c.id.in_(ids)))
     purged = Purged(
@@ -252,6 +256,23 @@ async def purge_alerts(
         notifications=gone_notifications.rowcount,
     )
     return Batch(purged, len(examined), last)
+
+
+async def _forget_members(conn: AsyncConnection, ids: Sequence[int]) -> None:
+    """The purged alerts leave their incidents; an incident left resolved and without
+    alerts goes too (an open one stays: its other alerts still fire)."""
+    of = select(incident_alerts.c.incident_id).where(incident_alerts.c.alert_id.in_(ids))
+    touched = _ids(await conn.execute(of.distinct()))
+    await conn.execute(delete(incident_alerts).where(incident_alerts.c.alert_id.in_(ids)))
+    if touched:
+        members = select(incident_alerts.c.alert_id).where(
+            incident_alerts.c.incident_id == incidents.c.id
+        )
+        await conn.execute(
+            delete(incidents).where(
+                incidents.c.id.in_(touched), incidents.c.status == RESOLVED, ~exists(members)
+            )
+        )
 
 
 async def _still_busy(conn: AsyncConnection, ids: Sequence[int]) -> set[int]:

@@ -15,6 +15,8 @@ Tables:
 - console_revoked_sessions: console sessions signed out before their cookie expires.
 - webhook_groups: per Alertmanager group, a digest of the content the intake last recorded,
   to recognise the group re-sent unchanged (store/resends.py).
+- incidents: the unit of notification (one card, one page, one ack), the policy's state.
+- incident_alerts: which incident each alert occurrence is in (exactly one).
 
 Bump SCHEMA_VERSION and add a step to `migrations.MIGRATIONS` for every change.
 """
@@ -33,17 +35,19 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    Sequence,
     SmallInteger,
     String,
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -326,3 +330,58 @@ webhook_groups = Table(
     Column("updated_at", UTCDateTime, nullable=False),
 )
 Index("ix_webhook_groups_receipt", webhook_groups.c.receipt_id)
+
+# Incidents (store/incidents.py; the model: gateway/policy/incident.py): what one card speaks
+# for, one escalation pages for and one ack covers. `state` is the policy's JSON; the other
+# columns are what the console, the API and the ack read. `key` says what groups its alerts
+# (the Alertmanager group, or job + alertname), `key_hash` indexes it: at most one open
+# (firing) incident per key. `cause_alert_id`: the alert its card is about (chosen again
+# when a better cause arrives, issue 37); `due_at`: a follow-up card waits until then.
+incidents = Table(
+    "incidents",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=False),
+    Column("key_hash", String(64), nullable=False),
+    Column("key", Text, nullable=False),
+    Column("status", String(16), nullable=False),  # firing | resolved
+    Column("priority", String(2), nullable=False),
+    Column("job", Text, nullable=False, default=""),
+    Column("cause", Text, nullable=False, default=""),  # alertname/component
+    Column("cause_alert_id", Id, nullable=True),
+    Column("alerts_total", Integer, nullable=False, default=0),
+    Column("alerts_firing", Integer, nullable=False, default=0),
+    Column("opened_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Column("resolved_at", UTCDateTime, nullable=True),
+    Column("acked_at", UTCDateTime, nullable=True),
+    Column("acked_by", Text, nullable=True),
+    Column("due_at", UTCDateTime, nullable=True),
+    Column("state", Json, nullable=False),
+)
+# PostgreSQL hands out incident ids from this sequence (store/incidents.py reserve_ids); SQLite
+# has no sequences (one writer: the next after the largest).
+incident_ids = Sequence("incident_ids", metadata=metadata)
+OPEN_INCIDENT = text("status = 'firing'")
+Index(
+    "uq_incidents_open_key",
+    incidents.c.key_hash,
+    unique=True,
+    sqlite_where=OPEN_INCIDENT,
+    postgresql_where=OPEN_INCIDENT,
+)
+Index("ix_incidents_due", incidents.c.due_at)
+Index("ix_incidents_status", incidents.c.status, incidents.c.id)
+
+# Which incident each alert occurrence is in: exactly one, from the policy's transaction that
+# first planned it. `role`: cause (the alert the card is about) or member; `group_key`: the
+# Alertmanager group it came in (an incident may later span several groups, issue 37).
+incident_alerts = Table(
+    "incident_alerts",
+    metadata,
+    Column("alert_id", Id, ForeignKey("alerts.id"), primary_key=True, autoincrement=False),
+    Column("incident_id", Id, ForeignKey("incidents.id"), nullable=False),
+    Column("role", String(16), nullable=False),
+    Column("group_key", Text, nullable=False, default=""),
+    Column("joined_at", UTCDateTime, nullable=False),
+)
+Index("ix_incident_alerts_incident", incident_alerts.c.incident_id)
