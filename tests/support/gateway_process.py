@@ -13,7 +13,7 @@ import aiohttp
 from aiohttp.test_utils import TestServer
 
 from tests.support.realservers import RunningServer, start_server
-from tests.support.webhook_factory import encode, make_body
+from tests.support.webhook_factory import bodies_by_group, encode
 from trainsentry.gateway.app import WEBHOOK_PATH
 from trainsentry.gateway.pipeline import GATEWAY_KEY
 
@@ -58,11 +58,13 @@ async def close_in_process(server: TestServer) -> None:
 async def post_alerts(
     server: TestServer, alerts: list[dict[str, Any]], token: str | None = None
 ) -> None:
-    """Posts `alerts` as one Alertmanager webhook to an in-process gateway, asserts the 200,
-    then waits until the gateway has planned and sent what they caused (`settle`)."""
+    """Posts `alerts` to an in-process gateway as Alertmanager would (one webhook per group,
+    the shipped route: webhook_factory.bodies_by_group), asserts the 200s, then waits until
+    the gateway has planned and sent what they caused (`settle`)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with aiohttp.ClientSession(headers=headers) as session:
         url = server.make_url(WEBHOOK_PATH)
-        async with session.post(url, data=encode(make_body(alerts))) as response:
-            assert response.status == 200, await response.text()
+        for body in bodies_by_group(alerts):
+            async with session.post(url, data=encode(body)) as response:
+                assert response.status == 200, await response.text()
     await server.app[GATEWAY_KEY].settle()
