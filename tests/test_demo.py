@@ -33,6 +33,11 @@ def test_demo_replays_the_incident_and_writes_what_would_be_sent(tmp_path: Path)
     assert sent["sheet"] == 414  # every change archived, storm or maintenance or not
     assert summary["maintenance window"]["notices held back while it was open"] >= 1
     assert sent["feishu"] < 100  # the 200-alert burst collapsed into storm summaries
+    # issue 34: one card per incident, kept up to date (57 cards before incidents)
+    messages = summary["feishu messages"]
+    assert messages["new cards"] <= 15, messages
+    assert messages["new cards"] + messages["card updates"] == sent["feishu"]
+    assert len(calls_of(out)) <= 3
 
     with (out / "sheet.csv").open() as handle:
         rows = list(csv.DictReader(handle))
@@ -62,6 +67,10 @@ def test_demo_replays_the_incident_and_writes_what_would_be_sent(tmp_path: Path)
     assert "Storms: 1" in report  # the report reads the policy's storm messages
     console = (out / "console.jsonl").read_text().splitlines()
     assert len(console) == sent["console"]
+
+
+def calls_of(out: Path) -> list[str]:
+    return (out / "calls.jsonl").read_text().splitlines()
 
 
 def test_demo_help_lists_exit_codes() -> None:

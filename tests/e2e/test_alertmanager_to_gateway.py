@@ -87,15 +87,18 @@ def test_alertmanager_delivers_stores_and_resolves(tmp_path: Path, db_url: str) 
             assert all(a["resolved_at"] for a in resolved)
             ids = {a["id"] for a in resolved}
             assert ids == {a["id"] for a in firing}  # the same occurrences, now resolved
+            # one Alertmanager group (alertname, trainingjob): one incident, its card when it
+            # fires and when it resolves (the second node a member: no card of its own)
             lines = wait_for(
-                lambda: (lambda ls: ls if len(ls) == 4 else None)(
+                lambda: (lambda ls: ls if len(ls) == 2 else None)(
                     console.read_text().splitlines() if console.exists() else []
                 ),
                 10,
-                "four console notifications",
+                "two console notifications",
             )
-            kinds = sorted(json.loads(line)["payload"]["event"] for line in lines)
-            assert kinds == ["firing", "firing", "resolved", "resolved"]
+            payloads = [json.loads(line)["payload"] for line in lines]
+            assert [p["event"] for p in payloads] == ["firing", "resolved"]
+            assert payloads[-1]["incident"]["alerts"] == 2
 
 
 def test_unchanged_alert_repeated_by_alertmanager_notifies_once(tmp_path: Path) -> None:
@@ -213,3 +216,42 @@ def test_truncated_webhook_is_completed_from_alertmanager_api(tmp_path: Path) ->
                 )
                 # 7 left out of each truncated webhook (Alertmanager may have re-sent it)
                 assert cut >= 7 and cut % 7 == 0
+
+
+def test_the_group_keys_tests_build_are_the_ones_alertmanager_sends(tmp_path: Path) -> None:
+    """The test factory's groupKey (webhook_factory.am_group_key: the incident key by
+    default, issue 34) is what a real Alertmanager sends under the shipped route (its
+    group_by and its child routes by priority) and under a route of our own."""
+    import yaml
+
+    from tests.support.receiver import ThreadedReceiver
+    from tests.support.webhook_factory import am_group_key, shipped_route
+
+    with ThreadedReceiver() as receiver:
+        route = dict(shipped_route(), receiver="rec", group_wait="0s", group_interval="1s")
+        route["routes"] = [
+            *[dict(child, group_wait="0s") for child in route.get("routes", ())],
+            {"matchers": ['severity="page"'], "group_by": ["alertname", "job"]},
+        ]
+        config = {
+            "route": route,
+            "receivers": [{"name": "rec", "webhook_configs": [{"url": receiver.url}]}],
+        }
+        labels = [
+            {"alertname": "NodeFilesystemSpaceLow", "namespace": "ml", "trainingjob": "llama",
+             "node": "gpu-node-01", "priority": "P1"},
+            {"alertname": "GPUFellOffBus", "namespace": "ml", "trainingjob": "llama",
+             "node": "gpu-node-02", "priority": "P0"},
+            {"alertname": "DiskFull", "namespace": "ml", "trainingjob": "llama", "priority": "P2"},
+            {"alertname": "X", "job": "node \"exporter\"", "severity": "page"},
+        ]  # fmt: skip
+        with start_alertmanager(tmp_path, yaml.safe_load(yaml.safe_dump(config))) as am:
+            post_am_alerts(am.url, [{"labels": item} for item in labels])
+            wait_for(lambda: len(receiver.bodies) >= len(labels), 30, "one webhook per group")
+    sent = {body["commonLabels"]["alertname"]: body["groupKey"] for body in receiver.bodies}
+    assert sent["NodeFilesystemSpaceLow"] == am_group_key(labels[0])
+    assert sent["GPUFellOffBus"] == am_group_key(labels[1])
+    assert sent["DiskFull"] == am_group_key(labels[2])  # no child route: the root's key
+    assert sent["X"] == am_group_key(
+        labels[3], group_by=["alertname", "job"], matchers=['severity="page"']
+    )

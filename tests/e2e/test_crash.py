@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -205,3 +206,78 @@ def test_kill_9_before_planning_then_the_group_resent_loses_nothing(
             time.sleep(0.2)
     finally:
         restarted.stop()
+
+
+async def test_kill_9_between_an_incidents_card_and_its_update_sends_no_second_card(
+    tmp_path: Path,
+) -> None:
+    """Issue 34: the gateway dies (kill -9) twice: once after Feishu stored the incident's card
+    but before its answer came back, once while the card's update is on its way. After each
+    restart the outbox sends them again: the card with the same `uuid` (Feishu answers the
+    same message), the update to that card (the same content twice changes nothing). One
+    card in the chat, showing the incident as it stands; nothing lost."""
+    import json
+    from datetime import UTC, datetime
+
+    import yaml
+
+    from tests.e2e.test_incidents import DISK, disk_group
+    from tests.support.feishu_server import FeishuContractServer
+    from tests.support.gateway_process import start_gateway as start
+
+    feishu = FeishuContractServer(apps={"cli_app": "app-secret"})
+    async with feishu:
+        config = tmp_path / "gateway.yaml"
+        chats = {"oc_oncall": ["P0", "P1", "P2", "P3"]}
+        app = {"base_url": feishu.base_url, "app_id": "cli_app", "chats": chats}
+        config.write_text(yaml.safe_dump({"channels": {"feishu_app": app}}))
+        env = {"FEISHU_APP_SECRET": "app-secret"}
+        db = f"sqlite:///{tmp_path / 'store.db'}"
+
+        async def gateway() -> Any:
+            return await asyncio.to_thread(start, tmp_path, db, token=TOKEN, config=config, env=env)
+
+        async def post(url: str, body: dict[str, Any]) -> None:
+            headers = {"Authorization": f"Bearer {TOKEN}"}
+            async with aiohttp.ClientSession(headers=headers) as session:
+                async with session.post(f"{url}/api/v1/alertmanager", data=encode(body)) as r:
+                    assert r.status == 200, await r.text()
+
+        async def until(check: Any, what: str) -> None:
+            for _ in range(600):
+                if check():
+                    return
+                await asyncio.sleep(0.05)
+            raise AssertionError(f"timed out waiting for {what}")
+
+        async def kill(running: Any) -> None:
+            os.kill(running.process.pid, signal.SIGKILL)
+            await asyncio.to_thread(running.process.wait, 10)
+            running.stop()
+
+        now = datetime.now(UTC).replace(microsecond=0)
+        feishu.hold["send"] = asyncio.Event()
+        first = await gateway()
+        await post(first.url, disk_group(range(1, 11), now))
+        await until(lambda: feishu.arrived["send"] >= 1, "the card to reach Feishu")
+        await kill(first)  # Feishu stored the card; the gateway never saw its answer
+        feishu.hold.pop("send").set()  # (the answer goes to no one)
+        feishu.hold["update"] = asyncio.Event()
+        second = await gateway()
+        await until(lambda: feishu.arrived["send"] >= 2, "the card sent again")
+        await post(second.url, disk_group(range(1, 16), now))  # 5 more nodes
+        await until(lambda: feishu.arrived["update"] >= 1, "the update to reach Feishu")
+        await kill(second)  # the update in flight
+        feishu.hold.pop("update").set()  # applied now, its answer to no one
+        third = await gateway()
+        try:
+            await until(lambda: feishu.arrived["update"] >= 2, "the update sent again")
+            await asyncio.sleep(1.0)  # anything else it would still send
+        finally:
+            third.stop()
+    cards = [m for m in feishu.messages.values() if DISK in m["content"]]
+    assert len(cards) == 1 and len(feishu.messages) == 1, "one card, not a second one"
+    assert "10 nodes" in json.loads(cards[0]["content"])["header"]["title"]["content"]
+    last = cards[0]["updates"][-1]["header"]["title"]["content"]
+    assert "15 nodes" in last, last
+    assert feishu.rejections == []

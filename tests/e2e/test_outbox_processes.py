@@ -22,8 +22,13 @@ TOKEN = "outbox-token"
 
 def gateway_config(tmp_path: Path, receiver_url: str) -> Path:
     policy = tmp_path / "policy.yaml"
-    # every notification also goes to the test's webhook channel "hook"
-    policy.write_text(yaml.safe_dump({"routing": {"always": ["console", "hook"]}}))
+    # every notification also goes to the test's webhook channel "hook"; one incident per
+    # job and alertname (the bodies below pack 50 jobs' alerts in one webhook)
+    policy.write_text(
+        yaml.safe_dump(
+            {"routing": {"always": ["console", "hook"]}, "grouping": {"by": "alertname"}}
+        )
+    )
     config = tmp_path / "gateway.yaml"
     config.write_text(
         yaml.safe_dump(

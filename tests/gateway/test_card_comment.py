@@ -58,7 +58,9 @@ async def test_the_comment_typed_on_the_card_is_kept_and_shown_escaped(tmp_path:
             card_callback=CALLBACK,
         )
         try:
-            await post_alerts(server, [alert(1, priority="P0"), alert(2, priority="P0")], TOKEN)
+            # two causes, two incidents: two cards
+            second_alert = alert(2, priority="P0", alertname="NodeDown")
+            await post_alerts(server, [alert(1, priority="P0"), second_alert], TOKEN)
             first, second = feishu.messages  # sent, so the contract server took the form
             body = feishu.press(
                 first, "Acknowledge", verification_token=VERIFY, open_id="ou_bob",
@@ -71,7 +73,9 @@ async def test_the_comment_typed_on_the_card_is_kept_and_shown_escaped(tmp_path:
             drawn = json.dumps(answer["card"], ensure_ascii=False)
             assert "draining gpu-0001 &lt;at id=all&gt;&lt;/at&gt; &lt;font" in drawn
             assert "<at id=all>" not in drawn and "<font color='red'>" not in drawn
-            assert ("acked", {"by": "ou_bob", "comment": EVIL}) in await events(server, 1)
+            # the ack names the incident it acknowledged (alert 1's)
+            acked = ("acked", {"by": "ou_bob", "incident": 1, "comment": EVIL})
+            assert acked in await events(server, 1)
             # bounded, and text only: refused (400), nothing acknowledged
             for n, typed in enumerate(("x" * 1001, "bad\x00", "\ud800")):
                 refused = feishu.press(
@@ -89,7 +93,7 @@ async def test_the_comment_typed_on_the_card_is_kept_and_shown_escaped(tmp_path:
                 second, "Acknowledge", verification_token=VERIFY, event_id="ev-plain"
             )
             assert (await press(server, plain))[0] == 200
-            assert ("acked", {"by": "ou_presser"}) in await events(server, 2)
+            assert ("acked", {"by": "ou_presser", "incident": 2}) in await events(server, 2)
         finally:
             await close_in_process(server)
             await client.aclose()

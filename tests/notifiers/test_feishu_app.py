@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -158,6 +159,9 @@ async def test_the_contract_server_updates_only_what_feishu_documents(
     server.apps["cli_other"] = "other-secret"
     client = FeishuAppClient(server.base_url, APP_ID, APP_SECRET)
     other = FeishuAppClient(server.base_url, "cli_other", "other-secret")
+    # a second client of the same app: its own count of each card's updates (the client
+    # keeps to 5 a second itself, so only another one shows the server refusing)
+    again = FeishuAppClient(server.base_url, APP_ID, APP_SECRET)
     card = {"schema": "2.0", "config": {"update_multi": True}, "body": {"elements": []}}
     private = {"schema": "2.0", "body": {"elements": []}}  # not a shared card
     try:
@@ -173,7 +177,7 @@ async def test_the_contract_server_updates_only_what_feishu_documents(
             "another app's card": (other, mid, card),
             "a text message": (client, text, card),
             "a card sent unshared": (client, unshared, card),
-            "a new card unshared": (client, mid, private),
+            "a new card unshared": (again, mid, private),
             "a card sent 14 days ago": (client, old, card),
             "a recalled card": (client, recalled, card),
             "an unknown message": (client, "om_missing", card),
@@ -185,13 +189,34 @@ async def test_the_contract_server_updates_only_what_feishu_documents(
         for _ in range(4):  # 5 a second per message: the first one above and these
             await client.update_card(mid, card)
         with pytest.raises(RateLimitedError) as limited:
-            await client.update_card(mid, card)
+            await again.update_card(mid, card)
         assert limited.value.code == 230020
     finally:
         await client.aclose()
         await other.aclose()
+        await again.aclose()
     assert len(server.messages[mid]["updates"]) == 5
     assert ("update", 230011) in server.rejections
+
+
+async def test_the_client_keeps_a_cards_updates_to_five_a_second(
+    server: FeishuContractServer,
+) -> None:
+    """Feishu refuses a sixth update of one message within a second (230020): the client
+    waits its turn instead, so a burst of an incident's redraws all land, none refused."""
+    client = FeishuAppClient(server.base_url, APP_ID, APP_SECRET)
+    card = {"schema": "2.0", "config": {"update_multi": True}, "body": {"elements": []}}
+    try:
+        mid = await client.send_message("oc_chat", "interactive", card)
+        started = time.monotonic()
+        for _ in range(7):
+            await client.update_card(mid, card)
+        took = time.monotonic() - started
+    finally:
+        await client.aclose()
+    assert len(server.messages[mid]["updates"]) == 7
+    assert ("update", 230020) not in server.rejections
+    assert took >= 0.9, "the sixth waited for the first's second to pass"
 
 
 async def test_an_ack_whose_card_cannot_be_updated_is_posted_as_a_new_card(

@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestServer
 
 from tests.support.feishu_server import FeishuContractServer, Hook
 from tests.support.gateway_process import close_in_process
-from tests.support.webhook_factory import encode, make_alert, make_body
+from tests.support.webhook_factory import bodies_by_group, encode, make_alert
 from trainsentry.config import Settings
 from trainsentry.gateway.app import WEBHOOK_PATH
 from trainsentry.gateway.assemble import create_app
@@ -87,11 +87,10 @@ async def test_the_shipped_routes_reach_the_configured_feishu_channels(
             make_alert(2, labels={"priority": "P2"}),
             make_alert(3, labels={"priority": "P3"}),
         ]
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(server.make_url(WEBHOOK_PATH), data=encode(make_body(alerts))) as answer,
-        ):
-            assert answer.status == 200, await answer.text()
+        async with aiohttp.ClientSession() as http:
+            for body in bodies_by_group(alerts):  # one group per priority (the shipped route)
+                async with http.post(server.make_url(WEBHOOK_PATH), data=encode(body)) as answer:
+                    assert answer.status == 200, await answer.text()
         await server.app[GATEWAY_KEY].settle()
     finally:
         await close_in_process(server)

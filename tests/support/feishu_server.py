@@ -42,6 +42,7 @@ the limits run in seconds; the counting logic is the same.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -50,7 +51,7 @@ import json
 import os
 import re
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -313,6 +314,11 @@ class FeishuContractServer:
         self.update_windows: dict[str, Window] = {}  # message_id -> its updates' window
         self.uuids: dict[str, str] = {}
         self.urgent_calls: list[tuple[str, list[str]]] = []
+        # A test holds the answers of sends (the message is stored) or updates (not yet
+        # applied) until it sets the event, e.g. to kill the gateway meanwhile; `arrived`
+        # counts the requests that came to each ("send", "update").
+        self.hold: dict[str, asyncio.Event] = {}
+        self.arrived: Counter[str] = Counter()
         self.sheets: dict[str, dict[str, Sheet]] = {t: {} for t in (spreadsheets or set())}
         self.sheet_calls: list[str] = []
         self.lose_append_answers = 0  # apply the next N appends, then answer 500 (lost reply)
@@ -523,6 +529,9 @@ class FeishuContractServer:
             }
             if uuid:
                 self.uuids[uuid] = mid
+        self.arrived["send"] += 1
+        if (held := self.hold.get("send")) is not None:
+            await held.wait()  # stored: a lost answer once the sender is gone
         return web.json_response(
             {"code": 0, "msg": "success", "data": {"message_id": mid, "msg_type": body["msg_type"]}}
         )
@@ -563,6 +572,9 @@ class FeishuContractServer:
                 "update", UPDATE_REFUSED,
                 f"Your request contains an invalid request parameter, ext={refused}.", 400,
             )  # fmt: skip
+        self.arrived["update"] += 1
+        if (held := self.hold.get("update")) is not None:
+            await held.wait()  # not applied before the test lets it
         window = self.update_windows.setdefault(mid, Window([(5, 1.0 * self.time_scale)]))
         if not window.admit(time.monotonic()):
             return self._reject(

@@ -34,20 +34,35 @@ class PreviewLog:
 
 
 class CardPreview:
-    """The Feishu group bot: one card JSON file per notification."""
+    """The Feishu group, as the Feishu app shows it: one card JSON file per new card
+    (`NNNNN-P1.json`), and an incident's card drawn again in place (a redraw, an ack) as an
+    update of that card (`NNNNN-P1.update-MMMMM.json`, MMMMM: the card it updates)."""
+
+    updates_cards = True  # like the Feishu app: incidents' cards are redrawn in place
 
     def __init__(self, out: Path, log: PreviewLog, name: str = "feishu") -> None:
         self.name = name
         self._dir = out / "cards"
         self._dir.mkdir(parents=True, exist_ok=True)
         self._log = log
+        self._cards: dict[str, str] = {}  # outbox group -> the file of its card
+        self.updates = 0
 
     async def send(self, notification: OutboundNotification) -> Receipt:
         card = build_card(notification.kind, parse_payload(notification.payload))
-        path = self._dir / f"{notification.id:05d}-{notification.priority}.json"
+        payload = notification.payload
+        redraw = notification.kind == "ack" or bool(payload.get("redraw"))
+        first = self._cards.get(notification.group_key) if redraw else None
+        name = f"{notification.id:05d}-{notification.priority}"
+        if first is not None:
+            name += f".update-{first.split('-', 1)[0]}"
+            self.updates += 1
+        path = self._dir / f"{name}.json"
         path.write_text(json.dumps({"msg_type": "interactive", "card": card}, indent=2))
+        if first is None:
+            self._cards[notification.group_key] = path.name
         self._log.items.append(Sent(self.name, notification, card, str(path.name)))
-        return Receipt(channel=self.name, provider_id=path.name)
+        return Receipt(channel=self.name, provider_id=first or path.name)
 
     async def aclose(self) -> None:
         return None

@@ -76,9 +76,10 @@ async def run_demo(
     clock = VirtualClock(base)
     incident = load_incident(base)
     log = PreviewLog()
+    cards = CardPreview(out, log)
     notifiers: dict[str, Notifier] = {
         "console": ConsoleNotifier(out / "console.jsonl"),
-        "feishu": CardPreview(out, log),
+        "feishu": cards,
         "sheet": SheetPreview(out, log),
         "phone": CallPreview(out, log, ON_CALL),
     }
@@ -118,7 +119,9 @@ async def run_demo(
         async with gateway.engine.connect() as conn:
             totals = await counts(conn)
         await write_report_preview(gateway.engine, out / "report.html", now=clock())
-        summary = _summary(out, incident.title, answers, totals, maintenance, started, log)
+        summary = _summary(
+            out, incident.title, answers, totals, maintenance, started, log, cards.updates
+        )
         if serve is not None:
             summary["incident console"] = f"http://127.0.0.1:{port}/ui/"
             await serve(summary)
@@ -135,6 +138,7 @@ def _summary(
     maintenance: dict[str, Any],
     started: float,
     log: PreviewLog,
+    card_updates: int,
 ) -> dict[str, Any]:
     by_channel = {
         channel: sum(statuses.values()) for channel, statuses in totals["notifications"].items()
@@ -147,6 +151,11 @@ def _summary(
         "state changes": totals["events"],
         "repeats ignored (duplicates)": sum(a["unchanged"] for a in answers),
         "notifications by channel": by_channel,
+        # what the Feishu group shows: new cards, and incidents' cards redrawn in place
+        "feishu messages": {
+            "new cards": by_channel.get("feishu", 0) - card_updates,
+            "card updates": card_updates,
+        },
         "maintenance window": maintenance,
         "handoff notices": sum(1 for item in log.items if item.notification.kind == "handoff"),
         "seconds": round(time.perf_counter() - started, 1),

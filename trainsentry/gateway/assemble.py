@@ -168,6 +168,8 @@ def create_app(
             metrics=PolicyMetrics(gateway_metrics.registry),
             paging=paging,
             topology=topology.current if topology is not None else None,
+            # channels that redraw an incident's card in place (notifiers/base.py)
+            updatable=[n for n, c in notifiers.items() if getattr(c, "updates_cards", False)],
         )
         if job_alerting is not None:
             policy_plan.job_routes = job_alerting.routes

@@ -3,10 +3,12 @@ the policy's decision counters (`PolicyMetrics.observe`, called by the planning 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from trainsentry.alerts import NotificationDraft
 from trainsentry.gateway.policy.decide import ChangeResult, TickResult
 from trainsentry.gateway.policy.storm import StormMessageKind
 from trainsentry.store.retention import Purged, StoreSize
@@ -221,6 +223,15 @@ class PolicyMetrics:
         if child is None:
             child = self._children[key] = counter.labels(*values)
         return child
+
+    def observe_drafts(
+        self, drafts: Sequence[NotificationDraft], unconfigured: Sequence[str] = ()
+    ) -> None:
+        """Drafts made apart from a change's result (a batch's incidents, decide.flush)."""
+        for draft in drafts:
+            self._child(self.drafts, draft.channel, draft.kind).inc()
+        for channel in unconfigured:
+            self._child(self.unconfigured, channel).inc()
 
     def observe(self, result: ChangeResult | TickResult) -> None:
         child = self._child

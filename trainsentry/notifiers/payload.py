@@ -10,7 +10,9 @@ Keys not listed here are accepted and dropped, so the policy can add fields firs
 channels pick them up later.
 
 Notification kinds (`OutboundNotification.kind`) the channels understand:
-- ``alert``: one alert occurrence changed (firing or resolved). Uses the alert fields.
+- ``alert``: an incident changed (an alert of it fired or resolved; gateway/policy/incident.py).
+  Uses the alert fields of its cause alert and ``incident`` (how many alerts, nodes, GPUs);
+  with ``redraw`` a channel that can update its card in place does so (Feishu app).
 - ``storm``: many alerts collapsed into one summary. Uses ``storm``.
 - ``ack``: an alert was acknowledged / silenced; the card is re-sent or updated. Uses
   ``acked_by`` / ``silenced_until``.
@@ -59,8 +61,11 @@ class StormSummary(TypedDict):
     window_s: NotRequired[int]  # how long the storm has been collected
     firing: NotRequired[int]
     resolved: NotRequired[int]
+    own: NotRequired[int]  # of `total`, those sent on their own cards (counted here too)
     by_priority: NotRequired[dict[str, int]]
     by_gpu: NotRequired[dict[str, int]]
+    # the incidents folded ("#12 NodeFilesystemSpaceLow") and their alert changes counted
+    by_incident: NotRequired[dict[str, int]]
     job: NotRequired[str]
     start: NotRequired[str]  # ISO 8601
     end: NotRequired[str]
@@ -78,6 +83,28 @@ class JobRoutePayload(TypedDict, total=False):
     fallback: list[str]
     owners: list[str]
     roster: bool
+
+
+class IncidentInfo(TypedDict, total=False):
+    """The incident a card speaks for (gateway/policy/incident_cards.py `incident_block`):
+    its alerts (firing / resolved), the nodes and GPUs they fire on (counted, the first
+    `names_shown` named), why it pages on its own during a storm, and its page."""
+
+    id: int
+    status: StatusName
+    alerts: int
+    firing: int
+    resolved: int
+    nodes: int
+    node_names: list[str]
+    gpus: int
+    gpu_names: list[str]
+    untracked: int  # alerts whose node or GPU was not counted by name (past the cap)
+    cause: str  # the alertname of its cause
+    opened_at: str  # ISO 8601
+    resolved_at: str
+    note: str
+    url: str  # the incident's page (policy.grouping.url)
 
 
 class HandoffNotice(TypedDict, total=False):
@@ -116,6 +143,8 @@ class NotificationPayload(TypedDict):
     handoff: NotRequired[HandoffNotice]  # kind "handoff": a schedule's shift change
     silenced_until: NotRequired[str]  # ISO 8601
     storm: NotRequired[StormSummary]
+    incident: NotRequired[IncidentInfo]  # kind "alert": the incident the card speaks for
+    redraw: NotRequired[bool]  # update the incident's card in place where the channel can
     diagnosis: NotRequired[str]  # one-line verdict of the hang analyzer, if any
     message_id: NotRequired[str]  # kind "ack": the Feishu card to update in place
     # Written by the policy (gateway/policy/payload.py); channels may show them.

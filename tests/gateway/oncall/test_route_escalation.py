@@ -11,7 +11,7 @@ from pathlib import Path
 from tests.gateway.oncall.support import START, Clock, post_alerts, settle, start
 from tests.support.gateway_process import close_in_process
 from tests.support.receiver import Receiver
-from tests.support.webhook_factory import make_alert, make_body
+from tests.support.webhook_factory import bodies_by_group, make_alert
 
 ONCALL = """
 people:
@@ -66,7 +66,8 @@ async def test_two_teams_routes_page_through_their_own_policies(
             make_alert(2, labels={"priority": "P0", "namespace": "infra"}),
             make_alert(3, labels={"priority": "P0", "namespace": "other"}),
         ]
-        await post_alerts(server, make_body(alerts))
+        for body in bodies_by_group(alerts):  # three namespaces: three groups, incidents
+            await post_alerts(server, body)
         await settle(server)
         assert sorted(calls(receiver)) == [
             (1, "mia", "ml-first"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
@@ -36,6 +37,14 @@ def make_alert(
     )
 
 
+def occurrence_id(fingerprint: str, occurrence: float) -> int:
+    """The store's id of an occurrence (one per fingerprint and start, as the store keys
+    them): the first occurrence of "fp-1" at 0 is 1, others are stable large numbers."""
+    if (fingerprint, occurrence) == ("fp-1", 0.0):
+        return 1
+    return 2 + zlib.crc32(f"{fingerprint}@{occurrence}".encode()) % 1_000_000_000
+
+
 def change(
     kind: ChangeKind,
     when: float,
@@ -43,9 +52,12 @@ def change(
     occurrence: float = 0.0,
     fingerprint: str = "fp-1",
     labels: Mapping[str, str] | None = None,
-    alert_id: int = 1,
+    alert_id: int | None = None,
 ) -> AlertChange:
-    """A change recorded at `at(when)` of the occurrence that started at `at(occurrence)`."""
+    """A change recorded at `at(when)` of the occurrence that started at `at(occurrence)`
+    (of the alert id the store gives that occurrence, unless `alert_id` says)."""
+    if alert_id is None:
+        alert_id = occurrence_id(fingerprint, occurrence)
     status = AlertStatus.FIRING if kind is ChangeKind.FIRING else AlertStatus.RESOLVED
     alert = make_alert(
         labels,
@@ -63,7 +75,7 @@ def fire(
     *,
     fingerprint: str = "fp-1",
     labels: Mapping[str, str] | None = None,
-    alert_id: int = 1,
+    alert_id: int | None = None,
 ) -> AlertChange:
     """Fires at `when`; a new occurrence starting then unless `occurrence` says otherwise."""
     start = when if occurrence is None else occurrence
@@ -78,7 +90,7 @@ def fire(
 
 
 def resolve(
-    when: float, occurrence: float, *, fingerprint: str = "fp-1", alert_id: int = 1
+    when: float, occurrence: float, *, fingerprint: str = "fp-1", alert_id: int | None = None
 ) -> AlertChange:
     return change(
         ChangeKind.RESOLVED,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -13,6 +14,7 @@ from trainsentry.alerts import AlertChange, ChangeKind, NotificationDraft, Prior
 from trainsentry.gateway.metrics import PolicyMetrics
 from trainsentry.gateway.policy.decide import DecideResult, decide, decide_tick
 from trainsentry.gateway.policy.dedup import FingerprintState
+from trainsentry.gateway.policy.incident import IncidentBook, IncidentState
 from trainsentry.gateway.policy.payload import alert_from_json, alert_to_json
 from trainsentry.gateway.policy.rules import Policy, load_policy, merge_policy
 from trainsentry.gateway.policy.storm import StormState, job_key
@@ -24,19 +26,32 @@ P2_LABELS = {"alertname": "GPUHot", "priority": "P2", "node": "n1", "gpu": "3"}
 
 
 class Gateway:
-    """Plays the lead's intake: loads states, calls decide, persists states as JSON."""
+    """Plays the lead's intake: loads states, calls decide, persists states as JSON (the
+    incidents too, as the store keeps them: their JSON and the alerts' memberships)."""
 
     def __init__(self, policy: Policy = POLICY, channels: set[str] | None = None) -> None:
         self.policy = policy
         self.channels = CHANNELS if channels is None else channels
         self.fingerprints: dict[str, dict[str, object]] = {}
         self.storms: dict[str, dict[str, object]] = {}
+        self.incidents: dict[int, dict[str, Any]] = {}
+        self.members: dict[int, int] = {}
         self.drafts: list[NotificationDraft] = []
+
+    def book(self) -> IncidentBook:
+        states = [IncidentState.from_json(data) for data in self.incidents.values()]
+        return IncidentBook(self.policy, states, self.members)
+
+    def keep(self, book: IncidentBook) -> None:
+        for state in book.by_id.values():
+            self.incidents[state.id] = json.loads(json.dumps(state.to_json()))
+        self.members.update(book.members)
 
     def send(self, change: AlertChange, nodes: int = 1) -> DecideResult:
         fp = self.fingerprints.get(change.alert.fingerprint)
         key = job_key(change.alert.labels)
         storm = self.storms.get(key)
+        book = self.book()
         result = decide(
             change,
             fingerprint_state=FingerprintState.from_json(fp) if fp else None,
@@ -45,7 +60,9 @@ class Gateway:
             policy=self.policy,
             now=change.at,
             channels=self.channels,
+            incidents=book,
         )
+        self.keep(book)
         self.fingerprints[change.alert.fingerprint] = json.loads(
             json.dumps(result.fingerprint_state.to_json())
         )
@@ -54,13 +71,17 @@ class Gateway:
         return result
 
     def tick(self, seconds: float) -> list[NotificationDraft]:
+        book = self.book()
+        book.wake(list(book.by_id.values()))
         result = decide_tick(
             [FingerprintState.from_json(s) for s in self.fingerprints.values()],
             [StormState.from_json(s) for s in self.storms.values()],
             policy=self.policy,
             now=at(seconds),
             channels=self.channels,
+            incidents=book,
         )
+        self.keep(book)
         for fingerprint, state in result.fingerprint_states.items():
             self.fingerprints[fingerprint] = state.to_json()
         for key, storm in result.storm_states.items():
@@ -79,7 +100,7 @@ def test_new_p0_pages_every_routed_channel_with_a_full_payload() -> None:
     assert channels_of(result.drafts) == ["feishu", "phone", "sheet", "console"]
     draft = result.drafts[0]
     assert draft.kind == "alert" and draft.priority is Priority.P0 and draft.alert_id == 42
-    assert draft.group_key == "alert:fp-1"
+    assert draft.group_key.startswith("incident:")  # the incident's cards keep their order
     payload = draft.payload
     assert payload["status"] == "firing" and payload["event"] == "firing"
     assert payload["labels"]["alertname"] == "GPUFellOffBus"
@@ -94,12 +115,13 @@ def test_new_p0_pages_every_routed_channel_with_a_full_payload() -> None:
 def test_payload_follows_the_channels_contract() -> None:
     payload_mod = pytest.importorskip("trainsentry.notifiers.payload")
     gw = Gateway(merge_policy(POLICY, {"storm": {"threshold": 2}}))
-    for i in range(6):
-        gw.send(fire(i, fingerprint=f"fp-{i}", labels={**P2_LABELS, "node": f"n{i}"}))
+    for i in range(6):  # six causes: six incidents, the last ones folded into the storm
+        labels = {**P2_LABELS, "alertname": f"GPUHot{i}", "node": f"n{i}"}
+        gw.send(fire(i, fingerprint=f"fp-{i}", labels=labels))
     gw.send(resolve(10, 0, fingerprint="fp-0"))
     gw.tick(500)
     kinds = Counter(d.payload["event"] for d in gw.drafts)
-    assert {"firing", "storm_started", "storm_ended"} <= set(kinds)
+    assert {"firing", "storm_started", "storm_summary"} <= set(kinds)
     for draft in gw.drafts:
         parsed = payload_mod.parse_payload(draft.payload)
         assert parsed["priority"] == draft.priority.value
@@ -165,37 +187,58 @@ def test_flapping_notice_then_held_resolution_released_by_tick() -> None:
     assert len(keys) == len(set(keys))
 
 
-def test_storm_pages_p0_once_per_job_and_summarises_the_rest() -> None:
+def test_storm_folds_new_incidents_and_a_new_cause_pages_on_its_own() -> None:
+    """Issue 34: during a storm a new incident is folded into the summary, unless it pages:
+    the first P0, or a P0 of another cause than the storm's bulk (once per cause), which
+    gets its own card and page at once and is still counted in the summary. Incidents
+    announced before the storm keep their own cards."""
     policy = merge_policy(POLICY, {"storm": {"threshold": 3, "summary_interval": 30}})
     gw = Gateway(policy)
-    for i in range(3):  # up to S: one by one
-        result = gw.send(fire(i, fingerprint=f"fp-{i}", labels={**P2_LABELS, "node": f"n{i}"}))
-        assert [d.payload["event"] for d in result.drafts] == ["firing"] * 3
-    entering = gw.send(fire(3, fingerprint="fp-3", labels={**P2_LABELS, "node": "n3"}))
+
+    def hot(i: int) -> AlertChange:  # a P2 of its own cause (alertname) on its own node
+        labels = {**P2_LABELS, "alertname": f"GPUHot{i % 2}", "node": f"n{i}"}
+        return fire(i, fingerprint=f"fp-{i}", labels=labels)
+
+    assert [d.payload["event"] for d in gw.send(hot(0)).drafts] == ["firing"] * 3
+    assert [d.payload["event"] for d in gw.send(hot(1)).drafts] == ["firing"] * 3
+    assert gw.send(hot(2)).drafts == []  # joins GPUHot0's incident: a follow-up, later
+    entering = gw.send(hot(3))  # the fourth new alert: the storm starts
     assert [d.payload["event"] for d in entering.drafts] == ["storm_started"] * 3
-    assert entering.collapsed == 1 and entering.storm_state.active
-    page = gw.send(fire(4, fingerprint="fp-4", labels={**P0_LABELS, "node": "n4"}))
+    assert entering.storm_state.active and entering.storm_state.bulk == "GPUHot0/"
+    folded = gw.send(fire(4, fingerprint="fp-4", labels={**P2_LABELS, "alertname": "Disk"}))
+    assert folded.drafts == [] and folded.collapsed == 1  # a new incident, folded
+    page = gw.send(fire(5, fingerprint="fp-5", labels={**P0_LABELS, "node": "n5"}))
     assert channels_of(page.drafts) == ["feishu", "phone", "sheet", "console"]
-    assert page.drafts[0].payload["storm"]["episode"] == entering.storm_state.episode
-    second_p0 = gw.send(fire(5, fingerprint="fp-5", labels={**P0_LABELS, "node": "n5"}))
-    assert second_p0.drafts == [] and second_p0.collapsed == 1
-    # An alert announced on its own before the storm resolves inside it: folded too.
-    assert gw.send(resolve(6, 0, fingerprint="fp-0")).collapsed == 1
+    assert "pages on its own" in page.drafts[0].payload["incident"]["note"]
+    # the same incident again: no second page, no new card
+    assert gw.send(fire(6, fingerprint="fp-6", labels={**P0_LABELS, "node": "n6"})).drafts == []
+    other = gw.send(fire(7, fingerprint="fp-7", labels={**P0_LABELS, "alertname": "NodeDown"}))
+    assert "phone" in channels_of(other.drafts), "another new cause pages on its own too"
+    # An incident announced before the storm resolves on its own card, storm or not.
+    assert gw.send(resolve(8, 1, fingerprint="fp-1")).drafts == []  # one of its two alerts
+    alone = gw.send(resolve(9, 3, fingerprint="fp-3"))  # its last: the incident resolves
+    assert [d.payload["event"] for d in alone.drafts] == ["resolved"] * 3
+    assert alone.drafts[0].payload["incident"]["alerts"] == 2
     summary = gw.tick(40)
     assert [d.payload["event"] for d in summary] == ["storm_summary"] * 3
     storm = summary[0].payload["storm"]
-    assert (storm["total"], storm["firing"], storm["resolved"]) == (3, 2, 1)
-    assert storm["by_priority"] == {"P0": 1, "P2": 2}
-    assert summary[0].priority is Priority.P0 and "phone" not in channels_of(summary)
-    ended = gw.tick(200)
-    assert [d.payload["event"] for d in ended] == ["storm_ended"] * 3
-    # After the storm: a collapsed alert's resolve is summarised, not sent alone.
-    late = gw.send(resolve(300, 3, fingerprint="fp-3"))
+    # the folded incident and the two pages sent on their own (still counted)
+    assert (storm["total"], storm["firing"], storm["resolved"]) == (3, 3, 0)
+    assert sorted(name.split(" ", 1)[1] for name in storm["by_incident"]) == [
+        "Disk", "GPUFellOffBus", "NodeDown"
+    ]  # fmt: skip
+    assert "phone" not in channels_of(summary)
+    assert gw.tick(200) == [], "the storm ends: nothing was collected since, no empty card"
+    # After the storm: the folded incident's resolve is summarised, not sent alone.
+    late = gw.send(resolve(300, 4, fingerprint="fp-4"))
     assert late.drafts == [] and late.collapsed == 1
-    assert [d.payload["storm"]["resolved"] for d in gw.tick(400)] == [1, 1, 1]
-    # An alert announced on its own resolves on its own once the storm is over.
-    alone = gw.send(resolve(500, 1, fingerprint="fp-1"))
-    assert [d.payload["event"] for d in alone.drafts] == ["resolved"] * 3
+    later = gw.tick(400)
+    assert [d.payload["storm"]["resolved"] for d in later if d.kind == "storm"] == [1, 1, 1]
+    # GPUHot0's and GPUFellOffBus' incidents gained an alert each: one follow-up card each
+    # per channel, 300 s (follow_up_interval) after their first
+    follow_up = [d for d in later if d.kind == "alert"]
+    assert len(follow_up) == 6 and {d.payload["incident"]["alerts"] for d in follow_up} == {2}
+    assert {d.payload["alertname"] for d in follow_up} == {"GPUHot0", "GPUFellOffBus"}
     keys = [d.idempotency_key for d in gw.drafts]
     assert len(keys) == len(set(keys))
 

@@ -11,7 +11,8 @@ import pytest
 
 from tests.gateway.policy.factory import at, fire, make_alert
 from trainsentry.alerts import AlertStatus, Priority
-from trainsentry.gateway.policy.decide import TickResult, decide, decide_tick
+from trainsentry.gateway.policy.decide import decide, decide_tick
+from trainsentry.gateway.policy.incident import IncidentBook
 from trainsentry.gateway.policy.rules import load_policy, merge_policy
 from trainsentry.gateway.policy.storm import (
     OTHER,
@@ -95,10 +96,27 @@ def test_summary_per_interval_then_end_when_calm() -> None:
     # Nothing collected since: no empty summary.
     state, messages = due(state, at(70), policy)
     assert messages == []
-    # Calm: 90 s after the last hot arrival (t=2).
+    # Calm: 90 s after the last hot arrival (t=2); nothing collected since the summary, so
+    # no "0 alerts" card (issue 34), and the storm is over.
     state, messages = due(state, at(92), policy)
+    assert messages == [] and not state.active
+
+
+def test_the_end_carries_what_was_still_collected() -> None:
+    policy = merge_policy(
+        POLICY,
+        {"storm": {"threshold": 2, "window": 60, "summary_interval": 30, "calm_after": 90}},
+    )
+    state = _state()
+    for i in range(3):
+        state, _ = observe_new(state, at(i), Priority.P2, policy)
+    entry = StormEntry(make_alert({"node": "n1"}), Priority.P2, AlertStatus.FIRING, at(3))
+    state, _ = due(collapse(state, entry, policy), at(33), policy)  # the first summary
+    entry = StormEntry(make_alert({"node": "n1"}), Priority.P2, AlertStatus.RESOLVED, at(80))
+    state, messages = due(collapse(state, entry, policy), at(92), policy)
     assert [m.kind for m in messages] == [StormMessageKind.ENDED]
-    assert messages[0].summary["ended"] is True and not state.active
+    assert messages[0].summary["ended"] is True and messages[0].summary["total"] == 1
+    assert not state.active
 
 
 def test_late_due_sends_one_summary_and_the_end() -> None:
@@ -112,8 +130,9 @@ def test_late_due_sends_one_summary_and_the_end() -> None:
         state, StormEntry(make_alert(), Priority.P2, AlertStatus.FIRING, at(2)), policy
     )
     state, messages = due(state, at(1000), policy)
-    assert [m.kind for m in messages] == [StormMessageKind.SUMMARY, StormMessageKind.ENDED]
-    assert [m.seq for m in messages] == [1, 2]
+    # the summary, then the end with nothing left collected: no empty end card (issue 34)
+    assert [m.kind for m in messages] == [StormMessageKind.SUMMARY]
+    assert [m.seq for m in messages] == [1] and not state.active
 
 
 def test_tally_counts_and_caps_keys() -> None:
@@ -230,40 +249,41 @@ def _storm_labels(i: int) -> dict[str, str]:
 
 
 def test_storm_of_20000_alerts_over_1000_nodes() -> None:
+    """The 20,000-alert storm through incidents, as the gateway plans it (one IncidentBook
+    kept across the changes): each alertname of the job is one incident (no Alertmanager
+    group here: job + alertname), announced or folded once, never a card per alert."""
     policy = POLICY
     started = time.perf_counter()
     storm: StormState | None = None
+    book = IncidentBook(policy)
     messages_by_minute: Counter[int] = Counter()
-    feishu_individual: set[str] = set()
+    cards: Counter[str] = Counter()  # kind/event of each Feishu message
     phone_pages = 0
     summary_firing = 0
-    summaries = 0
     blast = BlastCounter(policy.blast_radius.window)
 
-    def account(drafts_time: float, result_drafts: list, tick: TickResult | None = None) -> None:  # type: ignore[type-arg]
-        nonlocal phone_pages, summary_firing, summaries
+    def account(drafts_time: float, result_drafts: list) -> None:  # type: ignore[type-arg]
+        nonlocal phone_pages, summary_firing
         for draft in result_drafts:
             messages_by_minute[int(drafts_time // 60)] += 1
             if draft.channel == "phone":
                 phone_pages += 1
             if draft.channel != "feishu":
                 continue
-            if draft.kind == "alert":
-                assert draft.payload["status"] == "firing"
-                feishu_individual.add(draft.payload["fingerprint"])
-            elif draft.payload["event"] in ("storm_summary", "storm_ended"):
-                summaries += 1
+            cards[f"{draft.kind}:{draft.payload['event']}"] += 1
+            if draft.payload["event"] in ("storm_summary", "storm_ended"):
                 storm_part = draft.payload["storm"]
-                summary_firing += storm_part["firing"]
+                summary_firing += storm_part["firing"] - storm_part.get("own", 0)
                 assert sum(storm_part["by_node"].values()) == storm_part["total"]
                 assert sum(storm_part["by_priority"].values()) == storm_part["total"]
+                assert sum(storm_part["by_incident"].values()) == storm_part["total"]
 
     next_tick = 1.0
     for i in range(N_ALERTS):
         t = i * SPAN_S / N_ALERTS
         while next_tick <= t:  # the gateway's timer, once a second
             tick = decide_tick([], [storm] if storm else [], policy=policy, now=at(next_tick),
-                               channels=CHANNELS)  # fmt: skip
+                               channels=CHANNELS, incidents=book)  # fmt: skip
             storm = tick.storm_states.get(storm.job, storm) if storm else storm
             account(next_tick, tick.drafts)
             next_tick += 1.0
@@ -277,6 +297,7 @@ def test_storm_of_20000_alerts_over_1000_nodes() -> None:
             policy=policy,
             now=at(t),
             channels=CHANNELS,
+            incidents=book,
         )
         storm = result.storm_state
         if i % 97 == 0:  # the gateway persists it as JSON between changes; so do we, sampled
@@ -286,7 +307,8 @@ def test_storm_of_20000_alerts_over_1000_nodes() -> None:
     assert storm is not None and storm.active
     t = next_tick
     while storm.active:
-        tick = decide_tick([], [storm], policy=policy, now=at(t), channels=CHANNELS)
+        tick = decide_tick([], [storm], policy=policy, now=at(t), channels=CHANNELS,
+                           incidents=book)  # fmt: skip
         storm = tick.storm_states.get(storm.job, storm)
         account(t, tick.drafts)
         t += 1.0
@@ -295,13 +317,22 @@ def test_storm_of_20000_alerts_over_1000_nodes() -> None:
 
     per_minute = dict(sorted(messages_by_minute.items()))
     print(f"storm: {N_ALERTS} alerts -> {sum(per_minute.values())} channel messages "
-          f"{per_minute} per minute, {summaries} summaries, {phone_pages} phone pages, "
+          f"{per_minute} per minute, Feishu {dict(cards)}, {phone_pages} phone pages, "
           f"{elapsed:.1f}s")  # fmt: skip
     assert max(per_minute.values()) <= 100
-    # Every alert accounted for: sent on its own before the storm, or counted in a summary.
-    assert len(feishu_individual) + summary_firing == N_ALERTS
-    assert len(feishu_individual) <= policy.storm.threshold + 1  # + the one P0 page
-    # The P0s (XID 79 on 160 GPUs) rang the phone once for the job, not once per node.
+    # Every alert is in exactly one incident; three alertnames, three incidents.
+    incidents = list(book.by_id.values())
+    assert sorted(s.cause for s in incidents) == ["GPUXidError/", "IBPortDown/", "NCCLTimeout/"]
+    assert sum(s.total for s in incidents) == N_ALERTS
+    # The incident opened in the storm without paging is folded: its alerts in summaries.
+    folded = [s for s in incidents if s.folded]
+    assert [s.cause for s in folded] == ["IBPortDown/"]
+    assert summary_firing == folded[0].total
+    # Feishu got a handful of messages, not one per alert: the first incident's card (and
+    # its follow-ups), the storm's start, the XID's own card, summaries.
+    assert sum(cards.values()) <= 15, cards
+    # The P0s (XID 79 on 160 GPUs) rang the phone once for the job, not once per node: the
+    # GPUXidError incident opened with one, a new cause during the storm, and paged then.
     assert phone_pages == 1
     assert not storm.active
 

@@ -22,7 +22,7 @@ from sqlalchemy import select
 from tests.support.gateway_process import close_in_process
 from tests.support.realservers import start_alertmanager
 from tests.support.receiver import Receiver
-from tests.support.webhook_factory import encode, make_alert, make_body
+from tests.support.webhook_factory import bodies_by_group, encode, make_alert, make_body
 from trainsentry.alerts import Person
 from trainsentry.config import GatewaySettings
 from trainsentry.gateway.app import WEBHOOK_PATH
@@ -103,6 +103,7 @@ def called(receiver: Receiver) -> list[tuple[int, str]]:
     return [(b["payload"]["alert_id"], b["payload"]["person"]["name"]) for b in receiver.bodies]
 
 
+P2 = {"priority": "P2"}
 P0 = {"priority": "P0"}
 
 
@@ -143,9 +144,9 @@ async def test_resolve_stops_escalation_and_low_priorities_never_call(
     clock = Clock()
     server = await start(db_url, receiver, clock)
     try:
-        await post(
-            server, make_body([make_alert(1, labels=P0), make_alert(2, labels={"priority": "P2"})])
-        )
+        # two groups (the shipped route groups P0 and P2 apart): two incidents
+        for body in bodies_by_group([make_alert(1, labels=P0), make_alert(2, labels=P2)]):
+            await post(server, body)
         await settle(server)
         assert called(receiver) == [(1, "alice")]
         clock.now += timedelta(minutes=2)

@@ -343,7 +343,8 @@ async def test_a_changed_chat_is_used_for_the_next_card_without_a_restart(
     await merge(cluster, tj_path("team-a", "a"), change)
     # the stage's own loop (refresh_seconds 0.2) picks the change up
     await eventually(lambda: running.stage.destination("team-a/a").chat_id == "oc_team_a_new")
-    await running.post(alert(2, "team-a", "a", "TrainingJobSlow"))
+    # another alertname: another incident, whose card goes to the new chat
+    await running.post(alert(2, "team-a", "a", "TrainingJobStraggler"))
     assert len(chat_cards(feishu, "oc_team_a")) == 1
     assert len(chat_cards(feishu, "oc_team_a_new")) == 1
 

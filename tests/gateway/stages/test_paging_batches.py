@@ -169,7 +169,8 @@ async def test_an_alert_acked_before_its_firing_is_planned_never_calls(
 ) -> None:
     """The firing waits in the inbox (a backlog, a restart) while someone acks the alert."""
     paging = Paging(ESCALATOR)
-    await intake(engine, [make_alert(1, labels=P0), make_alert(2, labels=P0)])
+    # two causes: two incidents (one alert of one incident acked, the other's still pages)
+    await intake(engine, [make_alert(1, labels=P0), make_alert(2, labels=P0, name="NodeDown")])
     now = BASE_TIME + timedelta(seconds=10)
     acks = AckService(engine, channels=("console",), clock=lambda: now, paging=paging)
     assert await acks.acknowledge(1, "alice") is not None

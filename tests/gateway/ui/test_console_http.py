@@ -264,8 +264,8 @@ async def test_ack_comments_are_kept_the_same_from_the_api_and_the_console(db_ur
             async with api.get(server.make_url("/api/v1/alerts/1")) as r:
                 events = (await r.json())["events"]
         assert [(e["kind"], e["detail"]) for e in events[1:]] == [
-            ("acked", {"by": "gina", "comment": "on it"}),
-            ("comment", {"by": "hank", "comment": "ib cable swapped"}),
+            ("acked", {"by": "gina", "comment": "on it", "incident": 1}),
+            ("comment", {"by": "hank", "comment": "ib cable swapped", "incident": 1}),
         ]
     finally:
         await close_in_process(server)
@@ -402,7 +402,9 @@ async def test_the_timeline_shows_what_the_policy_did_flapping_and_storm(tmp_pat
         assert "ev-flapping" in page and "status changes in the flap window" in page
         _status, page = await get(server, f"/ui/incidents/{ids[0]}")
         assert "ev-flapping" not in page  # an earlier occurrence: not what the state says
-        await post_alerts(server, [alert(100 + i, priority="P2") for i in range(40)])
+        # 40 causes (one group each): the incidents opened in the storm are folded into it
+        storm = [alert(100 + i, priority="P2", alertname=f"Disk{i:02d}") for i in range(40)]
+        await post_alerts(server, storm)
         _status, page = await get(server, "/ui/?priority=P2")
         newest = max(int(i) for i in re.findall(r'data-alert-id="(\d+)"', page))
         _status, page = await get(server, f"/ui/incidents/{newest}")

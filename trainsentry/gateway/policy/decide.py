@@ -1,12 +1,14 @@
-"""The alert policy in one call: classify → dedup/flap → storm → route → notification drafts.
+"""The alert policy in one call: classify → dedup/flap → incident → storm → route → drafts.
 
 `decide` handles one `AlertChange`; `decide_tick` handles the timers (held resolutions,
-storm summaries due, storms calming down). Both are pure: states and `now` in, new states
-and `NotificationDraft`s out. `fold_into` is `decide` for the planner's batches: the job's
-storm state is a mutable `StormFold` (storm_fold.py) it updates in place, frozen once per
-batch, with the same results. Idempotency keys depend only on what is announced (alert
-fingerprint + occurrence + notice, or job + storm episode + summary number) and the
-channel, so replaying a change or a late tick yields the same keys.
+storm summaries due, storms calming down, incidents' follow-ups). Both are pure: states and
+`now` in, new states and `NotificationDraft`s out. `fold_into` is `decide` for the planner's
+batches: the job's storm state is a mutable `StormFold` (storm_fold.py) it updates in place,
+frozen once per batch, with the same results, and the batch's incidents (`IncidentBook`,
+incident.py) are drafted once at its end (`flush`), so 20 alerts of one group in one batch
+are one card. An alert's notice changes its incident; the incident is what is announced
+(incident.py `incident_drafts`). Idempotency keys depend only on what is announced (the
+incident + the change shown, or job + storm episode + summary number) and the channel.
 
 The payload builders are in payload.py; `PolicyMetrics` (gateway/metrics.py) counts results.
 """
@@ -28,39 +30,32 @@ from trainsentry.alerts import (
 )
 from trainsentry.gateway.policy import dedup
 from trainsentry.gateway.policy.classify import Classification, classify
-from trainsentry.gateway.policy.dedup import Decision, FingerprintState, Notice
-from trainsentry.gateway.policy.infra import INFRA_KIND, InfraFold, InfraMessage, InfraState
-from trainsentry.gateway.policy.payload import (
-    ALERT_KIND,
-    STORM_KIND,
-    alert_from_json,
-    alert_payload,
-    alert_to_json,
-    idempotency_key,
-    storm_payload,
-    storm_summary,
+from trainsentry.gateway.policy.dedup import Decision, FingerprintState
+from trainsentry.gateway.policy.deliver import INFRA_FOLDED, deliver
+from trainsentry.gateway.policy.drafts import Drafts
+from trainsentry.gateway.policy.incident import (
+    IncidentBook,
+    cause_of,
 )
-from trainsentry.gateway.policy.route import JobRoute, apply_job_route, route
+from trainsentry.gateway.policy.infra import InfraFold, InfraMessage, InfraState
+from trainsentry.gateway.policy.payload import (
+    alert_from_json,
+    alert_to_json,
+)
+from trainsentry.gateway.policy.route import JobRoute
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.storm import (
-    StormEntry,
     StormMessage,
     StormState,
-    Verdict,
     due,
     job_key,
 )
 from trainsentry.gateway.policy.storm_fold import (
     S,
     StormFold,
-    collapse_any,
     due_any,
     observe_any,
-    verdict_any,
 )
-from trainsentry.notifiers.payload import JobRoutePayload
-
-INFRA_FOLDED = "infra_folded"  # fingerprint context: its resolve went to an incident
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,127 +90,6 @@ class TickResult:
     unconfigured: tuple[str, ...] = ()
 
 
-@dataclass(slots=True)
-class _Out:
-    """What one call produces, gathered as the steps run."""
-
-    policy: Policy
-    channels: Collection[str] | None
-    drafts: list[NotificationDraft] = field(default_factory=list)
-    decisions: list[Decision] = field(default_factory=list)
-    messages: list[StormMessage] = field(default_factory=list)
-    collapsed: int = 0
-    unconfigured: list[str] = field(default_factory=list)
-    # TrainingJobs' own routes (spec.alerting), by job; each applies to its own job's alerts
-    job_routes: Mapping[JobRef, JobRoute] = field(default_factory=dict)
-    job_extra: JobRoutePayload | None = None  # of the last `_route`
-    place: Mapping[str, str] | None = None  # the alert's node's place in the topology
-    infra: InfraFold | None = None  # set when the alert's node has a place
-    infra_folded: int = 0
-
-    def _route(
-        self, priority: Priority, labels: Mapping[str, str], *, paging: bool
-    ) -> tuple[tuple[str, ...], str]:
-        decision = route(priority, labels, self.policy, configured=self.channels, paging=paging)
-        self.unconfigured.extend(decision.unconfigured)
-        self.job_extra = None
-        job = JobRef.from_labels(labels) if self.job_routes else None
-        if job is not None and (job_route := self.job_routes.get(job)) is not None:
-            decision, self.job_extra = apply_job_route(
-                decision,
-                priority,
-                job,
-                job_route,
-                self.policy.routing.jobs,
-                paging_channels=self.policy.routing.paging_channels,
-            )
-        return decision.channels, decision.route_id
-
-    def alert_notice(
-        self,
-        decision: Decision,
-        alert: Alert,
-        alert_id: int | None,
-        classification: Classification,
-        *,
-        paging: bool,
-        storm: Mapping[str, Any] | None = None,
-    ) -> None:
-        assert decision.notice is not None
-        channels, route_id = self._route(classification.priority, alert.labels, paging=paging)
-        payload = alert_payload(decision, alert, alert_id, classification, route_id=route_id)
-        if self.job_extra is not None:
-            payload["job_route"] = self.job_extra
-        if self.place:
-            payload["topology"] = dict(self.place)
-        if storm is not None:
-            payload["storm"] = storm_summary(storm)
-        occurrence = decision.occurrence.isoformat()
-        for channel in channels:
-            self.drafts.append(
-                NotificationDraft(
-                    channel=channel,
-                    kind=ALERT_KIND,
-                    priority=classification.priority,
-                    idempotency_key=idempotency_key(
-                        ALERT_KIND, alert.fingerprint, occurrence, decision.notice.value, channel
-                    ),
-                    payload=dict(payload),
-                    alert_id=alert_id,
-                    group_key=f"alert:{alert.fingerprint}",
-                    reason=f"{classification.rule_id}: {classification.reason}",
-                )
-            )
-
-    def infra_messages(self, messages: Iterable[InfraMessage]) -> None:
-        for message in messages:
-            channels, route_id = self._route(
-                message.priority, message.labels, paging=message.paging
-            )
-            extra = {"job_route": self.job_extra} if self.job_extra is not None else {}
-            for channel in channels:
-                payload = dict(message.payload, route=route_id, **extra)
-                self.drafts.append(
-                    NotificationDraft(
-                        channel=channel,
-                        kind=INFRA_KIND,
-                        priority=message.priority,
-                        idempotency_key=idempotency_key(*message.ident, channel),
-                        payload=payload,
-                        alert_id=message.alert_id,
-                        group_key=f"infra:{message.key}",
-                        reason=payload["reason"],
-                    )
-                )
-
-    def storm_messages(self, messages: Iterable[StormMessage]) -> None:
-        for message in messages:
-            self.messages.append(message)
-            channels, route_id = self._route(message.priority, message.labels, paging=False)
-            payload = storm_payload(message, self.policy, route_id=route_id)
-            if self.job_extra is not None:
-                payload["job_route"] = self.job_extra
-            for channel in channels:
-                self.drafts.append(
-                    NotificationDraft(
-                        channel=channel,
-                        kind=STORM_KIND,
-                        priority=message.priority,
-                        idempotency_key=idempotency_key(
-                            STORM_KIND,
-                            message.kind.value,
-                            message.job,
-                            message.episode,
-                            str(message.seq),
-                            channel,
-                        ),
-                        payload=dict(payload),
-                        group_key=f"storm:{message.job}",
-                        reason=payload["reason"],
-                    )
-                )
-
-
 def _context(alert: Alert, alert_id: int | None, classification: Classification) -> dict[str, Any]:
     return {
         "alert": alert_to_json(alert),
@@ -231,14 +105,16 @@ def _apply(
     alert: Alert,
     alert_id: int | None,
     classification: Classification,
-    out: _Out,
+    out: Drafts,
 ) -> tuple[FingerprintState, S]:
-    """Turns one dedup decision into storm bookkeeping and drafts."""
+    """Turns one dedup decision into storm bookkeeping and its incident's change."""
     policy = out.policy
     out.decisions.append(decision)
     changes: dict[str, Any] = {}
     if decision.transition is AlertStatus.FIRING:
-        storm, messages = observe_any(storm, decision.at, classification.priority, policy)
+        storm, messages = observe_any(
+            storm, decision.at, classification.priority, policy, cause_of(alert)
+        )
         out.storm_messages(messages)
         changes["alert_id"] = alert_id
         changes["context"] = _context(alert, alert_id, classification)
@@ -252,61 +128,8 @@ def _apply(
             context[INFRA_FOLDED] = True
         changes["context"] = context
     if decision.notice is not None:
-        storm = _deliver(decision, fp, storm, alert, alert_id, classification, out, changes)
+        storm = deliver(decision, fp, storm, alert, alert_id, classification, out, changes)
     return (replace(fp, **changes) if changes else fp), storm
-
-
-def _deliver(
-    decision: Decision,
-    fp: FingerprintState,
-    storm: S,
-    alert: Alert,
-    alert_id: int | None,
-    classification: Classification,
-    out: _Out,
-    changes: dict[str, Any],
-) -> S:
-    """Sends a notice on its own, as the storm's one P0 page, or folds it into a summary."""
-    policy = out.policy
-    resolving = decision.transition is AlertStatus.RESOLVED or decision.notice is Notice.RESOLVED
-    folded = (
-        bool((changes.get("context") or fp.context).get(INFRA_FOLDED))
-        if resolving
-        else out.infra is not None
-        and out.infra.fold_firing(alert, alert_id, classification, decision.at)
-    )
-    if folded:
-        out.infra_folded += 1  # the infrastructure incident speaks for it
-        return storm
-    if resolving:
-        if storm.active or fp.collapsed:
-            out.collapsed += 1
-            entry = StormEntry(
-                alert, classification.priority, AlertStatus.RESOLVED, decision.at, alert_id
-            )
-            return collapse_any(storm, entry, policy)
-        out.alert_notice(decision, alert, alert_id, classification, paging=False)
-        return storm
-
-    fresh_page = decision.notice is Notice.FIRING
-    storm, how = verdict_any(storm, classification.priority, fresh_page=fresh_page)
-    changes["collapsed"] = how is Verdict.COLLAPSE
-    if how is Verdict.COLLAPSE:
-        out.collapsed += 1
-        entry = StormEntry(
-            alert, classification.priority, AlertStatus.FIRING, decision.at, alert_id
-        )
-        return collapse_any(storm, entry, policy)
-    storm_info = None
-    if how is Verdict.PAGE:
-        storm_info = {
-            "job": storm.job,
-            "total": storm.window_count(decision.at, policy.storm),
-            "episode": storm.episode,
-            "note": "alert storm on this job: this is its one P0 page; the rest is summarised",
-        }
-    out.alert_notice(decision, alert, alert_id, classification, paging=fresh_page, storm=storm_info)
-    return storm
 
 
 def _held_subject(
@@ -341,8 +164,10 @@ def decide(
     job_routes: Mapping[JobRef, JobRoute] | None = None,
     place: Mapping[str, str] | None = None,
     infra: InfraFold | None = None,
+    incidents: IncidentBook | None = None,
+    updatable: Collection[str] = (),
 ) -> DecideResult:
-    """Everything the policy does with one alert change.
+    """Everything the policy does with one alert change, its incident's drafts included.
 
     `fingerprint_state`: the stored state of `change.alert.fingerprint` (None if new).
     `storm_state`: the stored state of the alert's job, key `storm.job_key(labels)`.
@@ -351,19 +176,26 @@ def decide(
     `job_routes`: the TrainingJobs' own routes (route.JobRoute), applied to their own alerts.
     `place`: the alert's node's place in the topology (shown on its cards); `infra`: the
     infrastructure incidents of that place (infra.py), which may take the alert's notices.
+    `incidents`: the incidents known (changed in place; default: none known, the alert's
+    fingerprint context stands in for its incident); `updatable`: the channels that update
+    a card in place.
     """
     storm = storm_state if storm_state is not None else StormState.new(change.alert.labels)
-    storm, fields = _decide(
-        change,
-        fingerprint_state,
-        storm,
-        distinct_nodes_in_window,
-        policy,
-        now,
-        _Out(
-            policy=policy, channels=channels, job_routes=job_routes or {}, place=place, infra=infra
-        ),
+    out = Drafts(
+        policy=policy,
+        channels=channels,
+        job_routes=job_routes or {},
+        place=place,
+        infra=infra,
+        incidents=incidents if incidents is not None else IncidentBook(policy),
+        group_key=change.group_key,
+        updatable=updatable,
     )
+    storm, fields = _decide(
+        change, fingerprint_state, storm, distinct_nodes_in_window, policy, now, out
+    )
+    out.flush(now)
+    fields["unconfigured"] = tuple(dict.fromkeys(out.unconfigured))  # the flush's too
     return DecideResult(storm_state=storm, **fields)
 
 
@@ -379,9 +211,13 @@ def fold_into(
     job_routes: Mapping[JobRef, JobRoute] | None = None,
     place: Mapping[str, str] | None = None,
     infra: InfraFold | None = None,
+    incidents: IncidentBook | None = None,
+    updatable: Collection[str] = (),
 ) -> ChangeResult:
     """`decide` for one change of a batch, its job's storm state kept in `storm` (the job's
-    `StormFold` for the batch, changed in place) instead of copied twice per alert.
+    `StormFold` for the batch, changed in place) instead of copied twice per alert, and its
+    incident's drafts left to the end of the batch: the caller calls `flush` on the batch's
+    `incidents` (without them, the change's own are drafted as `decide` does).
 
     Pure apart from `storm`. Invariant: folding a job's changes in order into
     `StormFold.of(state)` and freezing it gives the storm state that chaining `decide` over
@@ -389,13 +225,45 @@ def fold_into(
     (tests/gateway/policy/test_storm_fold.py). Infrastructure incidents, job routes and the
     rest run exactly as in `decide`: only where the job's storm state lives differs.
     """
-    out = _Out(
-        policy=policy, channels=channels, job_routes=job_routes or {}, place=place, infra=infra
+    out = Drafts(
+        policy=policy,
+        channels=channels,
+        job_routes=job_routes or {},
+        place=place,
+        infra=infra,
+        incidents=incidents if incidents is not None else IncidentBook(policy),
+        group_key=change.group_key,
+        updatable=updatable,
     )
     _, fields = _decide(
         change, fingerprint_state, storm, distinct_nodes_in_window, policy, now, out
     )
+    if incidents is None:
+        out.flush(now)
+        fields["unconfigured"] = tuple(dict.fromkeys(out.unconfigured))
     return ChangeResult(**fields)
+
+
+def flush(
+    incidents: IncidentBook,
+    *,
+    policy: Policy,
+    now: datetime,
+    channels: Collection[str] | None = None,
+    job_routes: Mapping[JobRef, JobRoute] | None = None,
+    updatable: Collection[str] = (),
+) -> tuple[list[NotificationDraft], tuple[str, ...]]:
+    """The drafts the batch's changed incidents owe (once per batch: `fold_into` leaves
+    them), and the routed channels this gateway lacks."""
+    out = Drafts(
+        policy=policy,
+        channels=channels,
+        job_routes=job_routes or {},
+        incidents=incidents,
+        updatable=updatable,
+    )
+    out.flush(now)
+    return out.drafts, tuple(dict.fromkeys(out.unconfigured))
 
 
 def _decide(
@@ -405,7 +273,7 @@ def _decide(
     distinct_nodes_in_window: int,
     policy: Policy,
     now: datetime,
-    out: _Out,
+    out: Drafts,
 ) -> tuple[S, dict[str, Any]]:
     """The steps of `decide`, for either kind of storm state; the result's fields."""
     alert = change.alert
@@ -427,6 +295,10 @@ def _decide(
         if decision.transition is AlertStatus.RESOLVED and "classification" in fp.context:
             used = Classification.from_json(fp.context["classification"])
         fp, storm = _apply(decision, fp, storm, alert, change.alert_id, used, out)
+    book = out.incidents
+    if book is not None and change.alert_id not in book.members:
+        # no notice placed it (a repeat, a resolve never seen firing): it is still in one
+        book.add_quiet(change.alert_id, alert, classification, change.group_key, change.at)
     infra = out.infra
     if infra is not None:
         out.infra_messages(infra.messages)
@@ -452,11 +324,21 @@ def decide_tick(
     now: datetime,
     channels: Collection[str] | None = None,
     job_routes: Mapping[JobRef, JobRoute] | None = None,
+    incidents: IncidentBook | None = None,
+    updatable: Collection[str] = (),
 ) -> TickResult:
     """The timers: held resolutions whose hold passed, storm summaries due, storms that
-    calmed down. Pass the states with `hold_until <= now` and the storm states with
-    `next_due(policy) <= now` (passing more is harmless). Returns only changed states."""
-    out = _Out(policy=policy, channels=channels, job_routes=job_routes or {})
+    calmed down, incidents' follow-ups due. Pass the states with `hold_until <= now`, the
+    storm states with `next_due(policy) <= now` and, in `incidents`, the incidents of those
+    alerts and those whose `due_at` passed (`IncidentBook.wake`; passing more is harmless).
+    Returns only changed states (the incidents change in place)."""
+    out = Drafts(
+        policy=policy,
+        channels=channels,
+        job_routes=job_routes or {},
+        incidents=incidents if incidents is not None else IncidentBook(policy),
+        updatable=updatable,
+    )
     storms = {state.job: state for state in storm_states}
     changed_storms: set[str] = set()
     changed_fps: dict[str, FingerprintState] = {}
@@ -482,6 +364,7 @@ def decide_tick(
             storms[key] = updated
             changed_storms.add(key)
             out.storm_messages(messages)
+    out.flush(now)
     return TickResult(
         fingerprint_states=changed_fps,
         storm_states={key: storms[key] for key in sorted(changed_storms)},

@@ -16,7 +16,7 @@ from trainsentry.alerts import GO_ZERO_TIME, Alert, AlertStatus
 from trainsentry.gateway.policy.classify import Classification
 from trainsentry.gateway.policy.dedup import Decision, Notice
 from trainsentry.gateway.policy.rules import Policy
-from trainsentry.gateway.policy.storm import StormMessage, StormMessageKind
+from trainsentry.gateway.policy.storm import StormMessage, StormMessageKind, job_title
 from trainsentry.notifiers.payload import NotificationPayload, StatusName, StormSummary
 
 ALERT_KIND = "alert"  # NotificationDraft.kind of one alert's notice (payload contract)
@@ -125,24 +125,27 @@ def storm_payload(
     summary = message.summary
     only_resolved = summary.get("total", 0) > 0 and summary.get("firing", 1) == 0
     ended = message.kind is StormMessageKind.ENDED
+    job = job_title(message.job)
     reason = {
         StormMessageKind.STARTED: (
-            f"alert storm: {summary.get('total', 0)} new alerts of {message.job} within "
+            f"alert storm: {summary.get('total', 0)} new alerts of {job} within "
             f"{rules.window:g}s (more than {rules.threshold}); one summary every "
             f"{rules.summary_interval:g}s until it calms down"
         ),
-        StormMessageKind.SUMMARY: f"alert storm summary #{message.seq} for {message.job}",
-        StormMessageKind.ENDED: f"alert storm over for {message.job}",
+        StormMessageKind.SUMMARY: f"alert storm summary #{message.seq} for {job}",
+        StormMessageKind.ENDED: f"alert storm over for {job}",
     }[message.kind]
+    # the job in the words its incidents' cards use (one name for one job)
+    named = {**summary, "job": job}
     return {
         "priority": message.priority.value,
         "status": status_name(ended or only_resolved),
         "event": message.kind.value,
         "labels": dict(message.labels),
-        "job": message.job,
+        "job": job,
         "reason": reason,
         "rule_id": "storm",
         "route": route_id,
-        "storm": storm_summary(summary),
+        "storm": storm_summary(named),
         "at": message.at.isoformat(),
     }

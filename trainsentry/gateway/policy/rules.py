@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -136,6 +136,36 @@ class StormPolicy(_Strict):
         return value
 
 
+class GroupingPolicy(_Strict):
+    """Incidents, the unit of notification (gateway/policy/incident.py, docs/policy.md).
+
+    `by`: `group_key` (one incident per Alertmanager group, the webhook's `groupKey`; a
+    change without one falls back to `alertname`), `alertname` (one per job and
+    alertname) or `alert` (one per alert occurrence: a card per alert, as before incidents).
+    `follow_up_interval`: a channel that cannot update a card it sent (the Feishu bot) gets
+    a new card of an incident when its state or priority changes, and otherwise at most
+    one follow-up per this many seconds (Alertmanager's `group_interval`).
+    `names_shown`: nodes and GPUs named on a card (the rest: "and N more");
+    `max_tracked`: nodes and GPUs counted by name per incident (beyond: counted, unnamed).
+    `url`: the incident's page (placeholders {incident}, {alert_id}); "": no link.
+    """
+
+    by: Literal["group_key", "alertname", "alert"] = "group_key"
+    follow_up_interval: Seconds = 300
+    names_shown: int = Field(default=10, ge=0, le=100)
+    max_tracked: int = Field(default=500, ge=1, le=10000)
+    url: str = ""
+
+    @field_validator("url")
+    @classmethod
+    def _known_url_placeholders(cls, value: str) -> str:
+        try:
+            value.format(incident=1, alert_id=1)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"url may use only {{incident}}, {{alert_id}}: {exc}") from exc
+        return value
+
+
 class InfrastructurePolicy(_Strict):
     """Infrastructure incidents across jobs (gateway/policy/infra.py)."""
 
@@ -254,6 +284,7 @@ class Policy(_Strict):
     blast_radius: BlastRadiusPolicy = Field(default_factory=BlastRadiusPolicy)
     dedup: DedupPolicy = Field(default_factory=DedupPolicy)
     storm: StormPolicy = Field(default_factory=StormPolicy)
+    grouping: GroupingPolicy = Field(default_factory=GroupingPolicy)
     infrastructure: InfrastructurePolicy = Field(default_factory=InfrastructurePolicy)
     node_health: NodeHealthPolicy = Field(default_factory=NodeHealthPolicy)
     node_labels: tuple[str, ...] = NODE_LABELS

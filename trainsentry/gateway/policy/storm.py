@@ -14,22 +14,53 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from trainsentry.alerts import Alert, AlertStatus, Priority
+from trainsentry.alerts import Priority
 from trainsentry.gateway.policy.rules import Policy, StormPolicy
+from trainsentry.gateway.policy.storm_tally import (
+    OTHER,
+    PRIORITY_KEYS,
+    StormEntry,
+    Tally,
+    build_summary,
+    render_summary,
+)
 from trainsentry.labels import (
     JOB_NAME_LABELS,
     NAMESPACE_LABEL,
     SCRAPE_JOB_LABEL,
-    first_label,
     job_name_of,
 )
 
-OTHER = "(other)"
+# The tally's names, as the storm's own (callers read them from here).
+__all__ = [
+    "OTHER",
+    "PRIORITY_KEYS",
+    "StormEntry",
+    "StormMessage",
+    "StormMessageKind",
+    "StormState",
+    "Tally",
+    "Verdict",
+    "build_summary",
+    "bulk_of",
+    "collapse",
+    "count_cause",
+    "due",
+    "job_key",
+    "job_labels",
+    "job_title",
+    "observe_new",
+    "render_summary",
+    "verdict",
+]
+
+# The new causes a storm remembers having paged for (the oldest are forgotten first).
+PAGED_CAUSES = 50
 # Sliding-window resolution: the window is counted in this many buckets.
 _BUCKETS_PER_WINDOW = 30
 _JOB_LABELS = (NAMESPACE_LABEL, *JOB_NAME_LABELS, SCRAPE_JOB_LABEL)
@@ -47,146 +78,12 @@ def job_key(labels: Mapping[str, str]) -> str:
     return "cluster"
 
 
-def job_labels(labels: Mapping[str, str]) -> dict[str, str]:
-    """The labels that identify the job (what a storm summary is routed by)."""
-    return {name: labels[name] for name in _JOB_LABELS if labels.get(name)}
-
-
-@dataclass(frozen=True, slots=True)
-class StormEntry:
-    """One alert change as a storm summary counts it."""
-
-    alert: Alert
-    priority: Priority
-    status: AlertStatus
-    at: datetime
-    alert_id: int | None = None
-
-
-def _line(entry: StormEntry, policy: Policy) -> dict[str, Any]:
-    labels = entry.alert.labels
-    line: dict[str, Any] = {
-        "alertname": entry.alert.name,
-        "priority": entry.priority.value,
-        "status": entry.status.value,
-        "fingerprint": entry.alert.fingerprint,
-        "node": first_label(labels, policy.node_labels),
-        "gpu": first_label(labels, policy.gpu_labels),
-        "summary": entry.alert.annotations.get("summary", ""),
-        "at": entry.at.isoformat(),
-    }
-    job = entry.alert.job
-    if job is not None:
-        line["job"] = str(job)
-    if entry.alert_id is not None:
-        line["alert_id"] = entry.alert_id
-    return line
-
-
-def _line_order(line: Mapping[str, Any]) -> tuple[int, int, str, str]:
-    # Most urgent first, firing before resolved, then earliest, then stable by fingerprint.
-    status_rank = 0 if line["status"] == AlertStatus.FIRING.value else 1
-    return (int(line["priority"][1]), status_rank, line["at"], line["fingerprint"])
-
-
-# Priorities are never folded into OTHER: there are only four, and the storm's own priority
-# is read back from them (`Tally.priority`).
-PRIORITY_KEYS = len(Priority)
-
-
-def _bump(counts: Mapping[str, int], key: str, cap: int) -> dict[str, int]:
-    updated = dict(counts)
-    if key not in updated and len(updated) >= cap:
-        key = OTHER
-    updated[key] = updated.get(key, 0) + 1
-    return updated
-
-
-@dataclass(frozen=True, slots=True)
-class Tally:
-    """Counts of the alert changes folded since the last summary (bounded in size)."""
-
-    total: int = 0
-    firing: int = 0
-    resolved: int = 0
-    by_alertname: Mapping[str, int] = field(default_factory=dict)
-    by_priority: Mapping[str, int] = field(default_factory=dict)
-    by_node: Mapping[str, int] = field(default_factory=dict)
-    by_gpu: Mapping[str, int] = field(default_factory=dict)
-    top: tuple[Mapping[str, Any], ...] = ()
-    first_at: datetime | None = None
-    last_at: datetime | None = None
-
-    @property
-    def empty(self) -> bool:
-        return self.total == 0
-
-    @property
-    def priority(self) -> Priority:
-        """The most urgent priority counted (P3 when empty)."""
-        levels = [int(p[1]) for p, n in self.by_priority.items() if n > 0]
-        return Priority(f"P{min(levels)}") if levels else Priority.P3
-
-    def add(self, entry: StormEntry, policy: Policy) -> Tally:
-        rules = policy.storm
-        cap = rules.max_keys
-        labels = entry.alert.labels
-        node = first_label(labels, policy.node_labels) or "(none)"
-        gpu = first_label(labels, policy.gpu_labels)
-        gpu_key = f"{node}/{gpu}" if gpu else "(none)"
-        top = self.top
-        if rules.top_lines:
-            order = (
-                entry.priority.level,
-                0 if entry.status is AlertStatus.FIRING else 1,
-                entry.at.isoformat(),
-                entry.alert.fingerprint,
-            )
-            if len(top) < rules.top_lines or order < _line_order(top[-1]):
-                line = _line(entry, policy)
-                top = tuple(sorted((*top, line), key=_line_order)[: rules.top_lines])
-        firing = entry.status is AlertStatus.FIRING
-        return Tally(
-            total=self.total + 1,
-            firing=self.firing + (1 if firing else 0),
-            resolved=self.resolved + (0 if firing else 1),
-            by_alertname=_bump(self.by_alertname, entry.alert.name or "(unnamed)", cap),
-            by_priority=_bump(self.by_priority, entry.priority.value, PRIORITY_KEYS),
-            by_node=_bump(self.by_node, node, cap),
-            by_gpu=_bump(self.by_gpu, gpu_key, cap),
-            top=top,
-            first_at=entry.at if self.first_at is None else min(self.first_at, entry.at),
-            last_at=entry.at if self.last_at is None else max(self.last_at, entry.at),
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "total": self.total,
-            "firing": self.firing,
-            "resolved": self.resolved,
-            "by_alertname": dict(self.by_alertname),
-            "by_priority": dict(self.by_priority),
-            "by_node": dict(self.by_node),
-            "by_gpu": dict(self.by_gpu),
-            "top": [dict(line) for line in self.top],
-            "first_at": _iso(self.first_at),
-            "last_at": _iso(self.last_at),
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Tally:
-        return cls(
-            total=int(data["total"]),
-            firing=int(data["firing"]),
-            resolved=int(data["resolved"]),
-            by_alertname=dict(data["by_alertname"]),
-            by_priority=dict(data["by_priority"]),
-            by_node=dict(data["by_node"]),
-            by_gpu=dict(data["by_gpu"]),
-            top=tuple(dict(line) for line in data["top"]),
-            first_at=_dt(data.get("first_at")),
-            last_at=_dt(data.get("last_at")),
-        )
+def job_title(key: str) -> str:
+    """Pure: the job as cards name it ("ml/llama-70b" for `trainingjob:ml/llama-70b`), the
+    same words an alert's card uses (`JobRef`), so a storm and its alerts name one job."""
+    if key.startswith("trainingjob:"):
+        return key.removeprefix("trainingjob:").removeprefix("/")
+    return key.removeprefix("job:").strip("/") or key
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -197,55 +94,9 @@ def _dt(value: str | None) -> datetime | None:
     return None if value is None else datetime.fromisoformat(value)
 
 
-def _sorted_counts(counts: Mapping[str, int]) -> dict[str, int]:
-    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
-
-
-def render_summary(
-    tally: Tally,
-    policy: Policy,
-    *,
-    job: str,
-    start: datetime,
-    end: datetime,
-    **extra: Any,
-) -> dict[str, Any]:
-    """The summary dict a channel renders (the `storm` field of the payload contract)."""
-    summary: dict[str, Any] = {
-        "job": job,
-        "total": tally.total,
-        "firing": tally.firing,
-        "resolved": tally.resolved,
-        "by_alertname": _sorted_counts(tally.by_alertname),
-        "by_priority": dict(sorted(tally.by_priority.items())),
-        "by_node": _sorted_counts(tally.by_node),
-        "by_gpu": _sorted_counts(tally.by_gpu),
-        "items": [dict(line) for line in tally.top],
-        "start": start.isoformat(),
-        "end": end.isoformat(),
-        "window_s": max(0, int((end - start).total_seconds())),
-    }
-    if policy.storm.list_url:
-        summary["list_url"] = policy.storm.list_url.format(
-            job=job, start=start.isoformat(), end=end.isoformat()
-        )
-    summary.update(extra)
-    return summary
-
-
-def build_summary(
-    entries: Iterable[StormEntry],
-    policy: Policy,
-    *,
-    job: str,
-    start: datetime,
-    end: datetime,
-) -> dict[str, Any]:
-    """The summary of the given alert changes (e.g. the stored alerts of one interval)."""
-    tally = Tally()
-    for entry in entries:
-        tally = tally.add(entry, policy)
-    return render_summary(tally, policy, job=job, start=start, end=end)
+def job_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """The labels that identify the job (what a storm summary is routed by)."""
+    return {name: labels[name] for name in _JOB_LABELS if labels.get(name)}
 
 
 class StormMessageKind(enum.StrEnum):
@@ -295,6 +146,10 @@ class StormState:
     next_summary_at: datetime | None = None
     storms: int = 0  # storms this job has had (for metrics and display)
     peak: Priority = Priority.P3  # most urgent priority seen in the current storm
+    # new firing alerts by cause (incident.cause_of) since the window was last empty, through
+    # the storm: its bulk, against which a P0 of another cause pages on its own
+    causes: Mapping[str, int] = field(default_factory=dict)
+    paged_causes: tuple[str, ...] = ()  # the new causes that paged in this storm, once each
 
     @classmethod
     def new(cls, labels: Mapping[str, str]) -> StormState:
@@ -307,7 +162,7 @@ class StormState:
     def next_due(self, policy: Policy) -> datetime | None:
         """When `due` next has something to do (for the gateway's timer)."""
         times: list[datetime] = []
-        if self.next_summary_at is not None and not self.tally.empty:
+        if self.next_summary_at is not None and self.tally.folded:
             times.append(self.next_summary_at)
         if self.active and self.last_hot_at is not None:
             times.append(self.last_hot_at + timedelta(seconds=policy.storm.calm_after))
@@ -327,6 +182,8 @@ class StormState:
             "next_summary_at": _iso(self.next_summary_at),
             "storms": self.storms,
             "peak": self.peak.value,
+            "causes": dict(self.causes),
+            "paged_causes": list(self.paged_causes),
         }
 
     @classmethod
@@ -344,34 +201,58 @@ class StormState:
             next_summary_at=_dt(data.get("next_summary_at")),
             storms=int(data.get("storms", 0)),
             peak=Priority(data.get("peak", "P3")),
+            causes=dict(data.get("causes") or {}),
+            paged_causes=tuple(data.get("paged_causes") or ()),
         )
+
+    @property
+    def bulk(self) -> str:
+        """The cause most of the storm's new alerts share ("" when none is known)."""
+        return bulk_of(self.causes)
+
+
+def bulk_of(causes: Mapping[str, int]) -> str:
+    """Pure: the most frequent cause (ties: the first by name), "" for none."""
+    return min(causes, key=lambda c: (-causes[c], c)) if causes else ""
+
+
+def count_cause(causes: Mapping[str, int], cause: str, fresh: bool, cap: int) -> dict[str, int]:
+    """Pure: `causes` with one more alert of `cause`; `fresh`: the window was empty before
+    it (nothing recent to compare with: counting starts again)."""
+    counted = {} if fresh else dict(causes)
+    if cause and (cause in counted or len(counted) < cap):
+        counted[cause] = counted.get(cause, 0) + 1
+    return counted
 
 
 def observe_new(
-    state: StormState, at: datetime, priority: Priority, policy: Policy
+    state: StormState, at: datetime, priority: Priority, policy: Policy, cause: str = ""
 ) -> tuple[StormState, list[StormMessage]]:
-    """Counts one new firing alert of the job; enters storm mode above S per W."""
+    """Counts one new firing alert of the job (of `cause`); enters storm mode above S per W."""
     rules = policy.storm
     if not rules.enabled:
         return state, []
     bucket = _bucket(at, rules)
     oldest = bucket - _BUCKETS_PER_WINDOW
     buckets = {b: n for b, n in state.buckets.items() if b > oldest}
+    causes = count_cause(state.causes, cause, not buckets and not state.active, rules.max_keys)
     buckets[bucket] = buckets.get(bucket, 0) + 1
     count = sum(buckets.values())
     if count <= rules.threshold:
-        return replace(state, buckets=buckets), []
+        return replace(state, buckets=buckets, causes=causes), []
     hot_at = at if state.last_hot_at is None else max(at, state.last_hot_at)
     if state.active:
-        return replace(state, buckets=buckets, last_hot_at=hot_at), []
+        return replace(state, buckets=buckets, last_hot_at=hot_at, causes=causes), []
     episode = at.isoformat()
     state = replace(
         state,
         buckets=buckets,
+        causes=causes,
         last_hot_at=hot_at,
         active=True,
         episode=episode,
         p0_paged=False,
+        paged_causes=(),
         seq=0,
         storms=state.storms + 1,
         peak=priority,
@@ -382,13 +263,22 @@ def observe_new(
 
 
 def verdict(
-    state: StormState, priority: Priority, *, fresh_page: bool
+    state: StormState, priority: Priority, *, fresh_page: bool, cause: str = ""
 ) -> tuple[StormState, Verdict]:
-    """How one notice of this job is delivered. `fresh_page`: a firing that would page."""
+    """How a new incident of this job is announced. `fresh_page`: it opens with a firing
+    that would page; `cause`: its cause. During a storm a P0 of another cause than the
+    storm's bulk pages on its own (a new cause always pages, once per storm); the first P0
+    of the bulk pages once; the rest is summarised."""
     if not state.active:
         return state, Verdict.DELIVER
-    if fresh_page and priority is Priority.P0 and not state.p0_paged:
-        return replace(state, p0_paged=True), Verdict.PAGE
+    if fresh_page and priority is Priority.P0:
+        if cause and state.causes and cause != state.bulk:
+            if cause in state.paged_causes:
+                return state, Verdict.COLLAPSE
+            paged = (*state.paged_causes, cause)[-PAGED_CAUSES:]
+            return replace(state, paged_causes=paged), Verdict.PAGE
+        if not state.p0_paged:
+            return replace(state, p0_paged=True), Verdict.PAGE
     return state, Verdict.COLLAPSE
 
 
@@ -467,7 +357,7 @@ def due(state: StormState, now: datetime, policy: Policy) -> tuple[StormState, l
         if state.active and state.last_hot_at is not None
         else None
     )
-    summary_at = state.next_summary_at if not state.tally.empty else None
+    summary_at = state.next_summary_at if state.tally.folded else None
     if summary_at is not None and summary_at <= now and (calm_at is None or summary_at < calm_at):
         messages.append(_summary_message(state, policy, StormMessageKind.SUMMARY, summary_at))
         following = summary_at + timedelta(seconds=rules.summary_interval)
@@ -475,7 +365,9 @@ def due(state: StormState, now: datetime, policy: Policy) -> tuple[StormState, l
             following += timedelta(seconds=rules.summary_interval)
         state = replace(state, tally=Tally(), seq=state.seq + 1, next_summary_at=following)
     if calm_at is not None and calm_at <= now:
-        messages.append(_summary_message(state, policy, StormMessageKind.ENDED, calm_at))
+        # the end says what was still collected; with nothing collected, no card at all
+        if state.tally.folded:
+            messages.append(_summary_message(state, policy, StormMessageKind.ENDED, calm_at))
         state = replace(
             state,
             active=False,
@@ -484,5 +376,7 @@ def due(state: StormState, now: datetime, policy: Policy) -> tuple[StormState, l
             next_summary_at=None,
             last_hot_at=None,
             peak=Priority.P3,
+            causes={},
+            paged_causes=(),
         )
     return state, messages

@@ -24,19 +24,24 @@ from trainsentry.gateway.policy import storm as frozen
 from trainsentry.gateway.policy.rules import Policy, StormPolicy
 from trainsentry.gateway.policy.storm import (
     _BUCKETS_PER_WINDOW,
-    OTHER,
-    PRIORITY_KEYS,
-    StormEntry,
+    PAGED_CAUSES,
     StormMessage,
     StormMessageKind,
     StormState,
-    Tally,
     Verdict,
     _bucket,
-    _line,
-    _line_order,
     _summary_message,
+    bulk_of,
+    count_cause,
     started_message,
+)
+from trainsentry.gateway.policy.storm_tally import (
+    OTHER,
+    PRIORITY_KEYS,
+    StormEntry,
+    Tally,
+    line_of,
+    line_order,
 )
 from trainsentry.labels import first_label
 
@@ -54,10 +59,12 @@ class TallyFold:
     total: int = 0
     firing: int = 0
     resolved: int = 0
+    own: int = 0
     by_alertname: dict[str, int] = field(default_factory=dict)
     by_priority: dict[str, int] = field(default_factory=dict)
     by_node: dict[str, int] = field(default_factory=dict)
     by_gpu: dict[str, int] = field(default_factory=dict)
+    by_incident: dict[str, int] = field(default_factory=dict)
     top: list[Mapping[str, Any]] = field(default_factory=list)
     first_at: datetime | None = None
     last_at: datetime | None = None
@@ -68,10 +75,12 @@ class TallyFold:
             tally.total,
             tally.firing,
             tally.resolved,
+            tally.own,
             dict(tally.by_alertname),
             dict(tally.by_priority),
             dict(tally.by_node),
             dict(tally.by_gpu),
+            dict(tally.by_incident),
             list(tally.top),
             tally.first_at,
             tally.last_at,
@@ -82,10 +91,12 @@ class TallyFold:
             total=self.total,
             firing=self.firing,
             resolved=self.resolved,
+            own=self.own,
             by_alertname=dict(self.by_alertname),
             by_priority=dict(self.by_priority),
             by_node=dict(self.by_node),
             by_gpu=dict(self.by_gpu),
+            by_incident=dict(self.by_incident),
             top=tuple(self.top),
             first_at=self.first_at,
             last_at=self.last_at,
@@ -106,12 +117,14 @@ class TallyFold:
                 entry.at.isoformat(),
                 entry.alert.fingerprint,
             )
-            if len(top) < rules.top_lines or order < _line_order(top[-1]):
-                top.append(_line(entry, policy))
-                top.sort(key=_line_order)  # stable, as sorted() in Tally.add
+            if len(top) < rules.top_lines or order < line_order(top[-1]):
+                top.append(line_of(entry, policy))
+                top.sort(key=line_order)  # stable, as sorted() in Tally.add
                 del top[rules.top_lines :]
         firing = entry.status is AlertStatus.FIRING
         self.total += 1
+        if entry.own:
+            self.own += 1
         if firing:
             self.firing += 1
         else:
@@ -120,6 +133,8 @@ class TallyFold:
         _bump(self.by_priority, entry.priority.value, PRIORITY_KEYS)
         _bump(self.by_node, node, cap)
         _bump(self.by_gpu, f"{node}/{gpu}" if gpu else "(none)", cap)
+        if entry.incident:
+            _bump(self.by_incident, entry.incident, cap)
         at = entry.at
         self.first_at = at if self.first_at is None else min(self.first_at, at)
         self.last_at = at if self.last_at is None else max(self.last_at, at)
@@ -141,6 +156,8 @@ class StormFold:
     next_summary_at: datetime | None
     storms: int
     peak: Priority
+    causes: dict[str, int]
+    paged_causes: tuple[str, ...]
 
     @classmethod
     def of(cls, state: StormState) -> StormFold:
@@ -157,6 +174,8 @@ class StormFold:
             state.next_summary_at,
             state.storms,
             state.peak,
+            dict(state.causes),
+            state.paged_causes,
         )
 
     def freeze(self) -> StormState:
@@ -173,13 +192,17 @@ class StormFold:
             next_summary_at=self.next_summary_at,
             storms=self.storms,
             peak=self.peak,
+            causes=dict(self.causes),
+            paged_causes=self.paged_causes,
         )
 
     def window_count(self, at: datetime, rules: StormPolicy) -> int:
         oldest = _bucket(at, rules) - _BUCKETS_PER_WINDOW
         return sum(n for b, n in self.buckets.items() if b > oldest)
 
-    def observe_new(self, at: datetime, priority: Priority, policy: Policy) -> list[StormMessage]:
+    def observe_new(
+        self, at: datetime, priority: Priority, policy: Policy, cause: str = ""
+    ) -> list[StormMessage]:
         """`storm.observe_new`, in place."""
         rules = policy.storm
         if not rules.enabled:
@@ -189,6 +212,8 @@ class StormFold:
         buckets = self.buckets
         for stale in [b for b in buckets if b <= oldest]:
             del buckets[stale]  # the others keep their order, as the copy in storm.py
+        fresh = not buckets and not self.active
+        self.causes = count_cause(self.causes, cause, fresh, rules.max_keys)
         buckets[bucket] = buckets.get(bucket, 0) + 1
         count = sum(buckets.values())
         if count <= rules.threshold:
@@ -200,19 +225,26 @@ class StormFold:
         self.active = True
         self.episode = episode
         self.p0_paged = False
+        self.paged_causes = ()
         self.seq = 0
         self.storms += 1
         self.peak = priority
         self.next_summary_at = at + timedelta(seconds=rules.summary_interval)
         return [started_message(self.job, self.labels, episode, at, priority, count, rules)]
 
-    def verdict(self, priority: Priority, *, fresh_page: bool) -> Verdict:
+    def verdict(self, priority: Priority, *, fresh_page: bool, cause: str = "") -> Verdict:
         """`storm.verdict`, in place."""
         if not self.active:
             return Verdict.DELIVER
-        if fresh_page and priority is Priority.P0 and not self.p0_paged:
-            self.p0_paged = True
-            return Verdict.PAGE
+        if fresh_page and priority is Priority.P0:
+            if cause and self.causes and cause != bulk_of(self.causes):
+                if cause in self.paged_causes:
+                    return Verdict.COLLAPSE
+                self.paged_causes = (*self.paged_causes, cause)[-PAGED_CAUSES:]
+                return Verdict.PAGE
+            if not self.p0_paged:
+                self.p0_paged = True
+                return Verdict.PAGE
         return Verdict.COLLAPSE
 
     def collapse(self, entry: StormEntry, policy: Policy) -> None:
@@ -233,7 +265,7 @@ class StormFold:
             if self.active and self.last_hot_at is not None
             else None
         )
-        summary_at = self.next_summary_at if self.tally.total else None
+        summary_at = self.next_summary_at if self.tally.total > self.tally.own else None
         if (
             summary_at is not None
             and summary_at <= now
@@ -248,8 +280,11 @@ class StormFold:
             self.seq += 1
             self.next_summary_at = following
         if calm_at is not None and calm_at <= now:
-            kind = StormMessageKind.ENDED
-            messages.append(_summary_message(self.freeze(), policy, kind, calm_at))
+            if self.tally.total > self.tally.own:
+                kind = StormMessageKind.ENDED
+                messages.append(_summary_message(self.freeze(), policy, kind, calm_at))
+            self.causes = {}
+            self.paged_causes = ()
             self.active = False
             self.tally = TallyFold()
             self.seq += 1
@@ -265,17 +300,19 @@ S = TypeVar("S", StormState, StormFold)
 
 
 def observe_any(
-    storm: S, at: datetime, priority: Priority, policy: Policy
+    storm: S, at: datetime, priority: Priority, policy: Policy, cause: str = ""
 ) -> tuple[S, list[StormMessage]]:
     if isinstance(storm, StormFold):
-        return storm, storm.observe_new(at, priority, policy)
-    return frozen.observe_new(storm, at, priority, policy)
+        return storm, storm.observe_new(at, priority, policy, cause)
+    return frozen.observe_new(storm, at, priority, policy, cause)
 
 
-def verdict_any(storm: S, priority: Priority, *, fresh_page: bool) -> tuple[S, Verdict]:
+def verdict_any(
+    storm: S, priority: Priority, *, fresh_page: bool, cause: str = ""
+) -> tuple[S, Verdict]:
     if isinstance(storm, StormFold):
-        return storm, storm.verdict(priority, fresh_page=fresh_page)
-    return frozen.verdict(storm, priority, fresh_page=fresh_page)
+        return storm, storm.verdict(priority, fresh_page=fresh_page, cause=cause)
+    return frozen.verdict(storm, priority, fresh_page=fresh_page, cause=cause)
 
 
 def collapse_any(storm: S, entry: StormEntry, policy: Policy) -> S:

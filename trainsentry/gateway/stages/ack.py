@@ -1,11 +1,14 @@
 """Acknowledging an alert: one behaviour behind the API, the CLI and the Feishu card button.
 
-An ack records who and when (once; a second ack changes nothing), with an optional comment
-(kept in the alert's `acked` event and shown on the redrawn card), stops the phone
+An ack acknowledges the alert's incident (gateway/policy/incident.py): all its alerts, once
+(a second ack changes nothing). It records who and when, with an optional comment (kept in
+the alerts' `acked` events and shown on the redrawn card), stops the incident's phone
 escalation everywhere, and queues an `ack` notification so the chat cards show who took it:
-where the alert's cards went (`ack_routes`): the same channels, a TrainingJob's own route
+where the incident's cards went (`ack_routes`): the same channels, a TrainingJob's own route
 (`feishu_job`, its `job_route`), and on a Feishu app card already sent, that card redrawn in
-place (its message_id; Feishu updates cards for 14 days) rather than a new one posted.
+place (its message_id; Feishu updates cards for 14 days) rather than a new one posted. The
+redrawn card is the incident's last card (its counts and nodes) with who acknowledged it.
+An alert in no incident (stored before incidents were kept) is acknowledged alone.
 "Escalate now" (`escalate_now`) calls the next step of a running escalation at once, and
 records who asked in the alert's history (an `escalated` event).
 With a duration and an Alertmanager configured, it also creates a silence matching the
@@ -19,7 +22,7 @@ import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from trainsentry.alerts import NotificationDraft, Priority
 from trainsentry.gateway.policy.payload import idempotency_key
@@ -29,8 +32,9 @@ from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import NotifierError, OutboundNotification
 from trainsentry.notifiers.payload import NotificationPayload
 from trainsentry.store import alert_state
-from trainsentry.store.cards import CardRow, alert_cards
-from trainsentry.store.engine import Engine
+from trainsentry.store.cards import CardRow, alert_cards, group_cards
+from trainsentry.store.engine import Connection, Engine
+from trainsentry.store.incidents import StoredIncident, acknowledge_incident, incident_of_alert
 from trainsentry.store.writes import insert_notifications
 
 log = logging.getLogger("trainsentry.ack")
@@ -112,10 +116,14 @@ class AckResult:
     comment: str | None = None
     # what the chat channels render for the ack (the card redrawn with who acknowledged)
     payload: dict[str, Any] = field(default_factory=dict, compare=False)
+    incident_id: int | None = None  # the incident acknowledged (None: the alert alone)
+    alerts_acked: int = 1  # the alerts this ack acknowledged (0: all were already)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "alert_id": self.alert_id,
+            "incident_id": self.incident_id,
+            "alerts_acked": self.alerts_acked,
             "acked_by": self.acked_by,
             "acked_at": self.acked_at.isoformat(),
             "already_acked": self.already_acked,
@@ -190,26 +198,46 @@ class AckService:
             row = await alert_state.lock_alert(conn, alert_id)
             if row is None:
                 return None
-            already = row.acked_at is not None
-            acked_by, acked_at = (row.acked_by, row.acked_at) if already else (who, now)
-            if not already:
-                await alert_state.acknowledge(conn, alert_id, who, now, comment)
-            elif comment:
-                await alert_state.record_event(
-                    conn, alert_id, "comment", now, {"by": who, "comment": comment}
+            incident = await incident_of_alert(conn, alert_id)
+            if incident is not None:
+                result = await self._acknowledge_incident(
+                    conn, row, incident, who, now, silence, comment
                 )
-            if already:
-                comment = await alert_state.ack_comment(conn, alert_id)
-            stopped = False
-            if self._paging is not None:
-                stopped = await self._paging.acknowledge(conn, alert_id, who, now)
-            payload = self._payload(row, str(acked_by), now, silence)
-            if comment:
-                payload["ack_comment"] = comment
-            if not already:
-                routes = ack_routes(await alert_cards(conn, alert_id), self._chat_channels, now)
-                await insert_notifications(conn, self._drafts(row, payload, routes), now)
-        result = AckResult(
+            else:
+                result = await self._acknowledge_alert(conn, row, who, now, silence, comment)
+        return await self._finish(result, row, who, silence, now)
+
+    async def _acknowledge_alert(
+        self,
+        conn: Connection,
+        row: Any,
+        who: str,
+        now: datetime,
+        silence: timedelta | None,
+        comment: str | None,
+    ) -> AckResult:
+        """The ack of an alert in no incident (stored before incidents were kept)."""
+        alert_id = int(row.id)
+        already = row.acked_at is not None
+        acked_by, acked_at = (row.acked_by, row.acked_at) if already else (who, now)
+        if not already:
+            await alert_state.acknowledge(conn, alert_id, who, now, comment)
+        elif comment:
+            await alert_state.record_event(
+                conn, alert_id, "comment", now, {"by": who, "comment": comment}
+            )
+        if already:
+            comment = await alert_state.ack_comment(conn, alert_id)
+        stopped = False
+        if self._paging is not None:
+            stopped = await self._paging.acknowledge(conn, alert_id, who, now)
+        payload = self._payload(row, str(acked_by), now, silence)
+        if comment:
+            payload["ack_comment"] = comment
+        if not already:
+            routes = ack_routes(await alert_cards(conn, alert_id), self._chat_channels, now)
+            await insert_notifications(conn, self._drafts(row, payload, routes), now)
+        return AckResult(
             alert_id,
             str(acked_by),
             acked_at,
@@ -218,17 +246,82 @@ class AckService:
             str(row.status),
             comment=comment,
             payload=dict(payload),
+            alerts_acked=0 if already else 1,
         )
+
+    async def _finish(
+        self, result: AckResult, row: Any, who: str, silence: timedelta | None, now: datetime
+    ) -> AckResult:
+        """After the ack's commit: the silence, if asked for (a slow Alertmanager never
+        delays the ack), and the log line."""
         if silence is not None:
             result = await self._silence(result, dict(row.labels), who, silence, now)
         log.info(
-            "alert acknowledged alert_id=%d by=%s already=%s escalation_stopped=%s",
-            alert_id,
+            "alert acknowledged alert_id=%d incident=%s by=%s already=%s alerts=%d "
+            "escalation_stopped=%s",
+            result.alert_id,
+            result.incident_id,
             who,
-            already,
-            stopped,
+            result.already_acked,
+            result.alerts_acked,
+            result.escalation_stopped,
         )
         return result
+
+    async def _acknowledge_incident(
+        self,
+        conn: Connection,
+        row: Any,
+        incident: StoredIncident,
+        who: str,
+        now: datetime,
+        silence: timedelta | None,
+        comment: str | None,
+    ) -> AckResult:
+        """The ack of the incident `row`'s alert is in: all its alerts, its escalation, and
+        its card redrawn (or re-sent) where its cards went, in the caller's transaction."""
+        already = incident.acked_at is not None
+        acked_by, acked_at = (incident.acked_by, incident.acked_at) if already else (who, now)
+        acked: list[int] = []
+        if not already:
+            acked = await acknowledge_incident(conn, incident.id, who, now, comment)
+        elif comment:
+            detail = {"by": who, "comment": comment, "incident": incident.id}
+            await alert_state.record_event(conn, row.id, "comment", now, detail)
+        if already:
+            comment = await alert_state.ack_comment(conn, row.id)
+        stopped = False
+        if self._paging is not None:
+            paged = incident.state.get("page_alert_id")
+            stopped = await self._paging.acknowledge(conn, int(paged or row.id), who, now)
+        group = f"incident:{incident.id}"
+        cards = await group_cards(conn, group)
+        shown = next((c.payload for c in cards if c.payload and c.status != "cancelled"), None)
+        base: dict[str, Any] = dict(shown or self._payload(row, str(acked_by), now, None))
+        payload = cast(NotificationPayload, base)
+        for transient in ("redraw", "message_id", "on_call", "mentions"):
+            base.pop(transient, None)
+        base.update(event="acked", acked_by=str(acked_by), at=now.isoformat())
+        if silence is not None:
+            payload["silenced_until"] = (now + silence).isoformat()
+        if comment:
+            payload["ack_comment"] = comment
+        if not already:
+            routes = ack_routes(cards, self._chat_channels, now)
+            drafts = self._drafts(row, payload, routes, group)
+            await insert_notifications(conn, drafts, now)
+        return AckResult(
+            row.id,
+            str(acked_by),
+            acked_at or now,
+            already,
+            stopped,
+            str(row.status),
+            comment=comment,
+            payload=base,
+            incident_id=incident.id,
+            alerts_acked=len(acked),
+        )
 
     async def escalate_now(self, alert_id: int, who: str) -> EscalateResult:
         """Calls the next step of `alert_id`'s running escalation now; raises
@@ -258,14 +351,21 @@ class AckService:
         return EscalateResult(alert_id, who, now, calls)
 
     async def card_message(self, notification: OutboundNotification) -> str | None:
-        """The message_id of the card an `ack` notification redraws, read as it is sent (the
-        channels' `find_card`): an ack drafted while the alert's card was still queued could
-        not name it, and the outbox sends it only after that card (one group per channel)."""
+        """The message_id of the card an `ack` or an incident's redraw updates, read as it is
+        sent (the channels' `find_card`): one drafted while the card was still queued could
+        not name it, and the outbox sends it only after that card (one group per channel).
+        An incident's cards are its outbox group's; an alert's (before incidents), its own."""
         alert_id = notification.payload.get("alert_id")
-        if notification.kind != "ack" or not isinstance(alert_id, int):
+        redraw = notification.kind == "ack" or bool(notification.payload.get("redraw"))
+        group = notification.group_key
+        if not redraw or not (group.startswith("incident:") or isinstance(alert_id, int)):
             return None
         async with self._engine.connect() as conn:
-            cards = await alert_cards(conn, alert_id)
+            if group.startswith("incident:"):
+                cards = await group_cards(conn, group)
+            else:
+                assert isinstance(alert_id, int)
+                cards = await alert_cards(conn, alert_id)
         routes = ack_routes(cards, [notification.channel], self._clock())
         return next((r.message_id for r in routes if r.channel == notification.channel), None)
 
@@ -296,7 +396,7 @@ class AckService:
 
     @staticmethod
     def _drafts(
-        row: Any, payload: NotificationPayload, routes: list[AckRoute]
+        row: Any, payload: NotificationPayload, routes: list[AckRoute], group: str = ""
     ) -> list[NotificationDraft]:
         who = payload["acked_by"]
         drafts = []
@@ -311,10 +411,11 @@ class AckService:
                     channel=route.channel,
                     kind="ack",
                     priority=Priority(payload["priority"]),
-                    idempotency_key=idempotency_key("ack", route.channel, str(row.id)),
+                    idempotency_key=idempotency_key("ack", route.channel, group or str(row.id)),
                     payload={**payload, **extra},
                     alert_id=row.id,
-                    group_key=f"alert:{row.fingerprint}",  # after the alert's own cards
+                    # after the incident's (or the alert's) own cards
+                    group_key=group or f"alert:{row.fingerprint}",
                     reason=f"acknowledged by {who}",
                 )
             )

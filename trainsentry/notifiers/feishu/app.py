@@ -60,6 +60,11 @@ CardFinder = Callable[[OutboundNotification], Awaitable[str | None]]
 # How long a send waits for the app's shared message gate before it is put back as rate
 # limited (well within the outbox's 30 s send deadline).
 MESSAGE_GATE_MAX_WAIT_S = 2.0
+# Feishu updates one message at most 5 times a second ("单条消息更新频控为 5 QPS",
+# im-v1/message/patch); the client keeps each card's updates under it (the gates of the
+# most recently updated cards are kept).
+CARD_UPDATE_LIMIT = RateLimit(5, 1.0)
+CARD_GATES_KEPT = 1024
 
 
 def app_message_gate(
@@ -100,6 +105,7 @@ class FeishuAppClient:
         # the app's message limits, shared with the other clients of the app (None: the
         # caller, e.g. the outbox's gate of one channel, keeps to them)
         self.message_gate = message_gate
+        self._card_gates: dict[str, RateGate] = {}  # message_id -> its updates' gate
 
     @classmethod
     def from_settings(
@@ -239,6 +245,23 @@ class FeishuAppClient:
         return found
 
     async def update_card(self, message_id: str, card: Mapping[str, Any]) -> None:
+        """Updates a card this app sent (im/v1/messages PATCH), within Feishu's 5 updates a
+        second of one message (a wait past the gate's limit is a RateLimitedError)."""
+        gate = self._card_gates.pop(message_id, None) or RateGate(
+            (CARD_UPDATE_LIMIT,), max_wait=MESSAGE_GATE_MAX_WAIT_S
+        )
+        self._card_gates[message_id] = gate  # the most recent last
+        while len(self._card_gates) > CARD_GATES_KEPT:
+            del self._card_gates[next(iter(self._card_gates))]
+        turn = await gate.acquire()
+        if isinstance(turn, float):
+            raise RateLimitedError(f"card {message_id} updated too often", retry_after=turn)
+        try:
+            await self._update_card(message_id, card)
+        finally:
+            gate.done(turn)
+
+    async def _update_card(self, message_id: str, card: Mapping[str, Any]) -> None:
         slot = await self._message_slot()
         try:
             await self.call(
@@ -371,16 +394,17 @@ class FeishuAppNotifier:
     """The `feishu_app` channel: cards to chats through the app, with ack/silence buttons.
 
     Custom bots cannot receive card callbacks, so the interactive card goes through the app
-    when one is configured. An `ack` notification whose payload carries the `message_id`
-    of the original card updates that card in place (im/v1/messages PATCH) instead of
-    posting a new one; when Feishu refuses the update for good (the card was recalled, is
-    past Feishu's 14 days, or is not one this app sent), the ack is posted as a new card.
-    An ack drafted while the card was still queued has no `message_id`; `find_card`, when
-    the gateway sets it, looks the card up at send time (the outbox sends an ack after the
-    alert's cards of its channel: one group).
+    when one is configured. An `ack`, and an incident's card drawn again (`redraw` in its
+    payload: an alert joined, resolved), update the incident's card in place (its
+    `message_id`, im/v1/messages PATCH) instead of posting a new one; when Feishu refuses the
+    update for good (the card was recalled, is past Feishu's 14 days, or is not one this app
+    sent), the card is posted anew. One drafted while the card was still queued has no
+    `message_id`; `find_card`, when the gateway sets it, looks the card up at send time (the
+    outbox sends it after the incident's earlier cards of its channel: one group).
     """
 
     rate_limits: tuple[RateLimit, ...] = RATE_LIMITS
+    updates_cards = True  # the policy redraws an incident's card here (notifiers/base.py)
 
     def __init__(
         self,
@@ -415,9 +439,10 @@ class FeishuAppNotifier:
         except (PayloadError, CardTooLarge, ValueError) as exc:
             raise PermanentError(str(exc)) from exc
         existing = notification.payload.get("message_id")
-        if notification.kind == "ack" and not existing:
+        redraw = notification.kind == "ack" or bool(notification.payload.get("redraw"))
+        if redraw and not existing:
             existing = await find_card(self.find_card, notification)
-        if notification.kind == "ack" and isinstance(existing, str) and existing:
+        if redraw and isinstance(existing, str) and existing:
             try:
                 await self.client.update_card(existing, card)
             except PermanentError as exc:

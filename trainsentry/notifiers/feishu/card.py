@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from trainsentry.notifiers.feishu.incident_card import incident_fields, scope_suffix
 from trainsentry.notifiers.feishu.markup import escape_md, mention_markup
 from trainsentry.notifiers.links import safe_url
 from trainsentry.notifiers.payload import (
@@ -189,10 +190,9 @@ def _state_words(payload: NotificationPayload) -> str:
 
 
 def _title(payload: NotificationPayload, product: str) -> str:
-    state = _state_words(payload)
-    name = alertname(payload) or "alert"
-    job = job_of(payload)
-    return clip(f"[{payload['priority']}] {state}: {name}" + (f" — {job}" if job else ""), 200)
+    name, job = alertname(payload) or "alert", job_of(payload)
+    where = (f" — {job}" if job else "") + scope_suffix(payload)  # " · 20 nodes"
+    return clip(f"[{payload['priority']}] {_state_words(payload)}: {name}{where}", 200)
 
 
 def _fields(payload: NotificationPayload, now: datetime | None) -> list[str]:
@@ -209,6 +209,7 @@ def _fields(payload: NotificationPayload, now: datetime | None) -> list[str]:
     count = payload.get("count")
     if count and count > 1:
         pairs.append(("Count", str(count)))
+    pairs += incident_fields(payload)  # the incident's alerts, nodes and GPUs
     return [f"**{name}:** {escape_md(clip(value, 300))}" for name, value in pairs if value]
 
 
@@ -270,11 +271,13 @@ def _comment_form(buttons: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _links(payload: NotificationPayload) -> list[dict[str, Any]]:
-    """Runbook, Grafana and Source buttons, each only for an http(s) URL (links.safe_url)."""
+    """Runbook, Grafana, Source and Incident buttons, each only for an http(s) URL
+    (links.safe_url)."""
     found = (
         ("Runbook", annotation(payload, "runbook_url")),
         ("Grafana", payload.get("grafana_url") or annotation(payload, "dashboard_url")),
         ("Source", payload.get("generator_url")),
+        ("Incident", (payload.get("incident") or {}).get("url")),  # the incident's page
     )
     buttons = [_link_button(text, url) for text, raw in found if (url := safe_url(raw))]
     return [_button_row(buttons)] if buttons else []
@@ -427,13 +430,14 @@ def storm_card(
         if payload.get("reason"):
             head += f"\n**Reason:** {escape_md(clip(payload.get('reason', ''), 300))}"
         elements.append(_markdown(head))
-        if by_name:
-            elements.append(_markdown(_counts_block("By alert", by_name, limit)))
-        if by_node:
-            elements.append(_markdown(_counts_block("By node", by_node, limit)))
-        by_gpu = storm.get("by_gpu") or {}
-        if by_gpu:
-            elements.append(_markdown(_counts_block("By GPU", by_gpu, limit)))
+        for heading, counts in (
+            ("By incident", storm.get("by_incident") or {}),  # the incidents it speaks for
+            ("By alert", by_name),
+            ("By node", by_node),
+            ("By GPU", storm.get("by_gpu") or {}),
+        ):
+            if counts:
+                elements.append(_markdown(_counts_block(heading, counts, limit)))
         if items:
             lines = [_storm_item_line(item) for item in items[:limit]]
             cut = total - min(limit, len(items))
@@ -449,7 +453,8 @@ def storm_card(
         )
         return _card(title, header_template(payload), elements, title)
 
-    largest = max(len(items), len(by_name), len(by_node), len(storm.get("by_gpu") or {}))
+    lists = (items, by_name, by_node, storm.get("by_gpu") or {}, storm.get("by_incident") or {})
+    largest = max(len(found) for found in lists)
     return _fit(build, largest, options.max_bytes)
 
 

@@ -188,9 +188,11 @@ async def test_six_nodes_under_six_switches_are_handled_per_job(engine: AsyncEng
     await plan(engine, topo, at_s=11)
     sent = await rows(engine)
     assert [r for r in sent if r.kind == "infra"] == []
-    assert len(by(sent, "alert", "feishu")) == 6
-    assert Counter(r.kind for r in sent if r.channel == "phone") == {"alert": 6}
-    assert sent[0].payload["topology"]["leaf_switch"].startswith("leaf-")
+    # the job's own incident: one card for its six nodes, one page (issue 34)
+    [card] = by(sent, "alert", "feishu")
+    assert card.payload["incident"]["nodes"] == 6
+    assert Counter(r.kind for r in sent if r.channel == "phone") == {"alert": 1}
+    assert card.payload["topology"]["leaf_switch"].startswith("leaf-")
 
 
 async def test_without_a_topology_nothing_changes(engine: AsyncEngine) -> None:
@@ -198,8 +200,9 @@ async def test_without_a_topology_nothing_changes(engine: AsyncEngine) -> None:
     await plan(engine, None, at_s=11)
     sent = await rows(engine)
     assert [r for r in sent if r.kind == "infra"] == []
-    assert len(by(sent, "alert", "feishu")) == 6
-    assert "topology" not in sent[0].payload
+    [card] = by(sent, "alert", "feishu")  # one incident: the group's six nodes on one card
+    assert card.payload["incident"]["nodes"] == 6
+    assert "topology" not in card.payload
 
 
 async def test_nodes_under_maintenance_are_muted_not_counted(engine: AsyncEngine) -> None:

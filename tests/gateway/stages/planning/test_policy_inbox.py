@@ -64,7 +64,9 @@ async def count(engine: AsyncEngine, table: object) -> int:
 
 
 def console_plan() -> PolicyPlan:
-    return PolicyPlan(load_policy(), channels=("console",))
+    """The shipped policy to the console, one incident per alert (`grouping.by: alert`):
+    these tests count each change's notification to see it planned exactly once."""
+    return PolicyPlan(load_policy(overrides={"grouping": {"by": "alert"}}), channels=("console",))
 
 
 async def test_changes_wait_in_the_inbox_until_planned_once(engine: AsyncEngine) -> None:

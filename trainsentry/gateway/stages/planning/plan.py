@@ -22,7 +22,7 @@ from trainsentry.alerts import (
 )
 from trainsentry.gateway.metrics import PolicyMetrics
 from trainsentry.gateway.policy.classify import Classification
-from trainsentry.gateway.policy.decide import decide_tick, fold_into
+from trainsentry.gateway.policy.decide import decide_tick, flush, fold_into
 from trainsentry.gateway.policy.dedup import FingerprintState
 from trainsentry.gateway.policy.infra import (
     InfraFold,
@@ -38,7 +38,8 @@ from trainsentry.gateway.policy.storm import StormState, job_key
 from trainsentry.gateway.policy.storm_fold import StormFold
 from trainsentry.gateway.policy.topology import Topology, members
 from trainsentry.gateway.stages.paging import Paging
-from trainsentry.oncall.maintenance import muted_by
+from trainsentry.gateway.stages.planning.incidents import IncidentLedger, resolved_pages
+from trainsentry.oncall.maintenance import active_span, muted_by
 from trainsentry.oncall.types import MaintenanceWindow
 from trainsentry.store.engine import Connection
 from trainsentry.store.infra import recent_on_nodes, set_places
@@ -123,6 +124,24 @@ def archive_draft(
     )
 
 
+def _stretches(
+    windows: Sequence[MaintenanceWindow],
+    changes: Sequence[AlertChange],
+    places: Mapping[int, Mapping[str, str]],
+    now: datetime,
+) -> dict[int, str]:
+    """Pure: the alerts a window mutes now (its matchers see the alert's place in the
+    topology under its labels, as the mute does), with the stretch muting each."""
+    found: dict[int, str] = {}
+    for change in changes if windows else ():
+        labels = {**places.get(change.alert_id, {}), **change.alert.labels}
+        window = muted_by(windows, labels, now)
+        span = active_span(window, now) if window is not None else None
+        if window is not None and span is not None:
+            found[change.alert_id] = f"{window.id}@{span[0].isoformat()}"
+    return found
+
+
 class PolicyPlan:
     """Changes in, states + priorities + outbox rows written, in the caller's transaction."""
 
@@ -134,8 +153,13 @@ class PolicyPlan:
         metrics: PolicyMetrics | None = None,
         paging: Paging | None = None,
         topology: Callable[[], Topology] | None = None,
+        updatable: Collection[str] = (),
     ) -> None:
         self.policy = policy
+        # Channels that redraw a card in place (the Feishu app): an incident's changes
+        # update its card there; the others get new cards only as incident_cards.py says.
+        self.updatable = frozenset(updatable)
+        self.incidents = IncidentLedger(policy)
         # Where each node stands (gateway/stages/topology.py); None: no topology configured.
         self.topology = topology
         self._members: tuple[Topology, dict[str, tuple[str, ...]]] | None = None
@@ -197,13 +221,13 @@ class PolicyPlan:
         infra_states: dict[str, InfraState] = {}
         seen: dict[str, Sighting] = {}
         # A node under maintenance is no evidence of a broken switch: its alerts are muted
-        # by their window as usual, never folded into (nor counted for) an incident.
+        # by their window as usual, never folded into (nor counted for) an incident; and
+        # they never share an incident (a card) with alerts that notify.
         windows: list[MaintenanceWindow] = []
-        if places and self.maintenance is not None and self.policy.infrastructure.enabled:
+        if self.maintenance is not None:
             windows = await self.maintenance.windows_now(conn, now)
-        in_maintenance = {
-            c.alert_id for c in changes if windows and muted_by(windows, c.alert.labels, now)
-        }
+        # alert id -> the window stretch muting it ("<window id>@<its start>")
+        in_maintenance = _stretches(windows, changes, places, now)
         hardware_places = [
             places[c.alert_id]
             for c in changes
@@ -222,6 +246,9 @@ class PolicyPlan:
         # Each job's storm state, changed in place by the batch's changes and frozen once at
         # its end (decide.fold_into): during a storm, no state copy per alert.
         folds: dict[str, StormFold] = {}
+        # The batch's incidents: changed by each change, drafted once at the end (`flush`).
+        prior = [fp.alert_id for fp in fp_states.values() if fp.alert_id is not None]
+        book = await self.incidents.book(conn, changes, in_maintenance, prior)
         for change in changes:
             alert = change.alert
             job = alert.job
@@ -250,6 +277,8 @@ class PolicyPlan:
                 job_routes=job_routes,
                 place=place,
                 infra=infra,
+                incidents=book,
+                updatable=self.updatable,
             )
             infra_states.update(result.infra_states)
             fp_states[alert.fingerprint] = result.fingerprint_state
@@ -263,6 +292,19 @@ class PolicyPlan:
                 priorities.append((change.alert_id, c.priority.value, f"{c.rule_id}: {c.reason}"))
                 self.classified[change.alert_id] = c.priority.value
         storm_states.update((key, fold.freeze()) for key, fold in folds.items())
+        incident_drafts, unconfigured = flush(
+            book,
+            policy=self.policy,
+            now=now,
+            channels=self.channels,
+            job_routes=job_routes,
+            updatable=self.updatable,
+        )
+        drafts.extend(incident_drafts)
+        if self.metrics is not None:
+            self.metrics.observe_drafts(incident_drafts, unconfigured)
+        ended_pages = resolved_pages(book)
+        await self.incidents.save(conn, book)
         await save_states(
             conn, FINGERPRINT_SCOPE, {k: _fp_row(v) for k, v in fp_states.items()}, now
         )
@@ -277,8 +319,7 @@ class PolicyPlan:
         if self.maintenance is not None:
             drafts = await self.maintenance.mute(conn, drafts, now, self.archive_channels)
         if self.paging is not None:
-            resolved = [c.alert_id for c in changes if c.kind is not ChangeKind.FIRING]
-            drafts = await self._escalate(conn, drafts, resolved, now)
+            drafts = await self._escalate(conn, drafts, ended_pages, now)
         if self.hold is not None:
             await self.hold(conn, changes, drafts, now)
         written = await insert_notifications(conn, drafts, now)
@@ -358,9 +399,11 @@ class PolicyPlan:
             calls_written += await insert_notifications(conn, owed, now)
         due_fps = await claim_due(conn, FINGERPRINT_SCOPE, now)
         due_storms = await claim_due(conn, STORM_SCOPE, now)
-        if not due_fps and not due_storms:
-            return calls_written
         fp_states = [FingerprintState.from_json(data) for data in due_fps.values()]
+        held = [fp.alert_id for fp in fp_states if fp.alert_id is not None]
+        book = await self.incidents.book_for_tick(conn, held, now)
+        if not due_fps and not due_storms and not book.changed:
+            return calls_written
         # A released resolution may touch a storm that is not itself due: load those too.
         extra_jobs = {
             job_key(dict(fp.context.get("alert", {}).get("labels", {}))) for fp in fp_states
@@ -373,9 +416,13 @@ class PolicyPlan:
             now=now,
             channels=self.channels,
             job_routes=self.job_routes() if self.job_routes is not None else None,
+            incidents=book,
+            updatable=self.updatable,
         )
         if self.metrics is not None:
             self.metrics.observe(result)
+        ended_pages = resolved_pages(book)
+        await self.incidents.save(conn, book)
         fp_rows = {k: _fp_row(v) for k, v in result.fingerprint_states.items()}
         # States that were due but did not change must not stay due forever.
         for fp in fp_states:
@@ -393,7 +440,7 @@ class PolicyPlan:
         if self.maintenance is not None:
             drafts = await self.maintenance.mute(conn, drafts, now, self.archive_channels)
         if self.paging is not None:
-            drafts = await self._escalate(conn, drafts, [], now)
+            drafts = await self._escalate(conn, drafts, ended_pages, now)
         written = await insert_notifications(conn, drafts, now) + calls_written
         self.drafted += written
         return written

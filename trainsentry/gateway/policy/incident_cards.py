@@ -1,0 +1,199 @@
+"""What an incident's cards say, and when each channel is told (pure).
+
+`incident_payload` is the payload a channel renders: the cause alert's fields (as one
+alert's notice had them) with the incident's priority, status and title word, and the
+`incident` block (how many alerts, nodes and GPUs, named and clipped, the console link).
+`incident_drafts` decides per channel: the card, a redraw in place (channels that update a
+card), a new card on a change of state or priority, at most one follow-up per
+`grouping.follow_up_interval` otherwise, and the one page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from trainsentry.alerts import NotificationDraft
+from trainsentry.gateway.policy.incident import FIRING, RESOLVED, IncidentState, Router
+from trainsentry.gateway.policy.payload import (
+    alert_from_json,
+    idempotency_key,
+    status_name,
+)
+from trainsentry.gateway.policy.rules import Policy
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def headline(state: IncidentState, notice: str, detail: Mapping[str, Any]) -> None:
+    """The title word: a lone alert's own notice; else firing while any alert fires."""
+    if state.total <= 1:
+        state.headline = notice
+        state.detail = dict(detail)
+    else:
+        state.headline = FIRING if state.status == FIRING else RESOLVED
+        state.detail = {}
+
+
+def incident_block(state: IncidentState, policy: Policy) -> dict[str, Any]:
+    """Pure: the `incident` field of a card's payload (notifiers/payload.py `IncidentInfo`)."""
+    shown = policy.grouping.names_shown
+    nodes = sorted(state.nodes, key=lambda n: (-state.nodes[n], n))
+    gpus = sorted(state.gpus, key=lambda g: (-state.gpus[g], g))
+    block: dict[str, Any] = {
+        "id": state.id,
+        "status": state.status,
+        "alerts": state.total,
+        "firing": state.firing,
+        "resolved": state.total - state.firing,
+        "nodes": len(state.nodes),
+        "node_names": nodes[:shown],
+        "gpus": len(state.gpus),
+        "gpu_names": gpus[:shown],
+        "untracked": state.untracked,
+        "cause": state.cause.split("/", 1)[0],
+        "opened_at": state.opened_at.isoformat(),
+    }
+    if state.resolved_at is not None and state.status == RESOLVED:
+        block["resolved_at"] = state.resolved_at.isoformat()
+    if state.storm_note:
+        block["note"] = state.storm_note
+    if policy.grouping.url:
+        block["url"] = policy.grouping.url.format(
+            incident=state.id, alert_id=state.lead_alert_id or ""
+        )
+    return block
+
+
+def incident_payload(state: IncidentState, policy: Policy, route_id: str) -> dict[str, Any]:
+    """Pure: what a channel renders for an incident: its cause alert's fields (as one alert's
+    notice has them), the incident's priority, status and title word, and `incident`."""
+    alert = alert_from_json(state.lead["alert"]) if state.lead.get("alert") else None
+    classification = state.classification
+    resolved = state.status == RESOLVED
+    body: dict[str, Any] = {
+        "priority": state.priority.value,
+        "status": status_name(resolved),
+        "event": state.headline,
+        "reason": str(classification.get("reason", "")),
+        "rule_id": str(classification.get("rule_id", "")),
+        "rule_ids": list(classification.get("rule_ids") or ()),
+        "route": route_id,
+        "at": (state.updated_at or state.opened_at).isoformat(),
+        "incident": incident_block(state, policy),
+    }
+    if state.job:
+        body["job"] = state.job
+    if alert is not None:
+        body.update(
+            fingerprint=alert.fingerprint,
+            alertname=alert.name,
+            labels=dict(alert.labels),
+            annotations=dict(alert.annotations),
+            starts_at=alert.starts_at.isoformat(),
+            ends_at=_iso(alert.ends_at) if resolved else None,
+            generator_url=alert.generator_url,
+        )
+    if state.lead_alert_id is not None:
+        body["alert_id"] = state.lead_alert_id
+    if state.lead.get("topology"):
+        body["topology"] = dict(state.lead["topology"])  # the cause alert's node's place
+    body.update(state.detail)
+    if state.acked_by:
+        body["acked_by"] = state.acked_by
+    return body
+
+
+def _what_now(
+    state: IncidentState,
+    channel: str,
+    told: Mapping[str, Any] | None,
+    updatable: Collection[str],
+    now: datetime,
+    interval: timedelta,
+) -> str | datetime:
+    """Pure: "card", "redraw", "" (nothing owed) or when a follow-up becomes due."""
+    if told is None:
+        return "card"
+    if channel in updatable:
+        return "redraw" if state.version > int(told["v"]) else ""
+    if told["mark"] != state.mark:
+        return "card"
+    if state.version > int(told["v"]) and state.status == FIRING:
+        due = datetime.fromisoformat(told["at"]) + interval
+        return "follow-up" if now >= due else due
+    return ""
+
+
+def incident_drafts(
+    state: IncidentState,
+    policy: Policy,
+    now: datetime,
+    *,
+    route: Router,
+    updatable: Collection[str],
+    paging_channels: Collection[str],
+    kind: str,
+) -> list[NotificationDraft]:
+    """Pure apart from `state` (its `told`, `due_at` and page flags move on): the drafts an
+    announced incident owes its channels now.
+
+    - A channel that was never told gets the card.
+    - A channel in `updatable` (the Feishu app) gets a redraw of its card (`redraw: true`;
+      the channel finds the card by the incident's group) whenever the incident changed.
+    - Any other channel gets a new card when the incident's state, priority or title word
+      changed (`mark`), else at most one follow-up per `follow_up_interval` while it fires;
+      a follow-up not due yet sets `due_at` (the ticker comes back for it).
+    - A paging channel gets the page when one is due (a fresh firing made it P0), once.
+    """
+    drafts: list[NotificationDraft] = []
+    if state.announced and not state.folded:
+        channels, route_id, extra = route(state.priority, state.lead_labels, state.page_due)
+        body: dict[str, Any] | None = None  # built for the first channel owed a draft
+        interval = timedelta(seconds=policy.grouping.follow_up_interval)
+        due: list[datetime] = []
+        for channel in channels:
+            trigger = state.trigger or f"v{state.version}"
+            what: str | datetime = "page"
+            if channel in paging_channels:
+                if not state.page_due:
+                    continue
+                state.paged, state.page_alert_id = True, state.lead_alert_id
+                trigger = f"page:{trigger}"
+            else:
+                what = _what_now(state, channel, state.told.get(channel), updatable, now, interval)
+                if isinstance(what, datetime):
+                    due.append(what)
+                    continue
+                if not what:
+                    continue
+                if what == "follow-up":
+                    trigger = f"follow-up:{state.version}"
+                state.told[channel] = {
+                    "v": state.version,
+                    "at": now.isoformat(),
+                    "mark": state.mark,
+                }
+            if body is None:
+                body = {**incident_payload(state, policy, route_id), **extra}
+            drafts.append(
+                NotificationDraft(
+                    channel=channel,
+                    kind=kind,
+                    priority=state.priority,
+                    idempotency_key=idempotency_key("incident", state.uid, trigger, channel),
+                    payload=dict(body, redraw=True) if what == "redraw" else dict(body),
+                    alert_id=(
+                        state.page_alert_id if channel in paging_channels else state.lead_alert_id
+                    ),
+                    group_key=f"incident:{state.id}",
+                    reason=f"{body.get('rule_id', '')}: {body.get('reason', '')}",
+                )
+            )
+        state.due_at = min(due) if due else None
+    state.dirty = state.page_due = False
+    state.trigger = ""
+    return drafts

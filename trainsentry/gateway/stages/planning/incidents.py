@@ -1,0 +1,127 @@
+"""The incidents of a planning batch, loaded from and written to the store.
+
+`IncidentLedger.book` loads what a batch's changes touch (the open incidents of their keys,
+the incidents their alerts are in, locked on PostgreSQL) and reserves ids for the incidents
+the batch may open; `save` writes the changed incidents and the new memberships, in the
+planning transaction, so a change and its incident commit together or not at all. The
+decisions are the pure policy's (gateway/policy/incident.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+from trainsentry.alerts import AlertChange
+from trainsentry.gateway.policy.incident import (
+    FIRING,
+    IncidentBook,
+    IncidentState,
+    base_key,
+    cause_of,
+)
+from trainsentry.gateway.policy.rules import Policy
+from trainsentry.store.engine import Connection
+from trainsentry.store.incidents import (
+    IncidentRow,
+    MemberRow,
+    StoredIncident,
+    due_incidents,
+    load_incidents,
+    reserve_ids,
+    save_incidents,
+)
+
+
+def state_of(stored: StoredIncident) -> IncidentState:
+    """The policy's incident from its row (the ack's columns included)."""
+    return IncidentState.from_json(stored.state, acked_by=stored.acked_by)
+
+
+def row_of(state: IncidentState) -> IncidentRow:
+    return IncidentRow(
+        id=state.id,
+        key=state.key,
+        status=state.status,
+        priority=state.priority.value,
+        job=state.job,
+        cause=state.cause,
+        cause_alert_id=state.lead_alert_id,
+        alerts_total=state.total,
+        alerts_firing=state.firing,
+        opened_at=state.opened_at,
+        updated_at=state.updated_at or state.opened_at,
+        resolved_at=state.resolved_at,
+        due_at=state.due_at if state.status == FIRING else None,
+        state=state.to_json(),
+    )
+
+
+class IncidentLedger:
+    """Loads and writes the incidents of the planner's batches (one per gateway)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    async def book(
+        self,
+        conn: Connection,
+        changes: Sequence[AlertChange],
+        apart: Mapping[int, str],
+        prior: Sequence[int] = (),
+    ) -> IncidentBook:
+        """The incidents `changes` touch, with ids reserved for those they may open: at most
+        two per key and cause among the changes not in an incident yet (a key's incident
+        may resolve and open again within one batch); a batch that opens more fails with
+        `IdsExhausted` and is planned again one change at a time. `apart`: alert id -> the
+        maintenance window stretch muting it (`incident.base_key`); `prior`: the firing
+        occurrences of the changes' fingerprints (their incidents are loaded too: a newer
+        occurrence resolves there)."""
+        keys: set[str] = set()
+        for c in changes:
+            base = base_key(c.alert, c.group_key, self.policy, apart.get(c.alert_id, ""))
+            keys.update((base, f"{base}|cause={cause_of(c.alert)}"))
+        alert_ids = [c.alert_id for c in changes] + list(prior)
+        stored, members = await load_incidents(conn, keys, alert_ids)
+        candidates = {
+            (
+                base_key(c.alert, c.group_key, self.policy, apart.get(c.alert_id, "")),
+                cause_of(c.alert),
+            )
+            for c in changes
+            if c.alert_id not in members
+        }
+        ids = await reserve_ids(conn, 2 * len(candidates))
+        states = [state_of(s) for s in stored]
+        return IncidentBook(self.policy, states, members, ids, apart, rebuild=False)
+
+    async def book_for_tick(
+        self, conn: Connection, alert_ids: Sequence[int], now: datetime
+    ) -> IncidentBook:
+        """The incidents of the alerts whose held resolutions the ticker releases, and those
+        whose follow-up is due (`IncidentBook.wake`)."""
+        stored, members = await load_incidents(conn, (), alert_ids)
+        ids = await reserve_ids(conn, len([a for a in alert_ids if a not in members]))
+        states = [state_of(s) for s in stored]
+        book = IncidentBook(self.policy, states, members, ids, rebuild=False)
+        book.wake(state_of(s) for s in await due_incidents(conn, now) if s.id not in book.by_id)
+        return book
+
+    @staticmethod
+    async def save(conn: Connection, book: IncidentBook) -> None:
+        rows = [row_of(state) for state in book.changed.values()]
+        members = [
+            MemberRow(m.alert_id, m.incident_id, m.role, m.group_key, m.at) for m in book.joined
+        ]
+        await save_incidents(conn, rows, members)
+
+
+def resolved_pages(book: IncidentBook) -> list[int]:
+    """The page alert ids of the escalations the batch's resolved incidents end (and the
+    incidents forget them: a later firing of theirs may page again)."""
+    ended = []
+    for state in book.changed.values():
+        if state.status != FIRING and state.paged and state.page_alert_id is not None:
+            ended.append(state.page_alert_id)
+            state.paged = False
+    return ended

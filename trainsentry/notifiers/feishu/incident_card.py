@@ -1,0 +1,63 @@
+"""What a card shows of the incident it speaks for (pure): how many alerts, on how many
+nodes and GPUs, the first of them named ("and N more"), why it pages on its own during a
+storm, and its page. card.py renders these as fields (escaped and clipped there) and a link.
+
+A card about a lone alert shows no more than the alert's own fields: the incident's counts
+appear once it holds several alerts or nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from trainsentry.notifiers.payload import NotificationPayload
+
+
+def names_with_more(names: Sequence[str], count: int, more_known: bool = False) -> str:
+    """Pure: "a, b, c and 7 more" (`count` in all; `more_known`: some were not counted)."""
+    shown = ", ".join(names)
+    rest = count - len(names)
+    if rest > 0:
+        shown += f" and {rest} more"
+    if more_known:
+        shown += " (and others not counted by name)"
+    return shown
+
+
+def _spread(payload: NotificationPayload) -> bool:
+    info = payload.get("incident") or {}
+    return info.get("alerts", 1) > 1 or info.get("nodes", 0) > 1
+
+
+def scope_suffix(payload: NotificationPayload) -> str:
+    """Pure: what the title adds: " · 20 nodes" (or " · 3 alerts" on one node)."""
+    info = payload.get("incident") or {}
+    if not _spread(payload):
+        return ""
+    nodes = info.get("nodes", 0)
+    plus = "+" if info.get("untracked") else ""
+    if nodes > 1:
+        return f" · {nodes}{plus} nodes"
+    return f" · {info.get('alerts', 0)} alerts"
+
+
+def incident_fields(payload: NotificationPayload) -> list[tuple[str, str]]:
+    """Pure: (name, value) fields of the incident: alerts, nodes and GPUs named, the note."""
+    info = payload.get("incident")
+    if not info:
+        return []
+    pairs: list[tuple[str, str]] = []
+    if info.get("note"):
+        pairs.append(("Pages on its own", info.get("note", "")))
+    if not _spread(payload):
+        return pairs
+    alerts, firing = info.get("alerts", 0), info.get("firing", 0)
+    pairs.append(("Alerts", f"{alerts} ({firing} firing, {alerts - firing} resolved)"))
+    untracked = bool(info.get("untracked"))
+    if info.get("nodes"):
+        names = names_with_more(info.get("node_names", []), info.get("nodes", 0), untracked)
+        pairs.append(("Nodes", f"{info.get('nodes', 0)}: {names}"))
+    if info.get("gpus"):
+        names = names_with_more(info.get("gpu_names", []), info.get("gpus", 0), untracked)
+        pairs.append(("GPUs", f"{info.get('gpus', 0)}: {names}"))
+    return pairs
