@@ -110,7 +110,9 @@ async def test_acknowledger_names_are_plain_text_never_mentions(tmp_path: Path) 
     async with FeishuContractServer(apps={"cli_app": "secret"}) as feishu:
         server = await gateway_with_app(tmp_path, feishu)
         try:
-            await post_alerts(server, [alert(n, priority="P1") for n in (1, 2, 3)], TOKEN)
+            # three causes, three incidents: three cards (one group would be one card)
+            causes = [alert(n, priority="P1", alertname=f"GPUXid{n}") for n in (1, 2, 3)]
+            await post_alerts(server, causes, TOKEN)
             assert len(feishu.messages) == 3
             await ack(server, 1, {"by": "all"})
             # a console sign-in name or an API caller that looks like an open_id
@@ -138,7 +140,7 @@ async def test_alert_text_forms_no_mention_link_or_styled_text(tmp_path: Path) -
         "dashboard_url": "lark://applink.feishu.cn/client/chat/open",
     }
     attack["generatorURL"] = "JavaScript:alert(1)"
-    fine = alert(2, priority="P1")
+    fine = alert(2, priority="P1", alertname="GPUHot")  # another cause: a card of its own
     fine["annotations"]["runbook_url"] = "https://runbooks.example/gpu-xid"
     async with FeishuContractServer(apps={"cli_app": "secret"}) as feishu:
         server = await gateway_with_app(tmp_path, feishu)

@@ -285,3 +285,36 @@ def test_small_storm_is_not_trimmed() -> None:
     summary = {"total": 3, "items": [{"alertname": "A", "node": "n1"}] * 3, "by_node": {"n1": 3}}
     card = storm_card(parse_payload(_storm_payload(summary)))
     assert "not shown" not in _texts(card)
+
+
+def test_an_incidents_card_counts_and_names_its_nodes_and_links_its_page() -> None:
+    """Issue 34: the card of a 20-node incident says so in its title, names the first nodes
+    with "and N more", and links the incident's page; a lone alert's card does not change."""
+    from trainsentry.notifiers.feishu.card import alert_card
+
+    names = [f"gpu-node-{i:02d}" for i in range(1, 11)]
+    incident = {
+        "id": 12, "status": "firing", "alerts": 20, "firing": 20, "resolved": 0,
+        "nodes": 20, "node_names": names, "gpus": 0, "gpu_names": [], "untracked": 0,
+        "cause": "NodeFilesystemSpaceLow", "url": "https://ts.example/ui/incidents/12",
+    }  # fmt: skip
+    card = alert_card(parse_payload(alert_payload("P1", incident=incident)))
+    title = card["header"]["title"]["content"]
+    assert title.endswith("· 20 nodes"), title
+    text = json.dumps(card, ensure_ascii=False)
+    assert "20 (20 firing, 0 resolved)" in text
+    assert "gpu-node-01, gpu-node-02" in text and "and 10 more" in text
+    assert "https://ts.example/ui/incidents/12" in text and card_problems(card) == []
+    lone = {**incident, "alerts": 1, "firing": 1, "nodes": 1, "node_names": ["gpu-node-07"]}
+    plain = alert_card(parse_payload(alert_payload("P1")))
+    alone = alert_card(parse_payload(alert_payload("P1", incident={**lone, "url": ""})))
+    assert alone == plain, "a lone alert's incident: the card as it always was"
+
+
+def test_a_storm_card_lists_the_incidents_it_folded() -> None:
+    summary = {"total": 30, "firing": 30, "resolved": 0, "by_alertname": {"DiskFull": 30},
+               "by_incident": {"#7 DiskFull": 25, "#9 NodeOOMKills": 5}}  # fmt: skip
+    payload = {"priority": "P1", "status": "firing", "job": "ml/llama-70b", "storm": summary}
+    text = json.dumps(storm_card(parse_payload(payload)), ensure_ascii=False)
+    assert "By incident" in text and "#7 DiskFull: 25" in text and "#9 NodeOOMKills: 5" in text
+    assert "trainingjob:" not in text
