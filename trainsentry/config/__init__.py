@@ -3,6 +3,9 @@
 (in Kubernetes: env from a Secret), never from the file.
 
 Precedence: command-line flag > environment variable > config file > default.
+
+Validated once, at load: `load_settings` raises one ConfigError (config/problems.py) holding
+every problem found, each with its path from the top of the file.
 """
 
 from __future__ import annotations
@@ -24,21 +27,20 @@ from pydantic import (
     model_validator,
 )
 
+from trainsentry.config.problems import ConfigError, Problem, describe_invalid, problems_of
 
-class ConfigError(ValueError):
-    """The configuration is invalid; the message says where and why."""
-
-
-def describe_invalid(exc: Exception) -> str:
-    """What is wrong with a setting, without the value given: a refused value may be a
-    secret (a password or a webhook URL written into the YAML), and this text is logged."""
-    if not isinstance(exc, ValidationError):
-        return str(exc)
-    problems = [
-        f"{'.'.join(str(part) for part in error['loc']) or '(settings)'}: {error['msg']}"
-        for error in exc.errors(include_url=False, include_input=False, include_context=False)
-    ]
-    return f"{exc.error_count()} invalid setting(s): " + "; ".join(problems)
+__all__ = [
+    "ConfigError",
+    "ConsoleSettings",
+    "GatewaySettings",
+    "MaintenanceSettings",
+    "Problem",
+    "RetentionSettings",
+    "Settings",
+    "WebhookChannelSettings",
+    "describe_invalid",
+    "load_settings",
+]
 
 
 # The weekly report of the running week reads the week before it (its change column) and
@@ -296,5 +298,5 @@ def load_settings(
                 settable(section)[key] = value
     try:
         return Settings.model_validate(raw)
-    except ValueError as exc:
-        raise ConfigError(describe_invalid(exc)) from None
+    except ValidationError as exc:
+        raise ConfigError.of(problems_of(exc)) from None
