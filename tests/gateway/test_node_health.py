@@ -17,6 +17,7 @@ from pydantic import SecretStr
 from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.alerts import Alert, AlertStatus
 from trainsentry.config import GatewaySettings
+from trainsentry.config.topology import TopologySettings
 from trainsentry.gateway.app import WEBHOOK_PATH
 from trainsentry.gateway.assemble import build_topology, create_app
 from trainsentry.gateway.policy.health import decayed, fault_of, score_nodes
@@ -122,7 +123,7 @@ async def server(db_url: str, tmp_path: Path) -> AsyncIterator[TestServer]:
         webhook_token=SecretStr(TOKEN),
     )
     topology = build_topology(
-        {"levels": ["rack"], "nodes": {f"gpu-{i:04d}": {"rack": "r1"} for i in range(4)}}
+        TopologySettings(levels=("rack",), nodes={f"gpu-{i:04d}": {"rack": "r1"} for i in range(4)})
     )
     app = create_app(settings, topology=topology, clock=lambda: NOW)
     test_server = TestServer(app, host="127.0.0.1")

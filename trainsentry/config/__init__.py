@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from trainsentry.config.problems import ConfigError, Problem, describe_invalid, problems_of
+from trainsentry.config.topology import TopologySettings
 
 __all__ = [
     "ConfigError",
@@ -40,6 +41,7 @@ __all__ = [
     "WebhookChannelSettings",
     "describe_invalid",
     "load_settings",
+    "validate_settings",
 ]
 
 
@@ -240,7 +242,7 @@ class Settings(BaseModel):
     diagnosis: dict[str, Any] = Field(default_factory=dict)  # gateway/stages/diagnosis.py
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     job_alerting: dict[str, Any] = Field(default_factory=dict)  # gateway/stages/job_alerting.py
-    topology: dict[str, Any] = Field(default_factory=dict)  # gateway/policy/topology.py
+    topology: TopologySettings = Field(default_factory=TopologySettings)
     remediation: dict[str, Any] = Field(default_factory=dict)  # gateway/policy/cordon.py
     oncall: dict[str, Any] | None = None  # validated by oncall/config.py (docs/oncall.md)
 
@@ -296,6 +298,12 @@ def load_settings(
         for key, value in values.items():
             if value is not None:
                 settable(section)[key] = value
+    return validate_settings(raw)
+
+
+def validate_settings(raw: Mapping[str, Any]) -> Settings:
+    """Every section of `raw` (the file's mapping, with the environment and flags applied)
+    checked at once: ConfigError holds each problem found, with its path."""
     try:
         return Settings.model_validate(raw)
     except ValidationError as exc:

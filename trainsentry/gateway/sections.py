@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from trainsentry.config import ConfigError, Settings
+from trainsentry.config.topology import TopologySettings
 from trainsentry.gateway.channels import Channels, add_job_channel
 from trainsentry.gateway.policy.cordon import CordonConfigError, CordonSettings, approver_ids
 from trainsentry.gateway.policy.cordon import parse_settings as parse_cordon
@@ -18,7 +19,6 @@ from trainsentry.gateway.policy.escalation import EscalationPolicy, Escalator, R
 from trainsentry.gateway.policy.job_roster import RosterOf
 from trainsentry.gateway.policy.route import escalation_for, escalation_names
 from trainsentry.gateway.policy.rules import Policy
-from trainsentry.gateway.policy.topology import parse_settings as parse_topology
 from trainsentry.gateway.stages.diagnosis import (
     DiagnosisSettings,
     EndpointResolver,
@@ -81,11 +81,9 @@ def paging_of(
 
 
 def build_topology(
-    raw: Mapping[str, Any], kube_api: Callable[[], Awaitable[Any]] | None = None
+    settings: TopologySettings, kube_api: Callable[[], Awaitable[Any]] | None = None
 ) -> TopologySource | None:
-    """From the `topology:` config section: None when no levels are named. Raises
-    TopologyError (a ValueError) naming the field at fault."""
-    settings = parse_topology(raw)
+    """From the `topology:` config section: None when no levels are named."""
     if not settings.enabled:
         return None
     return TopologySource(

@@ -6,19 +6,22 @@ from __future__ import annotations
 
 import pytest
 
-from trainsentry.config import ConfigError, load_settings
+from trainsentry.config import ConfigError, load_settings, validate_settings
+from trainsentry.config.topology import TopologySettings
 from trainsentry.gateway.policy.topology import (
-    TopologyError,
     from_node_labels,
     from_settings,
     members,
-    parse_settings,
     place_text,
 )
 from trainsentry.gateway.sections import build_topology
 from trainsentry.notifiers.feishu.card import build_card
 
 LEVELS = ["leaf_switch", "rack"]
+
+
+def parse_settings(raw: dict) -> TopologySettings:  # type: ignore[type-arg]
+    return validate_settings({"topology": raw}).topology
 
 
 def test_static_places_follow_the_level_order() -> None:
@@ -52,21 +55,20 @@ def test_static_places_follow_the_level_order() -> None:
     ],
 )
 def test_bad_topology_config_is_an_error_naming_the_field(raw: dict, names: str) -> None:
-    with pytest.raises(TopologyError) as caught:
+    with pytest.raises(ConfigError) as caught:
         parse_settings(raw)
     assert names in str(caught.value)
 
 
-def test_the_gateway_config_section_is_checked_at_start(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_gateway_config_section_is_checked_when_loaded(tmp_path) -> None:  # type: ignore[no-untyped-def]
     config = tmp_path / "config.yaml"
     config.write_text("topology:\n  levels: [leaf_switch]\n  nodes: {n0: {rack: r1}}\n")
-    settings = load_settings(config, env={})
-    with pytest.raises(TopologyError, match=r"topology\.nodes\.n0\.rack"):
-        build_topology(settings.topology)
+    with pytest.raises(ConfigError, match=r"topology\.nodes\.n0\.rack"):
+        load_settings(config, env={})
     config.write_text("topology: [leaf_switch]\n")
     with pytest.raises(ConfigError, match="topology"):
         load_settings(config, env={})
-    assert build_topology({}) is None, "no levels, no topology"
+    assert build_topology(TopologySettings()) is None, "no levels, no topology"
 
 
 def test_node_labels_give_places_and_bad_values_are_dropped() -> None:

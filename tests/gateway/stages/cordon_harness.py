@@ -27,6 +27,7 @@ from tests.support.kube_emulator import KubeEmulator
 from tests.support.prometheus_history import remembering
 from tests.support.webhook_factory import make_alert
 from trainsentry.config import Settings
+from trainsentry.config.topology import TopologySettings
 from trainsentry.gateway.app import CardCallbackSettings
 from trainsentry.gateway.assemble import create_app
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
@@ -201,7 +202,7 @@ async def gateways(cluster: KubeEmulator, tmp_path: Path, db_url: str) -> AsyncI
             notifiers={**(channels or {}), "console": ConsoleNotifier(console)},
             card_callback=CardCallbackSettings(CARD_PATH, VERIFICATION, ENCRYPT_KEY),
             kube_api=api,
-            topology=build_topology(topology or {}),
+            topology=build_topology(TopologySettings.model_validate(topology or {})),
             oncall=parse_oncall(ONCALL),
             remediation=CordonSettings.model_validate(
                 {

@@ -20,6 +20,7 @@ from tests.gateway.stages.test_maintenance import (
 from tests.support.gateway_process import close_in_process
 from tests.support.receiver import Receiver
 from tests.support.webhook_factory import make_alert
+from trainsentry.config.topology import TopologySettings
 from trainsentry.gateway.sections import build_topology
 
 TOPOLOGY = {
@@ -35,7 +36,9 @@ async def test_a_window_on_a_rack_mutes_the_alerts_of_its_nodes(
     db_url: str, receiver: Receiver
 ) -> None:
     clock = Clock()
-    server = await start(db_url, receiver, clock, topology=build_topology(TOPOLOGY))
+    server = await start(
+        db_url, receiver, clock, topology=build_topology(TopologySettings.model_validate(TOPOLOGY))
+    )
     try:
         body = {
             "matchers": {"rack": "r7", "alertname": {"regex": "GPU.*"}},

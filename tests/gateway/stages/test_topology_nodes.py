@@ -12,6 +12,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from tests.support.kube_emulator import KubeEmulator
+from trainsentry.config.topology import TopologySettings
 from trainsentry.gateway.sections import build_topology
 from trainsentry.gateway.stages.topology import TopologySource
 
@@ -43,7 +44,7 @@ def source(emu: KubeEmulator) -> TopologySource:
     async def api() -> ApiClient:
         return ApiClient(Configuration(host=str(emu.url).rstrip("/")))
 
-    built = build_topology(SECTION, api)
+    built = build_topology(TopologySettings.model_validate(SECTION), api)
     assert built is not None
     return built
 

@@ -13,13 +13,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from trainsentry.gateway.policy.topology import (
-    MAX_NODES,
-    Topology,
-    TopologySettings,
-    from_node_labels,
-    from_settings,
-)
+from trainsentry.config.topology import MAX_NODES, TopologySettings
+from trainsentry.gateway.policy.topology import Topology, from_node_labels, from_settings
 from trainsentry.kube.client import Kube, LazyApiClient, RetryPolicy
 from trainsentry.kube.resources import NODES
 from trainsentry.tasks import OwnedTask

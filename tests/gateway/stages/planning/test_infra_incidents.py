@@ -19,9 +19,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.support.webhook_factory import BASE_TIME, encode, make_alert, make_body
 from trainsentry.config import MaintenanceSettings
+from trainsentry.config.topology import TopologySettings
 from trainsentry.gateway.metrics import PolicyMetrics
 from trainsentry.gateway.policy.rules import load_policy
-from trainsentry.gateway.policy.topology import Topology, from_settings, parse_settings
+from trainsentry.gateway.policy.topology import Topology, from_settings
 from trainsentry.gateway.stages.intake import parse_webhook
 from trainsentry.gateway.stages.maintenance import MaintenanceService
 from trainsentry.gateway.stages.planning.plan import PolicyPlan
@@ -55,7 +56,9 @@ def topology(switches: int) -> Topology:
         node: {"leaf_switch": f"leaf-{7 if switches == 1 else i}", "rack": f"r{i // 3}"}
         for i, node in enumerate(NODES)
     }
-    return from_settings(parse_settings({"levels": ["leaf_switch", "rack"], "nodes": nodes}))
+    return from_settings(
+        TopologySettings.model_validate({"levels": ["leaf_switch", "rack"], "nodes": nodes})
+    )
 
 
 def link_down(i: int, status: str = "firing") -> dict[str, Any]:
