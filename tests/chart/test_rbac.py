@@ -236,25 +236,34 @@ def test_gateway_api_access_follows_its_settings(
     objs = template("defaults", values, tmp_path)
     assert gateway_access(objs) == (rules, rules is not None)
     assert diagnosis_settings(objs) == {"kubernetes": True, **values["gateway"]["diagnosis"]}
-    assert config_settings(objs).topology == gateway.get("topology", {})
+    assert config_file(objs).get("topology", {}) == gateway.get("topology", {})
+    config_settings(objs)  # the gateway loads it
 
 
-def config_settings(objs: Sequence[Manifest]) -> Any:
+def config_file(objs: Sequence[Manifest]) -> dict[str, Any]:
+    """The gateway's config.yaml as the chart wrote it."""
     import yaml
-
-    from trainsentry.config import Settings
 
     config_map = next(
         o for o in objs if o["kind"] == "ConfigMap" and "config.yaml" in o.get("data", {})
     )
-    return Settings.model_validate(yaml.safe_load(config_map["data"]["config.yaml"]))
+    raw: dict[str, Any] = yaml.safe_load(config_map["data"]["config.yaml"])
+    return raw
+
+
+def config_settings(objs: Sequence[Manifest]) -> Any:
+    """The gateway's settings, as it loads the chart's config.yaml."""
+    from trainsentry.config import validate_settings
+
+    return validate_settings(config_file(objs))
 
 
 def diagnosis_settings(objs: Sequence[Manifest]) -> dict[str, Any] | None:
     """The diagnosis section as the chart wrote it (None when it wrote none)."""
     from trainsentry.gateway.stages.diagnosis import DiagnosisSettings
 
-    section: dict[str, Any] = config_settings(objs).diagnosis
+    config_settings(objs)  # the gateway loads it
+    section: dict[str, Any] = config_file(objs).get("diagnosis", {})
     DiagnosisSettings.model_validate(section)
     return section or None
 
@@ -268,7 +277,7 @@ def test_gateway_is_told_to_write_last_alert_when_allowed() -> None:
 def test_gateway_diagnosis_settings_reach_the_config_file() -> None:
     from trainsentry.gateway.stages.diagnosis import DiagnosisSettings
 
-    section = config_settings(rendered("everything-on")).diagnosis
+    section = config_file(rendered("everything-on"))["diagnosis"]
     settings = DiagnosisSettings.model_validate(section)
     assert (settings.kubernetes, settings.hold_seconds) == (True, 4)
     assert settings.alertnames == ["TrainingJobHang"]
@@ -344,7 +353,7 @@ def test_job_alerting_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path)
     assert token and rules is not None and rule_grants(rules) == calls - secrets
     assert not find(everywhere, "Role", "-gateway-job-alerting")
     assert not find(everywhere, "Role", "-gateway-job-secrets")
-    assert config_settings(everywhere).job_alerting["enabled"] is True
+    assert config_file(everywhere)["job_alerting"]["enabled"] is True
     # Secrets only in the namespaces an admin lists, each through a Role of its own
     values = {
         "gateway": {**CORDON_OFF, **DIAGNOSIS_OFF, "jobAlerting": {"secretNamespaces": ["team-b"]}}
@@ -372,7 +381,7 @@ def test_job_alerting_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path)
     assert not find(scoped, "Role", "-gateway-job-secrets")  # namespaces already say where
     bindings = find(scoped, "RoleBinding", "-gateway-job-alerting")
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
-    assert config_settings(scoped).job_alerting == {
+    assert config_file(scoped)["job_alerting"] == {
         "enabled": True,
         "namespaces": ["team-a", "team-b"],
         "refresh_seconds": 15,
@@ -384,12 +393,12 @@ def test_job_alerting_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path)
     # off: no grant, no section
     off = template("defaults", {"gateway": DEFAULTS_OFF}, tmp_path)
     assert gateway_access(off) == (None, False)
-    assert config_settings(off).job_alerting == {}
+    assert "job_alerting" not in config_file(off)
     # phonePrefixes: the numbers a job's roster may name, as the gateway reads them
     from trainsentry.gateway.stages.job_alerting import JobAlertingSettings
 
     values = {"gateway": {**CORDON_OFF, "jobAlerting": {"phonePrefixes": ["+86", "+1555"]}}}
-    section = config_settings(template("defaults", values, tmp_path)).job_alerting
+    section = config_file(template("defaults", values, tmp_path))["job_alerting"]
     assert JobAlertingSettings.model_validate(section).phone_prefixes == ["+86", "+1555"]
 
 
@@ -408,21 +417,21 @@ def test_cordon_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path) -> No
     rules, token = gateway_access(cordon_only)
     assert token and rules is not None and rule_grants(rules) == calls
     evidence = {"prometheus_url": "http://prometheus-operated.monitoring.svc:9090"}
-    assert config_settings(rendered("defaults")).remediation == {
+    assert config_file(rendered("defaults"))["remediation"] == {
         "cordon": "approve",
         "evidence": evidence,
     }
     # what the gateway makes of it: approve; without a section (no chart, no cluster): nothing
-    from trainsentry.gateway.policy.cordon import Mode
-    from trainsentry.gateway.sections import cordon_settings_of
+    from trainsentry.config import validate_settings
+    from trainsentry.config.remediation import Mode
 
-    settings = cordon_settings_of(config_settings(rendered("defaults")).remediation)
+    settings = config_settings(rendered("defaults")).remediation
     assert settings is not None and settings.cordon is Mode.APPROVE
-    assert cordon_settings_of({}) is None
+    assert validate_settings({"remediation": {}}).remediation is None
     values = {"gateway": {**JOB_ALERTING_OFF, **DIAGNOSIS_OFF, "remediation": {"threshold": 20}}}
     on = template("defaults", values, tmp_path)
     assert gateway_access(on) == gateway_access(cordon_only)
-    assert config_settings(on).remediation == {
+    assert config_file(on)["remediation"] == {
         "cordon": "approve",
         "evidence": evidence,
         "threshold": 20,
@@ -430,8 +439,9 @@ def test_cordon_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path) -> No
     # cordon: off, or the section removed: no grant
     off = template("defaults", {"gateway": DEFAULTS_OFF}, tmp_path)
     assert gateway_access(off) == (None, False)
-    assert config_settings(off).remediation == {"cordon": "off", "evidence": evidence}
+    assert config_file(off)["remediation"] == {"cordon": "off", "evidence": evidence}
     values = {"gateway": {**JOB_ALERTING_OFF, **DIAGNOSIS_OFF, "remediation": None}}
     removed = template("defaults", values, tmp_path)
     assert gateway_access(removed) == (None, False)
-    assert config_settings(removed).remediation == {}
+    assert "remediation" not in config_file(removed)
+    assert config_settings(removed).remediation is None

@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from trainsentry.config.problems import ConfigError, Problem, describe_invalid, problems_of
+from trainsentry.config.remediation import CordonSettings
 from trainsentry.config.topology import TopologySettings
 
 __all__ = [
@@ -243,8 +244,14 @@ class Settings(BaseModel):
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     job_alerting: dict[str, Any] = Field(default_factory=dict)  # gateway/stages/job_alerting.py
     topology: TopologySettings = Field(default_factory=TopologySettings)
-    remediation: dict[str, Any] = Field(default_factory=dict)  # gateway/policy/cordon.py
+    remediation: CordonSettings | None = None  # an empty section is none
     oncall: dict[str, Any] | None = None  # validated by oncall/config.py (docs/oncall.md)
+
+    @field_validator("remediation", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        """An empty section is an absent one (`remediation: {}`: nothing to cordon through)."""
+        return None if value == {} else value
 
 
 # Environment variables that map onto settings (non-secret and secret).

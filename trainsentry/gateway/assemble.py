@@ -23,13 +23,13 @@ from aiohttp import web
 
 from trainsentry.alerts import AlertChange, Priority, utcnow
 from trainsentry.config import GatewaySettings, MaintenanceSettings, Settings
+from trainsentry.config.remediation import CordonSettings, Mode
 from trainsentry.gateway.app import CardCallbackSettings, add_routes, json_errors
 from trainsentry.gateway.channels import build
 from trainsentry.gateway.http_auth import open_endpoints
 from trainsentry.gateway.limits import BodyLimits, body_limits
 from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
-from trainsentry.gateway.policy.cordon import CordonSettings, Mode
 from trainsentry.gateway.policy.delivery import DeliveryRules
 from trainsentry.gateway.policy.escalation import Escalator
 from trainsentry.gateway.policy.rules import load_policy
@@ -38,7 +38,6 @@ from trainsentry.gateway.sections import (
     build_job_alerting,
     build_topology,
     cordon_approvers_of,
-    cordon_settings_of,
     oncall_of,
     paging_of,
 )
@@ -452,7 +451,6 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
     job_alerting = build_job_alerting(settings.job_alerting, channels)
     diagnosis_parts = build_diagnosis_parts(settings.diagnosis, env)
     topology = build_topology(settings.topology)
-    remediation = cordon_settings_of(settings.remediation)
     built = channels.built
     card_callback = None
     if built is not None and built.callback_path and built.verification_token:
@@ -475,5 +473,5 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
         maintenance=settings.maintenance,
         oncall=oncall,
         job_alerting=job_alerting,
-        remediation=remediation,
+        remediation=settings.remediation,
     )

@@ -11,10 +11,10 @@ from datetime import datetime
 from typing import Any
 
 from trainsentry.config import ConfigError, Settings
+from trainsentry.config.remediation import CordonSettings
 from trainsentry.config.topology import TopologySettings
 from trainsentry.gateway.channels import Channels, add_job_channel
-from trainsentry.gateway.policy.cordon import CordonConfigError, CordonSettings, approver_ids
-from trainsentry.gateway.policy.cordon import parse_settings as parse_cordon
+from trainsentry.gateway.policy.cordon import CordonConfigError, approver_ids
 from trainsentry.gateway.policy.escalation import EscalationPolicy, Escalator, Roster
 from trainsentry.gateway.policy.job_roster import RosterOf
 from trainsentry.gateway.policy.route import escalation_for, escalation_names
@@ -139,18 +139,6 @@ def build_diagnosis_parts(
         KubernetesEndpoints() if settings.kubernetes else StaticEndpoints(settings.static_endpoints)
     )
     return settings, resolver, token
-
-
-def cordon_settings_of(raw: Mapping[str, Any]) -> CordonSettings | None:
-    """The `remediation:` section (cordon with a human in the loop), checked: ConfigError
-    naming the field, e.g. `remediation.cordon: Input should be 'off', 'approve' or 'auto'`.
-    None without the section (nothing to cordon through: no recommendation either)."""
-    if not raw:
-        return None
-    try:
-        return parse_cordon(raw)
-    except CordonConfigError as exc:
-        raise ConfigError(str(exc)) from None
 
 
 def cordon_approvers_of(

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from trainsentry.alerts import Alert, AlertStatus
+from trainsentry.config.remediation import CordonSettings
 from trainsentry.gateway.policy.cordon import (
-    CordonSettings,
     NodeDecision,
     Status,
     blocked,

@@ -27,11 +27,11 @@ from tests.support.kube_emulator import KubeEmulator
 from tests.support.prometheus_history import remembering
 from tests.support.webhook_factory import make_alert
 from trainsentry.config import Settings
+from trainsentry.config.remediation import CordonSettings
 from trainsentry.config.topology import TopologySettings
 from trainsentry.gateway.app import CardCallbackSettings
 from trainsentry.gateway.assemble import create_app
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
-from trainsentry.gateway.policy.cordon import CordonSettings
 from trainsentry.gateway.sections import build_topology
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.notifiers.feishu.sign import event_signature

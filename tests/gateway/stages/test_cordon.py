@@ -33,9 +33,9 @@ from tests.gateway.stages.cordon_harness import (
 from tests.support.feishu_server import FeishuContractServer
 from tests.support.kube_emulator import KubeEmulator
 from trainsentry.cli import main as cli_main
-from trainsentry.config import ConfigError, Settings
+from trainsentry.config import ConfigError, Settings, validate_settings
+from trainsentry.config.remediation import CordonSettings
 from trainsentry.gateway.channels import build
-from trainsentry.gateway.sections import cordon_settings_of
 from trainsentry.gateway.stages.cordon_cluster import with_node_condition
 from trainsentry.notifiers.feishu.callback import CallbackRejected, CardAction, parse_callback
 from trainsentry.notifiers.feishu.card import CardOptions, build_card
@@ -200,6 +200,10 @@ async def test_off_mode_sends_nothing(cluster: KubeEmulator, start: Start) -> No
     await running.post(*SPREAD, *LEMON)
     assert running.cards() == []
     assert not unschedulable(cluster, "gpu-node-0")
+
+
+def cordon_settings_of(raw: dict[str, Any]) -> CordonSettings | None:
+    return validate_settings({"remediation": raw}).remediation
 
 
 def test_bad_config_names_the_field() -> None:

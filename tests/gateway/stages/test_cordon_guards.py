@@ -37,10 +37,10 @@ from tests.support.kube_emulator import KubeEmulator
 from tests.support.ports import free_port
 from tests.support.realservers import logs_on_error, start_alertmanager, start_prometheus
 from trainsentry.assets import rules_dir
-from trainsentry.config import ConfigError, Settings
+from trainsentry.config import ConfigError, Settings, validate_settings
 from trainsentry.gateway.app import WEBHOOK_PATH
 from trainsentry.gateway.channels import build
-from trainsentry.gateway.sections import cordon_approvers_of, cordon_settings_of
+from trainsentry.gateway.sections import cordon_approvers_of
 from trainsentry.notifiers.feishu.card import CardOptions, build_card
 from trainsentry.notifiers.payload import parse_payload
 from trainsentry.oncall.config import parse_oncall
@@ -170,7 +170,7 @@ async def test_an_unreachable_prometheus_confirms_nothing(
 
 def test_approvers_are_people_or_open_ids() -> None:
     oncall = parse_oncall(ONCALL)
-    settings = cordon_settings_of({"approvers": ["alice", "ou_carol7"]})
+    settings = validate_settings({"remediation": {"approvers": ["alice", "ou_carol7"]}}).remediation
     assert cordon_approvers_of(settings, oncall) == {"ou_alice": "alice", "ou_carol7": "ou_carol7"}
     for approvers, problem in (
         (["zed"], r"remediation\.approvers\[0\]: 'zed' is neither a person"),
@@ -178,13 +178,16 @@ def test_approvers_are_people_or_open_ids() -> None:
     ):
         people = {**ONCALL, "people": {**ONCALL["people"], "dave": {"phone": "+4915100000004"}}}
         with pytest.raises(ConfigError, match=problem):
-            cordon_approvers_of(cordon_settings_of({"approvers": approvers}), parse_oncall(people))
+            cordon_approvers_of(
+                validate_settings({"remediation": {"approvers": approvers}}).remediation,
+                parse_oncall(people),
+            )
     for url in ("javascript:alert(1)", "http://user:s3cret@prometheus:9090", "prometheus:9090"):
         with pytest.raises(ConfigError, match=r"remediation\.evidence\.prometheus_url: ") as bad:
-            cordon_settings_of({"evidence": {"prometheus_url": url}})
+            validate_settings({"remediation": {"evidence": {"prometheus_url": url}}})
         assert "s3cret" not in str(bad.value)
     with pytest.raises(ConfigError, match=r"remediation\.max_cards_per_hour: "):
-        cordon_settings_of({"max_cards_per_hour": 0})
+        validate_settings({"remediation": {"max_cards_per_hour": 0}})
 
 
 async def test_a_flood_of_sick_nodes_gives_at_most_the_capped_cards(

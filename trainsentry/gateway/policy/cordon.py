@@ -26,81 +26,24 @@ Every function takes the time as a parameter.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
 from trainsentry.alerts import Alert
+from trainsentry.config.remediation import OPEN_ID, CordonSettings, Mode
 from trainsentry.gateway.policy.health import NodeHealth, fault_of, score_nodes
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.labels import job_text
 from trainsentry.oncall.types import Person
 
 MAX_JOBS_LISTED = 20  # jobs named on a card and kept in a node's state
-_OPEN_ID = re.compile(r"ou_[A-Za-z0-9]{1,64}")
-_URL = re.compile(r"https?://[^\s/?#@]+(/[^\s?#@]*)?")  # no user:password@ (it is logged)
-
-
-class Mode(StrEnum):
-    OFF = "off"
-    APPROVE = "approve"
-    AUTO = "auto"
-
-
-class EvidenceSettings(BaseModel):
-    """`remediation.evidence`: the Prometheus that evaluates the shipped rules, asked whether
-    a hardware alert is one of its firings (gateway/policy/evidence.py)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    prometheus_url: str = ""  # empty: nothing is confirmed, nothing recommended
-    timeout_seconds: float = Field(default=10.0, gt=0, le=120)
-
-    @field_validator("prometheus_url")
-    @classmethod
-    def _http_url(cls, value: str) -> str:
-        value = value.strip()
-        if value and not _URL.fullmatch(value):
-            raise ValueError(
-                "must be an http:// or https:// URL without credentials, query or fragment"
-            )
-        return value
-
-
-class CordonSettings(BaseModel):
-    """The `remediation:` section of the gateway config."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    cordon: Mode = Mode.APPROVE
-    threshold: float = Field(default=20.0, gt=0, le=1e6)  # health score that recommends
-    max_job_share: float = Field(default=0.25, gt=0, le=1)
-    max_per_hour: int = Field(default=2, ge=1, le=1000)
-    check_seconds: float = Field(default=60.0, ge=0.05, le=86400)
-    max_cards_per_hour: int = Field(default=6, ge=1, le=1000)  # cordon cards sent, any kind
-    approvers: tuple[str, ...] = Field(default=(), max_length=100)  # people or open_ids
-    evidence: EvidenceSettings = EvidenceSettings()
 
 
 class CordonConfigError(ValueError):
-    """The `remediation:` section is wrong; the message names the field."""
-
-
-def parse_settings(raw: Mapping[str, Any] | None) -> CordonSettings:
-    """Pure: the `remediation:` section checked; CordonConfigError names the field at fault."""
-    try:
-        return CordonSettings.model_validate(dict(raw or {}))
-    except ValidationError as exc:
-        problems = []
-        for error in exc.errors(include_url=False, include_input=False, include_context=False):
-            where = ".".join(str(part) for part in error["loc"])
-            problems.append(f"remediation.{where}: {error['msg']}")
-        raise CordonConfigError("; ".join(problems)) from None
+    """`remediation.approvers` names someone who cannot approve; the message names the entry."""
 
 
 class Status(StrEnum):
@@ -287,7 +230,7 @@ def approver_ids(names: Iterable[str], people: Mapping[str, Person]) -> dict[str
     found: dict[str, str] = {}
     for index, name in enumerate(names):
         person = people.get(name)
-        if person is None and _OPEN_ID.fullmatch(name):
+        if person is None and OPEN_ID.fullmatch(name):
             found[name] = name
             continue
         if person is None:

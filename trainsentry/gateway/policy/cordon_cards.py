@@ -22,7 +22,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from trainsentry.alerts import NotificationDraft, Priority
-from trainsentry.gateway.policy.cordon import Candidate, CordonSettings, NodeDecision
+from trainsentry.config.remediation import CordonSettings
+from trainsentry.gateway.policy.cordon import Candidate, NodeDecision
 
 KIND = "cordon"
 PRIORITY = Priority.P1

@@ -32,10 +32,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from trainsentry.alerts import Alert, AlertStatus, NotificationDraft
+from trainsentry.config.remediation import CordonSettings, Mode
 from trainsentry.gateway.policy.cordon import (
     Candidate,
-    CordonSettings,
-    Mode,
     NodeDecision,
     Status,
     blocked,

@@ -1,0 +1,56 @@
+"""The `remediation:` section: cordon with a human in the loop (gateway/policy/cordon.py
+decides, gateway/stages/cordon.py acts). An empty or absent section is None: nothing to
+cordon through, no recommendation either. `approvers` must name people of `oncall.people`
+with a `feishu_open_id`, or open_ids (checked with the on-call section, config/__init__.py).
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+OPEN_ID = re.compile(r"ou_[A-Za-z0-9]{1,64}")
+_URL = re.compile(r"https?://[^\s/?#@]+(/[^\s?#@]*)?")  # no user:password@ (it is logged)
+
+
+class Mode(StrEnum):
+    OFF = "off"
+    APPROVE = "approve"
+    AUTO = "auto"
+
+
+class EvidenceSettings(BaseModel):
+    """`remediation.evidence`: the Prometheus that evaluates the shipped rules, asked whether
+    a hardware alert is one of its firings (gateway/policy/evidence.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prometheus_url: str = ""  # empty: nothing is confirmed, nothing recommended
+    timeout_seconds: float = Field(default=10.0, gt=0, le=120)
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        value = value.strip()
+        if value and not _URL.fullmatch(value):
+            raise ValueError(
+                "must be an http:// or https:// URL without credentials, query or fragment"
+            )
+        return value
+
+
+class CordonSettings(BaseModel):
+    """The `remediation:` section of the gateway config."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cordon: Mode = Mode.APPROVE
+    threshold: float = Field(default=20.0, gt=0, le=1e6)  # health score that recommends
+    max_job_share: float = Field(default=0.25, gt=0, le=1)
+    max_per_hour: int = Field(default=2, ge=1, le=1000)
+    check_seconds: float = Field(default=60.0, ge=0.05, le=86400)
+    max_cards_per_hour: int = Field(default=6, ge=1, le=1000)  # cordon cards sent, any kind
+    approvers: tuple[str, ...] = Field(default=(), max_length=100)  # people or open_ids
+    evidence: EvidenceSettings = EvidenceSettings()
