@@ -260,7 +260,7 @@ def config_settings(objs: Sequence[Manifest]) -> Any:
 
 def diagnosis_settings(objs: Sequence[Manifest]) -> dict[str, Any] | None:
     """The diagnosis section as the chart wrote it (None when it wrote none)."""
-    from trainsentry.gateway.stages.diagnosis import DiagnosisSettings
+    from trainsentry.config.diagnosis import DiagnosisSettings
 
     config_settings(objs)  # the gateway loads it
     section: dict[str, Any] = config_file(objs).get("diagnosis", {})
@@ -275,7 +275,7 @@ def test_gateway_is_told_to_write_last_alert_when_allowed() -> None:
 
 
 def test_gateway_diagnosis_settings_reach_the_config_file() -> None:
-    from trainsentry.gateway.stages.diagnosis import DiagnosisSettings
+    from trainsentry.config.diagnosis import DiagnosisSettings
 
     section = config_file(rendered("everything-on"))["diagnosis"]
     settings = DiagnosisSettings.model_validate(section)
@@ -395,7 +395,7 @@ def test_job_alerting_grants_exactly_the_calls_the_gateway_makes(tmp_path: Path)
     assert gateway_access(off) == (None, False)
     assert "job_alerting" not in config_file(off)
     # phonePrefixes: the numbers a job's roster may name, as the gateway reads them
-    from trainsentry.gateway.stages.job_alerting import JobAlertingSettings
+    from trainsentry.config.job_alerting import JobAlertingSettings
 
     values = {"gateway": {**CORDON_OFF, "jobAlerting": {"phonePrefixes": ["+86", "+1555"]}}}
     section = config_file(template("defaults", values, tmp_path))["job_alerting"]

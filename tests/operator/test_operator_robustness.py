@@ -563,8 +563,9 @@ async def test_a_probe_hang_trigger_makes_the_job_hung_with_the_rank_named(
     from pydantic import SecretStr
 
     from trainsentry.config import GatewaySettings
+    from trainsentry.config.diagnosis import DiagnosisSettings
     from trainsentry.gateway.assemble import Diagnosis, create_app
-    from trainsentry.gateway.stages.diagnosis import DiagnosisSettings, StaticEndpoints
+    from trainsentry.gateway.stages.diagnosis import StaticEndpoints
     from trainsentry.probe.token import job_token
 
     probe_token, world, culprit = "probe-token", 4, 2

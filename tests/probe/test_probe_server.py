@@ -20,6 +20,7 @@ pytestmark = pytest.mark.e2e  # starts probe HTTP servers (and processes)
 
 def test_a_probe_token_with_a_trailing_newline_is_stripped() -> None:
     """A Secret made from an echoed file: the probe and the gateway both strip it."""
+    from trainsentry.config.diagnosis import DiagnosisSettings
     from trainsentry.gateway.sections import build_diagnosis_parts
     from trainsentry.probe.identity import config_from_env
 
@@ -27,7 +28,8 @@ def test_a_probe_token_with_a_trailing_newline_is_stripped() -> None:
     assert config.token == "s3cret" and bearer_ok("Bearer s3cret", config.token)
     assert config_from_env({"TRAINSENTRY_PROBE_TOKEN": " \n"}).token is None
     built = build_diagnosis_parts(
-        {"static_endpoints": {"a/b": ["127.0.0.1:1"]}}, {"TRAINSENTRY_PROBE_TOKEN": "s3cret\n"}
+        DiagnosisSettings(static_endpoints={"a/b": ["127.0.0.1:1"]}),
+        {"TRAINSENTRY_PROBE_TOKEN": "s3cret\n"},
     )
     assert built is not None and built[2] == "s3cret"
 

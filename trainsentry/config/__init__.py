@@ -27,6 +27,8 @@ from pydantic import (
     model_validator,
 )
 
+from trainsentry.config.diagnosis import DiagnosisSettings
+from trainsentry.config.job_alerting import JobAlertingSettings
 from trainsentry.config.problems import ConfigError, Problem, describe_invalid, problems_of
 from trainsentry.config.remediation import CordonSettings
 from trainsentry.config.topology import TopologySettings
@@ -240,9 +242,9 @@ class Settings(BaseModel):
     webhooks: dict[str, WebhookChannelSettings] = Field(default_factory=dict)
     channels: dict[str, Any] = Field(default_factory=dict)
     reports: dict[str, Any] = Field(default_factory=dict)  # validated by reports/settings.py
-    diagnosis: dict[str, Any] = Field(default_factory=dict)  # gateway/stages/diagnosis.py
+    diagnosis: DiagnosisSettings = Field(default_factory=DiagnosisSettings)
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
-    job_alerting: dict[str, Any] = Field(default_factory=dict)  # gateway/stages/job_alerting.py
+    job_alerting: JobAlertingSettings = Field(default_factory=JobAlertingSettings)
     topology: TopologySettings = Field(default_factory=TopologySettings)
     remediation: CordonSettings | None = None  # an empty section is none
     oncall: dict[str, Any] | None = None  # validated by oncall/config.py (docs/oncall.md)

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from trainsentry.alerts import AlertChange, Priority, utcnow
 from trainsentry.config import GatewaySettings, MaintenanceSettings, Settings
+from trainsentry.config.diagnosis import DiagnosisSettings
 from trainsentry.config.remediation import CordonSettings, Mode
 from trainsentry.gateway.app import CardCallbackSettings, add_routes, json_errors
 from trainsentry.gateway.channels import build
@@ -43,11 +44,7 @@ from trainsentry.gateway.sections import (
 )
 from trainsentry.gateway.stages.ack import AckService
 from trainsentry.gateway.stages.cordon import Cordoner
-from trainsentry.gateway.stages.diagnosis import (
-    DiagnosisSettings,
-    EndpointResolver,
-    HangDiagnoser,
-)
+from trainsentry.gateway.stages.diagnosis import EndpointResolver, HangDiagnoser
 from trainsentry.gateway.stages.handoff import HandoffNotices, reschedule
 from trainsentry.gateway.stages.hang_enrichment import HangVerdict
 from trainsentry.gateway.stages.hang_trigger import TriggerKeys, TriggerSources

@@ -11,6 +11,8 @@ from datetime import datetime
 from typing import Any
 
 from trainsentry.config import ConfigError, Settings
+from trainsentry.config.diagnosis import DiagnosisSettings
+from trainsentry.config.job_alerting import JobAlertingSettings
 from trainsentry.config.remediation import CordonSettings
 from trainsentry.config.topology import TopologySettings
 from trainsentry.gateway.channels import Channels, add_job_channel
@@ -20,12 +22,11 @@ from trainsentry.gateway.policy.job_roster import RosterOf
 from trainsentry.gateway.policy.route import escalation_for, escalation_names
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.stages.diagnosis import (
-    DiagnosisSettings,
     EndpointResolver,
     KubernetesEndpoints,
     StaticEndpoints,
 )
-from trainsentry.gateway.stages.job_alerting import JobAlerting, JobAlertingSettings
+from trainsentry.gateway.stages.job_alerting import JobAlerting
 from trainsentry.gateway.stages.oncall import current_escalators
 from trainsentry.gateway.stages.paging import Paging
 from trainsentry.gateway.stages.topology import TopologySource
@@ -102,13 +103,12 @@ def oncall_of(settings: Settings) -> OncallConfig | None:
 
 
 def build_job_alerting(
-    raw: Mapping[str, Any],
+    settings: JobAlertingSettings,
     channels: Channels,
     api_factory: Callable[[], Awaitable[Any]] = default_api_client,
 ) -> JobAlerting | None:
     """From the `job_alerting:` config section: None unless enabled (it needs the cluster);
     adds the `feishu_job` channel to `channels`."""
-    settings = JobAlertingSettings.model_validate(dict(raw))
     if not settings.enabled:
         return None
     built = channels.built
@@ -119,10 +119,9 @@ def build_job_alerting(
 
 
 def build_diagnosis_parts(
-    raw: Mapping[str, Any], env: Mapping[str, str]
+    settings: DiagnosisSettings, env: Mapping[str, str]
 ) -> tuple[DiagnosisSettings, EndpointResolver, str] | None:
     """From the `diagnosis:` config section: None when there is no way to find ranks."""
-    settings = DiagnosisSettings.model_validate(dict(raw))
     if not settings.enabled or not (settings.static_endpoints or settings.kubernetes):
         return None
     try:

@@ -23,11 +23,12 @@ from tests.support.gateway_process import close_in_process
 from tests.support.receiver import Receiver
 from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.config import GatewaySettings
+from trainsentry.config.diagnosis import DiagnosisSettings
 from trainsentry.diagnostics.synthetic import make_dump
 from trainsentry.gateway.app import WEBHOOK_PATH
 from trainsentry.gateway.assemble import Diagnosis, create_app
 from trainsentry.gateway.pipeline import GATEWAY_KEY
-from trainsentry.gateway.stages.diagnosis import DiagnosisSettings, StaticEndpoints
+from trainsentry.gateway.stages.diagnosis import StaticEndpoints
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.notifiers.webhook import WebhookNotifier
 from trainsentry.probe.token import job_token

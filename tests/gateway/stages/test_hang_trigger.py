@@ -224,8 +224,9 @@ async def _gateway(tmp_path: Path, hosts: list[str] | None) -> Any:
     from pydantic import SecretStr
 
     from trainsentry.config import GatewaySettings
+    from trainsentry.config.diagnosis import DiagnosisSettings
     from trainsentry.gateway.assemble import Diagnosis, create_app
-    from trainsentry.gateway.stages.diagnosis import DiagnosisSettings, StaticEndpoints
+    from trainsentry.gateway.stages.diagnosis import StaticEndpoints
 
     settings = GatewaySettings(
         listen="127.0.0.1:0", db=f"sqlite:///{tmp_path / 'gw.db'}", webhook_token=SecretStr("w")
@@ -375,8 +376,9 @@ async def test_a_probe_stall_the_dumps_do_not_confirm_is_not_paged(
 
     from tests.support.receiver import Receiver
     from trainsentry.config import GatewaySettings
+    from trainsentry.config.diagnosis import DiagnosisSettings
     from trainsentry.gateway.assemble import Diagnosis, create_app
-    from trainsentry.gateway.stages.diagnosis import DiagnosisSettings, StaticEndpoints
+    from trainsentry.gateway.stages.diagnosis import StaticEndpoints
     from trainsentry.notifiers.webhook import WebhookNotifier
 
     runners = await start_dump_probes(4, scenario=scenario, culprit=2, entries=30)

@@ -40,11 +40,12 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from trainsentry.alerts import JobRef, Priority
+from trainsentry.config.job_alerting import JobAlertingSettings
 from trainsentry.gateway.metrics import GatewayMetrics
 from trainsentry.gateway.policy.escalation import Roster
 from trainsentry.gateway.policy.job_roster import JobOnCall, parse_roster
@@ -76,10 +77,6 @@ log = logging.getLogger("trainsentry.job_alerting")
 # What the API answers a read the gateway's RBAC does not allow: a setting problem of the job
 # (its condition says so), not a passing failure.
 FORBIDDEN = 403
-FEISHU_HOOKS = (
-    "https://open.feishu.cn/open-apis/bot/v2/hook/",
-    "https://open.larksuite.com/open-apis/bot/v2/hook/",
-)
 MAX_JOBS = 10_000
 REFRESH_TIMEOUT_S = 120.0
 INVALID_REFERENCE = "InvalidReference"
@@ -92,22 +89,6 @@ def invalid_references(exc: ValidationError) -> tuple[Problem, ...]:
         (INVALID_REFERENCE, f"spec.{'.'.join(map(str, error['loc']))}: {error['msg']}")
         for error in exc.errors(include_url=False, include_input=False)
         if error["type"] == INVALID_OBJECT_NAME and error["loc"][:1] == ("alerting",)
-    )
-
-
-class JobAlertingSettings(BaseModel):
-    """The `job_alerting:` section of the config file."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = False
-    refresh_seconds: float = Field(default=15.0, gt=0, le=3600)
-    namespaces: list[str] = Field(default_factory=list)  # empty: every namespace
-    webhook_prefixes: list[str] = Field(default_factory=lambda: list(FEISHU_HOOKS), min_length=1)
-    concurrency: int = Field(default=8, ge=1, le=64)
-    # the numbers a job's own roster may name (e.g. ["+86"]); empty: any E.164 number
-    phone_prefixes: list[Annotated[str, Field(pattern=r"^\+[0-9]{1,15}$")]] = Field(
-        default_factory=list
     )
 
 
