@@ -255,9 +255,9 @@ def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 
 async def test_gateway_loop_sends_once(tmp_path: Path, smtp: tuple[Inbox, int]) -> None:
     """The scheduler loop (for the gateway): first round sends, later rounds skip."""
+    from trainsentry.config.reports import ReportSettings
     from trainsentry.notifiers.email import SmtpConfig
     from trainsentry.reports.schedule import report_loop
-    from trainsentry.reports.settings import ReportSettings
 
     inbox, port = smtp
     engine = create_engine(f"sqlite:///{tmp_path / 'store.db'}")
@@ -296,9 +296,9 @@ async def test_gateway_loop_sends_once(tmp_path: Path, smtp: tuple[Inbox, int]) 
 
 async def test_two_concurrent_runs_send_once(db_url: str, smtp: tuple[Inbox, int]) -> None:
     """Two CronJob pods (or gateway replicas) at the same moment: one mail, one skip."""
+    from trainsentry.config.reports import ReportSettings
     from trainsentry.notifiers.email import SmtpConfig
     from trainsentry.reports.delivery import send_reports
-    from trainsentry.reports.settings import ReportSettings
 
     inbox, port = smtp
     engines = [create_engine(db_url), create_engine(db_url)]

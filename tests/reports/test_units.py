@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from trainsentry.config.reports import ReportSettings
 from trainsentry.notifiers.base import PermanentError
 from trainsentry.notifiers.feishu.sign import bot_sign
 from trainsentry.reports.digest import digest_card, post_digest
 from trainsentry.reports.figures import Change
 from trainsentry.reports.period import PeriodError, due_weeks, parse_period, week_containing
-from trainsentry.reports.settings import ReportSettings
 from trainsentry.reports.stats import StatsOptions, classify_occurrences, compute
 from trainsentry.reports.weekly import change_text, duration, render, to_message
 from trainsentry.store.report_loads import Occurrence

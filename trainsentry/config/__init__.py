@@ -31,6 +31,7 @@ from trainsentry.config.diagnosis import DiagnosisSettings
 from trainsentry.config.job_alerting import JobAlertingSettings
 from trainsentry.config.problems import ConfigError, Problem, describe_invalid, problems_of
 from trainsentry.config.remediation import CordonSettings
+from trainsentry.config.reports import ReportSettings
 from trainsentry.config.topology import TopologySettings
 
 __all__ = [
@@ -241,7 +242,7 @@ class Settings(BaseModel):
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     webhooks: dict[str, WebhookChannelSettings] = Field(default_factory=dict)
     channels: dict[str, Any] = Field(default_factory=dict)
-    reports: dict[str, Any] = Field(default_factory=dict)  # validated by reports/settings.py
+    reports: ReportSettings = Field(default_factory=ReportSettings)
     diagnosis: DiagnosisSettings = Field(default_factory=DiagnosisSettings)
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     job_alerting: JobAlertingSettings = Field(default_factory=JobAlertingSettings)

@@ -101,29 +101,20 @@ def _now(text: str | None) -> datetime:
     return moment
 
 
-def _settings_and_reports(config: Path | None, db: str | None) -> tuple[Any, dict[str, Any]]:
-    """(Settings, the raw `reports:` section)."""
-    from trainsentry.config import load_settings
-
-    settings = load_settings(config, overrides={"gateway": {"db": db}})
-    return settings, dict(settings.reports)
-
-
 def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     """(gateway settings, report settings, channels settings, stats options)."""
     from pydantic import ValidationError
 
-    from trainsentry.config import ConfigError, describe_invalid
+    from trainsentry.config import ConfigError, describe_invalid, load_settings
     from trainsentry.gateway.policy.rules import PolicyError, load_policy
     from trainsentry.notifiers.settings import ChannelsSettings
-    from trainsentry.reports.settings import report_settings
     from trainsentry.reports.stats import StatsOptions
 
     try:
-        settings, raw_reports = _settings_and_reports(args.config, args.db)
-        if args.tz:
-            raw_reports["timezone"] = args.tz
-        reports = report_settings(raw_reports)
+        # --tz is a flag: it wins over the file's reports.timezone
+        overrides = {"gateway": {"db": args.db}, "reports": {"timezone": args.tz}}
+        settings = load_settings(args.config, overrides=overrides)
+        reports = settings.reports
         channels = ChannelsSettings.model_validate(dict(getattr(settings, "channels", None) or {}))
         policy = load_policy(settings.gateway.policy_file)
     except (ConfigError, ValidationError, PolicyError, ValueError) as exc:

@@ -22,14 +22,15 @@ from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
+from trainsentry.config.reports import CLUSTER, ReportSettings
 from trainsentry.notifiers.email import SmtpConfig, send_email
 from trainsentry.reports.digest import digest_card, post_digest
 from trainsentry.reports.figures import WeeklyStats
 from trainsentry.reports.period import Period, due_weeks, last_full_week, parse_period
-from trainsentry.reports.settings import ReportSettings
 from trainsentry.reports.stats import StatsOptions, collect
 from trainsentry.reports.weekly import RenderedReport, RenderOptions, render, to_message
 from trainsentry.store.engine import Engine
+from trainsentry.store.report_loads import Scope
 from trainsentry.store.report_runs import SENT, claim, last_sent_week, mark_sent, release
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,15 @@ def run_key(audience: str, period: Period) -> str:
     return f"weekly/{audience}/{period.key}"
 
 
+def scope_of(settings: ReportSettings, audience: str) -> Scope:
+    """Pure: the alerts a report covers: all of them for the cluster's, a team's jobs for
+    a team's."""
+    if audience == CLUSTER:
+        return Scope(CLUSTER)
+    team = settings.teams[audience]
+    return Scope(audience, frozenset(team.namespaces), frozenset(team.jobs))
+
+
 def render_options(settings: ReportSettings, period: Period) -> RenderOptions:
     start, end = period.start, period.end
     link = settings.link(
@@ -85,7 +95,7 @@ async def build(
     opts: StatsOptions,
 ) -> tuple[WeeklyStats, RenderedReport]:
     async with engine.connect() as conn:
-        stats = await collect(conn, period, opts, settings.scope(audience))
+        stats = await collect(conn, period, opts, scope_of(settings, audience))
     return stats, render(stats, render_options(settings, period))
 
 

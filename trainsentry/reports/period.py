@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+from trainsentry.config.reports import WEEKDAYS
+
 _ISO_WEEK = re.compile(r"^(\d{4})-W(\d{2})$")
 _RANGE = re.compile(r"^(\d{4}-\d{2}-\d{2})\.\.(\d{4}-\d{2}-\d{2})$")
 _WEEKS_AGO = re.compile(r"^(\d+)-weeks?-ago$")

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from datetime import datetime
 
 from trainsentry.alerts import utcnow
+from trainsentry.config.reports import ReportSettings
 from trainsentry.notifiers.email import SmtpConfig
 from trainsentry.reports.delivery import DigestPoster, Outcome, send_reports
-from trainsentry.reports.settings import ReportSettings
 from trainsentry.reports.stats import StatsOptions
 from trainsentry.store.engine import Engine
 from trainsentry.tasks import wait_for_event

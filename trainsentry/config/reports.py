@@ -1,4 +1,4 @@
-"""Settings of the weekly report (the `reports:` section of the YAML config). Non-secret.
+"""The `reports:` section: the weekly report (trainsentry/reports/). Non-secret.
 
 ```yaml
 reports:
@@ -18,15 +18,12 @@ SMTP comes from `channels.email` (the email channel's settings).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from trainsentry.reports.period import WEEKDAYS, zone
-from trainsentry.store.report_loads import Scope
-
 CLUSTER = "cluster"
+WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 
 
 class _Model(BaseModel):
@@ -70,7 +67,12 @@ class ReportSettings(_Model):
     @field_validator("timezone")
     @classmethod
     def _zone(cls, value: str) -> str:
-        zone(value)
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(
+                f"unknown timezone {value!r} (use an IANA name like Asia/Shanghai)"
+            ) from None
         return value
 
     @field_validator("week_start")
@@ -88,12 +90,6 @@ class ReportSettings(_Model):
                 raise ValueError(f"team name {name!r}: 1-40 characters, no '/', not {CLUSTER!r}")
         return value
 
-    def scope(self, audience: str) -> Scope:
-        if audience == CLUSTER:
-            return Scope(CLUSTER)
-        team = self.teams[audience]
-        return Scope(audience, frozenset(team.namespaces), frozenset(team.jobs))
-
     def recipients_of(self, audience: str) -> list[str]:
         return list(self.recipients if audience == CLUSTER else self.teams[audience].recipients)
 
@@ -105,7 +101,3 @@ class ReportSettings(_Model):
         if not self.link_url:
             return ""
         return self.link_url.format(start=start_iso, end=end_iso, start_ms=start_ms, end_ms=end_ms)
-
-
-def report_settings(raw: Mapping[str, Any] | None) -> ReportSettings:
-    return ReportSettings.model_validate(dict(raw or {}))
