@@ -18,8 +18,8 @@ import yaml
 
 from chart.chart_helm import CHART, REPO, VENDORED_CRDS, find, helm, one, rendered, template
 from trainsentry.config import WebhookChannelSettings
+from trainsentry.config.channels import ChannelsSettings
 from trainsentry.config.reports import ReportSettings
-from trainsentry.notifiers.settings import ChannelsSettings
 
 SHARED_CRDS = REPO.parent / "shared" / "data" / "crds"
 MATCHER = re.compile(r'^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"?(.*?)"?\s*$')

@@ -12,10 +12,11 @@ import yaml
 from tests.notifiers.helpers import notification
 from tests.support.feishu_server import FeishuContractServer, Hook
 from trainsentry.alerts import Priority
+from trainsentry.config.channels import ChannelsSettings
 from trainsentry.gateway.channels import build_channels
 from trainsentry.notifiers.base import Notifier, PermanentError
 from trainsentry.notifiers.feishu.bot import BotWebhook, FeishuBotNotifier, WebhookRouter
-from trainsentry.notifiers.settings import ChannelsSettings, SecretMissing
+from trainsentry.notifiers.settings import SecretMissing
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "channels.md"
 ENV = {

@@ -16,6 +16,7 @@ from aiosmtpd.smtp import AuthResult, LoginPassword
 
 from tests.support.ports import free_port
 from trainsentry.alerts import Priority
+from trainsentry.config.channels import EmailSettings
 from trainsentry.notifiers.base import PermanentError, RetryableError
 from trainsentry.notifiers.email import (
     Attachment,
@@ -24,7 +25,6 @@ from trainsentry.notifiers.email import (
     build_message,
     send_email,
 )
-from trainsentry.notifiers.settings import EmailSettings
 
 from .helpers import alert_payload, notification
 

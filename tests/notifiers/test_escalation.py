@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from trainsentry.alerts import Person, Priority
+from trainsentry.config.escalation import EscalationSettings
 from trainsentry.gateway.policy.escalation import (
     ACKED,
     EXHAUSTED,
@@ -26,7 +27,6 @@ from trainsentry.gateway.policy.escalation import (
 )
 from trainsentry.gateway.policy.escalation import EscalationPolicy as Policy
 from trainsentry.gateway.policy.roster import escalation_policy_of, roster_of
-from trainsentry.notifiers.settings import EscalationSettings
 
 T0 = datetime(2026, 11, 22, 3, 0, tzinfo=UTC)
 ALICE, BOB, CAROL, DAVE = (Person(n, phone=f"+1555000{i}") for i, n in enumerate("abcd"))

@@ -12,6 +12,7 @@ import pytest
 
 from tests.support.feishu_server import FeishuContractServer, Hook
 from trainsentry.alerts import Priority
+from trainsentry.config.channels import FeishuBotSettings
 from trainsentry.notifiers.base import PermanentError, RateLimitedError, RetryableError
 from trainsentry.notifiers.feishu.bot import (
     RATE_LIMITS,
@@ -22,7 +23,6 @@ from trainsentry.notifiers.feishu.bot import (
 )
 from trainsentry.notifiers.feishu.sign import bot_sign
 from trainsentry.notifiers.ratelimit import RateLimit, SlidingWindow, scale_limits
-from trainsentry.notifiers.settings import FeishuBotSettings
 
 from .helpers import alert_payload, deliver_all, hmac_sha256_by_hand, notification
 

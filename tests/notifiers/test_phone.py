@@ -12,6 +12,7 @@ import pytest
 from tests.support.feishu_server import FeishuContractServer
 from tests.support.phone_server import PhoneContractServer
 from trainsentry.alerts import Person, Priority
+from trainsentry.config.channels import PhoneSettings
 from trainsentry.gateway.policy.escalation import EscalationPolicy as Policy
 from trainsentry.gateway.policy.escalation import (
     Escalator,
@@ -36,7 +37,6 @@ from trainsentry.notifiers.phone.notifier import (
 )
 from trainsentry.notifiers.phone.twilio import TwilioProvider
 from trainsentry.notifiers.phone.webhook import WebhookPhoneProvider, render_body
-from trainsentry.notifiers.settings import PhoneSettings
 
 ALICE = Person("alice", phone="+8613800000001", feishu_open_id="ou_alice")
 TEMPLATE = (

@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from trainsentry.config.channels import ChannelsSettings
 from trainsentry.config.diagnosis import DiagnosisSettings
 from trainsentry.config.job_alerting import JobAlertingSettings
 from trainsentry.config.problems import ConfigError, Problem, describe_invalid, problems_of
@@ -241,7 +242,7 @@ class Settings(BaseModel):
 
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     webhooks: dict[str, WebhookChannelSettings] = Field(default_factory=dict)
-    channels: dict[str, Any] = Field(default_factory=dict)
+    channels: ChannelsSettings | None = None  # an empty section is none
     reports: ReportSettings = Field(default_factory=ReportSettings)
     diagnosis: DiagnosisSettings = Field(default_factory=DiagnosisSettings)
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
@@ -250,7 +251,7 @@ class Settings(BaseModel):
     remediation: CordonSettings | None = None  # an empty section is none
     oncall: dict[str, Any] | None = None  # validated by oncall/config.py (docs/oncall.md)
 
-    @field_validator("remediation", mode="before")
+    @field_validator("channels", "remediation", mode="before")
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         """An empty section is an absent one (`remediation: {}`: nothing to cordon through)."""

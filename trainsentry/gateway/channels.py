@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from trainsentry.config import ConfigError, Settings, describe_invalid
+from trainsentry.config.channels import ChannelsSettings
 from trainsentry.gateway.policy.escalation import Escalator
 from trainsentry.gateway.policy.roster import escalation_policy_of, roster_of
 from trainsentry.gateway.policy.route import CHANNEL_KINDS, JOB_CHANNEL
@@ -40,7 +41,7 @@ from trainsentry.notifiers.feishu.job import FeishuJobNotifier, JobDestinations
 from trainsentry.notifiers.feishu.sheet import FeishuSheetArchive
 from trainsentry.notifiers.phone.notifier import PhoneNotifier
 from trainsentry.notifiers.ratelimit import RateGate, as_pairs
-from trainsentry.notifiers.settings import ChannelsSettings, SecretMissing, read_secret
+from trainsentry.notifiers.settings import SecretMissing, read_secret
 from trainsentry.notifiers.webhook import WebhookNotifier
 
 
@@ -102,8 +103,7 @@ def build_channels(
             if callback.encrypt_key_env:
                 built.encrypt_key = read_secret(callback.encrypt_key_env, env)
     if settings.feishu_sheet is not None:
-        if settings.feishu_app is None:
-            raise ValueError("channels.feishu_sheet needs channels.feishu_app (credentials)")
+        assert settings.feishu_app is not None  # the settings require it
         sheet = FeishuSheetArchive.from_settings(
             settings.feishu_sheet,
             FeishuAppClient.from_settings(settings.feishu_app, env, message_gate=built.feishu_gate),
@@ -158,9 +158,9 @@ def build(settings: Settings, env: Mapping[str, str] | None = None) -> Channels:
         if hook.rate_limits:
             rate_limits[name] = list(hook.rate_limits)
     built = None
-    if settings.channels:
+    if settings.channels is not None:
         try:
-            built = build_channels(ChannelsSettings.model_validate(settings.channels), env)
+            built = build_channels(settings.channels, env)
         except (SecretMissing, ValueError) as exc:
             raise ConfigError(f"channels: {describe_invalid(exc)}") from None
         clash = set(built.notifiers) & set(notifiers)

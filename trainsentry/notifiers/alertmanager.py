@@ -14,8 +14,9 @@ from typing import Any
 
 import httpx
 
+from trainsentry.config.channels import AlertmanagerSilenceSettings
 from trainsentry.notifiers.base import PermanentError, RetryableError
-from trainsentry.notifiers.settings import AlertmanagerSilenceSettings, read_secret
+from trainsentry.notifiers.settings import read_secret
 
 log = logging.getLogger(__name__)
 

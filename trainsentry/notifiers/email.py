@@ -23,6 +23,7 @@ from typing import Literal
 from jinja2 import Environment
 
 from trainsentry.alerts import Priority
+from trainsentry.config.channels import EmailSettings
 from trainsentry.notifiers.base import (
     OutboundNotification,
     PermanentError,
@@ -41,7 +42,7 @@ from trainsentry.notifiers.payload import (
     rank_of,
 )
 from trainsentry.notifiers.ratelimit import RateLimit
-from trainsentry.notifiers.settings import EmailSettings, read_secret
+from trainsentry.notifiers.settings import read_secret
 
 log = logging.getLogger(__name__)
 

@@ -106,8 +106,8 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     from pydantic import ValidationError
 
     from trainsentry.config import ConfigError, describe_invalid, load_settings
+    from trainsentry.config.channels import ChannelsSettings
     from trainsentry.gateway.policy.rules import PolicyError, load_policy
-    from trainsentry.notifiers.settings import ChannelsSettings
     from trainsentry.reports.stats import StatsOptions
 
     try:
@@ -115,7 +115,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         overrides = {"gateway": {"db": args.db}, "reports": {"timezone": args.tz}}
         settings = load_settings(args.config, overrides=overrides)
         reports = settings.reports
-        channels = ChannelsSettings.model_validate(dict(getattr(settings, "channels", None) or {}))
+        channels = settings.channels or ChannelsSettings()
         policy = load_policy(settings.gateway.policy_file)
     except (ConfigError, ValidationError, PolicyError, ValueError) as exc:
         raise UsageError(f"configuration error: {describe_invalid(exc)}") from None

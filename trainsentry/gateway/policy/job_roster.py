@@ -37,10 +37,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainsentry.alerts import Priority
+from trainsentry.config.escalation import EscalationSettings, LayerSettings, PersonSettings
 from trainsentry.gateway.policy.escalation import CallDue, Escalator, IncidentPage, Roster
 from trainsentry.gateway.policy.roster import roster_of
 from trainsentry.notifiers.feishu.markup import OPEN_ID
-from trainsentry.notifiers.settings import EscalationSettings, LayerSettings, PersonSettings
 
 ROSTER_KEY = "roster"
 MAX_ROSTER_BYTES = 64 * 1024

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from datetime import UTC, timedelta
 
 from trainsentry.alerts import Person, Priority
+from trainsentry.config.escalation import EscalationSettings, LayerSettings, PersonSettings
 from trainsentry.gateway.policy.escalation import (
     EscalationPolicy,
     Escalator,
@@ -23,7 +24,6 @@ from trainsentry.gateway.policy.escalation import (
     Roster,
     SchedulePick,
 )
-from trainsentry.notifiers.settings import EscalationSettings, LayerSettings, PersonSettings
 from trainsentry.oncall.types import EscalationPolicyConfig, OncallConfig, Schedule
 from trainsentry.oncall.types import Person as OncallPerson
 

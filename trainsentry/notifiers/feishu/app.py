@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from trainsentry.alerts import Priority
+from trainsentry.config.channels import FeishuAppSettings
 from trainsentry.notifiers.base import (
     NotifierError,
     OutboundNotification,
@@ -35,7 +36,7 @@ from trainsentry.notifiers.base import (
 from trainsentry.notifiers.feishu.card import CardOptions, CardTooLarge, build_card, compact_json
 from trainsentry.notifiers.payload import PayloadError, parse_payload
 from trainsentry.notifiers.ratelimit import RateGate, RateLimit, Slot
-from trainsentry.notifiers.settings import FeishuAppSettings, read_secret
+from trainsentry.notifiers.settings import read_secret
 
 log = logging.getLogger(__name__)
 

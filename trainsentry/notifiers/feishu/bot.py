@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from trainsentry.alerts import Priority
+from trainsentry.config.channels import FeishuBotSettings, WebhookTarget
 from trainsentry.notifiers.base import (
     OutboundNotification,
     PermanentError,
@@ -36,7 +37,7 @@ from trainsentry.notifiers.feishu.card import (
 from trainsentry.notifiers.feishu.sign import bot_sign
 from trainsentry.notifiers.payload import PayloadError, job_of, parse_payload
 from trainsentry.notifiers.ratelimit import RateGate, RateLimit
-from trainsentry.notifiers.settings import FeishuBotSettings, WebhookTarget, read_secret
+from trainsentry.notifiers.settings import read_secret
 
 log = logging.getLogger(__name__)
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainsentry.config.channels import FeishuSheetSettings
 from trainsentry.notifiers.base import (
     NotifierError,
     OutboundNotification,
@@ -31,7 +32,6 @@ from trainsentry.notifiers.feishu.app import FeishuAppClient
 from trainsentry.notifiers.payload import PayloadError, parse_payload
 from trainsentry.notifiers.ratelimit import RateGate, RateLimit
 from trainsentry.notifiers.rows import COLUMNS, occurrence_key, occurrence_month, row_from_payload
-from trainsentry.notifiers.settings import FeishuSheetSettings
 
 log = logging.getLogger(__name__)
 

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Mapping
 
 from trainsentry.alerts import Person
+from trainsentry.config.channels import PhoneSettings
 from trainsentry.notifiers.base import OutboundNotification, PermanentError, Receipt, Withdrawn
 from trainsentry.notifiers.feishu.app import FeishuAppClient
 from trainsentry.notifiers.phone.base import PhoneCall, PhoneProvider
@@ -19,7 +20,6 @@ from trainsentry.notifiers.phone.feishu import FeishuUrgentPhoneProvider
 from trainsentry.notifiers.phone.twilio import TwilioProvider
 from trainsentry.notifiers.phone.webhook import WebhookPhoneProvider
 from trainsentry.notifiers.ratelimit import RateLimit
-from trainsentry.notifiers.settings import PhoneSettings
 
 log = logging.getLogger(__name__)
 

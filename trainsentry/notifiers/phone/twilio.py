@@ -8,9 +8,10 @@ from xml.sax.saxutils import escape
 
 import httpx
 
+from trainsentry.config.channels import TwilioSettings
 from trainsentry.notifiers.base import PermanentError, RateLimitedError, RetryableError
 from trainsentry.notifiers.phone.base import CallReceipt, PhoneCall
-from trainsentry.notifiers.settings import TwilioSettings, read_secret
+from trainsentry.notifiers.settings import read_secret
 
 log = logging.getLogger(__name__)
 

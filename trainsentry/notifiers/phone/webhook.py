@@ -18,9 +18,10 @@ from jinja2 import StrictUndefined, TemplateError
 from jinja2.sandbox import SandboxedEnvironment
 
 from trainsentry.alerts import Person
+from trainsentry.config.channels import WebhookPhoneSettings
 from trainsentry.notifiers.base import PermanentError, RateLimitedError, RetryableError
 from trainsentry.notifiers.phone.base import CallReceipt, PhoneCall
-from trainsentry.notifiers.settings import WebhookPhoneSettings, read_secret
+from trainsentry.notifiers.settings import read_secret
 
 log = logging.getLogger(__name__)
 _ENV = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False)
