@@ -177,6 +177,19 @@ def test_operator_and_gateway_import_only_the_probes_shared_modules(part: str) -
     assert not wrong, _where(wrong)
 
 
+# The on-call rota is parsed by its own part, which imports no settings (docs/architecture.md).
+FROM_THE_ONCALL_PART = ("trainsentry.oncall.config", "trainsentry.oncall.types")
+
+
+def test_config_imports_only_the_oncall_parser_and_types() -> None:
+    wrong = [
+        i
+        for i in _part_edges().get(("config", "oncall"), [])
+        if not any(i.target == m or i.target.startswith(m + ".") for m in FROM_THE_ONCALL_PART)
+    ]
+    assert not wrong, _where(wrong)
+
+
 def test_only_the_store_imports_sqlalchemy() -> None:
     offenders = [
         i

@@ -348,19 +348,23 @@ def test_real_gateway_runs_with_the_rendered_config_and_token(values: str, tmp_p
 
 
 def test_channels_example_of_docs_channels_md_installs(tmp_path: Path) -> None:
-    """The `channels:` example in docs/channels.md, given as chart values, renders into a
-    config.yaml the settings model accepts, with every named secret in the environment."""
+    """The `channels:` example in docs/channels.md (with the `oncall:` escalation its phone
+    calls need), given as chart values, renders into a config.yaml the settings accept, with
+    every named secret in the environment."""
     text = (REPO / "docs" / "channels.md").read_text(encoding="utf-8")
     match = re.search(r"```yaml\n(channels:\n.*?)```", text, re.S)
     assert match, "docs/channels.md has no `channels:` example"
-    example = yaml.safe_load(match.group(1))["channels"]
+    documented = yaml.safe_load(match.group(1))
+    example, oncall = documented["channels"], documented["oncall"]
     secrets = {name: f"value-of-{name}" for name in _env_names(example)}
-    objs = template(overrides={"channels": {"config": example, "secretEnv": secrets}}, tmp=tmp_path)
+    values = {"channels": {"config": example, "secretEnv": secrets}, "oncall": oncall}
+    objs = template(overrides=values, tmp=tmp_path)
     container = _container(one(objs, "Deployment", "-gateway"))
     env = _env_for(objs, container)
     config = yaml.safe_load(one(objs, "ConfigMap", "-config")["data"]["config.yaml"])
-    assert config["channels"] == example
-    validate_settings({"channels": config["channels"]})  # the gateway loads it
+    assert (config["channels"], config["oncall"]) == (example, oncall)
+    settings = validate_settings(config)  # the gateway loads it
+    assert settings.oncall.escalation is not None
     assert {name: env[name] for name in secrets} == secrets
 
 

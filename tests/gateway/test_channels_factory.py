@@ -12,8 +12,10 @@ import yaml
 from tests.notifiers.helpers import notification
 from tests.support.feishu_server import FeishuContractServer, Hook
 from trainsentry.alerts import Priority
+from trainsentry.config import Settings, validate_settings
 from trainsentry.config.channels import ChannelsSettings
 from trainsentry.gateway.channels import build_channels
+from trainsentry.gateway.sections import default_escalator
 from trainsentry.notifiers.base import Notifier, PermanentError
 from trainsentry.notifiers.feishu.bot import BotWebhook, FeishuBotNotifier, WebhookRouter
 from trainsentry.notifiers.settings import SecretMissing
@@ -32,13 +34,20 @@ ENV = {
 }
 
 
-def _documented_settings() -> ChannelsSettings:
+def _documented() -> Settings:
     [block] = re.findall(r"```yaml\n(channels:.*?)```", DOC.read_text(), flags=re.S)
-    return ChannelsSettings.model_validate(yaml.safe_load(block)["channels"])
+    return validate_settings(yaml.safe_load(block))
+
+
+def _documented_settings() -> ChannelsSettings:
+    channels = _documented().channels
+    assert channels is not None
+    return channels
 
 
 async def test_documented_example_builds_every_channel() -> None:
     built = build_channels(_documented_settings(), ENV)
+    escalator = default_escalator(_documented())
     try:
         assert set(built.notifiers) == {
             "feishu_bot",
@@ -52,7 +61,7 @@ async def test_documented_example_builds_every_channel() -> None:
         assert limits["feishu_bot"] == [(5, 1.0), (100, 60.0)]
         assert "feishu_sheet" not in limits  # batched: no per-row limit
         assert built.verification_token == "vt" and built.encrypt_key == "ek"
-        assert built.escalator is not None and len(built.escalator.roster.layers) == 2
+        assert escalator is not None and len(escalator.roster.layers) == 2
         assert built.silences is not None
         assert "SECRET-" not in repr(built) + repr(built.feishu_app)
         assert "SECRET-" not in repr(built.notifiers["feishu_bot"].router)  # type: ignore[attr-defined]

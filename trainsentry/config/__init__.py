@@ -11,6 +11,7 @@ every problem found, each with its path from the top of the file.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,8 +31,15 @@ from pydantic import (
 from trainsentry.config.channels import ChannelsSettings
 from trainsentry.config.diagnosis import DiagnosisSettings
 from trainsentry.config.job_alerting import JobAlertingSettings
-from trainsentry.config.problems import ConfigError, Problem, describe_invalid, problems_of
-from trainsentry.config.remediation import CordonSettings
+from trainsentry.config.oncall import OncallSettings
+from trainsentry.config.problems import (
+    ConfigError,
+    Problem,
+    SectionProblems,
+    describe_invalid,
+    problems_of,
+)
+from trainsentry.config.remediation import CordonSettings, approver_problems
 from trainsentry.config.reports import ReportSettings
 from trainsentry.config.topology import TopologySettings
 
@@ -234,9 +242,17 @@ class MaintenanceSettings(BaseModel):
         return self.max_window_hours if self.max_total_hours is None else self.max_total_hours
 
 
+log = logging.getLogger("trainsentry.config")
+
+_BOTH_HOMES = "a deprecated alias of oncall.escalation, which is set too: keep oncall.escalation"
+_NOBODY_TO_CALL = (
+    "needs oncall.escalation or oncall.escalation_policies (who is called, in which order)"
+)
+
+
 class Settings(BaseModel):
-    """All of trainsentry's settings. `channels` and `reports` are validated by their own
-    modules (notifiers/settings.py, reports/settings.py) when those parts start."""
+    """All of trainsentry's settings, every section typed (its model in config/<section>.py)
+    and checked here, once, with the references between sections."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -249,13 +265,38 @@ class Settings(BaseModel):
     job_alerting: JobAlertingSettings = Field(default_factory=JobAlertingSettings)
     topology: TopologySettings = Field(default_factory=TopologySettings)
     remediation: CordonSettings | None = None  # an empty section is none
-    oncall: dict[str, Any] | None = None  # validated by oncall/config.py (docs/oncall.md)
+    oncall: OncallSettings = Field(default_factory=OncallSettings)
 
     @field_validator("channels", "remediation", mode="before")
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         """An empty section is an absent one (`remediation: {}`: nothing to cordon through)."""
         return None if value == {} else value
+
+    @model_validator(mode="after")
+    def _one_home_and_references(self) -> Settings:
+        """`channels.escalation`, the deprecated alias, moves to its home `oncall.escalation`;
+        then what one section says of another is checked."""
+        problems: list[tuple[str, str]] = []
+        alias = self.channels.escalation if self.channels is not None else None
+        if self.channels is not None and alias is not None:
+            if self.oncall.escalation is not None:
+                problems.append(("channels.escalation", _BOTH_HOMES))
+            else:
+                log.warning("channels.escalation is deprecated: move it to oncall.escalation")
+                self.oncall = self.oncall.model_copy(update={"escalation": alias})
+            rest = self.channels.model_copy(update={"escalation": None})
+            self.channels = rest if rest.model_dump(exclude_none=True) else None
+        rota = self.oncall.rota
+        calls = self.channels is not None and self.channels.phone is not None
+        if calls and self.oncall.escalation is None and not (rota and rota.escalation_policies):
+            problems.append(("channels.phone", _NOBODY_TO_CALL))
+        if self.remediation is not None:
+            people = rota.people if rota is not None else {}
+            problems.extend(approver_problems(self.remediation.approvers, people))
+        if problems:
+            raise SectionProblems(problems)
+        return self
 
 
 # Environment variables that map onto settings (non-secret and secret).

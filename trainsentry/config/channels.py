@@ -6,7 +6,8 @@ secrets, the app secret, SMTP passwords, API tokens) are named by the environmen
 that holds them (`*_env` fields) and read with `notifiers.settings.read_secret` at start-up;
 a literal secret in the YAML is refused because the models forbid unknown keys.
 
-`escalation`: the default escalation layers (config/escalation.py).
+`escalation` is a deprecated alias of `oncall.escalation` (config/escalation.py), kept for
+the files and chart values (`channels.config`) that set it here.
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 escalation policy (docs/oncall.md, "Escalation policies"; gateway/policy/roster.py turns it
 into an escalation timeline).
 
-Set as `channels.escalation`.
+Its home is `oncall.escalation`, beside the named `oncall.escalation_policies`;
+`channels.escalation` is a deprecated alias (config/__init__.py moves it there when the
+settings load, and refuses a file that sets both).
 """
 
 from __future__ import annotations

@@ -1,15 +1,19 @@
 """The `remediation:` section: cordon with a human in the loop (gateway/policy/cordon.py
 decides, gateway/stages/cordon.py acts). An empty or absent section is None: nothing to
 cordon through, no recommendation either. `approvers` must name people of `oncall.people`
-with a `feishu_open_id`, or open_ids (checked with the on-call section, config/__init__.py).
+with a `feishu_open_id`, or open_ids (`approver_problems`, checked with the on-call section
+when the settings load, config/__init__.py).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator, Mapping
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from trainsentry.oncall.types import Person
 
 OPEN_ID = re.compile(r"ou_[A-Za-z0-9]{1,64}")
 _URL = re.compile(r"https?://[^\s/?#@]+(/[^\s?#@]*)?")  # no user:password@ (it is logged)
@@ -54,3 +58,21 @@ class CordonSettings(BaseModel):
     max_cards_per_hour: int = Field(default=6, ge=1, le=1000)  # cordon cards sent, any kind
     approvers: tuple[str, ...] = Field(default=(), max_length=100)  # people or open_ids
     evidence: EvidenceSettings = EvidenceSettings()
+
+
+def approver_problems(
+    approvers: Iterable[str], people: Mapping[str, Person]
+) -> Iterator[tuple[str, str]]:
+    """Pure: (path, why) of each `remediation.approvers` entry that can approve nothing: one
+    that is neither a person of `oncall.people` nor a Feishu open_id (`ou_...`), or a person
+    without a `feishu_open_id` (a card's button is pressed as an open_id)."""
+    for index, name in enumerate(approvers):
+        person = people.get(name)
+        where = f"remediation.approvers[{index}]"
+        if person is None and not OPEN_ID.fullmatch(name):
+            yield (
+                where,
+                f"{name[:64]!r} is neither a person of oncall.people nor a Feishu open_id (ou_...)",
+            )
+        elif person is not None and not person.feishu_open_id:
+            yield where, f"{name} has no feishu_open_id (oncall.people)"

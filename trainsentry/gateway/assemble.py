@@ -39,6 +39,7 @@ from trainsentry.gateway.sections import (
     build_job_alerting,
     build_topology,
     cordon_approvers_of,
+    default_escalator,
     oncall_of,
     paging_of,
 )
@@ -443,7 +444,6 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
 
     Raises ConfigError (a channel or secret is wrong) or ValueError (the policy file)."""
     env = os.environ if env is None else env
-    oncall = oncall_of(settings)
     channels = build(settings, env)
     job_alerting = build_job_alerting(settings.job_alerting, channels)
     diagnosis_parts = build_diagnosis_parts(settings.diagnosis, env)
@@ -462,13 +462,13 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
         settings.gateway,
         notifiers=channels.notifiers,
         rate_limits=channels.rate_limits,
-        escalator=built.escalator if built is not None else None,
+        escalator=default_escalator(settings),
         silences=built.silences if built is not None else None,
         card_callback=card_callback,
         diagnosis=Diagnosis(*diagnosis_parts) if diagnosis_parts is not None else None,
         topology=topology,
         maintenance=settings.maintenance,
-        oncall=oncall,
+        oncall=oncall_of(settings),
         job_alerting=job_alerting,
         remediation=settings.remediation,
     )

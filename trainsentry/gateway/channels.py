@@ -5,8 +5,8 @@ probes' token in assemble.py), with the environment this module is given.
 
 - `console` always (to a file when `gateway.console_file` is set);
 - each entry of `webhooks:` as a generic JSON webhook channel under its own name;
-- the `channels:` section (Feishu bot/app/sheet, phone, email, Alertmanager silences, the
-  escalation roster) through `build_channels`.
+- the `channels:` section (Feishu bot/app/sheet, phone, email, Alertmanager silences)
+  through `build_channels`.
 Secrets are read from the environment here, once; a missing one fails the start (naming the
 variable, never showing a value), not the first alert.
 
@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 
 from trainsentry.config import ConfigError, Settings, describe_invalid
 from trainsentry.config.channels import ChannelsSettings
-from trainsentry.gateway.policy.escalation import Escalator
-from trainsentry.gateway.policy.roster import escalation_policy_of, roster_of
 from trainsentry.gateway.policy.route import CHANNEL_KINDS, JOB_CHANNEL
 from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import Notifier
@@ -52,7 +50,6 @@ class BuiltChannels:
     # the message limits of the Feishu app, shared by all its clients (see the module doc)
     feishu_gate: RateGate | None = None
     silences: SilenceClient | None = None
-    escalator: Escalator | None = None
     # For the card callback handler (see feishu/callback.py), when configured.
     callback_path: str | None = None
     verification_token: str | None = field(default=None, repr=False)
@@ -122,10 +119,6 @@ def build_channels(
         built.notifiers[email.name] = email
     if settings.alertmanager is not None:
         built.silences = SilenceClient.from_settings(settings.alertmanager, env)
-    if settings.escalation is not None:
-        built.escalator = Escalator(
-            roster_of(settings.escalation), escalation_policy_of(settings.escalation)
-        )
     return built
 
 
@@ -167,12 +160,6 @@ def build(settings: Settings, env: Mapping[str, str] | None = None) -> Channels:
         if clash:
             raise ConfigError(f"channel names used twice: {sorted(clash)}")
         notifiers.update(built.notifiers)
-        on_call_policies = (settings.oncall or {}).get("escalation_policies")
-        if "phone" in built.notifiers and built.escalator is None and not on_call_policies:
-            raise ConfigError(
-                "channels.phone needs channels.escalation or oncall.escalation_policies "
-                "(who is called, in which order)"
-            )
         rate_limits.update(built.outbox_rate_limits)
     return Channels(notifiers=notifiers, rate_limits=rate_limits, built=built)
 

@@ -1,7 +1,9 @@
-"""The gateway's optional config sections turned into the parts `assemble.py` wires:
-on-call (`oncall:`), escalation policies (paging), topology, TrainingJobs' own routes
-(`job_alerting:`) and the hang diagnosis (`diagnosis:`). Each raises ConfigError or
-ValueError naming the field at fault; none starts anything.
+"""The gateway's optional config sections, typed and checked when the settings load
+(config/), turned into the parts `assemble.py` wires: on-call (`oncall:`), escalation (the
+default layers and the policies, for paging), topology, TrainingJobs' own routes
+(`job_alerting:`) and the hang diagnosis (`diagnosis:`). What is left to refuse here is
+what the file cannot say: a secret missing from the environment, a policy file naming an
+escalation policy `oncall:` lacks (ConfigError naming it). None starts anything.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from trainsentry.config.job_alerting import JobAlertingSettings
 from trainsentry.config.remediation import CordonSettings
 from trainsentry.config.topology import TopologySettings
 from trainsentry.gateway.channels import Channels, add_job_channel
-from trainsentry.gateway.policy.cordon import CordonConfigError, approver_ids
+from trainsentry.gateway.policy.cordon import approver_ids
 from trainsentry.gateway.policy.escalation import EscalationPolicy, Escalator, Roster
 from trainsentry.gateway.policy.job_roster import RosterOf
+from trainsentry.gateway.policy.roster import escalation_policy_of, roster_of
 from trainsentry.gateway.policy.route import escalation_for, escalation_names
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.stages.diagnosis import (
@@ -32,7 +35,6 @@ from trainsentry.gateway.stages.paging import Paging
 from trainsentry.gateway.stages.topology import TopologySource
 from trainsentry.kube.client import default_api_client
 from trainsentry.notifiers.settings import SecretMissing, read_secret
-from trainsentry.oncall.config import OncallConfigError, parse_oncall
 from trainsentry.oncall.types import OncallConfig
 
 
@@ -93,13 +95,16 @@ def build_topology(
 
 
 def oncall_of(settings: Settings) -> OncallConfig | None:
-    """The `oncall:` section, validated (ConfigError naming the field), or None."""
-    if settings.oncall is None:
-        return None
-    try:
-        return parse_oncall(settings.oncall)
-    except OncallConfigError as exc:
-        raise ConfigError(str(exc)) from None
+    """The on-call rota of the `oncall:` section (people, schedules, escalation policies),
+    or None."""
+    return settings.oncall.rota
+
+
+def default_escalator(settings: Settings) -> Escalator | None:
+    """The default escalation (`oncall.escalation`, or its deprecated alias
+    `channels.escalation`) as an escalation timeline, or None."""
+    layers = settings.oncall.escalation
+    return None if layers is None else Escalator(roster_of(layers), escalation_policy_of(layers))
 
 
 def build_job_alerting(
@@ -144,11 +149,8 @@ def cordon_approvers_of(
     settings: CordonSettings | None, oncall: OncallConfig | None
 ) -> dict[str, str]:
     """Feishu open_id -> name of the people `remediation.approvers` names (people of
-    `oncall.people`, or open_ids); ConfigError naming the entry that is neither."""
-    try:
-        return approver_ids(
-            settings.approvers if settings is not None else (),
-            oncall.people if oncall is not None else {},
-        )
-    except CordonConfigError as exc:
-        raise ConfigError(str(exc)) from None
+    `oncall.people`, or open_ids; the settings' check refuses any other entry)."""
+    return approver_ids(
+        settings.approvers if settings is not None else (),
+        oncall.people if oncall is not None else {},
+    )

@@ -15,7 +15,7 @@ error: the later layer wins there, by design.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import date, datetime, time, timedelta
 from functools import lru_cache, partial
 from typing import Any, TypeVar
@@ -46,30 +46,39 @@ _T = TypeVar("_T")
 
 class OncallConfigError(ValueError):
     """The on-call configuration or a window request is invalid; the message names the
-    fields and says why."""
+    fields and says why. `problems`: each problem as (field, why)."""
+
+    def __init__(self, message: str, problems: Sequence[tuple[str, str]] = ()) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
 
 
 class _Bad(Exception):
     def __init__(self, field: str, reason: str) -> None:
         super().__init__(f"{field}: {reason}")
+        self.field, self.reason = field, reason
 
 
 class _Problems:
     """Collects the problems of independent parts, so one run reports them all."""
 
     def __init__(self) -> None:
-        self.found: list[str] = []
+        self.found: list[tuple[str, str]] = []
+
+    def add(self, field: str, reason: str) -> None:
+        self.found.append((field, reason))
 
     def check(self, fn: Callable[[], _T]) -> _T | None:
         try:
             return fn()
         except _Bad as exc:
-            self.found.append(str(exc))
+            self.add(exc.field, exc.reason)
             return None
 
     def raise_any(self) -> None:
         if self.found:
-            raise OncallConfigError("; ".join(self.found))
+            text = "; ".join(f"{field}: {reason}" for field, reason in self.found)
+            raise OncallConfigError(text, self.found)
 
 
 def _mapping(
@@ -279,16 +288,18 @@ def _schedule(key: Any, value: Any, field: str, people: Mapping[str, Person]) ->
 
 def parse_oncall(value: Any, field: str = "oncall") -> OncallConfig:
     """The `oncall:` section: people, schedules and escalation policies. (The cap on
-    maintenance windows is the gateway's top-level `maintenance.max_window_hours`.)"""
+    maintenance windows is the gateway's top-level `maintenance.max_window_hours`; the
+    section's `escalation`, the default layers, is a settings model checked with the rest of
+    the settings, config/escalation.py: it is left alone here.)"""
     problems = _Problems()
-    keys = {"people", "schedules", "escalation_policies"}
+    keys = {"people", "schedules", "escalation_policies", "escalation"}
     raw = problems.check(lambda: _mapping(value, field, keys))
     problems.raise_any()
     assert raw is not None
     people: dict[str, Person] = {}
     people_raw = raw.get("people") or {}
     if not isinstance(people_raw, Mapping):
-        problems.found.append(f"{field}.people: must map names to contact details")
+        problems.add(f"{field}.people", "must map names to contact details")
         people_raw = {}
     for key, item in people_raw.items():
         where = f"{field}.people.{key}"
@@ -298,7 +309,7 @@ def parse_oncall(value: Any, field: str = "oncall") -> OncallConfig:
     schedules: dict[str, Schedule] = {}
     schedules_raw = raw.get("schedules")
     if not isinstance(schedules_raw, Mapping) or not schedules_raw:
-        problems.found.append(f"{field}.schedules: must map schedule names to schedules")
+        problems.add(f"{field}.schedules", "must map schedule names to schedules")
         schedules_raw = {}
     for key, item in schedules_raw.items():
         where = f"{field}.schedules.{key}"
@@ -326,7 +337,7 @@ def _policies(
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        problems.found.append(f"{field}.escalation_policies: must map names to policies")
+        problems.add(f"{field}.escalation_policies", "must map names to policies")
         return {}
     found: dict[str, EscalationPolicyConfig] = {}
     for key, item in value.items():

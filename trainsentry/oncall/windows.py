@@ -201,15 +201,13 @@ def parse_window(
     for key in ("reason", "created_by"):
         item = raw.get(key, "")
         if not isinstance(item, str):
-            problems.found.append(f"{field}.{key}: must be a string")
+            problems.add(f"{field}.{key}", "must be a string")
         texts[key] = item if isinstance(item, str) else ""
     one_off, recurring = _ONE_OFF_KEYS & set(raw), _RECURRING_KEYS & set(raw)
     starts_at = ends_at = None
     recurrence = None
     if one_off and recurring:
-        problems.found.append(
-            f"{field}: give starts_at/ends_at or rrule/start/duration_minutes, not both"
-        )
+        problems.add(field, "give starts_at/ends_at or rrule/start/duration_minutes, not both")
     elif recurring:
         recurrence = problems.check(
             lambda: _recurrence(raw, field, created_at, max_window, max_total)
@@ -223,15 +221,15 @@ def parse_window(
             )
         )
         for key in sorted(_ONE_OFF_KEYS - set(raw)):
-            problems.found.append(f"{field}.{key}: is required")
+            problems.add(f"{field}.{key}", "is required")
         if not problems.found:
             starts_at = problems.check(lambda: _instant(raw["starts_at"], f"{field}.starts_at", tz))
             ends_at = problems.check(lambda: _instant(raw["ends_at"], f"{field}.ends_at", tz))
         if starts_at is not None and ends_at is not None:
             if ends_at <= starts_at:
-                problems.found.append(f"{field}.ends_at: is not after starts_at")
+                problems.add(f"{field}.ends_at", "is not after starts_at")
             elif ends_at - starts_at > (cap := min(max_window, max_total or max_window)):
-                problems.found.append(f"{field}.ends_at: the window is longer than the cap ({cap})")
+                problems.add(f"{field}.ends_at", f"the window is longer than the cap ({cap})")
     problems.raise_any()
     return MaintenanceWindow(
         id=window_id,

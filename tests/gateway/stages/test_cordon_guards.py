@@ -43,7 +43,6 @@ from trainsentry.gateway.channels import build
 from trainsentry.gateway.sections import cordon_approvers_of
 from trainsentry.notifiers.feishu.card import CardOptions, build_card
 from trainsentry.notifiers.payload import parse_payload
-from trainsentry.oncall.config import parse_oncall
 
 pytestmark = pytest.mark.e2e  # a real Prometheus per gateway (the evidence)
 
@@ -169,19 +168,18 @@ async def test_an_unreachable_prometheus_confirms_nothing(
 
 
 def test_approvers_are_people_or_open_ids() -> None:
-    oncall = parse_oncall(ONCALL)
-    settings = validate_settings({"remediation": {"approvers": ["alice", "ou_carol7"]}}).remediation
-    assert cordon_approvers_of(settings, oncall) == {"ou_alice": "alice", "ou_carol7": "ou_carol7"}
+    loaded = validate_settings(
+        {"remediation": {"approvers": ["alice", "ou_carol7"]}, "oncall": ONCALL}
+    )
+    approvers = cordon_approvers_of(loaded.remediation, loaded.oncall.rota)
+    assert approvers == {"ou_alice": "alice", "ou_carol7": "ou_carol7"}
     for approvers, problem in (
         (["zed"], r"remediation\.approvers\[0\]: 'zed' is neither a person"),
         (["alice", "dave"], r"remediation\.approvers\[1\]: dave has no feishu_open_id"),
     ):
         people = {**ONCALL, "people": {**ONCALL["people"], "dave": {"phone": "+4915100000004"}}}
-        with pytest.raises(ConfigError, match=problem):
-            cordon_approvers_of(
-                validate_settings({"remediation": {"approvers": approvers}}).remediation,
-                parse_oncall(people),
-            )
+        with pytest.raises(ConfigError, match=problem):  # when the settings load
+            validate_settings({"remediation": {"approvers": approvers}, "oncall": people})
     for url in ("javascript:alert(1)", "http://user:s3cret@prometheus:9090", "prometheus:9090"):
         with pytest.raises(ConfigError, match=r"remediation\.evidence\.prometheus_url: ") as bad:
             validate_settings({"remediation": {"evidence": {"prometheus_url": url}}})

@@ -30,7 +30,7 @@ from trainsentry.config import Settings
 from trainsentry.gateway.assemble import build_job_alerting, create_app
 from trainsentry.gateway.channels import Channels, build
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
-from trainsentry.gateway.sections import oncall_of
+from trainsentry.gateway.sections import default_escalator, oncall_of
 from trainsentry.gateway.stages.job_alerting import JobAlerting
 
 # The API calls the job alerting stage makes, as the emulator records them; the chart's RBAC
@@ -176,7 +176,7 @@ async def gateway_with(
         settings.gateway,
         notifiers=channels.notifiers,
         rate_limits=channels.rate_limits,
-        escalator=channels.built.escalator,
+        escalator=default_escalator(settings),
         job_alerting=stage,
         oncall=oncall_of(settings),
     )

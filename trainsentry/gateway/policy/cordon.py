@@ -42,10 +42,6 @@ from trainsentry.oncall.types import Person
 MAX_JOBS_LISTED = 20  # jobs named on a card and kept in a node's state
 
 
-class CordonConfigError(ValueError):
-    """`remediation.approvers` names someone who cannot approve; the message names the entry."""
-
-
 class Status(StrEnum):
     RECOMMENDED = "recommended"  # a card is out, waiting for Approve / Dismiss
     DISMISSED = "dismissed"
@@ -224,23 +220,15 @@ def jobs_on(
 
 
 def approver_ids(names: Iterable[str], people: Mapping[str, Person]) -> dict[str, str]:
-    """Pure: feishu_open_id -> name of each approver. An entry is a person of `oncall.people`
-    (pressing as their `feishu_open_id`) or a Feishu open_id itself (`ou_...`, its own name);
-    CordonConfigError names the entry that is neither, or a person without an open_id."""
+    """Pure: feishu_open_id -> name of each approver: a person of `oncall.people` (pressing as
+    their `feishu_open_id`) or a Feishu open_id itself (`ou_...`, its own name). Every entry
+    is one of these: the settings refuse any other when they load
+    (config.remediation.approver_problems); one that is not is left out."""
     found: dict[str, str] = {}
-    for index, name in enumerate(names):
+    for name in names:
         person = people.get(name)
         if person is None and OPEN_ID.fullmatch(name):
             found[name] = name
-            continue
-        if person is None:
-            raise CordonConfigError(
-                f"remediation.approvers[{index}]: {name[:64]!r} is neither a person of "
-                "oncall.people nor a Feishu open_id (ou_...)"
-            )
-        if not person.feishu_open_id:
-            raise CordonConfigError(
-                f"remediation.approvers[{index}]: {name} has no feishu_open_id (oncall.people)"
-            )
-        found[person.feishu_open_id] = name
+        elif person is not None and person.feishu_open_id:
+            found[person.feishu_open_id] = name
     return found

@@ -80,7 +80,7 @@ class JobLayer(LayerSettings):
 
 
 class JobRoster(BaseModel):
-    """A job's roster reference (its ConfigMap key): the layers of `channels.escalation`,
+    """A job's roster reference (its ConfigMap key): the layers of `oncall.escalation`,
     or the name of an `oncall.escalation_policies` entry; exactly one of the two."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -133,7 +133,7 @@ def parse_roster(
             f"{'.'.join(str(p) for p in e['loc']) or 'top'}: {e['msg']}" for e in exc.errors()[:3]
         )
         return "InvalidRoster", (
-            f"{where}: {errors} (layers: the format of channels.escalation.layers, "
+            f"{where}: {errors} (layers: the format of oncall.escalation.layers, "
             "or escalation_policy: a name of oncall.escalation_policies)"
         )
     chosen = parsed.escalation_policy

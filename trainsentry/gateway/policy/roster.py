@@ -1,9 +1,8 @@
-"""The escalation roster and policy built from the `channels.escalation` settings (the
+"""The escalation roster and policy built from the `oncall.escalation` settings (the
 inline layers) or from an `oncall.escalation_policies` entry (steps naming schedules or people).
 
-Pure: settings in, the escalation timeline's types (`escalation.Roster`,
-`escalation.EscalationPolicy`) out. The settings models stay with the channels' settings
-(notifiers/settings.py), which import nothing from the gateway.
+Pure: settings in (config/escalation.py; the on-call part's types), the escalation
+timeline's types (`escalation.Roster`, `escalation.EscalationPolicy`) out.
 
 The inline layers map onto an escalation policy: each layer is a step, called
 `calls_per_layer` times, each call waiting `ack_timeout_min`; a layer with `rotation_start` +

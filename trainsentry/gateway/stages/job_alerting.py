@@ -14,7 +14,7 @@ swaps in a new snapshot keyed by namespace/name:
 - `feishu.chatId`: a Feishu chat id (`oc_...`); needs the gateway's Feishu app;
 - `owners`: open_ids (`ou_...`) or e-mail addresses;
 - `onCallRosterRef`: a ConfigMap key in the job's namespace holding `layers:` in the format
-  of the gateway's `channels.escalation.layers`, or `escalation_policy: NAME` (or per
+  of the gateway's `oncall.escalation.layers`, or `escalation_policy: NAME` (or per
   priority, `{P0: NAME}`), of the gateway's `oncall.escalation_policies`
   (`escalation_policies`, set by the paging's builder; an unknown name is a problem like
   any other, and the pages take the global route).

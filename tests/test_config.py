@@ -1,0 +1,96 @@
+"""Settings are validated once, when they are loaded: every problem of every section is in
+one ConfigError, each with its path from the top of the file."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainsentry.config import ConfigError, load_settings, validate_settings
+from trainsentry.gateway.sections import default_escalator
+
+SCHEDULE = {
+    "timezone": "Europe/Berlin",
+    "layers": [{"name": "primary", "start": "2026-10-19T09:00", "shift": "1w", "members": ["a"]}],
+}
+
+# One mistake in each section (two in oncall:), and the path each is reported under.
+MISTAKES = {
+    "gateway": ({"listen": "nowhere"}, ["gateway.listen"]),
+    "diagnosis": ({"checkpoint_limit_seconds": 1}, ["diagnosis.checkpoint_limit_seconds"]),
+    "channels": ({"feishu_app": {"chats": {}}}, ["channels.feishu_app.app_id"]),
+    "reports": ({"week_start": "someday"}, ["reports.week_start"]),
+    "job_alerting": ({"concurrency": 0}, ["job_alerting.concurrency"]),
+    "topology": ({"levels": ["rack"], "refresh_seconds": 1}, ["topology.refresh_seconds"]),
+    "remediation": ({"cordon": "sometimes"}, ["remediation.cordon"]),
+    "oncall": (
+        {"people": {"a": {"phone": "12"}}, "schedules": {"s": {**SCHEDULE, "timezone": "Mars"}}},
+        ["oncall.people.a.phone", "oncall.schedules.s.timezone"],
+    ),
+}
+
+
+def test_every_problem_of_every_section_is_reported_at_once_with_its_path(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({name: raw for name, (raw, _) in MISTAKES.items()}))
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config, env={})
+    expected = sorted(path for _, paths in MISTAKES.values() for path in paths)
+    assert sorted(problem.path for problem in caught.value.problems) == expected
+    message = str(caught.value)
+    assert message.startswith(f"{len(expected)} invalid setting(s): "), message
+    for path in expected:
+        assert f"{path}: " in message, (path, message)
+
+
+def test_a_valid_file_loads_every_section_typed(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "diagnosis": {"checkpoint_limit_seconds": 600},
+                "topology": {"levels": ["rack"], "nodes": {"n0": {"rack": "r1"}}},
+                "oncall": {"people": {"a": {}}, "schedules": {"s": SCHEDULE}},
+            }
+        )
+    )
+    settings = load_settings(config, env={})
+    assert settings.diagnosis.checkpoint_limit_seconds == 600
+    assert settings.topology.levels == ("rack",)
+    assert settings.remediation is None  # no section: nothing to cordon through
+    assert settings.oncall.rota is not None and list(settings.oncall.rota.schedules) == ["s"]
+
+
+LAYERS = {"layers": [{"name": "primary", "members": [{"name": "a", "phone": "+4915100000001"}]}]}
+
+
+def test_escalation_has_one_home_and_the_old_place_is_a_deprecated_alias(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    home = validate_settings({"oncall": {"escalation": LAYERS}})
+    assert home.oncall.escalation is not None and home.oncall.rota is None  # no rota: no on-call
+    with caplog.at_level(logging.WARNING, logger="trainsentry.config"):
+        alias = validate_settings({"channels": {"escalation": LAYERS}})
+    assert "channels.escalation is deprecated" in caplog.text
+    assert alias.oncall == home.oncall and alias.channels is None  # moved to its home
+    escalator = default_escalator(alias)
+    assert escalator is not None and [layer.name for layer in escalator.roster.layers] == [
+        "primary"
+    ]
+    with pytest.raises(ConfigError) as caught:
+        validate_settings({"channels": {"escalation": LAYERS}, "oncall": {"escalation": LAYERS}})
+    assert [p.path for p in caught.value.problems] == ["channels.escalation"]
+
+
+def test_phone_calls_need_someone_to_call() -> None:
+    phone = {"phone": {"provider": "feishu"}, "feishu_app": {"app_id": "cli_x"}}
+    with pytest.raises(ConfigError) as caught:
+        validate_settings({"channels": phone})
+    assert str(caught.value.problems[0]).startswith("channels.phone: needs oncall.escalation")
+    validate_settings({"channels": phone, "oncall": {"escalation": LAYERS}})
+    validate_settings({"channels": {**phone, "escalation": LAYERS}})  # the alias
