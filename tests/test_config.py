@@ -94,3 +94,26 @@ def test_phone_calls_need_someone_to_call() -> None:
     assert str(caught.value.problems[0]).startswith("channels.phone: needs oncall.escalation")
     validate_settings({"channels": phone, "oncall": {"escalation": LAYERS}})
     validate_settings({"channels": {**phone, "escalation": LAYERS}})  # the alias
+
+
+def test_what_the_file_cannot_say_is_a_config_error_too(tmp_path: Path) -> None:
+    """app_from_settings raises ConfigError alone: for a secret missing from the
+    environment, and for the policy file (gateway.policy_file)."""
+    from trainsentry.gateway.assemble import app_from_settings
+
+    db = f"sqlite:///{tmp_path / 'store.db'}"
+    static = {"static_endpoints": {"ml/llama": ["127.0.0.1:9401"]}}
+    settings = validate_settings({"gateway": {"db": db}, "diagnosis": static})
+    with pytest.raises(ConfigError, match="TRAINSENTRY_PROBE_TOKEN"):
+        app_from_settings(settings, env={})
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("routing: {routes: [{id: r, channels: [console], colour: red}]}\n")
+    settings = validate_settings({"gateway": {"db": db, "policy_file": str(policy)}})
+    with pytest.raises(ConfigError, match="colour"):
+        app_from_settings(settings, env={})
+
+
+def test_a_webhook_channel_needs_its_url_when_the_settings_load() -> None:
+    with pytest.raises(ConfigError) as caught:
+        validate_settings({"webhooks": {"pager": {"timeout_s": 5}}})
+    assert [str(p) for p in caught.value.problems] == ["webhooks.pager: set url or url_env"]

@@ -214,6 +214,12 @@ class WebhookChannelSettings(BaseModel):
             raise ValueError("the URL carries credentials: give it through url_env instead")
         return value
 
+    @model_validator(mode="after")
+    def _has_a_url(self) -> WebhookChannelSettings:
+        if not self.url and not self.url_env:
+            raise ValueError("set url or url_env")
+        return self
+
 
 class MaintenanceSettings(BaseModel):
     """Maintenance windows (docs/oncall.md, "Maintenance windows"): the longest window (one

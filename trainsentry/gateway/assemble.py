@@ -442,7 +442,8 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
     """What `trainsentry gateway` serves: channels and hang diagnosis built from `settings`
     (secrets read from `env`, default the process environment), then `create_app`.
 
-    Raises ConfigError (a channel or secret is wrong) or ValueError (the policy file)."""
+    Raises ConfigError alone: what the settings could not check when they loaded (a secret
+    missing from the environment, the policy file and the escalation policies it names)."""
     env = os.environ if env is None else env
     channels = build(settings, env)
     job_alerting = build_job_alerting(settings.job_alerting, channels)
@@ -457,7 +458,7 @@ def app_from_settings(settings: Settings, env: Mapping[str, str] | None = None) 
             built.encrypt_key.strip() if built.encrypt_key else None,
             built.callback_max_skew_s,
         )
-    # loads and checks the policy file (TRAINSENTRY_POLICY_FILE): PolicyError is a ValueError
+    # loads and checks the policy file (TRAINSENTRY_POLICY_FILE): PolicyError is a ConfigError
     return create_app(
         settings.gateway,
         notifiers=channels.notifiers,

@@ -141,9 +141,7 @@ def build(settings: Settings, env: Mapping[str, str] | None = None) -> Channels:
     notifiers: dict[str, Notifier] = {"console": ConsoleNotifier(settings.gateway.console_file)}
     rate_limits: dict[str, list[tuple[int, float]]] = {}
     for name, hook in settings.webhooks.items():
-        url = hook.url or (_env_value(hook.url_env, env) if hook.url_env else None)
-        if not url:
-            raise ConfigError(f"webhooks.{name}: set url or url_env")
+        url = hook.url or _env_value(hook.url_env or "", env)  # one of them (the settings)
         token = _env_value(hook.bearer_token_env, env) if hook.bearer_token_env else None
         notifiers[name] = WebhookNotifier(
             url, name=name, bearer_token=token, timeout=hook.timeout_s

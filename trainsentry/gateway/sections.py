@@ -136,7 +136,7 @@ def build_diagnosis_parts(
         if not token:
             raise SecretMissing(settings.probe_token_env)
     except SecretMissing:
-        raise ValueError(
+        raise ConfigError(
             f"diagnosis needs the probes' token in {settings.probe_token_env}"
         ) from None
     resolver: EndpointResolver = (

@@ -58,7 +58,7 @@ async def _settle_heap(_app: object) -> None:
 def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from trainsentry.config import ConfigError, describe_invalid, load_settings
+    from trainsentry.config import ConfigError, load_settings
     from trainsentry.gateway.assemble import app_from_settings
     from trainsentry.logs import configure_logging
     from trainsentry.store.engine import StoreError, async_url
@@ -75,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
         gateway = settings.gateway
         async_url(gateway.db)  # refuses a URL no driver takes, without showing its password
         app = app_from_settings(settings, os.environ)
-    except (ConfigError, StoreError, ValueError) as exc:
-        logging.getLogger("trainsentry").error("configuration error: %s", describe_invalid(exc))
+    except (ConfigError, StoreError) as exc:
+        logging.getLogger("trainsentry").error("configuration error: %s", exc)
         return 2
     app.on_startup.append(_settle_heap)
     try:

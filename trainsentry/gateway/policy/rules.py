@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from trainsentry.alerts import Priority
 from trainsentry.assets import data_file
+from trainsentry.config.problems import ConfigError
 from trainsentry.labels import GPU_LABELS, NODE_LABELS
 from trainsentry.userregex import RegexRefused, check_user_regex
 
@@ -28,8 +29,9 @@ DEFAULT_POLICY_FILE = "policy.yaml"
 Seconds = Annotated[float, Field(gt=0)]
 
 
-class PolicyError(ValueError):
-    """The policy (file or override) is invalid; the message says where and why."""
+class PolicyError(ConfigError):
+    """The policy (file or override) is invalid; the message says where and why. A
+    configuration error like any other (the policy file is `gateway.policy_file`)."""
 
 
 class _Strict(BaseModel):
