@@ -14,7 +14,6 @@ from trainsentry.alerts import JobRef
 from trainsentry.gateway.stages.diagnosis import (
     KubernetesEndpoints,
     StaticEndpoints,
-    checkpoint_limit_of,
     past_checkpoint_limit,
 )
 from trainsentry.gateway.stages.hang_enrichment import HangVerdict
@@ -32,14 +31,13 @@ async def test_the_jobs_checkpoint_limit_is_read_with_its_ranks(cluster: KubeEmu
     job = JobRef(NS, "ck")
     async with ApiClient(Configuration(host=str(cluster.url).rstrip("/"))) as api:
         resolver = KubernetesEndpoints(api)
-        assert checkpoint_limit_of(resolver, job) is None  # not read yet
-        await resolver(job)
-        assert checkpoint_limit_of(resolver, job) == 600.0
+        ranks = await resolver(job)
+        assert ranks.checkpoint_limit_seconds == 600.0
         # The team removes it: the gateway's default applies again at the next diagnosis.
         await patch(cluster, f"{TJ_PATH}/ck", {"spec": {"checkpointLimitSeconds": None}})
-        await resolver(job)
-        assert checkpoint_limit_of(resolver, job) is None
-    assert checkpoint_limit_of(StaticEndpoints({}), job) is None
+        assert (await resolver(job)).checkpoint_limit_seconds is None
+    static = await StaticEndpoints({str(job): ["10.0.0.1:9401"]})(job)
+    assert static.checkpoint_limit_seconds is None and len(static.endpoints) == 1
 
 
 @pytest.mark.parametrize("limit", [59, 604801, "30m"])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -43,28 +44,32 @@ log = logging.getLogger("trainsentry.diagnosis")
 _ONE_TRY = RetryPolicy(attempts=1)  # the diagnosis has its own deadline; the page never waits
 
 
+@dataclass(frozen=True, slots=True)
+class JobRanks:
+    """What the diagnosis finds of a job: where its ranks' probes listen, and its own
+    checkpoint limit (the TrainingJob's `spec.checkpointLimitSeconds`, read with its ranks;
+    None: the gateway's `diagnosis.checkpoint_limit_seconds`)."""
+
+    endpoints: tuple[RankEndpoint, ...]
+    checkpoint_limit_seconds: float | None = None
+
+
 class EndpointResolver(Protocol):
-    async def __call__(self, job: JobRef) -> list[RankEndpoint]: ...
-
-
-def checkpoint_limit_of(resolver: EndpointResolver, job: JobRef) -> float | None:
-    """The job's own checkpoint limit, where its resolver read one (the TrainingJob's
-    `spec.checkpointLimitSeconds`, seen by the last call for that job), else None."""
-    limits = getattr(resolver, "checkpoint_limits", None)
-    return limits.get(job) if isinstance(limits, dict) else None
+    async def __call__(self, job: JobRef) -> JobRanks: ...
 
 
 class StaticEndpoints:
     def __init__(self, table: Mapping[str, Sequence[str]]) -> None:
         self._table = {key: list(value) for key, value in table.items()}
 
-    async def __call__(self, job: JobRef) -> list[RankEndpoint]:
+    async def __call__(self, job: JobRef) -> JobRanks:
         addresses = self._table.get(str(job)) or self._table.get(job.name) or []
-        return [RankEndpoint(address) for address in addresses]
+        return JobRanks(tuple(RankEndpoint(address) for address in addresses))
 
 
 class KubernetesEndpoints:
-    """The job's running pods, found by the TrainingJob's selector; one endpoint per rank.
+    """The job's running pods, found by the TrainingJob's selector (one endpoint per rank),
+    and the TrainingJob's checkpoint limit, read from the same TrainingJob object.
     The job's namespace and name come from alert labels: the client refuses ones that are
     no Kubernetes names (InvalidName) before any request, and the diagnosis fails."""
 
@@ -77,10 +82,8 @@ class KubernetesEndpoints:
             return api_client
 
         self._api = LazyApiClient(api_factory if api_client is None else given)
-        #: job -> spec.checkpointLimitSeconds as last read (absent: the spec sets none)
-        self.checkpoint_limits: dict[JobRef, float] = {}
 
-    async def __call__(self, job: JobRef) -> list[RankEndpoint]:
+    async def __call__(self, job: JobRef) -> JobRanks:
         from trainsentry.operator.spec import TrainingJobSpec
 
         kube = Kube(await self._api.get(), _ONE_TRY)
@@ -88,10 +91,6 @@ class KubernetesEndpoints:
         if body is None:
             raise KubeError(404, f"no TrainingJob {job}")
         spec = TrainingJobSpec.model_validate(body.get("spec") or {})
-        if spec.checkpointLimitSeconds is None:
-            self.checkpoint_limits.pop(job, None)
-        elif len(self.checkpoint_limits) < 10_000 or job in self.checkpoint_limits:
-            self.checkpoint_limits[job] = float(spec.checkpointLimitSeconds)
         pods = await kube.list(PODS, job.namespace, spec.pod_selector().as_string())
         running = [
             PodAddress(
@@ -102,9 +101,11 @@ class KubernetesEndpoints:
             for pod in pods
             if (pod.get("status") or {}).get("phase") == "Running"
         ]
-        return endpoints_for_pods(
+        endpoints = endpoints_for_pods(
             running, base_port=spec.probe.port, ranks_per_pod=spec.ranksPerPod
         )
+        limit = spec.checkpointLimitSeconds
+        return JobRanks(tuple(endpoints), None if limit is None else float(limit))
 
 
 class HangDiagnoser:
@@ -139,8 +140,8 @@ class HangDiagnoser:
 
     async def rank_hosts(self, job: JobRef) -> list[str]:
         """The hosts (IP addresses) of the job's rank endpoints, as the diagnosis finds them."""
-        endpoints = await self._resolver(job)
-        return [h for e in endpoints if (h := urlsplit(e.base_url).hostname)]
+        ranks = await self._resolver(job)
+        return [h for e in ranks.endpoints if (h := urlsplit(e.base_url).hostname)]
 
     def is_hang(self, alert: Alert) -> bool:
         return alert.name in self._alertnames and alert.job is not None
@@ -184,9 +185,10 @@ class HangDiagnoser:
         job = change.alert.job
         assert job is not None
         try:
-            endpoints = await asyncio.wait_for(
+            ranks = await asyncio.wait_for(
                 self._resolver(job), timeout=self.settings.request_timeout_seconds
             )
+            endpoints = ranks.endpoints
             if not endpoints:
                 log.warning("diagnosis: no rank endpoints for job=%s", job)
                 return None
@@ -200,7 +202,7 @@ class HangDiagnoser:
             )
             page_summary, hold_until = verdict.summary, None
             if verdict.verdict == "checkpoint":
-                limit = checkpoint_limit_of(self._resolver, job)
+                limit = ranks.checkpoint_limit_seconds
                 limit = self.settings.checkpoint_limit_seconds if limit is None else limit
                 page_summary, hold_until = past_checkpoint_limit(verdict, limit, self._clock())
             quiet = _not_a_page(change, verdict)
