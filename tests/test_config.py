@@ -17,6 +17,8 @@ SCHEDULE = {
     "layers": [{"name": "primary", "start": "2026-10-19T09:00", "shift": "1w", "members": ["a"]}],
 }
 
+LAYERS = {"layers": [{"name": "primary", "members": [{"name": "a", "phone": "+4915100000001"}]}]}
+
 # One mistake in each section (two in oncall:), and the path each is reported under.
 MISTAKES = {
     "gateway": ({"listen": "nowhere"}, ["gateway.listen"]),
@@ -55,7 +57,7 @@ def test_a_valid_file_loads_every_section_typed(tmp_path: Path) -> None:
             {
                 "diagnosis": {"checkpoint_limit_seconds": 600},
                 "topology": {"levels": ["rack"], "nodes": {"n0": {"rack": "r1"}}},
-                "oncall": {"people": {"a": {}}, "schedules": {"s": SCHEDULE}},
+                "oncall": {"people": {"a": {}}, "schedules": {"s": SCHEDULE}, "escalation": LAYERS},
             }
         )
     )
@@ -64,9 +66,7 @@ def test_a_valid_file_loads_every_section_typed(tmp_path: Path) -> None:
     assert settings.topology.levels == ("rack",)
     assert settings.remediation is None  # no section: nothing to cordon through
     assert settings.oncall.rota is not None and list(settings.oncall.rota.schedules) == ["s"]
-
-
-LAYERS = {"layers": [{"name": "primary", "members": [{"name": "a", "phone": "+4915100000001"}]}]}
+    assert settings.oncall.escalation is not None  # beside the rota, in the one home
 
 
 def test_escalation_has_one_home_and_the_old_place_is_a_deprecated_alias(

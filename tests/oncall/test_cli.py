@@ -69,6 +69,19 @@ def test_text_output(tmp_path: Path) -> None:
     ]
 
 
+def test_the_default_escalation_in_the_section_is_no_obstacle(tmp_path: Path) -> None:
+    """`oncall.escalation` (the default layers, checked with the gateway's settings) may sit
+    beside the schedules; `oncall now` answers from the schedules."""
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        EXAMPLE.read_text()
+        + "  escalation: {layers: [{name: l, members: [{name: a, phone: '+4915100000001'}]}]}\n"
+    )
+    code, out, err = run_cli("now", "--config", str(path), "--at", "2026-10-25T02:30+01:00")
+    assert code == 0, err
+    assert out.splitlines()[1] == "  1. erin (nights) until 2026-10-25T08:00:00+01:00"
+
+
 @pytest.mark.parametrize(
     ("config", "args", "code", "expected"),
     [
