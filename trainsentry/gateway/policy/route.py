@@ -111,7 +111,7 @@ def route(
 def escalation_for(route_id: str, priority: Priority, policy: Policy) -> str:
     """Pure: the escalation policy (an `oncall.escalation_policies` name) a page of the route
     `route_id` with `priority` follows: the route's own, else `routing.escalation` for the
-    priority, else "" (the inline `channels.escalation` layers). A route a TrainingJob's own
+    priority, else "" (the default `oncall.escalation` layers). A route a TrainingJob's own
     settings changed (`route:ID+job`, apply_job_route) is still route ID."""
     routing = policy.routing
     if route_id.startswith("route:"):

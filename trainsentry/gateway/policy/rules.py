@@ -265,7 +265,7 @@ class RoutingPolicy(_Strict):
     paging_channels: tuple[str, ...] = ("phone",)
     always: tuple[str, ...] = ("console",)
     # Per priority, the escalation policy of pages whose route names none (absent: the
-    # inline `channels.escalation` layers).
+    # default `oncall.escalation` layers).
     escalation: dict[Priority, str] = Field(default_factory=dict)
     jobs: JobRoutingPolicy = Field(default_factory=JobRoutingPolicy)
 

@@ -79,7 +79,7 @@ def _roster_job(draft: NotificationDraft) -> str | None:
 
 class Paging:
     """The escalation stage. `escalator` is the default roster and policy (the inline
-    `channels.escalation` layers); `named` gives the `oncall.escalation_policies` ones, which
+    `oncall.escalation` layers); `named` gives the `oncall.escalation_policies` ones, which
     pages choose by their route (`choose`). Both are parameters, so a caller may pass its own
     (a test's). A TrainingJob's own roster reference wins over both for its pages: the job
     chose who is called: inline layers (`rosters`, by job key), or named policies per
