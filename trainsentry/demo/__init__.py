@@ -49,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
+    import signal
 
     from trainsentry.demo.replay import run_demo
 
@@ -58,9 +59,16 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
     async def serve(summary: dict[str, Any]) -> None:
+        """Until Ctrl-C or SIGTERM. Handlers of our own, not Python's KeyboardInterrupt: a
+        process started with SIGINT ignored (a parent's disposition is inherited) gets no
+        KeyboardInterrupt, and SIGTERM (`docker stop`, a pod's end) must stop it too."""
         show(summary, args.json)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
         print(f"incident console: {summary['incident console']} (Ctrl-C to stop)", flush=True)
-        await asyncio.Event().wait()
+        await stop.wait()
 
     try:
         summary = asyncio.run(
@@ -71,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # the demo must explain a failure, not dump a trace
         print(f"demo failed: {type(exc).__name__}: {exc}")
         return 1
-    show(summary, args.json)
+    if not args.serve:  # with --serve the summary was shown before the console's address
+        show(summary, args.json)
     return 0
 
 
