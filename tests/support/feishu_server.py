@@ -48,6 +48,7 @@ import hashlib
 import hmac
 import itertools
 import json
+import math
 import os
 import re
 import time
@@ -98,6 +99,16 @@ class Window:
                 return False
         self.times.append(now)
         return True
+
+    def reset_s(self, now: float) -> int:
+        """Whole seconds until `admit` would take a request again (at least 1): what Feishu's
+        `x-ogw-ratelimit-reset` says ("recovery period for limit, unit: second")."""
+        wait = 0.0
+        for count, seconds in self.limits:
+            recent = [t for t in self.times if t > now - seconds]
+            if len(recent) >= count:
+                wait = max(wait, recent[len(recent) - count] + seconds - now)
+        return max(1, math.ceil(wait))
 
 
 def rate_limited(status: int = 429, reset_s: int = 1, limit: int = 100) -> web.Response:
@@ -301,6 +312,7 @@ class FeishuContractServer:
         self.message_arrivals: list[tuple[float, str, str]] = []  # (monotonic, app, API)
         self.accepted: dict[str, list[tuple[float, dict[str, Any]]]] = defaultdict(list)
         self.rejections: list[tuple[str, int]] = []  # (what, code)
+        self.limit_resets: list[int] = []  # the x-ogw-ratelimit-reset of each app API limit
         self.tokens: dict[str, float] = {}  # token -> expires at (monotonic)
         self.token_apps: dict[str, str] = {}  # token -> the app_id it was issued to
         self.tokens_issued = 0
@@ -471,10 +483,17 @@ class FeishuContractServer:
             return self._reject(
                 "auth", INVALID_TOKEN, "Invalid access token for authorization", 400
             )
-        if not self.app_window.admit(time.monotonic()):
-            self.rejections.append(("app", APP_RATE_LIMITED))
-            return rate_limited()
+        now = time.monotonic()
+        if not self.app_window.admit(now):
+            return self._limited(self.app_window, now, 100)
         return None
+
+    def _limited(self, window: Window, now: float, limit: int) -> web.Response:
+        """The frequency-limit answer of an app API, its reset the window's own."""
+        reset = window.reset_s(now)
+        self.rejections.append(("app", APP_RATE_LIMITED))
+        self.limit_resets.append(reset)
+        return rate_limited(reset_s=reset, limit=limit)
 
     # ----------------------------------------------------------------- messages
     def _api_limited(self, request: web.Request, api: str) -> web.Response | None:
@@ -485,8 +504,7 @@ class FeishuContractServer:
         )
         now = time.monotonic()
         if not window.admit(now):
-            self.rejections.append(("app", APP_RATE_LIMITED))
-            return rate_limited(limit=50)
+            return self._limited(window, now, 50)
         self.message_arrivals.append((now, app, api))
         return None
 
