@@ -261,3 +261,24 @@ async def test_a_send_past_the_apps_shared_gate_is_put_back_as_rate_limited(
         await second.aclose()
     assert limited.value.retry_after is not None and 9 < limited.value.retry_after <= 11
     assert len(server.messages) == 1
+
+
+async def test_the_app_channel_waits_what_feishus_ratelimit_reset_says() -> None:
+    """Past the app's 50 sends a second Feishu answers 429/99991400 with `x-ogw-ratelimit-reset`
+    (its "Rate limits" page): the channel waits that many seconds, whatever the number. The
+    window is stretched (time_scale 10: 50 sends per 10 s) so the reset is well over 1 s."""
+    async with FeishuContractServer(apps={APP_ID: APP_SECRET}, time_scale=10.0) as server:
+        notifier = FeishuAppNotifier(
+            FeishuAppClient(server.base_url, APP_ID, APP_SECRET), {Priority.P1: "oc_oncall"}
+        )
+        try:
+            for i in range(50):
+                await notifier.send(notification(i, alert_payload("P1"), channel="feishu_app"))
+            with pytest.raises(RateLimitedError) as limited:
+                await notifier.send(notification(50, alert_payload("P1"), channel="feishu_app"))
+        finally:
+            await notifier.aclose()
+    [reset] = server.limit_resets
+    assert reset > 1  # what the test is about: not the 1 s a fixed rule would wait
+    assert limited.value.code == 99991400
+    assert limited.value.retry_after == float(reset)

@@ -33,6 +33,7 @@ from trainsentry.notifiers.base import (
     Receipt,
     RetryableError,
 )
+from trainsentry.notifiers.feishu.backoff import APP_FALLBACK_S, APP_LIMIT_CODES, rate_limit_error
 from trainsentry.notifiers.feishu.card import CardOptions, CardTooLarge, build_card, compact_json
 from trainsentry.notifiers.payload import PayloadError, parse_payload
 from trainsentry.notifiers.ratelimit import RateGate, RateLimit, Slot
@@ -45,15 +46,10 @@ TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
 # Feishu documents im/v1/messages at 1000/min and 50/s per app.
 RATE_LIMITS: tuple[RateLimit, ...] = (RateLimit(50, 1.0), RateLimit(1000, 60.0))
 TOKEN_INVALID_CODES = frozenset({99991661, 99991663, 99991668, 99991677})
-# 99991400: Feishu's "request trigger frequency limit" (HTTP 429, or 400 from older APIs);
-# 11232: the message service's frequency limit; 230020: the IM API's "this operation triggers
-# the frequency limit" (e.g. more than 5 updates a second of one message).
-RATE_LIMITED_CODES = frozenset({99991400, 11232, 230020})
 # What the tenant_access_token endpoint answers to credentials it will never accept: an
 # unknown app_id (10003 "invalid param") or a wrong app_secret (10014 "app secret invalid").
 CREDENTIAL_CODES = frozenset({10003, 10014})
 DEFAULT_TOKEN_LIFETIME_S = 7200.0  # Feishu's documented maximum
-DEFAULT_RATE_LIMIT_WAIT_S = 1.0
 UUID_MAX = 50
 # Finds the message_id of the card an `ack` redraws when its payload has none (the gateway
 # reads the alert's sent card from the store: gateway/stages/ack.py `AckService.card_message`).
@@ -193,7 +189,7 @@ class FeishuAppClient:
                 if attempt == 1:
                     continue
                 raise RetryableError(f"Feishu {path}: token still invalid", code=code)
-            _raise_for(response.status_code, code, answer, path)
+            _raise_for(response.status_code, code, response.headers, answer, path)
             data = answer.get("data")
             return data if isinstance(data, dict) else {}
         raise AssertionError("unreachable")
@@ -328,18 +324,17 @@ def token_failure(
 
     Only a refusal of the credentials is permanent (a CREDENTIAL_CODES code, or HTTP 401 /
     403): nothing but a person fixing the app_id or secret helps. A frequency limit (HTTP 429
-    or code 99991400, whatever the status) waits `x-ogw-ratelimit-reset` seconds; a 5xx, an
+    or code 99991400, whatever the status) waits what Feishu asks (backoff.py); a 5xx, an
     answer that is not JSON or lacks the token, or a code we do not know is retried with
     back-off, so a Feishu hiccup on the token endpoint never kills a page.
     """
     code = answer.get("code")
-    if status == 429 or code in RATE_LIMITED_CODES:
-        wait = ratelimit_reset_s(headers)
-        return RateLimitedError(
-            f"Feishu token endpoint rate limited (HTTP {status}, code {code})",
-            code=code if code is not None else status,
-            retry_after=DEFAULT_RATE_LIMIT_WAIT_S if wait is None else wait,
-        )
+    limited = rate_limit_error(
+        status, code, headers, limit_codes=APP_LIMIT_CODES, fallback_s=APP_FALLBACK_S,
+        what="Feishu token endpoint",
+    )  # fmt: skip
+    if limited is not None:
+        return limited
     if status >= 500:
         return RetryableError(f"Feishu token HTTP {status}", code=status)
     token = answer.get("tenant_access_token")
@@ -348,15 +343,6 @@ def token_failure(
     if code in CREDENTIAL_CODES or status in (401, 403):
         return PermanentError(f"Feishu refused the app credentials (code {code})", code=code)
     return RetryableError(f"Feishu token answer HTTP {status} code {code} has no token", code=code)
-
-
-def ratelimit_reset_s(headers: Mapping[str, str]) -> float | None:
-    """Pure: Feishu's `x-ogw-ratelimit-reset` (seconds until the limit resets), if usable."""
-    try:
-        value = float(headers.get("x-ogw-ratelimit-reset", ""))
-    except ValueError:
-        return None
-    return value if 0 <= value <= 3600 else None
 
 
 def _expire_s(answer: Mapping[str, Any]) -> float:
@@ -378,9 +364,15 @@ def _json(response: httpx.Response) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _raise_for(status: int, code: Any, answer: Mapping[str, Any], path: str) -> None:
-    if status == 429 or code in RATE_LIMITED_CODES:
-        raise RateLimitedError(f"Feishu {path} rate limited", code=code, retry_after=1.0)
+def _raise_for(
+    status: int, code: Any, headers: Mapping[str, str], answer: Mapping[str, Any], path: str
+) -> None:
+    limited = rate_limit_error(
+        status, code, headers, limit_codes=APP_LIMIT_CODES, fallback_s=APP_FALLBACK_S,
+        what=f"Feishu {path}",
+    )  # fmt: skip
+    if limited is not None:
+        raise limited
     if status >= 500:
         raise RetryableError(f"Feishu {path} HTTP {status}", code=code)
     if code not in (0, None) or status >= 400:

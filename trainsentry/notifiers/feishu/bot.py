@@ -26,6 +26,7 @@ from trainsentry.notifiers.base import (
     Receipt,
     RetryableError,
 )
+from trainsentry.notifiers.feishu.backoff import BOT_LIMIT_CODES, rate_limit_error
 from trainsentry.notifiers.feishu.card import (
     DEFAULT_OPTIONS,
     MAX_BOT_BODY_BYTES,
@@ -43,7 +44,6 @@ log = logging.getLogger(__name__)
 
 CHANNEL = "feishu_bot"
 RATE_LIMITS: tuple[RateLimit, ...] = (RateLimit(5, 1.0), RateLimit(100, 60.0))
-RATE_LIMITED_CODES = frozenset({11232, 9499})
 # Configuration problems: retrying cannot help, a human must fix the bot's settings.
 PERMANENT_CODES: Mapping[int, str] = {
     19021: "signature mismatch or timestamp more than an hour off (check the secret / clock)",
@@ -108,25 +108,29 @@ def classify_response(
     webhook: str,
     rate_limit_backoff_s: float = DEFAULT_RATE_LIMIT_BACKOFF_S,
 ) -> None:
-    """Raises the NotifierError a Feishu bot answer means; returns on success."""
-    if status == 429:
-        raise RateLimitedError("Feishu bot HTTP 429", code=429, retry_after=_retry_after(headers))
+    """Raises the NotifierError a Feishu bot answer means; returns on success. A frequency
+    limit waits what Feishu asks, else `rate_limit_backoff_s` (backoff.py)."""
+    try:
+        answer: dict[str, Any] | None = json.loads(text) if text else {}
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        answer = None
+    fields = answer or {}
+    code: Any = fields.get("code", fields.get("StatusCode", 0 if status < 400 else status))
+    limited = rate_limit_error(
+        status, code, headers, limit_codes=BOT_LIMIT_CODES, fallback_s=rate_limit_backoff_s,
+        what="Feishu bot",
+    )  # fmt: skip
+    if limited is not None:
+        raise limited
     if status >= 500:
         raise RetryableError(f"Feishu bot HTTP {status}", code=status)
-    try:
-        answer = json.loads(text) if text else {}
-    except ValueError:
-        raise RetryableError(f"Feishu bot answered HTTP {status} with non-JSON") from None
-    code = answer.get("code", answer.get("StatusCode", 0 if status < 400 else status))
+    if answer is None:
+        raise RetryableError(f"Feishu bot answered HTTP {status} without a JSON object")
     if code in (0, None) and status < 400:
         return
-    message = str(answer.get("msg") or answer.get("StatusMessage") or "")
-    if code in RATE_LIMITED_CODES:
-        raise RateLimitedError(
-            f"Feishu bot rate limited: {message}",
-            code=code,
-            retry_after=rate_limit_backoff_s,
-        )
+    message = str(fields.get("msg") or fields.get("StatusMessage") or "")
     if code in PERMANENT_CODES:
         # Loud on purpose: this bot drops every message until someone fixes its settings.
         log.error(
@@ -141,14 +145,6 @@ def classify_response(
         raise PermanentError(f"Feishu bot HTTP {status} code {code}: {message}", code=code)
     # Unknown non-zero code: let the outbox retry a bounded number of times, then dead-letter.
     raise RetryableError(f"Feishu bot code {code}: {message}", code=code)
-
-
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    value = headers.get("retry-after") or headers.get("Retry-After")
-    try:
-        return float(value) if value else None
-    except ValueError:
-        return None
 
 
 class FeishuBotNotifier:
@@ -237,7 +233,7 @@ class FeishuBotNotifier:
             raise RetryableError(f"Feishu bot {webhook.name}: {type(exc).__name__}") from exc
         finally:
             gate.done(slot)
-        # Feishu gives no Retry-After: wait one shortest window, after which a slot is free.
+        # When Feishu asks no wait: one shortest window, after which a slot is free.
         shortest = min(limit.per_seconds for limit in self.rate_limits)
         classify_response(
             response.status_code, response.headers, response.text, webhook.name, shortest
