@@ -1,4 +1,6 @@
-"""The `trainsentry` command. Each subcommand lives in its own module (see COMMANDS).
+"""The `trainsentry` command. Each subcommand lives in its own module (see COMMANDS): a
+part's `<command>_command.py` (`diagnostics/analyze_command.py` is `trainsentry analyze`),
+or the gateway's `gateway/commands/<command>.py`.
 
 A command module provides `HELP` (one line), `DESCRIPTION` (the --help text, with exit
 codes), `add_arguments(parser)` and `run(args) -> int`. Heavy imports belong inside
@@ -24,11 +26,11 @@ COMMANDS: dict[str, str] = {
     "maintenance": "trainsentry.gateway.commands.maintenance",
     "node": "trainsentry.gateway.commands.node",
     "demo": "trainsentry.demo",
-    "analyze": "trainsentry.diagnostics.command",
-    "operator": "trainsentry.operator.command",
-    "probe": "trainsentry.probe.command",
-    "report": "trainsentry.reports.command",
-    "oncall": "trainsentry.oncall.command",
+    "analyze": "trainsentry.diagnostics.analyze_command",
+    "operator": "trainsentry.operator.operator_command",
+    "probe": "trainsentry.probe.probe_command",
+    "report": "trainsentry.reports.report_command",
+    "oncall": "trainsentry.oncall.oncall_command",
 }
 
 

@@ -59,15 +59,15 @@ def test_defaults_render_a_failing_open_webhook_for_pod_creation() -> None:
 
 
 def test_the_operator_flags_parse_and_name_the_image_and_the_gateways_service() -> None:
-    from trainsentry.operator import command
+    from trainsentry.operator import operator_command
 
     objs = rendered("defaults")
     parser = argparse.ArgumentParser()
-    command.add_arguments(parser)
+    operator_command.add_arguments(parser)
     args = operator_args(objs)
     assert args[0] == "operator"
     parsed = parser.parse_args(args[1:])
-    serving = command.webhook_serving(parsed, {"TRAINSENTRY_PROBE_TOKEN": "x"})
+    serving = operator_command.webhook_serving(parsed, {"TRAINSENTRY_PROBE_TOKEN": "x"})
     assert serving is not None
     image = one(objs, "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]
     assert serving.settings.image == image["image"]

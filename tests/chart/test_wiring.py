@@ -165,7 +165,7 @@ def _env_names(node: Any) -> set[str]:
 
 def test_only_known_settings_variables_are_set() -> None:
     # TRAINSENTRY_PROBE_TOKEN: the probes' master token, read by the gateway's diagnosis
-    # section (gateway/sections.py) and the operator (operator/command.py)
+    # section (gateway/sections.py) and the operator (operator/operator_command.py)
     known = set(_ENV_MAP) | {"TRAINSENTRY_CONFIG", "TRAINSENTRY_PROBE_TOKEN"}
     for obj in find(rendered("everything-on"), "Deployment") + find(
         rendered("everything-on"), "CronJob"

@@ -9,7 +9,7 @@ import pytest
 
 from trainsentry.cli import main
 from trainsentry.diagnostics import analyze
-from trainsentry.diagnostics.command import DESCRIPTION, EXIT_HANG, EXIT_OK, EXIT_SLOW
+from trainsentry.diagnostics.analyze_command import DESCRIPTION, EXIT_HANG, EXIT_OK, EXIT_SLOW
 from trainsentry.diagnostics.synthetic import write_dumps
 
 

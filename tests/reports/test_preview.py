@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from trainsentry.reports import command
+from trainsentry.reports import report_command
 from trainsentry.store import create_engine, migrate
 
 from .seed import AFTER, TZ, seed_week
@@ -56,12 +56,12 @@ def _render(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, d
     asyncio.run(seed())
     out = tmp_path / "report.html"
     parser = argparse.ArgumentParser()
-    command.add_arguments(parser)
+    report_command.add_arguments(parser)
     args = parser.parse_args(
         ["render", "--db", url, "--tz", TZ, "--period", "2026-W46", "--out", str(out),
          "--csv", str(tmp_path / "alerts.csv"), "--json", "--now", AFTER.isoformat()]
     )  # fmt: skip
-    assert command.run(args) == 0
+    assert report_command.run(args) == 0
     return out, json.loads(capsys.readouterr().out)
 
 

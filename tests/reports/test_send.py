@@ -22,7 +22,7 @@ from aiosmtpd.controller import Controller
 from sqlalchemy import select
 
 from tests.support.ports import free_port
-from trainsentry.reports import command
+from trainsentry.reports import report_command
 from trainsentry.store import create_engine, migrate
 from trainsentry.store.schema import report_runs
 
@@ -50,8 +50,8 @@ def main(argv: list[str]) -> int:
     """`trainsentry report ...` through the command module (as trainsentry.cli runs it)."""
     assert argv[0] == "report"
     parser = argparse.ArgumentParser(prog="trainsentry report")
-    command.add_arguments(parser)
-    return command.run(parser.parse_args(argv[1:]))
+    report_command.add_arguments(parser)
+    return report_command.run(parser.parse_args(argv[1:]))
 
 
 @pytest.fixture
