@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from trainsentry.reports.period import parse_period
 from trainsentry.reports.stats import StatsOptions, collect
 from trainsentry.reports.weekly import render
-from trainsentry.store.maintenance import (
+from trainsentry.store.maintenance_windows import (
     RESOLVED,
     WindowRow,
     close_mutes,

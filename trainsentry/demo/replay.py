@@ -17,7 +17,7 @@ from trainsentry.alerts import utcnow
 from trainsentry.config import GatewaySettings, Settings
 from trainsentry.demo.html import write_preview
 from trainsentry.demo.incident import load_incident
-from trainsentry.demo.maintenance import replay_window
+from trainsentry.demo.maintenance_scene import replay_window
 from trainsentry.demo.previews import CallPreview, CardPreview, PreviewLog, SheetPreview
 from trainsentry.gateway.app import WEBHOOK_PATH
 from trainsentry.gateway.assemble import create_app

@@ -1,4 +1,4 @@
-"""`/api/v1/maintenance`: thin handlers over `MaintenanceService` (stages/maintenance.py).
+"""`/api/v1/maintenance`: thin handlers over `MaintenanceService` (stages/maintenance_service.py).
 
 - `POST /api/v1/maintenance`: make a window (API token); 201 with the window, 400 naming the
   field of a bad request;
@@ -17,7 +17,7 @@ from trainsentry.gateway.http_auth import authorized, error_response, read_token
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.request_body import BodyRejected, read_json
 from trainsentry.gateway.stages.intake import text_problem
-from trainsentry.gateway.stages.maintenance import (
+from trainsentry.gateway.stages.maintenance_service import (
     MAX_REQUEST_BYTES,
     MaintenanceService,
     WindowRejected,

@@ -30,7 +30,7 @@ from trainsentry.gateway.stages.hang_trigger import TriggerKeys, TriggerSources
 from trainsentry.gateway.stages.intake import IntakeWriter
 from trainsentry.gateway.stages.job_alerting import JobAlerting
 from trainsentry.gateway.stages.job_status import JobStatusFeeder
-from trainsentry.gateway.stages.maintenance import MaintenanceService
+from trainsentry.gateway.stages.maintenance_service import MaintenanceService
 from trainsentry.gateway.stages.oncall import OncallService
 from trainsentry.gateway.stages.outbox import Outbox
 from trainsentry.gateway.stages.planning.ticker import Ticker

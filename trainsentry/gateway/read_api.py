@@ -15,7 +15,7 @@ from trainsentry.gateway.http_auth import authorized, error_response, read_token
 from trainsentry.gateway.pipeline import GATEWAY_KEY
 from trainsentry.gateway.stages.intake import text_problem
 from trainsentry.store.errors import DatabaseError
-from trainsentry.store.maintenance import mutes_of
+from trainsentry.store.maintenance_windows import mutes_of
 from trainsentry.store.queries import get_alert, list_alerts, list_notifications
 
 

@@ -2,7 +2,7 @@
 to "who is on call", and maintenance windows.
 
 All are frozen and already validated (oncall/config.py builds them); the pure functions in
-schedule.py, maintenance.py and ical.py never see raw configuration text.
+schedule.py, window_match.py and ical.py never see raw configuration text.
 
 Invariants (checked by config.py, relied on by the math):
 - every instant (`datetime`) is timezone-aware; every wall time (`time`, naive `datetime` named

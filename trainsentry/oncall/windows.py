@@ -30,8 +30,8 @@ from trainsentry.oncall.config import (
     _text,
     parse_timezone,
 )
-from trainsentry.oncall.maintenance import first_occurrence, outlasts
 from trainsentry.oncall.types import MaintenanceWindow, Matcher, Recurrence
+from trainsentry.oncall.window_match import first_occurrence, outlasts
 from trainsentry.userregex import RegexRefused, compile_user_regex
 
 __all__ = ["OncallConfigError", "parse_window"]

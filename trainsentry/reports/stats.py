@@ -53,7 +53,7 @@ from trainsentry.reports.figures import (
 from trainsentry.reports.hardware import fault_count, hardware, policy_of
 from trainsentry.reports.period import Period
 from trainsentry.store.engine import Connection
-from trainsentry.store.maintenance import quiet_open_windows
+from trainsentry.store.maintenance_windows import quiet_open_windows
 from trainsentry.store.report_loads import (
     Occurrence,
     PageRow,

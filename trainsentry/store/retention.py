@@ -38,7 +38,7 @@ from sqlalchemy import Select, Table, bindparam, delete, exists, select, text, t
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from trainsentry.store.engine import sqlite_path
-from trainsentry.store.maintenance import MUTED
+from trainsentry.store.maintenance_windows import MUTED
 from trainsentry.store.outbox import CANCELLED, DEAD, SENT
 from trainsentry.store.schema import (
     alert_events,
@@ -200,7 +200,8 @@ def _waiting_in_inbox(alert_id: Any) -> Any:
 
 
 def _held_by_a_window(alert_id: Any) -> Any:
-    """A maintenance window muted the alert and still owes its notices (store/maintenance.py)."""
+    """A maintenance window muted the alert and still owes its notices
+    (store/maintenance_windows.py)."""
     return exists().where(
         maintenance_mutes.c.alert_id == alert_id, maintenance_mutes.c.state == MUTED
     )

@@ -248,8 +248,9 @@ callback_events = Table(
 )
 Index("ix_callback_events_received", callback_events.c.received_at)
 
-# Maintenance windows (store/maintenance.py, gateway/stages/maintenance.py): `request` is the
-# validated request body, parsed again (oncall/windows.py) by whichever replica reads it.
+# Maintenance windows (store/maintenance_windows.py, gateway/stages/maintenance_service.py):
+# `request` is the validated request body, parsed again (oncall/windows.py) by whichever
+# replica reads it.
 # `ended_at`/`ended_by`: ended early (DELETE); `announced_end`: the end of the stretch whose
 # "ends soon" notice was written (once, by one replica).
 maintenance_windows = Table(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from tests.gateway.stages.test_maintenance import (
+from tests.gateway.stages.test_maintenance_service import (
     P0,
     START,
     Clock,

@@ -44,7 +44,7 @@ from trainsentry.gateway.ui.views import (
 )
 from trainsentry.store import console as store
 from trainsentry.store.errors import DatabaseError
-from trainsentry.store.maintenance import mutes_of
+from trainsentry.store.maintenance_windows import mutes_of
 from trainsentry.store.policy_state import load_states
 
 log = logging.getLogger("trainsentry.ui")

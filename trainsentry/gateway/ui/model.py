@@ -105,7 +105,7 @@ class OnCall:
 
 @dataclass(frozen=True, slots=True)
 class Window:
-    """A maintenance window not over yet (gateway/stages/maintenance.py)."""
+    """A maintenance window not over yet (gateway/stages/maintenance_service.py)."""
 
     id: str
     reason: str

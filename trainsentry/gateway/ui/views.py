@@ -241,7 +241,7 @@ def windows(found: Iterable[Mapping[str, Any]]) -> list[Window]:
 
 
 def muted(mute: Mapping[str, Any] | None) -> Muted | None:
-    """Pure: the window that muted an alert (`store.maintenance.mutes_of`), if any."""
+    """Pure: the window that muted an alert (`store.maintenance_windows.mutes_of`), if any."""
     if not mute:
         return None
     return Muted(

@@ -24,7 +24,7 @@ from trainsentry.gateway.metrics import PolicyMetrics
 from trainsentry.gateway.policy.rules import load_policy
 from trainsentry.gateway.policy.topology import Topology, from_settings
 from trainsentry.gateway.stages.intake import parse_webhook
-from trainsentry.gateway.stages.maintenance import MaintenanceService
+from trainsentry.gateway.stages.maintenance_service import MaintenanceService
 from trainsentry.gateway.stages.planning.plan import PolicyPlan
 from trainsentry.gateway.stages.planning.worker import PolicyWorker
 from trainsentry.notifiers.feishu.card import build_card

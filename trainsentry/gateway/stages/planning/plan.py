@@ -39,8 +39,8 @@ from trainsentry.gateway.policy.storm_fold import StormFold
 from trainsentry.gateway.policy.topology import Topology, members
 from trainsentry.gateway.stages.paging import Paging
 from trainsentry.gateway.stages.planning.incidents import IncidentLedger, resolved_pages
-from trainsentry.oncall.maintenance import active_span, muted_by
 from trainsentry.oncall.types import MaintenanceWindow
+from trainsentry.oncall.window_match import active_span, muted_by
 from trainsentry.store.engine import Connection
 from trainsentry.store.infra import recent_on_nodes, set_places
 from trainsentry.store.policy_state import (
@@ -61,7 +61,7 @@ HoldHook = Callable[
 
 
 class MaintenanceHook(Protocol):
-    """Maintenance windows inside the planning transaction (stages/maintenance.py)."""
+    """Maintenance windows inside the planning transaction (stages/maintenance_service.py)."""
 
     async def mute(
         self,

@@ -1,6 +1,6 @@
 """Maintenance windows in the alert policy: which drafts a window mutes, what is owed when it
 ends, and the "ends soon" notice. Pure: the windows, the time and the stored mutes are
-parameters (stages/maintenance.py loads and writes them).
+parameters (stages/maintenance_service.py loads and writes them).
 
 Rules (docs/oncall.md, "Maintenance windows"):
 - a chat or phone notice about an alert (kind "alert", an alert id, a channel other than the
@@ -32,11 +32,11 @@ from trainsentry.alerts import NotificationDraft, Priority, parse_priority
 from trainsentry.gateway.policy.payload import ALERT_KIND, idempotency_key
 from trainsentry.gateway.policy.route import route
 from trainsentry.gateway.policy.rules import Policy
-from trainsentry.oncall.maintenance import active_span, labels_match
 from trainsentry.oncall.types import MaintenanceWindow
+from trainsentry.oncall.window_match import active_span, labels_match
 
 MAINTENANCE_EVENT = "maintenance_ending"  # payload `event` of the "ends soon" notice
-MUTED, RESOLVED = "muted", "resolved"  # the states of a stored mute (store/maintenance.py)
+MUTED, RESOLVED = "muted", "resolved"  # the states of a stored mute (store/maintenance_windows.py)
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def _active(
 def _first_match(
     active: Sequence[tuple[MaintenanceWindow, datetime]], labels: Mapping[str, str]
 ) -> tuple[MaintenanceWindow, datetime] | None:
-    """Pure: `oncall.maintenance.muted_by` over windows already known to be active."""
+    """Pure: `oncall.window_match.muted_by` over windows already known to be active."""
     for window, end in active:
         if labels_match(window, labels):
             return window, end
@@ -101,8 +101,8 @@ def mute(
     spare_channels: Collection[str] = (),
 ) -> Muting:
     """Pure: splits the drafts of one planning batch into those sent and those muted.
-    `mutes`: the stored mutes of the drafts' alerts, alert id -> state (store/maintenance.py:
-    muted, notified, resolved)."""
+    `mutes`: the stored mutes of the drafts' alerts, alert id -> state
+    (store/maintenance_windows.py: muted, notified, resolved)."""
     out = Muting()
     active = _active(windows, now)
     for draft in drafts:

@@ -32,7 +32,7 @@ from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.notifiers.webhook import WebhookNotifier
 from trainsentry.store.engine import create_engine
-from trainsentry.store.maintenance import WindowRow, insert_window
+from trainsentry.store.maintenance_windows import WindowRow, insert_window
 from trainsentry.store.schema import notifications
 
 TOKEN = "api-token"

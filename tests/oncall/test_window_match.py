@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from oncall_helpers import utc
 
 from trainsentry.oncall.config import OncallConfigError, parse_oncall
-from trainsentry.oncall.maintenance import active_span, muted_by, rule_of
+from trainsentry.oncall.window_match import active_span, muted_by, rule_of
 from trainsentry.oncall.windows import parse_window
 
 CREATED = datetime(2026, 10, 15, 9, 30, tzinfo=UTC)

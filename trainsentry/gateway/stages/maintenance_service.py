@@ -2,9 +2,9 @@
 (create, list, end), and the planning's hooks (mute a batch's drafts, release mutes whose
 window ended, announce a window ending soon).
 
-The windows live in the store (store/maintenance.py), so they outlive restarts and every
+The windows live in the store (store/maintenance_windows.py), so they outlive restarts and every
 replica sees them; a replica parses a stored request once (oncall/windows.py) and keeps it.
-The decisions are pure (gateway/policy/maintenance.py); here they get their inputs from the
+The decisions are pure (gateway/policy/maintenance_mutes.py); here they get their inputs from the
 store, inside the planning's transaction, and their results are written there.
 
 Invariants: a muted alert's notices are written at most once, when its mute is released
@@ -24,7 +24,7 @@ from typing import Any
 
 from trainsentry.alerts import NotificationDraft, utcnow
 from trainsentry.config import MaintenanceSettings
-from trainsentry.gateway.policy.maintenance import (
+from trainsentry.gateway.policy.maintenance_mutes import (
     draft_to_json,
     ending_notice,
     ending_soon,
@@ -34,11 +34,11 @@ from trainsentry.gateway.policy.maintenance import (
 from trainsentry.gateway.policy.payload import ALERT_KIND
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.stages.intake import text_problem
-from trainsentry.oncall.maintenance import active_span
 from trainsentry.oncall.types import MaintenanceWindow
+from trainsentry.oncall.window_match import active_span
 from trainsentry.oncall.windows import OncallConfigError, parse_window
 from trainsentry.store.engine import Connection, Engine
-from trainsentry.store.maintenance import (
+from trainsentry.store.maintenance_windows import (
     NOTIFIED,
     RESOLVED,
     WindowRow,

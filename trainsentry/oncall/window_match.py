@@ -46,7 +46,7 @@ def first_occurrence(recurrence: Recurrence) -> datetime | None:
     February 30th, would otherwise be searched up to year 9999)."""
     rule = rule_of(recurrence)
     dtstart = datetime.combine(recurrence.anchor, recurrence.start)
-    # dateutil keeps COUNT and UNTIL here (checked by tests/oncall/test_maintenance.py).
+    # dateutil keeps COUNT and UNTIL here (checked by tests/oncall/test_window_match.py).
     count, until = getattr(rule, "_count", None), getattr(rule, "_until", None)
     if count == 0:
         return None

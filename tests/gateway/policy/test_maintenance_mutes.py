@@ -1,4 +1,4 @@
-"""The maintenance decisions, pure (gateway/policy/maintenance.py): which drafts a window
+"""The maintenance decisions, pure (gateway/policy/maintenance_mutes.py): which drafts a window
 mutes, what a mute owes when its stretch ends, and the "ends soon" notice."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from trainsentry.alerts import NotificationDraft, Priority
-from trainsentry.gateway.policy import maintenance as policy
-from trainsentry.gateway.policy.maintenance import (
+from trainsentry.gateway.policy import maintenance_mutes as policy
+from trainsentry.gateway.policy.maintenance_mutes import (
     draft_from_json,
     draft_to_json,
     ending_notice,
@@ -19,7 +19,7 @@ from trainsentry.gateway.policy.maintenance import (
 from trainsentry.gateway.policy.payload import ALERT_KIND, STORM_KIND
 from trainsentry.gateway.policy.rules import load_policy
 from trainsentry.oncall.windows import parse_window
-from trainsentry.store import maintenance as store
+from trainsentry.store import maintenance_windows as store
 
 T = datetime(2026, 10, 27, 2, 0, tzinfo=UTC)
 
