@@ -117,12 +117,12 @@ def _worker(rank: int, world: int, master_port: int, args: argparse.Namespace, o
             generate_latest(probe.metrics.registry)
             scrape_s.append(time.perf_counter() - start)
         entries = probe.status()["process_groups"]
-        from trainsentry.probe.runtime import read_flight_recorder
+        from trainsentry.probe.runtime import dump_generic_recorder
 
         full_s = []
         for _ in range(5):
             start = time.perf_counter()
-            read_flight_recorder()
+            dump_generic_recorder()
             full_s.append(time.perf_counter() - start)
         probe.server.stop()
         # A file, not a queue: a large payload would block a pipe nobody reads until join.

@@ -19,7 +19,7 @@ from trainsentry.diagnostics.readers.flight_recorder import (
     infer_rank_names,
     join_dumps,
     load_plain_pickle,
-    parse_dump,
+    parse_rank_dump,
 )
 from trainsentry.diagnostics.synthetic import make_dump, write_dumps
 
@@ -129,7 +129,7 @@ def test_prefix_is_inferred_from_file_names(tmp_path: Path) -> None:
 def _trace(dumps: dict[int, dict[str, Any]]) -> Trace:
     trace = Trace(format="fr")
     cache = SignatureCache(trace.signatures)
-    parsed = [parse_dump(d, r, f"rank_{r}", cache) for r, d in dumps.items()]
+    parsed = [parse_rank_dump(d, r, f"rank_{r}", cache) for r, d in dumps.items()]
     trace = join_dumps(parsed, trace)
     # In files the dump time is the file's mtime; in memory, the synthetic dump's end.
     trace.capture_end_ns = max(int(d["dump_time_ns"]) for d in dumps.values())

@@ -24,7 +24,7 @@ import pytest
 from probe.probe_harness import TOKEN, scrape, value
 from tests.support.nccl_artifacts import generic_json_during_hang, nccl_json
 from trainsentry.probe.identity import ProbeConfig
-from trainsentry.probe.progress import parse_dump
+from trainsentry.probe.progress import parse_progress
 from trainsentry.probe.recorders import PyGroup, Recorders, find_recorders, merge_dumps
 from trainsentry.probe.runtime import Probe
 
@@ -189,7 +189,7 @@ def test_a_job_using_nccl_and_gloo_shows_both_and_dumps_one_valid_document() -> 
     assert used == ["nccl", "generic"]
     merged = json.loads(data)
     # pg_status keys (local ids) no longer collide, and each still names its own group.
-    again = parse_dump(merged, now_ns=2**62)
+    again = parse_progress(merged, now_ns=2**62)
     assert again.unmapped == ()
     assert {k: (g.last_enqueued, g.desc) for k, g in again.groups.items()} == {
         "0": (20, "default_pg"),

@@ -12,7 +12,7 @@ from trainsentry.probe.progress import (
     group_ids,
     merge,
     op_name,
-    parse_dump,
+    parse_progress,
 )
 
 T0 = 1_795_312_280_000_000_000  # ns since the epoch
@@ -53,7 +53,7 @@ def test_waiting_gloo_rank_has_oldest_unretired_collective_in_flight() -> None:
         "entries": [entry(1), entry(2), entry(3, retired=False), entry(1, pg="1", desc="tp-0")],
         "pg_status": {"0": status(3, 2), "1": status(1, 1)},
     }
-    snap = parse_dump(dump, now_ns=T0 + 3_000_000 + 5 * 10**9)
+    snap = parse_progress(dump, now_ns=T0 + 3_000_000 + 5 * 10**9)
     g0 = snap.groups["0"]
     assert (g0.last_enqueued, g0.last_completed, g0.desc) == (3, 2, "default_pg")
     assert g0.in_flight is not None
@@ -72,28 +72,28 @@ def test_nccl_style_states_and_durations() -> None:
         ],
         "pg_status": {"0": status(8, 7, started=8)},
     }
-    g = parse_dump(dump, now_ns=T0 + 10**10).groups["0"]
+    g = parse_progress(dump, now_ns=T0 + 10**10).groups["0"]
     assert g.last_started == 8
     assert g.in_flight is not None and g.in_flight.op == "all_gather"
     assert g.durations == ((7, 0.0125),)
 
 
 def test_enqueued_beyond_buffer_still_counts_as_in_flight() -> None:
-    g = parse_dump({"entries": [], "pg_status": {"0": status(10, 9)}}, T0, ids={"0": "0"}).groups[
-        "0"
-    ]
+    dump = {"entries": [], "pg_status": {"0": status(10, 9)}}
+    g = parse_progress(dump, T0, ids={"0": "0"}).groups["0"]
     assert g.in_flight is not None and g.in_flight.seq == 10 and g.in_flight.op == "unknown"
 
 
 def test_no_status_block_falls_back_to_entries_and_skips_p2p() -> None:
     dump = {"entries": [entry(1), entry(2, retired=False), entry(0, is_p2p=True)]}
-    g = parse_dump(dump, T0).groups["0"]
+    g = parse_progress(dump, T0).groups["0"]
     assert (g.last_enqueued, g.last_completed) == (2, 1)
     assert g.in_flight is not None and g.in_flight.seq == 2
 
 
 def test_garbage_is_tolerated() -> None:
-    snap = parse_dump({"entries": ["x", None, {"process_group": "weird"}], "pg_status": None}, T0)
+    garbage = {"entries": ["x", None, {"process_group": "weird"}], "pg_status": None}
+    snap = parse_progress(garbage, T0)
     assert snap.entries == 1
 
 
@@ -102,18 +102,18 @@ def test_tracker_seconds_since_completion_and_sampled_wait_time() -> None:
     moving = {"entries": [entry(1)], "pg_status": {"0": status(1, 1)}}
     stuck = {"entries": [entry(1), entry(2, retired=False)], "pg_status": {"0": status(2, 1)}}
 
-    r = tracker.update(parse_dump(moving, T0 + 10**9), now_s=100.0)["0"]
+    r = tracker.update(parse_progress(moving, T0 + 10**9), now_s=100.0)["0"]
     assert r.seconds_since_completion == 0.0 and r.wait_seconds_total == 0.0
     # A poll that finds a collective in flight counts the whole gap as waiting.
-    r = tracker.update(parse_dump(stuck, T0 + 2_000_000 + 3 * 10**9), now_s=104.0)["0"]
+    r = tracker.update(parse_progress(stuck, T0 + 2_000_000 + 3 * 10**9), now_s=104.0)["0"]
     assert r.seconds_since_completion == 4.0
     assert r.wait_seconds_total == 4.0
-    r = tracker.update(parse_dump(stuck, T0 + 2_000_000 + 13 * 10**9), now_s=114.0)["0"]
+    r = tracker.update(parse_progress(stuck, T0 + 2_000_000 + 13 * 10**9), now_s=114.0)["0"]
     assert r.seconds_since_completion == 14.0
     assert r.wait_seconds_total == 14.0
     assert r.progress.in_flight is not None and r.progress.in_flight.op == "all_reduce"
     done = {"entries": [entry(1), entry(2)], "pg_status": {"0": status(2, 2)}}
-    r = tracker.update(parse_dump(done, T0 + 14 * 10**9), now_s=115.0)["0"]
+    r = tracker.update(parse_progress(done, T0 + 14 * 10**9), now_s=115.0)["0"]
     assert r.seconds_since_completion == 0.0 and r.wait_seconds_total == 14.0
     assert r.progress.in_flight is None
 
@@ -122,7 +122,8 @@ def test_status_only_polls_ask_for_one_full_dump_when_stuck() -> None:
     tracker = ProgressTracker(started_s=0.0)
 
     def status_only(enq: int, done: int) -> FrSnapshot:
-        return parse_dump({"pg_status": {"0": status(enq, done)}}, T0, {"0": "tp-3"}, {"0": "0"})
+        dump = {"pg_status": {"0": status(enq, done)}}
+        return parse_progress(dump, T0, {"0": "tp-3"}, {"0": "0"})
 
     snap = status_only(5, 4)
     assert snap.entries == -1 and snap.groups["0"].desc == "tp-3"
@@ -131,7 +132,7 @@ def test_status_only_polls_ask_for_one_full_dump_when_stuck() -> None:
     assert r.progress.in_flight == InFlight("unknown", 5, 0.0)
     snap = status_only(5, 4)
     assert tracker.stuck(snap) == ["0"]  # same collective a poll later: worth a full dump
-    full = parse_dump(
+    full = parse_progress(
         {"entries": [entry(5, retired=False, desc="tp-3")], "pg_status": {"0": status(5, 4)}},
         T0 + 5_000_000 + 7 * 10**9,
     )
@@ -154,7 +155,7 @@ def test_status_only_polls_ask_for_one_full_dump_when_stuck() -> None:
 def test_tracker_first_sight_of_a_stuck_group_uses_its_age() -> None:
     tracker = ProgressTracker(started_s=0.0)
     stuck = {"entries": [entry(5, retired=False)], "pg_status": {"0": status(5, 4)}}
-    r = tracker.update(parse_dump(stuck, T0 + 5_000_000 + 60 * 10**9), now_s=500.0)["0"]
+    r = tracker.update(parse_progress(stuck, T0 + 5_000_000 + 60 * 10**9), now_s=500.0)["0"]
     assert abs(r.seconds_since_completion - 60.0) < 1e-6
 
 
@@ -167,9 +168,9 @@ def test_tracker_reports_each_duration_once() -> None:
             entry(2, state="completed", duration_ms=7.0),
         ]
     }
-    assert tracker.update(parse_dump(first, T0), 1.0)["0"].new_durations == (0.005,)
-    assert tracker.update(parse_dump(second, T0), 2.0)["0"].new_durations == (0.007,)
-    assert tracker.update(parse_dump(second, T0), 3.0)["0"].new_durations == ()
+    assert tracker.update(parse_progress(first, T0), 1.0)["0"].new_durations == (0.005,)
+    assert tracker.update(parse_progress(second, T0), 2.0)["0"].new_durations == (0.007,)
+    assert tracker.update(parse_progress(second, T0), 3.0)["0"].new_durations == ()
 
 
 def test_op_name() -> None:
@@ -193,7 +194,7 @@ def test_pg_status_keys_are_local_pg_ids_named_through_the_entries() -> None:
         ],
         "pg_status": {"0": status(3, 3), "1": status(3, 3), "2": status(4, 3)},
     }
-    snap = parse_dump(dump, T0 + 10**10)
+    snap = parse_progress(dump, T0 + 10**10)
     assert set(snap.groups) == {"0", "2", "4"}
     assert snap.groups["2"].desc == "tp-1" and snap.groups["2"].last_enqueued == 3
     dp = snap.groups["4"]
@@ -204,10 +205,10 @@ def test_pg_status_keys_are_local_pg_ids_named_through_the_entries() -> None:
 
 
 def test_a_status_key_nobody_names_is_not_taken_for_a_group_name() -> None:
-    snap = parse_dump({"pg_status": {"0": status(5, 5), "1": status(7, 6)}}, T0, ids={"0": "0"})
+    snap = parse_progress({"pg_status": {"0": status(5, 5), "1": status(7, 6)}}, T0, ids={"0": "0"})
     assert set(snap.groups) == {"0"}
     assert snap.unmapped == ("1",)
-    named = parse_dump({"pg_status": {"1": status(7, 6)}}, T0, ids={"1": "3"})
+    named = parse_progress({"pg_status": {"1": status(7, 6)}}, T0, ids={"1": "3"})
     assert named.groups["3"].in_flight == InFlight("unknown", 7, 0.0)
 
 
@@ -216,7 +217,7 @@ def test_real_nccl_json_of_a_hang_shows_the_waiting_ranks_and_the_absent_one() -
     for rank in range(4):
         dump = nccl_json(rank)
         created = max(e["time_created_ns"] for e in dump["entries"])
-        g = parse_dump(dump, now_ns=created + 25 * 10**9).groups["0"]
+        g = parse_progress(dump, now_ns=created + 25 * 10**9).groups["0"]
         assert (g.desc, g.backend) == ("default_pg", "nccl")
         if rank == 2:
             assert (g.last_enqueued, g.last_completed, g.in_flight) == (19, 19, None)
@@ -235,7 +236,7 @@ def test_real_nccl_timing_tells_the_rank_whose_gpu_never_started() -> None:
     """TORCH_NCCL_ENABLE_TIMING=1, rank 3's GPU stuck in a kernel queued before #20."""
     states = {}
     for rank in range(4):
-        g = parse_dump(watchdog_dump("compute_timing", rank), now_ns=2**62).groups["0"]
+        g = parse_progress(watchdog_dump("compute_timing", rank), now_ns=2**62).groups["0"]
         assert g.in_flight is not None and g.in_flight.seq == 20
         states[rank] = (g.in_flight.state, g.last_started)
     assert states == {
@@ -250,7 +251,7 @@ def test_real_nccl_pipeline_hang_shows_the_p2p_op_each_rank_waits_in() -> None:
     """A send/recv pipeline (0->1->2->3) whose rank 2 stopped: 1 waits in send, 3 in recv."""
     waits = {}
     for rank in range(4):
-        g = parse_dump(watchdog_dump("pp", rank), now_ns=2**62).groups["0"]
+        g = parse_progress(watchdog_dump("pp", rank), now_ns=2**62).groups["0"]
         waits[rank] = None if g.in_flight is None else g.in_flight.op
     assert waits[1] == "send 1->2"
     assert waits[3] == "recv 3<-2"

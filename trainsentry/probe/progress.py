@@ -156,7 +156,7 @@ def _in_flight(entry: Mapping[str, Any], seq: int, now_ns: int) -> InFlight:
     )
 
 
-def parse_dump(
+def parse_progress(
     dump: Mapping[str, Any],
     now_ns: int,
     descs: Mapping[str, str] | None = None,

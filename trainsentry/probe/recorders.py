@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from trainsentry.probe.progress import FrSnapshot, PgProgress, group_ids, parse_dump
+from trainsentry.probe.progress import FrSnapshot, PgProgress, group_ids, parse_progress
 
 LEARN_INTERVAL_S = 30.0
 NCCL, GENERIC = "nccl", "generic"
@@ -238,18 +238,18 @@ class Recorders:
 
     def _parse(self, source: Recorder, doc: Mapping[str, Any], now_ns: int) -> FrSnapshot:
         ids = self._ids.setdefault(source.name, {})
-        snap = parse_dump(doc, now_ns, self._descs, ids, source.backend)
+        snap = parse_progress(doc, now_ns, self._descs, ids, source.backend)
         fresh = set(snap.groups) - self._known_names
         if fresh:
             self._known_names |= fresh
             self._refresh_python()
-            snap = parse_dump(doc, now_ns, self._descs, ids, source.backend)
+            snap = parse_progress(doc, now_ns, self._descs, ids, source.backend)
         return snap
 
     def _learn(self, source: Recorder, full: Mapping[str, Any]) -> None:
         """What a full dump's entries say: pg_id -> name, and each group's description."""
         self._ids.setdefault(source.name, {}).update(group_ids(full))
-        for name, group in parse_dump(full, 0).groups.items():
+        for name, group in parse_progress(full, 0).groups.items():
             if group.desc:
                 self._descs.setdefault(name, group.desc)
 

@@ -51,7 +51,7 @@ def prepare_torch_environment(env: Any = None) -> dict[str, str]:
     return settings
 
 
-def read_flight_recorder(*, collectives: bool = True, only_active: bool = False) -> bytes:
+def dump_generic_recorder(*, collectives: bool = True, only_active: bool = False) -> bytes:
     """The generic recorder's raw JSON dump (the one gloo writes to; raises without torch).
 
     Kept for tools that want exactly that recorder; the probe reads every recorder through

@@ -402,9 +402,11 @@ def _parse_entry_slowly(
     )
 
 
-def parse_dump(
+def parse_rank_dump(
     dump: dict[str, Any], rank: int, source: str, cache: SignatureCache | None = None
 ) -> RankDump:
+    """One rank's decoded dump as columns per process group (`RankDump`), its signatures
+    interned in `cache`; `join_dumps` joins the ranks' into a `Trace`."""
     version = parse_version(dump.get("version", "2.0"))
     if version[0] != SUPPORTED_MAJOR:
         raise FlightRecorderError(f"{source}: unsupported Flight Recorder version {version}")
@@ -935,7 +937,7 @@ def _read_one(
     data = path.read_bytes()
     decoded = decode_dump(data, str(path))
     try:
-        dump = parse_dump(decoded, rank, str(path), cache)
+        dump = parse_rank_dump(decoded, rank, str(path), cache)
     except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
         if isinstance(exc, FlightRecorderError):
             raise
