@@ -17,7 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.support.old_stores import create_version_2_schema
 from tests.support.webhook_factory import BASE_TIME
-from trainsentry.store.engine import StoreMissing, check_schema, create_engine, migrate
+from trainsentry.store.engine import check_schema, create_engine, migrate
+from trainsentry.store.errors import StoreMissing
 from trainsentry.store.migrations import MIGRATIONS
 from trainsentry.store.schema import SCHEMA_VERSION, schema_version
 

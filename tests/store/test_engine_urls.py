@@ -13,13 +13,8 @@ import pytest
 from sqlalchemy import text
 
 from tests.support.pg_databases import drop_pg_database, make_pg_database
-from trainsentry.store.engine import (
-    StoreError,
-    StoreMissing,
-    async_url,
-    create_engine,
-    migrate,
-)
+from trainsentry.store.engine import async_url, create_engine, migrate
+from trainsentry.store.errors import StoreError, StoreMissing
 
 SECRET = "s3cret"
 

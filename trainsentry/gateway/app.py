@@ -48,12 +48,7 @@ from trainsentry.gateway.stages.hang_trigger import (
     trigger_token_ok,
     trigger_webhook,
 )
-from trainsentry.gateway.stages.intake import (
-    IntakeRejected,
-    StoreUnavailable,
-    parse_webhook,
-    text_problem,
-)
+from trainsentry.gateway.stages.intake import IntakeRejected, parse_webhook, text_problem
 from trainsentry.gateway.stages.truncated import fetch_group
 from trainsentry.gateway.ui import add_ui_routes
 from trainsentry.notifiers.feishu.callback import CardAction, action_response, card_action_handler
@@ -61,7 +56,7 @@ from trainsentry.notifiers.feishu.card import alert_card
 from trainsentry.notifiers.payload import parse_payload
 from trainsentry.store import check_reachable
 from trainsentry.store.callbacks import first_delivery, forget_delivery
-from trainsentry.store.errors import DatabaseError
+from trainsentry.store.errors import DatabaseError, StoreUnavailable
 from trainsentry.store.inbox import inbox_waiting
 from trainsentry.store.queries import (
     outbox_depth,

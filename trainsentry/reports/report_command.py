@@ -146,14 +146,8 @@ _BAD_PATH = (FileNotFoundError, NotADirectoryError, IsADirectoryError, Permissio
 
 async def _run(args: argparse.Namespace) -> int:
     from trainsentry.reports.period import parse_period
-    from trainsentry.store.engine import (
-        StoreError,
-        StoreMissing,
-        StoreUrlError,
-        check_schema,
-        create_engine,
-        migrate,
-    )
+    from trainsentry.store.engine import check_schema, create_engine, migrate
+    from trainsentry.store.errors import StoreError, StoreMissing, StoreUrlError
 
     gateway, reports, channels, opts = _load(args)
     now = _now(args.now)

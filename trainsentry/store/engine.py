@@ -13,6 +13,7 @@ from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from trainsentry.alerts import utcnow
+from trainsentry.store.errors import StoreError, StoreMissing, StoreUrlError
 from trainsentry.store.schema import SCHEMA_VERSION, metadata, schema_version
 from trainsentry.store.sqlite_driver import use_store_connections
 
@@ -20,15 +21,6 @@ from trainsentry.store.sqlite_driver import use_store_connections
 # `create_engine`, and a connection inside `engine.begin()` / `engine.connect()`.
 Engine = AsyncEngine
 Connection = AsyncConnection
-
-
-class StoreError(RuntimeError):
-    """The store cannot be used (bad URL, unreachable, or a schema we cannot handle)."""
-
-
-class StoreUrlError(StoreError):
-    """The database URL is not one we can use (a usage error; the message never holds the
-    URL's password)."""
 
 
 _ASYNC_DRIVERS = {
@@ -87,11 +79,6 @@ def async_url(url: str) -> str:
                 f"set {env} in the environment instead"
             )
     return parsed.render_as_string(hide_password=False)
-
-
-class StoreMissing(StoreError):
-    """A command that only reads the store (or adds its own tables to it) was pointed at a
-    store that does not exist: it must not create an empty one in its place."""
 
 
 def sqlite_path(url: str) -> Path | None:

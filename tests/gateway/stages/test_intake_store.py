@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from tests.support.webhook_factory import BASE_TIME, encode, make_alert, make_body
 from trainsentry.gateway.stages.intake import parse_webhook
 from trainsentry.store import StoreError, create_engine, migrate
+from trainsentry.store.errors import StoreUnavailable
 from trainsentry.store.migrations import MIGRATIONS
 from trainsentry.store.schema import SCHEMA_VERSION, alert_events, alerts, schema_version
 from trainsentry.store.writes import IncomingReceipt, record_receipts
@@ -145,7 +146,7 @@ async def test_an_unexpected_error_fails_only_its_webhook_and_the_writer_lives_o
         results = await asyncio.wait_for(
             asyncio.gather(*submitted, return_exceptions=True), timeout=20
         )
-        assert isinstance(results[1], intake.StoreUnavailable)
+        assert isinstance(results[1], StoreUnavailable)
         assert str(results[1]) == "internal error, see the gateway log"
         assert [r.new for r in (results[0], results[2])] == [1, 1]  # type: ignore[union-attr]
         assert (await asyncio.wait_for(writer.submit(good[2]), timeout=10)).new == 1

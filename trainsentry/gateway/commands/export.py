@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     from datetime import UTC, datetime
 
-    from trainsentry.store.engine import StoreMissing, StoreUrlError
+    from trainsentry.store.errors import StoreMissing, StoreUrlError
 
     since = None
     if args.since:

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
     from trainsentry.alerts import utcnow
     from trainsentry.gateway.policy.delivery import parse_retry_request
-    from trainsentry.store.engine import StoreMissing, StoreUrlError
+    from trainsentry.store.errors import StoreMissing, StoreUrlError
 
     body: dict[str, object] = {"by": args.by or f"{getpass.getuser()} (cli)"}
     for key in ("ids", "channel", "since"):
@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
 async def _retry(db_url: str, selection: object) -> list[int]:
     from trainsentry.alerts import utcnow
     from trainsentry.gateway.policy.delivery import RetrySelection
-    from trainsentry.store.engine import StoreError, check_schema, create_engine
+    from trainsentry.store.engine import check_schema, create_engine
+    from trainsentry.store.errors import StoreError
     from trainsentry.store.outbox import requeue_dead
     from trainsentry.store.schema import SCHEMA_VERSION
 

@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     from trainsentry.config import ConfigError, load_settings
     from trainsentry.gateway.assemble import app_from_settings
     from trainsentry.logs import configure_logging
-    from trainsentry.store.engine import StoreError, async_url
+    from trainsentry.store.engine import async_url
+    from trainsentry.store.errors import StoreError
 
     configure_logging(args.log_level)
 

@@ -25,7 +25,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 from trainsentry.alerts import GO_ZERO_TIME, Alert, AlertChange, AlertStatus, utcnow
 from trainsentry.gateway.stages.resends import Resends
 from trainsentry.store.engine import Connection, Engine
-from trainsentry.store.errors import DatabaseError, DriverError, StoreDown
+from trainsentry.store.errors import DatabaseError, DriverError, StoreDown, StoreUnavailable
 from trainsentry.store.resends import (
     ReceiptTouch,
     content_digest,
@@ -250,10 +250,6 @@ def _refuse_nul(payload: WebhookPayload) -> None:
             raise IntakeRejected(
                 "body is not an Alertmanager webhook v4", [f"{shown}: {NUL_REJECTED}"]
             )
-
-
-class StoreUnavailable(RuntimeError):
-    """The store could not commit; the sender should retry (HTTP 503)."""
 
 
 # The policy hook: turns changes into outbox rows inside the caller's transaction.
