@@ -1,9 +1,11 @@
 """The gateway's HTTP surface (aiohttp): thin handlers only.
 
 Webhook intake (`POST /api/v1/alertmanager`), the probes' hang triggers
-(`POST /api/v1/hang-triggers`), the read API, acks (API and the Feishu card button), health
-and metrics. Each handler validates its request and hands it to a stage; the stages are
-built and started by assemble.py and found under `GATEWAY_KEY` (pipeline.py).
+(`POST /api/v1/hang-triggers`), the read API, the Feishu card button, retries, health and
+metrics; the routes of acks and "escalate now" (ack_api.py), maintenance windows, on-call
+and cordons are registered by the modules that own them (`add_*_routes`). Each handler
+validates its request and hands it to a stage; the stages are built and started by
+assemble.py and found under `GATEWAY_KEY` (pipeline.py).
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from trainsentry.alerts import JobRef, Priority, utcnow
+from trainsentry.gateway.ack_api import add_ack_routes
 from trainsentry.gateway.cordon_api import add_cordon_routes, card_cordon
 from trainsentry.gateway.http_auth import WEBHOOK_PATH as WEBHOOK_PATH
 from trainsentry.gateway.http_auth import authorized as _authorized
 from trainsentry.gateway.http_auth import bearer as _bearer
 from trainsentry.gateway.http_auth import error_response as _error
-from trainsentry.gateway.http_auth import read_token
 from trainsentry.gateway.http_auth import unauthorized as _unauthorized
 from trainsentry.gateway.maintenance_api import add_maintenance_routes
 from trainsentry.gateway.nodes_api import get_nodes
@@ -38,7 +40,6 @@ from trainsentry.gateway.read_api import (
     get_alert_detail,
     get_alerts,
     get_notifications,
-    path_alert_id,
 )
 from trainsentry.gateway.request_body import BodyRejected, read_body, read_json_object
 from trainsentry.gateway.stages.hang_trigger import (
@@ -48,7 +49,7 @@ from trainsentry.gateway.stages.hang_trigger import (
     trigger_token_ok,
     trigger_webhook,
 )
-from trainsentry.gateway.stages.intake import IntakeRejected, parse_webhook, text_problem
+from trainsentry.gateway.stages.intake import IntakeRejected, parse_webhook
 from trainsentry.gateway.stages.truncated import fetch_group
 from trainsentry.gateway.ui import add_ui_routes
 from trainsentry.notifiers.feishu.callback import CardAction, action_response, card_action_handler
@@ -212,53 +213,6 @@ def _complete_truncated(gateway: Gateway, receipt: IncomingReceipt) -> None:
     task.add_done_callback(gateway.background.remove)
 
 
-async def post_ack(request: web.Request) -> web.Response:
-    """POST /api/v1/alerts/{id}/ack {"by": "...", "silence_minutes": 60, "comment": "..."}:
-    authenticated."""
-    gateway = request.app[GATEWAY_KEY]
-    token = read_token(gateway.settings)
-    if token is None:
-        return _error(403, "acks need TRAINSENTRY_API_TOKEN set on the gateway")
-    if not _authorized(request, token):
-        return _unauthorized()
-    try:
-        alert_id = path_alert_id(request)
-    except web.HTTPBadRequest as exc:
-        return _error(400, exc.reason)
-    try:
-        body = await read_json_object(request)
-    except BodyRejected as exc:
-        return _error(exc.status, exc.reason)
-    who = body.get("by")
-    minutes = body.get("silence_minutes")
-    if not isinstance(who, str) or not who.strip() or len(who) > 200:
-        return _error(400, "'by' (who acknowledges) is required, up to 200 characters")
-    if (problem := text_problem(who)) is not None:
-        return _error(400, f"'by': {problem}")
-    if minutes is not None and (
-        isinstance(minutes, bool)
-        or not isinstance(minutes, int | float)
-        or not 0 < minutes <= 43200
-    ):
-        return _error(400, "'silence_minutes' must be a number of minutes, up to 30 days")
-    comment = body.get("comment")
-    if comment is not None and (
-        not isinstance(comment, str) or len(comment) > 1000 or text_problem(comment) is not None
-    ):
-        return _error(400, "'comment' must be text of up to 1000 characters")
-    assert gateway.ack is not None
-    silence = timedelta(minutes=minutes) if minutes else None
-    try:
-        result = await gateway.ack.acknowledge(
-            alert_id, who.strip(), silence, comment=comment.strip() if comment else None
-        )
-    except (OSError, DatabaseError) as exc:
-        return _error(503, f"store unavailable, retry: {type(exc).__name__}")
-    if result is None:
-        return _error(404, f"no alert {alert_id}")
-    return web.json_response(result.to_json())
-
-
 async def card_ack(gateway: Gateway, action: CardAction) -> dict[str, Any] | None:
     """A Feishu card button press (Acknowledge / Silence): the same AckService as the API
     (stages/ack.py → stages/paging.py: the phone stops, calls not rung yet are cancelled);
@@ -404,7 +358,7 @@ def add_routes(app: web.Application, card_callback: CardCallbackSettings | None 
     app.router.add_get("/api/v1/alerts/{alert_id}", get_alert_detail)
     app.router.add_get("/api/v1/notifications", get_notifications)
     app.router.add_get("/api/v1/nodes", get_nodes)
-    app.router.add_post("/api/v1/alerts/{alert_id}/ack", post_ack)
+    add_ack_routes(app)
     app.router.add_post("/api/v1/notifications/retry", post_notifications_retry)
     add_maintenance_routes(app)
     add_oncall_routes(app)

@@ -1,12 +1,13 @@
-"""The on-call HTTP API (thin handlers over stages/oncall.py and stages/ack.py):
+"""The on-call HTTP API (thin handlers over stages/oncall.py):
 
 - `GET /api/v1/oncall[?schedule=NAME][&at=ISO8601]`: who is on call, shaped like
   `trainsentry oncall now --json` (one schedule), or `{"schedules": [...]}` (all);
 - `GET /api/v1/oncall/{schedule}.ics[?days=60][&past_days=7][&key=KEY]`: the iCalendar feed;
 - `GET /api/v1/oncall/feeds`: each schedule's subscription URL, with its key;
 - `GET /api/v1/oncall/overrides[?schedule=NAME][&removed=true]`: run-time overrides and swaps;
-- `POST /api/v1/oncall/overrides`: add one; `DELETE /api/v1/oncall/overrides/{id}`: remove one;
-- `POST /api/v1/alerts/{id}/escalate`: call the next escalation step now.
+- `POST /api/v1/oncall/overrides`: add one; `DELETE /api/v1/oncall/overrides/{id}`: remove one.
+
+(`POST /api/v1/alerts/{id}/escalate`, "call the next step now", is ack_api.py's.)
 
 Reads take the read token (as the read API, gateway/read_api.py); changes take it too and are
 refused (403) when no token is set, as acks are. The feed also opens with its schedule's
@@ -28,9 +29,7 @@ from pydantic import SecretStr
 
 from trainsentry.gateway.http_auth import authorized, error_response, read_token, unauthorized
 from trainsentry.gateway.pipeline import GATEWAY_KEY
-from trainsentry.gateway.read_api import path_alert_id
 from trainsentry.gateway.request_body import BodyRejected, read_json_object
-from trainsentry.gateway.stages.ack import EscalationRefused
 from trainsentry.gateway.stages.intake import text_problem
 from trainsentry.gateway.stages.oncall import OncallService, UnknownSchedule
 from trainsentry.notifiers.feishu.sign import secrets_equal
@@ -225,25 +224,6 @@ async def delete_override(request: web.Request) -> web.StreamResponse:
     return web.json_response(removed.to_json())
 
 
-@_guard(change=True)
-async def post_escalate(request: web.Request) -> web.StreamResponse:
-    """POST /api/v1/alerts/{id}/escalate {"by": WHO}: the next step is called now."""
-    gateway = request.app[GATEWAY_KEY]
-    try:
-        alert_id = path_alert_id(request)
-    except web.HTTPBadRequest as exc:
-        raise _Bad(400, exc.reason) from None
-    body = await _json_object(request)
-    by = _text(body.get("by"), "by", MAX_TEXT)
-    assert gateway.ack is not None
-    try:
-        result = await gateway.ack.escalate_now(alert_id, by)
-    except EscalationRefused as exc:
-        raise _Bad(exc.status, exc.reason) from None
-    gateway.outbox.wake()
-    return web.json_response(result.to_json())
-
-
 def add_oncall_routes(app: web.Application) -> None:
     app.router.add_get("/api/v1/oncall", get_oncall)
     app.router.add_get("/api/v1/oncall/overrides", get_overrides)
@@ -251,4 +231,3 @@ def add_oncall_routes(app: web.Application) -> None:
     app.router.add_post("/api/v1/oncall/overrides", post_override)
     app.router.add_delete("/api/v1/oncall/overrides/{change_id}", delete_override)
     app.router.add_get("/api/v1/oncall/{schedule}", get_feed)
-    app.router.add_post("/api/v1/alerts/{alert_id}/escalate", post_escalate)
