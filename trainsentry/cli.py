@@ -13,7 +13,6 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from types import ModuleType
 
 from trainsentry import __version__
 
@@ -34,15 +33,6 @@ COMMANDS: dict[str, str] = {
 }
 
 
-def _load(module_name: str) -> ModuleType | None:
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name == module_name:  # the command is not built yet
-            return None
-        raise
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trainsentry",
@@ -52,9 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"trainsentry {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module_name in COMMANDS.items():
-        module = _load(module_name)
-        if module is None:
-            continue
+        module = importlib.import_module(module_name)
         cmd = sub.add_parser(
             name,
             help=module.HELP,

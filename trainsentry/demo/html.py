@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, select_autoescape
-from markupsafe import Markup, escape
 
 from trainsentry.demo.previews import PreviewLog
 
@@ -69,18 +67,6 @@ def card_title_and_text(card: Mapping[str, Any]) -> tuple[str, str, str]:
     colour = COLOURS.get(str(header.get("template", "grey")), "#8f959e")
     text = "\n".join(t for t in _walk_text(card.get("body", card)) if t.strip())
     return title, text, colour
-
-
-def lark_markdown_to_html(text: str) -> Markup:
-    """Enough of Feishu's markdown for a preview: bold, grey font tags, links as text."""
-    html = str(escape(text))
-    html = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html)
-    html = re.sub(
-        r"&lt;font color=(?:&#39;|&#34;)?(\w+)(?:&#39;|&#34;)?&gt;(.*?)&lt;/font&gt;",
-        r'<span style="color:\1">\2</span>',
-        html,
-    )
-    return Markup(html)
 
 
 def write_preview(path: Path, title: str, summary: Mapping[str, Any], log: PreviewLog) -> None:

@@ -108,12 +108,6 @@ def thread_stacks(
     return out
 
 
-def user_frames(frames: Sequence[Mapping[str, Any]], count: int = 3) -> list[Mapping[str, Any]]:
-    """Pure: the innermost `count` frames of user code (not library), innermost last."""
-    mine = [f for f in frames if not f.get("library")]
-    return mine[-count:]
-
-
 def in_checkpoint(frames: Sequence[Mapping[str, Any]]) -> bool:
     """Pure: whether a stack (outermost first) is inside torch.save or a distributed
     checkpoint writer."""

@@ -85,11 +85,9 @@ async def test_ack_and_export_commands(db_url: str, tmp_path: Path) -> None:
 def test_every_command_has_help_with_exit_codes() -> None:
     import subprocess
 
-    from trainsentry.cli import COMMANDS, _load
+    from trainsentry.cli import COMMANDS
 
-    for name, module in COMMANDS.items():
-        if _load(module) is None:
-            continue
+    for name in COMMANDS:
         result = subprocess.run(
             [sys.executable, "-m", "trainsentry", name, "--help"], capture_output=True, text=True
         )

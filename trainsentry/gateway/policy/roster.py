@@ -98,8 +98,3 @@ def escalators_of(
         name: escalator_of(config, oncall, schedules)
         for name, config in oncall.escalation_policies.items()
     }
-
-
-def uses_schedules(config: EscalationPolicyConfig) -> set[str]:
-    """Pure: the schedules a policy's steps read."""
-    return {step.schedule for step in config.steps if step.schedule is not None}
