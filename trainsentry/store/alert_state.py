@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Row, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from trainsentry.store.dialect import is_sqlite
 from trainsentry.store.schema import alert_events, alerts, notifications
 
 #: `last_error` of a notification held back past its diagnosis (a checkpoint within its limit).
@@ -24,7 +25,7 @@ async def lock_alert(conn: AsyncConnection, alert_id: int) -> Row[Any] | None:
     """The alert's row (all columns), locked for this transaction on PostgreSQL; None if
     there is no such alert."""
     query = select(alerts).where(alerts.c.id == alert_id)
-    if conn.dialect.name == "postgresql":
+    if not is_sqlite(conn):
         query = query.with_for_update()
     return (await conn.execute(query)).first()
 

@@ -36,6 +36,8 @@ from sqlalchemy import Table
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from trainsentry.store.dialect import is_sqlite
+
 # Both backends allow 32,766+ bound parameters per statement; stay well below.
 _MAX_PARAMS = 30_000
 _MAX_ROWS_PER_STATEMENT = 256
@@ -155,7 +157,7 @@ async def _sqlite_driver(conn: AsyncConnection) -> Any | None:
 
     Statements sent to it run in the same SQLite transaction as `conn`'s (one sqlite3
     connection; pysqlite opens the transaction at the first write either way)."""
-    if conn.dialect.name != "sqlite":
+    if not is_sqlite(conn):
         return None
     raw = await conn.get_raw_connection()
     return raw.driver_connection

@@ -13,10 +13,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from sqlalchemy import delete
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from trainsentry.store.dialect import dialect_insert
 from trainsentry.store.schema import callback_events
 
 KEEP = timedelta(days=1)
@@ -27,9 +26,8 @@ async def first_delivery(conn: AsyncConnection, event_id: str, now: datetime) ->
     """True the first time `event_id` is seen (it is recorded in the caller's transaction),
     False for a repeat. `event_id` is at most MAX_EVENT_ID characters."""
     await conn.execute(delete(callback_events).where(callback_events.c.received_at < now - KEEP))
-    insert = sqlite_insert if conn.dialect.name == "sqlite" else postgresql_insert
     statement = (
-        insert(callback_events)
+        dialect_insert(conn, callback_events)
         .values(event_id=event_id, received_at=now)
         .on_conflict_do_nothing(index_elements=[callback_events.c.event_id])
     )

@@ -11,10 +11,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import delete, select
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from trainsentry.store.dialect import dialect_insert
 from trainsentry.store.schema import console_revoked_sessions as revoked
 
 
@@ -24,9 +23,8 @@ async def revoke_session(
     """Records `session_id` (at most 64 characters) as ended at `now`, in the caller's
     transaction; revoking one twice is one row."""
     await conn.execute(delete(revoked).where(revoked.c.expires_at < now))
-    insert = sqlite_insert if conn.dialect.name == "sqlite" else postgresql_insert
     await conn.execute(
-        insert(revoked)
+        dialect_insert(conn, revoked)
         .values(session_id=session_id, expires_at=expires_at, revoked_at=now)
         .on_conflict_do_nothing(index_elements=[revoked.c.session_id])
     )

@@ -15,10 +15,9 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from trainsentry.store.dialect import dialect_insert, is_sqlite
 from trainsentry.store.policy_state import load_states, save_states
 from trainsentry.store.schema import policy_state
 
@@ -30,16 +29,15 @@ MAX_CARD_TIMES = 1000  # remediation.max_cards_per_hour is at most 1000
 
 
 async def lock_cordon(conn: AsyncConnection, now: datetime) -> None:
-    insert = sqlite_insert if conn.dialect.name == "sqlite" else postgresql_insert
     await conn.execute(
-        insert(policy_state)
+        dialect_insert(conn, policy_state)
         .values(scope=SCOPE, key=LOCK_KEY, state={}, updated_at=now, due_at=None)
         .on_conflict_do_nothing(index_elements=[policy_state.c.scope, policy_state.c.key])
     )
     query = select(policy_state.c.key).where(
         policy_state.c.scope == SCOPE, policy_state.c.key == LOCK_KEY
     )
-    if conn.dialect.name == "postgresql":
+    if not is_sqlite(conn):
         query = query.with_for_update()
     await conn.execute(query)
 

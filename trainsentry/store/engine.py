@@ -13,6 +13,7 @@ from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from trainsentry.alerts import utcnow
+from trainsentry.store.dialect import is_sqlite
 from trainsentry.store.errors import StoreError, StoreMissing, StoreUrlError
 from trainsentry.store.schema import SCHEMA_VERSION, metadata, schema_version
 from trainsentry.store.sqlite_driver import use_store_connections
@@ -108,10 +109,6 @@ def require_existing(url: str) -> None:
         )
 
 
-def is_sqlite(engine: AsyncEngine) -> bool:
-    return engine.dialect.name == "sqlite"
-
-
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     # WAL + synchronous=FULL: a transaction is on disk when COMMIT returns, so a 200 means
     # the alerts survive a crash of the process (the kill -9 tests) and of the machine.
@@ -198,7 +195,7 @@ async def migrate(engine: AsyncEngine, *, create: bool = True) -> int:
         try:
             return await _migrate_once(engine, create=create)
         except OperationalError as exc:
-            if engine.dialect.name != "sqlite" or "locked" not in str(exc) or attempt == 4:
+            if not is_sqlite(engine) or "locked" not in str(exc) or attempt == 4:
                 raise
             await asyncio.sleep(0.2 * (attempt + 1))
     raise AssertionError("unreachable")
@@ -208,12 +205,12 @@ async def _migrate_once(engine: AsyncEngine, *, create: bool) -> int:
     from trainsentry.store.migrations import MIGRATIONS
 
     async with engine.begin() as conn:
-        if engine.dialect.name == "postgresql":
-            await conn.execute(text("SELECT pg_advisory_xact_lock(7412001)"))
-        elif engine.dialect.name == "sqlite":
+        if is_sqlite(engine):
             # pysqlite's commit()/rollback() end this transaction: they act whenever SQLite
             # is not in autocommit mode, whoever began the transaction.
             await conn.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            await conn.execute(text("SELECT pg_advisory_xact_lock(7412001)"))
         current = await _current_version(conn)
         if current is None:
             if not create:

@@ -32,6 +32,7 @@ from trainsentry.alerts import (
     parse_priority,
 )
 from trainsentry.store.bulk import decode_json, decode_time, fetch
+from trainsentry.store.dialect import is_sqlite
 from trainsentry.store.schema import alert_events, policy_inbox
 
 # An alert's urgency is the level of its `priority` label (Priority.level: P0 = 0).
@@ -80,7 +81,7 @@ _CLAIM_POSTGRESQL = (
 async def claim_inbox(conn: AsyncConnection, limit: int) -> Claimed:
     """The `limit` most urgent waiting changes (oldest first within an urgency), locked for
     this transaction. On PostgreSQL at most the oldest waiting change per fingerprint."""
-    sql = _CLAIM_SQLITE if conn.dialect.name == "sqlite" else _CLAIM_POSTGRESQL
+    sql = _CLAIM_SQLITE if is_sqlite(conn) else _CLAIM_POSTGRESQL
     # Read through the driver (bulk.decode_*): this runs once per alert change.
     rows = await fetch(conn, sql, (limit,))
     event_ids: list[int] = []

@@ -26,6 +26,7 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trainsentry.store.bulk import decode_json, decode_time, encoder, fetch, insert_rows
+from trainsentry.store.dialect import is_sqlite
 from trainsentry.store.schema import alert_events, alerts, incident_alerts, incidents
 
 OPEN = "firing"
@@ -81,7 +82,7 @@ async def reserve_ids(conn: AsyncConnection, count: int) -> list[int]:
     the next ones after the largest."""
     if count <= 0:
         return []
-    if conn.dialect.name == "postgresql":
+    if not is_sqlite(conn):
         rows = await fetch(
             conn, "SELECT nextval('incident_ids') FROM generate_series(1, ?)", [count]
         )
@@ -116,7 +117,7 @@ async def load_incidents(
         members.update((int(a), int(i)) for a, i in await fetch(conn, sql, chunk))
     hashes = sorted({key_hash(key) for key in keys})
     ids = sorted(set(members.values()))
-    lock = " ORDER BY id FOR UPDATE" if conn.dialect.name == "postgresql" else ""
+    lock = "" if is_sqlite(conn) else " ORDER BY id FOR UPDATE"
     found: dict[int, StoredIncident] = {}
     for start in range(0, max(len(hashes), len(ids)), 2000):
         part_h, part_i = hashes[start : start + 2000], ids[start : start + 2000]
@@ -145,7 +146,7 @@ async def due_incidents(
         .order_by(incidents.c.due_at)
         .limit(limit)
     )
-    if conn.dialect.name == "postgresql":
+    if not is_sqlite(conn):
         query = query.with_for_update(skip_locked=True)
     return [
         StoredIncident(int(r.id), dict(r.state), r.acked_by, r.acked_at)
@@ -225,7 +226,7 @@ async def incident_of_alert(conn: AsyncConnection, alert_id: int) -> StoredIncid
         .join(incident_alerts, incident_alerts.c.incident_id == incidents.c.id)
         .where(incident_alerts.c.alert_id == alert_id)
     )
-    if conn.dialect.name == "postgresql":
+    if not is_sqlite(conn):
         query = query.with_for_update(of=incidents)
     row = (await conn.execute(query)).first()
     return StoredIncident(int(row.id), dict(row.state), row.acked_by, row.acked_at) if row else None
@@ -254,7 +255,7 @@ async def acknowledge_incident(
     )
     members = select(incident_alerts.c.alert_id).where(incident_alerts.c.incident_id == incident_id)
     query = select(alerts.c.id).where(alerts.c.id.in_(members), alerts.c.acked_at.is_(None))
-    if conn.dialect.name == "postgresql":
+    if not is_sqlite(conn):
         query = query.with_for_update()
     ids = sorted(int(i) for i in (await conn.execute(query)).scalars())
     if ids:

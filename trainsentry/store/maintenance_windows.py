@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from trainsentry.store.dialect import is_sqlite
 from trainsentry.store.schema import alerts, maintenance_mutes, maintenance_windows
 
 MUTED = "muted"  # held back; the notices in `drafts` are owed if it still fires at the end
@@ -145,7 +146,7 @@ async def mute_states(conn: AsyncConnection, alert_ids: Iterable[int]) -> dict[i
         query = select(maintenance_mutes.c.alert_id, maintenance_mutes.c.state).where(
             maintenance_mutes.c.alert_id.in_(wanted[start : start + 5000])
         )
-        if conn.dialect.name == "postgresql":
+        if not is_sqlite(conn):
             query = query.with_for_update()
         found.update({int(row.alert_id): row.state for row in await conn.execute(query)})
     return found
@@ -219,7 +220,7 @@ async def claim_due_mutes(conn: AsyncConnection, now: datetime, limit: int = 500
         .order_by(maintenance_mutes.c.until, maintenance_mutes.c.alert_id)
         .limit(limit)
     )
-    if conn.dialect.name == "postgresql":
+    if not is_sqlite(conn):
         query = query.with_for_update(skip_locked=True, of=maintenance_mutes)
     return [
         DueMute(

@@ -25,6 +25,7 @@ from sqlalchemy import (
     text,
 )
 
+from trainsentry.store.dialect import is_sqlite
 from trainsentry.store.schema import (
     Id,
     Json,
@@ -106,7 +107,7 @@ def _create_maintenance_v6(conn: Connection) -> None:
 
 
 def _add_alert_topology_v9(conn: Connection) -> None:
-    sql_type = "JSONB" if conn.dialect.name == "postgresql" else "JSON"
+    sql_type = "JSON" if is_sqlite(conn) else "JSONB"
     conn.exec_driver_sql(f"ALTER TABLE alerts ADD COLUMN topology {sql_type}")
     conn.exec_driver_sql("CREATE INDEX ix_alerts_node_starts ON alerts (node, starts_at)")
 
@@ -206,7 +207,7 @@ def _create_incidents_v13(conn: Connection) -> None:
     Index("ix_incident_alerts_incident", members.c.incident_id)
     incidents.create(conn)
     members.create(conn)
-    if conn.dialect.name == "postgresql":
+    if not is_sqlite(conn):
         conn.exec_driver_sql("CREATE SEQUENCE incident_ids")
 
 

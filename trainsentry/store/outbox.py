@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import Row, bindparam, case, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from trainsentry.store.dialect import is_sqlite
 from trainsentry.store.schema import notifications
 
 PENDING, SENDING, SENT, DEAD = "pending", "sending", "sent", "dead"
@@ -74,8 +75,11 @@ async def busy_count(conn: AsyncConnection, now: datetime) -> int:
     )
 
 
-async def sending_claimers(conn: AsyncConnection, host: str) -> list[str]:
-    """The worker ids (`host:pid:nonce`) holding rows `sending` that were claimed from `host`."""
+async def sending_claimers(conn: AsyncConnection, host: str) -> list[str] | None:
+    """The worker ids (`host:pid:nonce`) holding rows `sending` that were claimed from `host`;
+    None on SQLite, where one gateway owns the store (every claimer is an earlier run of it)."""
+    if is_sqlite(conn):
+        return None
     rows = await conn.execute(
         select(notifications.c.claimed_by)
         .where(
@@ -152,7 +156,7 @@ async def claim_notifications(
         .order_by(notifications.c.priority, notifications.c.id)
         .limit(limit)
     )
-    if conn.dialect.name == "postgresql":
+    if not is_sqlite(conn):
         due = due.with_for_update(skip_locked=True, of=notifications)
     # Ids first, then the update: as a subquery of the UPDATE, PostgreSQL may run
     # the LIMIT ... SKIP LOCKED select more than once and claim past the limit.

@@ -16,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trainsentry.store.bulk import decode_json, encoder, fetch, insert_rows
+from trainsentry.store.dialect import is_sqlite
 from trainsentry.store.schema import policy_state
 
 _LOAD_SQL = "SELECT key, state FROM policy_state WHERE scope = ? AND key IN ({}) ORDER BY key"
@@ -27,7 +28,7 @@ async def load_states(
     wanted = sorted(set(keys))
     found: dict[str, dict[str, Any]] = {}
     # Through the driver (bulk.fetch): this runs for every batch the policy plans.
-    lock = " FOR UPDATE" if conn.dialect.name == "postgresql" else ""
+    lock = "" if is_sqlite(conn) else " FOR UPDATE"
     for start in range(0, len(wanted), 5000):
         chunk = wanted[start : start + 5000]
         sql = _LOAD_SQL.format(",".join("?" * len(chunk))) + lock
@@ -72,7 +73,7 @@ async def claim_due(
         .order_by(policy_state.c.due_at)
         .limit(limit)
     )
-    if conn.dialect.name == "postgresql":
+    if not is_sqlite(conn):
         query = query.with_for_update(skip_locked=True)
     return {row.key: dict(row.state) for row in await conn.execute(query)}
 

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trainsentry.alerts import Alert, AlertStatus
 from trainsentry.store.bulk import run_steps, update_steps
+from trainsentry.store.dialect import is_sqlite
 from trainsentry.store.schema import alert_events, alerts, notifications, webhook_receipts
 
 
@@ -169,7 +170,7 @@ async def set_priorities(conn: AsyncConnection, decided: Sequence[tuple[int, str
     # One row per alert, the last decision winning (an alert can fire twice in one batch).
     latest = {alert_id: (priority, reason, alert_id) for alert_id, priority, reason in decided}
     rows = list(latest.values())
-    sqlite = conn.dialect.name == "sqlite"
+    sqlite = is_sqlite(conn)
     steps = update_steps("alerts", ("priority", "priority_reason"), "id", rows, sqlite=sqlite)
     await run_steps(conn, steps)
 

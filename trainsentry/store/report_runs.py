@@ -17,6 +17,7 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from trainsentry.store.dialect import is_sqlite
 from trainsentry.store.schema import report_runs
 
 STALE_CLAIM = timedelta(minutes=30)
@@ -52,7 +53,7 @@ async def claim(
         return await _claim(engine, key, now, recipients, force=force)
     except OperationalError as exc:
         # SQLite: a concurrent run wrote first and our snapshot is stale (SQLITE_BUSY).
-        if engine.dialect.name == "sqlite" and "locked" in str(exc):
+        if is_sqlite(engine) and "locked" in str(exc):
             return False, None, "another run is sending it"
         raise
 

@@ -37,6 +37,7 @@ from typing import Any
 from sqlalchemy import Select, Table, bindparam, delete, exists, select, text, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from trainsentry.store.dialect import is_sqlite
 from trainsentry.store.engine import sqlite_path
 from trainsentry.store.maintenance_windows import MUTED
 from trainsentry.store.outbox import CANCELLED, DEAD, SENT
@@ -82,7 +83,7 @@ async def batch_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnectio
     """One purge batch's transaction; on SQLite it takes the write lock at once (BEGIN
     IMMEDIATE), so what it reads cannot change before it deletes."""
     async with engine.begin() as conn:
-        if conn.dialect.name == "sqlite":
+        if is_sqlite(conn):
             # pysqlite's commit()/rollback() end this transaction (see engine.migrate).
             await conn.exec_driver_sql("BEGIN IMMEDIATE")
         yield conn
@@ -97,7 +98,7 @@ def _unindexed(column: Any) -> Any:
 
 
 def _postgresql(conn: AsyncConnection) -> bool:
-    return conn.dialect.name == "postgresql"
+    return not is_sqlite(conn)
 
 
 def _ids(rows: Any) -> list[int]:
@@ -390,7 +391,7 @@ def sqlite_size(path: os.PathLike[str] | str) -> StoreSize:
 
 async def store_size(engine: AsyncEngine) -> StoreSize | None:
     """The store's size (see StoreSize); None for an in-memory SQLite store."""
-    if engine.dialect.name == "sqlite":
+    if is_sqlite(engine):
         path = sqlite_path(engine.url.render_as_string(hide_password=True))
         # a thread: a stat of a volume that hangs (NFS) must not stop the event loop
         return None if path is None else await asyncio.to_thread(sqlite_size, path)

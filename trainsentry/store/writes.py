@@ -18,8 +18,7 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import Table, bindparam, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trainsentry.alerts import Alert, AlertChange, AlertStatus, ChangeKind, NotificationDraft
@@ -33,6 +32,7 @@ from trainsentry.store.bulk import (
     run_steps,
     update_steps,
 )
+from trainsentry.store.dialect import is_sqlite
 from trainsentry.store.inbox import urgency
 from trainsentry.store.schema import (
     alert_events,
@@ -71,13 +71,6 @@ class ReceiptOutcome:
     changes: list[AlertChange] = field(default_factory=list)
     # an unchanged resend of its group, answered from the store without a write
     resend: bool = False
-
-
-def dialect_insert(conn: AsyncConnection, table: Table) -> Any:
-    """The backend's INSERT construct (both offer ON CONFLICT)."""
-    if conn.dialect.name == "postgresql":
-        return postgresql.insert(table)
-    return sqlite.insert(table)
 
 
 _RECEIPT_COLUMNS = (
@@ -438,7 +431,7 @@ async def expire_stale(
         .order_by(alerts.c.id)
         .limit(limit)
     )
-    if conn.dialect.name == "postgresql":
+    if not is_sqlite(conn):
         query = query.with_for_update(skip_locked=True)
     rows = (await conn.execute(query)).all()
     if not rows:

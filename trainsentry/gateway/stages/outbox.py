@@ -267,11 +267,8 @@ class Outbox:
         a vanished replica's rows wait for their lease to expire.
         """
         async with self._engine.begin() as conn:
-            claimers = None
-            if conn.dialect.name != "sqlite":
-                host = self.worker_id.split(":", 1)[0]
-                found = await sending_claimers(conn, host)
-                claimers = [c for c in found if c != self.worker_id and earlier_run(c)]
+            found = await sending_claimers(conn, self.worker_id.split(":", 1)[0])  # None: SQLite
+            claimers = found and [c for c in found if c != self.worker_id and earlier_run(c)]
             released = await release_leases(conn, self.worker_id, claimers)
         if released:
             log.warning("released notifications left sending by an earlier run count=%d", released)
