@@ -194,7 +194,7 @@ class PolicyMetrics:
         )
         self.storms = Counter(
             "trainsentry_storms_total",
-            "Alert storms entered (per job).",
+            "Alert storms announced (per job): entered, with an incident folded into them.",
             **kwargs,
         )
         self.storm_messages = Counter(

@@ -187,6 +187,22 @@ def test_flapping_notice_then_held_resolution_released_by_tick() -> None:
     assert len(keys) == len(set(keys))
 
 
+def test_the_storm_card_goes_out_only_once_something_is_folded() -> None:
+    """One incident of 25 alerts (one cause, 25 nodes) puts the job in storm mode, yet
+    nothing is folded: its own card speaks for every alert, so no storm card. The first
+    incident folded into the storm brings the storm's start card with it."""
+    gw = Gateway(merge_policy(POLICY, {"storm": {"threshold": 20, "summary_interval": 60}}))
+    for i in range(25):
+        gw.send(fire(i, fingerprint=f"fp-{i}", labels={**P2_LABELS, "node": f"n{i}"}))
+    assert gw.storms[job_key(make_alert().labels)]["active"]
+    assert {d.kind for d in gw.drafts} == {"alert"}, Counter(d.payload["event"] for d in gw.drafts)
+    assert {d.kind for d in gw.tick(300)} == {"alert"}  # the incident's follow-up alone
+    folded = gw.send(fire(30, fingerprint="fp-x", labels={**P2_LABELS, "alertname": "Disk"}))
+    assert [d.payload["event"] for d in folded.drafts] == ["storm_started"] * 3
+    assert folded.collapsed == 1
+    assert folded.drafts[0].payload["storm"]["total"] >= 21
+
+
 def test_storm_folds_new_incidents_and_a_new_cause_pages_on_its_own() -> None:
     """Issue 34: during a storm a new incident is folded into the summary, unless it pages:
     the first P0, or a P0 of another cause than the storm's bulk (once per cause), which
@@ -203,10 +219,11 @@ def test_storm_folds_new_incidents_and_a_new_cause_pages_on_its_own() -> None:
     assert [d.payload["event"] for d in gw.send(hot(1)).drafts] == ["firing"] * 3
     assert gw.send(hot(2)).drafts == []  # joins GPUHot0's incident: a follow-up, later
     entering = gw.send(hot(3))  # the fourth new alert: the storm starts
-    assert [d.payload["event"] for d in entering.drafts] == ["storm_started"] * 3
+    assert entering.drafts == []  # nothing folded yet: no storm card
     assert entering.storm_state.active and entering.storm_state.bulk == "GPUHot0/"
     folded = gw.send(fire(4, fingerprint="fp-4", labels={**P2_LABELS, "alertname": "Disk"}))
-    assert folded.drafts == [] and folded.collapsed == 1  # a new incident, folded
+    assert folded.collapsed == 1  # a new incident, folded: the storm's start is announced
+    assert [d.payload["event"] for d in folded.drafts] == ["storm_started"] * 3
     page = gw.send(fire(5, fingerprint="fp-5", labels={**P0_LABELS, "node": "n5"}))
     assert channels_of(page.drafts) == ["feishu", "phone", "sheet", "console"]
     assert "pages on its own" in page.drafts[0].payload["incident"]["note"]

@@ -20,6 +20,7 @@ from trainsentry.gateway.policy.storm import (
     StormMessageKind,
     StormState,
     Tally,
+    announce_start,
     build_summary,
     collapse,
     due,
@@ -56,11 +57,15 @@ def test_enters_storm_above_s_in_w_and_not_at_s() -> None:
         state, messages = observe_new(state, at(i), Priority.P2, policy)
         assert messages == [] and not state.active
     state, messages = observe_new(state, at(5), Priority.P1, policy)
-    assert state.active and [m.kind for m in messages] == [StormMessageKind.STARTED]
-    assert messages[0].summary["total"] == 6 and messages[0].priority is Priority.P1
-    # Already in storm: no second start.
+    assert state.active and messages == []  # announced once something is folded
     state, messages = observe_new(state, at(6), Priority.P2, policy)
     assert messages == []
+    state, messages = announce_start(state, at(7), policy)  # the first incident folded
+    assert [m.kind for m in messages] == [StormMessageKind.STARTED]
+    assert messages[0].summary["total"] == 7 and messages[0].priority is Priority.P1
+    assert messages[0].episode == at(5).isoformat()  # the storm began at the sixth alert
+    # Announced already: no second start.
+    assert announce_start(state, at(8), policy)[1] == []
 
 
 def test_slow_arrivals_never_storm() -> None:

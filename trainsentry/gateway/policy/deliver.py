@@ -19,7 +19,12 @@ from trainsentry.gateway.policy.drafts import Drafts
 from trainsentry.gateway.policy.incident import INCIDENT_CONTEXT, IncidentState
 from trainsentry.gateway.policy.incident_cards import headline
 from trainsentry.gateway.policy.storm import StormEntry, Verdict, job_title
-from trainsentry.gateway.policy.storm_fold import S, collapse_any, verdict_any
+from trainsentry.gateway.policy.storm_fold import (
+    S,
+    announce_start_any,
+    collapse_any,
+    verdict_any,
+)
 
 INFRA_FOLDED = "infra_folded"  # fingerprint context: its resolve went to an incident
 
@@ -119,13 +124,18 @@ def _fold(
     alert_id: int | None,
     out: Drafts,
 ) -> S:
-    """Counts the change in the storm's next summary, under its incident."""
+    """Counts the change in the storm's next summary, under its incident; the first
+    incident folded announces the storm's start."""
     status = AlertStatus.RESOLVED if decision.notice is Notice.RESOLVED else AlertStatus.FIRING
     label = f"#{incident.id} {incident.cause.split('/', 1)[0]}"
     own = incident.announced  # a page on its own: counted, yet not folded
     out.collapsed += 0 if own else 1
     entry = StormEntry(alert, classification.priority, status, decision.at, alert_id, label, own)
-    return collapse_any(storm, entry, out.policy)
+    storm = collapse_any(storm, entry, out.policy)
+    if not own:
+        storm, messages = announce_start_any(storm, decision.at, out.policy)
+        out.storm_messages(messages)
+    return storm
 
 
 def _announce(

@@ -1,9 +1,11 @@
 """Per-job storm collapse (pure).
 
 A job is a `trainingjob` (or `job_name`) label, else the `namespace`/`job` labels, else
-the whole cluster. More than S new alerts of one job within W seconds put it in storm mode.
-While in storm, notifications are folded into a `Tally` and sent as one summary per
-interval; the first P0 of the storm still pages, once. The storm ends when the job has
+the whole cluster. More than S new alerts of one job within W seconds put it in storm mode; its start is
+announced only once an incident is folded into it (`announce_start`: one incident of 25
+alerts, all on its own card, is no reason for a storm card). While in storm,
+notifications are folded into a `Tally` and sent as one summary per interval; the first
+P0 of the storm still pages, once. The storm ends when the job has
 stayed at or below S per W for `calm_after` seconds: a last summary goes out then.
 
 Alerts folded into a storm resolve later; their resolutions are folded too (into a summary
@@ -46,6 +48,7 @@ __all__ = [
     "StormState",
     "Tally",
     "Verdict",
+    "announce_start",
     "build_summary",
     "bulk_of",
     "collapse",
@@ -150,6 +153,9 @@ class StormState:
     # the storm: its bulk, against which a P0 of another cause pages on its own
     causes: Mapping[str, int] = field(default_factory=dict)
     paged_causes: tuple[str, ...] = ()  # the new causes that paged in this storm, once each
+    # its `storm_started` card went out (or is not owed: no storm); False from the storm's
+    # start until the first incident is folded into it (`announce_start`)
+    start_told: bool = True
 
     @classmethod
     def new(cls, labels: Mapping[str, str]) -> StormState:
@@ -184,6 +190,7 @@ class StormState:
             "peak": self.peak.value,
             "causes": dict(self.causes),
             "paged_causes": list(self.paged_causes),
+            "start_told": self.start_told,
         }
 
     @classmethod
@@ -203,6 +210,7 @@ class StormState:
             peak=Priority(data.get("peak", "P3")),
             causes=dict(data.get("causes") or {}),
             paged_causes=tuple(data.get("paged_causes") or ()),
+            start_told=bool(data.get("start_told", True)),  # stored before: it was sent
         )
 
     @property
@@ -228,7 +236,8 @@ def count_cause(causes: Mapping[str, int], cause: str, fresh: bool, cap: int) ->
 def observe_new(
     state: StormState, at: datetime, priority: Priority, policy: Policy, cause: str = ""
 ) -> tuple[StormState, list[StormMessage]]:
-    """Counts one new firing alert of the job (of `cause`); enters storm mode above S per W."""
+    """Counts one new firing alert of the job (of `cause`); enters storm mode above S per W
+    (its start is announced by `announce_start`, once something is folded)."""
     rules = policy.storm
     if not rules.enabled:
         return state, []
@@ -257,9 +266,23 @@ def observe_new(
         storms=state.storms + 1,
         peak=priority,
         next_summary_at=at + timedelta(seconds=rules.summary_interval),
+        start_told=False,
     )
-    started = started_message(state.job, state.labels, episode, at, priority, count, rules)
-    return state, [started]
+    return state, []
+
+
+def announce_start(
+    state: StormState, at: datetime, policy: Policy
+) -> tuple[StormState, list[StormMessage]]:
+    """Pure: the storm's `storm_started` message, when an incident was just folded into it
+    at `at` and none went out yet (with the new alerts counted in the window then)."""
+    if not state.active or state.start_told:
+        return state, []
+    count = state.window_count(at, policy.storm)
+    message = started_message(
+        state.job, state.labels, state.episode, at, state.peak, count, policy.storm
+    )
+    return replace(state, start_told=True), [message]
 
 
 def verdict(

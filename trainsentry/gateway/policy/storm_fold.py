@@ -158,6 +158,7 @@ class StormFold:
     peak: Priority
     causes: dict[str, int]
     paged_causes: tuple[str, ...]
+    start_told: bool
 
     @classmethod
     def of(cls, state: StormState) -> StormFold:
@@ -176,6 +177,7 @@ class StormFold:
             state.peak,
             dict(state.causes),
             state.paged_causes,
+            state.start_told,
         )
 
     def freeze(self) -> StormState:
@@ -194,6 +196,7 @@ class StormFold:
             peak=self.peak,
             causes=dict(self.causes),
             paged_causes=self.paged_causes,
+            start_told=self.start_told,
         )
 
     def window_count(self, at: datetime, rules: StormPolicy) -> int:
@@ -230,7 +233,20 @@ class StormFold:
         self.storms += 1
         self.peak = priority
         self.next_summary_at = at + timedelta(seconds=rules.summary_interval)
-        return [started_message(self.job, self.labels, episode, at, priority, count, rules)]
+        self.start_told = False
+        return []
+
+    def announce_start(self, at: datetime, policy: Policy) -> list[StormMessage]:
+        """`storm.announce_start`, in place."""
+        if not self.active or self.start_told:
+            return []
+        self.start_told = True
+        count = self.window_count(at, policy.storm)
+        return [
+            started_message(
+                self.job, self.labels, self.episode, at, self.peak, count, policy.storm
+            )
+        ]
 
     def verdict(self, priority: Priority, *, fresh_page: bool, cause: str = "") -> Verdict:
         """`storm.verdict`, in place."""
@@ -320,6 +336,12 @@ def collapse_any(storm: S, entry: StormEntry, policy: Policy) -> S:
         storm.collapse(entry, policy)
         return storm
     return frozen.collapse(storm, entry, policy)
+
+
+def announce_start_any(storm: S, at: datetime, policy: Policy) -> tuple[S, list[StormMessage]]:
+    if isinstance(storm, StormFold):
+        return storm, storm.announce_start(at, policy)
+    return frozen.announce_start(storm, at, policy)
 
 
 def due_any(storm: S, now: datetime, policy: Policy) -> tuple[S, list[StormMessage]]:
