@@ -11,7 +11,10 @@ JSON `state` and the columns the console, the API and the ack read. Invariants:
   replicas changing one incident serialise instead of losing an update; the ticker takes
   due ones with `SKIP LOCKED`;
 - `acked_at`/`acked_by` are written by the ack only (`acknowledge_incident`), never by the
-  policy's save, so an ack is never undone by a batch that loaded the row before it.
+  policy's save, so an ack is never undone by a batch that loaded the row before it;
+- an alert that joins an acknowledged incident is acknowledged as it joins, by the
+  incident's acknowledger (an `acked` event with `joined: true`), so every alert of an
+  acknowledged incident shows as acknowledged.
 """
 
 from __future__ import annotations
@@ -216,6 +219,47 @@ async def save_incidents(
             joined,
             tail="ON CONFLICT (alert_id) DO NOTHING",
         )
+        await _ack_joined(conn, members)
+
+
+async def _ack_joined(conn: AsyncConnection, members: Sequence[MemberRow]) -> None:
+    """The alerts of `members` that joined an acknowledged incident, not acknowledged yet,
+    are acknowledged by its acknowledger as they join (an `acked` event each)."""
+    when = {m.alert_id: m.joined_at for m in members}
+    wanted = sorted(when)
+    for start in range(0, len(wanted), 5000):
+        chunk = wanted[start : start + 5000]
+        query = (
+            select(alerts.c.id, incidents.c.id.label("incident_id"), incidents.c.acked_by)
+            .join(incident_alerts, incident_alerts.c.alert_id == alerts.c.id)
+            .join(incidents, incidents.c.id == incident_alerts.c.incident_id)
+            .where(
+                alerts.c.id.in_(chunk),
+                alerts.c.acked_at.is_(None),
+                incidents.c.acked_at.is_not(None),
+            )
+        )
+        found = (await conn.execute(query)).all()
+        alike: dict[tuple[datetime, str], list[int]] = {}  # one update per ack and moment
+        for row in found:
+            alike.setdefault((when[row.id], row.acked_by), []).append(row.id)
+        for (at, who), ids in alike.items():
+            await conn.execute(
+                update(alerts).where(alerts.c.id.in_(ids)).values(acked_at=at, acked_by=who)
+            )
+        if found:
+            await conn.execute(
+                alert_events.insert(),
+                [
+                    {
+                        "alert_id": row.id,
+                        "kind": "acked",
+                        "at": when[row.id],
+                        "detail": {"by": row.acked_by, "incident": row.incident_id, "joined": True},
+                    }
+                    for row in found
+                ],
+            )
 
 
 async def incident_of_alert(conn: AsyncConnection, alert_id: int) -> StoredIncident | None:

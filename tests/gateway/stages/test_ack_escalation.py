@@ -138,6 +138,36 @@ async def test_escalates_until_acknowledged_then_stops(
         await close_in_process(server)
 
 
+async def test_an_alert_joining_an_acknowledged_incident_is_acknowledged_and_never_pages(
+    db_url: str, receiver: Receiver
+) -> None:
+    """The incident is acknowledged: an alert that joins it later (the same group, another
+    node) shows as acknowledged, by the incident's acknowledger, and rings nobody."""
+    clock = Clock()
+    server = await start(db_url, receiver, clock)
+    try:
+        await post(server, make_body([make_alert(1, labels=P0)]))
+        await settle(server)
+        assert called(receiver) == [(1, "alice")]
+        status, answer = await ack(server, 1, by="bob")
+        assert status == 200 and answer["incident_id"] is not None
+        clock.now += timedelta(minutes=1)
+        await post(server, make_body([make_alert(1, labels=P0), make_alert(2, labels=P0)]))
+        await settle(server)
+        clock.now += timedelta(minutes=30)
+        await settle(server)
+        assert called(receiver) == [(1, "alice")]
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as s:
+            async with s.get(server.make_url("/api/v1/alerts/2")) as response:
+                joined = await response.json()
+        assert joined["acked_by"] == "bob", joined
+        acked = [e for e in joined["events"] if e["kind"] == "acked"]
+        assert [e["detail"]["incident"] for e in acked] == [answer["incident_id"]]
+        assert acked[0]["detail"]["joined"] is True
+    finally:
+        await close_in_process(server)
+
+
 async def test_resolve_stops_escalation_and_low_priorities_never_call(
     db_url: str, receiver: Receiver
 ) -> None:

@@ -257,7 +257,8 @@ def _event_text(kind: str, detail: Any) -> str:
         return ""
     if kind in ("acked", "comment"):
         comment = detail.get("comment")
-        return f"by {detail.get('by', '')}" + (f": {comment}" if comment else "")
+        joined = " (it joined the acknowledged incident)" if detail.get("joined") else ""
+        return f"by {detail.get('by', '')}{joined}" + (f": {comment}" if comment else "")
     if kind == "silenced":
         minutes = round(float(detail.get("seconds") or 0) / 60)
         return f"by {detail.get('by', '')} for {minutes} min (silence {detail.get('silence_id')})"
