@@ -286,6 +286,23 @@ async def member_alerts(conn: AsyncConnection, incident_id: int) -> list[int]:
     return [int(alert_id) for alert_id in (await conn.execute(query)).scalars()]
 
 
+async def member_labels(
+    conn: AsyncConnection, incident_id: int, limit: int = 5000
+) -> list[dict[str, str]]:
+    """The labels of the newest `limit` alerts of `incident_id` (what its silence matches)."""
+    query = (
+        select(alerts.c.labels)
+        .join(incident_alerts, incident_alerts.c.alert_id == alerts.c.id)
+        .where(incident_alerts.c.incident_id == incident_id)
+        .order_by(alerts.c.id.desc())
+        .limit(limit)
+    )
+    return [
+        {str(k): str(v) for k, v in (labels or {}).items()}
+        for labels in (await conn.execute(query)).scalars()
+    ]
+
+
 async def acknowledge_incident(
     conn: AsyncConnection, incident_id: int, who: str, now: datetime, comment: str | None = None
 ) -> list[int]:

@@ -256,6 +256,64 @@ async def test_ack_with_silence_creates_it_in_a_real_alertmanager(
             await silences.aclose()
 
 
+@pytest.mark.e2e
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+async def test_an_incident_acks_silence_covers_its_alerts_and_no_other_cause(
+    db_url: str, receiver: Receiver, tmp_path: Path
+) -> None:
+    """Acknowledging with a silence acknowledges the incident: the silence Alertmanager
+    gets matches the labels the incident's alerts share (not the pressed alert's node), so
+    Alertmanager itself silences all of them and the next node of the same group, and
+    never another cause of the same job."""
+    am_config = {"route": {"receiver": "null"}, "receivers": [{"name": "null"}]}
+    with start_alertmanager(tmp_path, am_config) as am:
+        silences = SilenceClient(am.url)
+        server = await start(db_url, receiver, Clock(datetime.now(UTC)), silences=silences)
+        try:
+            group = [make_alert(i, labels=P2) for i in (1, 2, 3)]  # one group, three nodes
+            await post(server, make_body(group))
+            await settle(server)
+            status, answer = await ack(server, 2, by="alice", silence_minutes=60)
+            assert status == 200 and answer["alerts_acked"] == 3, answer
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"{am.url}/api/v2/silence/{answer['silence_id']}") as r:
+                    silence = await r.json()
+                matchers = {m["name"]: m["value"] for m in silence["matchers"]}
+                assert matchers == {
+                    "alertname": "GPUXidError", "namespace": "ml", "trainingjob": "llama-70b",
+                    "priority": "P2",
+                }  # fmt: skip
+                # Alertmanager's own matching: the group's alerts and a fourth node are
+                # silenced, another cause of the same job is not
+                later = make_alert(4, labels=P2)
+                other = make_alert(5, name="NodeDown", labels=P2)
+                posted = [
+                    {"labels": a["labels"], "annotations": a["annotations"]}
+                    for a in [*group, later, other]
+                ]
+                async with session.post(f"{am.url}/api/v2/alerts", json=posted) as r:
+                    assert r.status == 200, await r.text()
+
+                async def silenced() -> dict[str, list[str]]:
+                    async with session.get(f"{am.url}/api/v2/alerts") as r:
+                        found = await r.json()
+                    return {a["labels"]["node"]: a["status"]["silencedBy"] for a in found}
+
+                for _ in range(100):
+                    state = await silenced()
+                    if len(state) == 5 and any(state.values()):
+                        break
+                    await asyncio.sleep(0.1)
+            assert {node for node, by in state.items() if by} == {
+                "gpu-0001", "gpu-0002", "gpu-0003", "gpu-0004"
+            }, state  # fmt: skip
+            assert answer["silence_ids"] == [answer["silence_id"]]  # one alertname: one
+            await settle(server)
+        finally:
+            await close_in_process(server)
+            await silences.aclose()
+
+
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 async def test_feishu_card_button_acks_and_redraws_the_card(
     db_url: str, receiver: Receiver

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from trainsentry.gateway.stages.ack import AckRoute, ack_routes
+from trainsentry.gateway.stages.ack import AckRoute, ack_routes, incident_silences
 from trainsentry.store.cards import CardRow
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -60,3 +60,20 @@ def test_an_alert_without_card_rows_is_acked_on_every_chat_channel_but_a_jobs() 
         AckRoute("feishu_app"),
         AckRoute("feishu_bot"),
     ]
+
+
+def test_an_incidents_silences_match_what_its_alerts_share_per_alertname() -> None:
+    """`incident_silences` (pure): one label set per alertname, the labels all its alerts of
+    that alertname share; empty values left out; at most `cap` silences."""
+    disk = [
+        {"alertname": "Disk", "job": "a", "node": f"n{i}", "mount": "/ckpt", "team": ""}
+        for i in range(3)
+    ]
+    oom = [{"alertname": "OOM", "job": "a", "node": "n9"}]
+    assert incident_silences([*disk, *oom]) == [
+        {"alertname": "Disk", "job": "a", "mount": "/ckpt"},
+        {"alertname": "OOM", "job": "a", "node": "n9"},  # a lone alert: all its labels
+    ]
+    many = [{"alertname": f"A{i:02d}"} for i in range(30)]
+    assert [s["alertname"] for s in incident_silences(many, cap=2)] == ["A00", "A01"]
+    assert incident_silences([{"node": "n1"}]) == []  # no alertname: nothing to match safely

@@ -1,10 +1,10 @@
 """Per-job storm collapse (pure).
 
 A job is a `trainingjob` (or `job_name`) label, else the `namespace`/`job` labels, else
-the whole cluster. More than S new alerts of one job within W seconds put it in storm mode; its start is
-announced only once an incident is folded into it (`announce_start`: one incident of 25
-alerts, all on its own card, is no reason for a storm card). While in storm,
-notifications are folded into a `Tally` and sent as one summary per interval; the first
+the whole cluster. More than S new alerts of one job within W seconds put it in storm
+mode; its start is announced only once an incident is folded into it (`announce_start`:
+one incident of 25 alerts, all on its own card, is no reason for a storm card). While in
+storm, notifications are folded into a `Tally` and sent as one summary per interval; the first
 P0 of the storm still pages, once. The storm ends when the job has
 stayed at or below S per W for `calm_after` seconds: a last summary goes out then.
 

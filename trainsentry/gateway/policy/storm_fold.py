@@ -243,9 +243,7 @@ class StormFold:
         self.start_told = True
         count = self.window_count(at, policy.storm)
         return [
-            started_message(
-                self.job, self.labels, self.episode, at, self.peak, count, policy.storm
-            )
+            started_message(self.job, self.labels, self.episode, at, self.peak, count, policy.storm)
         ]
 
     def verdict(self, priority: Priority, *, fresh_page: bool, cause: str = "") -> Verdict:
