@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from trainsentry.gateway.stages.ack import AckRoute, ack_routes, incident_silences
+from trainsentry.gateway.stages.ack import AckRoute, ack_routes
+from trainsentry.gateway.stages.silences import incident_silences
 from trainsentry.store.cards import CardRow
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)

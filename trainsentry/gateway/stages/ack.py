@@ -12,18 +12,15 @@ An alert in no incident (stored before incidents were kept) is acknowledged alon
 "Escalate now" (`escalate_now`) calls the next step of a running escalation at once, and
 records who asked in the alert's history (an `escalated` event).
 With a duration and an Alertmanager configured, it also silences the incident in
-Alertmanager (after the ack is committed: a slow Alertmanager never delays the ack): one
-silence per alertname of the incident (`incident_silences`, at most MAX_SILENCES), matching
-the labels all its alerts of that alertname share. So it covers every alert of the incident,
-and the ones that join it later with those labels (the next node of the group), and never
-an alert of another alertname. An alert in no incident is silenced by its own labels.
+Alertmanager (after the ack is committed: a slow Alertmanager never delays the ack):
+stages/silences.py says what the silences match.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -32,18 +29,14 @@ from trainsentry.alerts import NotificationDraft, Priority
 from trainsentry.gateway.policy.payload import idempotency_key
 from trainsentry.gateway.policy.route import CHANNEL_KINDS, JOB_CHANNEL
 from trainsentry.gateway.stages.paging import Paging
+from trainsentry.gateway.stages.silences import create_silences, silence_targets
 from trainsentry.notifiers.alertmanager import SilenceClient
-from trainsentry.notifiers.base import NotifierError, OutboundNotification
+from trainsentry.notifiers.base import OutboundNotification
 from trainsentry.notifiers.payload import NotificationPayload
 from trainsentry.store import alert_state
 from trainsentry.store.cards import CardRow, alert_cards, group_cards
 from trainsentry.store.engine import Connection, Engine
-from trainsentry.store.incidents import (
-    StoredIncident,
-    acknowledge_incident,
-    incident_of_alert,
-    member_labels,
-)
+from trainsentry.store.incidents import StoredIncident, acknowledge_incident, incident_of_alert
 from trainsentry.store.writes import insert_notifications
 
 log = logging.getLogger("trainsentry.ack")
@@ -56,28 +49,6 @@ REDRAWN_CHANNELS = frozenset({"feishu_app", JOB_CHANNEL})
 # Feishu updates a card for 14 days after it was sent (im/v1/messages PATCH); an older card
 # gets a new one. The hour of margin covers the time the ack waits in the outbox.
 CARD_UPDATE_WINDOW = timedelta(days=14) - timedelta(hours=1)
-MAX_SILENCES = 20  # silences one ack creates (one per alertname of the incident)
-
-
-def incident_silences(
-    members: Sequence[Mapping[str, str]], cap: int = MAX_SILENCES
-) -> list[dict[str, str]]:
-    """Pure: the label sets an incident's silence matches: one per alertname of its alerts
-    (the first `cap` by name), each the labels (name and value) all its alerts of that
-    alertname share, so it matches each of them and never another alertname. Labels
-    with an empty value are left out (Alertmanager reads them as "absent")."""
-    by_name: dict[str, dict[str, str]] = {}
-    for labels in members:
-        name = labels.get("alertname", "")
-        if not name:
-            continue
-        shared = by_name.get(name)
-        if shared is None:
-            by_name[name] = {k: v for k, v in labels.items() if v != ""}
-        else:
-            for key in [k for k, v in shared.items() if labels.get(k) != v]:
-                del shared[key]
-    return [by_name[name] for name in sorted(by_name)[:cap]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,11 +259,7 @@ class AckService:
         """After the ack's commit: the silence, if asked for (a slow Alertmanager never
         delays the ack), and the log line."""
         if silence is not None:
-            targets = [dict(row.labels)]
-            if result.incident_id is not None:
-                async with self._engine.connect() as conn:
-                    members = await member_labels(conn, result.incident_id)
-                targets = incident_silences(members) or targets
+            targets = await silence_targets(self._engine, dict(row.labels), result.incident_id)
             result = await self._silence(result, targets, who, silence, now)
         log.info(
             "alert acknowledged alert_id=%d incident=%s by=%s already=%s alerts=%d "
@@ -467,36 +434,16 @@ class AckService:
         duration: timedelta,
         now: datetime,
     ) -> AckResult:
-        """One silence per label set of `targets`, each recorded (a `silenced` event on the
-        acknowledged alert); the first refusal stops and is the result's error."""
         if self._silences is None:
             return _replace(result, silence_error="no Alertmanager configured for silences")
-        made: list[str] = []
-        error = None
-        for labels in targets:
-            try:
-                made.append(await self._silences.create_silence(labels, duration, who=who, now=now))
-            except NotifierError as exc:
-                log.warning("silence failed alert_id=%d error=%r", result.alert_id, str(exc))
-                error = str(exc)
-                break
-        if made:
-            async with self._engine.begin() as conn:
-                for silence_id in made:
-                    detail: dict[str, Any] = {"by": who, "silence_id": silence_id}
-                    if result.incident_id is not None:
-                        detail["incident"] = result.incident_id
-                    await alert_state.record_event(
-                        conn,
-                        result.alert_id,
-                        "silenced",
-                        now,
-                        {**detail, "seconds": duration.total_seconds()},
-                    )
+        made, error = await create_silences(
+            self._engine, self._silences, targets, result.alert_id, result.incident_id,
+            who=who, duration=duration, now=now,
+        )  # fmt: skip
         return _replace(
             result,
             silence_id=made[0] if made else None,
-            silence_ids=tuple(made),
+            silence_ids=made,
             silence_error=error,
         )
 
