@@ -44,6 +44,7 @@ from trainsentry.gateway.sections import (
     paging_of,
 )
 from trainsentry.gateway.stages.ack import AckService
+from trainsentry.gateway.stages.ackers import Ackers
 from trainsentry.gateway.stages.cordon import Cordoner
 from trainsentry.gateway.stages.diagnosis import EndpointResolver, HangDiagnoser
 from trainsentry.gateway.stages.handoff import HandoffNotices, reschedule
@@ -190,6 +191,7 @@ def create_app(
         job_alerting=job_alerting,
         remediation=remediation,
         approvers=approvers,
+        ackers=Ackers(escalator, oncall, job_alerting),  # acks by configured people's names
     )
     limits = BodyLimits(
         read_timeout_s=settings.body_timeout_s,
@@ -251,6 +253,7 @@ class _Wiring:
     job_alerting: JobAlerting | None = None
     remediation: CordonSettings | None = None
     approvers: Mapping[str, str] = field(default_factory=dict)
+    ackers: Ackers | None = None
 
 
 async def _open(app: web.Application, w: _Wiring) -> Gateway:
@@ -294,6 +297,7 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
         paging=w.paging,
         silences=w.silences,
         lock=policy_lock,
+        ackers=w.ackers,
     )
     for notifier in w.notifiers.values():  # an ack finds its card to redraw as it is sent
         if isinstance(notifier, FeishuAppNotifier | FeishuJobNotifier):

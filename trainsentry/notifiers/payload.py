@@ -138,6 +138,8 @@ class NotificationPayload(TypedDict):
     count: NotRequired[int]  # occurrences folded into this notification (flaps, repeats)
     mentions: NotRequired[list[str]]  # configured Feishu open_ids to <at> (feishu/markup.py)
     acked_by: NotRequired[str]
+    # the acknowledger's configured Feishu open_id (gateway/stages/ackers.py), to mention
+    acked_by_open_id: NotRequired[str]
     ack_comment: NotRequired[str]  # what the person who acknowledged wrote
     on_call: NotRequired[str]  # P0: who the escalation calls first, in words
     handoff: NotRequired[HandoffNotice]  # kind "handoff": a schedule's shift change

@@ -31,15 +31,20 @@ async def lock_alert(conn: AsyncConnection, alert_id: int) -> Row[Any] | None:
 
 
 async def acknowledge(
-    conn: AsyncConnection, alert_id: int, who: str, now: datetime, comment: str | None = None
+    conn: AsyncConnection,
+    alert_id: int,
+    who: str,
+    now: datetime,
+    comment: str | None = None,
+    said: Mapping[str, str] | None = None,
 ) -> None:
     """Records who acknowledged the alert and when, with an `acked` event (and the comment
-    given with the ack, if any)."""
+    given with the ack, if any; `said`: what the acknowledger gave, when it differs)."""
     await conn.execute(
         update(alerts).where(alerts.c.id == alert_id).values(acked_at=now, acked_by=who)
     )
     detail = {"by": who, "comment": comment} if comment else {"by": who}
-    await record_event(conn, alert_id, "acked", now, detail)
+    await record_event(conn, alert_id, "acked", now, {**detail, **(said or {})})
 
 
 async def ack_comment(conn: AsyncConnection, alert_id: int) -> str | None:

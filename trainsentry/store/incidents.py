@@ -20,7 +20,7 @@ JSON `state` and the columns the console, the API and the ack read. Invariants:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -304,11 +304,16 @@ async def member_labels(
 
 
 async def acknowledge_incident(
-    conn: AsyncConnection, incident_id: int, who: str, now: datetime, comment: str | None = None
+    conn: AsyncConnection,
+    incident_id: int,
+    who: str,
+    now: datetime,
+    comment: str | None = None,
+    said: Mapping[str, str] | None = None,
 ) -> list[int]:
     """Records who acknowledged the incident (once) and acknowledges its alerts not
-    acknowledged yet, each with an `acked` event naming the incident (and the comment);
-    returns those alerts' ids."""
+    acknowledged yet, each with an `acked` event naming the incident (and the comment;
+    `said`: what the acknowledger gave, when it differs); returns those alerts' ids."""
     await conn.execute(
         update(incidents)
         .where(incidents.c.id == incident_id, incidents.c.acked_at.is_(None))
@@ -323,7 +328,7 @@ async def acknowledge_incident(
         await conn.execute(
             update(alerts).where(alerts.c.id.in_(ids)).values(acked_at=now, acked_by=who)
         )
-        detail: dict[str, Any] = {"by": who, "incident": incident_id}
+        detail: dict[str, Any] = {"by": who, "incident": incident_id, **(said or {})}
         if comment:
             detail["comment"] = comment
         await conn.execute(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from trainsentry.gateway.stages.ack import AckRoute, ack_routes
+from trainsentry.gateway.stages.ackers import Acker, known_acker
 from trainsentry.gateway.stages.silences import incident_silences
 from trainsentry.store.cards import CardRow
 
@@ -78,3 +79,17 @@ def test_an_incidents_silences_match_what_its_alerts_share_per_alertname() -> No
     many = [{"alertname": f"A{i:02d}"} for i in range(30)]
     assert [s["alertname"] for s in incident_silences(many, cap=2)] == ["A00", "A01"]
     assert incident_silences([{"node": "n1"}]) == []  # no alertname: nothing to match safely
+
+
+def test_who_acknowledged_as_the_configuration_names_them() -> None:
+    """`known_acker` (pure): an open_id or a name of a configured person is that person's
+    name and configured open_id; a job owner's open_id is mentioned as itself; anyone else
+    is what they gave, nothing to mention (a malformed configured id is never mentioned)."""
+    people = [("Ana Li", "ou_ana"), ("ben", ""), ("eve", "<at id=all></at>")]
+    assert known_acker("ou_ana", people) == Acker("Ana Li", "ou_ana")
+    assert known_acker("Ana Li", people) == Acker("Ana Li", "ou_ana")
+    assert known_acker("ben", people) == Acker("ben")  # no open_id configured
+    assert known_acker("eve", people) == Acker("eve")
+    assert known_acker("ou_owner", people, owners=["ou_owner"]) == Acker("ou_owner", "ou_owner")
+    assert known_acker("ou_stranger", people, owners=["ou_owner"]) == Acker("ou_stranger")
+    assert known_acker("all", people) == Acker("all")

@@ -28,6 +28,7 @@ from typing import Any, cast
 from trainsentry.alerts import NotificationDraft, Priority
 from trainsentry.gateway.policy.payload import idempotency_key
 from trainsentry.gateway.policy.route import CHANNEL_KINDS, JOB_CHANNEL
+from trainsentry.gateway.stages.ackers import Ackers
 from trainsentry.gateway.stages.paging import Paging
 from trainsentry.gateway.stages.silences import create_silences, silence_targets
 from trainsentry.notifiers.alertmanager import SilenceClient
@@ -176,8 +177,10 @@ class AckService:
         paging: Paging | None = None,
         silences: SilenceClient | None = None,
         lock: asyncio.Lock | None = None,
+        ackers: Ackers | None = None,
     ) -> None:
         self._engine = engine
+        self._ackers = ackers or Ackers()  # who acknowledged, as configured (ackers.py)
         # The policy's lock (stages/planning/worker.py): on SQLite a transaction reads before
         # it takes the write lock, so the ticker could plan calls from the escalation state it read
         # before this ack committed, and write that state back over the ack.
@@ -196,19 +199,22 @@ class AckService:
     ) -> AckResult | None:
         """None when there is no such alert. A comment is kept with the `acked` event, or
         as a `comment` event when the alert was acknowledged already; the card shows the
-        first ack's comment."""
+        first ack's comment. `who` (an open_id or a name) that is a configured person is
+        recorded by that person's name (ackers.py), what was given kept in the event."""
         now = self._clock()
         async with self._lock, self._engine.begin() as conn:
             row = await alert_state.lock_alert(conn, alert_id)
             if row is None:
                 return None
+            given, who = who, self._ackers.of(who, row.labels).name
+            said = {"as": given} if given != who else {}
             incident = await incident_of_alert(conn, alert_id)
             if incident is not None:
                 result = await self._acknowledge_incident(
-                    conn, row, incident, who, now, silence, comment
+                    conn, row, incident, who, now, silence, comment, said
                 )
             else:
-                result = await self._acknowledge_alert(conn, row, who, now, silence, comment)
+                result = await self._acknowledge_alert(conn, row, who, now, silence, comment, said)
         return await self._finish(result, row, who, silence, now)
 
     async def _acknowledge_alert(
@@ -219,13 +225,14 @@ class AckService:
         now: datetime,
         silence: timedelta | None,
         comment: str | None,
+        said: dict[str, str],
     ) -> AckResult:
         """The ack of an alert in no incident (stored before incidents were kept)."""
         alert_id = int(row.id)
         already = row.acked_at is not None
         acked_by, acked_at = (row.acked_by, row.acked_at) if already else (who, now)
         if not already:
-            await alert_state.acknowledge(conn, alert_id, who, now, comment)
+            await alert_state.acknowledge(conn, alert_id, who, now, comment, said)
         elif comment:
             await alert_state.record_event(
                 conn, alert_id, "comment", now, {"by": who, "comment": comment}
@@ -236,6 +243,7 @@ class AckService:
         if self._paging is not None:
             stopped = await self._paging.acknowledge(conn, alert_id, who, now)
         payload = self._payload(row, str(acked_by), now, silence)
+        self._mention(payload, row.labels)
         if comment:
             payload["ack_comment"] = comment
         if not already:
@@ -282,6 +290,7 @@ class AckService:
         now: datetime,
         silence: timedelta | None,
         comment: str | None,
+        said: dict[str, str],
     ) -> AckResult:
         """The ack of the incident `row`'s alert is in: all its alerts, its escalation, and
         its card redrawn (or re-sent) where its cards went, in the caller's transaction."""
@@ -289,7 +298,7 @@ class AckService:
         acked_by, acked_at = (incident.acked_by, incident.acked_at) if already else (who, now)
         acked: list[int] = []
         if not already:
-            acked = await acknowledge_incident(conn, incident.id, who, now, comment)
+            acked = await acknowledge_incident(conn, incident.id, who, now, comment, said)
         elif comment:
             detail = {"by": who, "comment": comment, "incident": incident.id}
             await alert_state.record_event(conn, row.id, "comment", now, detail)
@@ -306,7 +315,9 @@ class AckService:
         payload = cast(NotificationPayload, base)
         for transient in ("redraw", "message_id", "on_call", "mentions"):
             base.pop(transient, None)
+        base.pop("acked_by_open_id", None)
         base.update(event="acked", acked_by=str(acked_by), at=now.isoformat())
+        self._mention(payload, row.labels)
         if silence is not None:
             payload["silenced_until"] = (now + silence).isoformat()
         if comment:
@@ -373,6 +384,13 @@ class AckService:
                 cards = await alert_cards(conn, alert_id)
         routes = ack_routes(cards, [notification.channel], self._clock())
         return next((r.message_id for r in routes if r.channel == notification.channel), None)
+
+    def _mention(self, payload: NotificationPayload, labels: Any) -> None:
+        """The configured open_id of the acknowledger, for the card to mention (none for
+        anyone the configuration does not know: their name stays plain text)."""
+        open_id = self._ackers.of(payload["acked_by"], labels).open_id
+        if open_id:
+            payload["acked_by_open_id"] = open_id
 
     @staticmethod
     def _payload(

@@ -231,7 +231,13 @@ def _ack_elements(payload: NotificationPayload) -> list[dict[str, Any]]:
     lines = []
     who = payload.get("acked_by")
     if who:
-        lines.append(f"✅ Acknowledged by {escape_md(clip(who, 200))}")  # never a mention
+        # the name as plain text; a mention only of a configured open_id (`acked_by_open_id`,
+        # gateway/stages/ackers.py), never formed from the name
+        mention = mention_markup([payload.get("acked_by_open_id", "")])
+        name = (
+            "" if mention and who == payload.get("acked_by_open_id") else escape_md(clip(who, 200))
+        )
+        lines.append(f"✅ Acknowledged by {' '.join(p for p in (name, mention) if p)}")
         comment = payload.get("ack_comment")
         if comment:
             lines.append(f"💬 {escape_md(clip(comment, 500))}")
