@@ -2,7 +2,8 @@
 (stages/ack.py), which owns both.
 
 - `POST /api/v1/alerts/{id}/ack` `{"by": WHO, "silence_minutes": 60, "comment": "..."}`:
-  acknowledge (the phone stops; optionally silence the alert in Alertmanager);
+  acknowledge the alert's incident (the phone stops; optionally silence it in Alertmanager;
+  its body read by `ack_request`, which the incidents' ack shares: incidents_api.py);
 - `POST /api/v1/alerts/{id}/escalate` `{"by": WHO}`: call the next escalation step now.
 
 Both take the read token and are refused (403) when no token is set; bad input is a 400
@@ -12,6 +13,7 @@ buttons reach the same service through the card callback (app.py, `card_ack`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 
 from aiohttp import web
@@ -27,19 +29,21 @@ from trainsentry.store.errors import DatabaseError
 MAX_BY = 200
 
 
-async def post_ack(request: web.Request) -> web.Response:
-    """POST /api/v1/alerts/{id}/ack {"by": "...", "silence_minutes": 60, "comment": "..."}:
-    authenticated."""
-    gateway = request.app[GATEWAY_KEY]
-    token = read_token(gateway.settings)
+@dataclass(frozen=True, slots=True)
+class AckRequest:
+    who: str
+    silence: timedelta | None
+    comment: str | None
+
+
+async def ack_request(request: web.Request) -> AckRequest | web.Response:
+    """An ack's body `{"by": "...", "silence_minutes": 60, "comment": "..."}`, or the
+    refusal: 403 without an API token, 401, 400 naming what is wrong."""
+    token = read_token(request.app[GATEWAY_KEY].settings)
     if token is None:
         return error_response(403, "acks need TRAINSENTRY_API_TOKEN set on the gateway")
     if not authorized(request, token):
         return unauthorized()
-    try:
-        alert_id = path_alert_id(request)
-    except web.HTTPBadRequest as exc:
-        return error_response(400, exc.reason)
     try:
         body = await read_json_object(request)
     except BodyRejected as exc:
@@ -61,11 +65,30 @@ async def post_ack(request: web.Request) -> web.Response:
         not isinstance(comment, str) or len(comment) > 1000 or text_problem(comment) is not None
     ):
         return error_response(400, "'comment' must be text of up to 1000 characters")
-    assert gateway.ack is not None
     silence = timedelta(minutes=minutes) if minutes else None
+    return AckRequest(who.strip(), silence, comment.strip() if comment else None)
+
+
+async def post_ack(request: web.Request) -> web.Response:
+    """POST /api/v1/alerts/{id}/ack {"by": "...", "silence_minutes": 60, "comment": "..."}:
+    authenticated; acknowledges the alert's incident (all its alerts)."""
+    gateway = request.app[GATEWAY_KEY]
+    token = read_token(gateway.settings)
+    if token is None:
+        return error_response(403, "acks need TRAINSENTRY_API_TOKEN set on the gateway")
+    if not authorized(request, token):
+        return unauthorized()
+    try:
+        alert_id = path_alert_id(request)
+    except web.HTTPBadRequest as exc:
+        return error_response(400, exc.reason)
+    asked = await ack_request(request)
+    if isinstance(asked, web.Response):
+        return asked
+    assert gateway.ack is not None
     try:
         result = await gateway.ack.acknowledge(
-            alert_id, who.strip(), silence, comment=comment.strip() if comment else None
+            alert_id, asked.who, asked.silence, comment=asked.comment
         )
     except (OSError, DatabaseError) as exc:
         return error_response(503, f"store unavailable, retry: {type(exc).__name__}")

@@ -31,6 +31,7 @@ from trainsentry.gateway.http_auth import authorized as _authorized
 from trainsentry.gateway.http_auth import bearer as _bearer
 from trainsentry.gateway.http_auth import error_response as _error
 from trainsentry.gateway.http_auth import unauthorized as _unauthorized
+from trainsentry.gateway.incidents_api import add_incident_routes
 from trainsentry.gateway.maintenance_api import add_maintenance_routes
 from trainsentry.gateway.nodes_api import get_nodes
 from trainsentry.gateway.oncall_api import add_oncall_routes
@@ -359,6 +360,7 @@ def add_routes(app: web.Application, card_callback: CardCallbackSettings | None 
     app.router.add_get("/api/v1/notifications", get_notifications)
     app.router.add_get("/api/v1/nodes", get_nodes)
     add_ack_routes(app)
+    add_incident_routes(app)
     app.router.add_post("/api/v1/notifications/retry", post_notifications_retry)
     add_maintenance_routes(app)
     add_oncall_routes(app)

@@ -12,15 +12,15 @@ from trainsentry.alerts import Alert, AlertStatus
 from trainsentry.gateway.pipeline import GATEWAY_KEY
 from trainsentry.gateway.policy.health import NodeHealth, score_nodes
 from trainsentry.gateway.policy.rules import load_policy
-from trainsentry.gateway.read_api import _query_choice, _query_int, _read_guard
+from trainsentry.gateway.read_api import query_choice, query_int, read_guard
 from trainsentry.store.node_health import node_occurrences
 
 
-@_read_guard
+@read_guard
 async def get_nodes(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY_KEY]
-    sort = _query_choice(request, "sort", ("health", "name")) or "health"
-    limit = _query_int(request, "limit", 100, 1, 1000) or 100
+    sort = query_choice(request, "sort", ("health", "name")) or "health"
+    limit = query_int(request, "limit", 100, 1, 1000) or 100
     policy = gateway.policy or load_policy(gateway.settings.policy_file)
     now = gateway.clock()
     since = now - timedelta(seconds=policy.node_health.horizon)

@@ -19,9 +19,7 @@ from trainsentry.store.maintenance_windows import mutes_of
 from trainsentry.store.queries import get_alert, list_alerts, list_notifications
 
 
-def _query_int(
-    request: web.Request, name: str, default: int | None, lo: int, hi: int
-) -> int | None:
+def query_int(request: web.Request, name: str, default: int | None, lo: int, hi: int) -> int | None:
     raw = request.query.get(name)
     if raw is None or raw == "":
         return default
@@ -36,14 +34,14 @@ def _query_int(
     return value
 
 
-def _query_choice(request: web.Request, name: str, choices: Sequence[str]) -> str | None:
+def query_choice(request: web.Request, name: str, choices: Sequence[str]) -> str | None:
     value = request.query.get(name) or None
     if value is not None and value not in choices:
         raise web.HTTPBadRequest(reason=f"{name} must be one of {', '.join(choices)}")
     return value
 
 
-def _query_text(request: web.Request, name: str) -> str | None:
+def query_text(request: web.Request, name: str) -> str | None:
     """A free-text filter: one the store could never hold (NUL, a lone surrogate) is a 400,
     the same on both backends, not a 503 from PostgreSQL."""
     value = request.query.get(name) or None
@@ -65,7 +63,7 @@ def path_alert_id(request: web.Request) -> int:
     return int(raw)
 
 
-def _read_guard(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
+def read_guard(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
     async def guarded(request: web.Request) -> web.StreamResponse:
         if not authorized(request, read_token(request.app[GATEWAY_KEY].settings)):
             return unauthorized()
@@ -79,19 +77,19 @@ def _read_guard(handler: Callable[[web.Request], Awaitable[web.StreamResponse]])
     return guarded
 
 
-@_read_guard
+@read_guard
 async def get_alerts(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY_KEY]
-    status = _query_choice(request, "status", ("firing", "resolved"))
-    priority = _query_choice(request, "priority", ("P0", "P1", "P2", "P3"))
-    limit = _query_int(request, "limit", 100, 1, 1000)
-    before = _query_int(request, "before", None, 1, 2**62)
+    status = query_choice(request, "status", ("firing", "resolved"))
+    priority = query_choice(request, "priority", ("P0", "P1", "P2", "P3"))
+    limit = query_int(request, "limit", 100, 1, 1000)
+    before = query_int(request, "before", None, 1, 2**62)
     async with gateway.engine.connect() as conn:
         page = await list_alerts(
             conn,
             status=status,
             priority=priority,
-            job=_query_text(request, "job"),
+            job=query_text(request, "job"),
             limit=limit or 100,
             before=before,
         )
@@ -101,7 +99,7 @@ async def get_alerts(request: web.Request) -> web.StreamResponse:
     return web.json_response({"items": page.items, "next_before": page.next_before})
 
 
-@_read_guard
+@read_guard
 async def get_alert_detail(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY_KEY]
     alert_id = path_alert_id(request)
@@ -114,17 +112,17 @@ async def get_alert_detail(request: web.Request) -> web.StreamResponse:
     return web.json_response(item)
 
 
-@_read_guard
+@read_guard
 async def get_notifications(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY_KEY]
-    status = _query_choice(request, "status", ("pending", "sending", "sent", "dead", "cancelled"))
-    limit = _query_int(request, "limit", 100, 1, 1000)
-    before = _query_int(request, "before", None, 1, 2**62)
-    alert_id = _query_int(request, "alert_id", None, 1, 2**62)
+    status = query_choice(request, "status", ("pending", "sending", "sent", "dead", "cancelled"))
+    limit = query_int(request, "limit", 100, 1, 1000)
+    before = query_int(request, "before", None, 1, 2**62)
+    alert_id = query_int(request, "alert_id", None, 1, 2**62)
     async with gateway.engine.connect() as conn:
         page = await list_notifications(
             conn,
-            channel=_query_text(request, "channel"),
+            channel=query_text(request, "channel"),
             status=status,
             alert_id=alert_id,
             limit=limit or 100,

@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from trainsentry.store.schema import alert_events, alerts, notifications, policy_state
 
 #: The columns of an alert row the console's lists show (the verdict only as a flag).
-_LIST_COLUMNS = (
+LIST_COLUMNS = (
     alerts.c.id,
     alerts.c.alertname,
     alerts.c.status,
@@ -58,7 +58,7 @@ class AlertRow:
     fingerprint: str
 
 
-def _alert_row(row: Any) -> AlertRow:
+def alert_row(row: Any) -> AlertRow:
     return AlertRow(
         id=int(row.id),
         alertname=row.alertname or "",
@@ -127,12 +127,12 @@ async def open_alerts(
     """Firing occurrences, the most urgent first, newest first within a priority, at most
     `limit`; `component` is the `component` label."""
     query = (
-        select(*_LIST_COLUMNS)
+        select(*LIST_COLUMNS)
         .where(*_open(priority, namespace, job, component))
         .order_by(_PRIORITY, alerts.c.id.desc())
         .limit(limit)
     )
-    return [_alert_row(row) for row in await conn.execute(query)]
+    return [alert_row(row) for row in await conn.execute(query)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +204,7 @@ async def states_in_scope(conn: AsyncConnection, scope: str, limit: int = 1000) 
 
 
 @dataclass(frozen=True, slots=True)
-class Incident:
+class AlertDetail:
     """One occurrence in full: the row, its events and its notifications (oldest first)."""
 
     alert: AlertRow
@@ -215,7 +215,9 @@ class Incident:
     notifications: list[dict[str, Any]]
 
 
-async def incident(conn: AsyncConnection, alert_id: int, max_rows: int = 500) -> Incident | None:
+async def alert_detail(
+    conn: AsyncConnection, alert_id: int, max_rows: int = 500
+) -> AlertDetail | None:
     row = (await conn.execute(select(alerts).where(alerts.c.id == alert_id))).first()
     if row is None:
         return None
@@ -242,8 +244,8 @@ async def incident(conn: AsyncConnection, alert_id: int, max_rows: int = 500) ->
         .order_by(notifications.c.id)
         .limit(max_rows)
     )
-    return Incident(
-        alert=_alert_row(row),
+    return AlertDetail(
+        alert=alert_row(row),
         generator_url=row.generator_url or "",
         priority_reason=row.priority_reason or "",
         verdict=row.verdict if isinstance(row.verdict, dict) else None,
@@ -263,7 +265,7 @@ async def resolved_alerts(
     """Resolved occurrences that began since `since`, newest first; `search` matches (case
     blind, as a substring) the alert name, job, namespace, node or any label text."""
     query = (
-        select(*_LIST_COLUMNS)
+        select(*LIST_COLUMNS)
         .where(alerts.c.status == "resolved", alerts.c.starts_at >= since)
         .order_by(alerts.c.id.desc())
         .limit(limit)
@@ -286,7 +288,7 @@ async def resolved_alerts(
                 )
             )
         )
-    return [_alert_row(row) for row in await conn.execute(query)]
+    return [alert_row(row) for row in await conn.execute(query)]
 
 
 async def job_alerts(
@@ -299,11 +301,11 @@ async def job_alerts(
 ) -> list[AlertRow]:
     """The job's occurrences (firing and resolved) that began since `since`, newest first."""
     query = (
-        select(*_LIST_COLUMNS)
+        select(*LIST_COLUMNS)
         .where(alerts.c.job_name == job, alerts.c.starts_at >= since)
         .order_by(alerts.c.id.desc())
         .limit(limit)
     )
     if namespace:
         query = query.where(alerts.c.job_namespace == namespace)
-    return [_alert_row(row) for row in await conn.execute(query)]
+    return [alert_row(row) for row in await conn.execute(query)]

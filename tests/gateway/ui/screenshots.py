@@ -54,7 +54,7 @@ async def draw(out: Path) -> None:
             async with Browser.launch(work) as page:
                 await page.goto(str(server.make_url("/ui/")))
                 await page.screenshot(out / "console-now.png", 1000, 720)
-                await page.goto(str(server.make_url("/ui/incidents/1")))
+                await page.goto(str(server.make_url("/ui/alerts/1")))
                 await page.screenshot(out / "console-incident.png", 1000, 900)
                 await page.goto(str(server.make_url("/ui/job?namespace=ml&name=llama-70b")))
                 await page.screenshot(out / "console-job.png", 1000, 720)

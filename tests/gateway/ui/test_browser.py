@@ -59,7 +59,7 @@ async def test_a_posted_incident_appears_without_reload_and_labels_stay_text(
         card = await page.text("a.card")
         assert "P0" in card and "GPUXidError" in card and "not acked" in card
         # the incident's page shows the label as text; nothing of it ran
-        await page.goto(str(server.make_url("/ui/incidents/1")))
+        await page.goto(str(server.make_url("/ui/alerts/1")))
         labels = await page.text("dl.kv")
         assert EVIL in labels
         assert await page.evaluate("window.__xss === undefined")
@@ -117,10 +117,10 @@ async def test_the_ack_button_stops_the_escalation_and_redraws_the_card(
             called = [b["payload"]["person"]["name"] for b in receiver.bodies]
             assert called == ["alice"]
             [message] = feishu.messages.values()
-            await page.goto(str(server.make_url("/ui/incidents/1")))
+            await page.goto(str(server.make_url("/ui/alerts/1")))
             assert await page.evaluate("location.pathname") == "/ui/login"
             await sign_in(page, server, "oncall-carol", TOKEN)
-            assert await page.evaluate("location.pathname") == "/ui/incidents/1"
+            assert await page.evaluate("location.pathname") == "/ui/alerts/1"
             assert "not acknowledged" in await page.text("#live")
             await page.fill("form.action-ack input[name=comment]", "draining gpu-0001")
             await page.click("#action-ack")
@@ -162,14 +162,14 @@ async def test_the_escalate_button_calls_the_next_layer_now(
     try:
         await post_alerts(server, [alert(1, priority="P0")], token=TOKEN)
         assert [b["payload"]["person"]["name"] for b in receiver.bodies] == ["alice"]
-        await page.goto(str(server.make_url("/ui/login?next=/ui/incidents/1")))
+        await page.goto(str(server.make_url("/ui/login?next=/ui/alerts/1")))
         await sign_in(page, server, "oncall-carol", TOKEN)
         await page.click("#action-escalate")
         await page.wait_for("document.body.innerText.includes('Escalated: the next step')")
         await server.app[GATEWAY_KEY].settle()  # the clock has not moved: no timeout passed
         assert [b["payload"]["person"]["name"] for b in receiver.bodies] == ["alice", "bob"]
         assert "oncall-carol" in await page.text("ol.timeline")
-        await page.goto(str(server.make_url("/ui/incidents/1")))  # bob's call, in the list
+        await page.goto(str(server.make_url("/ui/alerts/1")))  # bob's call, in the list
         assert "bob" in await page.text("section[aria-label='Notifications and calls'] table")
         # acknowledged, there is nothing left to escalate: refused, nobody else is rung
         await page.click("#action-ack")
@@ -208,9 +208,9 @@ async def test_login_and_csrf_are_enforced(page: Page, tmp_path: Path) -> None:
         assert await page.evaluate("location.pathname") == "/ui/login"
         await sign_in(page, server, "mallory", "not-the-token")
         assert "Wrong token" in await page.text("main")
-        await page.goto(str(server.make_url("/ui/login?next=/ui/incidents/1")))
+        await page.goto(str(server.make_url("/ui/login?next=/ui/alerts/1")))
         await sign_in(page, server, "dave", TOKEN)
-        assert await page.evaluate("location.pathname") == "/ui/incidents/1"
+        assert await page.evaluate("location.pathname") == "/ui/alerts/1"
         # the session cookie is HttpOnly: no script reads it
         assert "ts_session" not in await page.evaluate("document.cookie")
         # a form without the right CSRF token is refused, and nothing is acknowledged
@@ -219,13 +219,13 @@ async def test_login_and_csrf_are_enforced(page: Page, tmp_path: Path) -> None:
         )
         await page.click("#action-ack")
         await page.wait_for("document.body.innerText.includes('CSRF')")
-        await page.goto(str(server.make_url("/ui/incidents/1")))
+        await page.goto(str(server.make_url("/ui/alerts/1")))
         assert "not acknowledged" in await page.text("#live")
         # the form as the page drew it is accepted
         await page.click("#action-ack")
         await page.wait_for("document.body.innerText.includes('acknowledged by dave')")
         # an incident's page follows what others do, without a reload
-        await page.goto(str(server.make_url("/ui/incidents/2")))
+        await page.goto(str(server.make_url("/ui/alerts/2")))
         await page.evaluate("window.__same_page = true")
         await page.wait_for(STREAM_OPEN)
         headers = {"Authorization": f"Bearer {TOKEN}"}
@@ -249,7 +249,7 @@ async def test_usable_on_a_phone_screen_and_by_keyboard(page: Page, tmp_path: Pa
             server, [alert(i, priority=f"P{i % 4}", note=LONG, node=LONG) for i in range(12)]
         )
         await page.viewport(390, 800)
-        for path in ("/ui/", "/ui/incidents/1", "/ui/history", "/ui/job?name=llama-70b"):
+        for path in ("/ui/", "/ui/alerts/1", "/ui/history", "/ui/job?name=llama-70b"):
             await page.goto(str(server.make_url(path)))
             wide = await page.evaluate("document.documentElement.scrollWidth")
             assert wide <= 390, f"{path} scrolls sideways on a phone ({wide} px)"
@@ -272,7 +272,7 @@ async def test_usable_on_a_phone_screen_and_by_keyboard(page: Page, tmp_path: Pa
         await page.wait_for("document.querySelector('a.card[data-alert-id=\"13\"]') !== null")
         assert await page.evaluate("document.activeElement.getAttribute('data-alert-id')") == first
         await page.press("Enter")
-        await page.wait_for(f"location.pathname === '/ui/incidents/{first}'")
+        await page.wait_for(f"location.pathname === '/ui/alerts/{first}'")
     finally:
         await close_in_process(server)
 
@@ -289,7 +289,7 @@ async def test_the_silence_button_creates_it_in_a_real_alertmanager(
         server = await start(sqlite(tmp_path), token=TOKEN, silences=silences)
         try:
             await post_alerts(server, [alert(1, priority="P1")], token=TOKEN)
-            await page.goto(str(server.make_url("/ui/login?next=/ui/incidents/1")))
+            await page.goto(str(server.make_url("/ui/login?next=/ui/alerts/1")))
             await sign_in(page, server, "lee", TOKEN)
             await page.evaluate("document.querySelector('form.action-silence select').value = '60'")
             await page.fill("form.action-silence input[name=comment]", "swapping the cable")

@@ -119,7 +119,7 @@ def test_a_cookie_with_odd_bytes_is_no_cookie(gateway: RunningServer, odd: bytes
     jar = sign_in(gateway)
     for name in (b"ts_csrf", b"ts_other"):
         cookie = [(b"Cookie", _cookie_header(jar).encode() + b"; " + name + b"=" + odd)]
-        answer = raw_request(gateway.port, "GET", "/ui/incidents/1", cookie)
+        answer = raw_request(gateway.port, "GET", "/ui/alerts/1", cookie)
         assert answer.status == 200, answer
     # the sign-in form posted with a junk nonce cookie: refused as an expired form
     form = f"csrf=x&name=eve&token={TOKEN}".encode()
@@ -150,11 +150,11 @@ def test_a_bad_form_or_origin_is_400(gateway: RunningServer, case: str) -> None:
     assert answer.status == 400 and says.encode() in answer.body, (case, answer)
     # an action of a signed-in user, with the right CSRF token
     jar = sign_in(gateway)
-    csrf = csrf_of(get(gateway, "/ui/incidents/1", jar).body)
+    csrf = csrf_of(get(gateway, "/ui/alerts/1", jar).body)
     action = f"csrf={csrf}&".encode() + body
     session = ("Cookie", _cookie_header(jar))
     answer = raw_request(
-        gateway.port, "POST", "/ui/incidents/1/ack", [session, *extra, *kind], action
+        gateway.port, "POST", "/ui/alerts/1/ack", [session, *extra, *kind], action
     )
     assert answer.status == 400 and says.encode() in answer.body, (case, answer)
     logged.check()
@@ -203,13 +203,13 @@ def test_sign_out_ends_the_session_on_the_server(tmp_path: Path) -> None:
 def test_done_shows_only_the_consoles_own_messages(gateway: RunningServer) -> None:
     jar = sign_in(gateway)
     lure = "Your session expired: call +1-555-0100 now"
-    for path in ("/ui/", "/ui/incidents/1"):
+    for path in ("/ui/", "/ui/alerts/1"):
         page = get(
             gateway, f"{path}?done=Your%20session%20expired%3A%20call%20%2B1-555-0100%20now", jar
         )
         assert page.status == 200 and lure.encode() not in page.body
         assert b'class="notice"' not in page.body
-    page = get(gateway, "/ui/incidents/1?done=acked", jar)
+    page = get(gateway, "/ui/alerts/1?done=acked", jar)
     assert b'class="notice"' in page.body and b"Acknowledged" in page.body
 
 
@@ -241,10 +241,10 @@ def test_every_page_carries_the_security_headers(gateway: RunningServer) -> None
     for path, status in (
         ("/ui/", 200),
         ("/ui/login", 200),
-        ("/ui/incidents/1", 200),
+        ("/ui/alerts/1", 200),
         ("/ui/fragments/now", 200),
         ("/ui/history?days=3", 400),
-        ("/ui/incidents/999", 404),
+        ("/ui/alerts/999", 404),
     ):
         answer = get(gateway, path, jar)
         assert answer.status == status, (path, answer.status)

@@ -67,10 +67,10 @@ async def test_without_a_token_the_console_is_read_only(db_url: str) -> None:
     server = await start(db_url)
     try:
         await post_alerts(server, [alert(1, priority="P0")])
-        status, page = await get(server, "/ui/incidents/1")
+        status, page = await get(server, "/ui/alerts/1")
         assert status == 200 and "Read only" in page and 'id="action-ack"' not in page
         async with aiohttp.ClientSession() as session:
-            url = server.make_url("/ui/incidents/1/ack")
+            url = server.make_url("/ui/alerts/1/ack")
             async with session.post(url, data={"comment": "x"}) as r:
                 assert r.status == 403
         assert await acked_by(server, 1) is None
@@ -84,7 +84,7 @@ async def test_with_a_token_reads_need_a_sign_in_and_actions_need_csrf_and_origi
     server = await start(db_url, token=TOKEN)
     try:
         await post_alerts(server, [alert(1, priority="P1")], token=TOKEN)
-        for path in ("/ui/", "/ui/incidents/1", "/ui/history", "/ui/job?name=llama-70b"):
+        for path in ("/ui/", "/ui/alerts/1", "/ui/history", "/ui/job?name=llama-70b"):
             status, _ = await get(server, path)
             assert status == 303, path
         assert (await get(server, "/ui/fragments/now"))[0] == 401
@@ -94,9 +94,9 @@ async def test_with_a_token_reads_need_a_sign_in_and_actions_need_csrf_and_origi
         assert status == 303
         session = await signed_in(server)
         try:
-            async with session.get(server.make_url("/ui/incidents/1")) as r:
+            async with session.get(server.make_url("/ui/alerts/1")) as r:
                 page = await r.text()
-            url = server.make_url("/ui/incidents/1/ack")
+            url = server.make_url("/ui/alerts/1/ack")
             form = {"csrf": csrf_of(page), "comment": ""}
             async with session.post(url, data={"comment": ""}, allow_redirects=False) as r:
                 assert r.status == 403  # no token in the form
@@ -140,11 +140,11 @@ async def test_bad_parameters_are_400_naming_them(tmp_path: Path) -> None:
             ("/ui/?component=%00", "component"),
             ("/ui/history?days=9999", "days"),
             ("/ui/job", "name"),
-            ("/ui/incidents/99999999999999999999999", "alert id"),
+            ("/ui/alerts/99999999999999999999999", "alert id"),
         ):
             status, page = await get(server, path)
             assert status == 400 and word in page, path
-        assert (await get(server, "/ui/incidents/5"))[0] == 404
+        assert (await get(server, "/ui/alerts/5"))[0] == 404
     finally:
         await close_in_process(server)
 
@@ -190,7 +190,7 @@ async def test_a_hang_diagnosis_is_drawn_rank_by_rank(tmp_path: Path) -> None:
         await post_alerts(server, [alert(1, priority="P0", component="training")])
         verdict = hang_verdict(tmp_path, world=16, culprit=5)
         await store_verdict(server, 1, verdict)
-        status, page = await get(server, "/ui/incidents/1")
+        status, page = await get(server, "/ui/alerts/1")
         assert status == 200
         cells = re.findall(r'class="rank s-(\w+)" title="rank (\d+):', page)
         assert len(cells) == 16
@@ -200,7 +200,7 @@ async def test_a_hang_diagnosis_is_drawn_rank_by_rank(tmp_path: Path) -> None:
         assert verdict["summary"].split(" ")[0] in page
         await post_alerts(server, [alert(2, priority="P1", component="training")])
         await store_verdict(server, 2, hang_verdict(tmp_path / "slow", 16, 3, scenario="slow"))
-        _status, page = await get(server, "/ui/incidents/2")
+        _status, page = await get(server, "/ui/alerts/2")
         cells = re.findall(r'class="rank s-(\w+)" title="rank (\d+):', page)
         assert [int(rank) for state, rank in cells if state == "slow"] == [3]
         assert {state for state, rank in cells if rank != "3"} == {"ok"}
@@ -242,10 +242,10 @@ async def test_ack_comments_are_kept_the_same_from_the_api_and_the_console(db_ur
                 assert r.status == 200
         session = await signed_in(server, "hank")
         try:
-            async with session.get(server.make_url("/ui/incidents/1")) as r:
+            async with session.get(server.make_url("/ui/alerts/1")) as r:
                 page = await r.text()
             form = {"csrf": csrf_of(page), "comment": "ib cable swapped"}
-            url = server.make_url("/ui/incidents/1/ack")
+            url = server.make_url("/ui/alerts/1/ack")
             async with session.post(url, data=form) as r:
                 page = await r.text()
                 assert "It was acknowledged already" in page  # the notice, fixed text
@@ -255,7 +255,7 @@ async def test_ack_comments_are_kept_the_same_from_the_api_and_the_console(db_ur
                 assert r.status == 400
             # no phone escalation on this gateway: no Escalate button, and its POST is a 404
             assert 'id="action-escalate"' not in page
-            escalate = server.make_url("/ui/incidents/1/escalate")
+            escalate = server.make_url("/ui/alerts/1/escalate")
             async with session.post(escalate, data=form, allow_redirects=False) as r:
                 assert r.status == 404
         finally:
@@ -398,16 +398,16 @@ async def test_the_timeline_shows_what_the_policy_did_flapping_and_storm(tmp_pat
         _status, page = await get(server, "/ui/history?days=56")
         ids = sorted(int(i) for i in re.findall(r'data-alert-id="(\d+)"', page))
         assert len(ids) == 3
-        _status, page = await get(server, f"/ui/incidents/{ids[-1]}")
+        _status, page = await get(server, f"/ui/alerts/{ids[-1]}")
         assert "ev-flapping" in page and "status changes in the flap window" in page
-        _status, page = await get(server, f"/ui/incidents/{ids[0]}")
+        _status, page = await get(server, f"/ui/alerts/{ids[0]}")
         assert "ev-flapping" not in page  # an earlier occurrence: not what the state says
         # 40 causes (one group each): the incidents opened in the storm are folded into it
         storm = [alert(100 + i, priority="P2", alertname=f"Disk{i:02d}") for i in range(40)]
         await post_alerts(server, storm)
         _status, page = await get(server, "/ui/?priority=P2")
         newest = max(int(i) for i in re.findall(r'data-alert-id="(\d+)"', page))
-        _status, page = await get(server, f"/ui/incidents/{newest}")
+        _status, page = await get(server, f"/ui/alerts/{newest}")
         assert "ev-storm" in page and "storm summary" in page
     finally:
         await close_in_process(server)
@@ -439,7 +439,7 @@ async def test_maintenance_windows_are_shown_and_ended_through_the_service(db_ur
             assert "&lt;b&gt;NVLink&lt;/b&gt; swap" in page and "node=gpu-0001" in page
             assert f'action="/ui/maintenance/{window_id}/end"' in page
             assert "muted: &lt;b&gt;NVLink&lt;/b&gt; swap" in page  # the card says so
-            async with session.get(server.make_url("/ui/incidents/1")) as r:
+            async with session.get(server.make_url("/ui/alerts/1")) as r:
                 incident = await r.text()
             assert f"Muted by maintenance window {window_id}" in incident
             url = server.make_url(f"/ui/maintenance/{window_id}/end")
@@ -526,7 +526,7 @@ async def test_an_incident_lists_every_notification_and_call_with_its_outcome(
         hostile["annotations"]["dashboard_url"] = "https://grafana.example/d/fallback"
         hostile["generatorURL"] = "data:text/html,<script>alert(1)</script>"
         await post_alerts(server, [linked, hostile])
-        status, page = await get(server, "/ui/incidents/1")
+        status, page = await get(server, "/ui/alerts/1")
         assert status == 200
         assert deliveries(page) == [
             ("console", "alert", "", "sent"),
@@ -542,7 +542,7 @@ async def test_an_incident_lists_every_notification_and_call_with_its_outcome(
             ("https://grafana.example/d/gpu?var-node=gpu-0001", "Grafana"),
             ("http://prometheus.local/graph", "Prometheus"),
         ]
-        _status, page = await get(server, "/ui/incidents/2")
+        _status, page = await get(server, "/ui/alerts/2")
         anchors = re.findall(r'<a href="([^"]+)"[^>]*>([^<]+)</a>', page)
         assert ("https://grafana.example/d/fallback", "Grafana") in anchors
         assert not any(text in ("Runbook", "Prometheus") for _href, text in anchors)
@@ -552,7 +552,7 @@ async def test_an_incident_lists_every_notification_and_call_with_its_outcome(
         assert gateway.ack is not None
         assert await gateway.ack.acknowledge(1, "erin") is not None
         await gateway.settle()
-        _status, page = await get(server, "/ui/incidents/1")
+        _status, page = await get(server, "/ui/alerts/1")
         acks = [row for row in deliveries(page) if row[1] == "ack"]
         assert acks == [("console", "ack", "", "sent"), ("feishu_bot", "ack", "", "dead")]
     finally:

@@ -36,6 +36,7 @@ from trainsentry.notifiers.base import OutboundNotification
 from trainsentry.notifiers.payload import NotificationPayload
 from trainsentry.store import alert_state
 from trainsentry.store.cards import CardRow, alert_cards, group_cards
+from trainsentry.store.console_incidents import incident_alert
 from trainsentry.store.engine import Connection, Engine
 from trainsentry.store.incidents import StoredIncident, acknowledge_incident, incident_of_alert
 from trainsentry.store.writes import insert_notifications
@@ -216,6 +217,21 @@ class AckService:
             else:
                 result = await self._acknowledge_alert(conn, row, who, now, silence, comment, said)
         return await self._finish(result, row, who, silence, now)
+
+    async def acknowledge_incident(
+        self,
+        incident_id: int,
+        who: str,
+        silence: timedelta | None = None,
+        comment: str | None = None,
+    ) -> AckResult | None:
+        """The ack of an incident (the incidents API, the console): through one of its
+        alerts, since an ack of any of them acknowledges it all. None: no such incident."""
+        async with self._engine.connect() as conn:
+            alert_id = await incident_alert(conn, incident_id)
+        if alert_id is None:
+            return None
+        return await self.acknowledge(alert_id, who, silence, comment)
 
     async def _acknowledge_alert(
         self,

@@ -1,5 +1,6 @@
 """The incident console at `/ui/` (docs/console.md): server-rendered pages of what is open
-now, one incident with its diagnosis, history and a job's hardware, with live updates by
+now (incidents, their alerts inside), one incident, one alert with its diagnosis, history
+and a job's hardware, with live updates by
 server-sent events and the ack and silence actions of the API.
 
 `add_ui_routes` is all the gateway's app.py calls. Templates (jinja2, autoescaped: labels
@@ -16,7 +17,7 @@ import jinja2
 from aiohttp import web
 
 from trainsentry.gateway.pipeline import GATEWAY_KEY
-from trainsentry.gateway.ui import handlers, pages, signin
+from trainsentry.gateway.ui import handlers, incident_pages, pages, signin
 from trainsentry.gateway.ui.feed import ChangeFeed
 from trainsentry.gateway.ui.render_cache import RenderCache
 from trainsentry.store.console import change_marker
@@ -57,9 +58,13 @@ def add_ui_routes(
     router.add_get("/ui/", handlers.now_page)
     router.add_get("/ui/fragments/now", handlers.now_fragment)
     router.add_get("/ui/events", handlers.events)
-    router.add_get("/ui/incidents/{alert_id}", handlers.incident_page)
-    router.add_get("/ui/fragments/incidents/{alert_id}", handlers.incident_fragment)
-    router.add_post("/ui/incidents/{alert_id}/{action}", handlers.post_action)
+    router.add_get("/ui/incidents/{incident_id}", incident_pages.incident_page)
+    router.add_get("/ui/fragments/incidents/{incident_id}", incident_pages.incident_fragment)
+    router.add_post("/ui/incidents/{incident_id}/{action}", incident_pages.post_incident_action)
+    router.add_post("/ui/jobs/ack", incident_pages.post_job_ack)
+    router.add_get("/ui/alerts/{alert_id}", handlers.alert_page)
+    router.add_get("/ui/fragments/alerts/{alert_id}", handlers.alert_fragment)
+    router.add_post("/ui/alerts/{alert_id}/{action}", handlers.post_action)
     router.add_post("/ui/maintenance/{window_id}/end", handlers.post_end_window)
     router.add_get("/ui/history", handlers.history_page)
     router.add_get("/ui/job", handlers.job_page)

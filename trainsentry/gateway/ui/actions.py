@@ -46,6 +46,7 @@ NOTICES: dict[str, str] = {
     " silences, or Alertmanager refused it (the gateway's log says why).",
     "escalated": "Escalated: the next step is being called now (see the notifications below).",
     "window-ended": "The maintenance window is ended.",
+    "job-acked": "Acknowledged: the job's open incidents (and its alerts in none yet).",
 }
 
 

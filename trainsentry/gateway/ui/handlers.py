@@ -1,14 +1,15 @@
 """The console's HTTP handlers (aiohttp): thin. Each reads the viewer (auth.py), reads the
 store through store/console.py, builds a view (views.py, pure) and renders a template; the
-actions go through actions.py. A bad query parameter is a 400 naming it, the store down a
-503; the pages carry a strict Content-Security-Policy (no inline script, nothing from
-another origin)."""
+actions go through actions.py (the incident pages and the bulk acks: incident_pages.py). A
+bad query parameter is a 400 naming it, the store down a 503; the pages carry a strict
+Content-Security-Policy (no inline script, nothing from another origin)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import re
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -25,6 +26,7 @@ from trainsentry.gateway.stages.planning.plan import FINGERPRINT_SCOPE, STORM_SC
 from trainsentry.gateway.ui import auth
 from trainsentry.gateway.ui.actions import ACTIONS, NOTICES, SILENCE_CHOICES, ActionRefused
 from trainsentry.gateway.ui.feed import ChangeFeed, Marker
+from trainsentry.gateway.ui.incident_views import with_incidents
 from trainsentry.gateway.ui.model import Filters, NowView
 from trainsentry.gateway.ui.pages import CSRF_KEY, TEMPLATES_KEY, BadForm, headers, read_form
 from trainsentry.gateway.ui.pages import now_of as _now
@@ -33,7 +35,7 @@ from trainsentry.gateway.ui.render_cache import RenderCache
 from trainsentry.gateway.ui.signin import sign_out, viewer_of
 from trainsentry.gateway.ui.views import (
     BadQuery,
-    incident_view,
+    alert_view,
     job_view,
     now_view,
     on_call,
@@ -43,6 +45,7 @@ from trainsentry.gateway.ui.views import (
     windows,
 )
 from trainsentry.store import console as store
+from trainsentry.store.console_incidents import incident_summaries, incidents_of
 from trainsentry.store.errors import DatabaseError
 from trainsentry.store.maintenance_windows import mutes_of
 from trainsentry.store.policy_state import load_states
@@ -59,7 +62,7 @@ KEEPALIVE_S = 15.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _page(*, fragment: bool = False) -> Callable[[Any], Handler]:
+def page(*, fragment: bool = False) -> Callable[[Any], Handler]:
     """Wraps a console handler: the viewer (a sign-in page when one is needed), the CSRF
     nonce cookie, 400 for a bad parameter, 503 for the store, the security headers."""
 
@@ -115,8 +118,13 @@ async def _marker(gateway: Gateway) -> Marker:
         return await store.change_marker(conn)
 
 
-def _marker_text(marker: Marker) -> str:
+def marker_text(marker: Marker) -> str:
     return ".".join(str(part) for part in marker)
+
+
+# Stands in the shared Now list for the viewer's CSRF token (its forms: the bulk acks),
+# which each response puts in; random per process, so no label can spell it.
+CSRF_SLOT = f"csrf-{secrets.token_hex(16)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,13 +134,17 @@ class NowPart:
 
     view: NowView
     marker: str
-    html: str  # _groups.html.j2 rendered (autoescaped) from `view`
+    html: str  # _groups.html.j2 rendered (autoescaped) from `view`, CSRF_SLOT for the token
+
+    def for_viewer(self, request: web.Request) -> str:
+        """The HTML with the viewer's CSRF token in its forms."""
+        return self.html.replace(CSRF_SLOT, request.get(CSRF_KEY, ""))
 
 
 NOW_CACHE_KEY: web.AppKey[RenderCache[NowPart]] = web.AppKey("ui_now_cache")
 
 
-async def _now_part(request: web.Request) -> NowPart:
+async def now_part(request: web.Request, who: auth.Viewer) -> NowPart:
     """The alert list for the request's filters: the most urgent MAX_CARDS open alerts with
     the counts of all, built at most once a second per filter (the store read on the loop,
     the view and its HTML in a thread) and reused while the store's marker stands."""
@@ -143,16 +155,20 @@ async def _now_part(request: web.Request) -> NowPart:
     async with gateway.engine.connect() as conn:
         marker = await store.change_marker(conn)
     env = request.app[TEMPLATES_KEY]
+    can_act = who.can_act and read_token(gateway.settings) is not None and gateway.ack is not None
+    key = (*filters.query().items(), ("can_act", str(can_act)))
     return await cache.get(
-        tuple(filters.query().items()), marker, lambda: _build_now(gateway, env, filters), asked_at
+        key, marker, lambda: _build_now(gateway, env, filters, can_act), asked_at
     )
 
 
-async def _build_now(gateway: Gateway, env: jinja2.Environment, filters: Filters) -> NowPart:
+async def _build_now(
+    gateway: Gateway, env: jinja2.Environment, filters: Filters, can_act: bool
+) -> NowPart:
     chosen = filters.priority, filters.namespace, filters.job, filters.component
     priority, namespace, job, component = (value or None for value in chosen)
     async with gateway.engine.connect() as conn:
-        marker = _marker_text(await store.change_marker(conn))
+        marker = marker_text(await store.change_marker(conn))
         rows = await store.open_alerts(
             conn, priority=priority, namespace=namespace, job=job, component=component,
             limit=MAX_CARDS,
@@ -163,11 +179,16 @@ async def _build_now(gateway: Gateway, env: jinja2.Environment, filters: Filters
         )  # fmt: skip
         storms = await store.states_in_scope(conn, STORM_SCOPE)
         mutes = await mutes_of(conn, [row.id for row in rows])
+        members = await incidents_of(conn, [row.id for row in rows])
+        incidents = await incident_summaries(conn, members.values())
     now = _now(gateway)
 
     def draw() -> NowPart:
         view = now_view(rows, storms, filters, now, truncated=False, mutes=mutes, counts=counts)
-        html = env.get_template("_groups.html.j2").render(view=view, marker=marker)
+        view = with_incidents(view, members, incidents, now)
+        html = env.get_template("_groups.html.j2").render(
+            view=view, marker=marker, csrf=CSRF_SLOT, can_act=can_act
+        )
         return NowPart(view, marker, html)
 
     return await asyncio.to_thread(draw)
@@ -181,15 +202,15 @@ async def _on_call(gateway: Gateway) -> Any:
     return on_call(gateway.escalator, _now(gateway))
 
 
-@_page()
+@page()
 async def now_page(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
-    part = await _now_part(request)
+    part = await now_part(request, who)
     gateway = request.app[GATEWAY_KEY]
     found = None if gateway.maintenance is None else windows(await gateway.maintenance.windows())
     view = replace(part.view, oncall=await _on_call(gateway), windows=found)
     return _render(
         request, who, "now.html.j2", view=view, marker=part.marker,
-        groups=Markup(part.html),  # the autoescaped _groups template's own output
+        groups=Markup(part.for_viewer(request)),  # the autoescaped _groups template's output
         notice=NOTICES.get(request.query.get("done", "")), can_end=_can_end(gateway),
     )  # fmt: skip
 
@@ -198,10 +219,12 @@ def _can_end(gateway: Gateway) -> bool:
     return gateway.maintenance is not None and gateway.settings.api_token is not None
 
 
-@_page(fragment=True)
+@page(fragment=True)
 async def now_fragment(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
-    part = await _now_part(request)
-    response = web.Response(text=part.html, content_type="text/html", charset="utf-8")
+    part = await now_part(request, who)
+    response = web.Response(
+        text=part.for_viewer(request), content_type="text/html", charset="utf-8"
+    )
     headers(response)
     return response
 
@@ -213,51 +236,52 @@ def _alert_id(request: web.Request) -> int:
     return int(raw)
 
 
-async def _incident(request: web.Request) -> tuple[Any, Marker] | None:
+async def _alert(request: web.Request) -> tuple[Any, Marker] | None:
     gateway = request.app[GATEWAY_KEY]
     alert_id = _alert_id(request)
     async with gateway.engine.connect() as conn:
         marker = await store.change_marker(conn)
-        found = await store.incident(conn, alert_id)
+        found = await store.alert_detail(conn, alert_id)
         if found is None:
             return None
         fingerprint = found.alert.fingerprint
         states = await load_states(conn, FINGERPRINT_SCOPE, [fingerprint])
         mutes = await mutes_of(conn, [alert_id])
-    view = incident_view(found, _now(gateway), states.get(fingerprint), mutes.get(alert_id))
-    return view, marker
+        incident = (await incidents_of(conn, [alert_id])).get(alert_id)
+    view = alert_view(found, _now(gateway), states.get(fingerprint), mutes.get(alert_id))
+    return replace(view, incident_id=incident), marker
 
 
-def _actions(gateway: Gateway) -> list[Any]:
+def actions_of(gateway: Gateway) -> list[Any]:
     return [action for action in ACTIONS.values() if action.available(gateway)]
 
 
-@_page()
-async def incident_page(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
-    found = await _incident(request)
+@page()
+async def alert_page(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
+    found = await _alert(request)
     if found is None:
-        return _render(request, who, "error.html.j2", status=404, message="no such incident")
+        return _render(request, who, "error.html.j2", status=404, message="no such alert")
     view, marker = found
     return _render(
-        request, who, "incident.html.j2", view=view, marker=_marker_text(marker),
-        actions=_actions(request.app[GATEWAY_KEY]), silence_choices=SILENCE_CHOICES,
+        request, who, "alert.html.j2", view=view, marker=marker_text(marker),
+        actions=actions_of(request.app[GATEWAY_KEY]), silence_choices=SILENCE_CHOICES,
         notice=NOTICES.get(request.query.get("done", "")),
     )  # fmt: skip
 
 
-@_page(fragment=True)
-async def incident_fragment(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
-    found = await _incident(request)
+@page(fragment=True)
+async def alert_fragment(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
+    found = await _alert(request)
     if found is None:
-        return web.Response(status=404, text="no such incident")
+        return web.Response(status=404, text="no such alert")
     view, marker = found
     return _render(
-        request, who, "_incident.html.j2", view=view, marker=_marker_text(marker),
-        actions=_actions(request.app[GATEWAY_KEY]), silence_choices=SILENCE_CHOICES,
+        request, who, "_alert.html.j2", view=view, marker=marker_text(marker),
+        actions=actions_of(request.app[GATEWAY_KEY]), silence_choices=SILENCE_CHOICES,
     )  # fmt: skip
 
 
-async def _form(request: web.Request, who: auth.Viewer) -> dict[str, str] | web.Response:
+async def action_form(request: web.Request, who: auth.Viewer) -> dict[str, str] | web.Response:
     """The posted form of an action, or the refusal: a signed-in viewer on a gateway with a
     token, a bounded form (BadForm, 413), the CSRF token of the viewer's nonce, and this
     site's origin (auth.BadOrigin when the Origin is not a URL)."""
@@ -279,11 +303,12 @@ async def _form(request: web.Request, who: auth.Viewer) -> dict[str, str] | web.
     return fields
 
 
-@_page()
+@page()
 async def post_action(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
-    """POST /ui/incidents/{id}/{action}: an incident action of `ACTIONS` (actions.py)."""
+    """POST /ui/alerts/{id}/{action}: an action of `ACTIONS` (actions.py) through the alert
+    (it acts on the alert's incident)."""
     gateway = request.app[GATEWAY_KEY]
-    fields = await _form(request, who)
+    fields = await action_form(request, who)
     if isinstance(fields, web.Response):
         return fields
     assert who.name is not None
@@ -296,18 +321,18 @@ async def post_action(request: web.Request, who: auth.Viewer) -> web.StreamRespo
     except ActionRefused as exc:
         return _render(request, who, "error.html.j2", status=exc.status, message=str(exc))
     if outcome is None:
-        return _render(request, who, "error.html.j2", status=404, message="no such incident")
+        return _render(request, who, "error.html.j2", status=404, message="no such alert")
     log.info("console action=%s alert_id=%d by=%s", action.name, alert_id, who.name)
     query = urlencode({"done": outcome.notice})
-    raise web.HTTPSeeOther(f"/ui/incidents/{alert_id}?{query}")
+    raise web.HTTPSeeOther(f"/ui/alerts/{alert_id}?{query}")
 
 
-@_page()
+@page()
 async def post_end_window(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
     """POST /ui/maintenance/{window_id}/end: ends a window through the service behind
     `DELETE /api/v1/maintenance/{id}` (who and when kept), which needs the API token."""
     gateway = request.app[GATEWAY_KEY]
-    fields = await _form(request, who)
+    fields = await action_form(request, who)
     if isinstance(fields, web.Response):
         return fields
     assert who.name is not None
@@ -326,7 +351,7 @@ async def post_end_window(request: web.Request, who: auth.Viewer) -> web.StreamR
     raise web.HTTPSeeOther("/ui/?" + urlencode({"done": "window-ended"}))
 
 
-@_page()
+@page()
 async def history_page(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
     gateway = request.app[GATEWAY_KEY]
     search = text_param(request.query.get("q"), "q")
@@ -347,7 +372,7 @@ def _days(request: web.Request) -> int:
     return int(raw)
 
 
-@_page()
+@page()
 async def job_page(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
     gateway = request.app[GATEWAY_KEY]
     namespace = text_param(request.query.get("namespace"), "namespace")
@@ -366,7 +391,7 @@ async def job_page(request: web.Request, who: auth.Viewer) -> web.StreamResponse
     )  # fmt: skip
 
 
-@_page(fragment=True)
+@page(fragment=True)
 async def events(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
     """GET /ui/events?since=A.B.C: server-sent events, `change` whenever the store's change
     marker differs from the one the page was drawn at; a comment every 15 s keeps proxies
@@ -390,9 +415,7 @@ async def events(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
                 marker = await feed.wait(seen, KEEPALIVE_S)
                 if marker != seen and marker is not None:
                     seen = marker
-                    await response.write(
-                        f"event: change\ndata: {_marker_text(marker)}\n\n".encode()
-                    )
+                    await response.write(f"event: change\ndata: {marker_text(marker)}\n\n".encode())
                 else:
                     await response.write(b": keepalive\n\n")
         except ConnectionError:  # the browser went away
@@ -407,11 +430,11 @@ def _parse_marker(raw: str) -> Marker | None:
     return int(parts[0]), int(parts[1]), int(parts[2])
 
 
-@_page()
+@page()
 async def logout_post(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
     """POST /ui/logout: a form like the others (CSRF token, this site's origin); the session
     ends on the server (signin.py)."""
-    fields = await _form(request, who)
+    fields = await action_form(request, who)
     if isinstance(fields, web.Response):
         return fields
     return await sign_out(request, who)

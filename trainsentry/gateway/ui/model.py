@@ -59,6 +59,29 @@ class Storm:
 
 
 @dataclass(frozen=True, slots=True)
+class IncidentGroup:
+    """One incident on the Now page: its firing alerts drawn (of the job's, the most urgent
+    the page draws) inside it, and how many it has."""
+
+    id: int
+    title: str  # its cause's alertname
+    priority: str
+    firing: int  # its alerts firing now, drawn or not
+    total: int
+    nodes: int
+    acked_by: str | None
+    started: datetime
+    age: str
+    cards: list[Card]
+    note: str = ""  # why it pages on its own during a storm
+
+    @property
+    def more(self) -> int:
+        """Firing in the incident but not drawn here (the page draws the most urgent)."""
+        return max(0, self.firing - len(self.cards))
+
+
+@dataclass(frozen=True, slots=True)
 class JobGroup:
     namespace: str
     job: str
@@ -67,6 +90,8 @@ class JobGroup:
     storm: Storm | None = None
     unacked: int = 0
     total: int = 0  # open in the job, drawn or not (>= len(cards))
+    incidents: list[IncidentGroup] = field(default_factory=list)  # its drawn cards, by incident
+    loose: list[Card] = field(default_factory=list)  # drawn cards in no incident (yet)
 
     @property
     def more(self) -> int:
@@ -188,7 +213,7 @@ class Link:
 
 
 @dataclass(frozen=True, slots=True)
-class IncidentView:
+class AlertView:
     card: Card
     status: str
     labels: list[tuple[str, str]]
@@ -200,6 +225,39 @@ class IncidentView:
     diagnosis: Diagnosis | None
     acked_at: datetime | None
     muted: Muted | None = None
+    incident_id: int | None = None  # the incident it is in (None: none yet)
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentPage:
+    """One incident: its state and counts, its alerts (the first drawn), the events of its
+    alerts, the notifications and calls made for it, and its cause alert in full."""
+
+    id: int
+    title: str  # its cause's alertname
+    cause: str  # alertname/component
+    priority: str
+    status: str
+    job: str
+    started: datetime
+    age: str
+    resolved: datetime | None
+    acked_by: str | None
+    acked_at: datetime | None
+    firing: int
+    total: int
+    nodes: int
+    gpus: int
+    note: str
+    alerts: list[Card]
+    timeline: list[TimelineEntry]
+    deliveries: list[Delivery]
+    cause_view: AlertView | None  # the alert its cards are about (None: purged)
+    escalate_alert: int | None  # the alert its phone escalation is keyed by
+
+    @property
+    def more(self) -> int:
+        return max(0, self.total - len(self.alerts))
 
 
 @dataclass(frozen=True, slots=True)

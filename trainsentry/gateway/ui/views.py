@@ -12,12 +12,12 @@ from typing import Any
 from trainsentry.gateway.policy.escalation import Escalator
 from trainsentry.gateway.ui.model import (
     PRIORITIES,
+    AlertView,
     Card,
     Delivery,
     Diagnosis,
     Filters,
     Hardware,
-    IncidentView,
     JobGroup,
     JobView,
     Link,
@@ -32,7 +32,7 @@ from trainsentry.gateway.ui.model import (
 )
 from trainsentry.labels import GPU_ID_LABELS, NODE_LABELS, first_label
 from trainsentry.notifiers.links import safe_url  # one rule for cards and the console
-from trainsentry.store.console import AlertRow, Incident, OpenCounts
+from trainsentry.store.console import AlertDetail, AlertRow, OpenCounts
 
 MAX_FILTER = 200
 MAX_GRID = 4096  # ranks drawn one cell each; a larger job shows its culprits only
@@ -252,7 +252,7 @@ def muted(mute: Mapping[str, Any] | None) -> Muted | None:
     )
 
 
-def _event_text(kind: str, detail: Any) -> str:
+def event_text(kind: str, detail: Any) -> str:
     if not isinstance(detail, dict):
         return ""
     if kind in ("acked", "comment"):
@@ -266,7 +266,7 @@ def _event_text(kind: str, detail: Any) -> str:
     return ", ".join(parts)[:300]
 
 
-def _delivery(note: Mapping[str, Any]) -> Delivery:
+def delivery(note: Mapping[str, Any]) -> Delivery:
     payload = note.get("payload") or {}
     person = payload.get("person") if isinstance(payload, dict) else None
     to = ""
@@ -285,12 +285,12 @@ def _delivery(note: Mapping[str, Any]) -> Delivery:
     )
 
 
-def _links(incident: Incident) -> list[Link]:
-    annotations = incident.alert.annotations
+def _links(detail: AlertDetail) -> list[Link]:
+    annotations = detail.alert.annotations
     found = [
         ("Runbook", annotations.get("runbook_url")),
         ("Grafana", annotations.get("grafana_url") or annotations.get("dashboard_url")),
-        ("Prometheus", incident.generator_url),
+        ("Prometheus", detail.generator_url),
     ]
     return [Link(text, url) for text, raw in found if (url := safe_url(raw))]
 
@@ -324,27 +324,27 @@ def policy_entries(state: Mapping[str, Any] | None, alert: AlertRow) -> list[Tim
     return found
 
 
-def incident_view(
-    incident: Incident,
+def alert_view(
+    detail: AlertDetail,
     now: datetime,
     policy_state: Mapping[str, Any] | None = None,
     mute: Mapping[str, Any] | None = None,
-) -> IncidentView:
-    alert = incident.alert
+) -> AlertView:
+    alert = detail.alert
     events = [
-        TimelineEntry(e["at"], str(e["kind"]), _event_text(str(e["kind"]), e.get("detail")))
-        for e in incident.events
+        TimelineEntry(e["at"], str(e["kind"]), event_text(str(e["kind"]), e.get("detail")))
+        for e in detail.events
     ]
-    return IncidentView(
+    return AlertView(
         card=card(alert, now),
         status=alert.status,
         labels=sorted(alert.labels.items()),
         annotations=sorted(alert.annotations.items()),
         timeline=sorted(events + policy_entries(policy_state, alert), key=lambda entry: entry.at),
-        deliveries=[_delivery(n) for n in incident.notifications],
-        links=_links(incident),
-        priority_reason=incident.priority_reason,
-        diagnosis=diagnosis(incident.verdict) if incident.verdict else None,
+        deliveries=[delivery(n) for n in detail.notifications],
+        links=_links(detail),
+        priority_reason=detail.priority_reason,
+        diagnosis=diagnosis(detail.verdict) if detail.verdict else None,
         acked_at=alert.acked_at,
         muted=muted(mute),
     )
