@@ -87,7 +87,7 @@ async def test_bulk_ack_per_incident_from_now_needs_sign_in_and_csrf(db_url: str
             data = {"csrf": csrf_of(page), "from": "now"}
             async with session.post(url, data=data, allow_redirects=False) as r:
                 assert r.status == 303 and r.headers["Location"].startswith("/ui/?done=")
-            status, detail = await api(server, "GET", f"/api/v1/incidents/{group['id']}")
+            _status, detail = await api(server, "GET", f"/api/v1/incidents/{group['id']}")
             assert detail["acked_by"] == "erin"
             assert {a["acked_by"] for a in detail["alerts"]} == {"erin"}
             other = next(i for i in await incidents(server) if i["id"] != group["id"])
