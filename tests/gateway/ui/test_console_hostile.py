@@ -153,9 +153,7 @@ def test_a_bad_form_or_origin_is_400(gateway: RunningServer, case: str) -> None:
     csrf = csrf_of(get(gateway, "/ui/alerts/1", jar).body)
     action = f"csrf={csrf}&".encode() + body
     session = ("Cookie", _cookie_header(jar))
-    answer = raw_request(
-        gateway.port, "POST", "/ui/alerts/1/ack", [session, *extra, *kind], action
-    )
+    answer = raw_request(gateway.port, "POST", "/ui/alerts/1/ack", [session, *extra, *kind], action)
     assert answer.status == 400 and says.encode() in answer.body, (case, answer)
     logged.check()
     auth = [("Authorization", f"Bearer {TOKEN}")]
