@@ -44,10 +44,7 @@ class IncidentSummary:
     gpus: int
     page_alert_id: int | None  # the alert its phone escalation is keyed by, when it paged
     note: str  # why it pages on its own during a storm ("" when not)
-
-    @property
-    def alertname(self) -> str:
-        return self.cause.split("/", 1)[0]
+    alertname: str  # its cause alert's (`cause` cannot say: an alertname may hold a "/")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -93,6 +90,7 @@ _COLUMNS = (
 def _summary(row: Any) -> IncidentSummary:
     state = row.state if isinstance(row.state, dict) else {}
     page = state.get("page_alert_id") if state.get("paged") else None
+    lead = ((state.get("lead") or {}).get("alert") or {}).get("labels") or {}
     return IncidentSummary(
         id=int(row.id),
         status=row.status,
@@ -111,6 +109,7 @@ def _summary(row: Any) -> IncidentSummary:
         gpus=len(state.get("gpus") or {}),
         page_alert_id=int(page) if isinstance(page, int) else None,
         note=str(state.get("storm_note") or ""),
+        alertname=str(lead.get("alertname") or (row.cause or "").rsplit("/", 1)[0]),
     )
 
 
