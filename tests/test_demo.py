@@ -1,21 +1,31 @@
-"""`trainsentry demo` end to end: the CLI replays the incident through the real gateway."""
+"""`trainsentry demo` end to end: the CLI replays the incident through the real gateway; its
+preview drawn in headless Chromium; `--serve` leaves an incident to acknowledge in the
+console, and every alert of the recorded incident is reachable from it."""
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
+import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
+
+from tests.support.browser import CHROMIUM, Browser
 
 pytestmark = pytest.mark.e2e
 
 
-def test_demo_replays_the_incident_and_writes_what_would_be_sent(tmp_path: Path) -> None:
-    out = tmp_path / "demo"
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """The demo run once for the module's tests: its output folder and its JSON summary."""
+    out = tmp_path_factory.mktemp("demo") / "out"
     result = subprocess.run(
         [sys.executable, "-m", "trainsentry", "demo", "--out", str(out), "--json"],
         capture_output=True,
@@ -23,7 +33,13 @@ def test_demo_replays_the_incident_and_writes_what_would_be_sent(tmp_path: Path)
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    summary = json.loads(result.stdout)
+    return out, json.loads(result.stdout)
+
+
+def test_demo_replays_the_incident_and_writes_what_would_be_sent(
+    demo: tuple[Path, dict[str, Any]],
+) -> None:
+    out, summary = demo
     # 1 XID 79 + 5 occurrences of the flapping port + 200 disk/OOM alerts, each fired and
     # resolved, + the node-not-ready alert of the maintenance window (trainsentry/demo)
     assert summary["alert occurrences stored"] == 207
@@ -34,7 +50,9 @@ def test_demo_replays_the_incident_and_writes_what_would_be_sent(tmp_path: Path)
     assert sent["sheet"] == 414  # every change archived, storm or maintenance or not
     assert summary["maintenance window"]["notices held back while it was open"] >= 1
     assert sent["feishu"] < 100  # the 200-alert burst collapsed into storm summaries
-    # issue 34: one card per incident, kept up to date (57 cards before incidents)
+    # issue 34: one card per incident, kept up to date (57 cards before incidents; 9 new
+    # cards and 13 updates before a storm card waited for something folded): at most 15
+    # Feishu messages, the updates in place counted apart
     messages = summary["feishu messages"]
     assert messages["new cards"] <= 15, messages
     assert messages["new cards"] + messages["card updates"] == sent["feishu"]
@@ -53,6 +71,11 @@ def test_demo_replays_the_incident_and_writes_what_would_be_sent(tmp_path: Path)
     assert all(path.stat().st_size <= 20 * 1024 for path in cards)
     bodies = [json.loads(path.read_text())["card"] for path in cards]
     titles = [card["header"]["title"]["content"] for card in bodies]
+    # every incident's card links its page in the console (policy grouping.url)
+    incident_cards = [json.dumps(c) for c, t in zip(bodies, titles, strict=True) if "— ml/" in t]
+    assert incident_cards and all(
+        re.search(r"http://127\.0\.0\.1:\d+/ui/incidents/\d+", c) for c in incident_cards
+    )
     assert any("GPUFellOffBus" in t for t in titles)
     assert any("storm" in json.dumps(card).lower() for card in bodies)
     assert any("FLAPPING" in t.upper() for t in titles)
@@ -83,6 +106,46 @@ def test_demo_help_lists_exit_codes() -> None:
     assert result.returncode == 0 and "Exit codes" in result.stdout
 
 
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+async def test_the_preview_draws_each_card_as_feishu_does(
+    demo: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """index.html in headless Chromium: the summary is a table; each new card is drawn
+    once (markdown rendered, buttons as buttons, the grey footer as a footer), its updates
+    in place as its versions; no raw markdown or font tag shows."""
+    out, summary = demo
+    messages = summary["feishu messages"]
+    async with Browser.launch(tmp_path) as page:
+        await page.goto((out / "index.html").as_uri())
+        text = await page.text("body")
+        for raw in ("**", "<font", "&lt;", "{'"):
+            assert raw not in text, f"{raw!r} shows in the preview"
+        rows = await page.evaluate("document.querySelectorAll('table.summary > tbody > tr').length")
+        assert rows == len([k for k in summary if k != "outputs"])
+        nested = "table.summary tr table th"
+        assert "new cards" in await page.evaluate(
+            f"[...document.querySelectorAll('{nested}')].map(e => e.innerText).join(' ')"
+        )
+        drawn = await page.evaluate("document.querySelectorAll('.chat > .msg > .fs-card').length")
+        assert drawn == messages["new cards"]
+        versions = await page.evaluate("document.querySelectorAll('.version .fs-card').length")
+        updated = await page.evaluate("document.querySelectorAll('.msg .updated').length")
+        assert versions - updated == messages["card updates"]  # each updated card: sent + updates
+        footers = await page.evaluate("document.querySelectorAll('.msg > .fs-card .fs-footer')")
+        assert footers is not None
+        assert await page.evaluate(
+            "[...document.querySelectorAll('.chat > .msg > .fs-card')]"
+            ".every(c => c.querySelector('.fs-footer') !== null)"
+        )
+        assert await page.evaluate("document.querySelectorAll('.fs-card b').length") > 0
+        links = await page.evaluate(
+            "[...document.querySelectorAll('.chat > .msg > .fs-card a.fs-button')]"
+            ".map(a => a.textContent)"
+        )
+        assert {"Runbook", "Source", "Incident"} <= set(links)
+        assert await page.evaluate("document.querySelectorAll('script').length") == 0
+
+
 def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -98,13 +161,14 @@ def _ignore_sigint() -> None:
     ],
     ids=["sigint-inherited-ignored", "sigterm"],
 )
-def test_demo_serve_links_the_console_of_its_run(
+def test_demo_serve_leaves_an_incident_to_acknowledge_and_every_alert_reachable(
     tmp_path: Path, stop_with: signal.Signals, sigint_ignored_at_start: bool
 ) -> None:
+    """`demo --serve`: the console of its run, signed in with the demo token it prints; one
+    incident left open, acknowledged from Now by a newcomer; every alert of the recorded
+    incident listed on its incident's page in the console; it ends on SIGINT or SIGTERM."""
     import collections
-    import re
     import threading
-    import urllib.request
 
     process = subprocess.Popen(
         [sys.executable, "-m", "trainsentry", "demo", "--out", str(tmp_path / "d"), "--serve"],
@@ -115,21 +179,20 @@ def test_demo_serve_links_the_console_of_its_run(
     )
     try:
         assert process.stdout is not None
-        url = None
-        for line in process.stdout:  # the replay, then the console's address
-            found = re.search(r"incident console: (http://127\.0\.0\.1:\d+/ui/)", line)
-            if found:
+        url = token = None
+        for line in process.stdout:  # the replay, the token, then the console's address
+            if found := re.search(r"demo token: (\S+)", line):
+                token = found.group(1)
+            if found := re.search(r"incident console: (http://127\.0\.0\.1:\d+/ui/)", line):
                 url = found.group(1)
                 break
-        assert url is not None, "no console address printed"
+        assert url is not None and token is not None, "no console address or token printed"
         # Keep reading what the demo prints, so a full pipe never blocks its shutdown, and
         # keep the last lines to say why, should it not end.
         tail: collections.deque[str] = collections.deque(maxlen=40)
         reader = threading.Thread(target=tail.extend, args=(process.stdout,), daemon=True)
         reader.start()
-        with urllib.request.urlopen(url + "history?days=7", timeout=10) as response:
-            page = response.read().decode()
-        assert "GPUFellOffBus" in page and "gpu-node-17" in page
+        asyncio.run(_newcomer(url, token))
         process.send_signal(stop_with)
         try:
             code = process.wait(timeout=30)
@@ -140,3 +203,63 @@ def test_demo_serve_links_the_console_of_its_run(
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+async def _newcomer(url: str, token: str) -> None:
+    api = {"Authorization": f"Bearer {token}"}
+    root = url.removesuffix("/ui/")
+    jar = aiohttp.CookieJar(unsafe=True)
+    async with (
+        aiohttp.ClientSession(cookie_jar=jar) as browser,
+        aiohttp.ClientSession(headers=api) as client,
+    ):
+
+        async def page(path: str) -> str:
+            async with browser.get(root + path) as r:
+                assert r.status == 200, (path, r.status)
+                return await r.text()
+
+        # signing in with the printed token, as the console's form does
+        login = await page("/ui/login")
+        nonce = re.search(r'name="csrf" value="([^"]+)"', login)
+        assert nonce is not None
+        form = {"csrf": nonce.group(1), "name": "newcomer", "token": token, "next": "/ui/"}
+        async with browser.post(root + "/ui/login", data=form, allow_redirects=False) as r:
+            assert r.status == 303, await r.text()
+        history = await page("/ui/history?days=7")
+        assert "GPUFellOffBus" in history and "gpu-node-17" in history
+        # the incident left open, acknowledged from Now
+        async with client.get(root + "/api/v1/incidents?status=firing") as r:
+            [open_one] = (await r.json())["items"]
+        assert open_one["alertname"] == "GPUThermalThrottling" and open_one["acked_by"] is None
+        now = await page("/ui/")
+        action = f'action="/ui/incidents/{open_one["id"]}/ack"'
+        assert action in now
+        csrf = re.search(r'name="csrf" value="([^"]+)"', now)
+        assert csrf is not None
+        ack = {"csrf": csrf.group(1), "from": "now"}
+        target = f"{root}/ui/incidents/{open_one['id']}/ack"
+        headers = {"Origin": root}
+        async with browser.post(target, data=ack, headers=headers, allow_redirects=False) as r:
+            assert r.status == 303, await r.text()
+        async with client.get(f"{root}/api/v1/incidents/{open_one['id']}") as r:
+            acked = await r.json()
+        assert acked["acked_by"] == "newcomer"
+        assert {a["acked_by"] for a in acked["alerts"]} == {"newcomer"}
+        # every alert of the recorded incident is on its incident's page in the console
+        alerts: set[int] = set()
+        before = ""
+        while True:
+            async with client.get(f"{root}/api/v1/alerts?limit=1000{before}") as r:
+                listed = await r.json()
+            alerts |= {a["id"] for a in listed["items"]}
+            if listed["next_before"] is None:
+                break
+            before = f"&before={listed['next_before']}"
+        async with client.get(root + "/api/v1/incidents?limit=1000") as r:
+            incidents = (await r.json())["items"]
+        drawn: set[int] = set()
+        for incident in incidents:
+            html = await page(f"/ui/incidents/{incident['id']}")
+            drawn |= {int(i) for i in re.findall(r'href="/ui/alerts/(\d+)"', html)}
+        assert len(alerts) == 207 + 3 and drawn == alerts

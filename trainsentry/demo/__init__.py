@@ -21,7 +21,8 @@ recovery, then a maintenance window for the GPU swap that mutes the alert it rai
 writes what would have been sent: Feishu cards (cards/*.json), spreadsheet rows
 (sheet.csv), phone calls (calls.jsonl), console lines (console.jsonl) and an HTML preview
 (index.html). No network, no cluster. With --serve the gateway stays up after the replay and
-its incident console (/ui/) shows the incident until Ctrl-C.
+its incident console (/ui/) shows the incident until Ctrl-C, with one incident left open to
+acknowledge: sign in with any name and the demo token it prints.
 
 Exit codes: 0 done, 1 the replay failed.
 """
@@ -67,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
+        print(f"demo token: {summary['demo token']} (sign in with any name and this token)")
         print(f"incident console: {summary['incident console']} (Ctrl-C to stop)", flush=True)
         await stop.wait()
 
@@ -96,7 +98,14 @@ def show(summary: dict[str, Any], as_json: bool) -> None:
     console = Console()
     table = Table(title="trainsentry demo", show_header=False)
     for key, value in summary.items():
-        if key != "outputs":
+        if key == "outputs":
+            continue
+        if isinstance(value, dict):  # a table in the table, not a Python dict
+            inner = Table(show_header=False, box=None, padding=(0, 1, 0, 0))
+            for name, item in value.items():
+                inner.add_row(str(name), str(item))
+            table.add_row(key, inner)
+        else:
             table.add_row(key, str(value))
     console.print(table)
     console.print("outputs:")

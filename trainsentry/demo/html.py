@@ -1,100 +1,87 @@
-"""The demo's HTML preview: a timeline of everything the gateway would have sent."""
+"""The demo's HTML preview: the summary as a table, then what the Feishu group and the phone
+got, in the order it was sent. Each card is drawn as Feishu draws it (card_html.py); a card
+updated in place (an incident's redraw, an ack) is drawn once, in its last state, where it
+was first sent, with each of its versions (the card as sent, then every update) below it, as
+the group shows one card that changes. Autoescaped; no script."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jinja2 import Environment, select_autoescape
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
 
+from trainsentry.demo.card_html import card_html
 from trainsentry.demo.previews import PreviewLog
 
-COLOURS = {
-    "red": "#d83931",
-    "orange": "#de7802",
-    "yellow": "#dc9b04",
-    "blue": "#1456f0",
-    "green": "#2ea121",
-    "grey": "#8f959e",
-    "carmine": "#b71c1c",
-    "wathet": "#3c8cdb",
-}
 
-TEMPLATE = """<!doctype html>
-<html><head><meta charset="utf-8"><title>trainsentry demo</title>
-<style>
-body{font:14px/1.45 -apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#1f2329}
-h1{font-size:20px} .summary td{padding:2px 12px 2px 0}
-.item{border:1px solid #dee0e3;border-radius:8px;margin:10px 0;max-width:760px;overflow:hidden}
-.head{color:#fff;padding:8px 12px;font-weight:600}
-.body{padding:8px 12px;white-space:pre-wrap}
-.meta{color:#646a73;font-size:12px;padding:0 12px 8px}
-.row{font-family:monospace;font-size:12px}
-</style></head><body>
-<h1>{{ title }}</h1>
-<table class="summary">
-{% for key, value in summary.items() %}<tr><td>{{ key }}</td><td><b>{{ value }}</b></td></tr>
-{% endfor %}</table>
-<h2>Timeline ({{ items|length }} notifications)</h2>
-{% for item in items %}
-<div class="item">
-  <div class="head" style="background:{{ item.colour }}">{{ item.channel }} · {{ item.title }}</div>
-  <div class="body{% if item.channel == 'sheet' %} row{% endif %}">{{ item.text }}</div>
-  <div class="meta">#{{ item.id }} {{ item.kind }} {{ item.priority }} · created {{ item.created }}
-  {% if item.file %}· {{ item.file }}{% endif %}</div>
-</div>
-{% endfor %}
-</body></html>
-"""
+@dataclass
+class _Version:
+    id: int
+    created: str
+    kind: str
+    file: str
+    card: Markup
 
 
-def _walk_text(node: Any) -> Iterator[str]:
-    if isinstance(node, Mapping):
-        if node.get("tag") in ("markdown", "plain_text", "lark_md") and "content" in node:
-            yield str(node["content"])
-        for key, value in node.items():
-            if key not in ("header", "content"):
-                yield from _walk_text(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _walk_text(value)
+@dataclass
+class _Message:
+    id: int
+    anchor: str
+    created: str
+    channel: str = ""
+    file: str = ""
+    call: Mapping[str, Any] | None = None
+    versions: list[_Version] = field(default_factory=list)
+
+    @property
+    def last(self) -> Markup:
+        return self.versions[-1].card if self.versions else Markup("")
 
 
-def card_title_and_text(card: Mapping[str, Any]) -> tuple[str, str, str]:
-    header = card.get("header", {})
-    title = str(header.get("title", {}).get("content", ""))
-    colour = COLOURS.get(str(header.get("template", "grey")), "#8f959e")
-    text = "\n".join(t for t in _walk_text(card.get("body", card)) if t.strip())
-    return title, text, colour
+def timeline(log: PreviewLog) -> list[_Message]:
+    """Pure: the messages in the order they were first sent, each card with its versions
+    (its updates follow the card they update: `Sent.updates`)."""
+    messages: list[_Message] = []
+    cards: dict[str, _Message] = {}  # a card's file -> its message
+    for sent in sorted(log.items, key=lambda s: (s.notification.id, s.channel)):
+        n = sent.notification
+        created = n.created_at.strftime("%H:%M:%S")
+        if sent.channel == "phone" and isinstance(sent.rendered, dict):
+            messages.append(_Message(n.id, f"m{n.id}", created, call=sent.rendered))
+            continue
+        if not isinstance(sent.rendered, dict):
+            continue
+        version = _Version(n.id, created, n.kind, sent.file, card_html(sent.rendered))
+        shown = cards.get(sent.updates) if sent.updates else None
+        if shown is None:
+            shown = _Message(n.id, f"card-{sent.file}", created, sent.channel, sent.file)
+            messages.append(shown)
+            cards[sent.file] = shown
+        shown.versions.append(version)
+    return messages
+
+
+def summary_rows(summary: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """Pure: the summary's rows; a nested mapping stays a mapping (drawn as a table)."""
+    return [(key, value) for key, value in summary.items() if key != "outputs"]
 
 
 def write_preview(path: Path, title: str, summary: Mapping[str, Any], log: PreviewLog) -> None:
-    items = []
-    for sent in sorted(log.items, key=lambda s: (s.notification.id, s.channel)):
-        n = sent.notification
-        if isinstance(sent.rendered, list):
-            heading, text, colour = "archive row", " | ".join(sent.rendered), "#646a73"
-        elif sent.channel == "phone":
-            heading, text, colour = (
-                f"call {sent.rendered['to']}",
-                str(sent.rendered["say"]),
-                "#b71c1c",
-            )
-        else:
-            heading, text, colour = card_title_and_text(sent.rendered)
-        items.append(
-            {
-                "channel": sent.channel,
-                "title": heading,
-                "text": text,
-                "colour": colour,
-                "id": n.id,
-                "kind": n.kind,
-                "priority": n.priority.value,
-                "created": n.created_at.strftime("%H:%M:%S"),
-                "file": sent.file,
-            }
-        )
-    env = Environment(autoescape=select_autoescape(default=True))
-    path.write_text(env.from_string(TEMPLATE).render(title=title, summary=summary, items=items))
+    env = Environment(
+        loader=FileSystemLoader(Path(__file__).resolve().parent / "templates"),
+        autoescape=select_autoescape(default=True),
+    )
+    messages = timeline(log)
+    page = env.get_template("preview.html.j2").render(
+        title=title,
+        rows=summary_rows(summary),
+        timeline=messages,
+        messages=sum(1 for m in messages if m.call is None),
+        updates=sum(max(0, len(m.versions) - 1) for m in messages),
+        calls=sum(1 for m in messages if m.call is not None),
+    )
+    path.write_text(page)

@@ -80,3 +80,39 @@ def load_incident(base: datetime, path: Path | None = None) -> Incident:
                 bodies.append(_body(alerts[start : start + MAX_ALERTS_PER_WEBHOOK], status))
         steps.append(Step(at=float(step["at"]), note=step["note"], bodies=bodies))
     return Incident(title=raw["title"], duration_s=float(raw["duration_s"]), steps=steps)
+
+
+OPEN_NODES = ("gpu-node-23", "gpu-node-24", "gpu-node-31")
+
+
+def open_incident(at: datetime) -> dict[str, Any]:
+    """The group `demo --serve` leaves firing after the replay, for a newcomer to
+    acknowledge from the console: three GPUs of the job throttling, one Alertmanager group."""
+    alerts = []
+    for index, node in enumerate(OPEN_NODES):
+        labels = {
+            "alertname": "GPUThermalThrottling",
+            "priority": "P1",
+            "component": "gpu",
+            "trainingjob": "llama-70b",
+            "namespace": "ml",
+            "node": node,
+            "gpu": str(2 + index),
+        }
+        alerts.append(
+            {
+                "status": "firing",
+                "labels": labels,
+                "annotations": {
+                    "summary": f"GPU {labels['gpu']} on {node} is thermally throttled",
+                    "runbook_url": "https://runbooks.example.com/trainsentry/gputhermalthrottling",
+                },
+                "startsAt": at.isoformat(),
+                "endsAt": "0001-01-01T00:00:00Z",
+                "generatorURL": "http://prometheus.demo/graph",
+                "fingerprint": label_fingerprint(labels),
+            }
+        )
+    body = _body(alerts, "firing")
+    body["groupKey"] = '{}:{alertname="GPUThermalThrottling", trainingjob="llama-70b"}'
+    return body

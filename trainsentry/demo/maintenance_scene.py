@@ -16,6 +16,7 @@ from trainsentry.gateway.pipeline import Gateway
 
 NODE = "gpu-node-17"
 WINDOW = timedelta(minutes=30)
+SPAN = WINDOW + timedelta(minutes=5)  # the window's story, from its start to the resolve
 
 
 def _body(status: str, starts_at: datetime, ends_at: datetime | None) -> dict[str, Any]:

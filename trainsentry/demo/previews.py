@@ -26,6 +26,7 @@ class Sent:
     notification: OutboundNotification
     rendered: dict[str, Any] | list[str]
     file: str = ""
+    updates: str = ""  # the file of the card this one updates in place ("" a new message)
 
 
 @dataclass
@@ -61,7 +62,7 @@ class CardPreview:
         path.write_text(json.dumps({"msg_type": "interactive", "card": card}, indent=2))
         if first is None:
             self._cards[notification.group_key] = path.name
-        self._log.items.append(Sent(self.name, notification, card, str(path.name)))
+        self._log.items.append(Sent(self.name, notification, card, path.name, first or ""))
         return Receipt(channel=self.name, provider_id=first or path.name)
 
     async def aclose(self) -> None:

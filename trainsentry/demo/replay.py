@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
@@ -11,13 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 from aiohttp import web
+from pydantic import SecretStr
 
 from trainsentry.alerts import utcnow
 from trainsentry.config import GatewaySettings, Settings
 from trainsentry.demo.html import write_preview
-from trainsentry.demo.incident import load_incident
-from trainsentry.demo.maintenance_scene import replay_window
+from trainsentry.demo.incident import OPEN_NODES, load_incident, open_incident
+from trainsentry.demo.maintenance_scene import SPAN, replay_window
 from trainsentry.demo.previews import CallPreview, CardPreview, PreviewLog, SheetPreview
 from trainsentry.gateway.app import WEBHOOK_PATH
 from trainsentry.gateway.assemble import create_app
@@ -29,6 +33,7 @@ from trainsentry.reports.delivery import write_preview as write_report_preview
 from trainsentry.store.queries import counts
 
 ON_CALL = "+86 138-0000-0000 (demo on-call, layer 1)"
+POLICY_FILE = "policy.yaml"  # the shipped policy, with the incident cards' console link
 SETTLE_AFTER_S = 1800  # after the last webhook: held resolutions and storms calm down
 
 
@@ -44,11 +49,20 @@ def demo_oncall(base: datetime) -> dict[str, Any]:
 
 
 class VirtualClock:
+    """The replay's time: it stands where the replay puts it; once `run()` is called it
+    goes on from there at the wall clock's pace (for the console of `--serve`)."""
+
     def __init__(self, start: datetime) -> None:
         self.current = start
+        self._since: float | None = None
+
+    def run(self) -> None:
+        self._since = time.monotonic()
 
     def __call__(self) -> datetime:
-        return self.current
+        if self._since is None:
+            return self.current
+        return self.current + timedelta(seconds=time.monotonic() - self._since)
 
 
 def _prepare(out: Path) -> None:
@@ -56,9 +70,19 @@ def _prepare(out: Path) -> None:
     for name in ("cards",):
         shutil.rmtree(out / name, ignore_errors=True)
     for name in (
-        "demo.db", "demo.db-wal", "demo.db-shm", "console.jsonl", "index.html", "report.html"
+        "demo.db", "demo.db-wal", "demo.db-shm", "console.jsonl", "index.html", "report.html",
+        POLICY_FILE,
     ):  # fmt: skip
         (out / name).unlink(missing_ok=True)
+
+
+def _listen(port: int) -> socket.socket:
+    """The demo gateway's socket on 127.0.0.1 (`port` 0: any free one), bound before the
+    gateway is built, so its cards can link its console."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    return sock
 
 
 async def run_demo(
@@ -69,10 +93,15 @@ async def run_demo(
     """Replays the incident; `out` (absolute) receives the previews. Returns the summary.
 
     With `serve`, the gateway stays up after the replay (on 127.0.0.1:`port`, 0: any free
-    port) while `serve(summary)` runs; `summary["incident console"]` is its console's URL."""
+    port) while `serve(summary)` runs: `summary["incident console"]` is its console's URL,
+    `summary["demo token"]` the token to sign in with (actions enabled), and one incident
+    is left open (`open_incident`) to acknowledge there."""
     started = time.perf_counter()
     _prepare(out)
-    base = (utcnow() - timedelta(hours=1)).replace(microsecond=0)
+    # the replay ends about now (its times are real ones, the console's ages true)
+    now = utcnow().replace(microsecond=0)
+    span = timedelta(seconds=load_incident(now).steps[-1].at + 2 * SETTLE_AFTER_S) + SPAN
+    base = now - span - timedelta(minutes=5)
     clock = VirtualClock(base)
     incident = load_incident(base)
     log = PreviewLog()
@@ -83,15 +112,25 @@ async def run_demo(
         "sheet": SheetPreview(out, log),
         "phone": CallPreview(out, log, ON_CALL),
     }
-    settings = GatewaySettings(listen="127.0.0.1:0", db=f"sqlite:///{out / 'demo.db'}")
+    sock = _listen(port)
+    port = sock.getsockname()[1]
+    console = f"http://127.0.0.1:{port}/ui/"
+    # the incident cards' "Incident" button: this gateway's console page of the incident
+    policy = {"grouping": {"url": console + "incidents/{incident}"}}
+    (out / POLICY_FILE).write_text(yaml.safe_dump(policy))
+    token = secrets.token_urlsafe(12) if serve is not None else None
+    settings = GatewaySettings(
+        listen=f"127.0.0.1:{port}",
+        db=f"sqlite:///{out / 'demo.db'}",
+        policy_file=out / POLICY_FILE,
+        api_token=SecretStr(token) if token else None,
+    )
     # The background ticker is not needed: the replay drives the timers at virtual times.
     oncall = oncall_of(Settings(gateway=settings, oncall=demo_oncall(base)))
     app = create_app(settings, notifiers=notifiers, clock=clock, tick_interval=3600, oncall=oncall)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    await web.SockSite(runner, sock).start()
     url = f"http://127.0.0.1:{port}{WEBHOOK_PATH}"
     gateway = app[GATEWAY_KEY]
     answers: list[dict[str, Any]] = []
@@ -100,11 +139,7 @@ async def run_demo(
             for step in incident.steps:
                 clock.current = base + timedelta(seconds=step.at)
                 for body in step.bodies:
-                    async with session.post(url, data=json.dumps(body).encode()) as response:
-                        answer = await response.json()
-                        if response.status != 200:
-                            raise RuntimeError(f"gateway answered {response.status}: {answer}")
-                        answers.append(answer)
+                    answers.append(await _post(session, url, body))
                 await gateway.settle()
         clock.current = base + timedelta(seconds=incident.steps[-1].at + SETTLE_AFTER_S)
         await gateway.settle()
@@ -123,11 +158,29 @@ async def run_demo(
             out, incident.title, answers, totals, maintenance, started, log, cards.updates
         )
         if serve is not None:
-            summary["incident console"] = f"http://127.0.0.1:{port}/ui/"
+            clock.current += timedelta(minutes=5)
+            clock.run()
+            async with aiohttp.ClientSession() as session:
+                await _post(session, url, open_incident(clock()))
+            await gateway.settle()
+            summary["incident console"] = console
+            summary["demo token"] = token
+            summary["open incident"] = (
+                f"GPUThermalThrottling on {len(OPEN_NODES)} nodes of ml/llama-70b: sign in with "
+                "the demo token and acknowledge it"
+            )
             await serve(summary)
     finally:
         await runner.cleanup()
     return summary
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    async with session.post(url, data=json.dumps(body).encode()) as response:
+        answer = await response.json()
+        if response.status != 200:
+            raise RuntimeError(f"gateway answered {response.status}: {answer}")
+        return dict(answer)
 
 
 def _summary(
