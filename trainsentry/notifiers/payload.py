@@ -19,7 +19,7 @@ Notification kinds (`OutboundNotification.kind`) the channels understand:
 - ``call``: a phone call the escalation planned (`CallPayload`; the phone channel places it).
 - ``handoff``: a schedule's shift change (`handoff`, gateway/stages/handoff.py).
 - ``cordon``: a node health cordon recommendation or automatic cordon (`cordon`,
-  gateway/stages/cordon.py; the Feishu card: notifiers/feishu/cordon_card.py).
+  gateway/stages/cordon.py; the Feishu card: notifiers/feishu/card.py, `cordon_card`).
 """
 
 from __future__ import annotations
