@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from trainsentry.oncall.config import OncallConfigError, _Bad, _instant
+from trainsentry.oncall.config import FieldError, OncallConfigError, as_instant
 from trainsentry.oncall.types import Override, Person, Schedule, Swap
 
 MAX_CHANGE = timedelta(days=366)
@@ -34,13 +34,13 @@ def parse_change(
     holds every override and swap already in force)."""
     try:
         return _parse(body, schedule, people, now)
-    except _Bad as exc:
+    except FieldError as exc:
         raise OncallConfigError(str(exc)) from None
 
 
 def _person(value: Any, field: str, people: Mapping[str, Person]) -> str:
     if not isinstance(value, str) or value not in people:
-        raise _Bad(field, f"unknown person {str(value)[:64]!r}")
+        raise FieldError(field, f"unknown person {str(value)[:64]!r}")
     return value
 
 
@@ -49,35 +49,37 @@ def _parse(
 ) -> Override | Swap:
     raw = dict(body)
     for key in sorted(set(raw) - _KEYS):
-        raise _Bad(str(key)[:64], f"unknown field (known: {', '.join(sorted(_KEYS))})")
+        raise FieldError(str(key)[:64], f"unknown field (known: {', '.join(sorted(_KEYS))})")
     for key in ("who", "start", "end"):
         if raw.get(key) is None:
-            raise _Bad(key, "is required")
+            raise FieldError(key, "is required")
     kind = raw.get("kind") or "override"
     if kind not in KINDS:
-        raise _Bad("kind", f"must be one of {', '.join(KINDS)}")
+        raise FieldError("kind", f"must be one of {', '.join(KINDS)}")
     who = _person(raw["who"], "who", people)
-    start = _instant(raw["start"], "start", schedule.tz)
-    end = _instant(raw["end"], "end", schedule.tz)
+    start = as_instant(raw["start"], "start", schedule.tz)
+    end = as_instant(raw["end"], "end", schedule.tz)
     if end <= start:
-        raise _Bad("end", f"is not after start ({start.isoformat()})")
+        raise FieldError("end", f"is not after start ({start.isoformat()})")
     if end <= now:
-        raise _Bad("end", "is in the past")
+        raise FieldError("end", "is in the past")
     if end - start > MAX_CHANGE:
-        raise _Bad("end", f"makes the {kind} longer than {MAX_CHANGE.days} days")
+        raise FieldError("end", f"makes the {kind} longer than {MAX_CHANGE.days} days")
     if kind == "override":
         if raw.get("replaces") is not None:
-            raise _Bad("replaces", "applies to a swap only")
+            raise FieldError("replaces", "applies to a swap only")
         for other in schedule.overrides:
             if start < other.end and other.start < end:
-                raise _Bad("start", f"overlaps the override of {other.who} ({_span(other)})")
+                raise FieldError("start", f"overlaps the override of {other.who} ({_span(other)})")
         return Override(who=who, start=start, end=end)
     replaces = _person(raw.get("replaces"), "replaces", people)
     if replaces == who:
-        raise _Bad("replaces", "is the same person as who")
+        raise FieldError("replaces", "is the same person as who")
     for swap in schedule.swaps:
         if swap.replaces == replaces and start < swap.end and swap.start < end:
-            raise _Bad("start", f"overlaps the swap of {replaces} with {swap.who} ({_span(swap)})")
+            raise FieldError(
+                "start", f"overlaps the swap of {replaces} with {swap.who} ({_span(swap)})"
+            )
     return Swap(who=who, replaces=replaces, start=start, end=end)
 
 

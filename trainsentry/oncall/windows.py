@@ -20,14 +20,13 @@ from datetime import datetime, time, timedelta
 from typing import Any
 
 from trainsentry.oncall.config import (
-    DEFAULT_MAX_WINDOW,
+    FieldError,
     OncallConfigError,
-    _Bad,
-    _datetime,
-    _instant,
-    _mapping,
-    _Problems,
-    _text,
+    Problems,
+    as_datetime,
+    as_instant,
+    as_mapping,
+    as_text,
     parse_timezone,
 )
 from trainsentry.oncall.types import MaintenanceWindow, Matcher, Recurrence
@@ -35,6 +34,8 @@ from trainsentry.oncall.window_match import first_occurrence, outlasts
 from trainsentry.userregex import RegexRefused, compile_user_regex
 
 __all__ = ["OncallConfigError", "parse_window"]
+
+DEFAULT_MAX_WINDOW = timedelta(hours=168)
 
 _LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _WINDOW_KEYS = {
@@ -94,24 +95,24 @@ def _rrule_refusal(text: str) -> str | None:
 
 def _matchers(value: Any, field: str) -> tuple[Matcher, ...]:
     if not isinstance(value, Mapping) or not value:
-        raise _Bad(field, "must map at least one label to a value or to {regex: ...}")
+        raise FieldError(field, "must map at least one label to a value or to {regex: ...}")
     found = []
     for label, want in value.items():
         where = f"{field}.{str(label)[:64]}"
         if not isinstance(label, str) or not _LABEL.match(label):
-            raise _Bad(where, "is not a label name")
+            raise FieldError(where, "is not a label name")
         if isinstance(want, str):
             found.append(Matcher(label=label, value=want))
             continue
-        raw = _mapping(want, where, {"regex"}, {"regex"})
+        raw = as_mapping(want, where, {"regex"}, {"regex"})
         if not isinstance(raw["regex"], str):
-            raise _Bad(f"{where}.regex", "must be a string")
+            raise FieldError(f"{where}.regex", "must be a string")
         try:
             found.append(Matcher(label=label, pattern=compile_user_regex(raw["regex"])))
         except RegexRefused as exc:
-            raise _Bad(f"{where}.regex", str(exc)) from None
+            raise FieldError(f"{where}.regex", str(exc)) from None
     if all(matcher.matches_empty for matcher in found):
-        raise _Bad(
+        raise FieldError(
             field,
             "every matcher matches the empty string (what a label the alert lacks reads as), so "
             "the window would mute alerts that carry none of these labels: at least one matcher "
@@ -128,14 +129,16 @@ def _recurrence(
     max_total: timedelta | None,
 ) -> Recurrence:
     tz = parse_timezone(raw.get("timezone"), f"{field}.timezone")
-    text = _text(raw.get("rrule"), f"{field}.rrule").upper()
+    text = as_text(raw.get("rrule"), f"{field}.rrule").upper()
     if text.startswith("RRULE:"):
         text = text[len("RRULE:") :]
     if "\n" in text or "DTSTART" in text:
-        raise _Bad(f"{field}.rrule", "give one RRULE line; the start comes from start and since")
+        raise FieldError(
+            f"{field}.rrule", "give one RRULE line; the start comes from start and since"
+        )
     refusal = _rrule_refusal(text)
     if refusal is not None:
-        raise _Bad(f"{field}.rrule", refusal)
+        raise FieldError(f"{field}.rrule", refusal)
     start_text = raw.get("start")
     match = (
         re.match(r"^([0-2][0-9]):([0-5][0-9])$", start_text)
@@ -143,17 +146,17 @@ def _recurrence(
         else None
     )
     if match is None or int(match.group(1)) > 23:
-        raise _Bad(f"{field}.start", "must be a local time 'HH:MM', like \"02:00\"")
+        raise FieldError(f"{field}.start", "must be a local time 'HH:MM', like \"02:00\"")
     minutes = raw.get("duration_minutes")
     if isinstance(minutes, bool) or not isinstance(minutes, int) or minutes <= 0:
-        raise _Bad(f"{field}.duration_minutes", "must be a whole number of minutes above 0")
+        raise FieldError(f"{field}.duration_minutes", "must be a whole number of minutes above 0")
     if minutes > max_window / timedelta(minutes=1):
-        raise _Bad(f"{field}.duration_minutes", f"longer than the cap ({max_window})")
+        raise FieldError(f"{field}.duration_minutes", f"longer than the cap ({max_window})")
     since = raw.get("since")
     anchor = (
         created_at.astimezone(tz).date()
         if since is None
-        else _datetime(since, f"{field}.since").date()
+        else as_datetime(since, f"{field}.since").date()
     )
     recurrence = Recurrence(
         rrule=text,
@@ -165,11 +168,13 @@ def _recurrence(
     try:
         first = first_occurrence(recurrence)
     except (ValueError, TypeError, KeyError, IndexError, OverflowError) as exc:
-        raise _Bad(f"{field}.rrule", f"not an RRULE: {str(exc)[:120]}") from None
+        raise FieldError(f"{field}.rrule", f"not an RRULE: {str(exc)[:120]}") from None
     if first is None:
-        raise _Bad(f"{field}.rrule", f"never fires (no occurrence within 10 years of {anchor})")
+        raise FieldError(
+            f"{field}.rrule", f"never fires (no occurrence within 10 years of {anchor})"
+        )
     if max_total is not None and outlasts(recurrence, max_total):
-        raise _Bad(
+        raise FieldError(
             f"{field}.rrule",
             f"the occurrences last longer than the cap in all ({max_total}, from the first "
             "start to the last end): a smaller COUNT or an earlier UNTIL",
@@ -192,8 +197,8 @@ def parse_window(
     first day; default: `created_at`'s date there). Refused: a window (an occurrence) longer
     than `max_window`; one lasting longer than `max_total` from its first start to its last
     end (None: not checked); matchers that all match the empty string."""
-    problems = _Problems()
-    raw = problems.check(lambda: _mapping(value, field, _WINDOW_KEYS, {"matchers"}))
+    problems = Problems()
+    raw = problems.check(lambda: as_mapping(value, field, _WINDOW_KEYS, {"matchers"}))
     problems.raise_any()
     assert raw is not None
     matchers = problems.check(lambda: _matchers(raw["matchers"], f"{field}.matchers"))
@@ -223,8 +228,10 @@ def parse_window(
         for key in sorted(_ONE_OFF_KEYS - set(raw)):
             problems.add(f"{field}.{key}", "is required")
         if not problems.found:
-            starts_at = problems.check(lambda: _instant(raw["starts_at"], f"{field}.starts_at", tz))
-            ends_at = problems.check(lambda: _instant(raw["ends_at"], f"{field}.ends_at", tz))
+            starts_at = problems.check(
+                lambda: as_instant(raw["starts_at"], f"{field}.starts_at", tz)
+            )
+            ends_at = problems.check(lambda: as_instant(raw["ends_at"], f"{field}.ends_at", tz))
         if starts_at is not None and ends_at is not None:
             if ends_at <= starts_at:
                 problems.add(f"{field}.ends_at", "is not after starts_at")
