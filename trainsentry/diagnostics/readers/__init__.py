@@ -13,12 +13,12 @@ _CONFIG_NAMES = frozenset({"config.yaml", "config.yml"})
 _HEAD_BYTES = 4096
 #: A probe's /status JSON: not a trace, but maps NCCL RAS processes to global ranks.
 PROBE_STATUS = "probe-status"
-#: `<dump>.captured_at_ns`: when the dump beside it was taken (nanoseconds since the epoch).
-CAPTURED_AT_SUFFIX = ".captured_at_ns"
 
 
 def list_inputs(paths: list[Path]) -> tuple[list[Path], list[Path]]:
     """(trace files, topology config files) under the given files and directories."""
+    from trainsentry.diagnostics.readers.flight_recorder import CAPTURED_AT_SUFFIX
+
     files: list[Path] = []
     configs: list[Path] = []
     for path in paths:

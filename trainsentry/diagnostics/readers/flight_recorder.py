@@ -27,6 +27,11 @@ Notes on the format (checked against torch 2.13):
   a send/recv or a batch, `last_enqueued_collective` is a p2p number (the real pipeline
   dumps: 36, the last `p2p_seq_id`, in a group with no collective at all). It is applied to a
   group's collectives only when the dump's last entry of that group is a collective.
+
+One piece: the reader of one format. Decoding, the per-rank parse (its fast path and
+`_parse_entry_slowly` must agree entry by entry), joining the ranks into one `Trace`, capture
+times and the parallel read all apply the notes above, so a change of the format is made in
+this one file.
 """
 
 from __future__ import annotations
@@ -62,10 +67,11 @@ from trainsentry.diagnostics.model import (
     find_gaps,
     make_stream,
 )
-from trainsentry.diagnostics.readers import CAPTURED_AT_SUFFIX
 from trainsentry.diagnostics.topology import Topology
 
 _V = TypeVar("_V")
+#: `<dump>.captured_at_ns`: when the dump beside it was taken (nanoseconds since the epoch).
+CAPTURED_AT_SUFFIX = ".captured_at_ns"
 #: What entries carry for a group created without `group_desc`.
 _NO_DESC = frozenset({"", "undefined"})
 SUPPORTED_MAJOR = 2
