@@ -1,5 +1,6 @@
 """The layout docs/architecture.md promises: parts, allowed imports, no cycles, SQL only in
-the store, a pure policy, module sizes, and the gateway's stage folders.
+the store, a pure policy, cohesion (no private names across modules, no circle inside a part,
+a module over 600 lines says why it is one piece), and the gateway's stage folders.
 
 Imports are read with the `ast` from every module of trainsentry/, wherever they stand
 (function-local imports included), so a lazy import cannot hide a cycle.
@@ -18,7 +19,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "trainsentry"
 DOC = ROOT / "docs" / "architecture.md"
-MAX_LINES = 500
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,8 @@ class Import:
     line: int
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -234,18 +234,6 @@ def test_the_policy_is_pure() -> None:
     assert not offenders, _where(offenders)
 
 
-# The dump readers are exempt (docs/architecture.md).
-SIZED = [
-    p for p in sorted(PACKAGE.rglob("*.py")) if PACKAGE / "diagnostics" / "readers" not in p.parents
-]
-
-
-@pytest.mark.parametrize("path", SIZED, ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_no_module_over_500_lines(path: Path) -> None:
-    lines = len(path.read_text().splitlines())
-    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines"
-
-
 def test_the_gateway_has_folders_that_name_its_stages() -> None:
     gateway = PACKAGE / "gateway"
     for folder in ("policy", "stages", "stages/planning", "commands"):
@@ -264,3 +252,299 @@ def test_the_gateway_has_folders_that_name_its_stages() -> None:
         if target is None:
             target = gateway / name
         assert target.exists(), f"docs/architecture.md names {name}, which does not exist"
+
+
+# Cohesion (docs/architecture.md, "Also enforced"). Each rule is a function of a package
+# folder, so it is tested twice: on a tree with a planted violation (it must fail there) and
+# on trainsentry/.
+
+LONG_MODULE = 600  # lines; a longer module says why it is one piece
+ONE_PIECE = "One piece:"  # ... on a line of its own module docstring
+
+
+def _modules(package: Path) -> dict[str, Path]:
+    """Every module of `package`, by dotted name (`pkg.a.b`; a package by its folder's)."""
+    return {_module_name(path, package.parent): path for path in sorted(package.rglob("*.py"))}
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _import_source(node: ast.ImportFrom, module: str, path: Path) -> str:
+    """The dotted module a `from ... import` reads, relative imports resolved."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    if path.name != "__init__.py":
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _dotted(node: ast.expr) -> list[str] | None:
+    """`a.b.c` as ["a", "b", "c"]; None for anything but names and attributes."""
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value)
+        return None if head is None else [*head, node.attr]
+    return None
+
+
+@dataclass(frozen=True, order=True)
+class PrivateUse:
+    module: str  # the module that uses it
+    name: str  # the private name, dotted: "trainsentry.x._y"
+
+    def __str__(self) -> str:
+        return f"{self.module} uses {self.name}"
+
+
+def _private_uses(package: Path) -> set[PrivateUse]:
+    """Where a module of `package` takes another module's private (`_name`, not dunder) name:
+    `from x import _y` (relative too), or `m._y` / `a.b.x._y` on a name bound to a module of
+    `package` by an import. Only the package's own modules count: a third-party private
+    (`sys._current_frames`, torch's) is that library's promise, not ours. Names are bound
+    per module, not per scope: a local that shadows an imported module could be misread."""
+    modules = _modules(package)
+    found: set[PrivateUse] = set()
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        bound: dict[str, str] = {}  # local name -> the module it stands for
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.asname:
+                        bound[alias.asname] = alias.name
+                    else:
+                        top = alias.name.split(".")[0]
+                        bound[top] = top
+            elif isinstance(node, ast.ImportFrom):
+                source = _import_source(node, module, path)
+                if source not in modules:
+                    continue
+                for alias in node.names:
+                    full = f"{source}.{alias.name}"
+                    if _is_private(alias.name):
+                        found.add(PrivateUse(module, full))
+                    elif full in modules:
+                        bound[alias.asname or alias.name] = full
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not _is_private(node.attr):
+                continue
+            chain = _dotted(node.value)
+            if chain is None or chain[0] not in bound:
+                continue
+            target = ".".join([bound[chain[0]], *chain[1:]])
+            if target in modules and target != module:
+                found.add(PrivateUse(module, f"{target}.{node.attr}"))
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _module_graph(package: Path) -> dict[str, set[str]]:
+    """module -> the modules of `package` it imports, wherever the import stands (in a
+    function too: a lazy import closes a circle as surely, only later), except under
+    `if TYPE_CHECKING:`, which never runs. An import names the most precise module it
+    reads: `from a.b import c` is a.b.c when that is a module, else a.b; `import a.b.c` is
+    a.b.c. The packages Python initialises on the way (a, a.b) are not edges."""
+    modules = _modules(package)
+    graph: dict[str, set[str]] = defaultdict(set)
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        unchecked = {
+            id(inner)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and _is_type_checking(node.test)
+            for statement in node.body
+            for inner in ast.walk(statement)
+        }
+        for node in ast.walk(tree):
+            if id(node) in unchecked:
+                continue
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                source = _import_source(node, module, path)
+                targets = [
+                    f"{source}.{a.name}" if f"{source}.{a.name}" in modules else source
+                    for a in node.names
+                ]
+            else:
+                continue
+            graph[module].update(t for t in targets if t in modules and t != module)
+    return graph
+
+
+def _part_of(module: str) -> str:
+    """pkg.gateway.stages.outbox -> pkg.gateway; pkg.cli -> pkg.cli."""
+    return ".".join(module.split(".")[:2])
+
+
+def _circles_in_parts(package: Path) -> set[frozenset[str]]:
+    """The import circles among the modules of each part (the strongly connected parts of
+    the module graph, its edges within a part): each as the set of its modules."""
+    graph = {
+        module: {t for t in targets if _part_of(t) == _part_of(module)}
+        for module, targets in _module_graph(package).items()
+    }
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: set[frozenset[str]] = set()
+
+    def connect(node: str) -> None:  # Tarjan's strongly connected components
+        order[node] = low[node] = len(order)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in order:
+                connect(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], order[nxt])
+        if low[node] == order[node]:
+            component = {stack.pop()}
+            while node not in component:
+                component.add(stack.pop())
+            if len(component) > 1:
+                circles.add(frozenset(component))
+
+    for node in sorted(graph):
+        if node not in order:
+            connect(node)
+    return circles
+
+
+def _long_modules_unexplained(package: Path) -> list[str]:
+    """Modules over LONG_MODULE lines whose module docstring has no line starting with
+    ONE_PIECE (the reason follows it)."""
+    found: list[str] = []
+    for module, path in _modules(package).items():
+        text = path.read_text()
+        lines = len(text.splitlines())
+        if lines <= LONG_MODULE:
+            continue
+        doc = ast.get_docstring(ast.parse(text, str(path))) or ""
+        if not any(line.strip().startswith(ONE_PIECE) for line in doc.splitlines()):
+            found.append(f"{module} ({lines} lines)")
+    return found
+
+
+# Inside gateway/policy/ and gateway/stages/planning/, being reworked for issue 37: remove an
+# entry when its use is gone (the test below fails on an entry that no longer occurs).
+KNOWN_UNTIL_37 = {
+    # storm_fold.py runs storm.py's bucket arithmetic in place on a planning batch
+    PrivateUse("trainsentry.gateway.policy.storm_fold", "trainsentry.gateway.policy.storm._bucket"),
+    PrivateUse(
+        "trainsentry.gateway.policy.storm_fold",
+        "trainsentry.gateway.policy.storm._BUCKETS_PER_WINDOW",
+    ),
+    PrivateUse(
+        "trainsentry.gateway.policy.storm_fold",
+        "trainsentry.gateway.policy.storm._summary_message",
+    ),
+}
+
+
+def test_no_module_uses_another_modules_private_names() -> None:
+    found = _private_uses(PACKAGE)
+    wrong = sorted(found - KNOWN_UNTIL_37)
+    assert not wrong, "private names used across modules: " + "; ".join(map(str, wrong))
+    gone = sorted(KNOWN_UNTIL_37 - found)
+    assert not gone, "remove from KNOWN_UNTIL_37, no longer used: " + "; ".join(map(str, gone))
+
+
+def test_no_import_circle_inside_a_part() -> None:
+    circles = sorted(sorted(circle) for circle in _circles_in_parts(PACKAGE))
+    assert not circles, f"import circles inside a part: {circles}"
+
+
+def test_a_module_over_600_lines_says_why_it_is_one_piece() -> None:
+    found = _long_modules_unexplained(PACKAGE)
+    assert not found, f"over {LONG_MODULE} lines, no '{ONE_PIECE}' in the docstring: {found}"
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / "pkg" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root / "pkg"
+
+
+def test_the_private_name_rule_finds_each_way_of_taking_one(tmp_path: Path) -> None:
+    package = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a/__init__.py": "",
+            "a/x.py": "_hidden = 1\nshown = 2\n",
+            "a/y.py": "from pkg.a.x import _hidden, shown\n",  # planted: from-import
+            "a/z.py": "from . import x\n\ndef f():\n    return x._hidden\n",  # planted: attribute
+            "b/__init__.py": "",
+            "b/w.py": "import pkg.a.x\nv = pkg.a.x._hidden\n",  # planted: a dotted import
+            "b/ok.py": "import sys\nfrom pkg.a.x import shown\n_own = sys._getframe\n"
+            "def f(self):\n    return self._own, shown.__class__\n",
+        },
+    )
+    assert sorted(map(str, _private_uses(package))) == [
+        "pkg.a.y uses pkg.a.x._hidden",
+        "pkg.a.z uses pkg.a.x._hidden",
+        "pkg.b.w uses pkg.a.x._hidden",
+    ]
+    (package / "a" / "z.py").write_text("from .x import _hidden as h\n")  # relative, renamed
+    (package / "a" / "y.py").write_text("from pkg.a.x import shown\n")
+    (package / "b" / "w.py").write_text("import pkg.a.x as alias\nv = alias._hidden\n")
+    assert sorted(map(str, _private_uses(package))) == [
+        "pkg.a.z uses pkg.a.x._hidden",
+        "pkg.b.w uses pkg.a.x._hidden",
+    ]
+
+
+def test_the_circle_rule_finds_a_lazy_circle_and_skips_type_checking(tmp_path: Path) -> None:
+    package = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a/__init__.py": "",
+            "a/x.py": "from pkg.a.y import f\n",
+            "a/y.py": "def f():\n    from pkg.a import x\n    return x\n",  # planted: lazy
+            "a/p.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from pkg.a.q import T\nelse:\n    pass\n",
+            "a/q.py": "from pkg.a.p import TYPE_CHECKING\nT = int\n",  # typing only: no circle
+            "a/r.py": "import pkg.b.u\n",
+            "b/__init__.py": "",
+            "b/u.py": "from pkg.a import r\n",  # a circle between parts, not inside one
+            "c.py": "import pkg.b.u\n",
+        },
+    )
+    assert _circles_in_parts(package) == {frozenset({"pkg.a.x", "pkg.a.y"})}
+    (package / "a" / "p.py").write_text("from pkg.a.q import T\n")  # outside TYPE_CHECKING
+    assert _circles_in_parts(package) == {
+        frozenset({"pkg.a.x", "pkg.a.y"}),
+        frozenset({"pkg.a.p", "pkg.a.q"}),
+    }
+
+
+def test_the_long_module_rule_wants_the_reason_in_the_docstring(tmp_path: Path) -> None:
+    body = "x = 1\n" * LONG_MODULE
+    package = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "short.py": '"""Short."""\n' + "x = 1\n" * (LONG_MODULE - 1),
+            "long.py": '"""Long, and it does not say why."""\n' + body,  # planted
+            "told.py": f'"""Long.\n\n{ONE_PIECE} one parser of one format.\n"""\n' + body,
+            "comment.py": f"# {ONE_PIECE} in a comment does not count\n" + body,  # planted
+        },
+    )
+    assert _long_modules_unexplained(package) == [
+        f"pkg.comment ({LONG_MODULE + 1} lines)",
+        f"pkg.long ({LONG_MODULE + 1} lines)",
+    ]
