@@ -246,7 +246,10 @@ def record_receipts_steps(
     receipts: Sequence[IncomingReceipt], enc: Encoder
 ) -> Steps[list[ReceiptOutcome]]:
     """`record_receipts` as statements (bulk.run_steps): on SQLite all of it runs on the
-    driver's thread while the event loop goes on parsing webhooks."""
+    driver's thread while the event loop goes on parsing webhooks. The steps: the receipts,
+    each occurrence seen with its statuses in order; the group digests; new occurrences
+    inserted with their first status; every status after it applied; one event and one
+    policy inbox row per change."""
     outcomes: list[ReceiptOutcome] = []
     seen: dict[Key, _Seen] = {}
     for index, receipt in enumerate(receipts):
@@ -265,40 +268,63 @@ def record_receipts_steps(
     yield from _group_steps(receipts, outcomes, enc)
     if not seen:
         return outcomes
+    existing = yield from _lock_existing_steps(list(seen), postgresql=not enc.sqlite)
+    inserted = yield from _insert_occurrences_steps(seen, existing, outcomes, enc)
+    yield from _apply_statuses_steps(seen, existing, inserted, outcomes, enc)
+    yield from _event_steps(outcomes, enc)
+    return outcomes
 
-    keys = list(seen)
-    existing = yield from _lock_existing_steps(keys, postgresql=not enc.sqlite)
-    new_keys = [key for key in keys if key not in existing]
-    inserted: dict[Key, int] = {}
-    if new_keys:
-        rows = []
-        for key in new_keys:
-            entry = seen[key]
-            status, index, at = entry.statuses[0]
-            receipt_id = outcomes[index].receipt_id
-            rows.append(_occurrence_row(entry.alert, key[1], receipt_id, at, status, enc))
-            # the row is created with the first status; later statuses are applied below
-        returned = yield from insert_returning_steps(
-            "alerts",
-            _ALERT_COLUMNS,
-            rows,
-            returning=("id", "fingerprint", "starts_at"),
-            conflict=_ALERT_CONFLICT,
-            sqlite=enc.sqlite,
-        )
-        inserted = {(fp, starts_at): int(alert_id) for alert_id, fp, starts_at in returned}
-        lost_race = [key for key in new_keys if key not in inserted]
-        if lost_race:  # another replica inserted them concurrently
-            existing.update((yield from _lock_existing_steps(lost_race, not enc.sqlite)))
-        for key, alert_id in inserted.items():
-            entry = seen[key]
-            status, index, at = entry.statuses[0]
-            outcomes[index].new += 1
-            outcomes[index].changes.append(
-                AlertChange(alert_id, _CHANGE_KIND[status], entry.alert, at)
-            )
-            existing[key] = (alert_id, status.value)
 
+def _insert_occurrences_steps(
+    seen: dict[Key, _Seen],
+    existing: dict[Key, tuple[int, str]],
+    outcomes: list[ReceiptOutcome],
+    enc: Encoder,
+) -> Steps[dict[Key, int]]:
+    """Inserts the occurrences not in `existing`, each with its first status, and adds them
+    to `existing` (also those another replica inserted meanwhile) and their change to the
+    outcome of the receipt that brought them. Returns the ids of those inserted here."""
+    new_keys = [key for key in seen if key not in existing]
+    if not new_keys:
+        return {}
+    rows = []
+    for key in new_keys:
+        entry = seen[key]
+        status, index, at = entry.statuses[0]
+        receipt_id = outcomes[index].receipt_id
+        rows.append(_occurrence_row(entry.alert, key[1], receipt_id, at, status, enc))
+        # the row is created with the first status; later statuses are applied after it
+    returned = yield from insert_returning_steps(
+        "alerts",
+        _ALERT_COLUMNS,
+        rows,
+        returning=("id", "fingerprint", "starts_at"),
+        conflict=_ALERT_CONFLICT,
+        sqlite=enc.sqlite,
+    )
+    inserted = {(fp, starts_at): int(alert_id) for alert_id, fp, starts_at in returned}
+    lost_race = [key for key in new_keys if key not in inserted]
+    if lost_race:  # another replica inserted them concurrently
+        existing.update((yield from _lock_existing_steps(lost_race, not enc.sqlite)))
+    for key, alert_id in inserted.items():
+        entry = seen[key]
+        status, index, at = entry.statuses[0]
+        outcomes[index].new += 1
+        outcomes[index].changes.append(AlertChange(alert_id, _CHANGE_KIND[status], entry.alert, at))
+        existing[key] = (alert_id, status.value)
+    return inserted
+
+
+def _apply_statuses_steps(
+    seen: dict[Key, _Seen],
+    existing: dict[Key, tuple[int, str]],
+    inserted: dict[Key, int],
+    outcomes: list[ReceiptOutcome],
+    enc: Encoder,
+) -> Steps[None]:
+    """Each occurrence's statuses in order (after the first, for one just inserted): a
+    status other than the one before it is a change of its receipt, the same one is counted
+    unchanged; the row gets its last sight and, if it changed, its last status."""
     seen_again: list[tuple[Any, ...]] = []
     status_changes: list[tuple[Any, ...]] = []
     for key, entry in seen.items():
@@ -336,6 +362,10 @@ def record_receipts_steps(
     status_columns = ("status", "resolved_at")
     yield from update_steps("alerts", status_columns, "id", status_changes, sqlite=enc.sqlite)
 
+
+def _event_steps(outcomes: list[ReceiptOutcome], enc: Encoder) -> Steps[None]:
+    """One alert event per change, and one policy inbox row per event with the urgency of
+    its alert: every change waits in the inbox until the policy has handled it."""
     # An occurrence's changes share its labels, hence one urgency (store/inbox.py).
     events: list[tuple[Any, ...]] = []
     urgencies: dict[int, int] = {}
@@ -345,15 +375,14 @@ def record_receipts_steps(
                 (change.alert_id, change.kind.value, enc.time(change.at), outcome.receipt_id)
             )
             urgencies[change.alert_id] = urgency(change.alert.labels)
-    if events:
-        columns = ("alert_id", "kind", "at", "receipt_id")
-        returned = yield from insert_returning_steps(
-            "alert_events", columns, events, returning=("id", "alert_id"), sqlite=enc.sqlite
-        )
-        # every change waits in the inbox until the policy has handled it (gateway/policy_worker)
-        inbox = [(event_id, urgencies[alert_id]) for event_id, alert_id in returned]
-        yield from insert_steps("policy_inbox", ("event_id", "urgency"), inbox)
-    return outcomes
+    if not events:
+        return
+    columns = ("alert_id", "kind", "at", "receipt_id")
+    returned = yield from insert_returning_steps(
+        "alert_events", columns, events, returning=("id", "alert_id"), sqlite=enc.sqlite
+    )
+    inbox = [(event_id, urgencies[alert_id]) for event_id, alert_id in returned]
+    yield from insert_steps("policy_inbox", ("event_id", "urgency"), inbox)
 
 
 _NOTIFICATION_COLUMNS = (
