@@ -17,9 +17,18 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 
 
 class GatewayMetrics:
+    """The gateway's metrics, one registry; each group is added by the method named for it."""
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
+        self._add_intake(self.registry)
+        self._add_planning(self.registry)
+        self._add_delivery(self.registry)
+        self._add_routes(self.registry)
+        self._add_store(self.registry)
+
+    def _add_intake(self, r: CollectorRegistry) -> None:
+        """Webhook intake (stages/intake.py, stages/truncated.py)."""
         self.receipts = Counter(
             "trainsentry_webhook_receipts_total",
             "Webhook requests by outcome (stored, replay, resend: an unchanged group re-sent, "
@@ -50,12 +59,9 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.outbox_depth = Gauge(
-            "trainsentry_outbox_depth",
-            "Notifications not yet sent",
-            ["channel", "status"],
-            registry=r,
-        )
+
+    def _add_planning(self, r: CollectorRegistry) -> None:
+        """The alert policy's inbox (stages/planning/)."""
         self.policy_inbox_depth = Gauge(
             "trainsentry_policy_inbox_depth",
             "Alert changes stored but not yet handled by the alert policy",
@@ -79,30 +85,19 @@ class GatewayMetrics:
             "not notified (the gateway log has each one with its traceback)",
             registry=r,
         )
+
+    def _add_delivery(self, r: CollectorRegistry) -> None:
+        """The outbox and the channels' sends (stages/outbox.py)."""
+        self.outbox_depth = Gauge(
+            "trainsentry_outbox_depth",
+            "Notifications not yet sent",
+            ["channel", "status"],
+            registry=r,
+        )
         self.outbox_oldest_age = Gauge(
             "trainsentry_outbox_oldest_pending_age_seconds",
             "Age of the oldest pending notification, by its priority (0 when none is pending)",
             ["priority"],
-            registry=r,
-        )
-        # Feishu card callbacks mounted without an encrypt key (assemble.create_app)
-        self.feishu_callbacks_unsigned = Gauge(
-            "trainsentry_feishu_callbacks_unsigned",
-            "1 when Feishu card callbacks are accepted without an encrypt key: unsigned, "
-            "proven by the static verification token alone (docs/channels.md); else 0",
-            registry=r,
-        )
-        # TrainingJobs' own alert routes (stages/job_alerting.py)
-        self.job_alerting_not_ready = Gauge(
-            "trainsentry_job_alerting_not_ready",
-            "TrainingJobs whose spec.alerting cannot be followed (condition AlertingReady=False)",
-            registry=r,
-        )
-        self.job_route_fallbacks = Counter(
-            "trainsentry_job_route_fallbacks_total",
-            "Cards sent to the gateway's own Feishu route because a TrainingJob's own chat or "
-            "bot failed, by reason",
-            ["reason"],
             registry=r,
         )
         self.sends = Counter(
@@ -124,7 +119,32 @@ class GatewayMetrics:
             ["channel"],
             registry=r,
         )
-        # The store's size and the retention purge (gateway/stages/retention.py).
+
+    def _add_routes(self, r: CollectorRegistry) -> None:
+        """Where cards go: Feishu callbacks, TrainingJobs' own routes."""
+        # Feishu card callbacks mounted without an encrypt key (assemble.create_app)
+        self.feishu_callbacks_unsigned = Gauge(
+            "trainsentry_feishu_callbacks_unsigned",
+            "1 when Feishu card callbacks are accepted without an encrypt key: unsigned, "
+            "proven by the static verification token alone (docs/channels.md); else 0",
+            registry=r,
+        )
+        # TrainingJobs' own alert routes (stages/job_alerting.py)
+        self.job_alerting_not_ready = Gauge(
+            "trainsentry_job_alerting_not_ready",
+            "TrainingJobs whose spec.alerting cannot be followed (condition AlertingReady=False)",
+            registry=r,
+        )
+        self.job_route_fallbacks = Counter(
+            "trainsentry_job_route_fallbacks_total",
+            "Cards sent to the gateway's own Feishu route because a TrainingJob's own chat or "
+            "bot failed, by reason",
+            ["reason"],
+            registry=r,
+        )
+
+    def _add_store(self, r: CollectorRegistry) -> None:
+        """The store's size and the retention purge (gateway/stages/retention.py)."""
         self.store_size = Gauge(
             "trainsentry_store_size_bytes",
             "Size of the store: the SQLite file with its WAL and shared-memory files, or "
