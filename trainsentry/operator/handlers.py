@@ -131,10 +131,24 @@ def configure(settings: kopf.OperatorSettings) -> None:
 
 
 def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.OperatorRegistry:
+    """The kopf registry of one operator: its start and stop, the TrainingJob handlers, the
+    admission webhook (with `options.webhook`) and discovery (with `options.discovery`)."""
     registry = kopf.OperatorRegistry()
-    locks: dict[str, asyncio.Lock] = {}
-    warned = WarnedOnce()
-    deleted: set[str] = set()  # uids cleaned up; a late resync must not re-claim their nodes
+    _register_lifecycle(registry, sources, options)
+    _register_job_handlers(registry, _Jobs(sources, options))
+    if options.webhook is not None:
+        _register_webhook(registry)
+    if options.discovery:
+        for kind, (group, version, plural) in DISCOVERABLE.items():
+            _register_discovery(registry, kind, group, version, plural, options)
+    return registry
+
+
+def _register_lifecycle(
+    registry: kopf.OperatorRegistry, sources: rec.Sources, options: OperatorOptions
+) -> None:
+    """Startup (settings, the API client and what the handlers share in kopf's memo, the
+    admission server), cleanup, and the login."""
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
@@ -169,88 +183,74 @@ def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.Opera
 
     kopf.on.login(registry=registry)(options.login or default_login)
 
-    async def run_reconcile(body: kopf.Body, memo: kopf.Memo) -> None:
+
+@dataclass
+class _Jobs:
+    """What the TrainingJob handlers share: one lock per job (a reconcile and a delete of
+    one job never overlap), the warnings already posted, and the jobs already deleted (a
+    late resync must not re-claim their nodes)."""
+
+    sources: rec.Sources
+    options: OperatorOptions
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    warned: WarnedOnce = field(default_factory=WarnedOnce)
+    deleted: set[str] = field(default_factory=set)  # uids cleaned up
+    seen_alerts: dict[str, Any] = field(default_factory=dict)  # uid -> status.lastAlert
+
+    async def reconcile(self, body: kopf.Body, memo: kopf.Memo) -> None:
         uid = str(body.metadata.uid)
-        lock = locks.setdefault(uid, asyncio.Lock())
+        lock = self.locks.setdefault(uid, asyncio.Lock())
         async with lock:
-            if uid in deleted or body.metadata.get("deletionTimestamp"):
+            if uid in self.deleted or body.metadata.get("deletionTimestamp"):
                 return
             seen: set[tuple[str, str]] = set()
             try:
                 await rec.reconcile(
                     memo.kube,
                     body,
-                    sources,
-                    warned.emitter(uid, _emitter(body), seen),
+                    self.sources,
+                    self.warned.emitter(uid, _emitter(body), seen),
                     memo.node_locks,
                     memo.claims,
                 )
-                warned.keep_only(uid, seen)
+                self.warned.keep_only(uid, seen)
                 if memo.probe_secrets is not None:
                     await memo.probe_secrets.ensure(memo.kube, JobIdentity.from_body(body))
             except KubeError as exc:
                 kopf.warn(body, reason="ReconcileFailed", message=str(exc)[:1000])
-                raise kopf.TemporaryError(str(exc), delay=options.retry_delay) from exc
+                raise kopf.TemporaryError(str(exc), delay=self.options.retry_delay) from exc
 
-    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry, id="reconcile")
-    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry, id="reconcile")
-    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry, id="reconcile")
-    async def reconcile_job(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        await run_reconcile(body, memo)
-
-    @kopf.timer(
-        GROUP,
-        VERSION,
-        PLURAL,
-        interval=options.resync_seconds,
-        initial_delay=options.resync_seconds,
-        registry=registry,
-        id="resync",
-    )
-    async def resync_job(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    async def reconcile_or_log(self, body: kopf.Body, memo: kopf.Memo, event: str) -> None:
+        """A reconcile no retry will follow (a resync, a lastAlert change): a failure is
+        logged as `event`, and the next resync tries again."""
         try:
-            await run_reconcile(body, memo)
+            await self.reconcile(body, memo)
         except kopf.TemporaryError as exc:
             log.warning(
-                "event=resync_failed job=%s/%s error=%r",
+                "event=%s job=%s/%s error=%r",
+                event,
                 body.metadata.namespace,
                 body.metadata.name,
                 str(exc),
             )
 
-    seen_alerts: dict[str, Any] = {}
-
-    # The gateway writes status.lastAlert; fold it into the phase now, not at the next resync.
-    # (kopf's change handlers ignore status, so this watches raw events and compares.)
-    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="last-alert")
-    async def last_alert_changed(
-        type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
-    ) -> None:
+    def last_alert_changed(self, type: str | None, body: kopf.Body) -> bool:
+        """Whether this watch event changed a known job's status.lastAlert (the first sight
+        of a job is not a change: its create or resume handler reconciles it)."""
         uid = str(body.metadata.uid)
         if type == "DELETED":
-            seen_alerts.pop(uid, None)
-            return
+            self.seen_alerts.pop(uid, None)
+            return False
         alert = (body.get("status") or {}).get("lastAlert")
-        first_sight = uid not in seen_alerts
-        previous = seen_alerts.get(uid)
-        seen_alerts[uid] = dict(alert) if alert else None
-        if first_sight or previous == seen_alerts[uid]:
-            return  # create/resume handlers cover the first sight
-        try:
-            await run_reconcile(body, memo)
-        except kopf.TemporaryError as exc:
-            log.warning(
-                "event=last_alert_reconcile_failed job=%s/%s error=%r",
-                body.metadata.namespace,
-                body.metadata.name,
-                str(exc),
-            )
+        first_sight = uid not in self.seen_alerts
+        previous = self.seen_alerts.get(uid)
+        self.seen_alerts[uid] = dict(alert) if alert else None
+        return not first_sight and previous != self.seen_alerts[uid]
 
-    @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry, id="cleanup")
-    async def delete_job(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    async def delete(self, body: kopf.Body, memo: kopf.Memo) -> None:
         uid = str(body.metadata.uid)
-        async with locks.setdefault(uid, asyncio.Lock()):
-            deleted.add(uid)
+        async with self.locks.setdefault(uid, asyncio.Lock()):
+            self.deleted.add(uid)
             try:
                 await rec.cleanup(
                     memo.kube,
@@ -258,38 +258,71 @@ def build_registry(sources: rec.Sources, options: OperatorOptions) -> kopf.Opera
                     _emitter(body),
                     memo.node_locks,
                     memo.claims,
-                    sources.dashboards_namespace,
+                    self.sources.dashboards_namespace,
                 )
             except KubeError as exc:
-                raise kopf.TemporaryError(str(exc), delay=options.retry_delay) from exc
-        locks.pop(uid, None)
-        warned.forget(uid)
+                raise kopf.TemporaryError(str(exc), delay=self.options.retry_delay) from exc
+        self.locks.pop(uid, None)
+        self.warned.forget(uid)
         if memo.probe_secrets is not None:
             memo.probe_secrets.forget(uid)  # the Secret goes with the job (ownerReference)
 
-    if options.webhook is not None:
 
-        @kopf.on.mutate(
-            "v1",
-            "pods",
-            id=WEBHOOK_ID,
-            operations=["CREATE"],
-            ignore_failures=True,
-            side_effects=True,  # the job's token Secret; not on a dry run
-            registry=registry,
-        )
-        async def instrument_pod(
-            body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, dryrun: bool, **_: Any
-        ) -> None:
-            plan = await memo.webhook.review(memo.kube, body, dry_run=dryrun)
-            if plan.ops:
-                patch.fns.append(functools.partial(jsonpatch.apply_patch, patch=plan.ops,
-                                                   in_place=True))  # fmt: skip
+def _register_job_handlers(registry: kopf.OperatorRegistry, jobs: _Jobs) -> None:
+    """A TrainingJob is reconciled when created, resumed, its spec changed, on the resync
+    timer and when the gateway changes its status.lastAlert; cleaned up when deleted."""
 
-    if options.discovery:
-        for kind, (group, version, plural) in DISCOVERABLE.items():
-            _register_discovery(registry, kind, group, version, plural, options)
-    return registry
+    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry, id="reconcile")
+    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry, id="reconcile")
+    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry, id="reconcile")
+    async def reconcile_job(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        await jobs.reconcile(body, memo)
+
+    @kopf.timer(
+        GROUP,
+        VERSION,
+        PLURAL,
+        interval=jobs.options.resync_seconds,
+        initial_delay=jobs.options.resync_seconds,
+        registry=registry,
+        id="resync",
+    )
+    async def resync_job(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        await jobs.reconcile_or_log(body, memo, "resync_failed")
+
+    # The gateway writes status.lastAlert; fold it into the phase now, not at the next resync.
+    # (kopf's change handlers ignore status, so this watches raw events and compares.)
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="last-alert")
+    async def last_alert_changed(
+        type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
+    ) -> None:
+        if jobs.last_alert_changed(type, body):
+            await jobs.reconcile_or_log(body, memo, "last_alert_reconcile_failed")
+
+    @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry, id="cleanup")
+    async def delete_job(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        await jobs.delete(body, memo)
+
+
+def _register_webhook(registry: kopf.OperatorRegistry) -> None:
+    """The admission webhook that instruments a TrainingJob's pods as they are created."""
+
+    @kopf.on.mutate(
+        "v1",
+        "pods",
+        id=WEBHOOK_ID,
+        operations=["CREATE"],
+        ignore_failures=True,
+        side_effects=True,  # the job's token Secret; not on a dry run
+        registry=registry,
+    )
+    async def instrument_pod(
+        body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, dryrun: bool, **_: Any
+    ) -> None:
+        plan = await memo.webhook.review(memo.kube, body, dry_run=dryrun)
+        if plan.ops:
+            patch.fns.append(functools.partial(jsonpatch.apply_patch, patch=plan.ops,
+                                               in_place=True))  # fmt: skip
 
 
 def _register_discovery(
