@@ -353,44 +353,9 @@ async def reconcile(
             for c in old_status.get("conditions") or []
         ):
             emit("Warning", "UnknownThreshold", message)
-    children = []
-    known = {(child.get("kind"), child.get("name")) for child in old_status.get("children") or []}
-    changes: dict[str, list[str]] = {}
-    for manifest in rendered.manifests:
-        kind, name = manifest["kind"], manifest["metadata"]["name"]
-        outcome = await apply_child(kube, manifest, known=(kind, name) in known)
-        child = {"apiVersion": manifest["apiVersion"], "kind": kind, "name": name}
-        if manifest["metadata"]["namespace"] != job.namespace:
-            child["namespace"] = manifest["metadata"]["namespace"]
-        children.append(child)
-        if outcome != "unchanged":
-            changes.setdefault(outcome, []).append(f"{kind} {name}")
-    for outcome, items in changes.items():  # one event per kind of change, not per child
-        emit("Normal", f"Children{outcome.capitalize()}", f"{outcome} {', '.join(items)}")
-    dashboards_at, dashboards_name = dashboards_ref(job, sources.dashboards_namespace)
-    dashboards_off = ("ConfigMap", dashboards_name) in known and not any(
-        child["kind"] == "ConfigMap" for child in children
-    )
-    if dashboards_off and await kube.delete(BY_KIND["ConfigMap"], dashboards_at, dashboards_name):
-        emit("Normal", "ChildDeleted", f"deleted ConfigMap {dashboards_name}")
-
+    children = await _apply_children(kube, job, rendered, old_status, sources, emit)
     exporters = tuple(spec.exporters.enabled())
-    claim = nodes.Claim(job.uid, job.key, exporters) if exporters else None
-    wanted = set(summary.nodes) if claim else set()
-    # Not status.nodes alone: a status write lost after a claim would leak that claim.
-    claimed = await (claims or ClaimLedger()).nodes_of(kube, job.uid)
-    before = claimed | set(old_status.get("nodes") or [])
-    changed, released = [], []
-    for node in sorted(wanted):
-        claimed.add(node)  # before the write: it may land even if the call fails
-        if await sync_node(kube, node, job.uid, claim, node_locks):
-            changed.append(node)
-    for node in sorted(before - wanted):
-        if await sync_node(kube, node, job.uid, None, node_locks):
-            released.append(node)
-        claimed.discard(node)
-    if changed or released:
-        emit("Normal", "NodesLabelled", f"claimed {changed or '[]'}, released {released or '[]'}")
+    await _claim_nodes(kube, job, exporters, summary, old_status, emit, node_locks, claims)
 
     conditions = _conditions(
         spec, rendered.alert_count, rendered.unknown_thresholds, summary, exporters
@@ -416,6 +381,71 @@ async def reconcile(
             "Normal", "PhaseChanged", f"{old_status.get('phase', 'None')} -> {new_status['phase']}"
         )
     return str(new_status["phase"])
+
+
+async def _apply_children(
+    kube: Kube,
+    job: JobIdentity,
+    rendered: Rendered,
+    old_status: Mapping[str, Any],
+    sources: Sources,
+    emit: Emit,
+) -> list[dict[str, Any]]:
+    """Applies the rendered children (one event per kind of change, not per child) and
+    deletes the dashboards' ConfigMap once the job has turned its dashboards off; returns
+    the children for status.children."""
+    children: list[dict[str, Any]] = []
+    known = {(child.get("kind"), child.get("name")) for child in old_status.get("children") or []}
+    changes: dict[str, list[str]] = {}
+    for manifest in rendered.manifests:
+        kind, name = manifest["kind"], manifest["metadata"]["name"]
+        outcome = await apply_child(kube, manifest, known=(kind, name) in known)
+        child = {"apiVersion": manifest["apiVersion"], "kind": kind, "name": name}
+        if manifest["metadata"]["namespace"] != job.namespace:
+            child["namespace"] = manifest["metadata"]["namespace"]
+        children.append(child)
+        if outcome != "unchanged":
+            changes.setdefault(outcome, []).append(f"{kind} {name}")
+    for outcome, items in changes.items():  # one event per kind of change, not per child
+        emit("Normal", f"Children{outcome.capitalize()}", f"{outcome} {', '.join(items)}")
+    dashboards_at, dashboards_name = dashboards_ref(job, sources.dashboards_namespace)
+    dashboards_off = ("ConfigMap", dashboards_name) in known and not any(
+        child["kind"] == "ConfigMap" for child in children
+    )
+    if dashboards_off and await kube.delete(BY_KIND["ConfigMap"], dashboards_at, dashboards_name):
+        emit("Normal", "ChildDeleted", f"deleted ConfigMap {dashboards_name}")
+
+    return children
+
+
+async def _claim_nodes(
+    kube: Kube,
+    job: JobIdentity,
+    exporters: tuple[str, ...],
+    summary: status.PodSummary,
+    old_status: Mapping[str, Any],
+    emit: Emit,
+    node_locks: NodeLocks | None,
+    claims: ClaimLedger | None,
+) -> None:
+    """Claims the nodes the job's pods run on for its exporters (none: no claim) and
+    releases those it held before and no longer runs on."""
+    claim = nodes.Claim(job.uid, job.key, exporters) if exporters else None
+    wanted = set(summary.nodes) if claim else set()
+    # Not status.nodes alone: a status write lost after a claim would leak that claim.
+    claimed = await (claims or ClaimLedger()).nodes_of(kube, job.uid)
+    before = claimed | set(old_status.get("nodes") or [])
+    changed, released = [], []
+    for node in sorted(wanted):
+        claimed.add(node)  # before the write: it may land even if the call fails
+        if await sync_node(kube, node, job.uid, claim, node_locks):
+            changed.append(node)
+    for node in sorted(before - wanted):
+        if await sync_node(kube, node, job.uid, None, node_locks):
+            released.append(node)
+        claimed.discard(node)
+    if changed or released:
+        emit("Normal", "NodesLabelled", f"claimed {changed or '[]'}, released {released or '[]'}")
 
 
 def _conditions(
