@@ -92,106 +92,112 @@ def bearer_ok(header: str | None, token: str | Sequence[str] | None) -> bool:
     return any(matches)
 
 
-def _handler(endpoints: Endpoints) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "trainsentry-probe"
-        protocol_version = "HTTP/1.1"
+class _ProbeHandler(BaseHTTPRequestHandler):
+    """The probe's HTTP endpoints over `endpoints`, which `_handler` binds per server."""
 
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("event=http_request %s", format % args)
+    endpoints: Endpoints
+    server_version = "trainsentry-probe"
+    protocol_version = "HTTP/1.1"
 
-        def _send(
-            self,
-            code: int,
-            body: bytes,
-            content_type: str,
-            extra: bool = False,
-            headers: dict[str, str] | None = None,
-        ) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("event=http_request %s", format % args)
+
+    def _send(
+        self,
+        code: int,
+        body: bytes,
+        content_type: str,
+        extra: bool = False,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        if extra:
+            for key, value in {**self.endpoints.identity_headers, **(headers or {})}.items():
+                self.send_header(key, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _send_file(self, name: str) -> None:
+        listed = {f["name"]: f for f in watchdog_dumps(self.endpoints.watchdog_prefix)}
+        if name not in listed:
+            self._json(404, {"error": "no such watchdog dump"}, True)
+            return
+        folder = os.path.dirname(self.endpoints.watchdog_prefix)
+        with open(os.path.join(folder, name), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(size))
             self.send_header("Cache-Control", "no-store")
-            if extra:
-                for key, value in {**endpoints.identity_headers, **(headers or {})}.items():
-                    self.send_header(key, value)
+            for key, value in self.endpoints.identity_headers.items():
+                self.send_header(key, value)
             self.end_headers()
             if self.command != "HEAD":
-                self.wfile.write(body)
+                shutil.copyfileobj(f, self.wfile, 1 << 20)
 
-        def _send_file(self, name: str) -> None:
-            listed = {f["name"]: f for f in watchdog_dumps(endpoints.watchdog_prefix)}
-            if name not in listed:
-                self._json(404, {"error": "no such watchdog dump"}, True)
-                return
-            folder = os.path.dirname(endpoints.watchdog_prefix)
-            with open(os.path.join(folder, name), "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                self.send_response(200)
-                self.send_header("Content-Type", "application/octet-stream")
-                self.send_header("Content-Length", str(size))
-                self.send_header("Cache-Control", "no-store")
-                for key, value in endpoints.identity_headers.items():
-                    self.send_header(key, value)
-                self.end_headers()
-                if self.command != "HEAD":
-                    shutil.copyfileobj(f, self.wfile, 1 << 20)
+    def _json(self, code: int, payload: Any, extra: bool = False) -> None:
+        self._send(code, json.dumps(payload).encode(), "application/json", extra)
 
-        def _json(self, code: int, payload: Any, extra: bool = False) -> None:
-            self._send(code, json.dumps(payload).encode(), "application/json", extra)
+    def _authorized(self) -> bool:
+        if not self.endpoints.tokens:
+            self._json(403, {"error": "disabled: no probe token configured"})
+            return False
+        if not bearer_ok(self.headers.get("Authorization"), self.endpoints.tokens):
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Bearer realm="trainsentry-probe"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return False
+        return True
 
-        def _authorized(self) -> bool:
-            if not endpoints.tokens:
-                self._json(403, {"error": "disabled: no probe token configured"})
-                return False
-            if not bearer_ok(self.headers.get("Authorization"), endpoints.tokens):
-                self.send_response(401)
-                self.send_header("WWW-Authenticate", 'Bearer realm="trainsentry-probe"')
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return False
-            return True
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        try:
+            if path == "/metrics":
+                self._send(200, generate_latest(self.endpoints.registry), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                self._send(200, b"ok\n", "text/plain; charset=utf-8")
+            elif path == "/status":
+                self._json(200, self.endpoints.status(), extra=True)
+            elif path == "/dump":
+                if self._authorized():
+                    body, headers = self.endpoints.dump()
+                    self._send(200, body, "application/json", True, headers)
+            elif path == "/dumps":
+                if self._authorized():
+                    listing = watchdog_dumps(self.endpoints.watchdog_prefix)
+                    self._json(200, {"dumps": listing}, extra=True)
+            elif path.startswith("/dumps/"):
+                if self._authorized():
+                    self._send_file(path.removeprefix("/dumps/"))
+            elif path == "/stack":
+                if self._authorized():
+                    self._json(200, self.endpoints.stack(), extra=True)
+            elif path == "/ras":
+                if self._authorized():
+                    snapshot = self.endpoints.ras()
+                    if snapshot is None:
+                        self._json(404, {"error": "no RAS snapshot on this rank"}, True)
+                    else:
+                        self._json(200, snapshot, extra=True)
+            else:
+                self._json(404, {"error": "not found"})
+        except Exception as exc:  # the probe must never take the process down
+            log.warning("event=probe_http_error path=%s error=%r", path, exc)
+            with contextlib.suppress(OSError):
+                self._json(500, {"error": type(exc).__name__})
 
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            try:
-                if path == "/metrics":
-                    self._send(200, generate_latest(endpoints.registry), CONTENT_TYPE_LATEST)
-                elif path == "/healthz":
-                    self._send(200, b"ok\n", "text/plain; charset=utf-8")
-                elif path == "/status":
-                    self._json(200, endpoints.status(), extra=True)
-                elif path == "/dump":
-                    if self._authorized():
-                        body, headers = endpoints.dump()
-                        self._send(200, body, "application/json", True, headers)
-                elif path == "/dumps":
-                    if self._authorized():
-                        listing = watchdog_dumps(endpoints.watchdog_prefix)
-                        self._json(200, {"dumps": listing}, extra=True)
-                elif path.startswith("/dumps/"):
-                    if self._authorized():
-                        self._send_file(path.removeprefix("/dumps/"))
-                elif path == "/stack":
-                    if self._authorized():
-                        self._json(200, endpoints.stack(), extra=True)
-                elif path == "/ras":
-                    if self._authorized():
-                        snapshot = endpoints.ras()
-                        if snapshot is None:
-                            self._json(404, {"error": "no RAS snapshot on this rank"}, True)
-                        else:
-                            self._json(200, snapshot, extra=True)
-                else:
-                    self._json(404, {"error": "not found"})
-            except Exception as exc:  # the probe must never take the process down
-                log.warning("event=probe_http_error path=%s error=%r", path, exc)
-                with contextlib.suppress(OSError):
-                    self._json(500, {"error": type(exc).__name__})
+    do_HEAD = do_GET
 
-        do_HEAD = do_GET
 
-    return Handler
+def _handler(endpoints: Endpoints) -> type[BaseHTTPRequestHandler]:
+    """A request handler class serving `endpoints` (http.server makes one instance per
+    request)."""
+    return type("Handler", (_ProbeHandler,), {"endpoints": endpoints})
 
 
 class _ThreadingHTTPServerV6(ThreadingHTTPServer):
