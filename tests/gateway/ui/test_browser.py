@@ -185,7 +185,7 @@ async def test_the_escalate_button_calls_the_next_layer_now(
 async def test_the_now_page_shows_who_is_on_call_on_the_schedules(
     page: Page, tmp_path: Path, receiver: Receiver
 ) -> None:
-    from tests.gateway.oncall import support
+    from tests.support import oncall_gateway as support
 
     server = await support.start(
         f"sqlite:///{tmp_path / 'store.db'}", receiver, support.Clock(), tmp_path

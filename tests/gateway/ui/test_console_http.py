@@ -325,7 +325,7 @@ async def test_who_is_on_call_comes_from_the_schedules_with_overrides(
 ) -> None:
     """With an `oncall:` section the panel shows the schedules' answer (as GET
     /api/v1/oncall), primary first with until-times, and a stored override changes it."""
-    from tests.gateway.oncall import support
+    from tests.support import oncall_gateway as support
 
     server = await support.start(db_url, receiver, support.Clock(), tmp_path)
     try:

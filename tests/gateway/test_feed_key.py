@@ -15,9 +15,9 @@ import icalendar
 import pytest
 from aiohttp.test_utils import TestServer
 
-from tests.gateway.oncall.support import ONCALL, TOKEN, Clock, call, start
-from tests.gateway.oncall.test_cli import cli
+from tests.gateway.commands.test_oncall_commands import cli
 from tests.support.gateway_process import close_in_process
+from tests.support.oncall_gateway import ONCALL, TOKEN, Clock, call, start
 from tests.support.receiver import Receiver
 from trainsentry.gateway.commands import serve
 from trainsentry.oncall.ical import feed_key

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import icalendar
 
-from tests.gateway.oncall.support import START, Clock, call, start
 from tests.support.gateway_process import close_in_process
+from tests.support.oncall_gateway import START, Clock, call, start
 from tests.support.receiver import Receiver
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from tests.gateway.oncall.support import START, Clock, start
 from tests.support.feishu_server import FeishuContractServer
 from tests.support.gateway_process import close_in_process
+from tests.support.oncall_gateway import START, Clock, start
 from tests.support.receiver import Receiver
 from trainsentry.alerts import Priority
 from trainsentry.gateway.pipeline import GATEWAY_KEY

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway.oncall.support import START, TOKEN, Clock, call, called, post_alerts, settle
-from tests.gateway.oncall.support import start as start_gateway
 from tests.support.gateway_process import close_in_process
+from tests.support.oncall_gateway import START, TOKEN, Clock, call, called, post_alerts, settle
+from tests.support.oncall_gateway import start as start_gateway
 from tests.support.receiver import Receiver
 from tests.support.webhook_factory import make_alert, make_body
 

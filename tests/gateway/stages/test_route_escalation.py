@@ -8,8 +8,8 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-from tests.gateway.oncall.support import START, Clock, post_alerts, settle, start
 from tests.support.gateway_process import close_in_process
+from tests.support.oncall_gateway import START, Clock, post_alerts, settle, start
 from tests.support.receiver import Receiver
 from tests.support.webhook_factory import bodies_by_group, make_alert
 

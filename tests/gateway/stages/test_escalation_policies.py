@@ -9,8 +9,8 @@ import json
 from datetime import timedelta
 from pathlib import Path
 
-from tests.gateway.oncall.support import START, Clock, call, called, post_alerts, settle, start
 from tests.support.gateway_process import close_in_process
+from tests.support.oncall_gateway import START, Clock, call, called, post_alerts, settle, start
 from tests.support.receiver import Receiver
 from tests.support.webhook_factory import make_alert, make_body
 

@@ -11,9 +11,9 @@ from typing import Any
 import aiohttp
 from aiohttp.test_utils import TestServer
 from kubernetes_asyncio.client import ApiClient, Configuration
-from operator_harness import NS, TJ, post, trainingjob
 from pydantic import SecretStr
 
+from tests.operator.operator_harness import NS, TJ, post, trainingjob
 from tests.support.gateway_process import close_in_process
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.webhook_factory import encode, make_alert, make_body
