@@ -156,7 +156,9 @@ class IncidentState:
     jobs: list[str] = field(default_factory=list)
     story: dict[str, dict[str, Any]] = field(default_factory=dict)
     twins: dict[str, list[str]] = field(default_factory=dict)
-    copies: int = 0  # of `total`, alerts that are copies of another (one alert to a person)
+    # of `total`, alerts that are another's copy or its firing again after an unknown
+    # resolution (one alert to a person)
+    copies: int = 0
     blind: dict[str, dict[str, str]] = field(default_factory=dict)
     unknown: dict[str, dict[str, Any]] = field(default_factory=dict)
     # for this batch only (not stored)
@@ -485,7 +487,9 @@ class IncidentBook:
                 if entry["node"] == node and blinds(alert.name, alert_from_json(entry["alert"])):
                     entry["confirm_at"] = None
         if state.unknown.pop(ident or fingerprint, None) is not None and state.firing > 0:
-            state.firing -= 1  # it fires again: its unknown resolution is over
+            # it fires again: its unknown resolution is over, and this is the same alert
+            state.firing -= 1
+            state.copies += 1
             self._count(state, alert, -1)
         if not self.policy.correlation.enabled or level >= FOREIGN:
             return

@@ -30,8 +30,9 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def headline(state: IncidentState, notice: str, detail: Mapping[str, Any]) -> None:
-    """The title word: a lone alert's own notice; else firing while any alert fires."""
-    if state.total <= 1:
+    """The title word: a lone alert's own notice (its twin copies and its firing again
+    after an unknown resolution are that alert); else firing while any alert fires."""
+    if state.total - state.copies <= 1:
         state.headline = notice
         state.detail = dict(detail)
     else:
