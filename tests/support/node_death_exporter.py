@@ -12,8 +12,9 @@ PodMonitor/ServiceMonitor relabeling does):
   GET  /-/ready
 
 The scenario (a JSON file, --scenario; times in scenario seconds after t0, one real second
-being `factor` of them: node_death.Timeline) decides every answer from the clock: the XID, the node's death (its dcgm, node and probe endpoints accept the
-connection and never answer, as a dead host's scrapes time out), Kubernetes' NotReady after
+being `factor` of them: node_death.Timeline) decides every answer from the clock: the
+XID, the node's death (its dcgm, node and probe endpoints accept the connection and never
+answer, as a dead host's scrapes time out), Kubernetes' NotReady after
 its grace period, NCCL RAS declaring the node's processes dead, the survivors waiting in
 their collective, and in the second scenario the node's return and the GPU's.
 
