@@ -92,6 +92,9 @@ def _gpu_resolved(recording: Recording, until: float | None = None) -> list[floa
 
 def _assert_harness(recording: Recording) -> None:
     assert recording.before_start == set(), "a healthy cluster fires nothing"
+    # The node died 20 s after the XID, later only while Prometheus had not scraped the XID
+    # three times yet (node_death_exporter.XID_SCRAPES_BEFORE_DEATH).
+    assert recording.death_at is not None and 20 <= recording.death_at <= 45, recording.death_at
     for name, (earliest, latest) in EXPECTED_FIRING.items():
         assert name in recording.fired, (name, recording.fired)
         assert earliest <= recording.fired[name] <= latest, (name, recording.fired[name])

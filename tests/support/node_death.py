@@ -396,6 +396,7 @@ class Recording:
     fired_job_scoped: dict[str, float] = field(default_factory=dict)
     gpu_alert_firing: list[tuple[float, bool]] = field(default_factory=list)  # GPUFellOffBus
     before_start: set[str] = field(default_factory=set)  # firing before the XID
+    death_at: float | None = None  # when the node died (the exporter's say)
     gateway_alerts: list[dict[str, Any]] = field(default_factory=list)
     call_keys: list[str] = field(default_factory=list)
 
@@ -413,7 +414,8 @@ class Recording:
     def report(self) -> str:
         lines = [
             f"== {self.timeline.name} (x{self.factor:g}): {len(self.feishu())} Feishu "
-            f"messages, {len(self.calls())} phone calls in {self.timeline.end:g} s ==",
+            f"messages, {len(self.calls())} phone calls in {self.timeline.end:g} s; the node "
+            f"died at {self.death_at} s ==",
             *(m.line() for m in sorted(self.messages, key=lambda m: m.at)),
             "-- first firing in Prometheus (s): "
             + ", ".join(f"{n} {t:.0f}" for n, t in sorted(self.fired.items(), key=lambda i: i[1])),
@@ -541,6 +543,7 @@ async def run(timeline: Timeline, tmp: Path, factor: float) -> Recording:
                 )
                 recording.gpu_alert_firing.append((at, gpu))
                 await asyncio.sleep(max(0.2, 2.0 / factor))
+            recording.death_at = http_json(f"{exporter.url}/state")["death_at"]
             items = await asyncio.to_thread(
                 http_json, f"{gateway.url}/api/v1/alerts?limit=500", None, TOKEN
             )

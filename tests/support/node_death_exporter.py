@@ -9,6 +9,7 @@ PodMonitor/ServiceMonitor relabeling does):
   GET  /ksm/metrics                      kube-state-metrics (nodes' Ready condition, the pods)
   GET  /probe/{node}/{local_rank}/metrics  the trainsentry probe of one rank (rank 0: RAS too)
   POST /start  {"t0": unix seconds}      the scenario's clock starts (before: all healthy)
+  GET  /state                            {"death_at": when the node died, scenario seconds}
   GET  /-/ready
 
 The scenario (a JSON file, --scenario; times in scenario seconds after t0, one real second
@@ -36,6 +37,11 @@ from aiohttp import web
 GPUS_PER_NODE = 8
 IB_PORTS = (("mlx5_0", "1"), ("mlx5_1", "1"), ("mlx5_2", "1"), ("mlx5_3", "1"))
 SEQ_PER_SECOND = 2  # collectives a healthy job completes per scenario second
+# The node dies `death_at` after the XID, but not before Prometheus scraped the XID this many
+# times: with 15 s scrapes and 30 s evaluations a GPU that fell off 20 s before its node
+# died can be scraped once and go stale before any evaluation saw it (a real race; the
+# issue's run saw the alert, and this scenario is about what follows it).
+XID_SCRAPES_BEFORE_DEATH = 3
 NEVER = float("inf")
 
 
@@ -109,14 +115,22 @@ class World:
         self.s = scenario
         self.clock = Clock(scenario)
         self.started = time.time()
+        self.xid_served: list[float] = []  # scenario times the XID was scraped
+
+    @property
+    def death_at(self) -> float:
+        """When the node died: `death_at`, or later, once the XID was scraped enough."""
+        if len(self.xid_served) < XID_SCRAPES_BEFORE_DEATH:
+            return NEVER
+        return max(self.s.death_at, self.xid_served[XID_SCRAPES_BEFORE_DEATH - 1])
 
     # --- state -------------------------------------------------------------------------
 
     def dead(self, node: str) -> bool:
-        return node == self.s.dead_node and self.clock.between(self.s.death_at, self.s.back_at)
+        return node == self.s.dead_node and self.clock.between(self.death_at, self.s.back_at)
 
     def not_ready(self, node: str) -> bool:
-        start = self.s.death_at + self.s.not_ready_after
+        start = self.death_at + self.s.not_ready_after
         return node == self.s.dead_node and self.clock.between(start, self.s.back_at)
 
     def gpu_state(self, node: str, gpu: int) -> str:
@@ -133,7 +147,7 @@ class World:
         return self.clock.between(self.s.xid_at, None)
 
     def ras_dead(self) -> bool:
-        return self.clock.between(self.s.death_at + self.s.ras_dead_after, None)
+        return self.clock.between(self.death_at + self.s.ras_dead_after, None)
 
     # --- pages -------------------------------------------------------------------------
 
@@ -158,6 +172,8 @@ class World:
             page.add("DCGM_FI_DEV_SM_CLOCK", "gauge", 1980, **labels)
             page.add("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge", 0, **labels)
             page.add("DCGM_FI_DEV_XID_ERRORS", "gauge", 79 if state == "xid" else 0, **labels)
+            if state == "xid" and len(self.xid_served) < XID_SCRAPES_BEFORE_DEATH:
+                self.xid_served.append(self.clock.now())
             for name in (
                 "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
                 "DCGM_FI_DEV_RETIRED_SBE",
@@ -400,7 +416,7 @@ def make_app(world: World) -> web.Application:
         local_rank = int(request.match_info["local_rank"])
         # The training processes died with the node: its probes stay silent even after it
         # comes back (scenario 2 does not restart the job).
-        if node == world.s.dead_node and world.clock.between(world.s.death_at, None):
+        if node == world.s.dead_node and world.clock.between(world.death_at, None):
             return await dead_host()
         return text(world.probe(node, local_rank))
 
@@ -411,12 +427,17 @@ def make_app(world: World) -> web.Application:
     async def ready(_request: web.Request) -> web.Response:
         return text("ok")
 
+    async def state(_request: web.Request) -> web.Response:
+        death = world.death_at
+        return web.json_response({"death_at": None if death == NEVER else death})
+
     app.router.add_get("/dcgm/{node}/metrics", dcgm)
     app.router.add_get("/node/{node}/metrics", node_exporter)
     app.router.add_get("/ksm/metrics", ksm)
     app.router.add_get("/probe/{node}/{local_rank}/metrics", probe)
     app.router.add_post("/start", start)
     app.router.add_get("/-/ready", ready)
+    app.router.add_get("/state", state)
     return app
 
 
