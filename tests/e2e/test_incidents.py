@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import yaml
 from aiohttp.test_utils import TestServer
 from pydantic import SecretStr
 
+from tests.support.eventually import eventually
 from tests.support.feishu_server import FeishuContractServer, Hook
 from tests.support.gateway_process import close_in_process, start_gateway
 from tests.support.phone_server import PhoneContractServer
@@ -116,15 +116,6 @@ def write_config(tmp_path: Path, bot_url: str, voice_url: str) -> tuple[Path, di
     return config, env
 
 
-async def until(check: Callable[[], Any], within: float, what: str) -> Any:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if found := check():
-            return found
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out after {within} s waiting for {what}")
-
-
 def titles(feishu: FeishuContractServer, hook: str = "oncall") -> list[tuple[float, str, str]]:
     """(arrival, title, the whole card as text) of each card the bot group got."""
     return [
@@ -157,14 +148,19 @@ async def test_one_group_is_one_incident_and_a_new_cause_pages_at_once(tmp_path:
                     return [t for t in titles(feishu) if DISK in t[1]]
 
                 sent = await post(disk_group(range(1, 21), now))
-                first = (await until(disk_cards, 30, "the disk group's card"))[0]
+                first = (
+                    await eventually(disk_cards, 30, what="the disk group's card", not_yet=())
+                )[0]
                 assert first[0] - sent <= 30
                 assert "20 nodes" in first[1], first[1]
                 assert "gpu-node-01" in first[2] and "and 10 more" in first[2]
                 # the same minute: the XID 79 in its own group, the storm's 21st new alert
                 sent = await post(make_body([xid(now)]))
-                gpu = await until(
-                    lambda: [t for t in titles(feishu) if "GPUFellOffBus" in t[1]], 10, "XID"
+                gpu = await eventually(
+                    lambda: [t for t in titles(feishu) if "GPUFellOffBus" in t[1]],
+                    10,
+                    what="XID",
+                    not_yet=(),
                 )
                 assert gpu[0][0] - sent <= 2.0, f"the XID's card took {gpu[0][0] - sent:.2f} s"
                 assert "[P0] FIRING: GPUFellOffBus" in gpu[0][1]
@@ -175,11 +171,16 @@ async def test_one_group_is_one_incident_and_a_new_cause_pages_at_once(tmp_path:
                 # Alertmanager re-sends the group after group_interval: nothing new
                 await post(disk_group(range(1, 21), now))
                 await post(disk_group(range(1, 26), now))  # 5 more nodes
-                follow_up = await until(lambda: disk_cards()[1:], 20, "the follow-up card")
+                follow_up = await eventually(
+                    lambda: disk_cards()[1:], 20, what="the follow-up card", not_yet=()
+                )
                 assert "25 nodes" in follow_up[0][1], follow_up[0][1]
                 await post(disk_group(range(1, 26), now, status="resolved"))
-                resolved = await until(
-                    lambda: [t for t in disk_cards() if "RESOLVED" in t[1]], 20, "resolution"
+                resolved = await eventually(
+                    lambda: [t for t in disk_cards() if "RESOLVED" in t[1]],
+                    20,
+                    what="resolution",
+                    not_yet=(),
                 )
                 assert "25 nodes" in resolved[0][1]
                 await asyncio.sleep(6)  # a follow-up window: nothing more comes

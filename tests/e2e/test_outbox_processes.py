@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 import yaml
 
+from tests.support.eventually import eventually_sync
 from tests.support.gateway_process import start_gateway
 from tests.support.receiver import ThreadedReceiver
 from tests.support.webhook_factory import encode, make_alert, make_body
@@ -67,15 +68,6 @@ async def post(urls: list[str], payloads: list[bytes]) -> None:
                     assert response.status == 200, await response.text()
 
 
-def wait_until(predicate: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_kill_9_with_pending_notifications_sends_all_once(tmp_path: Path) -> None:
     db_url = f"sqlite:///{tmp_path / 'store.db'}"
     with ThreadedReceiver(delay=0.02) as receiver:
@@ -83,7 +75,13 @@ def test_kill_9_with_pending_notifications_sends_all_once(tmp_path: Path) -> Non
         gateway = start_gateway(tmp_path, db_url, token=TOKEN, config=config)
         try:
             asyncio.run(post([gateway.url], bodies(500)))
-            wait_until(lambda: receiver.unique >= 50, 60, "some deliveries before the kill")
+            eventually_sync(
+                lambda: receiver.unique >= 50,
+                60,
+                "some deliveries before the kill",
+                interval=0.05,
+                not_yet=(),
+            )
             os.kill(gateway.process.pid, signal.SIGKILL)
             gateway.process.wait(timeout=10)
         finally:
@@ -95,7 +93,13 @@ def test_kill_9_with_pending_notifications_sends_all_once(tmp_path: Path) -> Non
         recorded_sent = sent_keys(tmp_path / "store.db")
         restarted = start_gateway(tmp_path, db_url, token=TOKEN, config=config)
         try:
-            wait_until(lambda: receiver.unique == 500, 120, "all 500 notifications")
+            eventually_sync(
+                lambda: receiver.unique == 500,
+                120,
+                "all 500 notifications",
+                interval=0.05,
+                not_yet=(),
+            )
             time.sleep(0.5)
         finally:
             restarted.stop()
@@ -118,7 +122,13 @@ def test_two_gateways_on_one_postgresql_deliver_each_notification_once(
         try:
             # every third webhook goes to both (Alertmanager HA peers), the rest to one
             asyncio.run(post([first.url, second.url], bodies(300)))
-            wait_until(lambda: receiver.unique == 300, 120, "all 300 notifications")
+            eventually_sync(
+                lambda: receiver.unique == 300,
+                120,
+                "all 300 notifications",
+                interval=0.05,
+                not_yet=(),
+            )
             time.sleep(1.0)  # would-be duplicates have time to arrive
         finally:
             first.stop()

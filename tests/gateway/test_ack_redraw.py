@@ -5,12 +5,13 @@ channel reads the card's message_id then (`AckService.card_message`)."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 from aiohttp import web
 
 from tests.gateway.ui.helpers import alert, post_alerts, start
+from tests.support.clock import Clock
 from tests.support.feishu_server import FeishuContractServer
 from tests.support.gateway_process import close_in_process
 from trainsentry.alerts import Priority
@@ -18,14 +19,6 @@ from trainsentry.gateway.pipeline import GATEWAY_KEY
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.notifiers.feishu.app import FeishuAppClient, FeishuAppNotifier
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = datetime.now(UTC).replace(microsecond=0)
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 async def test_an_ack_before_the_card_went_out_still_redraws_it(tmp_path: Path) -> None:

@@ -13,8 +13,7 @@ leaked (issue 19, item 3).
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import pytest
 import yaml
 from aiohttp import web
 
+from tests.support.eventually import eventually
 from tests.support.feishu_server import FeishuContractServer, Hook
 from tests.support.gateway_process import start_gateway
 from tests.support.phone_server import PhoneContractServer
@@ -137,15 +137,6 @@ def write_config(tmp_path: Path) -> Path:
     return config
 
 
-async def wait_for(predicate: Callable[[], bool], within_s: float, what: str) -> None:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 async def post_alerts(url: str) -> None:
     alerts = [
         make_alert(0, labels={"trainingjob": "llama", "priority": "P0"}),
@@ -192,15 +183,37 @@ async def test_no_secret_in_any_log_line(tmp_path: Path, failing: bool, level: s
         try:
             await post_alerts(gateway.url)
             if failing:
-                await wait_for(lambda: len(pager.requests) >= 2, 60, "a pager retry")
-                await wait_for(lambda: len(phones.refused) >= 2, 60, "two refused calls")
-                await wait_for(
-                    lambda: "feishu_bot_misconfigured" in gateway.logs(), 60, "the bot refusal"
+                await eventually(
+                    lambda: len(pager.requests) >= 2, 60, 0.1, what="a pager retry", not_yet=()
+                )
+                await eventually(
+                    lambda: len(phones.refused) >= 2, 60, 0.1, what="two refused calls", not_yet=()
+                )
+                await eventually(
+                    lambda: "feishu_bot_misconfigured" in gateway.logs(),
+                    60,
+                    0.1,
+                    what="the bot refusal",
+                    not_yet=(),
                 )
             else:
-                await wait_for(lambda: len(pager.requests) >= 3, 60, "three pages")
-                await wait_for(lambda: len(phones.gateway_calls) >= 1, 60, "the voice call")
-                await wait_for(lambda: len(feishu.accepted[BOT_HOOK]) >= 3, 60, "three cards")
+                await eventually(
+                    lambda: len(pager.requests) >= 3, 60, 0.1, what="three pages", not_yet=()
+                )
+                await eventually(
+                    lambda: len(phones.gateway_calls) >= 1,
+                    60,
+                    0.1,
+                    what="the voice call",
+                    not_yet=(),
+                )
+                await eventually(
+                    lambda: len(feishu.accepted[BOT_HOOK]) >= 3,
+                    60,
+                    0.1,
+                    what="three cards",
+                    not_yet=(),
+                )
             await asyncio.sleep(1.0)  # retries of "down" and any late log lines
         finally:
             await asyncio.to_thread(gateway.stop)

@@ -13,7 +13,7 @@ the detector's adaptive rule itself is tested in test_stall.py.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from probe.probe_harness import TOKEN, GlooJob, free_port, launch_job
+from tests.support.eventually import eventually_sync
 
 pytestmark = [pytest.mark.torch, pytest.mark.e2e]
 torch = pytest.importorskip("torch")
@@ -30,18 +31,6 @@ torch = pytest.importorskip("torch")
 WORLD = 4
 API = "gw-token"
 FAST = {"TRAINSENTRY_PROBE_STALL_FLOOR": "2", "TRAINSENTRY_PROBE_STALL_STARTUP": "2"}
-
-
-def eventually(check: Callable[[], bool], timeout: float, what: str, job: GlooJob) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}\n{job.output()}")
 
 
 # A voice gateway for P0 escalations: each step 3 s after the last, two layers.
@@ -128,7 +117,13 @@ def stalled_at(tmp_path: Path, rank: int) -> float:
 
 def test_the_card_names_the_rank_its_pod_node_and_frame_once(tmp_path: Path) -> None:
     with job_with_gateway(tmp_path, STALL_RANK="2", STALL_STEP="5") as (job, gw, chat):
-        eventually(lambda: bool(cards(chat)), 60, "the hang card", job)
+        eventually_sync(
+            lambda: bool(cards(chat)),
+            60,
+            "the hang card",
+            not_yet=(httpx.HTTPError,),
+            detail=job.output,
+        )
         arrived = time.time()
         time.sleep(3)  # the other waiting ranks' triggers arrive too: still one card
         sent, alerts = cards(chat), stored(gw)
@@ -148,7 +143,13 @@ def test_the_card_names_the_rank_its_pod_node_and_frame_once(tmp_path: Path) -> 
 def test_two_ranks_stalled_in_different_places_are_both_named(tmp_path: Path) -> None:
     env = {"STALL_RANK": "1", "STALL_RANKS": "2", "STALL_STEP": "5"}
     with job_with_gateway(tmp_path, **env) as (job, _gw, chat):
-        eventually(lambda: bool(cards(chat)), 60, "the hang card", job)
+        eventually_sync(
+            lambda: bool(cards(chat)),
+            60,
+            "the hang card",
+            not_yet=(httpx.HTTPError,),
+            detail=job.output,
+        )
         card = cards(chat)[0]
     assert card["culprit_ranks"] == [1, 2]
     diagnosis = card["diagnosis"]
@@ -174,14 +175,22 @@ def test_a_rank_saving_a_checkpoint_is_not_paged(tmp_path: Path) -> None:
         def diagnosed() -> bool:
             return any(a.get("verdict") for a in stored(gw))
 
-        eventually(diagnosed, 60, "the stall's diagnosis", job)
+        eventually_sync(
+            diagnosed, 60, "the stall's diagnosis", not_yet=(httpx.HTTPError,), detail=job.output
+        )
         time.sleep(2)
         alerts, sent = stored(gw), cards(chat)
 
         def over() -> bool:  # the save ends, the barrier completes: the probes say so
             return [a["status"] for a in stored(gw)] == ["resolved"]
 
-        eventually(over, 60, "the stall's end to resolve the alert", job)
+        eventually_sync(
+            over,
+            60,
+            "the stall's end to resolve the alert",
+            not_yet=(httpx.HTTPError,),
+            detail=job.output,
+        )
         assert cards(chat) == []
         assert voice.bodies == []
         # The pages held for the checkpoint limit (30 min) were cancelled when it ended.
@@ -207,9 +216,21 @@ def test_a_checkpoint_past_its_limit_is_paged(tmp_path: Path) -> None:
         ThreadedReceiver() as voice,
         job_with_gateway(tmp_path, voice=voice, checkpoint_limit=8, **env) as (job, _gw, chat),
     ):
-        eventually(lambda: bool(cards(chat)), 60, "the checkpoint's card", job)
+        eventually_sync(
+            lambda: bool(cards(chat)),
+            60,
+            "the checkpoint's card",
+            not_yet=(httpx.HTTPError,),
+            detail=job.output,
+        )
         arrived = time.time()
-        eventually(lambda: bool(voice.bodies), 20, "the first call", job)
+        eventually_sync(
+            lambda: bool(voice.bodies),
+            20,
+            "the first call",
+            not_yet=(httpx.HTTPError,),
+            detail=job.output,
+        )
         card = cards(chat)[0]
         started = stalled_at(tmp_path, 2)
     assert card["culprit_ranks"] == [2]

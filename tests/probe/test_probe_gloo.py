@@ -18,6 +18,7 @@ import yaml
 from rules.jobscope import render_for_job
 
 from probe.probe_harness import TOKEN, GlooJob, free_port, launch_job, scrape, value
+from tests.support.eventually import eventually_sync
 from tests.support.realservers import start_prometheus
 from trainsentry.assets import rules_dir
 from trainsentry.gateway.stages.hang_enrichment import RankEndpoint, enrich_hang
@@ -32,18 +33,6 @@ PEERS = [r for r in range(WORLD) if r != STALL_RANK]
 P = "trainsentry_probe_"
 
 
-def wait_for(check: Callable[[], bool], timeout: float, what: str, job: GlooJob) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}\n{job.output()}")
-
-
 @pytest.fixture(scope="module")
 def stalled_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GlooJob]:
     """One 4-rank job for the module: rank 2 stops before an all_reduce; peers wait > 2 s."""
@@ -53,11 +42,13 @@ def stalled_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GlooJob]:
         {"STALL_RANK": str(STALL_RANK), "STALL_STEP": str(STALL_STEP)},
     )
     try:
-        wait_for(
+        eventually_sync(
             lambda: _peers_waiting(job),
             60,
             "peers to wait >2 s in a collective, the stalled rank idle",
-            job,
+            interval=0.2,
+            not_yet=(httpx.HTTPError,),
+            detail=job.output,
         )
         yield job
     finally:
@@ -104,7 +95,14 @@ def test_stalled_rank_shows_in_probe_metrics_and_dump(stalled_job: GlooJob) -> N
             since = value(scrape(port), P + "seconds_since_last_completion", **labels)
             return since is not None and since >= 2.0
 
-        wait_for(waited_2s, 20, f"rank {rank}'s seconds_since_last_completion >= 2 s", job)
+        eventually_sync(
+            waited_2s,
+            20,
+            f"rank {rank}'s seconds_since_last_completion >= 2 s",
+            interval=0.2,
+            not_yet=(httpx.HTTPError,),
+            detail=job.output,
+        )
         assert value(s, P + "node", **labels) is None  # node is a label, not a metric
         assert value(s, P + "info", node=f"node-{rank // 2}", world_size=str(WORLD)) == 1
         # The named sub-group carries its description.
@@ -184,7 +182,14 @@ def test_tp_dp_groups_are_named_alike_on_every_rank(gloo_job: Callable[..., Gloo
                 return False
         return True
 
-    wait_for(all_waiting, 60, "ranks 0-2 to wait in their own groups", job)
+    eventually_sync(
+        all_waiting,
+        60,
+        "ranks 0-2 to wait in their own groups",
+        interval=0.2,
+        not_yet=(httpx.HTTPError,),
+        detail=job.output,
+    )
     for rank, (pg, desc) in expect.items():
         samples = scrape(job.ports[rank])
         assert value(samples, P + "inflight_info", pg=pg, pg_desc=desc, op="all_reduce") == 1
@@ -268,7 +273,14 @@ def test_real_prometheus_fires_hang_and_names_the_stalled_rank(
             names = {a["labels"]["alertname"] for a in alerts}
             return {"TrainingJobHang", "TrainingRankStalledBehindPeers"} <= names
 
-        wait_for(firing, 30, "hang and stalled-rank alerts to fire", stalled_job)
+        eventually_sync(
+            firing,
+            30,
+            "hang and stalled-rank alerts to fire",
+            interval=0.2,
+            not_yet=(httpx.HTTPError,),
+            detail=stalled_job.output,
+        )
     stalled = [a for a in alerts if a["labels"]["alertname"] == "TrainingRankStalledBehindPeers"]
     assert [a["labels"]["rank"] for a in stalled] == [str(STALL_RANK)]
     assert stalled[0]["labels"]["pod"] == f"llama-w-{STALL_RANK}"
@@ -339,7 +351,14 @@ def test_hang_page_through_alertmanager_and_gateway_names_the_stalled_rank(
                             b["payload"].get("alertname") == "TrainingJobHang" for b in chat.bodies
                         )
 
-                    wait_for(paged, 60, "the hang page at the chat channel", stalled_job)
+                    eventually_sync(
+                        paged,
+                        60,
+                        "the hang page at the chat channel",
+                        interval=0.2,
+                        not_yet=(httpx.HTTPError,),
+                        detail=stalled_job.output,
+                    )
             page = next(b for b in chat.bodies if b["payload"]["alertname"] == "TrainingJobHang")
             headers = {"Authorization": f"Bearer {gateway_token}"}
             stored = httpx.get(

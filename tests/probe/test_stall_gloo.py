@@ -18,6 +18,7 @@ import pytest
 
 from probe.probe_harness import TOKEN, GlooJob
 from probe.test_trigger import Gateway
+from tests.support.eventually import eventually_sync
 from trainsentry.probe.trigger import TRIGGER_PATH
 
 pytestmark = [pytest.mark.torch, pytest.mark.e2e]
@@ -33,18 +34,6 @@ def gateway() -> Iterator[Gateway]:
     server = Gateway()
     yield server
     server.close()
-
-
-def eventually(check: Callable[[], bool], timeout: float, what: str, job: GlooJob) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}\n{job.output()}")
 
 
 def get(job: GlooJob, rank: int, path: str, token: str | None = TOKEN) -> httpx.Response:
@@ -71,7 +60,13 @@ def test_waiting_ranks_post_one_trigger_each_and_the_stack_names_the_stalled_fra
         last = max((b["seq"] for b in firing), default=-1)
         return [b for b in firing if b["seq"] == last]
 
-    eventually(lambda: {b["rank"] for b in hung()} >= peers, 60, "triggers", job)
+    eventually_sync(
+        lambda: {b["rank"] for b in hung()} >= peers,
+        60,
+        "triggers",
+        not_yet=(httpx.HTTPError,),
+        detail=job.output,
+    )
     time.sleep(2.0)  # several more polls: nobody posts the same collective twice
     bodies = hung()
     assert {path for path, _, _ in gateway.seen} == {TRIGGER_PATH}
@@ -116,7 +111,9 @@ def test_a_rank_writing_a_checkpoint_says_so(gloo_job: Callable[..., GlooJob], m
         seen["stack"] = answer.json()
         return seen["stack"]["phase"] is not None  # type: ignore[index]
 
-    eventually(saving, 60, "the checkpoint phase", job)
+    eventually_sync(
+        saving, 60, "the checkpoint phase", not_yet=(httpx.HTTPError,), detail=job.output
+    )
     phase = seen["stack"]["phase"]  # type: ignore[index]
     assert phase["name"] == "checkpoint"
     assert phase["source"] == ("stack" if mode == "save" else "marked")

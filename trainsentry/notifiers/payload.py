@@ -105,6 +105,10 @@ class IncidentInfo(TypedDict, total=False):
     resolved_at: str
     note: str
     url: str  # the incident's page (policy.grouping.url)
+    story: str  # its alerts in order, with times and the job impact (policy/story.py)
+    jobs: list[str]  # the jobs its alerts belong to (the first `names_shown`)
+    unknown: str  # resolutions not believed yet, and why (incident_cards.unknown_text)
+    culprits: str  # a hung job's ranks whose probes went away, their pods and nodes
 
 
 class HandoffNotice(TypedDict, total=False):

@@ -19,6 +19,7 @@ from aiohttp.test_utils import TestServer
 from pydantic import SecretStr
 from sqlalchemy import select
 
+from tests.support.clock import Clock
 from tests.support.gateway_process import close_in_process
 from tests.support.realservers import start_alertmanager
 from tests.support.receiver import Receiver
@@ -50,14 +51,6 @@ ESCALATOR = Escalator(
 )
 # The phone channel itself (not the generic webhook) through an HTTP voice gateway.
 PHONE_TEMPLATE = '{"to": {{ phone|tojson }}, "text": {{ text|tojson }}}'
-
-
-class Clock:
-    def __init__(self, start: datetime = START) -> None:
-        self.now = start
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 async def start(
@@ -110,7 +103,7 @@ P0 = {"priority": "P0"}
 async def test_escalates_until_acknowledged_then_stops(
     db_url: str, receiver: Receiver, tmp_path: Path
 ) -> None:
-    clock = Clock()
+    clock = Clock(START)
     server = await start(db_url, receiver, clock)
     try:
         await post(server, make_body([make_alert(1, labels=P0)]))
@@ -143,7 +136,7 @@ async def test_an_alert_joining_an_acknowledged_incident_is_acknowledged_and_nev
 ) -> None:
     """The incident is acknowledged: an alert that joins it later (the same group, another
     node) shows as acknowledged, by the incident's acknowledger, and rings nobody."""
-    clock = Clock()
+    clock = Clock(START)
     server = await start(db_url, receiver, clock)
     try:
         await post(server, make_body([make_alert(1, labels=P0)]))
@@ -171,7 +164,7 @@ async def test_an_alert_joining_an_acknowledged_incident_is_acknowledged_and_nev
 async def test_resolve_stops_escalation_and_low_priorities_never_call(
     db_url: str, receiver: Receiver
 ) -> None:
-    clock = Clock()
+    clock = Clock(START)
     server = await start(db_url, receiver, clock)
     try:
         # two groups (the shipped route groups P0 and P2 apart): two incidents
@@ -192,7 +185,7 @@ async def test_resolve_stops_escalation_and_low_priorities_never_call(
 async def test_restart_mid_escalation_resumes_without_a_duplicate_call(
     db_url: str, receiver: Receiver
 ) -> None:
-    clock = Clock()
+    clock = Clock(START)
     server = await start(db_url, receiver, clock)
     try:
         await post(server, make_body([make_alert(1, labels=P0)]))
@@ -212,7 +205,7 @@ async def test_restart_mid_escalation_resumes_without_a_duplicate_call(
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 async def test_ack_api_is_authenticated_and_validated(db_url: str, receiver: Receiver) -> None:
-    server = await start(db_url, receiver, Clock())
+    server = await start(db_url, receiver, Clock(START))
     try:
         await post(server, make_body([make_alert(1)]))
         assert (await ack(server, 1, token=None, by="x"))[0] == 401
@@ -324,7 +317,7 @@ async def test_feishu_card_button_acks_and_redraws_the_card(
 
     from trainsentry.gateway.app import CardCallbackSettings
 
-    clock = Clock()
+    clock = Clock(START)
     callback = CardCallbackSettings("/api/v1/feishu/card", "verify-token")
     server = await start(db_url, receiver, clock, card_callback=callback)
     try:
@@ -378,7 +371,7 @@ async def test_stopping_cancels_a_call_waiting_for_its_retry(
     """The provider failed the first call (HTTP 500); its retry must not ring after an ack or
     a resolve."""
     receiver.fail_first = 1
-    clock = Clock()
+    clock = Clock(START)
     server = await start(db_url, receiver, clock)
     try:
         await post(server, make_body([make_alert(1, labels=P0)]))
@@ -413,7 +406,7 @@ async def test_ack_while_a_call_is_in_flight_stops_its_retry(
         if channel == "phone"
         else None
     )
-    clock = Clock()
+    clock = Clock(START)
     server = await start(db_url, receiver, clock, phone=phone)
     try:
         await post(server, make_body([make_alert(1, labels=P0)]))

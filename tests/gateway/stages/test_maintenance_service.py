@@ -19,6 +19,7 @@ from aiohttp.test_utils import TestServer
 from pydantic import SecretStr
 from sqlalchemy import select
 
+from tests.support.clock import Clock
 from tests.support.gateway_process import close_in_process
 from tests.support.receiver import Receiver
 from tests.support.webhook_factory import encode, make_alert, make_body
@@ -38,14 +39,6 @@ from trainsentry.store.schema import notifications
 TOKEN = "api-token"
 START = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
 P0 = {"priority": "P0"}
-
-
-class Clock:
-    def __init__(self, start: datetime = START) -> None:
-        self.now = start
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 async def start(
@@ -106,7 +99,7 @@ def node_window(node: str, hours: float = 2, **extra: Any) -> dict[str, Any]:
 async def test_a_window_on_one_node_mutes_its_p0_not_the_same_p0_elsewhere_and_notifies_at_its_end(
     db_url: str, receiver: Receiver
 ) -> None:
-    clock = Clock()
+    clock = Clock(START)
     server = await start(db_url, receiver, clock)
     try:
         status, window = await call(server, "POST", "/api/v1/maintenance", node_window("gpu-17"))
@@ -167,7 +160,7 @@ async def test_a_window_on_one_node_mutes_its_p0_not_the_same_p0_elsewhere_and_n
 async def test_ending_a_window_early_notifies_and_a_regex_window_mutes(
     db_url: str, receiver: Receiver
 ) -> None:
-    clock = Clock()
+    clock = Clock(START)
     server = await start(db_url, receiver, clock)
     try:
         body = node_window("ignored")
@@ -203,7 +196,7 @@ async def test_ending_a_window_early_notifies_and_a_regex_window_mutes(
 async def test_a_window_ending_soon_with_alerts_firing_is_announced_once(
     db_url: str, receiver: Receiver
 ) -> None:
-    clock = Clock()
+    clock = Clock(START)
     server = await start(
         db_url, receiver, clock, maintenance=MaintenanceSettings(announce_before_minutes=15)
     )
@@ -241,7 +234,7 @@ async def test_a_window_ending_soon_with_alerts_firing_is_announced_once(
 async def test_a_restart_in_the_middle_of_a_window_keeps_it_muting(
     db_url: str, receiver: Receiver
 ) -> None:
-    clock = Clock()
+    clock = Clock(START)
     server = await start(db_url, receiver, clock)
     try:
         status, window = await call(server, "POST", "/api/v1/maintenance", node_window("gpu-17"))
@@ -269,7 +262,7 @@ async def test_a_restart_in_the_middle_of_a_window_keeps_it_muting(
 async def test_a_recurring_window_mutes_in_each_occurrence_only(
     db_url: str, receiver: Receiver
 ) -> None:
-    clock = Clock()
+    clock = Clock(START)
     server = await start(db_url, receiver, clock)
     try:
         body = {
@@ -323,7 +316,7 @@ MUTE_EVERYTHING = [
 async def test_windows_muting_everything_or_forever_are_refused_and_the_p0_pages(
     db_url: str, receiver: Receiver
 ) -> None:
-    clock = Clock()
+    clock = Clock(START)
     server = await start(db_url, receiver, clock)
     try:
         for matchers in MUTE_EVERYTHING:
@@ -363,7 +356,7 @@ async def test_a_stored_window_the_rules_now_refuse_is_ignored_and_logged(
 ) -> None:
     """Stored by a version that accepted it: every alert, every day, forever. Read again
     (without the caps of the day, with the rules), it is refused: logged, and mutes nothing."""
-    server = await start(db_url, receiver, Clock())
+    server = await start(db_url, receiver, Clock(START))
     try:
         request = {
             "matchers": {"alertname": {"regex": ".*"}},
@@ -405,14 +398,14 @@ async def test_a_longer_recurring_window_needs_max_total_hours(
         "timezone": "Europe/Berlin",
         "created_by": "ops",
     }
-    server = await start(db_url, receiver, Clock())
+    server = await start(db_url, receiver, Clock(START))
     try:
         status, answer = await call(server, "POST", "/api/v1/maintenance", weekly)
         assert status == 400 and answer["error"].startswith("window.rrule"), answer
     finally:
         await close_in_process(server)
     settings = MaintenanceSettings(max_total_hours=24 * 31)
-    server = await start(db_url, receiver, Clock(), maintenance=settings)
+    server = await start(db_url, receiver, Clock(START), maintenance=settings)
     try:
         status, window = await call(server, "POST", "/api/v1/maintenance", weekly)
         assert status == 201, window
@@ -428,7 +421,7 @@ async def test_a_muted_p0_opens_its_phone_escalation_only_when_the_window_ends(
         Roster((Layer("primary", (Person("alice", phone="+8613800000001"),)),)),
         EscalationPolicy(ack_timeout=timedelta(minutes=5)),
     )
-    clock = Clock()
+    clock = Clock(START)
     server = await start(db_url, receiver, clock, escalator=escalator)
     try:
         await call(server, "POST", "/api/v1/maintenance", node_window("gpu-17", hours=1))
@@ -504,7 +497,7 @@ async def test_bad_requests_are_400s_naming_the_field_and_writes_need_the_api_to
     db_url: str, receiver: Receiver
 ) -> None:
     server = await start(
-        db_url, receiver, Clock(), maintenance=MaintenanceSettings(max_window_hours=24)
+        db_url, receiver, Clock(START), maintenance=MaintenanceSettings(max_window_hours=24)
     )
     try:
         for body, field in BAD:
@@ -534,7 +527,7 @@ async def test_bad_requests_are_400s_naming_the_field_and_writes_need_the_api_to
         assert listed["items"] == []
     finally:
         await close_in_process(server)
-    server = await start(db_url, receiver, Clock(), api_token=None)
+    server = await start(db_url, receiver, Clock(START), api_token=None)
     try:
         status, answer = await call(server, "POST", "/api/v1/maintenance", node_window("x"))
         assert status == 403 and "TRAINSENTRY_API_TOKEN" in answer["error"]

@@ -10,13 +10,13 @@ from datetime import timedelta
 from tests.gateway.stages.test_maintenance_service import (
     P0,
     START,
-    Clock,
     call,
     phoned,
     post_alerts,
     settle,
     start,
 )
+from tests.support.clock import Clock
 from tests.support.gateway_process import close_in_process
 from tests.support.receiver import Receiver
 from tests.support.webhook_factory import make_alert
@@ -35,7 +35,7 @@ TOPOLOGY = {
 async def test_a_window_on_a_rack_mutes_the_alerts_of_its_nodes(
     db_url: str, receiver: Receiver
 ) -> None:
-    clock = Clock()
+    clock = Clock(START)
     server = await start(
         db_url, receiver, clock, topology=build_topology(TopologySettings.model_validate(TOPOLOGY))
     )

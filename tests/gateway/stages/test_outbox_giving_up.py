@@ -12,6 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.notifiers.helpers import alert_payload
+from tests.support.clock import Clock
 from tests.support.feishu_server import FeishuContractServer, Hook, Window
 from tests.support.receiver import Receiver
 from trainsentry.alerts import NotificationDraft, Priority
@@ -24,18 +25,6 @@ from trainsentry.store.schema import notifications
 from trainsentry.store.writes import insert_notifications
 
 T0 = datetime(2026, 11, 22, 1, 0, tzinfo=UTC)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    @property
-    def elapsed(self) -> float:
-        return (self.now - T0).total_seconds()
 
 
 async def enqueue(engine: AsyncEngine, channel: str, priority: Priority) -> None:
@@ -78,7 +67,7 @@ async def test_a_pager_answering_500_for_two_minutes_delivers_the_p0(
     engine: AsyncEngine, receiver: Receiver
 ) -> None:
     """Before: 8 tries with a 1 s doubling back-off, the P0 was dead at about 100 s."""
-    clock = Clock()
+    clock = Clock(T0)
     await enqueue(engine, "pager", Priority.P0)
     outbox = Outbox(engine, {"pager": WebhookNotifier(receiver.url)}, clock=clock)
     try:
@@ -102,7 +91,7 @@ async def test_a_pager_answering_500_for_two_minutes_delivers_the_p0(
 async def test_a_pager_that_stays_down_gives_up_after_an_hour(
     engine: AsyncEngine, receiver: Receiver
 ) -> None:
-    clock = Clock()
+    clock = Clock(T0)
     await enqueue(engine, "pager", Priority.P1)
     outbox = Outbox(engine, {"pager": WebhookNotifier(receiver.url)}, clock=clock)
     receiver.fail_first = 10**9
@@ -118,7 +107,7 @@ async def test_a_pager_that_stays_down_gives_up_after_an_hour(
 
 async def test_feishu_rate_limiting_for_hours_never_kills_a_card(engine: AsyncEngine) -> None:
     """Before: code 11232 counted as a failed try, the P1 card was dead at about 109 s."""
-    clock = Clock()
+    clock = Clock(T0)
     async with FeishuContractServer(hooks={"h": Hook()}) as server:
         bot = FeishuBotNotifier(WebhookRouter({Priority.P1: BotWebhook("w", server.hook_url("h"))}))
         outbox = Outbox(engine, {"feishu_bot": bot}, clock=clock)

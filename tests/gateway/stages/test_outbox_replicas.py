@@ -9,10 +9,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ import yaml
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from tests.support.eventually import eventually
 from tests.support.gateway_process import start_gateway
 from tests.support.realservers import RunningServer
 from tests.support.receiver import Receiver, ThreadedReceiver
@@ -69,15 +68,6 @@ async def sent(engine: AsyncEngine) -> int:
         )
 
 
-async def until(check: object, within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if await check():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"timed out after {within} s: {what}")
-
-
 def metric(server: RunningServer, name: str) -> float:
     import urllib.request
 
@@ -106,7 +96,13 @@ async def test_two_gateways_with_an_8_s_channel_send_each_notification_once(
             start_gateway(tmp_path / "a", db_url, config=cfg) as first,
             start_gateway(tmp_path / "b", db_url, config=cfg) as second,
         ):
-            await until(lambda: _all_sent(engine, count), 120, "every notification sent")
+            await eventually(
+                lambda: _all_sent(engine, count),
+                120,
+                0.2,
+                what="every notification sent",
+                not_yet=(),
+            )
             shares = [metric(g, "trainsentry_notifications_sent_total") for g in (first, second)]
     assert receiver.unique == count
     assert receiver.duplicates == 0
@@ -126,13 +122,21 @@ async def test_a_gateway_killed_mid_burst_sends_at_most_its_slots_twice(
         cfg = config(tmp_path, "gateway", receiver.url)
         gateway = start_gateway(tmp_path / "first", db_url, config=cfg)
         with gateway:
-            await until(lambda: _received(receiver, 600), 60, "the burst under way")
+            await eventually(
+                lambda: _received(receiver, 600), 60, 0.2, what="the burst under way", not_yet=()
+            )
             os.kill(gateway.process.pid, signal.SIGKILL)
             gateway.process.wait(10)
         before_restart = receiver.unique
         assert before_restart < count
         with start_gateway(tmp_path / "second", db_url, config=cfg):
-            await until(lambda: _all_sent(engine, count), 120, "every notification sent")
+            await eventually(
+                lambda: _all_sent(engine, count),
+                120,
+                0.2,
+                what="every notification sent",
+                not_yet=(),
+            )
     assert receiver.unique == count
     print(f"killed after {before_restart} delivered: {receiver.duplicates} sent twice")
     # Sent, but killed before its outcome was committed: sent again after the restart.

@@ -7,7 +7,7 @@ group is recorded and planned as before; the stale-alert sweep sees what it saw 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestServer
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from tests.support.clock import Clock
 from tests.support.gateway_process import close_in_process
 from tests.support.webhook_factory import BASE_TIME, encode, make_alert, make_body
 from trainsentry.config import GatewaySettings
@@ -36,14 +37,6 @@ from trainsentry.store.schema import (
 from trainsentry.store.writes import record_receipts
 
 GROUP = '{}/{severity="P2"}:{alertname="GPUXidError", trainingjob="llama-70b"}'
-
-
-@dataclass
-class Clock:
-    now: datetime = field(default=BASE_TIME)
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 @dataclass
@@ -87,7 +80,7 @@ class Running:
 
 @pytest.fixture
 async def running(db_url: str) -> AsyncIterator[Running]:
-    clock = Clock()
+    clock = Clock(BASE_TIME)
     settings = GatewaySettings(listen="127.0.0.1:0", db=db_url)
     server = TestServer(create_app(settings, clock=clock, tick_interval=3600), host="127.0.0.1")
     await server.start_server()

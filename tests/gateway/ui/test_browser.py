@@ -14,6 +14,7 @@ import pytest
 
 from tests.gateway.ui.helpers import TOKEN, alert, post_alerts, start
 from tests.support.browser import CHROMIUM, Browser, Page
+from tests.support.clock import Clock
 from tests.support.feishu_server import FeishuContractServer
 from tests.support.gateway_process import close_in_process
 from tests.support.receiver import Receiver
@@ -78,16 +79,6 @@ ESCALATOR = Escalator(
     ),
     EscalationPolicy(ack_timeout=timedelta(minutes=5)),
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        from datetime import UTC, datetime
-
-        self.now = datetime.now(UTC).replace(microsecond=0)
-
-    def __call__(self):  # type: ignore[no-untyped-def]
-        return self.now
 
 
 async def sign_in(page: Page, server: object, name: str, token: str) -> None:
@@ -185,10 +176,10 @@ async def test_the_escalate_button_calls_the_next_layer_now(
 async def test_the_now_page_shows_who_is_on_call_on_the_schedules(
     page: Page, tmp_path: Path, receiver: Receiver
 ) -> None:
-    from tests.gateway.oncall import support
+    from tests.support import oncall_gateway as support
 
     server = await support.start(
-        f"sqlite:///{tmp_path / 'store.db'}", receiver, support.Clock(), tmp_path
+        f"sqlite:///{tmp_path / 'store.db'}", receiver, Clock(support.START), tmp_path
     )
     try:
         await page.goto(str(server.make_url("/ui/")))

@@ -22,6 +22,7 @@ from tests.gateway.ui.helpers import (
     start,
     store_verdict,
 )
+from tests.support.clock import Clock
 from tests.support.gateway_process import close_in_process
 from tests.support.receiver import Receiver
 from tests.support.webhook_factory import make_alert
@@ -287,7 +288,7 @@ async def test_a_job_in_a_storm_says_so(tmp_path: Path) -> None:
 
 
 async def test_who_is_on_call_comes_from_the_escalation_roster(tmp_path: Path) -> None:
-    from datetime import UTC, datetime, timedelta
+    from datetime import timedelta
 
     from trainsentry.alerts import Person
     from trainsentry.gateway.policy.escalation import (
@@ -325,9 +326,9 @@ async def test_who_is_on_call_comes_from_the_schedules_with_overrides(
 ) -> None:
     """With an `oncall:` section the panel shows the schedules' answer (as GET
     /api/v1/oncall), primary first with until-times, and a stored override changes it."""
-    from tests.gateway.oncall import support
+    from tests.support import oncall_gateway as support
 
-    server = await support.start(db_url, receiver, support.Clock(), tmp_path)
+    server = await support.start(db_url, receiver, Clock(support.START), tmp_path)
     try:
         session = await signed_in(server, "ivy", token=support.TOKEN)
         try:
@@ -414,7 +415,7 @@ async def test_the_timeline_shows_what_the_policy_did_flapping_and_storm(tmp_pat
 
 
 async def test_maintenance_windows_are_shown_and_ended_through_the_service(db_url: str) -> None:
-    from datetime import UTC, datetime, timedelta
+    from datetime import timedelta
 
     server = await start(db_url, token=TOKEN)
     headers = {"Authorization": f"Bearer {TOKEN}"}
@@ -588,14 +589,6 @@ async def test_the_job_and_namespace_filters(db_url: str) -> None:
         assert await shown("job=no-such-job") == []
     finally:
         await close_in_process(server)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = datetime.now(UTC).replace(microsecond=0)
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 async def test_the_session_cookie_is_httponly_samesite_and_expires(tmp_path: Path) -> None:

@@ -2,10 +2,12 @@
 announced on its own, as the storm's page, or folded into the storm's summary.
 
 A newly firing alert joins its incident (or opens one: incident.py `IncidentBook.place`);
-a resolve updates the incident it is in. An incident not announced yet is announced when
-it opens outside a storm; during a storm it is folded into the job's summary unless it
-pages (the storm's first P0, or a P0 of a new cause: `storm.verdict`). What an announced
-incident's cards say is drafted at the end of the call or batch (`Drafts.flush`).
+a resolve updates the incident it is in (a copy resolving while its twin fires, or a
+resolution not believed yet, leaves it firing: `IncidentBook.resolve`). An incident not
+announced yet is announced when it opens outside a storm; during a storm it is folded
+into the job's summary unless it pages (the storm's first P0, or a P0 of a new cause:
+`storm.verdict`). What an announced incident's cards say is drafted at the end of the call
+or batch (`Drafts.flush`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from trainsentry.alerts import Alert, AlertStatus, Priority
 from trainsentry.gateway.policy.classify import Classification
 from trainsentry.gateway.policy.dedup import Decision, FingerprintState, Notice
 from trainsentry.gateway.policy.drafts import Drafts
-from trainsentry.gateway.policy.incident import INCIDENT_CONTEXT, IncidentState
+from trainsentry.gateway.policy.incident import INCIDENT_CONTEXT, RESOLVED_NOW, IncidentState
 from trainsentry.gateway.policy.incident_cards import headline
 from trainsentry.gateway.policy.storm import StormEntry, Verdict, job_title
 from trainsentry.gateway.policy.storm_fold import (
@@ -78,7 +80,15 @@ def deliver(
             )
             incident.announced, incident.folded = not fp.collapsed, fp.collapsed
         if resolving:
-            book.resolve(incident, alert, decision.at)
+            outcome = book.resolve(incident, alert, decision.at, classification)
+            if outcome != RESOLVED_NOW:
+                # a copy whose twin fires, or a resolution not believed yet: the incident
+                # still fires on it (its card shows it unknown), nothing is announced as over
+                incident.trigger = trigger(decision)
+                context[INCIDENT_CONTEXT] = book.note(incident)
+                changes["context"] = context
+                changes["collapsed"] = incident.folded
+                return storm
         else:
             book.touch(incident, decision.at)
     else:

@@ -12,8 +12,8 @@ from typing import Any
 
 from trainsentry.alerts import JobRef, NotificationDraft, Priority
 from trainsentry.gateway.policy.dedup import Decision
-from trainsentry.gateway.policy.incident import IncidentBook
-from trainsentry.gateway.policy.incident_cards import incident_drafts
+from trainsentry.gateway.policy.incident import FIRING, RESOLVED, IncidentBook
+from trainsentry.gateway.policy.incident_cards import headline, incident_drafts
 from trainsentry.gateway.policy.infra import INFRA_KIND, InfraFold, InfraMessage
 from trainsentry.gateway.policy.payload import (
     ALERT_KIND,
@@ -81,8 +81,12 @@ class Drafts:
         if book is None:
             return
         for state in sorted(book.changed.values(), key=lambda s: s.id):
-            if not state.dirty and not (state.due_at is not None and state.due_at <= now):
+            due = state.due_at is not None and state.due_at <= now
+            if not state.dirty and not due and not state.unknown:
                 continue
+            if book.settle(state, now):  # unknown resolutions confirmed (incident.py)
+                headline(state, RESOLVED, {})
+                state.trigger = state.trigger or f"settled:{now.isoformat()}"
             self.drafts.extend(
                 incident_drafts(
                     state,
@@ -94,6 +98,9 @@ class Drafts:
                     kind=ALERT_KIND,
                 )
             )
+            confirm = book.next_confirmation(state)
+            if confirm is not None and state.status == FIRING:
+                state.due_at = min(confirm, state.due_at) if state.due_at else confirm
 
     def infra_messages(self, messages: Iterable[InfraMessage]) -> None:
         for message in messages:

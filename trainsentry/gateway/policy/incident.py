@@ -15,8 +15,16 @@ Invariants:
   `<key>|cause=<cause>`), so it pages on its own instead of updating another card.
 - An incident's priority is its most urgent alert's (the blast-radius raise is part of an
   alert's classification, so it counts once for the incident); it never drops while open.
-- The cause (`lead`, `cause`) is kept apart from the grouping key, so a later correlation
-  (issue 37) can add alerts of other groups to an incident and choose its cause again.
+- The cause (`lead`, `cause`) is kept apart from the grouping key: correlation
+  (correlate.py, `policy.correlation`) adds alerts of other groups to a node's incident and
+  chooses its cause again (`cause_rank`: a better cause becomes the lead); a consequence
+  never opens a second incident of its failure domain, so it never pages again.
+- A cluster-wide alert and its job-scoped copy (twins.py) are one alert: the copy joins the
+  incident of the first (`twins`), counts as no new firing alert, and the alert resolves
+  when both have.
+- An alert whose reporting target is down, or a hardware fault not yet confirmed, that
+  resolves stays firing in its incident as "unknown" (`unknown`) until `settle` finds its
+  node alive (correlate.py); a new firing of it takes its place.
 
 `IncidentBook` holds the incidents one planning batch touches (mutable, pure);
 `incident_drafts` turns a changed incident into notifications: a card, an in-place redraw on
@@ -29,22 +37,40 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from trainsentry.alerts import Alert, Priority
 from trainsentry.gateway.policy.classify import Classification
+from trainsentry.gateway.policy.correlate import (
+    BLINDERS,
+    FAULT,
+    FOREIGN,
+    JOB_DOMAIN,
+    NODE_DOMAIN,
+    blinds,
+    job_of,
+    node_of,
+    rank,
+)
 from trainsentry.gateway.policy.payload import (
+    alert_from_json,
     alert_to_json,
 )
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.storm import job_key, job_title
+from trainsentry.gateway.policy.story import note
+from trainsentry.gateway.policy.twins import twin_identity
 from trainsentry.labels import first_label
 
 FIRING = "firing"
 RESOLVED = "resolved"
-CAUSE_ROLE = "cause"  # the alert the incident's card is about (re-chosen later: issue 37)
+CAUSE_ROLE = "cause"  # the alert the incident's card is about (re-chosen by correlation)
 MEMBER_ROLE = "member"
+TWIN_ROLE = "twin"  # a job-scoped (or cluster-wide) copy of an alert of the incident
+TWIN_DOMAIN = "twin="  # failure-domain index: a twin identity -> the incident of its alert
+CLUSTER = job_title("cluster")  # the job of an alert of no job
+COPIED, UNKNOWN, RESOLVED_NOW = "copy", "unknown", "resolved"  # what `resolve` did
 INCIDENT_CONTEXT = "incident"  # fingerprint context: the occurrence's incident and status
 
 # (priority, labels, paging) -> (channels, route id, extra payload fields): decide.py's route.
@@ -120,6 +146,21 @@ class IncidentState:
     storm_note: str = ""  # why it pages on its own during a storm
     acked_by: str | None = None  # the store's column (stages/ack.py); never written here
     due_at: datetime | None = None  # a follow-up waits until then
+    # correlation (correlate.py): the failure domain ("node=<node>"), the cause's rank in
+    # CAUSE_ORDER, the jobs its alerts belong to, the story (story.py), twin identity ->
+    # fingerprints of its copies firing, node -> {twin identity or fingerprint: blinder
+    # alertname} firing,
+    # and the resolutions not believed yet (twin identity or fingerprint -> what and when)
+    domain: str = ""
+    cause_rank: int = FOREIGN
+    jobs: list[str] = field(default_factory=list)
+    story: dict[str, dict[str, Any]] = field(default_factory=dict)
+    twins: dict[str, list[str]] = field(default_factory=dict)
+    # of `total`, alerts that are another's copy or its firing again after an unknown
+    # resolution (one alert to a person)
+    copies: int = 0
+    blind: dict[str, dict[str, str]] = field(default_factory=dict)
+    unknown: dict[str, dict[str, Any]] = field(default_factory=dict)
     # for this batch only (not stored)
     trigger: str = ""  # the last change shown: keys the idempotency of its drafts
     page_due: bool = False
@@ -173,6 +214,14 @@ class IncidentState:
             "page_alert_id": self.page_alert_id,
             "storm_note": self.storm_note,
             "due_at": _iso(self.due_at),
+            "domain": self.domain,
+            "cause_rank": self.cause_rank,
+            "jobs": list(self.jobs),
+            "story": self.story,
+            "twins": self.twins,
+            "copies": self.copies,
+            "blind": self.blind,
+            "unknown": self.unknown,
         }
 
     @classmethod
@@ -205,6 +254,14 @@ class IncidentState:
             storm_note=data.get("storm_note", ""),
             acked_by=acked_by,
             due_at=_dt(data.get("due_at")),
+            domain=data.get("domain", ""),
+            cause_rank=int(data.get("cause_rank", FOREIGN)),
+            jobs=list(data.get("jobs") or ()),
+            story={k: dict(v) for k, v in (data.get("story") or {}).items()},
+            twins={k: list(v) for k, v in (data.get("twins") or {}).items()},
+            copies=int(data.get("copies", 0)),
+            blind={k: dict(v) for k, v in (data.get("blind") or {}).items()},
+            unknown={k: dict(v) for k, v in (data.get("unknown") or {}).items()},
         )
 
 
@@ -230,7 +287,10 @@ class IncidentBook:
     `members`: alert id -> incident id for the batch's alerts already in one; `ids`: ids
     reserved for incidents this batch opens (default: derived from each one's key and start);
     `apart`: alert id -> the maintenance window stretch muting it now (`base_key`);
-    `rebuild`: see `of_alert`.
+    `rebuild`: see `of_alert`; `domains`: the failure-domain index entries of the batch's
+    alerts ("node=<node>", "job=<job>", "twin=<identity>" -> {"key", "id", "at"}: the
+    incident that domain's alerts join; the store keeps them, `domains_changed` says which
+    to write back).
     """
 
     def __init__(
@@ -241,6 +301,7 @@ class IncidentBook:
         ids: Iterable[int] | None = None,
         apart: Mapping[int, str] | None = None,
         rebuild: bool = True,
+        domains: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         self.policy = policy
         # Without a store, an incident the book does not hold is rebuilt from the alert's
@@ -256,6 +317,8 @@ class IncidentBook:
         self.joined: list[Membership] = []
         self._ids: Iterator[int] | None = iter(ids) if ids is not None else None
         self.changed: dict[int, IncidentState] = {}
+        self.domains: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (domains or {}).items()}
+        self.domains_changed: set[str] = set()
 
     def _new_id(self, key: str, at: datetime) -> int:
         """The next reserved id; without reserved ids (a `decide` call on its own), one
@@ -327,24 +390,159 @@ class IncidentBook:
         at: datetime,
         context: Mapping[str, Any],
     ) -> tuple[IncidentState, bool]:
-        """The incident a newly firing alert joins (opening one if needed); True if new."""
+        """The incident a newly firing alert joins (opening one if needed); True if new.
+
+        In order: the incident of its twin (a copy of an alert already firing there); with
+        correlation, its failure domain's (`_domain_of`), or a node's incident it opens;
+        else its `grouping` key's, a P0 of another cause apart."""
         known = self.of_alert(alert_id, context)
         if known is not None:
             return known, False
-        base = base_key(alert, group_key, self.policy, self.apart.get(alert_id or 0, ""))
+        apart = self.apart.get(alert_id or 0, "")
+        ident = twin_identity(alert)
+        if ident and not apart:
+            twin = self._indexed(TWIN_DOMAIN + ident, at, None)
+            copies = twin.twins.get(ident, []) if twin is not None else []
+            if twin is not None and copies and alert.fingerprint not in copies:
+                self._join_twin(twin, alert_id, alert, group_key, at, ident)
+                return twin, False
         cause = cause_of(alert)
+        correlation = self.policy.correlation
+        level = rank(alert, classification, self.policy)
+        if correlation.enabled and not apart and level < FOREIGN:
+            state = self._domain_of(alert, at)
+            if state is not None:
+                self._join(state, alert_id, alert, classification, group_key, at, MEMBER_ROLE)
+                self._correlate(state, alert, alert_id, level, at)
+                return state, False
+        base = base_key(alert, group_key, self.policy, apart)
         split = f"{base}|cause={cause}"
         state = self.open.get(split)
+        new = False
         if state is None and (found := self.open.get(base)) is not None:
             if found.cause == cause or classification.priority is not Priority.P0:
                 state = found
             else:
-                opened = self._open(split, cause, alert, alert_id, classification, group_key, at)
-                return opened, True
+                state = self._open(split, cause, alert, alert_id, classification, group_key, at)
+                new = True
         if state is None:
-            return self._open(base, cause, alert, alert_id, classification, group_key, at), True
-        self._join(state, alert_id, alert, classification, group_key, at, MEMBER_ROLE)
-        return state, False
+            state = self._open(base, cause, alert, alert_id, classification, group_key, at)
+            new = True
+        elif not new:
+            self._join(state, alert_id, alert, classification, group_key, at, MEMBER_ROLE)
+        self._correlate(state, alert, alert_id, level, at, index=not apart)
+        return state, new
+
+    def _indexed(self, domain: str, at: datetime, window: float | None) -> IncidentState | None:
+        """The open incident a failure-domain index entry names, if it gathered an alert
+        within `window` seconds (None: however long ago)."""
+        entry = self.domains.get(domain)
+        if entry is None:
+            return None
+        state = self.by_id.get(int(entry["id"]))
+        if state is None or state.status != FIRING or state.key != entry.get("key"):
+            return None
+        since = (at - datetime.fromisoformat(entry["at"])).total_seconds()
+        if window is not None and since > window:
+            return None
+        return state
+
+    def _domain_of(self, alert: Alert, at: datetime) -> IncidentState | None:
+        """Pure: the incident of the alert's failure domain: its node's open incident, else
+        (an alert without a node, or a node without an incident yet) the incident its job's
+        alerts joined within `correlation.window` that no other node holds."""
+        window = self.policy.correlation.window
+        job = job_of(alert)
+        if node := node_of(alert, self.policy):
+            if (found := self._indexed(NODE_DOMAIN + node, at, None)) is not None:
+                return found
+            by_job = self._indexed(JOB_DOMAIN + job, at, window) if job else None
+            return by_job if by_job is not None and not by_job.domain else None
+        return self._indexed(JOB_DOMAIN + job, at, window) if job else None
+
+    def _correlate(
+        self,
+        state: IncidentState,
+        alert: Alert,
+        alert_id: int | None,
+        level: int,
+        at: datetime,
+        index: bool = True,
+    ) -> None:
+        """What an alert that joined (or opened) `state` adds to it: its twin identity, its
+        blinder, the unknown resolution it replaces; with correlation, its cause rank (a
+        better cause becomes the lead), job, story step and failure-domain index entries."""
+        ident = twin_identity(alert)
+        fingerprint = alert.fingerprint
+        if ident:
+            copies = state.twins.setdefault(ident, [])
+            if fingerprint not in copies:
+                copies.append(fingerprint)
+            if index:
+                self._index(TWIN_DOMAIN + ident, state, at)
+        node = node_of(alert, self.policy)
+        if node and alert.name in BLINDERS:
+            state.blind.setdefault(node, {})[ident or fingerprint] = alert.name
+            for entry in state.unknown.values():  # they wait for the target to be back
+                if entry["node"] == node and blinds(alert.name, alert_from_json(entry["alert"])):
+                    entry["confirm_at"] = None
+        if state.unknown.pop(ident or fingerprint, None) is not None and state.firing > 0:
+            # it fires again: its unknown resolution is over, and this is the same alert
+            state.firing -= 1
+            state.copies += 1
+            self._count(state, alert, -1)
+        if not self.policy.correlation.enabled or level >= FOREIGN:
+            return
+        if level < state.cause_rank:  # a better cause: the card is about it from now on
+            state.lead = {"alert": alert_to_json(alert), "alert_id": alert_id}
+            state.cause, state.cause_rank = cause_of(alert), level
+        job = job_of(alert)
+        if job and job_title(job) not in state.jobs:
+            state.jobs.append(job_title(job))
+            if state.job in ("", CLUSTER):  # a job is more than "cluster"
+                state.job = job_title(job)
+        note(state.story, alert, level, at, self.policy)
+        if not index:
+            return
+        if node and self._indexed(NODE_DOMAIN + node, at, None) in (None, state):
+            state.domain = state.domain or NODE_DOMAIN + node
+            self._index(NODE_DOMAIN + node, state, at)
+        if job:
+            current = self._indexed(JOB_DOMAIN + job, at, self.policy.correlation.window)
+            if current is None or current is state:
+                self._index(JOB_DOMAIN + job, state, at)
+
+    def _index(self, domain: str, state: IncidentState, at: datetime) -> None:
+        self.domains[domain] = {"key": state.key, "id": state.id, "at": at.isoformat()}
+        self.domains_changed.add(domain)
+
+    def _join_twin(
+        self,
+        state: IncidentState,
+        alert_id: int | None,
+        alert: Alert,
+        group_key: str,
+        at: datetime,
+        ident: str,
+    ) -> None:
+        """A copy of an alert firing in `state` joins it: no new alert, no new firing one;
+        the job it adds is shown (a change of the card)."""
+        if alert_id is not None:
+            self.members[alert_id] = state.id
+            self.joined.append(Membership(alert_id, state.id, TWIN_ROLE, group_key, at))
+        state.total += 1
+        state.copies += 1
+        state.twins[ident].append(alert.fingerprint)
+        self._index(TWIN_DOMAIN + ident, state, at)
+        job = job_of(alert)
+        if job and job_title(job) not in state.jobs:
+            state.jobs.append(job_title(job))
+            if state.job in ("", CLUSTER):  # a job is more than "cluster"
+                state.job = job_title(job)
+            if self.policy.correlation.enabled:
+                self._index(JOB_DOMAIN + job, state, at)
+            self.touch(state, at)
+        self.changed[state.id] = state
 
     def _open(
         self,
@@ -356,6 +554,7 @@ class IncidentBook:
         group_key: str,
         at: datetime,
     ) -> IncidentState:
+        level = rank(alert, classification, self.policy)
         state = IncidentState(
             id=self._new_id(key, at),
             key=key,
@@ -365,6 +564,7 @@ class IncidentBook:
             lead={"alert": alert_to_json(alert), "alert_id": alert_id},
             priority=classification.priority,
             classification=classification.to_json(),
+            cause_rank=level if self.policy.correlation.enabled else FOREIGN,
         )
         self.by_id[state.id] = state
         self.open[key] = state
@@ -403,8 +603,98 @@ class IncidentBook:
         if not tracked and by > 0:
             state.untracked += 1
 
-    def resolve(self, state: IncidentState, alert: Alert, at: datetime) -> None:
-        """One of its alerts resolved; the incident resolves with its last firing alert."""
+    def resolve(
+        self,
+        state: IncidentState,
+        alert: Alert,
+        at: datetime,
+        classification: Classification | None = None,
+    ) -> str:
+        """One of its alerts resolved. COPIED: a copy resolved, its twin still fires (the
+        one alert fires); UNKNOWN: the resolution is not believed yet (`_unbelieved`), the
+        alert stays firing; RESOLVED_NOW: it resolved, and the incident with its last
+        firing alert. `classification`: the alert's, while it fired."""
+        ident = twin_identity(alert)
+        copies = state.twins.get(ident)
+        if copies and alert.fingerprint in copies:
+            copies.remove(alert.fingerprint)
+            if copies:
+                self.changed[state.id] = state
+                return COPIED
+        node = node_of(alert, self.policy)
+        if node and (ident or alert.fingerprint) in state.blind.get(node, {}):
+            del state.blind[node][ident or alert.fingerprint]
+            for entry in state.unknown.values():  # the node's targets may be back: confirm
+                if entry["node"] == node and entry["confirm_at"] is None:
+                    held = alert_from_json(entry["alert"])
+                    if not self._blinded(state, node, held):
+                        confirm = self.policy.correlation.confirm_resolved
+                        entry["confirm_at"] = (at + timedelta(seconds=confirm)).isoformat()
+        if self._unbelieved(state, alert, node, classification, at, ident):
+            if self._blinded(state, node, alert):
+                self.touch(state, at)  # the card shows it unknown
+            else:
+                self.changed[state.id] = state  # quiet until confirmed (`settle`)
+            return UNKNOWN
+        self._resolve_now(state, alert, at)
+        return RESOLVED_NOW
+
+    def _blinded(self, state: IncidentState, node: str, alert: Alert) -> bool:
+        """Pure: whether a blinder of the node fires in `state` for this alert."""
+        return any(blinds(name, alert) for name in state.blind.get(node, {}).values())
+
+    def _unbelieved(
+        self,
+        state: IncidentState,
+        alert: Alert,
+        node: str,
+        classification: Classification | None,
+        at: datetime,
+        ident: str,
+    ) -> bool:
+        """With correlation, the resolution of an alert of a node's incident is held as
+        unknown while its node's reporting target is down (no confirmation time: it waits
+        for the target), or, for a hardware fault, until `confirm_resolved` passed."""
+        correlation = self.policy.correlation
+        if not correlation.enabled or not node or not state.domain:
+            return False
+        blinded = self._blinded(state, node, alert)
+        fault = classification is not None and rank(alert, classification, self.policy) == FAULT
+        if not blinded and not fault:
+            return False
+        confirm = None if blinded else at + timedelta(seconds=correlation.confirm_resolved)
+        state.unknown[ident or alert.fingerprint] = {
+            "alert": alert_to_json(alert),
+            "node": node,
+            "at": at.isoformat(),
+            "confirm_at": _iso(confirm),
+        }
+        return True
+
+    def settle(self, state: IncidentState, now: datetime) -> bool:
+        """Resolves the unknown resolutions whose confirmation passed and whose node's
+        reporting targets are not down; True if one did."""
+        settled = False
+        for key, entry in list(state.unknown.items()):
+            confirm_at = _dt(entry.get("confirm_at"))
+            held = alert_from_json(entry["alert"])
+            if confirm_at is None or confirm_at > now:
+                continue
+            if self._blinded(state, entry["node"], held):
+                entry["confirm_at"] = None  # waits for its target to be back
+                continue
+            del state.unknown[key]
+            self._resolve_now(state, held, now)
+            settled = True
+        return settled
+
+    @staticmethod
+    def next_confirmation(state: IncidentState) -> datetime | None:
+        """Pure: when `settle` must look at the incident next (None: nothing to confirm)."""
+        times = [t for e in state.unknown.values() if (t := _dt(e.get("confirm_at")))]
+        return min(times) if times else None
+
+    def _resolve_now(self, state: IncidentState, alert: Alert, at: datetime) -> None:
         if state.firing > 0:
             state.firing -= 1
             self._count(state, alert, -1)

@@ -22,6 +22,7 @@ from trainsentry.gateway.policy.payload import (
     status_name,
 )
 from trainsentry.gateway.policy.rules import Policy
+from trainsentry.gateway.policy.story import culprits, story_line
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -29,8 +30,9 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def headline(state: IncidentState, notice: str, detail: Mapping[str, Any]) -> None:
-    """The title word: a lone alert's own notice; else firing while any alert fires."""
-    if state.total <= 1:
+    """The title word: a lone alert's own notice (its twin copies and its firing again
+    after an unknown resolution are that alert); else firing while any alert fires."""
+    if state.total - state.copies <= 1:
         state.headline = notice
         state.detail = dict(detail)
     else:
@@ -43,12 +45,14 @@ def incident_block(state: IncidentState, policy: Policy) -> dict[str, Any]:
     shown = policy.grouping.names_shown
     nodes = sorted(state.nodes, key=lambda n: (-state.nodes[n], n))
     gpus = sorted(state.gpus, key=lambda g: (-state.gpus[g], g))
+    alerts = max(1, state.total - state.copies) if state.total else 0  # twins are one alert
+    firing = min(state.firing, alerts)
     block: dict[str, Any] = {
         "id": state.id,
         "status": state.status,
-        "alerts": state.total,
-        "firing": state.firing,
-        "resolved": state.total - state.firing,
+        "alerts": alerts,
+        "firing": firing,
+        "resolved": alerts - firing,
         "nodes": len(state.nodes),
         "node_names": nodes[:shown],
         "gpus": len(state.gpus),
@@ -61,11 +65,35 @@ def incident_block(state: IncidentState, policy: Policy) -> dict[str, Any]:
         block["resolved_at"] = state.resolved_at.isoformat()
     if state.storm_note:
         block["note"] = state.storm_note
+    if line := story_line(state.domain, state.story):
+        block["story"] = line
+    if gone := culprits(state.story):
+        block["culprits"] = gone
+    if state.jobs:
+        block["jobs"] = state.jobs[:shown]
+    if state.unknown:
+        block["unknown"] = unknown_text(state)
     if policy.grouping.url:
         block["url"] = policy.grouping.url.format(
             incident=state.id, alert_id=state.lead_alert_id or ""
         )
     return block
+
+
+def unknown_text(state: IncidentState) -> str:
+    """Pure: the alerts whose resolution is not believed yet, and why (their node's reporting
+    targets down, or the node not proven alive yet)."""
+    parts = []
+    for entry in list(state.unknown.values())[:5]:
+        alert = alert_from_json(entry["alert"])
+        gpu = alert.labels.get("gpu", "")
+        what = f"{alert.name} ({entry['node']}{f' GPU {gpu}' if gpu else ''})"
+        down = sorted(set(state.blind.get(entry["node"], {}).values()))
+        verb = "fires" if len(down) == 1 else "fire"
+        why = f"while {', '.join(down)} {verb}" if down else "until its node proves alive"
+        parts.append(f"{what}: resolved? unknown {why}")
+    more = len(state.unknown) - len(parts)
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
 def incident_payload(state: IncidentState, policy: Policy, route_id: str) -> dict[str, Any]:

@@ -168,6 +168,24 @@ class GroupingPolicy(_Strict):
         return value
 
 
+class CorrelationPolicy(_Strict):
+    """Failure domains (gateway/policy/correlate.py, docs/policy.md "Correlation").
+
+    `enabled`: alerts of one node (faults, NotReady, exporters down, the ranks' probes) are
+    one incident across alertnames and Alertmanager groups, and the job-level alerts of a
+    job with ranks there (RAS, hang) join it as consequences; off: incidents as
+    `grouping` says, nothing more (a cluster-wide alert and its job-scoped twin are folded
+    either way). `window`: seconds a failure domain keeps gathering the job-level alerts
+    of its jobs after its last alert. `confirm_resolved`: seconds a hardware fault's
+    resolution waits for its node to prove alive (its exporters' and NotReady alerts stay
+    quiet) before it counts; while they fire, its resolution is "unknown".
+    """
+
+    enabled: bool = True
+    window: Seconds = 600
+    confirm_resolved: Seconds = 300
+
+
 class InfrastructurePolicy(_Strict):
     """Infrastructure incidents across jobs (gateway/policy/infra.py)."""
 
@@ -287,6 +305,7 @@ class Policy(_Strict):
     dedup: DedupPolicy = Field(default_factory=DedupPolicy)
     storm: StormPolicy = Field(default_factory=StormPolicy)
     grouping: GroupingPolicy = Field(default_factory=GroupingPolicy)
+    correlation: CorrelationPolicy = Field(default_factory=CorrelationPolicy)
     infrastructure: InfrastructurePolicy = Field(default_factory=InfrastructurePolicy)
     node_health: NodeHealthPolicy = Field(default_factory=NodeHealthPolicy)
     node_labels: tuple[str, ...] = NODE_LABELS

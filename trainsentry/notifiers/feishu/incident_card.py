@@ -42,11 +42,20 @@ def scope_suffix(payload: NotificationPayload) -> str:
 
 
 def incident_fields(payload: NotificationPayload) -> list[tuple[str, str]]:
-    """Pure: (name, value) fields of the incident: alerts, nodes and GPUs named, the note."""
+    """Pure: (name, value) fields of the incident: its story, the resolutions not believed
+    yet, its jobs, the note, alerts, nodes and GPUs named."""
     info = payload.get("incident")
     if not info:
         return []
     pairs: list[tuple[str, str]] = []
+    if info.get("story"):
+        pairs.append(("Story", info.get("story", "")))
+    if info.get("culprits"):
+        pairs.append(("Hang culprits", info.get("culprits", "")))
+    if info.get("unknown"):
+        pairs.append(("Resolution unknown", info.get("unknown", "")))
+    if len(info.get("jobs") or ()) > 1:
+        pairs.append(("Jobs", ", ".join(info.get("jobs") or ())))
     if info.get("note"):
         pairs.append(("Pages on its own", info.get("note", "")))
     if not _spread(payload):

@@ -4,7 +4,9 @@
 the incidents their alerts are in, locked on PostgreSQL) and reserves ids for the incidents
 the batch may open; `save` writes the changed incidents and the new memberships, in the
 planning transaction, so a change and its incident commit together or not at all. The
-decisions are the pure policy's (gateway/policy/incident.py).
+decisions are the pure policy's (gateway/policy/incident.py). The failure-domain index
+(correlate.py: node, job and twin identity -> the incident their alerts join) is kept as
+policy state (scope `correlation`), loaded and written in the same transaction.
 """
 
 from __future__ import annotations
@@ -13,14 +15,17 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from trainsentry.alerts import AlertChange
+from trainsentry.gateway.policy.correlate import domain_keys
 from trainsentry.gateway.policy.incident import (
     FIRING,
+    TWIN_DOMAIN,
     IncidentBook,
     IncidentState,
     base_key,
     cause_of,
 )
 from trainsentry.gateway.policy.rules import Policy
+from trainsentry.gateway.policy.twins import twin_identity
 from trainsentry.store.engine import Connection
 from trainsentry.store.incidents import (
     IncidentRow,
@@ -31,6 +36,9 @@ from trainsentry.store.incidents import (
     reserve_ids,
     save_incidents,
 )
+from trainsentry.store.policy_state import load_states, save_states
+
+CORRELATION_SCOPE = "correlation"
 
 
 def state_of(stored: StoredIncident) -> IncidentState:
@@ -78,9 +86,15 @@ class IncidentLedger:
         occurrences of the changes' fingerprints (their incidents are loaded too: a newer
         occurrence resolves there)."""
         keys: set[str] = set()
+        domains: set[str] = set()
         for c in changes:
             base = base_key(c.alert, c.group_key, self.policy, apart.get(c.alert_id, ""))
             keys.update((base, f"{base}|cause={cause_of(c.alert)}"))
+            domains.update(domain_keys(c.alert, self.policy))
+            if ident := twin_identity(c.alert):
+                domains.add(TWIN_DOMAIN + ident)
+        entries = await load_states(conn, CORRELATION_SCOPE, domains)
+        keys.update(str(entry["key"]) for entry in entries.values())
         alert_ids = [c.alert_id for c in changes] + list(prior)
         stored, members = await load_incidents(conn, keys, alert_ids)
         candidates = {
@@ -93,7 +107,9 @@ class IncidentLedger:
         }
         ids = await reserve_ids(conn, 2 * len(candidates))
         states = [state_of(s) for s in stored]
-        return IncidentBook(self.policy, states, members, ids, apart, rebuild=False)
+        return IncidentBook(
+            self.policy, states, members, ids, apart, rebuild=False, domains=entries
+        )
 
     async def book_for_tick(
         self, conn: Connection, alert_ids: Sequence[int], now: datetime
@@ -108,12 +124,14 @@ class IncidentLedger:
         return book
 
     @staticmethod
-    async def save(conn: Connection, book: IncidentBook) -> None:
+    async def save(conn: Connection, book: IncidentBook, now: datetime) -> None:
         rows = [row_of(state) for state in book.changed.values()]
         members = [
             MemberRow(m.alert_id, m.incident_id, m.role, m.group_key, m.at) for m in book.joined
         ]
         await save_incidents(conn, rows, members)
+        entries = {key: (book.domains[key], None) for key in book.domains_changed}
+        await save_states(conn, CORRELATION_SCOPE, entries, now)
 
 
 def resolved_pages(book: IncidentBook) -> list[int]:

@@ -304,7 +304,7 @@ class PolicyPlan:
         if self.metrics is not None:
             self.metrics.observe_drafts(incident_drafts, unconfigured)
         ended_pages = resolved_pages(book)
-        await self.incidents.save(conn, book)
+        await self.incidents.save(conn, book, now)
         await save_states(
             conn, FINGERPRINT_SCOPE, {k: _fp_row(v) for k, v in fp_states.items()}, now
         )
@@ -422,7 +422,7 @@ class PolicyPlan:
         if self.metrics is not None:
             self.metrics.observe(result)
         ended_pages = resolved_pages(book)
-        await self.incidents.save(conn, book)
+        await self.incidents.save(conn, book, now)
         fp_rows = {k: _fp_row(v) for k, v in result.fingerprint_states.items()}
         # States that were due but did not change must not stay due forever.
         for fp in fp_states:

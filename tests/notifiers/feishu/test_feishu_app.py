@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from tests.notifiers.helpers import alert_payload, notification
 from tests.support.feishu_server import FeishuContractServer, card_problems
 from trainsentry.alerts import Priority
 from trainsentry.notifiers.base import PermanentError, RateLimitedError
@@ -19,8 +20,6 @@ from trainsentry.notifiers.feishu.app import (
     dedup_uuid,
 )
 from trainsentry.notifiers.ratelimit import RateLimit
-
-from .helpers import alert_payload, notification
 
 APP_ID, APP_SECRET = "cli_test", "app-secret-value"
 

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from oncall_helpers import EXAMPLE
 
+from tests.oncall.oncall_helpers import EXAMPLE
 from tests.support.gateway_process import start_gateway
 from trainsentry.config import ConfigError, load_settings
 from trainsentry.gateway.assemble import app_from_settings, oncall_of

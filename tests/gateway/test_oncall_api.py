@@ -7,13 +7,14 @@ from pathlib import Path
 
 import icalendar
 
-from tests.gateway.oncall.support import START, Clock, call, start
+from tests.support.clock import Clock
 from tests.support.gateway_process import close_in_process
+from tests.support.oncall_gateway import START, call, start
 from tests.support.receiver import Receiver
 
 
 async def test_who_is_on_call_and_the_feed(db_url: str, receiver: Receiver, tmp_path: Path) -> None:
-    server = await start(db_url, receiver, Clock(), tmp_path)
+    server = await start(db_url, receiver, Clock(START), tmp_path)
     try:
         status, answer = await call(server, "GET", "/api/v1/oncall")
         assert status == 200
@@ -54,7 +55,7 @@ async def test_who_is_on_call_and_the_feed(db_url: str, receiver: Receiver, tmp_
 async def test_bad_input_is_refused_naming_the_field(
     db_url: str, receiver: Receiver, tmp_path: Path
 ) -> None:
-    server = await start(db_url, receiver, Clock(), tmp_path)
+    server = await start(db_url, receiver, Clock(START), tmp_path)
     good = {"schedule": "gpu-infra", "who": "carol", "by": "alice"}
     good |= {"start": "2026-11-20T12:00", "end": "2026-11-20T18:00"}
     cases = [

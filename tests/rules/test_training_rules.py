@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import yaml
-from rules.jobscope import render_for_job
 
+from rules.jobscope import render_for_job
 from tests.support.promtool import promtool
 from trainsentry import rulesdoc
 from trainsentry.assets import rules_dir

@@ -9,8 +9,9 @@ import json
 from datetime import timedelta
 from pathlib import Path
 
-from tests.gateway.oncall.support import START, Clock, call, called, post_alerts, settle, start
+from tests.support.clock import Clock
 from tests.support.gateway_process import close_in_process
+from tests.support.oncall_gateway import START, call, called, post_alerts, settle, start
 from tests.support.receiver import Receiver
 from tests.support.webhook_factory import make_alert, make_body
 
@@ -20,7 +21,7 @@ P0 = {"priority": "P0"}
 async def test_two_layers_then_an_ack_with_a_comment_stops_it(
     db_url: str, receiver: Receiver, tmp_path: Path
 ) -> None:
-    clock = Clock()
+    clock = Clock(START)
     console = tmp_path / "console.jsonl"
     server = await start(db_url, receiver, clock, tmp_path, console=console)
     try:
@@ -59,7 +60,7 @@ async def test_two_layers_then_an_ack_with_a_comment_stops_it(
 async def test_unacknowledged_it_runs_the_steps_twice_then_stops(
     db_url: str, receiver: Receiver, tmp_path: Path
 ) -> None:
-    clock = Clock()
+    clock = Clock(START)
     server = await start(db_url, receiver, clock, tmp_path)
     try:
         await post_alerts(server, make_body([make_alert(1, labels=P0)]))
@@ -75,7 +76,7 @@ async def test_unacknowledged_it_runs_the_steps_twice_then_stops(
 async def test_a_run_time_override_changes_who_is_called(
     db_url: str, receiver: Receiver, tmp_path: Path
 ) -> None:
-    clock = Clock()
+    clock = Clock(START)
     server = await start(db_url, receiver, clock, tmp_path)
     try:
         body = {
@@ -112,7 +113,7 @@ async def test_a_run_time_override_changes_who_is_called(
 async def test_escalate_now_calls_the_next_step_at_once(
     db_url: str, receiver: Receiver, tmp_path: Path
 ) -> None:
-    clock = Clock()
+    clock = Clock(START)
     server = await start(db_url, receiver, clock, tmp_path)
     try:
         await post_alerts(server, make_body([make_alert(1, labels=P0)]))

@@ -8,8 +8,9 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-from tests.gateway.oncall.support import START, Clock, post_alerts, settle, start
+from tests.support.clock import Clock
 from tests.support.gateway_process import close_in_process
+from tests.support.oncall_gateway import START, post_alerts, settle, start
 from tests.support.receiver import Receiver
 from tests.support.webhook_factory import bodies_by_group, make_alert
 
@@ -58,7 +59,7 @@ def calls(receiver: Receiver) -> list[tuple[int, str, str]]:
 async def test_two_teams_routes_page_through_their_own_policies(
     db_url: str, receiver: Receiver, tmp_path: Path
 ) -> None:
-    clock = Clock()
+    clock = Clock(START)
     server = await start(db_url, receiver, clock, tmp_path, oncall=ONCALL, policy=POLICY)
     try:
         alerts = [

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-
 from probe.probe_harness import free_port
+
 from trainsentry.gateway.stages.hang_enrichment import (
     PodAddress,
     RankEndpoint,

@@ -4,16 +4,16 @@ once per job per batch, resolved when that alert resolves, a storm costs a few c
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
 from aiohttp.test_utils import TestServer
 from kubernetes_asyncio.client import ApiClient, Configuration
-from operator_harness import NS, TJ, post, trainingjob
 from pydantic import SecretStr
 
+from tests.operator.operator_harness import NS, TJ, post, trainingjob
+from tests.support.eventually import eventually
 from tests.support.gateway_process import close_in_process
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.webhook_factory import encode, make_alert, make_body
@@ -23,13 +23,6 @@ from trainsentry.gateway.assemble import create_app
 
 TJ_PATH = f"/apis/trainsentry.io/v1alpha1/namespaces/{NS}/trainingjobs"
 TOKEN = "t"
-
-
-async def eventually(check: Callable[[], bool], within: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "condition never became true"
-        await asyncio.sleep(0.05)
 
 
 def last_alert(emu: KubeEmulator, name: str) -> dict[str, Any]:
@@ -86,7 +79,9 @@ async def test_gateway_feeds_last_alert(cluster: KubeEmulator, tmp_path: Any) ->
 
             hang = {**labels, "priority": "P0"}
             await send([make_alert(1, name="TrainingJobHang", labels=hang)])
-            await eventually(lambda: last_alert(cluster, "llama").get("name") == "TrainingJobHang")
+            await eventually(
+                lambda: last_alert(cluster, "llama").get("name") == "TrainingJobHang", within=10.0
+            )
             assert last_alert(cluster, "llama")["priority"] == "P0"
             assert last_alert(cluster, "llama")["status"] == "firing"
 
@@ -98,7 +93,9 @@ async def test_gateway_feeds_last_alert(cluster: KubeEmulator, tmp_path: Any) ->
             assert status_patches(cluster) - before <= 4  # at most one per batch, not per alert
 
             await send([make_alert(1, name="TrainingJobHang", labels=hang, status="resolved")])
-            await eventually(lambda: last_alert(cluster, "llama").get("status") == "resolved")
+            await eventually(
+                lambda: last_alert(cluster, "llama").get("status") == "resolved", within=10.0
+            )
             # an alert of a job without a TrainingJob is not an error
             await send([make_alert(2, labels={"trainingjob": "ghost", "namespace": NS})])
             await asyncio.sleep(0.3)
@@ -122,8 +119,12 @@ async def test_a_hang_alert_alertmanager_stopped_sending_clears_last_alert(
             http.post(server.make_url(WEBHOOK_PATH), data=body) as response,
         ):
             assert response.status == 200
-        await eventually(lambda: last_alert(cluster, "llama").get("status") == "firing")
-        await eventually(lambda: last_alert(cluster, "llama").get("status") == "resolved")
+        await eventually(
+            lambda: last_alert(cluster, "llama").get("status") == "firing", within=10.0
+        )
+        await eventually(
+            lambda: last_alert(cluster, "llama").get("status") == "resolved", within=10.0
+        )
         assert last_alert(cluster, "llama")["name"] == "TrainingJobHang"
     finally:
         await close_in_process(server)

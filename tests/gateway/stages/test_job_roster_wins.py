@@ -3,7 +3,7 @@ even where `routing.escalation` names one for its priority; other pages do."""
 
 from __future__ import annotations
 
-from tests.gateway.oncall.support import START
+from tests.support.oncall_gateway import START
 from trainsentry.alerts import NotificationDraft, Person, Priority
 from trainsentry.gateway.policy import job_roster
 from trainsentry.gateway.policy.escalation import (

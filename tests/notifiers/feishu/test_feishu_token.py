@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import pytest
 import yaml
 from aiohttp import web
 
+from tests.support.eventually import eventually
 from tests.support.feishu_server import FeishuContractServer, rate_limited
 from tests.support.gateway_process import start_gateway
 from tests.support.webhook_factory import encode, make_alert, make_body
@@ -134,15 +134,6 @@ async def run_gateway(tmp_path: Path, server: FeishuContractServer, secret: str)
     return gateway
 
 
-async def wait_for(predicate: Callable[[], bool], within_s: float, what: str) -> None:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.e2e
 async def test_gateway_delivers_the_card_through_token_rate_limits_and_5xx(
     tmp_path: Path, server: FeishuContractServer
@@ -154,7 +145,7 @@ async def test_gateway_delivers_the_card_through_token_rate_limits_and_5xx(
     ]
     gateway = await run_gateway(tmp_path, server, APP_SECRET)
     try:
-        await wait_for(lambda: len(server.messages) == 1, 60, "the card")
+        await eventually(lambda: len(server.messages) == 1, 60, 0.1, what="the card", not_yet=())
     except AssertionError:
         print(gateway.logs())
         raise
@@ -173,8 +164,12 @@ async def test_gateway_gives_up_at_once_on_a_wrong_app_secret(
 ) -> None:
     gateway = await run_gateway(tmp_path, server, "wrong-secret")
     try:
-        await wait_for(
-            lambda: [s for s, _ in app_rows(tmp_path / "store.db")] == ["dead"], 60, "dead row"
+        await eventually(
+            lambda: [s for s, _ in app_rows(tmp_path / "store.db")] == ["dead"],
+            60,
+            0.1,
+            what="dead row",
+            not_yet=(),
         )
         await asyncio.sleep(1.0)  # a retry, were there one, would come within a second or two
     finally:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.notifiers.helpers import alert_payload
 from tests.support.feishu_server import card_problems
 from trainsentry.alerts import Alert, AlertStatus, Priority
 from trainsentry.gateway.policy.rules import load_policy
@@ -21,8 +22,6 @@ from trainsentry.notifiers.feishu.card import (
     storm_card,
 )
 from trainsentry.notifiers.payload import parse_payload
-
-from .helpers import alert_payload
 
 
 def _texts(card: dict[str, Any]) -> str:

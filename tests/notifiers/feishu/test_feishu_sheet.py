@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.notifiers.helpers import alert_payload, notification
 from tests.support.feishu_server import FeishuContractServer
 from trainsentry.alerts import Alert, AlertStatus
 from trainsentry.notifiers.base import RetryableError
@@ -19,8 +20,6 @@ from trainsentry.notifiers.feishu.app import FeishuAppClient
 from trainsentry.notifiers.feishu.sheet import FeishuSheetArchive, first_row_of
 from trainsentry.notifiers.payload import parse_payload
 from trainsentry.notifiers.rows import COLUMNS, as_dict, row_from_alert, row_from_payload
-
-from .helpers import alert_payload, notification
 
 TOKEN = "shtcnArchive"
 

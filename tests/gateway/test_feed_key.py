@@ -15,9 +15,10 @@ import icalendar
 import pytest
 from aiohttp.test_utils import TestServer
 
-from tests.gateway.oncall.support import ONCALL, TOKEN, Clock, call, start
-from tests.gateway.oncall.test_cli import cli
+from tests.gateway.commands.test_oncall_commands import cli
+from tests.support.clock import Clock
 from tests.support.gateway_process import close_in_process
+from tests.support.oncall_gateway import ONCALL, START, TOKEN, call, start
 from tests.support.receiver import Receiver
 from trainsentry.gateway.commands import serve
 from trainsentry.oncall.ical import feed_key
@@ -53,7 +54,7 @@ async def test_a_calendar_app_subscribes_with_the_key(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     # served as `trainsentry gateway` serves: without an access log (which would show keys)
-    server = await start(db_url, receiver, Clock(), tmp_path, oncall=TWO, access_log=False)
+    server = await start(db_url, receiver, Clock(START), tmp_path, oncall=TWO, access_log=False)
     url = str(server.make_url("/")).rstrip("/")
     try:
         # an authenticated caller is shown each schedule's URL with its key

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway.oncall.support import START, TOKEN, Clock, call, called, post_alerts, settle
-from tests.gateway.oncall.support import start as start_gateway
+from tests.support.clock import Clock
 from tests.support.gateway_process import close_in_process
+from tests.support.oncall_gateway import START, TOKEN, call, called, post_alerts, settle
+from tests.support.oncall_gateway import start as start_gateway
 from tests.support.receiver import Receiver
 from tests.support.webhook_factory import make_alert, make_body
 
@@ -34,7 +35,7 @@ async def cli(*args: str, token: str = TOKEN) -> tuple[int, str]:
 async def test_override_escalate_and_ack_commands(
     db_url: str, receiver: Receiver, tmp_path: Path
 ) -> None:
-    clock = Clock()
+    clock = Clock(START)
     server = await start_gateway(db_url, receiver, clock, tmp_path)
     url = str(server.make_url("/")).rstrip("/")
     try:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from tests.notifiers.helpers import alert_payload, deliver_all, hmac_sha256_by_hand, notification
 from tests.support.feishu_server import FeishuContractServer, Hook
 from trainsentry.alerts import Priority
 from trainsentry.config.channels import FeishuBotSettings
@@ -23,8 +24,6 @@ from trainsentry.notifiers.feishu.bot import (
 )
 from trainsentry.notifiers.feishu.sign import bot_sign
 from trainsentry.notifiers.ratelimit import RateLimit, SlidingWindow, scale_limits
-
-from .helpers import alert_payload, deliver_all, hmac_sha256_by_hand, notification
 
 SECRET = "qwertyuiop-secret"
 SCALE = 0.02  # 5/s -> 5 per 20 ms, 100/min -> 100 per 1.2 s

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from tests.gateway.oncall.support import START, Clock, start
+from tests.support.clock import Clock
 from tests.support.feishu_server import FeishuContractServer
 from tests.support.gateway_process import close_in_process
+from tests.support.oncall_gateway import START, start
 from tests.support.receiver import Receiver
 from trainsentry.alerts import Priority
 from trainsentry.gateway.pipeline import GATEWAY_KEY
@@ -35,7 +36,7 @@ async def handoff_rows(server: object) -> list[dict[str, object]]:
 async def test_one_notice_per_handoff_across_replicas_and_restarts(
     db_url: str, receiver: Receiver, tmp_path: Path
 ) -> None:
-    clocks = [Clock(), Clock()]
+    clocks = [Clock(START), Clock(START)]
     console = tmp_path / "console.jsonl"
     servers = [await start(db_url, receiver, clock, tmp_path, console=console) for clock in clocks]
     try:
@@ -73,7 +74,7 @@ async def test_one_notice_per_handoff_across_replicas_and_restarts(
 async def test_a_handoff_missed_by_a_long_downtime_is_not_announced(
     db_url: str, receiver: Receiver, tmp_path: Path
 ) -> None:
-    clock = Clock()
+    clock = Clock(START)
     server = await start(db_url, receiver, clock, tmp_path)
     try:
         await server.app[GATEWAY_KEY].handoffs.run_once()
@@ -94,7 +95,7 @@ async def test_the_handoff_notice_reaches_the_feishu_group(
     async with FeishuContractServer(apps={"cli_app": "secret"}, chats={"oc_oncall"}) as feishu:
         client = FeishuAppClient(feishu.base_url, "cli_app", "secret")
         chat = FeishuAppNotifier(client, {p: "oc_oncall" for p in Priority})
-        clock = Clock()
+        clock = Clock(START)
         server = await start(
             db_url, receiver, clock, tmp_path, extra_notifiers={"feishu_app": chat}
         )

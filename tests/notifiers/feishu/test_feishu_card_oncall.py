@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+from tests.notifiers.helpers import alert_payload
 from tests.support.feishu_server import card_problems
 from trainsentry.gateway.stages.handoff import notice_payload
 from trainsentry.notifiers.feishu.card import build_card
 from trainsentry.notifiers.payload import parse_payload
 from trainsentry.oncall.config import parse_oncall
 from trainsentry.oncall.handoffs import handoffs
-
-from .helpers import alert_payload
 
 ON_CALL = "alice (gpu-infra, until 2026-11-23 09:00 +0100)"
 

@@ -15,6 +15,7 @@ import yaml
 from aiohttp.test_utils import TestServer
 from pydantic import SecretStr
 
+from tests.support.clock import Clock
 from tests.support.receiver import Receiver
 from tests.support.webhook_factory import encode
 from trainsentry.config import GatewaySettings
@@ -56,14 +57,6 @@ POLICY = """
 routing:
   escalation: {P0: gpu-p0}
 """
-
-
-class Clock:
-    def __init__(self, start: datetime = START) -> None:
-        self.now = start
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 async def start(

@@ -15,6 +15,7 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.notifiers.helpers import alert_payload
 from trainsentry.notifiers.feishu.callback import (
     CallbackRejected,
     CardAction,
@@ -25,8 +26,6 @@ from trainsentry.notifiers.feishu.callback import (
 )
 from trainsentry.notifiers.feishu.card import alert_card
 from trainsentry.notifiers.payload import parse_payload
-
-from .helpers import alert_payload
 
 TOKEN = "v-token-123"
 ENCRYPT_KEY = "enc-key-456"

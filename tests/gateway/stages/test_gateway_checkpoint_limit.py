@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
-from operator_harness import NS, patch, pod, post, trainingjob
 
+from tests.operator.operator_harness import NS, patch, pod, post, trainingjob
 from tests.support.kube_emulator import KubeEmulator
 from trainsentry.alerts import JobRef
 from trainsentry.gateway.stages.diagnosis import (
