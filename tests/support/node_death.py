@@ -99,6 +99,7 @@ POLICY_WINDOWS = {
     "storm": ("window", "summary_interval", "calm_after"),
     "grouping": ("follow_up_interval",),
     "infrastructure": ("window",),
+    "correlation": ("window", "confirm_resolved"),
 }
 VOICE_TEMPLATE = (  # docs/channels.md's HTTP voice gateway example
     '{"CalledNumber": {{ phone|tojson }}, "TtsParam": {{ {"text": text}|tojson|tojson }}}'
@@ -352,6 +353,7 @@ class Timeline:
     ras_dead_after: float = 30.0
     back_at: float | None = None
     gpu_back_at: float | None = None
+    restart_at: float | None = None  # the job's pods restarted (its ranks answer again)
 
     def scenario(self, factor: float) -> Scenario:
         return Scenario(
@@ -367,13 +369,19 @@ class Timeline:
             ras_dead_after=self.ras_dead_after,
             back_at=self.back_at,
             gpu_back_at=self.gpu_back_at,
+            restart_at=self.restart_at,
         )
 
 
 NODE_DEATH = Timeline("node death", end=480.0)
 # The GPU alert ends keep_firing_for (15 m) after its expression last matched (the death),
-# so the second scenario runs past that.
-COMES_BACK = Timeline("node comes back", end=1080.0, back_at=240.0, gpu_back_at=420.0)
+# and the gateway confirms a hardware fault's resolution `correlation.confirm_resolved`
+# (5 m) later, so the second scenario runs past both.
+# The node is back at 240 s without its GPU; the GPU is back at 420 s, and the job's
+# controller restarts the pods a minute later: the job runs again and every alert resolves.
+COMES_BACK = Timeline(
+    "node comes back", end=1500.0, back_at=240.0, gpu_back_at=420.0, restart_at=480.0
+)
 
 
 @dataclass

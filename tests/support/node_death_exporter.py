@@ -61,6 +61,7 @@ class Scenario:
     ras_dead_after: float  # NCCL RAS gives up on the node's processes
     back_at: float | None
     gpu_back_at: float | None
+    restart_at: float | None = None
 
     @classmethod
     def load(cls, data: dict[str, Any]) -> Scenario:
@@ -144,10 +145,10 @@ class World:
         return "xid" if self.clock.between(self.s.xid_at, None) else "healthy"
 
     def hung(self) -> bool:
-        return self.clock.between(self.s.xid_at, None)
+        return self.clock.between(self.s.xid_at, self.s.restart_at)
 
     def ras_dead(self) -> bool:
-        return self.clock.between(self.death_at + self.s.ras_dead_after, None)
+        return self.clock.between(self.death_at + self.s.ras_dead_after, self.s.restart_at)
 
     # --- pages -------------------------------------------------------------------------
 
@@ -414,9 +415,9 @@ def make_app(world: World) -> web.Application:
     async def probe(request: web.Request) -> web.Response:
         node = known(request.match_info["node"])
         local_rank = int(request.match_info["local_rank"])
-        # The training processes died with the node: its probes stay silent even after it
-        # comes back (scenario 2 does not restart the job).
-        if node == world.s.dead_node and world.clock.between(world.death_at, None):
+        # The training processes died with the node: its probes stay silent after it comes
+        # back, until the job's pods are restarted (`restart_at`).
+        if node == world.s.dead_node and world.clock.between(world.death_at, world.s.restart_at):
             return await dead_host()
         return text(world.probe(node, local_rank))
 

@@ -204,6 +204,35 @@ def test_a_dead_node_is_one_incident_with_one_page_and_its_cause_first() -> None
     assert block["jobs"] == ["ml/llama-70b"]
 
 
+def test_the_bot_learns_at_once_which_job_is_hit_and_a_better_cause() -> None:
+    """A bot channel cannot update its card: a follow-up waits `follow_up_interval`. The
+    first job hit and a better cause are told at once (a new card), each once; other
+    consequences wait for the follow-up. Failed before: the job's twin 10 s after the
+    cluster-wide GPU alert was told only 300 s later (tests/e2e/test_node_death.py)."""
+    gw = Gateway()
+    gw.send(gpu(0, job=False))
+    assert len(gw.cards()) == 1 and "jobs" not in gw.cards()[0].payload["incident"]
+    gw.send(gpu(10, job=True))  # the twin names the job
+    assert len(gw.cards()) == 2, "the first job hit is told at once"
+    assert gw.cards()[1].payload["incident"]["jobs"] == ["ml/llama-70b"]
+    gw.send(job_alert(80, "NCCLRasDeadProcesses", "P0"))
+    gw.send(node_alert(180, "KubeNodeNotReady"))  # a worse cause than the GPU: no new card
+    gw.send(probe(190, 40))
+    assert len(gw.cards()) == 2, "consequences wait for the follow-up"
+    gw.send(job_alert(200, "TrainingJobHang", "P0"))
+    assert len(gw.cards()) == 3, "the job hung: told at once, with its culprits"
+    assert "llama-70b-worker-40" in gw.cards()[2].payload["incident"]["culprits"]
+
+    gw = Gateway()
+    gw.send(job_alert(0, "TrainingJobHang", "P0"))
+    gw.send(probe(1, 40))
+    assert len(gw.cards()) == 2, "the hang's card, then its job's node named"
+    gw.send(gpu(2, job=True))
+    assert len(gw.cards()) == 3, "a better cause is told at once"
+    assert gw.cards()[2].payload["alertname"] == "GPUFellOffBus"
+    assert len(gw.pages()) == 1
+
+
 def test_without_correlation_the_node_death_is_many_incidents_and_pages() -> None:
     gw = Gateway(OFF)
     sent = node_death(gw)

@@ -32,7 +32,7 @@ from trainsentry.alerts import Alert, Priority
 from trainsentry.gateway.policy.classify import Classification
 from trainsentry.gateway.policy.infra import hardware_component
 from trainsentry.gateway.policy.rules import Policy
-from trainsentry.gateway.policy.storm import job_key
+from trainsentry.gateway.policy.storm import TRAINING_JOB, job_key
 from trainsentry.labels import first_label
 
 FAULT, NODE_DOWN, EXPORTER_DOWN, CONSEQUENCE, FOREIGN = range(5)
@@ -84,9 +84,10 @@ def node_of(alert: Alert, policy: Policy) -> str:
 
 
 def job_of(alert: Alert) -> str:
-    """Pure: the alert's job (`storm.job_key`), "" when it belongs to no job."""
+    """Pure: the TrainingJob an alert belongs to (`storm.job_key`), "" when none: a
+    cluster-wide alert's scrape `job` (kube-state-metrics, dcgm-exporter) is no job hit."""
     key = job_key(alert.labels)
-    return "" if key == "cluster" else key
+    return key if key.startswith(TRAINING_JOB) else ""
 
 
 def domain_keys(alert: Alert, policy: Policy) -> list[str]:

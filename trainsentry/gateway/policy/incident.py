@@ -30,6 +30,10 @@ Invariants:
 `incident_drafts` turns a changed incident into notifications: a card, an in-place redraw on
 channels that can update a card, follow-ups at most once per `follow_up_interval` on those
 that cannot, and the one page.
+
+One piece: `IncidentState` and the `IncidentBook` transitions that keep its invariants
+(place, join, twin, correlate, resolve, settle) read and write the same fields together;
+split apart, each half would reach into the other's private helpers.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ from trainsentry.gateway.policy.payload import (
 )
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.storm import job_key, job_title
-from trainsentry.gateway.policy.story import note
+from trainsentry.gateway.policy.story import HANG, note
 from trainsentry.gateway.policy.twins import twin_identity
 from trainsentry.labels import first_label
 
@@ -173,8 +177,17 @@ class IncidentState:
 
     @property
     def mark(self) -> str:
-        """What a channel that cannot update must be told at once when it changes."""
-        return f"{self.status}|{self.priority.value}|{self.headline}"
+        """What a channel that cannot update must be told at once when it changes: the
+        status, priority and title word; for a failure domain's incident also its cause's
+        rank (a better cause was found), whether a job is known to be hit (the first job
+        named) and whether a job of it hung (the hang and its culprits), so a person learns
+        these at once, not a follow-up interval later. Each changes a bounded number of
+        times (CAUSE_ORDER only improves; each flag once)."""
+        mark = f"{self.status}|{self.priority.value}|{self.headline}"
+        if self.domain:
+            hung = any(step.get("name") == HANG for step in self.story.values())
+            mark += f"|cause={self.cause_rank}|jobs={int(bool(self.jobs))}|hung={int(hung)}"
+        return mark
 
     @property
     def lead_alert_id(self) -> int | None:
@@ -263,6 +276,19 @@ class IncidentState:
             blind={k: dict(v) for k, v in (data.get("blind") or {}).items()},
             unknown={k: dict(v) for k, v in (data.get("unknown") or {}).items()},
         )
+
+
+def _add_job(state: IncidentState, alert: Alert) -> str:
+    """The TrainingJob the alert belongs to joins the incident's `jobs`; the first one named
+    becomes the card's job, in place of a cluster-wide alert's scrape job or "cluster".
+    Returns the job's key when it is new to the incident, else ""."""
+    job = job_of(alert)
+    if not job or job_title(job) in state.jobs:
+        return ""
+    if not state.jobs:
+        state.job = job_title(job)
+    state.jobs.append(job_title(job))
+    return job
 
 
 @dataclass(frozen=True, slots=True)
@@ -497,10 +523,7 @@ class IncidentBook:
             state.lead = {"alert": alert_to_json(alert), "alert_id": alert_id}
             state.cause, state.cause_rank = cause_of(alert), level
         job = job_of(alert)
-        if job and job_title(job) not in state.jobs:
-            state.jobs.append(job_title(job))
-            if state.job in ("", CLUSTER):  # a job is more than "cluster"
-                state.job = job_title(job)
+        _add_job(state, alert)
         note(state.story, alert, level, at, self.policy)
         if not index:
             return
@@ -534,11 +557,7 @@ class IncidentBook:
         state.copies += 1
         state.twins[ident].append(alert.fingerprint)
         self._index(TWIN_DOMAIN + ident, state, at)
-        job = job_of(alert)
-        if job and job_title(job) not in state.jobs:
-            state.jobs.append(job_title(job))
-            if state.job in ("", CLUSTER):  # a job is more than "cluster"
-                state.job = job_title(job)
+        if job := _add_job(state, alert):
             if self.policy.correlation.enabled:
                 self._index(JOB_DOMAIN + job, state, at)
             self.touch(state, at)
@@ -566,6 +585,7 @@ class IncidentBook:
             classification=classification.to_json(),
             cause_rank=level if self.policy.correlation.enabled else FOREIGN,
         )
+        _add_job(state, alert)
         self.by_id[state.id] = state
         self.open[key] = state
         self._join(state, alert_id, alert, classification, group_key, at, CAUSE_ROLE)

@@ -69,12 +69,15 @@ _BUCKETS_PER_WINDOW = 30
 _JOB_LABELS = (NAMESPACE_LABEL, *JOB_NAME_LABELS, SCRAPE_JOB_LABEL)
 
 
+TRAINING_JOB = "trainingjob:"  # the prefix of a TrainingJob's key (others: a scrape job's)
+
+
 def job_key(labels: Mapping[str, str]) -> str:
     """The storm unit an alert belongs to."""
     namespace = labels.get(NAMESPACE_LABEL, "")
     name = job_name_of(labels)
     if name:
-        return f"trainingjob:{namespace}/{name}"
+        return f"{TRAINING_JOB}{namespace}/{name}"
     job = labels.get(SCRAPE_JOB_LABEL, "")
     if namespace or job:
         return f"job:{namespace}/{job}"
@@ -84,8 +87,8 @@ def job_key(labels: Mapping[str, str]) -> str:
 def job_title(key: str) -> str:
     """Pure: the job as cards name it ("ml/llama-70b" for `trainingjob:ml/llama-70b`), the
     same words an alert's card uses (`JobRef`), so a storm and its alerts name one job."""
-    if key.startswith("trainingjob:"):
-        return key.removeprefix("trainingjob:").removeprefix("/")
+    if key.startswith(TRAINING_JOB):
+        return key.removeprefix(TRAINING_JOB).removeprefix("/")
     return key.removeprefix("job:").strip("/") or key
 
 

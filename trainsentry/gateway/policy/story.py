@@ -33,6 +33,8 @@ PHRASES = {
 }
 HANG = "TrainingJobHang"
 PROBE_DOWN = "TrainingProbeDown"
+RANK_GONE = "TrainingRankGone"
+GONE = frozenset({PROBE_DOWN, RANK_GONE})  # a rank's probe went away (rules/training.yaml)
 
 
 def _step_key(alert: Alert, rank: int, policy: Policy) -> str:
@@ -89,7 +91,7 @@ def ranks_text(ranks: Sequence[str]) -> str:
 def _who(steps: Sequence[Mapping[str, Any]]) -> str:
     """The ranks (else pods) of the probe steps, and their nodes."""
     ranks = [r for s in steps for r in s["ranks"]]
-    pods = [p for s in steps for p in s["pods"]]
+    pods = list(dict.fromkeys(p for s in steps for p in s["pods"]))
     nodes = sorted({s["node"] for s in steps if s["node"]})
     where = f" on {', '.join(nodes)}" if nodes else ""
     if ranks:
@@ -112,12 +114,14 @@ def phrase(step: Mapping[str, Any], story: Mapping[str, Mapping[str, Any]]) -> s
     if name in PHRASES:
         text = PHRASES[name]
         return f"{job}: {text}" if job and step["rank"] == CONSEQUENCE else text
-    if name == PROBE_DOWN:
+    if name in GONE:
         count = step["count"]
         where = f" on {step['node']}" if step["node"] else ""
+        if name == RANK_GONE:
+            return f"{count} rank{'s' if count != 1 else ''} of {job}{where} gone"
         return f"{count} probe{'s' if count != 1 else ''} of {job}{where} down"
     if name == HANG:
-        gone = [s for s in story.values() if s["name"] == PROBE_DOWN and s["job"] == step["job"]]
+        gone = [s for s in story.values() if s["name"] in GONE and s["job"] == step["job"]]
         return f"{job} hung" + (f": {_who(gone)} gone" if gone else "")
     text = f"GPU {gpu} {name}" if gpu else name
     text += f" (XID {xid})" if xid else ""
@@ -129,7 +133,7 @@ def culprits(story: Mapping[str, Mapping[str, Any]]) -> str:
     pods and nodes ("" when no job hung or none went away): a hang card's culprits."""
     found = []
     for job in sorted({s["job"] for s in story.values() if s["name"] == HANG}):
-        gone = [s for s in story.values() if s["name"] == PROBE_DOWN and s["job"] == job]
+        gone = [s for s in story.values() if s["name"] in GONE and s["job"] == job]
         if gone:
             found.append(f"{job_title(job)}: {_who(gone)} gone")
     return "; ".join(found)
