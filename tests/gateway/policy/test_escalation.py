@@ -13,8 +13,10 @@ from trainsentry.config.escalation import EscalationSettings
 from trainsentry.gateway.policy.escalation import (
     ACKED,
     EXHAUSTED,
+    OPEN,
     RESOLVED,
     CallDue,
+    EscalationState,
     Escalator,
     Layer,
     Roster,
@@ -56,7 +58,7 @@ def test_layer1_then_layer2_after_timeout_then_exhausted() -> None:
     assert who(calls) == [(1, "b", 1), (1, "c", 1)]
     assert calls[0].layer == "secondary" and calls[0].due_at == T0 + timedelta(minutes=5)
     state, calls = run(ESC, state, [10, 30])
-    assert calls == [] and state["incidents"]["1"]["status"] == EXHAUSTED
+    assert calls == [] and state.incidents[1].status == EXHAUSTED
 
 
 def test_ack_stops_further_calls() -> None:
@@ -66,8 +68,8 @@ def test_ack_stops_further_calls() -> None:
     state = acknowledge(state, 1, "ou_alice", T0 + timedelta(minutes=2))
     state, calls = run(ESC, state, [5, 10, 60])
     assert calls == []
-    assert state["incidents"]["1"]["status"] == ACKED
-    assert state["incidents"]["1"]["acked_by"] == "ou_alice"
+    assert state.incidents[1].status == ACKED
+    assert state.incidents[1].acked_by == "ou_alice"
     assert next_wakeup(state) is None
 
 
@@ -75,7 +77,7 @@ def test_resolve_stops_and_resolved_never_calls() -> None:
     state = ESC.open(new_state(), 1, Priority.P0, T0)
     state = resolve(state, 1, T0)  # resolved before the first plan: no call at all
     state, calls = run(ESC, state, [0, 5, 10])
-    assert calls == [] and state["incidents"]["1"]["status"] == RESOLVED
+    assert calls == [] and state.incidents[1].status == RESOLVED
     # Re-opening a known (resolved) occurrence is a no-op: no call for a resolved alert.
     state = ESC.open(state, 1, Priority.P0, T0 + timedelta(minutes=11))
     state, calls = run(ESC, state, [11, 20])
@@ -87,18 +89,82 @@ def test_below_threshold_never_calls() -> None:
     for alert_id, priority in ((1, Priority.P1), (2, Priority.P2), (3, Priority.P3)):
         state = ESC.open(state, alert_id, priority, T0)
     state, calls = run(ESC, state, [0, 5, 10])
-    assert calls == [] and state["incidents"] == {}
+    assert calls == [] and state.incidents == {}
     esc_p1 = Escalator(ROSTER, Policy(min_priority=Priority.P1))
     state = esc_p1.open(new_state(), 1, Priority.P1, T0)
     state, calls = run(esc_p1, state, [0])
     assert who(calls) == [(1, "a", 0)]
 
 
+def restart(state: EscalationState) -> EscalationState:
+    """What a restart reads back: the persisted JSON of the state."""
+    return EscalationState.from_json(json.loads(json.dumps(state.to_json())))
+
+
+# What a gateway before the typed state persisted (escalation state version 1): an incident
+# of a job's own roster that was escalated now once, and one of a named policy, acked.
+V1_STATE = {
+    "version": 1,
+    "incidents": {
+        "7": {
+            "priority": "P0",
+            "status": "open",
+            "opened_at": "2026-11-20T10:00:00+00:00",
+            "next_step": 1,
+            "next_at": "2026-11-20T10:05:00+00:00",
+            "stopped_at": None,
+            "acked_by": None,
+            "calls": [{"step": 0, "layer": "l1", "person": "a", "at": "2026-11-20T10:00:00+00:00"}],
+            "text": "trainsentry P0 alert GPUFellOffBus.",
+            "roster": "team-a/llm",
+            "escalated_by": [{"by": "bob", "at": "2026-11-20T10:01:00+00:00"}],
+        },
+        "8": {
+            "priority": "P1",
+            "status": "acked",
+            "opened_at": "2026-11-20T10:00:00+00:00",
+            "next_step": 1,
+            "next_at": None,
+            "stopped_at": "2026-11-20T10:02:00+00:00",
+            "acked_by": "ou_alice",
+            "calls": [],
+            "policy": "gpu-p0",
+        },
+    },
+}
+
+
+def test_the_state_a_gateway_persisted_before_reads_as_typed_and_writes_back_the_same() -> None:
+    state = EscalationState.from_json(V1_STATE)
+    seven, eight = state.incidents[7], state.incidents[8]
+    assert (seven.status, seven.roster, seven.next_step, seven.priority) == (
+        OPEN,
+        "team-a/llm",
+        1,
+        Priority.P0,
+    )
+    assert [(c.person, c.step) for c in seven.calls] == [("a", 0)]
+    assert [e.by for e in seven.escalated_by] == ["bob"]
+    assert (eight.status, eight.acked_by, eight.policy, eight.next_at) == (
+        ACKED,
+        "ou_alice",
+        "gpu-p0",
+        None,
+    )
+    assert state.to_json() == V1_STATE
+    with pytest.raises(ValueError, match="version"):
+        EscalationState.from_json({**V1_STATE, "version": 2})
+    with pytest.raises(ValueError, match="status"):
+        EscalationState.from_json(
+            {"version": 1, "incidents": {"1": {**V1_STATE["incidents"]["8"], "status": "x"}}}
+        )
+
+
 def test_restart_midway_resumes_without_duplicate_call() -> None:
     state = ESC.open(new_state(), 1, Priority.P0, T0)
     state, first = ESC.plan(state, T0)
     # The gateway persists the state, dies, and restarts 2 minutes later.
-    restored = json.loads(json.dumps(state))
+    restored = restart(state)
     restored, again = ESC.plan(restored, T0 + timedelta(minutes=2))
     assert who(first) == [(1, "a", 0)] and again == []
     restored, later = ESC.plan(restored, T0 + timedelta(minutes=5))
@@ -110,16 +176,16 @@ def test_restart_midway_resumes_without_duplicate_call() -> None:
 def test_long_downtime_calls_the_current_step_once() -> None:
     state = ESC.open(new_state(), 1, Priority.P0, T0)
     state, _ = ESC.plan(state, T0)
-    state, calls = ESC.plan(json.loads(json.dumps(state)), T0 + timedelta(hours=1))
+    state, calls = ESC.plan(restart(state), T0 + timedelta(hours=1))
     assert who(calls) == [(1, "b", 1), (1, "c", 1)]  # not layer 2 *and* exhaustion at once
 
 
 def test_plan_is_pure_and_idempotency_keys_are_stable() -> None:
     state = ESC.open(new_state(), 9, Priority.P0, T0)
-    snapshot = json.dumps(state, sort_keys=True)
+    snapshot = json.dumps(state.to_json(), sort_keys=True)
     _, a = ESC.plan(state, T0)
     _, b = ESC.plan(state, T0)
-    assert json.dumps(state, sort_keys=True) == snapshot
+    assert json.dumps(state.to_json(), sort_keys=True) == snapshot
     assert [c.idempotency_key for c in a] == [c.idempotency_key for c in b] == ["esc:9:0:a"]
 
 
@@ -146,7 +212,7 @@ def test_several_incidents_and_forgetting_old_ones() -> None:
     assert next_wakeup(state) == T0 + timedelta(minutes=5)
     state = resolve(state, 1, T0 + timedelta(minutes=2))
     state = forget_stopped(state, T0 + timedelta(minutes=3))
-    assert list(state["incidents"]) == ["2"]
+    assert list(state.incidents) == [2]
 
 
 def test_roster_from_settings() -> None:

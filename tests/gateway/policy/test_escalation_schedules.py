@@ -125,8 +125,8 @@ def test_an_ack_stops_it_and_the_state_says_who() -> None:
     state, due = plan(
         state, T0 + timedelta(hours=3), roster=esc.roster, policy=esc.policy, named={"p": esc}
     )
-    assert due == [] and state["incidents"]["1"]["status"] == ACKED
-    assert state["incidents"]["1"]["acked_by"] == "dave"
+    assert due == [] and state.incidents[1].status == ACKED
+    assert state.incidents[1].acked_by == "dave"
 
 
 def test_a_step_with_nobody_on_call_is_passed_over_at_once() -> None:
@@ -152,7 +152,7 @@ def test_escalate_now_makes_the_next_step_due() -> None:
     state, due = plan(
         state, T0 + timedelta(hours=1), roster=esc.roster, policy=esc.policy, named={"p": esc}
     )
-    assert due == [] and state["incidents"]["1"]["status"] == EXHAUSTED
+    assert due == [] and state.incidents[1].status == EXHAUSTED
 
 
 def test_a_page_without_a_policy_name_follows_the_default_roster() -> None:
@@ -166,4 +166,4 @@ def test_a_page_without_a_policy_name_follows_the_default_roster() -> None:
         policy=default.policy,
         named={"p": esc},
     )
-    assert due == [] and state["incidents"]["1"]["status"] == EXHAUSTED
+    assert due == [] and state.incidents[1].status == EXHAUSTED

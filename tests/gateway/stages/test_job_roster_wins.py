@@ -91,8 +91,8 @@ def test_a_job_naming_an_escalation_policy_follows_it() -> None:
         named=NAMED,
     )
     assert [(c.alert_id, c.person.name) for c in calls] == [(1, "gina"), (2, "pat")]
-    assert state["incidents"]["2"]["policy"] == "gpu-p0"
-    assert job_roster.ROSTER_KEY not in state["incidents"]["2"]
+    assert state.incidents[2].policy == "gpu-p0"
+    assert state.incidents[2].roster is None
 
 
 def test_a_roster_reference_holds_layers_or_a_policy_name() -> None:

@@ -8,6 +8,7 @@ escalation state, whose every change is planned on the event loop.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -18,6 +19,7 @@ from tests.support.webhook_factory import BASE_TIME, encode, make_alert, make_bo
 from trainsentry.alerts import Person, Priority
 from trainsentry.gateway.policy.escalation import (
     EscalationPolicy,
+    EscalationState,
     Escalator,
     Layer,
     Roster,
@@ -131,10 +133,10 @@ async def test_a_batch_of_resolves_drops_exactly_the_paged_alerts_incidents(
     now = BASE_TIME
     state = ESCALATOR.open(new_state(), 0, Priority.P0, now)
     state, _ = ESCALATOR.plan(state, now)
-    for alert_id in range(1, 2000):
-        state["incidents"][str(alert_id)] = {**state["incidents"]["0"], "calls": []}
+    first = replace(state.incidents[0], calls=())
+    state = EscalationState(dict.fromkeys(range(2000), first))
     async with engine.begin() as conn:
-        await save_states(conn, ESCALATION_SCOPE, {ESCALATION_KEY: (state, None)}, now)
+        await save_states(conn, ESCALATION_SCOPE, {ESCALATION_KEY: (state.to_json(), None)}, now)
 
     paging = Paging(ESCALATOR)
     resolved = list(range(100)) + list(range(10_000, 10_300))

@@ -1,7 +1,8 @@
 """Phone escalation as a pure timeline: `plan(state, now) -> (new_state, calls_due)`.
 
-The state is a JSON-serialisable dict the caller persists after every change; nothing here
-does I/O or reads a clock. A restart reloads the state and carries on: a step that was
+The state is typed (`EscalationState`: an `Escalation` per paged alert occurrence) and
+immutable; the caller persists its `to_json()` after every change; nothing here does I/O or
+reads a clock. A restart reloads the state and carries on: a step that was
 planned is recorded in the state, so it is never planned twice, and every call carries a
 deterministic idempotency key (`esc:<alert_id>:<step>:<person>`) so an outbox that crashed
 between planning and persisting can still drop the duplicate.
@@ -22,10 +23,9 @@ without a name, or naming a policy no longer configured, follows the default ros
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -135,8 +135,131 @@ class CallDue:
     due_at: datetime
 
 
-def new_state() -> dict[str, Any]:
-    return {"version": STATE_VERSION, "incidents": {}}
+@dataclass(frozen=True, slots=True)
+class CallMade:
+    """One call an escalation placed: its step, layer, person and time."""
+
+    step: int
+    layer: str
+    person: str
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class EscalatedBy:
+    """Someone asked for the next step now ("escalate now")."""
+
+    by: str
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Escalation:
+    """The escalation of one paged alert occurrence (the state's unit).
+
+    Invariants: `status` is one of OPEN, ACKED, RESOLVED, EXHAUSTED; `next_at` is set only
+    while OPEN and `stopped_at` only once it is not; `next_step` never goes back; `calls` only
+    grows. `policy`: the named escalation policy it follows ("": the default); `roster`: the
+    job whose own roster it follows (None: the policy's), set by `job_roster`."""
+
+    priority: Priority
+    opened_at: datetime
+    status: str = OPEN
+    next_step: int = 0
+    next_at: datetime | None = None
+    stopped_at: datetime | None = None
+    acked_by: str | None = None
+    calls: tuple[CallMade, ...] = ()
+    text: str = ""
+    policy: str = ""
+    roster: str | None = None
+    escalated_by: tuple[EscalatedBy, ...] = ()
+
+    def stopped(self, status: str, now: datetime) -> Escalation:
+        """Pure: this escalation stopped as `status` at `now` (unchanged unless OPEN)."""
+        if self.status != OPEN:
+            return self
+        return replace(self, status=status, stopped_at=now, next_at=None)
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "priority": self.priority.value,
+            "status": self.status,
+            "opened_at": _iso(self.opened_at),
+            "next_step": self.next_step,
+            "next_at": None if self.next_at is None else _iso(self.next_at),
+            "stopped_at": None if self.stopped_at is None else _iso(self.stopped_at),
+            "acked_by": self.acked_by,
+            "calls": [
+                {"step": c.step, "layer": c.layer, "person": c.person, "at": _iso(c.at)}
+                for c in self.calls
+            ],
+        }
+        if self.text:
+            data["text"] = self.text
+        if self.policy:
+            data["policy"] = self.policy
+        if self.roster is not None:
+            data["roster"] = self.roster
+        if self.escalated_by:
+            data["escalated_by"] = [{"by": e.by, "at": _iso(e.at)} for e in self.escalated_by]
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Escalation:
+        status = data["status"]
+        if status not in (OPEN, ACKED, RESOLVED, EXHAUSTED):
+            raise ValueError(f"unknown escalation status {status!r}")
+        return cls(
+            priority=Priority(data["priority"]),
+            opened_at=_time(data["opened_at"]),
+            status=status,
+            next_step=int(data["next_step"]),
+            next_at=_maybe_time(data.get("next_at")),
+            stopped_at=_maybe_time(data.get("stopped_at")),
+            acked_by=data.get("acked_by"),
+            calls=tuple(
+                CallMade(int(c["step"]), c["layer"], c["person"], _time(c["at"]))
+                for c in data.get("calls", ())
+            ),
+            text=data.get("text") or "",
+            policy=data.get("policy") or "",
+            roster=data.get("roster"),
+            escalated_by=tuple(
+                EscalatedBy(e["by"], _time(e["at"])) for e in data.get("escalated_by", ())
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EscalationState:
+    """Every running (and recently stopped) escalation, by alert id; persisted by the caller
+    as `to_json()` (layout version STATE_VERSION, unchanged since it was a plain dict)."""
+
+    incidents: Mapping[int, Escalation] = field(default_factory=dict)
+
+    def get(self, alert_id: int) -> Escalation | None:
+        return self.incidents.get(alert_id)
+
+    def with_(self, alert_id: int, escalation: Escalation) -> EscalationState:
+        """Pure: this state with `alert_id`'s escalation replaced."""
+        return EscalationState({**self.incidents, alert_id: escalation})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "incidents": {str(k): v.to_json() for k, v in sorted(self.incidents.items())},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EscalationState:
+        if data.get("version") != STATE_VERSION:
+            raise ValueError(f"unknown escalation state version {data.get('version')!r}")
+        return cls({int(k): Escalation.from_json(v) for k, v in data["incidents"].items()})
+
+
+def new_state() -> EscalationState:
+    return EscalationState()
 
 
 def _iso(at: datetime) -> str:
@@ -149,81 +272,66 @@ def _time(text: str) -> datetime:
     return datetime.fromisoformat(text)
 
 
-def _copy(state: dict[str, Any]) -> dict[str, Any]:
-    if state.get("version") != STATE_VERSION:
-        raise ValueError(f"unknown escalation state version {state.get('version')!r}")
-    return copy.deepcopy(state)
+def _maybe_time(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)
+
+
+def _aware(at: datetime) -> datetime:
+    if at.tzinfo is None:
+        raise ValueError("escalation times must be timezone-aware")
+    return at
 
 
 def _open(
-    incidents: dict[str, Any],
+    state: EscalationState,
     alert_id: int,
     priority: Priority,
     now: datetime,
     policy: EscalationPolicy,
-) -> dict[str, Any] | None:
-    """Adds the incident of a firing alert in place; None if known or below the threshold."""
-    key = str(alert_id)
-    if key in incidents or not priority.at_least(policy.min_priority):
+) -> Escalation | None:
+    """The escalation a firing alert opens; None if known or below the threshold."""
+    if alert_id in state.incidents or not priority.at_least(policy.min_priority):
         return None
-    incident: dict[str, Any] = {
-        "priority": priority.value,
-        "status": OPEN,
-        "opened_at": _iso(now),
-        "next_step": 0,
-        "next_at": _iso(now),
-        "stopped_at": None,
-        "acked_by": None,
-        "calls": [],
-    }
-    incidents[key] = incident
-    return incident
+    return Escalation(priority=priority, opened_at=_aware(now), next_at=now)
 
 
 def open_incident(
-    state: dict[str, Any],
+    state: EscalationState,
     alert_id: int,
     priority: Priority,
     now: datetime,
     policy: EscalationPolicy,
-) -> dict[str, Any]:
-    """Starts escalating a firing alert; a no-op if known or below `policy.min_priority`."""
-    new = _copy(state)
-    _open(new["incidents"], alert_id, priority, now, policy)
-    return new
+) -> EscalationState:
+    """Pure: starts escalating a firing alert; a no-op if known or below
+    `policy.min_priority`."""
+    opened = _open(state, alert_id, priority, now, policy)
+    return state if opened is None else state.with_(alert_id, opened)
 
 
-def _stop(state: dict[str, Any], alert_id: int, status: str, now: datetime) -> dict[str, Any]:
-    new = _copy(state)
-    incident = new["incidents"].get(str(alert_id))
-    if incident is not None and incident["status"] == OPEN:
-        incident["status"] = status
-        incident["stopped_at"] = _iso(now)
-        incident["next_at"] = None
-    return new
+def _stop(state: EscalationState, alert_id: int, status: str, now: datetime) -> EscalationState:
+    found = state.get(alert_id)
+    return state if found is None else state.with_(alert_id, found.stopped(status, _aware(now)))
 
 
-def acknowledge(state: dict[str, Any], alert_id: int, who: str, now: datetime) -> dict[str, Any]:
-    """Stops the escalation of `alert_id` (card button, CLI or API ack)."""
-    new = _stop(state, alert_id, ACKED, now)
-    incident = new["incidents"].get(str(alert_id))
-    if incident is not None and incident["status"] == ACKED and incident["acked_by"] is None:
-        incident["acked_by"] = who
-    return new
+def acknowledge(state: EscalationState, alert_id: int, who: str, now: datetime) -> EscalationState:
+    """Pure: stops the escalation of `alert_id` (card button, CLI or API ack)."""
+    found = state.get(alert_id)
+    if found is None or found.status != OPEN:
+        return state
+    return state.with_(alert_id, replace(found.stopped(ACKED, _aware(now)), acked_by=who))
 
 
-def postpone(state: dict[str, Any], alert_id: int, until: datetime) -> dict[str, Any]:
+def postpone(state: EscalationState, alert_id: int, until: datetime) -> EscalationState:
     """Pure: the next step of `alert_id`'s open incident comes no earlier than `until` (its
     page is held back, e.g. a checkpoint within its limit); a stopped incident is unchanged."""
-    new = _copy(state)
-    incident = new["incidents"].get(str(alert_id))
-    if incident is not None and incident["status"] == OPEN and incident["next_at"] is not None:
-        incident["next_at"] = _iso(max(_time(incident["next_at"]), until))
-    return new
+    found = state.get(alert_id)
+    if found is None or found.status != OPEN or found.next_at is None:
+        return state
+    return state.with_(alert_id, replace(found, next_at=max(found.next_at, _aware(until))))
 
 
-def resolve(state: dict[str, Any], alert_id: int, now: datetime) -> dict[str, Any]:
-    """Stops the escalation because the alert resolved."""
+def resolve(state: EscalationState, alert_id: int, now: datetime) -> EscalationState:
+    """Pure: stops the escalation because the alert resolved."""
     return _stop(state, alert_id, RESOLVED, now)
 
 
@@ -253,50 +361,49 @@ def step_layer(roster: Roster, policy: EscalationPolicy, step: int) -> tuple[int
     return index, policy.wait_after(index)
 
 
-def escalate_now(state: dict[str, Any], alert_id: int, now: datetime) -> dict[str, Any]:
-    """Pure: the next step of `alert_id`'s open incident is due at `now` (raises KeyError
-    when there is no such incident, ValueError when it is not open)."""
-    new = _copy(state)
-    incident = new["incidents"][str(alert_id)]
-    if incident["status"] != OPEN:
-        raise ValueError(f"its escalation is {incident['status']}")
-    incident["next_at"] = _iso(now)
-    return new
+def escalate_now(
+    state: EscalationState, alert_id: int, now: datetime, by: str = ""
+) -> EscalationState:
+    """Pure: the next step of `alert_id`'s open incident is due at `now`, recorded as asked
+    by `by` when given (raises KeyError when there is no such incident, ValueError when it
+    is not open)."""
+    found = state.incidents[alert_id]
+    if found.status != OPEN:
+        raise ValueError(f"its escalation is {found.status}")
+    asked = (*found.escalated_by, EscalatedBy(by, _aware(now))) if by else found.escalated_by
+    return state.with_(alert_id, replace(found, next_at=now, escalated_by=asked))
 
 
 def plan(
-    state: dict[str, Any],
+    state: EscalationState,
     now: datetime,
     *,
     roster: Roster,
     policy: EscalationPolicy,
     named: Mapping[str, Escalator] | None = None,
-) -> tuple[dict[str, Any], list[CallDue]]:
-    """Advances every open incident whose next step is due; returns the calls to place.
+) -> tuple[EscalationState, list[CallDue]]:
+    """Pure: advances every open incident whose next step is due; returns the calls to place.
 
     At most one step per incident per call: after downtime we call the current step once
     and wait again rather than firing every missed step at once. A step whose layer has
     nobody on call (a schedule with a gap) is passed over to the next one at once.
     """
-    new = _copy(state)
-    return new, _advance(new["incidents"], now, Escalator(roster, policy), named or {})
+    return _advance(state, _aware(now), Escalator(roster, policy), named or {})
 
 
 def _advance(
-    incidents: dict[str, Any], now: datetime, default: Escalator, named: Mapping[str, Escalator]
-) -> list[CallDue]:
-    """`plan` in place."""
+    state: EscalationState, now: datetime, default: Escalator, named: Mapping[str, Escalator]
+) -> tuple[EscalationState, list[CallDue]]:
     due: list[CallDue] = []
-    for key in sorted(incidents, key=int):
-        incident = incidents[key]
-        if incident["status"] != OPEN or incident["next_at"] is None:
+    incidents = dict(state.incidents)
+    for alert_id in sorted(incidents):
+        found = incidents[alert_id]
+        if found.status != OPEN or found.next_at is None or found.next_at > now:
             continue
-        if _time(incident["next_at"]) > now:
-            continue
-        escalator = named.get(incident.get("policy") or "", default)
+        escalator = named.get(found.policy, default)
         roster, policy = escalator.roster, escalator.policy
         steps = total_steps(roster, policy)
-        step = incident["next_step"]
+        step = found.next_step
         people: tuple[Person, ...] = ()
         while step < steps:
             index, wait = step_layer(roster, policy, step)
@@ -306,28 +413,26 @@ def _advance(
                 break
             step += 1
         if step >= steps:
-            incident["status"] = EXHAUSTED
-            incident["stopped_at"] = _iso(now)
-            incident["next_at"] = None
+            incidents[alert_id] = found.stopped(EXHAUSTED, now)
             continue
-        priority = Priority(incident["priority"])
-        for person in people:
-            call = CallDue(
-                alert_id=int(key),
+        calls = [
+            CallDue(
+                alert_id=alert_id,
                 step=step,
                 layer=layer.name,
                 person=person,
-                priority=priority,
-                idempotency_key=f"esc:{key}:{step}:{person.name}",
+                priority=found.priority,
+                idempotency_key=f"esc:{alert_id}:{step}:{person.name}",
                 due_at=now,
             )
-            due.append(call)
-            incident["calls"].append(
-                {"step": step, "layer": layer.name, "person": person.name, "at": _iso(now)}
-            )
-        incident["next_step"] = step + 1
-        incident["next_at"] = _iso(now + wait)
-    return due
+            for person in people
+        ]
+        due.extend(calls)
+        made = tuple(CallMade(step, layer.name, c.person.name, now) for c in calls)
+        incidents[alert_id] = replace(
+            found, calls=(*found.calls, *made), next_step=step + 1, next_at=now + wait
+        )
+    return EscalationState(incidents), due
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,7 +446,7 @@ class IncidentPage:
 
 
 def batch(
-    state: dict[str, Any],
+    state: EscalationState,
     now: datetime,
     *,
     pages: Sequence[IncidentPage] = (),
@@ -350,61 +455,54 @@ def batch(
     roster: Roster,
     policy: EscalationPolicy,
     named: Mapping[str, Escalator] | None = None,
-) -> tuple[dict[str, Any], list[CallDue]]:
-    """One batch of the alert policy, copying the state once: opens the incidents of `pages`,
-    ends those of `resolved` alerts, forgets incidents stopped before `forget_before`, and
-    plans (see `plan`).
+) -> tuple[EscalationState, list[CallDue]]:
+    """Pure: one batch of the alert policy: opens the incidents of `pages`, ends those of
+    `resolved` alerts, forgets incidents stopped before `forget_before`, and plans (see
+    `plan`).
 
     Pages go first: an alert id is one occurrence, which fires before it resolves, so a page
     and a resolve of one alert in one batch mean it already resolved and must not be called.
     A resolved incident is dropped rather than kept as stopped: its occurrence never pages
     again (a firing after its resolve is a stale replay), so nothing can need it.
     """
-    new = _copy(state)
-    incidents = new["incidents"]
     named = named or {}
     for page in pages:
         chosen = named.get(page.policy)
         threshold = chosen.policy if chosen is not None else policy
-        opened = _open(incidents, page.alert_id, page.priority, now, threshold)
+        opened = _open(state, page.alert_id, page.priority, now, threshold)
         if opened is not None:
-            opened["text"] = page.text
-            if chosen is not None:
-                opened["policy"] = page.policy
-    for alert_id in resolved:
-        incidents.pop(str(alert_id), None)
+            policy_name = page.policy if chosen is not None else ""
+            state = state.with_(page.alert_id, replace(opened, text=page.text, policy=policy_name))
+    gone = set(resolved)
     if forget_before is not None:
-        _forget(incidents, forget_before)
-    return new, _advance(incidents, now, Escalator(roster, policy), named)
+        gone |= _stale(state, forget_before)
+    if gone:
+        state = EscalationState({k: v for k, v in state.incidents.items() if k not in gone})
+    return _advance(state, _aware(now), Escalator(roster, policy), named)
 
 
-def next_wakeup(state: dict[str, Any]) -> datetime | None:
-    """When `plan` next has something to do (for the caller's timer), or None."""
+def next_wakeup(state: EscalationState) -> datetime | None:
+    """Pure: when `plan` next has something to do (for the caller's timer), or None."""
     times = [
-        _time(incident["next_at"])
-        for incident in state["incidents"].values()
-        if incident["status"] == OPEN and incident["next_at"] is not None
+        found.next_at
+        for found in state.incidents.values()
+        if found.status == OPEN and found.next_at is not None
     ]
     return min(times) if times else None
 
 
-def forget_stopped(state: dict[str, Any], before: datetime) -> dict[str, Any]:
-    """Drops incidents that stopped before `before`, keeping the state small."""
-    new = _copy(state)
-    _forget(new["incidents"], before)
-    return new
+def forget_stopped(state: EscalationState, before: datetime) -> EscalationState:
+    """Pure: drops incidents that stopped before `before`, keeping the state small."""
+    stale = _stale(state, before)
+    return EscalationState({k: v for k, v in state.incidents.items() if k not in stale})
 
 
-def _forget(incidents: dict[str, Any], before: datetime) -> None:
-    stale = [
-        key
-        for key, incident in incidents.items()
-        if incident["status"] != OPEN
-        and incident["stopped_at"] is not None
-        and _time(incident["stopped_at"]) < before
-    ]
-    for key in stale:
-        del incidents[key]
+def _stale(state: EscalationState, before: datetime) -> set[int]:
+    return {
+        alert_id
+        for alert_id, found in state.incidents.items()
+        if found.status != OPEN and found.stopped_at is not None and found.stopped_at < before
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,25 +513,25 @@ class Escalator:
     policy: EscalationPolicy
 
     def open(
-        self, state: dict[str, Any], alert_id: int, priority: Priority, now: datetime
-    ) -> dict[str, Any]:
+        self, state: EscalationState, alert_id: int, priority: Priority, now: datetime
+    ) -> EscalationState:
         return open_incident(state, alert_id, priority, now, self.policy)
 
     def plan(
-        self, state: dict[str, Any], now: datetime, named: Mapping[str, Escalator] | None = None
-    ) -> tuple[dict[str, Any], list[CallDue]]:
+        self, state: EscalationState, now: datetime, named: Mapping[str, Escalator] | None = None
+    ) -> tuple[EscalationState, list[CallDue]]:
         return plan(state, now, roster=self.roster, policy=self.policy, named=named)
 
     def batch(
         self,
-        state: dict[str, Any],
+        state: EscalationState,
         now: datetime,
         *,
         pages: Sequence[IncidentPage] = (),
         resolved: Collection[int] = (),
         forget_before: datetime | None = None,
         named: Mapping[str, Escalator] | None = None,
-    ) -> tuple[dict[str, Any], list[CallDue]]:
+    ) -> tuple[EscalationState, list[CallDue]]:
         return batch(
             state,
             now,

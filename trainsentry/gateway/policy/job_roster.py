@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -38,11 +38,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from trainsentry.alerts import Priority
 from trainsentry.config.escalation import EscalationSettings, LayerSettings, PersonSettings
-from trainsentry.gateway.policy.escalation import CallDue, Escalator, IncidentPage, Roster
+from trainsentry.gateway.policy.escalation import (
+    CallDue,
+    Escalation,
+    EscalationState,
+    Escalator,
+    IncidentPage,
+    Roster,
+)
 from trainsentry.gateway.policy.roster import roster_of
 from trainsentry.notifiers.feishu.markup import OPEN_ID
 
-ROSTER_KEY = "roster"
 MAX_ROSTER_BYTES = 64 * 1024
 # (reason, message) of a problem with a job's settings, as notifiers/feishu/job.py's Problem
 RosterProblem = tuple[str, str]
@@ -156,10 +162,10 @@ def parse_roster(
 RosterOf = Callable[[str], Roster | None]
 
 
-def _groups(state: Mapping[str, Any]) -> dict[str | None, dict[str, Any]]:
-    groups: dict[str | None, dict[str, Any]] = {}
-    for key, incident in state["incidents"].items():
-        groups.setdefault(incident.get(ROSTER_KEY), {})[key] = incident
+def _groups(state: EscalationState) -> dict[str | None, dict[int, Escalation]]:
+    groups: dict[str | None, dict[int, Escalation]] = {}
+    for alert_id, escalation in state.incidents.items():
+        groups.setdefault(escalation.roster, {})[alert_id] = escalation
     return groups
 
 
@@ -170,7 +176,7 @@ def _escalator(escalator: Escalator, group: str | None, roster_of: RosterOf) -> 
 
 def batch(
     escalator: Escalator,
-    state: dict[str, Any],
+    state: EscalationState,
     now: datetime,
     *,
     pages: Sequence[IncidentPage],
@@ -179,48 +185,44 @@ def batch(
     forget_before: datetime | None,
     roster_of: RosterOf,
     named: Mapping[str, Escalator] | None = None,
-) -> tuple[dict[str, Any], list[CallDue]]:
+) -> tuple[EscalationState, list[CallDue]]:
     """Pure: `escalation.batch`, each incident with its roster. `page_rosters`: alert id →
     job key, for the pages that follow a job's own roster; an alert already escalating
     stays in its group. `named`: the on-call escalation policies (an incident naming one
     follows it; docs/oncall.md)."""
     groups = _groups(state)
-    known = {key: incident.get(ROSTER_KEY) for key, incident in state["incidents"].items()}
+    known = {alert_id: found.roster for alert_id, found in state.incidents.items()}
     wanted: dict[str | None, list[IncidentPage]] = {}
     for page in pages:
-        key = str(page.alert_id)
-        group = known[key] if key in known else page_rosters.get(page.alert_id)
+        group = known[page.alert_id] if page.alert_id in known else page_rosters.get(page.alert_id)
         wanted.setdefault(group, []).append(page)
         groups.setdefault(group, {})
-    incidents: dict[str, Any] = {}
+    incidents: dict[int, Escalation] = {}
     calls: list[CallDue] = []
     for group, members in groups.items():
-        sub = {**state, "incidents": members}
         new, due = _escalator(escalator, group, roster_of).batch(
-            sub,
+            EscalationState(members),
             now,
             pages=wanted.get(group, ()),
             resolved=resolved,
             forget_before=forget_before,
             named=named,
         )
-        for key, incident in new["incidents"].items():
-            if group is not None:
-                incident[ROSTER_KEY] = group
-            incidents[key] = incident
+        for alert_id, found in new.incidents.items():
+            incidents[alert_id] = found if group is None else replace(found, roster=group)
         calls.extend(due)
     calls.sort(key=lambda call: (call.alert_id, call.step))
-    return {**state, "incidents": incidents}, calls
+    return EscalationState(incidents), calls
 
 
 def plan(
     escalator: Escalator,
-    state: dict[str, Any],
+    state: EscalationState,
     now: datetime,
     *,
     roster_of: RosterOf,
     named: Mapping[str, Escalator] | None = None,
-) -> tuple[dict[str, Any], list[CallDue]]:
+) -> tuple[EscalationState, list[CallDue]]:
     """Pure: `escalation.plan`, each incident with its roster."""
     return batch(
         escalator,

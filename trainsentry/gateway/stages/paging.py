@@ -23,6 +23,7 @@ from trainsentry.gateway.policy import job_roster
 from trainsentry.gateway.policy.escalation import (
     OPEN,
     CallDue,
+    EscalationState,
     Escalator,
     IncidentPage,
     acknowledge,
@@ -140,22 +141,23 @@ class Paging:
         named: Mapping[str, Escalator] = await self._named(conn, now)
         return named
 
-    async def _load(self, conn: Connection) -> dict[str, Any]:
+    async def _load(self, conn: Connection) -> EscalationState:
         found = await load_states(conn, ESCALATION_SCOPE, [ESCALATION_KEY])
-        return found.get(ESCALATION_KEY) or new_state()
+        saved = found.get(ESCALATION_KEY)
+        return new_state() if saved is None else EscalationState.from_json(saved)
 
-    async def _save(self, conn: Connection, state: dict[str, Any], now: datetime) -> None:
+    async def _save(self, conn: Connection, state: EscalationState, now: datetime) -> None:
         await save_states(
-            conn, ESCALATION_SCOPE, {ESCALATION_KEY: (state, next_wakeup(state))}, now
+            conn, ESCALATION_SCOPE, {ESCALATION_KEY: (state.to_json(), next_wakeup(state))}, now
         )
 
     def _call_drafts(
-        self, calls: Sequence[CallDue], state: dict[str, Any]
+        self, calls: Sequence[CallDue], state: EscalationState
     ) -> list[NotificationDraft]:
         drafts = []
         for call in calls:
-            incident = state["incidents"].get(str(call.alert_id), {})
-            text = incident.get("text") or f"trainsentry {call.priority.value} alert."
+            found = state.get(call.alert_id)
+            text = (found.text if found else "") or f"trainsentry {call.priority.value} alert."
             drafts.append(
                 NotificationDraft(
                     channel=self.channel,
@@ -188,9 +190,7 @@ class Paging:
             self._page(d) for d in pages if d.alert_id is not None and d.alert_id not in acked
         ]
         paged = {page.alert_id for page in opened}
-        ending = sorted(
-            {i for i in resolved_alert_ids if i in paged or str(i) in state["incidents"]}
-        )
+        ending = sorted({i for i in resolved_alert_ids if i in paged or i in state.incidents})
         if not opened and not ending:
             return []  # resolves of alerts that never paged: nothing to change
         state, calls = job_roster.batch(
@@ -219,7 +219,11 @@ class Paging:
             return []
         named = await self.escalators(conn, now)
         state, calls = job_roster.plan(
-            self.escalator, due[ESCALATION_KEY], now, roster_of=self.rosters, named=named
+            self.escalator,
+            EscalationState.from_json(due[ESCALATION_KEY]),
+            now,
+            roster_of=self.rosters,
+            named=named,
         )
         await self._save(conn, state, now)
         return self._call_drafts(calls, state)
@@ -231,15 +235,13 @@ class Paging:
         Raises LookupError (it never paged, or resolved) or ValueError (acked, exhausted)."""
         state = await self._load(conn)
         try:
-            state = escalate_now(state, alert_id, now)
+            state = escalate_now(state, alert_id, now, by=who)
         except KeyError:
             raise LookupError(f"alert {alert_id} has no escalation (it never paged)") from None
         named = await self.escalators(conn, now)
         state, calls = job_roster.plan(
             self.escalator, state, now, roster_of=self.rosters, named=named
         )
-        incident = state["incidents"][str(alert_id)]
-        incident.setdefault("escalated_by", []).append({"by": who, "at": now.isoformat()})
         await self._save(conn, state, now)
         return self._call_drafts(calls, state)  # with any other incident's step due by now
 
@@ -294,10 +296,10 @@ class Paging:
     async def acknowledge(self, conn: Connection, alert_id: int, who: str, now: datetime) -> bool:
         """Stops the escalation of `alert_id`; True if one was running."""
         state = await self._load(conn)
-        incident = state["incidents"].get(str(alert_id))
-        if incident is None:
+        found = state.get(alert_id)
+        if found is None:
             return False  # never paged, or resolved (and forgotten): nothing to stop
-        running = bool(incident["status"] == OPEN)
+        running = found.status == OPEN
         state = acknowledge(state, alert_id, who, now)
         # also after exhaustion: the last layer's call may still be waiting for a retry
         await self._cancel_calls(conn, [alert_id], f"acknowledged by {who}")
@@ -311,12 +313,12 @@ class Paging:
         held call row itself waits in the outbox): its next step comes the first step's wait
         later (the ack timeout, or the wait of its escalation policy's first step)."""
         state = await self._load(conn)
-        incident = state["incidents"].get(str(alert_id))
-        if incident is None:
+        found = state.get(alert_id)
+        if found is None:
             return
         policy = self.escalator.policy
-        if incident.get("policy"):
-            chosen = (await self.escalators(conn, now)).get(incident["policy"])
+        if found.policy:
+            chosen = (await self.escalators(conn, now)).get(found.policy)
             policy = chosen.policy if chosen is not None else policy
         until = first_call_at + policy.wait_after(0)
         state = postpone(state, alert_id, until)
