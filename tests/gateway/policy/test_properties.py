@@ -168,3 +168,28 @@ def test_replaying_the_whole_stream_adds_nothing(case: tuple[list[TrueChange | N
     # The replay is a second delivery of every webhook: no new keys may appear.
     assert {d.idempotency_key for d in twice} >= {d.idempotency_key for d in once}
     assert len(twice) == len({d.idempotency_key for d in twice})
+
+
+def test_replaying_a_storm_with_a_held_resolution_adds_nothing() -> None:
+    """Found by the property above: fc flaps during a storm, its last resolution is held
+    (released at 12:10:42, long after the storm calmed at 12:02:35). The single run releases
+    it in the final (late) tick, the replay's webhooks end the storm before that; both must
+    announce the same: the storm ends without a card, the release goes into a summary after it."""
+    firing, resolved = ChangeKind.FIRING, ChangeKind.RESOLVED
+    stream: list[TrueChange | None] = [
+        TrueChange("fa", firing, 1.0),
+        TrueChange("fa", firing, 2.0),
+        TrueChange("fb", firing, 1.0),
+        TrueChange("fc", firing, 1.0),
+        TrueChange("fc", resolved, 1.0),
+        TrueChange("fc", firing, 2.0),
+        *[TrueChange("fc", resolved, 2.0)] * 4,
+        TrueChange("fc", resolved, 3.0),
+        TrueChange("fc", firing, 3.0),
+    ]
+    policy = POLICIES["stormy"]
+    once = run(stream, policy)
+    twice = run(stream + stream, policy)
+    assert {d.idempotency_key for d in twice} == {d.idempotency_key for d in once}
+    events = [d.payload.get("event") for d in once if d.channel == "feishu" and d.kind == "storm"]
+    assert events == ["storm_started", "storm_summary", "storm_summary", "storm_summary"]

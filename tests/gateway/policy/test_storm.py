@@ -9,9 +9,10 @@ from datetime import datetime
 
 import pytest
 
-from tests.gateway.policy.factory import at, fire, make_alert
-from trainsentry.alerts import AlertStatus, Priority
+from tests.gateway.policy.factory import at, fire, make_alert, resolve
+from trainsentry.alerts import AlertChange, AlertStatus, NotificationDraft, Priority
 from trainsentry.gateway.policy.decide import decide, decide_tick
+from trainsentry.gateway.policy.dedup import FingerprintState
 from trainsentry.gateway.policy.incident import IncidentBook
 from trainsentry.gateway.policy.rules import load_policy, merge_policy
 from trainsentry.gateway.policy.storm import (
@@ -365,3 +366,114 @@ def test_storm_messages_are_timed_by_schedule_not_by_tick() -> None:
         d.idempotency_key for d in decide_tick([], [storm], policy=policy, now=late).drafts
     }
     assert keys_early and keys_early == keys_late
+
+
+def _storm_events(
+    steps: list[tuple[float, AlertChange | None]], flap_hold: float, *, newest_first: bool = False
+) -> list[tuple[str, str, str, tuple[str, ...], str]]:
+    """Runs webhooks (a change) and timer ticks (None) at their times, one job, states
+    stored between calls; the storm cards sent: (event, status, timed at, lines, key).
+    `newest_first`: ticks get the fingerprint states in reverse order of their first change."""
+    policy = merge_policy(
+        POLICY,
+        {
+            "storm": {"threshold": 2, "summary_interval": 20},
+            "dedup": {"flap_transitions": 2, "flap_hold": flap_hold},
+        },
+    )
+    fps: dict[str, FingerprintState] = {}
+    storm: StormState | None = None
+    drafts: list[NotificationDraft] = []
+    for when, item in steps:
+        if item is None:
+            states = list(fps.values())[:: -1 if newest_first else 1]
+            tick = decide_tick(states, [storm] if storm else [], policy=policy, now=at(when))
+            fps.update(tick.fingerprint_states)
+            storm = next(iter(tick.storm_states.values()), storm)
+            drafts += tick.drafts
+            continue
+        result = decide(
+            item,
+            fingerprint_state=fps.get(item.alert.fingerprint),
+            storm_state=storm,
+            distinct_nodes_in_window=1,
+            policy=policy,
+            now=at(when),
+        )
+        fps[item.alert.fingerprint], storm = result.fingerprint_state, result.storm_state
+        drafts += result.drafts
+    return [
+        (d.payload["event"], d.payload["status"], d.payload["at"], _items(d), d.idempotency_key)
+        for d in drafts
+        if d.kind == "storm" and d.channel == "feishu"
+    ]
+
+
+def _items(draft: NotificationDraft) -> tuple[str, ...]:
+    """The lines a storm card lists, as "fingerprint status at"."""
+    items = draft.payload["storm"].get("items", [])
+    return tuple(f"{i['fingerprint']} {i['status']} {i['at'][11:19]}" for i in items)
+
+
+@pytest.mark.parametrize(
+    ("flap_hold", "last"),
+    [
+        (60, ("storm_summary", "resolved", at(82))),  # held until 70: in the storm
+        (600, ("storm_summary", "resolved", at(630))),  # until 610: after its end (no card)
+    ],
+)
+def test_a_held_resolution_is_folded_where_a_timely_tick_folds_it(
+    flap_hold: float, last: tuple[str, str, datetime]
+) -> None:
+    # A storm from t=2 (calm at 122); fp-2, folded into it, flaps: its resolve at t=10 is
+    # held until 10 + flap_hold. Released by a timely tick, by one late tick at 1000, or by
+    # a late repeat of the same resolve at 1000: the same cards, timed alike.
+    storm = [(float(i), fire(i, fingerprint=f"fp-{i}", labels={"node": f"n{i}"})) for i in range(3)]
+    flap: list[tuple[float, AlertChange | None]] = [(10.0, resolve(10, 2, fingerprint="fp-2"))]
+    timely = _storm_events([*storm, *flap, (10.0 + flap_hold, None), (1000.0, None)], flap_hold)
+    late_tick = _storm_events([*storm, *flap, (1000.0, None)], flap_hold)
+    late_webhook = _storm_events(
+        [*storm, *flap, (1000.0, resolve(1000, 2, fingerprint="fp-2")), (1001.0, None)],
+        flap_hold,
+    )
+    assert [card[:3] for card in timely] == [
+        ("storm_started", "firing", at(2).isoformat()),
+        ("storm_summary", "firing", at(22).isoformat()),
+        (*last[:2], last[2].isoformat()),
+    ]
+    assert late_tick == timely
+    assert late_webhook == timely
+
+
+@pytest.mark.parametrize("newest_first", [False, True])
+def test_one_tick_releases_held_resolutions_in_the_order_their_holds_ended(
+    newest_first: bool,
+) -> None:
+    # The storm (from t=2, calm at 123) folds fp-2 and fp-3; both flap. fp-2's resolve is
+    # held until 70 (in the storm), fp-3's until 160 (after its end). One late tick releases
+    # both, whatever the order the states come in: fp-2 into the summary at 102 (beside
+    # fp-3's flapping notice of t=100), fp-3 into one after the end, at 180.
+    steps: list[tuple[float, AlertChange | None]] = [
+        (float(i), fire(i, fingerprint=f"fp-{i}", labels={"node": f"n{i}"})) for i in range(4)
+    ]
+    steps += [
+        (10.0, resolve(10, 2, fingerprint="fp-2")),
+        (100.0, resolve(100, 3, fingerprint="fp-3")),
+    ]
+    cards = _storm_events([*steps, (1000.0, None)], 60, newest_first=newest_first)
+    assert [card[:4] for card in cards] == [
+        ("storm_started", "firing", at(2).isoformat(), ()),
+        (
+            "storm_summary",
+            "firing",
+            at(22).isoformat(),
+            ("fp-2 firing 12:00:02", "fp-3 firing 12:00:03", "fp-2 firing 12:00:10"),
+        ),
+        (
+            "storm_summary",
+            "firing",
+            at(102).isoformat(),
+            ("fp-3 firing 12:01:40", "fp-2 resolved 12:01:10"),
+        ),
+        ("storm_summary", "resolved", at(180).isoformat(), ("fp-3 resolved 12:02:40",)),
+    ]

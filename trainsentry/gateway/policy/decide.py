@@ -132,6 +132,25 @@ def _apply(
     return (replace(fp, **changes) if changes else fp), storm
 
 
+def _release(
+    decision: Decision,
+    fp: FingerprintState,
+    storm: S,
+    alert: Alert,
+    alert_id: int | None,
+    classification: Classification,
+    out: Drafts,
+) -> tuple[FingerprintState, S]:
+    """`_apply` for a held resolution released at `decision.at` (the hold's end): the
+    storm's timers are brought to that time first, so it is folded into the storm if the
+    storm was still on then, else into a summary after its end. Invariant: a late tick (or
+    a late webhook of the same alert) folds it where a timely one would have, so the cards
+    do not depend on when the release is processed (nor on a replay that shifts it)."""
+    storm, messages = due_any(storm, decision.at, out.policy)
+    out.storm_messages(messages)
+    return _apply(decision, fp, storm, alert, alert_id, classification, out)
+
+
 def _held_subject(
     fp: FingerprintState, fallback: Alert | None, fallback_class: Classification | None
 ) -> tuple[Alert, int | None, Classification]:
@@ -281,15 +300,18 @@ def _decide(
     if storm.job != key:
         raise ValueError(f"storm state of {storm.job} given for an alert of {key}")
     classification = classify(alert, policy, distinct_nodes_in_window=distinct_nodes_in_window)
-    storm, messages = due_any(storm, now, policy)
-    out.storm_messages(messages)
     fp, decisions = dedup.advance(fingerprint_state, change, policy, now)
     for decision in decisions:
         if decision.released and fingerprint_state is not None:
+            # a hold `now` has passed: released into the storm as it was when the hold ended
             held_alert, held_id, held_class = _held_subject(
                 fingerprint_state, alert, classification
             )
-            fp, storm = _apply(decision, fp, storm, held_alert, held_id, held_class, out)
+            fp, storm = _release(decision, fp, storm, held_alert, held_id, held_class, out)
+    storm, messages = due_any(storm, now, policy)
+    out.storm_messages(messages)
+    for decision in decisions:
+        if decision.released:
             continue
         used = classification
         if decision.transition is AlertStatus.RESOLVED and "classification" in fp.context:
@@ -342,7 +364,8 @@ def decide_tick(
     storms = {state.job: state for state in storm_states}
     changed_storms: set[str] = set()
     changed_fps: dict[str, FingerprintState] = {}
-    for fp in fingerprint_states:
+    # held resolutions in the order their holds ended (each brings its storm to that time)
+    for fp in sorted(fingerprint_states, key=lambda state: state.hold_until or now):
         released, decisions = dedup.tick(fp, now)
         if not decisions:
             if released != fp:
@@ -352,7 +375,7 @@ def decide_tick(
         key = job_key(alert.labels)
         storm = storms.get(key) or StormState.new(alert.labels)
         for decision in decisions:
-            released, storm = _apply(
+            released, storm = _release(
                 decision, released, storm, alert, alert_id, classification, out
             )
         storms[key] = storm
