@@ -438,26 +438,12 @@ def _long_modules_unexplained(package: Path) -> list[str]:
 
 # Inside gateway/policy/ and gateway/stages/planning/, being reworked for issue 37: remove an
 # entry when its use is gone (the test below fails on an entry that no longer occurs).
-KNOWN_UNTIL_37 = {
-    # storm_fold.py runs storm.py's bucket arithmetic in place on a planning batch
-    PrivateUse("trainsentry.gateway.policy.storm_fold", "trainsentry.gateway.policy.storm._bucket"),
-    PrivateUse(
-        "trainsentry.gateway.policy.storm_fold",
-        "trainsentry.gateway.policy.storm._BUCKETS_PER_WINDOW",
-    ),
-    PrivateUse(
-        "trainsentry.gateway.policy.storm_fold",
-        "trainsentry.gateway.policy.storm._summary_message",
-    ),
-}
 
 
 def test_no_module_uses_another_modules_private_names() -> None:
     found = _private_uses(PACKAGE)
-    wrong = sorted(found - KNOWN_UNTIL_37)
+    wrong = sorted(found)
     assert not wrong, "private names used across modules: " + "; ".join(map(str, wrong))
-    gone = sorted(KNOWN_UNTIL_37 - found)
-    assert not gone, "remove from KNOWN_UNTIL_37, no longer used: " + "; ".join(map(str, gone))
 
 
 def test_no_import_circle_inside_a_part() -> None:

@@ -65,7 +65,7 @@ __all__ = [
 # The new causes a storm remembers having paged for (the oldest are forgotten first).
 PAGED_CAUSES = 50
 # Sliding-window resolution: the window is counted in this many buckets.
-_BUCKETS_PER_WINDOW = 30
+BUCKETS_PER_WINDOW = 30
 _JOB_LABELS = (NAMESPACE_LABEL, *JOB_NAME_LABELS, SCRAPE_JOB_LABEL)
 
 
@@ -131,8 +131,8 @@ class Verdict(enum.StrEnum):
     PAGE = "page"  # the storm's one P0 page
 
 
-def _bucket(at: datetime, rules: StormPolicy) -> int:
-    width = rules.window / _BUCKETS_PER_WINDOW
+def bucket_index(at: datetime, rules: StormPolicy) -> int:
+    width = rules.window / BUCKETS_PER_WINDOW
     return math.floor(at.timestamp() / width)
 
 
@@ -165,7 +165,7 @@ class StormState:
         return cls(job=job_key(labels), labels=job_labels(labels))
 
     def window_count(self, at: datetime, rules: StormPolicy) -> int:
-        oldest = _bucket(at, rules) - _BUCKETS_PER_WINDOW
+        oldest = bucket_index(at, rules) - BUCKETS_PER_WINDOW
         return sum(n for b, n in self.buckets.items() if b > oldest)
 
     def next_due(self, policy: Policy) -> datetime | None:
@@ -244,8 +244,8 @@ def observe_new(
     rules = policy.storm
     if not rules.enabled:
         return state, []
-    bucket = _bucket(at, rules)
-    oldest = bucket - _BUCKETS_PER_WINDOW
+    bucket = bucket_index(at, rules)
+    oldest = bucket - BUCKETS_PER_WINDOW
     buckets = {b: n for b, n in state.buckets.items() if b > oldest}
     causes = count_cause(state.causes, cause, not buckets and not state.active, rules.max_keys)
     buckets[bucket] = buckets.get(bucket, 0) + 1
@@ -345,7 +345,7 @@ def started_message(
     )
 
 
-def _summary_message(
+def summary_message(
     state: StormState, policy: Policy, kind: StormMessageKind, at: datetime
 ) -> StormMessage:
     tally = state.tally
@@ -385,7 +385,7 @@ def due(state: StormState, now: datetime, policy: Policy) -> tuple[StormState, l
     )
     summary_at = state.next_summary_at if state.tally.folded else None
     if summary_at is not None and summary_at <= now and (calm_at is None or summary_at < calm_at):
-        messages.append(_summary_message(state, policy, StormMessageKind.SUMMARY, summary_at))
+        messages.append(summary_message(state, policy, StormMessageKind.SUMMARY, summary_at))
         following = summary_at + timedelta(seconds=rules.summary_interval)
         while following <= now and (calm_at is None or following < calm_at):
             following += timedelta(seconds=rules.summary_interval)
@@ -393,7 +393,7 @@ def due(state: StormState, now: datetime, policy: Policy) -> tuple[StormState, l
     if calm_at is not None and calm_at <= now:
         # the end says what was still collected; with nothing collected, no card at all
         if state.tally.folded:
-            messages.append(_summary_message(state, policy, StormMessageKind.ENDED, calm_at))
+            messages.append(summary_message(state, policy, StormMessageKind.ENDED, calm_at))
         state = replace(
             state,
             active=False,

@@ -23,17 +23,17 @@ from trainsentry.alerts import AlertStatus, Priority
 from trainsentry.gateway.policy import storm as frozen
 from trainsentry.gateway.policy.rules import Policy, StormPolicy
 from trainsentry.gateway.policy.storm import (
-    _BUCKETS_PER_WINDOW,
+    BUCKETS_PER_WINDOW,
     PAGED_CAUSES,
     StormMessage,
     StormMessageKind,
     StormState,
     Verdict,
-    _bucket,
-    _summary_message,
+    bucket_index,
     bulk_of,
     count_cause,
     started_message,
+    summary_message,
 )
 from trainsentry.gateway.policy.storm_tally import (
     OTHER,
@@ -200,7 +200,7 @@ class StormFold:
         )
 
     def window_count(self, at: datetime, rules: StormPolicy) -> int:
-        oldest = _bucket(at, rules) - _BUCKETS_PER_WINDOW
+        oldest = bucket_index(at, rules) - BUCKETS_PER_WINDOW
         return sum(n for b, n in self.buckets.items() if b > oldest)
 
     def observe_new(
@@ -210,8 +210,8 @@ class StormFold:
         rules = policy.storm
         if not rules.enabled:
             return []
-        bucket = _bucket(at, rules)
-        oldest = bucket - _BUCKETS_PER_WINDOW
+        bucket = bucket_index(at, rules)
+        oldest = bucket - BUCKETS_PER_WINDOW
         buckets = self.buckets
         for stale in [b for b in buckets if b <= oldest]:
             del buckets[stale]  # the others keep their order, as the copy in storm.py
@@ -286,7 +286,7 @@ class StormFold:
             and (calm_at is None or summary_at < calm_at)
         ):
             kind = StormMessageKind.SUMMARY
-            messages.append(_summary_message(self.freeze(), policy, kind, summary_at))
+            messages.append(summary_message(self.freeze(), policy, kind, summary_at))
             following = summary_at + timedelta(seconds=rules.summary_interval)
             while following <= now and (calm_at is None or following < calm_at):
                 following += timedelta(seconds=rules.summary_interval)
@@ -296,7 +296,7 @@ class StormFold:
         if calm_at is not None and calm_at <= now:
             if self.tally.total > self.tally.own:
                 kind = StormMessageKind.ENDED
-                messages.append(_summary_message(self.freeze(), policy, kind, calm_at))
+                messages.append(summary_message(self.freeze(), policy, kind, calm_at))
             self.causes = {}
             self.paged_causes = ()
             self.active = False
