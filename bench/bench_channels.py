@@ -23,7 +23,7 @@ from trainsentry.alerts import Person, Priority
 from trainsentry.gateway.policy.escalation import EscalationPolicy as Policy
 from trainsentry.gateway.policy.escalation import Escalator, Layer, Roster, new_state
 from trainsentry.notifiers.feishu import card as cards
-from trainsentry.notifiers.payload import parse_payload
+from trainsentry.notifiers.payload_contract import parse_payload
 
 
 def median_s(fn: Callable[[], Any], rounds: int) -> float:

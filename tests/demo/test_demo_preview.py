@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from trainsentry.demo.card_html import card_html, markdown_html
 from trainsentry.notifiers.feishu.card import build_card
-from trainsentry.notifiers.payload import parse_payload
+from trainsentry.notifiers.payload_contract import parse_payload
 
 EVIL = "</font><script>alert(1)</script>**<at id=all></at>[x](javascript:alert(2))"
 

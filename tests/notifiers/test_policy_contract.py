@@ -1,4 +1,4 @@
-"""The policy's real payloads (gateway/policy/payload.py) render on every channel."""
+"""The policy's real payloads (gateway/policy/payload_build.py) render on every channel."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.support.feishu_server import card_problems
 from trainsentry.alerts import GO_ZERO_TIME, Alert, AlertStatus, Priority
 from trainsentry.gateway.policy.classify import Classification
 from trainsentry.gateway.policy.dedup import Decision, Notice
-from trainsentry.gateway.policy.payload import alert_payload, storm_payload
+from trainsentry.gateway.policy.payload_build import alert_payload, storm_payload
 from trainsentry.gateway.policy.rules import load_policy
 from trainsentry.gateway.policy.storm import (
     StormEntry,
@@ -22,7 +22,7 @@ from trainsentry.gateway.policy.storm import (
 )
 from trainsentry.notifiers.email import render_alert_email
 from trainsentry.notifiers.feishu.card import CardOptions, build_card, card_bytes
-from trainsentry.notifiers.payload import parse_payload
+from trainsentry.notifiers.payload_contract import parse_payload
 from trainsentry.notifiers.rows import as_dict, row_from_payload
 
 T0 = datetime(2026, 11, 22, 1, 0, tzinfo=UTC)

@@ -14,7 +14,7 @@ from typing import Any
 
 from trainsentry.notifiers.base import OutboundNotification, Receipt
 from trainsentry.notifiers.feishu.card import build_card
-from trainsentry.notifiers.payload import parse_payload
+from trainsentry.notifiers.payload_contract import parse_payload
 from trainsentry.notifiers.rows import COLUMNS, row_from_payload
 
 

@@ -55,7 +55,7 @@ from trainsentry.gateway.stages.truncated import fetch_group
 from trainsentry.gateway.ui import add_ui_routes
 from trainsentry.notifiers.feishu.callback import CardAction, action_response, card_action_handler
 from trainsentry.notifiers.feishu.card import alert_card
-from trainsentry.notifiers.payload import parse_payload
+from trainsentry.notifiers.payload_contract import parse_payload
 from trainsentry.store import check_reachable
 from trainsentry.store.callbacks import first_delivery, forget_delivery
 from trainsentry.store.errors import DatabaseError, StoreUnavailable

@@ -25,7 +25,7 @@ from trainsentry.gateway.stages.intake import text_problem
 from trainsentry.kube.names import subdomain_problems
 from trainsentry.notifiers.feishu.callback import CardAction
 from trainsentry.notifiers.feishu.card import CardOptions, cordon_card
-from trainsentry.notifiers.payload import parse_payload
+from trainsentry.notifiers.payload_contract import parse_payload
 from trainsentry.store.callbacks import first_delivery, forget_delivery
 from trainsentry.store.errors import DatabaseError
 

@@ -30,7 +30,7 @@ from trainsentry.notifiers.base import (
     Receipt,
     RetryableError,
 )
-from trainsentry.notifiers.payload import (
+from trainsentry.notifiers.payload_contract import (
     NotificationPayload,
     PayloadError,
     alertname,

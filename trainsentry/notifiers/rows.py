@@ -30,7 +30,7 @@ from typing import Any
 
 from trainsentry.alerts import GO_ZERO_TIME, Alert
 from trainsentry.notifiers.feishu.card import duration_words, parse_time
-from trainsentry.notifiers.payload import (
+from trainsentry.notifiers.payload_contract import (
     NotificationPayload,
     alertname,
     annotation,

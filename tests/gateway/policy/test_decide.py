@@ -15,7 +15,7 @@ from trainsentry.gateway.metrics import PolicyMetrics
 from trainsentry.gateway.policy.decide import DecideResult, decide, decide_tick
 from trainsentry.gateway.policy.dedup import FingerprintState
 from trainsentry.gateway.policy.incident import IncidentBook, IncidentState
-from trainsentry.gateway.policy.payload import alert_from_json, alert_to_json
+from trainsentry.gateway.policy.payload_build import alert_from_json, alert_to_json
 from trainsentry.gateway.policy.rules import Policy, load_policy, merge_policy
 from trainsentry.gateway.policy.storm import StormState, job_key
 
@@ -113,7 +113,7 @@ def test_new_p0_pages_every_routed_channel_with_a_full_payload() -> None:
 
 
 def test_payload_follows_the_channels_contract() -> None:
-    payload_mod = pytest.importorskip("trainsentry.notifiers.payload")
+    payload_mod = pytest.importorskip("trainsentry.notifiers.payload_contract")
     gw = Gateway(merge_policy(POLICY, {"storm": {"threshold": 2}}))
     for i in range(6):  # six causes: six incidents, the last ones folded into the storm
         labels = {**P2_LABELS, "alertname": f"GPUHot{i}", "node": f"n{i}"}

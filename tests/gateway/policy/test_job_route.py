@@ -25,7 +25,7 @@ from trainsentry.gateway.policy.route import (
     route,
 )
 from trainsentry.gateway.policy.rules import Policy, load_policy
-from trainsentry.notifiers.payload import JobRoutePayload
+from trainsentry.notifiers.payload_contract import JobRoutePayload
 
 POLICY = load_policy()
 CONFIGURED = {"feishu_bot", "feishu_app", "phone", "console", JOB_CHANNEL}

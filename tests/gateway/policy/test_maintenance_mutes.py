@@ -16,7 +16,7 @@ from trainsentry.gateway.policy.maintenance_mutes import (
     mute,
     release,
 )
-from trainsentry.gateway.policy.payload import ALERT_KIND, STORM_KIND
+from trainsentry.gateway.policy.payload_build import ALERT_KIND, STORM_KIND
 from trainsentry.gateway.policy.rules import load_policy
 from trainsentry.oncall.windows import parse_window
 from trainsentry.store import maintenance_windows as store

@@ -42,7 +42,7 @@ from trainsentry.gateway.app import WEBHOOK_PATH
 from trainsentry.gateway.channels import build
 from trainsentry.gateway.sections import cordon_approvers_of
 from trainsentry.notifiers.feishu.card import CardOptions, build_card
-from trainsentry.notifiers.payload import parse_payload
+from trainsentry.notifiers.payload_contract import parse_payload
 
 pytestmark = pytest.mark.e2e  # a real Prometheus per gateway (the evidence)
 

@@ -25,7 +25,7 @@ from trainsentry.notifiers.feishu.callback import (
     parse_callback,
 )
 from trainsentry.notifiers.feishu.card import alert_card
-from trainsentry.notifiers.payload import parse_payload
+from trainsentry.notifiers.payload_contract import parse_payload
 
 TOKEN = "v-token-123"
 ENCRYPT_KEY = "enc-key-456"

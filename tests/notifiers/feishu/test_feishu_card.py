@@ -21,7 +21,7 @@ from trainsentry.notifiers.feishu.card import (
     card_bytes,
     storm_card,
 )
-from trainsentry.notifiers.payload import parse_payload
+from trainsentry.notifiers.payload_contract import parse_payload
 
 
 def _texts(card: dict[str, Any]) -> str:

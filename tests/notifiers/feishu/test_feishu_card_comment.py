@@ -13,7 +13,7 @@ from tests.notifiers.helpers import alert_payload
 from tests.support.feishu_server import card_problems
 from trainsentry.notifiers.feishu.callback import CallbackRejected, CardAction, parse_callback
 from trainsentry.notifiers.feishu.card import COMMENT_FIELD, CardOptions, alert_card
-from trainsentry.notifiers.payload import parse_payload
+from trainsentry.notifiers.payload_contract import parse_payload
 
 TOKEN = "v-token"
 NOW = 1_790_000_000

@@ -18,7 +18,7 @@ from trainsentry.notifiers.base import RetryableError
 from trainsentry.notifiers.export import export_rows, rows_to_csv
 from trainsentry.notifiers.feishu.app import FeishuAppClient
 from trainsentry.notifiers.feishu.sheet import FeishuSheetArchive, first_row_of
-from trainsentry.notifiers.payload import parse_payload
+from trainsentry.notifiers.payload_contract import parse_payload
 from trainsentry.notifiers.rows import COLUMNS, as_dict, row_from_alert, row_from_payload
 
 TOKEN = "shtcnArchive"

@@ -10,7 +10,7 @@ are one card. An alert's notice changes its incident; the incident is what is an
 (incident.py `incident_drafts`). Idempotency keys depend only on what is announced (the
 incident + the change shown, or job + storm episode + summary number) and the channel.
 
-The payload builders are in payload.py; `PolicyMetrics` (gateway/metrics.py) counts results.
+The payload builders are in payload_build.py; `PolicyMetrics` (gateway/metrics.py) counts results.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from trainsentry.gateway.policy.incident import (
     cause_of,
 )
 from trainsentry.gateway.policy.infra import InfraFold, InfraMessage, InfraState
-from trainsentry.gateway.policy.payload import (
+from trainsentry.gateway.policy.payload_build import (
     alert_from_json,
     alert_to_json,
 )

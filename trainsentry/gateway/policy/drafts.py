@@ -15,7 +15,7 @@ from trainsentry.gateway.policy.dedup import Decision
 from trainsentry.gateway.policy.incident import FIRING, RESOLVED, IncidentBook
 from trainsentry.gateway.policy.incident_cards import headline, incident_drafts
 from trainsentry.gateway.policy.infra import INFRA_KIND, InfraFold, InfraMessage
-from trainsentry.gateway.policy.payload import (
+from trainsentry.gateway.policy.payload_build import (
     ALERT_KIND,
     STORM_KIND,
     idempotency_key,
@@ -24,7 +24,7 @@ from trainsentry.gateway.policy.payload import (
 from trainsentry.gateway.policy.route import JobRoute, apply_job_route, route
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.storm import StormMessage
-from trainsentry.notifiers.payload import JobRoutePayload
+from trainsentry.notifiers.payload_contract import JobRoutePayload
 
 
 @dataclass(slots=True)

@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from trainsentry.alerts import Person, Priority
-from trainsentry.notifiers.payload import CallPayload
+from trainsentry.notifiers.payload_contract import CallPayload
 from trainsentry.oncall.schedule import entries_at
 from trainsentry.oncall.schedule import on_call as schedule_on_call
 from trainsentry.oncall.types import Schedule

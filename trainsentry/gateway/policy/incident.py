@@ -57,7 +57,7 @@ from trainsentry.gateway.policy.correlate import (
     node_of,
     rank,
 )
-from trainsentry.gateway.policy.payload import (
+from trainsentry.gateway.policy.payload_build import (
     alert_from_json,
     alert_to_json,
 )

@@ -16,7 +16,7 @@ from typing import Any
 
 from trainsentry.alerts import NotificationDraft
 from trainsentry.gateway.policy.incident import FIRING, RESOLVED, IncidentState, Router
-from trainsentry.gateway.policy.payload import (
+from trainsentry.gateway.policy.payload_build import (
     alert_from_json,
     idempotency_key,
     status_name,
@@ -41,7 +41,8 @@ def headline(state: IncidentState, notice: str, detail: Mapping[str, Any]) -> No
 
 
 def incident_block(state: IncidentState, policy: Policy) -> dict[str, Any]:
-    """Pure: the `incident` field of a card's payload (notifiers/payload.py `IncidentInfo`)."""
+    """Pure: the `incident` field of a card's payload (`IncidentInfo` in
+    notifiers/payload_contract.py)."""
     shown = policy.grouping.names_shown
     nodes = sorted(state.nodes, key=lambda n: (-state.nodes[n], n))
     gpus = sorted(state.gpus, key=lambda g: (-state.gpus[g], g))

@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import Any
 
 from trainsentry.alerts import NotificationDraft, Priority, parse_priority
-from trainsentry.gateway.policy.payload import ALERT_KIND, idempotency_key
+from trainsentry.gateway.policy.payload_build import ALERT_KIND, idempotency_key
 from trainsentry.gateway.policy.route import route
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.oncall.types import MaintenanceWindow

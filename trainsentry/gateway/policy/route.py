@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from trainsentry.alerts import JobRef, Priority
 from trainsentry.gateway.policy.rules import JobRoutingPolicy, Policy
 from trainsentry.gateway.policy.rules import Route as RouteRule
-from trainsentry.notifiers.payload import JobRoutePayload
+from trainsentry.notifiers.payload_contract import JobRoutePayload
 from trainsentry.userregex import full_match
 
 

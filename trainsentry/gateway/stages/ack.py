@@ -26,14 +26,14 @@ from datetime import datetime, timedelta
 from typing import Any, cast
 
 from trainsentry.alerts import NotificationDraft, Priority
-from trainsentry.gateway.policy.payload import idempotency_key
+from trainsentry.gateway.policy.payload_build import idempotency_key
 from trainsentry.gateway.policy.route import CHANNEL_KINDS, JOB_CHANNEL
 from trainsentry.gateway.stages.ackers import Ackers
 from trainsentry.gateway.stages.paging import Paging
 from trainsentry.gateway.stages.silences import create_silences, silence_targets
 from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import OutboundNotification
-from trainsentry.notifiers.payload import NotificationPayload
+from trainsentry.notifiers.payload_contract import NotificationPayload
 from trainsentry.store import alert_state
 from trainsentry.store.cards import CardRow, alert_cards, group_cards
 from trainsentry.store.console_incidents import incident_alert

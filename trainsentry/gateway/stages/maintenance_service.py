@@ -31,7 +31,7 @@ from trainsentry.gateway.policy.maintenance_mutes import (
     mute,
     release,
 )
-from trainsentry.gateway.policy.payload import ALERT_KIND
+from trainsentry.gateway.policy.payload_build import ALERT_KIND
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.stages.intake import text_problem
 from trainsentry.oncall.types import MaintenanceWindow

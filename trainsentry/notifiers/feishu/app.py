@@ -35,7 +35,7 @@ from trainsentry.notifiers.base import (
 )
 from trainsentry.notifiers.feishu.backoff import APP_FALLBACK_S, APP_LIMIT_CODES, rate_limit_error
 from trainsentry.notifiers.feishu.card import CardOptions, CardTooLarge, build_card, compact_json
-from trainsentry.notifiers.payload import PayloadError, parse_payload
+from trainsentry.notifiers.payload_contract import PayloadError, parse_payload
 from trainsentry.notifiers.ratelimit import RateGate, RateLimit, Slot
 from trainsentry.notifiers.settings import read_secret
 

@@ -36,7 +36,7 @@ from trainsentry.notifiers.feishu.card import (
     compact_json,
 )
 from trainsentry.notifiers.feishu.sign import bot_sign
-from trainsentry.notifiers.payload import PayloadError, job_of, parse_payload
+from trainsentry.notifiers.payload_contract import PayloadError, job_of, parse_payload
 from trainsentry.notifiers.ratelimit import RateGate, RateLimit
 from trainsentry.notifiers.settings import read_secret
 

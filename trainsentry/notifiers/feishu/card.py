@@ -25,7 +25,7 @@ from typing import Any
 from trainsentry.notifiers.feishu.incident_card import incident_fields, scope_suffix
 from trainsentry.notifiers.feishu.markup import escape_md, mention_markup
 from trainsentry.notifiers.links import safe_url
-from trainsentry.notifiers.payload import (
+from trainsentry.notifiers.payload_contract import (
     NotificationPayload,
     StormItem,
     alertname,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trainsentry.notifiers.payload import NotificationPayload
+from trainsentry.notifiers.payload_contract import NotificationPayload
 
 
 def names_with_more(names: Sequence[str], count: int, more_known: bool = False) -> str:

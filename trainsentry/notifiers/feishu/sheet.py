@@ -29,7 +29,7 @@ from trainsentry.notifiers.base import (
     RetryableError,
 )
 from trainsentry.notifiers.feishu.app import FeishuAppClient
-from trainsentry.notifiers.payload import PayloadError, parse_payload
+from trainsentry.notifiers.payload_contract import PayloadError, parse_payload
 from trainsentry.notifiers.ratelimit import RateGate, RateLimit
 from trainsentry.notifiers.rows import COLUMNS, occurrence_key, occurrence_month, row_from_payload
 

@@ -28,7 +28,7 @@ from trainsentry.gateway.stages.maintenance_service import MaintenanceService
 from trainsentry.gateway.stages.planning.plan import PolicyPlan
 from trainsentry.gateway.stages.planning.worker import PolicyWorker
 from trainsentry.notifiers.feishu.card import build_card
-from trainsentry.notifiers.payload import parse_payload
+from trainsentry.notifiers.payload_contract import parse_payload
 from trainsentry.store.queries import get_alert
 from trainsentry.store.schema import alerts, notifications
 from trainsentry.store.writes import record_receipts

@@ -31,7 +31,7 @@ from trainsentry.gateway.policy.infra import (
     hardware_component,
     sightings,
 )
-from trainsentry.gateway.policy.payload import ALERT_KIND, alert_to_json, idempotency_key
+from trainsentry.gateway.policy.payload_build import ALERT_KIND, alert_to_json, idempotency_key
 from trainsentry.gateway.policy.route import ARCHIVE_CHANNELS, JobRoute, unconfigured_names
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.storm import StormState, job_key

@@ -1,7 +1,7 @@
 """What the policy writes into a notification: payload builders and idempotency keys.
 
 Pure: an alert's decision (or a storm message) in, the JSON payload a channel renders out
-(the contract channels read is notifiers/payload.py). Idempotency keys depend only on what
+(the contract channels read is notifiers/payload_contract.py). Idempotency keys depend only on what
 is announced and the channel, so replaying a change or a late tick yields the same keys.
 """
 
@@ -17,7 +17,7 @@ from trainsentry.gateway.policy.classify import Classification
 from trainsentry.gateway.policy.dedup import Decision, Notice
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.storm import StormMessage, StormMessageKind, job_title
-from trainsentry.notifiers.payload import NotificationPayload, StatusName, StormSummary
+from trainsentry.notifiers.payload_contract import NotificationPayload, StatusName, StormSummary
 
 ALERT_KIND = "alert"  # NotificationDraft.kind of one alert's notice (payload contract)
 
@@ -80,7 +80,7 @@ def alert_payload(
     *,
     route_id: str = "",
 ) -> NotificationPayload:
-    """What a channel needs to render one alert notice (see notifiers/payload.py)."""
+    """What a channel needs to render one alert notice (see notifiers/payload_contract.py)."""
     notice = decision.notice
     # A flapping notice is not a resolution (that is held), whichever change triggered it.
     resolved = notice is Notice.RESOLVED
@@ -120,7 +120,7 @@ def alert_payload(
 def storm_payload(
     message: StormMessage, policy: Policy, *, route_id: str = ""
 ) -> NotificationPayload:
-    """What a channel needs to render a storm message (see notifiers/payload.py)."""
+    """What a channel needs to render a storm message (see notifiers/payload_contract.py)."""
     rules = policy.storm
     summary = message.summary
     only_resolved = summary.get("total", 0) > 0 and summary.get("firing", 1) == 0

@@ -1,7 +1,7 @@
 """The payload contract between the alert policy and the channels.
 
 The one home of the payload types. The gateway's builders return them, so mypy checks the
-writing side (`gateway/policy/payload.py`: alert and storm notices, `gateway/stages/ack.py`:
+writing side (`gateway/policy/payload_build.py`: alert and storm notices, `gateway/stages/ack.py`:
 acks, `gateway/policy/escalation.call_payload`: calls); the policy stores the result in
 `NotificationDraft.payload` as a plain JSON dict, and every channel reads it back through
 `parse_payload`, which checks it against the TypedDicts below. Only `priority` and
@@ -153,9 +153,9 @@ class NotificationPayload(TypedDict):
     redraw: NotRequired[bool]  # update the incident's card in place where the channel can
     diagnosis: NotRequired[str]  # one-line verdict of the hang analyzer, if any
     message_id: NotRequired[str]  # kind "ack": the Feishu card to update in place
-    # Written by the policy (gateway/policy/payload.py); channels may show them.
+    # Written by the policy (gateway/policy/payload_build.py); channels may show them.
     # firing | recurrence | flapping | resolved | expired | acked | storm_started |
-    # storm_summary | storm_ended (what the policy decided; see gateway/policy/payload.py)
+    # storm_summary | storm_ended (what the policy decided; see gateway/policy/payload_build.py)
     event: NotRequired[str]
     job: NotRequired[str]  # "namespace/name" of the training job
     rule_ids: NotRequired[list[str]]
