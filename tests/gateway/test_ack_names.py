@@ -84,7 +84,11 @@ async def test_a_configured_person_is_named_and_mentioned_anyone_else_is_plain_t
         try:
             causes = [alert(n, priority="P1", alertname=f"GPUXid{n}") for n in (1, 2, 3, 4)]
             await post_alerts(server, causes, TOKEN)
-            first, second, third, fourth = feishu.messages  # one card per cause
+            # one card per cause; the outbox may send them in any order: each by its alert
+            first, second, third, fourth = (
+                next(mid for mid, m in feishu.messages.items() if f"GPUXid{n}" in m["content"])
+                for n in (1, 2, 3, 4)
+            )
             # Ana presses on the card: her open_id is the roster's
             body = feishu.press(first, "Acknowledge", verification_token=VERIFY, open_id="ou_ana")
             answer = await press(server, body)
