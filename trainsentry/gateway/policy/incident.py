@@ -278,17 +278,16 @@ class IncidentState:
         )
 
 
-def _add_job(state: IncidentState, alert: Alert) -> str:
-    """The TrainingJob the alert belongs to joins the incident's `jobs`; the first one named
-    becomes the card's job, in place of a cluster-wide alert's scrape job or "cluster".
-    Returns the job's key when it is new to the incident, else ""."""
-    job = job_of(alert)
+def _add_job(state: IncidentState, job: str) -> bool:
+    """The TrainingJob `job` (correlate.job_of's key; "" for none) joins the incident's `jobs`;
+    the first one named becomes the card's job, in place of a cluster-wide alert's scrape job
+    or "cluster". Returns whether the job is new to the incident."""
     if not job or job_title(job) in state.jobs:
-        return ""
+        return False
     if not state.jobs:
         state.job = job_title(job)
     state.jobs.append(job_title(job))
-    return job
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -523,7 +522,7 @@ class IncidentBook:
             state.lead = {"alert": alert_to_json(alert), "alert_id": alert_id}
             state.cause, state.cause_rank = cause_of(alert), level
         job = job_of(alert)
-        _add_job(state, alert)
+        _add_job(state, job)
         note(state.story, alert, level, at, self.policy)
         if not index:
             return
@@ -557,7 +556,8 @@ class IncidentBook:
         state.copies += 1
         state.twins[ident].append(alert.fingerprint)
         self._index(TWIN_DOMAIN + ident, state, at)
-        if job := _add_job(state, alert):
+        job = job_of(alert)
+        if _add_job(state, job):
             if self.policy.correlation.enabled:
                 self._index(JOB_DOMAIN + job, state, at)
             self.touch(state, at)
@@ -585,7 +585,7 @@ class IncidentBook:
             classification=classification.to_json(),
             cause_rank=level if self.policy.correlation.enabled else FOREIGN,
         )
-        _add_job(state, alert)
+        _add_job(state, job_of(alert))
         self.by_id[state.id] = state
         self.open[key] = state
         self._join(state, alert_id, alert, classification, group_key, at, CAUSE_ROLE)
