@@ -26,10 +26,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 
 from tests.support.feishu_server import FeishuContractServer, Hook
 from tests.support.gateway_process import start_gateway
+from tests.support.paging_config import VOICE_KEY, write_paging_config
 from tests.support.phone_server import PhoneContractServer
 from tests.support.webhook_factory import am_group_key, encode, make_body
 from trainsentry.gateway.app import WEBHOOK_PATH
@@ -38,9 +38,6 @@ pytestmark = pytest.mark.e2e
 TOKEN = "correlation-token"
 NODE = "gpu-node-05"
 JOB = {"namespace": "ml", "trainingjob": "llama-70b"}
-VOICE_TEMPLATE = (
-    '{"CalledNumber": {{ phone|tojson }}, "TtsParam": {{ {"text": text}|tojson|tojson }}}'
-)
 CONFIRM_S = 4  # policy.correlation.confirm_resolved for the test (300 s shipped)
 
 
@@ -125,73 +122,39 @@ def job_alert(name: str, priority: str, started: datetime, **labels: str) -> dic
 
 
 def write_config(tmp_path: Path, bot_url: str, voice_url: str) -> tuple[Path, dict[str, str]]:
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(
-        yaml.safe_dump(
-            {
-                "grouping": {
-                    "follow_up_interval": 5,
-                    "url": "https://ts.example/incidents/{incident}",
-                },
-                "correlation": {"confirm_resolved": CONFIRM_S},
-                # the GPU fires, resolves (stale), fires, resolves: with the shipped 4
-                # transitions that is flapping, whose resolution is held 10 minutes
-                "dedup": {"flap_transitions": 6},
-            }
-        )
-    )
-    config = tmp_path / "gateway.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "gateway": {"policy_file": str(policy)},
-                "channels": {
-                    "feishu_bot": {
-                        "groups": {
-                            "oncall": {"priorities": ["P0", "P1", "P2"], "url_env": "BOT_URL"}
-                        }
-                    },
-                    "phone": {
-                        "provider": "webhook",
-                        "webhook": {
-                            "url_env": "VOICE_URL",
-                            "header_secrets_env": {"X-Api-Key": "VOICE_KEY"},
-                            "body_template": VOICE_TEMPLATE,
-                            "success_field": "Code",
-                            "success_value": "OK",
-                        },
-                    },
-                    "escalation": {  # docs/channels.md's example
-                        "min_priority": "P0",
-                        "ack_timeout_min": 5,
-                        "calls_per_layer": 2,
-                        "layers": [
-                            {
-                                "name": "primary",
-                                "rotation_start": "2026-11-02T09:00:00Z",
-                                "shift_hours": 168,
-                                "members": [
-                                    {"name": "alice", "phone": "+8613800000001"},
-                                    {"name": "bob", "phone": "+8613800000002"},
-                                ],
-                            },
-                            {
-                                "name": "leads",
-                                "members": [{"name": "carol", "phone": "+8613800000003"}],
-                            },
-                        ],
-                    },
-                },
-            }
-        )
-    )
-    env = {
-        "TRAINSENTRY_WEBHOOK_TOKEN": TOKEN,
-        "BOT_URL": bot_url,
-        "VOICE_URL": voice_url,
-        "VOICE_KEY": "voice-key",
+    policy = {
+        "grouping": {"follow_up_interval": 5, "url": "https://ts.example/incidents/{incident}"},
+        "correlation": {"confirm_resolved": CONFIRM_S},
+        # the GPU fires, resolves (stale), fires, resolves: with the shipped 4
+        # transitions that is flapping, whose resolution is held 10 minutes
+        "dedup": {"flap_transitions": 6},
     }
-    return config, env
+    escalation = {  # docs/channels.md's example
+        "min_priority": "P0",
+        "ack_timeout_min": 5,
+        "calls_per_layer": 2,
+        "layers": [
+            {
+                "name": "primary",
+                "rotation_start": "2026-11-02T09:00:00Z",
+                "shift_hours": 168,
+                "members": [
+                    {"name": "alice", "phone": "+8613800000001"},
+                    {"name": "bob", "phone": "+8613800000002"},
+                ],
+            },
+            {"name": "leads", "members": [{"name": "carol", "phone": "+8613800000003"}]},
+        ],
+    }
+    return write_paging_config(
+        tmp_path,
+        token=TOKEN,
+        policy=policy,
+        groups={"oncall": {"priorities": ["P0", "P1", "P2"], "url_env": "BOT_URL"}},
+        voice_url=voice_url,
+        escalation=escalation,
+        env={"BOT_URL": bot_url},
+    )
 
 
 async def until(check: Callable[[], Any], within: float, what: str) -> Any:
@@ -217,7 +180,7 @@ class Scenario:
     def __init__(self, tmp_path: Path) -> None:
         self.tmp_path = tmp_path
         self.feishu = FeishuContractServer(hooks={"oncall": Hook()})
-        self.phones = PhoneContractServer(gateway_token="voice-key")
+        self.phones = PhoneContractServer(gateway_token=VOICE_KEY)
 
     async def run(self, steps: Callable[[Callable[[dict[str, Any]], Any]], Any]) -> None:
         async with self.feishu, self.phones:

@@ -18,13 +18,13 @@ from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 from aiohttp.test_utils import TestServer
 from pydantic import SecretStr
 
 from tests.support.eventually import eventually
 from tests.support.feishu_server import FeishuContractServer, Hook
 from tests.support.gateway_process import close_in_process, start_gateway
+from tests.support.paging_config import VOICE_KEY, write_paging_config
 from tests.support.phone_server import PhoneContractServer
 from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.alerts import Priority
@@ -39,9 +39,6 @@ from trainsentry.notifiers.feishu.app import FeishuAppClient, FeishuAppNotifier
 pytestmark = pytest.mark.e2e
 TOKEN = "incident-token"
 DISK = "NodeFilesystemSpaceLow"
-VOICE_TEMPLATE = (
-    '{"CalledNumber": {{ phone|tojson }}, "TtsParam": {{ {"text": text}|tojson|tojson }}}'
-)
 JOB = {"namespace": "ml", "trainingjob": "llama-70b"}
 
 
@@ -70,50 +67,21 @@ def disk_group(nodes: range, started: datetime, status: str = "firing") -> dict[
 
 
 def write_config(tmp_path: Path, bot_url: str, voice_url: str) -> tuple[Path, dict[str, str]]:
-    policy = tmp_path / "policy.yaml"
-    # a short follow-up window for the test; Alertmanager's 5 min group_interval is the default
-    policy.write_text(yaml.safe_dump({"grouping": {"follow_up_interval": 5}}))
-    config = tmp_path / "gateway.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "gateway": {"policy_file": str(policy)},
-                "channels": {
-                    "feishu_bot": {
-                        "groups": {
-                            "oncall": {"priorities": ["P0", "P1", "P2"], "url_env": "BOT_URL"}
-                        }
-                    },
-                    "phone": {
-                        "provider": "webhook",
-                        "webhook": {
-                            "url_env": "VOICE_URL",
-                            "header_secrets_env": {"X-Api-Key": "VOICE_KEY"},
-                            "body_template": VOICE_TEMPLATE,
-                            "success_field": "Code",
-                            "success_value": "OK",
-                        },
-                    },
-                    "escalation": {
-                        "min_priority": "P0",
-                        "layers": [
-                            {
-                                "name": "primary",
-                                "members": [{"name": "ana", "phone": "+8613800000001"}],
-                            }
-                        ],
-                    },
-                },
-            }
-        )
+    return write_paging_config(
+        tmp_path,
+        token=TOKEN,
+        # a short follow-up window for the test; Alertmanager's 5 min group_interval is the default
+        policy={"grouping": {"follow_up_interval": 5}},
+        groups={"oncall": {"priorities": ["P0", "P1", "P2"], "url_env": "BOT_URL"}},
+        voice_url=voice_url,
+        escalation={
+            "min_priority": "P0",
+            "layers": [
+                {"name": "primary", "members": [{"name": "ana", "phone": "+8613800000001"}]}
+            ],
+        },
+        env={"BOT_URL": bot_url},
     )
-    env = {
-        "TRAINSENTRY_WEBHOOK_TOKEN": TOKEN,
-        "BOT_URL": bot_url,
-        "VOICE_URL": voice_url,
-        "VOICE_KEY": "voice-key",
-    }
-    return config, env
 
 
 def titles(feishu: FeishuContractServer, hook: str = "oncall") -> list[tuple[float, str, str]]:
@@ -126,7 +94,7 @@ def titles(feishu: FeishuContractServer, hook: str = "oncall") -> list[tuple[flo
 
 async def test_one_group_is_one_incident_and_a_new_cause_pages_at_once(tmp_path: Path) -> None:
     feishu = FeishuContractServer(hooks={"oncall": Hook()})
-    phones = PhoneContractServer(gateway_token="voice-key")
+    phones = PhoneContractServer(gateway_token=VOICE_KEY)
     async with feishu, phones:
         config, env = write_config(
             tmp_path, feishu.hook_url("oncall"), f"{phones.base_url}/voice/call"

@@ -1,7 +1,7 @@
 """A test exporter serving dcgm-exporter-, node_exporter-, kube-state-metrics- and
 probe-format series for a small fixed cluster, with faults injectable over HTTP.
 
-Run: python tests/rules/fixture_exporter.py --port N
+Run from the repository root: python -m tests.rules.fixture_exporter --port N
   GET  /dcgm/{node}/metrics   dcgm-exporter series of one node (no `node` label: the
                               scrape config adds it, as the PodMonitor relabeling does)
   GET  /node/{node}/metrics   node_exporter series of one node (incl. infiniband)
@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from tests.support.exposition import Page
 
 NODES = ("gpu-node-1", "gpu-node-2")
 GPUS_PER_NODE = 4
@@ -44,28 +46,6 @@ class Faults:
             self.gpu_temp[(item["node"], str(item["gpu"]))] = float(item["celsius"])
         for item in body.get("ib_down", []):
             self.ib_down.add((item["node"], item["device"], str(item["port"])))
-
-
-def _labels(labels: dict[str, str]) -> str:
-    return ",".join(f'{k}="{v}"' for k, v in labels.items())
-
-
-class Page:
-    """Prometheus text exposition, one HELP/TYPE per family."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.seen: set[str] = set()
-
-    def add(self, name: str, kind: str, value: float, **labels: str) -> None:
-        if name not in self.seen:
-            self.seen.add(name)
-            self.lines.append(f"# HELP {name} fixture")
-            self.lines.append(f"# TYPE {name} {kind}")
-        self.lines.append(f"{name}{{{_labels(labels)}}} {value}")
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
 
 
 def dcgm_page(node: str, faults: Faults) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -26,9 +25,11 @@ from rules import fixture_exporter as fx
 from rules.jobscope import membership_group, render_for_job
 from tests.support.gateway_process import start_gateway
 from tests.support.realservers import (
+    REPO_MODULE_ENV,
     RunningServer,
     http_json,
     logs_on_error,
+    repo_module_argv,
     start_alertmanager,
     start_prometheus,
     start_server,
@@ -151,13 +152,15 @@ def job_rule_files(directory: Path) -> list[Path]:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("rules-e2e")
-    exporter_script = Path(fx.__file__)
     with contextlib.ExitStack() as servers:
         exporter = servers.enter_context(
             start_server(
                 tmp,
                 "exporter",
-                lambda port, _wd: [sys.executable, str(exporter_script), "--port", str(port)],
+                lambda port, _wd: repo_module_argv(
+                    "tests.rules.fixture_exporter", "--port", str(port)
+                ),
+                env=REPO_MODULE_ENV,
             )
         )
         gateway = servers.enter_context(

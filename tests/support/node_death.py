@@ -32,7 +32,6 @@ import copy
 import json
 import os
 import re
-import sys
 import time
 import urllib.parse
 from collections.abc import Mapping
@@ -46,10 +45,13 @@ from aiohttp import web
 from tests.support.feishu_server import FeishuContractServer, Hook
 from tests.support.gateway_process import start_gateway
 from tests.support.node_death_exporter import GPUS_PER_NODE, Scenario
+from tests.support.paging_config import VOICE_KEY, write_paging_config
 from tests.support.phone_server import PhoneContractServer
 from tests.support.realservers import (
+    REPO_MODULE_ENV,
     http_json,
     logs_on_error,
+    repo_module_argv,
     start_alertmanager,
     start_prometheus,
     start_server,
@@ -70,7 +72,7 @@ DEAD_RANKS = range(
 )
 TOKEN = "node-death-token"
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-EXPORTER = Path(__file__).with_name("node_death_exporter.py")
+EXPORTER = "tests.support.node_death_exporter"
 IDENTITY = JobIdentity(name=JOB, namespace=NAMESPACE, uid="37373737-1111-4222-8333-944445555666")
 SPEC = TrainingJobSpec.model_validate(
     {"workloadRef": {"kind": "PyTorchJob", "name": JOB}, "ranksPerPod": GPUS_PER_NODE}
@@ -101,9 +103,6 @@ POLICY_WINDOWS = {
     "infrastructure": ("window",),
     "correlation": ("window", "confirm_resolved"),
 }
-VOICE_TEMPLATE = (  # docs/channels.md's HTTP voice gateway example
-    '{"CalledNumber": {{ phone|tojson }}, "TtsParam": {{ {"text": text}|tojson|tojson }}}'
-)
 
 
 def scale_from_env() -> float:
@@ -299,36 +298,20 @@ def gateway_config(
 ) -> tuple[Path, dict[str, str]]:
     example = docs_channels_example()
     groups = example["channels"]["feishu_bot"]["groups"]
-    env = {"TRAINSENTRY_WEBHOOK_TOKEN": TOKEN, "VOICE_URL": voice_url, "VOICE_KEY": "voice-key"}
+    env = {}
     for name, group in groups.items():
         env[group["url_env"]] = feishu.hook_url(name)
         if "secret_env" in group:
             env[group["secret_env"]] = f"{name}-signing-secret"
-    policy = tmp / "policy.yaml"
-    policy.write_text(yaml.safe_dump(scaled.policy()))
-    config = tmp / "gateway.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "gateway": {"policy_file": str(policy)},
-                "channels": {
-                    "feishu_bot": {"groups": groups},
-                    "phone": {
-                        "provider": "webhook",
-                        "webhook": {
-                            "url_env": "VOICE_URL",
-                            "header_secrets_env": {"X-Api-Key": "VOICE_KEY"},
-                            "body_template": VOICE_TEMPLATE,
-                            "success_field": "Code",
-                            "success_value": "OK",
-                        },
-                    },
-                },
-                "oncall": {"escalation": scaled.escalation(example["oncall"]["escalation"])},
-            }
-        )
+    return write_paging_config(
+        tmp,
+        token=TOKEN,
+        policy=scaled.policy(),
+        groups=groups,
+        voice_url=voice_url,
+        escalation=scaled.escalation(example["oncall"]["escalation"]),
+        env=env,
     )
-    return config, env
 
 
 def feishu_hooks() -> dict[str, Hook]:
@@ -474,7 +457,7 @@ async def run(timeline: Timeline, tmp: Path, factor: float) -> Recording:
     scenario_file = tmp / "scenario.json"
     scenario_file.write_text(json.dumps(asdict(timeline.scenario(factor))))
     feishu = FeishuContractServer(hooks=feishu_hooks())
-    phones = TimedPhoneServer(gateway_token="voice-key")
+    phones = TimedPhoneServer(gateway_token=VOICE_KEY)
     async with feishu, phones, contextlib.AsyncExitStack() as stack:
 
         async def started(start: Any, *args: Any, **kwargs: Any) -> Any:
@@ -486,14 +469,10 @@ async def run(timeline: Timeline, tmp: Path, factor: float) -> Recording:
             start_server,
             tmp,
             "exporter",
-            lambda port, _wd: [
-                sys.executable,
-                str(EXPORTER),
-                "--port",
-                str(port),
-                "--scenario",
-                str(scenario_file),
-            ],
+            lambda port, _wd: repo_module_argv(
+                EXPORTER, "--port", str(port), "--scenario", str(scenario_file)
+            ),
+            env=REPO_MODULE_ENV,
         )
         config, env = gateway_config(tmp, feishu, f"{phones.base_url}/voice/call", scaled)
         gateway = await started(

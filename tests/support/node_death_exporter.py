@@ -19,7 +19,7 @@ answer, as a dead host's scrapes time out), Kubernetes' NotReady after
 its grace period, NCCL RAS declaring the node's processes dead, the survivors waiting in
 their collective, and in the second scenario the node's return and the GPU's.
 
-Only the standard library and aiohttp: run as `python node_death_exporter.py --port N
+Run from the repository root as `python -m tests.support.node_death_exporter --port N
 --scenario FILE`.
 """
 
@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+
+from tests.support.exposition import Page
 
 GPUS_PER_NODE = 8
 IB_PORTS = (("mlx5_0", "1"), ("mlx5_1", "1"), ("mlx5_2", "1"), ("mlx5_3", "1"))
@@ -88,27 +90,6 @@ class Clock:
     def between(self, start: float | None, end: float | None) -> bool:
         now = self.now()
         return (start if start is not None else NEVER) <= now < (end if end is not None else NEVER)
-
-
-def _labels(labels: dict[str, str]) -> str:
-    return ",".join(f'{k}="{v}"' for k, v in labels.items())
-
-
-class Page:
-    """Prometheus text exposition, one HELP/TYPE per family."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.seen: set[str] = set()
-
-    def add(self, name: str, kind: str, value: float, **labels: str) -> None:
-        if name not in self.seen:
-            self.seen.add(name)
-            self.lines += [f"# HELP {name} stand-in", f"# TYPE {name} {kind}"]
-        self.lines.append(f"{name}{{{_labels(labels)}}} {value}")
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
 
 
 class World:

@@ -126,6 +126,20 @@ def _fresh_dir(parent: Path, name: str) -> Path:
     return path
 
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def repo_module_argv(module: str, *args: str) -> list[str]:
+    """The command line that runs a module of this repository's tests (`tests.support.x`) as
+    a server process; pass `env=REPO_MODULE_ENV` to `start_server` so it imports."""
+    return [sys.executable, "-m", module, *args]
+
+
+REPO_MODULE_ENV = {
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+}
+
+
 def start_server(
     tmp_path: Path,
     name: str,
