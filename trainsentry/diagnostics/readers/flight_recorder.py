@@ -412,7 +412,13 @@ def parse_rank_dump(
     dump: dict[str, Any], rank: int, source: str, cache: SignatureCache | None = None
 ) -> RankDump:
     """One rank's decoded dump as columns per process group (`RankDump`), its signatures
-    interned in `cache`; `join_dumps` joins the ranks' into a `Trace`."""
+    interned in `cache`; `join_dumps` joins the ranks' into a `Trace`.
+
+    One piece: the per-entry loop is the reader's hot path (1,024 ranks x 2,000 entries in
+    bench/bench_analyze.py); it binds what it reads to locals and calls helpers only on rare
+    paths (a new signature, a p2p batch's close, an odd entry), so its steps stay inline.
+    `_parse_entry_slowly` is the readable twin it must agree with entry by entry.
+    """
     version = parse_version(dump.get("version", "2.0"))
     if version[0] != SUPPORTED_MAJOR:
         raise FlightRecorderError(f"{source}: unsupported Flight Recorder version {version}")
@@ -424,7 +430,6 @@ def parse_rank_dump(
     states = _STATES
     completed = int(State.COMPLETED)
     scheduled = int(State.SCHEDULED)
-    latest = 0
     entries = dump["entries"]
     fast = _FAST_FIELDS
     dumps = marshal.dumps
@@ -493,29 +498,8 @@ def parse_rank_dump(
                 peer,
             )
         )
-    for columns in by_pg.values():
-        if columns.rows:
-            latest = max(latest, max(row[1] for row in columns.rows))
-    for entry in entries[-32:]:
-        for key in ("time_discovered_completed_ns", "time_discovered_started_ns"):
-            t = entry.get(key)
-            if isinstance(t, int) and t > latest:
-                latest = t
-    pg_ranks: dict[str, tuple[int, ...]] = {}
-    listed: set[int] = set()
-    config = dump.get("pg_config")
-    if isinstance(config, dict):
-        for key, value in config.items():
-            if not isinstance(value, dict):
-                continue
-            name = str(value.get("name") or key)
-            ranks = _parse_ranks(value.get("ranks"))
-            listed.update(r for r in ranks if r >= 0)
-            if name and ranks:
-                pg_ranks[name] = ranks
-            desc = value.get("desc")
-            if name and isinstance(desc, str) and desc and pg_desc.get(name) in _NO_DESC:
-                pg_desc[name] = desc  # entries without a description: pg_config's
+    latest = _latest_ns(by_pg, entries)
+    pg_ranks, listed = _read_pg_config(dump.get("pg_config"), pg_desc)
     last_enqueued, last_started = _pg_status(dump.get("pg_status"), by_pg, pg_id_to_name)
     for name, columns in by_pg.items():
         if columns.rows and columns.rows[-1][4]:  # pg_status counts p2p works then
@@ -777,6 +761,57 @@ def _split_groups_apart(dumps: list[RankDump]) -> list[str]:
     return notes
 
 
+def _latest_ns(by_pg: dict[str, PgColumns], entries: list[Any]) -> int:
+    """Pure: the dump's latest event time: the newest entry created, or an entry discovered
+    completed or started later (only the last 32 entries can be)."""
+    latest = 0
+    for columns in by_pg.values():
+        if columns.rows:
+            latest = max(latest, max(row[1] for row in columns.rows))
+    for entry in entries[-32:]:
+        for key in ("time_discovered_completed_ns", "time_discovered_started_ns"):
+            t = entry.get(key)
+            if isinstance(t, int) and t > latest:
+                latest = t
+    return latest
+
+
+def _read_pg_config(
+    config: Any, pg_desc: dict[str, str]
+) -> tuple[dict[str, tuple[int, ...]], set[int]]:
+    """The ranks `pg_config` declares per group, and every rank it lists; a group whose
+    entries carry no description takes pg_config's into `pg_desc`."""
+    pg_ranks: dict[str, tuple[int, ...]] = {}
+    listed: set[int] = set()
+    if not isinstance(config, dict):
+        return pg_ranks, listed
+    for key, value in config.items():
+        if not isinstance(value, dict):
+            continue
+        name = str(value.get("name") or key)
+        ranks = _parse_ranks(value.get("ranks"))
+        listed.update(r for r in ranks if r >= 0)
+        if name and ranks:
+            pg_ranks[name] = ranks
+        desc = value.get("desc")
+        if name and isinstance(desc, str) and desc and pg_desc.get(name) in _NO_DESC:
+            pg_desc[name] = desc  # entries without a description: pg_config's
+    return pg_ranks, listed
+
+
+@dataclass
+class _Membership:
+    """What the dumps say of each process group (`join_dumps`' first step): the ranks that
+    recorded it, the ranks its `pg_config` declares (from a member's own dump), its
+    description, each member's own group rank (local -> global), and every rank named."""
+
+    members: dict[str, set[int]] = field(default_factory=dict)
+    declared: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    descs: dict[str, str] = field(default_factory=dict)
+    own_ranks: dict[str, dict[int, int]] = field(default_factory=dict)
+    known_ranks: set[int] = field(default_factory=set)
+
+
 def join_dumps(dumps: list[RankDump], trace: Trace, named_ranks: set[int] | None = None) -> Trace:
     """Join per-rank dumps into communicators and streams.
 
@@ -785,36 +820,60 @@ def join_dumps(dumps: list[RankDump], trace: Trace, named_ranks: set[int] | None
     size when the dumps do not.
     """
     trace.notes.extend(_split_groups_apart(dumps))
-    members: dict[str, set[int]] = {}
-    declared: dict[str, tuple[int, ...]] = {}
-    descs: dict[str, str] = {}
-    known_ranks: set[int] = set(named_ranks or ())
-    own_ranks: dict[str, dict[int, int]] = {}
+    membership = _read_membership(dumps, trace, named_ranks or set())
+    _add_communicators(dumps, trace, membership)
+    lookups = {
+        pg: _peer_lookup(comm, membership.own_ranks.get(pg, {}))
+        for pg, comm in trace.communicators.items()
+    }
+    unmapped: dict[str, set[int]] = {}
+    for d in dumps:
+        _add_streams(d, trace, lookups, unmapped)
+    for comm_id, locals_ in sorted(unmapped.items()):
+        trace.notes.append(
+            f"{comm_id}: p2p peer group rank(s) {sorted(locals_)[:8]} not mapped to global ranks: "
+            "the group's membership is unknown (no usable pg_config, and those ranks' own "
+            "entries are missing), so those waits name no peer"
+        )
+    return trace
+
+
+def _read_membership(dumps: list[RankDump], trace: Trace, named_ranks: set[int]) -> _Membership:
+    """Each group's members as the dumps tell them; the trace learns which ranks have data and
+    when each dump was captured."""
+    found = _Membership(known_ranks=set(named_ranks))
     for d in dumps:
         trace.ranks_with_data.add(d.rank)
         trace.last_event_ns = max(trace.last_event_ns, d.latest_ns)
         if d.captured_ns:
             trace.captured_ns[d.rank] = d.captured_ns
             trace.capture_end_ns = max(trace.capture_end_ns, d.captured_ns)
-        known_ranks.add(d.rank)
-        known_ranks.update(d.listed_ranks)
+        found.known_ranks.add(d.rank)
+        found.known_ranks.update(d.listed_ranks)
         for pg in d.by_pg:
-            members.setdefault(pg, set()).add(d.rank)
-            descs.setdefault(pg, d.pg_desc.get(pg, ""))
+            found.members.setdefault(pg, set()).add(d.rank)
+            found.descs.setdefault(pg, d.pg_desc.get(pg, ""))
         for pg, ranks in d.pg_ranks.items():
-            known_ranks.update(ranks)
+            found.known_ranks.update(ranks)
             if d.rank in ranks:
-                declared.setdefault(pg, ranks)
-                members.setdefault(pg, set()).add(d.rank)
+                found.declared.setdefault(pg, ranks)
+                found.members.setdefault(pg, set()).add(d.rank)
         for pg, local in d.own_local.items():
-            own_ranks.setdefault(pg, {}).setdefault(local, d.rank)
-    world_floor = max(known_ranks) + 1 if known_ranks else 0
+            found.own_ranks.setdefault(pg, {}).setdefault(local, d.rank)
+    return found
+
+
+def _add_communicators(dumps: list[RankDump], trace: Trace, membership: _Membership) -> None:
+    """One `Communicator` per group, and the world's size when the default group tells it."""
+    known = membership.known_ranks
+    world_floor = max(known) + 1 if known else 0
     hints = _size_hints(dumps, trace.signatures)
     trace.world_floor = world_floor
-    for pg in members:
+    declared, descs = membership.declared, membership.descs
+    for pg in membership.members:
         if descs.get(pg) == "default_pg":
             trace.world_size = len(declared[pg]) if pg in declared else hints.get(pg)
-    for pg, seen in members.items():
+    for pg, seen in membership.members.items():
         trace.communicators[pg] = _membership(
             pg,
             seen,
@@ -824,61 +883,59 @@ def join_dumps(dumps: list[RankDump], trace: Trace, named_ranks: set[int] | None
             world_floor,
             trace.topology,
         )
-    lookups = {
-        pg: _peer_lookup(comm, own_ranks.get(pg, {})) for pg, comm in trace.communicators.items()
-    }
-    unmapped: dict[str, set[int]] = {}
+
+
+def _add_streams(
+    d: RankDump,
+    trace: Trace,
+    lookups: dict[str, np.ndarray | None],
+    unmapped: dict[str, set[int]],
+) -> None:
+    """One rank's streams: per group its collectives, its point-to-point ops (a `{pg}/p2p`
+    communicator of the group's ranks) and, for a group with work enqueued but nothing
+    recorded, an empty stream that keeps its last enqueued number. Peers a p2p op names that
+    no global rank is known for are added to `unmapped`."""
     table: SignatureTable = trace.signatures
-    for d in dumps:
-        for pg, columns in d.by_pg.items():
-            collective_picks = np.nonzero(~columns.is_p2p)[0]
-            p2p_picks = np.nonzero(columns.is_p2p)[0]
-            if len(collective_picks):
-                stream = _build_stream(
-                    d.rank,
-                    pg,
-                    columns,
-                    collective_picks,
-                    False,
-                    None,
-                    table,
-                    d.last_enqueued.get(pg, -1),
+    for pg, columns in d.by_pg.items():
+        collective_picks = np.nonzero(~columns.is_p2p)[0]
+        p2p_picks = np.nonzero(columns.is_p2p)[0]
+        if len(collective_picks):
+            stream = _build_stream(
+                d.rank,
+                pg,
+                columns,
+                collective_picks,
+                False,
+                None,
+                table,
+                d.last_enqueued.get(pg, -1),
+            )
+            stream.last_started = d.last_started.get(pg, -1)
+            trace.streams[(pg, d.rank)] = stream
+            trace.gaps.extend(find_gaps(stream))
+        if len(p2p_picks):
+            comm_id = f"{pg}/p2p"
+            if comm_id not in trace.communicators:
+                base = trace.communicators[pg]
+                trace.communicators[comm_id] = Communicator(
+                    comm_id, base.ranks, base.desc, base.declared, base.unidentified
                 )
-                stream.last_started = d.last_started.get(pg, -1)
-                trace.streams[(pg, d.rank)] = stream
-                trace.gaps.extend(find_gaps(stream))
-            if len(p2p_picks):
-                comm_id = f"{pg}/p2p"
-                if comm_id not in trace.communicators:
-                    base = trace.communicators[pg]
-                    trace.communicators[comm_id] = Communicator(
-                        comm_id, base.ranks, base.desc, base.declared, base.unidentified
-                    )
-                stream = _build_stream(
-                    d.rank, comm_id, columns, p2p_picks, True, lookups[pg], table, -1
-                )
-                trace.streams[(comm_id, d.rank)] = stream
-                lookup = lookups[pg]
-                if lookup is not None and not trace.communicators[pg].membership_known:
-                    lost = {
-                        local
-                        for local in np.unique(columns.peer_local[p2p_picks]).tolist()
-                        if local >= 0 and (local >= len(lookup) or lookup[local] < 0)
-                    }
-                    if lost:
-                        unmapped.setdefault(comm_id, set()).update(lost)
-        for pg, last in d.last_enqueued.items():
-            if pg in trace.communicators and (pg, d.rank) not in trace.streams and last > 0:
-                empty = make_stream(d.rank, pg, [], [], [], State.SCHEDULED)
-                empty.last_enqueued = last
-                trace.streams[(pg, d.rank)] = empty
-    for comm_id, locals_ in sorted(unmapped.items()):
-        trace.notes.append(
-            f"{comm_id}: p2p peer group rank(s) {sorted(locals_)[:8]} not mapped to global ranks: "
-            "the group's membership is unknown (no usable pg_config, and those ranks' own "
-            "entries are missing), so those waits name no peer"
-        )
-    return trace
+            lookup = lookups[pg]
+            stream = _build_stream(d.rank, comm_id, columns, p2p_picks, True, lookup, table, -1)
+            trace.streams[(comm_id, d.rank)] = stream
+            if lookup is not None and not trace.communicators[pg].membership_known:
+                lost = {
+                    local
+                    for local in np.unique(columns.peer_local[p2p_picks]).tolist()
+                    if local >= 0 and (local >= len(lookup) or lookup[local] < 0)
+                }
+                if lost:
+                    unmapped.setdefault(comm_id, set()).update(lost)
+    for pg, last in d.last_enqueued.items():
+        if pg in trace.communicators and (pg, d.rank) not in trace.streams and last > 0:
+            empty = make_stream(d.rank, pg, [], [], [], State.SCHEDULED)
+            empty.last_enqueued = last
+            trace.streams[(pg, d.rank)] = empty
 
 
 def looks_like_flight_recorder(head: bytes) -> bool:
