@@ -33,6 +33,8 @@ Exit codes:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`trainsentry operator`'s options. One piece: a flat list of argparse definitions, read
+    down like the --help it prints."""
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
         "-n",

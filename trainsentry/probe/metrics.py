@@ -20,6 +20,8 @@ class ProbeMetrics:
     """Holds the metric objects and turns tracker / RAS results into samples."""
 
     def __init__(self, base: Mapping[str, str], world_size: int) -> None:
+        """One piece: the probe's metric families, one definition after another (name, help,
+        labels); a list to read down, not steps."""
         self.registry = CollectorRegistry(auto_describe=True)
         self._base = {name: base.get(name, "") for name in BASE_LABELS}
         r = self.registry
