@@ -184,6 +184,103 @@ def _append(ops: list[Op], base: Mapping[str, Any], path: tuple[str | int, ...],
         ops.append({"op": "add", "path": _pointer(*path, key), "value": list(items)})
 
 
+@dataclass
+class _Patch:
+    """The patch being built for one pod's training container. The steps (`_add_*`) only
+    append: to `ops` in the order they are applied, to `kept` what of the pod's own settings
+    was left as it was; the pod itself (`spec`, `container`) is never changed."""
+
+    spec: Mapping[str, Any]  # the pod's spec
+    container: Mapping[str, Any]  # its training container
+    where: tuple[str | int, ...]  # the container's path: ("spec", "containers", index)
+    ops: list[Op] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+
+
+def _add_job_label(patch: _Patch, meta: Mapping[str, Any], job: str) -> None:
+    """Adds the label `JOB_LABEL: job` (with the labels map where the pod has none); a pod
+    labelled for another job keeps its label (kept)."""
+    labels = meta.get("labels") or {}
+    if labels.get(JOB_LABEL, job) != job:
+        patch.kept.append(f"label {JOB_LABEL}={labels[JOB_LABEL]}")
+    elif JOB_LABEL not in labels:
+        if "labels" in meta:
+            patch.ops.append({"op": "add", "path": _pointer("metadata", "labels", JOB_LABEL),
+                              "value": job})  # fmt: skip
+        else:
+            patch.ops.append({"op": "add", "path": "/metadata/labels", "value": {JOB_LABEL: job}})
+
+
+def _add_volumes(patch: _Patch, settings: InstrumentSettings) -> None:
+    """Adds the probe's emptyDir, the init container filling it and its read-only mount at
+    PROBE_MOUNT, and the Flight Recorder's emptyDir mounted at DUMP_MOUNT, unless the
+    container mounts something there (kept) or the pod has a volume of that name (kept, and
+    mounted there)."""
+    mounts = patch.container.get("volumeMounts") or []
+    volumes = patch.spec.get("volumes") or []
+    new_volumes = [{"name": PROBE_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}}]
+    new_mounts = [{"name": PROBE_VOLUME, "mountPath": PROBE_MOUNT, "readOnly": True}]
+    if any(m.get("mountPath") == DUMP_MOUNT for m in mounts):
+        patch.kept.append(f"mount at {DUMP_MOUNT}")
+    elif any(v.get("name") == DUMP_VOLUME for v in volumes):
+        patch.kept.append(f"volume {DUMP_VOLUME}")
+        new_mounts.append({"name": DUMP_VOLUME, "mountPath": DUMP_MOUNT})
+    else:
+        new_volumes.append({"name": DUMP_VOLUME, "emptyDir": {}})
+        new_mounts.append({"name": DUMP_VOLUME, "mountPath": DUMP_MOUNT})
+    _append(patch.ops, patch.spec, ("spec",), "volumes", new_volumes)
+    _append(patch.ops, patch.spec, ("spec",), "initContainers", [init_container(settings)])
+    _append(patch.ops, patch.container, patch.where, "volumeMounts", new_mounts)
+
+
+def _add_env(patch: _Patch, probe_env: list[Op]) -> None:
+    """Adds `probe_env` (`_env`) less the variables the container sets (kept), and
+    PYTHONPATH starting with the hook's folder: added, or the folder put in front of the
+    container's literal value; a PYTHONPATH from a reference is kept as it is (no start-up
+    hook)."""
+    env = patch.container.get("env") or []
+    have = {str(e.get("name")): i for i, e in enumerate(env)}
+    add_env = []
+    for item in probe_env:
+        if item["name"] in have:
+            patch.kept.append(f"env {item['name']}")
+        else:
+            add_env.append(item)
+    if "PYTHONPATH" not in have:
+        add_env.append({"name": "PYTHONPATH", "value": BOOTSTRAP_PATH})
+    else:
+        own = env[have["PYTHONPATH"]]
+        if "value" in own and BOOTSTRAP_PATH not in str(own["value"]).split(":"):
+            value = f"{BOOTSTRAP_PATH}:{own['value']}" if own["value"] else BOOTSTRAP_PATH
+            patch.ops.append({"op": "replace", "path": _pointer(*patch.where, "env",
+                              have["PYTHONPATH"], "value"), "value": value})  # fmt: skip
+            patch.kept.append("env PYTHONPATH (the hook's folder put in front)")
+        elif "value" not in own:
+            patch.kept.append("env PYTHONPATH (set from a reference: no start-up hook)")
+    _append(patch.ops, patch.container, patch.where, "env", add_env)
+
+
+def _add_ports(patch: _Patch, job_spec: TrainingJobSpec) -> None:
+    """Adds the probe's ports, one a local rank (`ranksPerPod`, at most MAX_PORTS) from
+    `probe.port`, named ts-probe-<local rank>; a port whose number (TCP) or name a container
+    of the pod has already is kept."""
+    containers = patch.spec.get("containers") or []
+    taken = {
+        (int(p.get("containerPort", 0)), str(p.get("protocol", "TCP")))
+        for c in containers
+        for p in c.get("ports") or []
+    }
+    port_names = {str(p.get("name")) for c in containers for p in c.get("ports") or []}
+    ports = []
+    for local in range(min(job_spec.ranksPerPod, MAX_PORTS)):
+        port, name = job_spec.probe.port + local, f"ts-probe-{local}"
+        if (port, "TCP") in taken or name in port_names:
+            patch.kept.append(f"port {port}")
+            continue
+        ports.append({"name": name, "containerPort": port, "protocol": "TCP"})
+    _append(patch.ops, patch.container, patch.where, "ports", ports)
+
+
 def plan(
     pod: Mapping[str, Any],
     namespace: str,
@@ -225,70 +322,12 @@ def plan(
     if any(m.get("mountPath") == PROBE_MOUNT for m in mounts):
         return Plan([], job, f"the container mounts something at {PROBE_MOUNT} already")
 
-    ops: list[Op] = []
-    kept: list[str] = []
-    where = ("spec", "containers", index)
-    labels = meta.get("labels") or {}
-    if labels.get(JOB_LABEL, job) != job:
-        kept.append(f"label {JOB_LABEL}={labels[JOB_LABEL]}")
-    elif JOB_LABEL not in labels:
-        if "labels" in meta:
-            ops.append({"op": "add", "path": _pointer("metadata", "labels", JOB_LABEL),
-                        "value": job})  # fmt: skip
-        else:
-            ops.append({"op": "add", "path": "/metadata/labels", "value": {JOB_LABEL: job}})
-    new_volumes = [{"name": PROBE_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}}]
-    new_mounts = [{"name": PROBE_VOLUME, "mountPath": PROBE_MOUNT, "readOnly": True}]
-    if any(m.get("mountPath") == DUMP_MOUNT for m in mounts):
-        kept.append(f"mount at {DUMP_MOUNT}")
-    elif any(v.get("name") == DUMP_VOLUME for v in volumes):
-        kept.append(f"volume {DUMP_VOLUME}")
-        new_mounts.append({"name": DUMP_VOLUME, "mountPath": DUMP_MOUNT})
-    else:
-        new_volumes.append({"name": DUMP_VOLUME, "emptyDir": {}})
-        new_mounts.append({"name": DUMP_VOLUME, "mountPath": DUMP_MOUNT})
-    _append(ops, spec, ("spec",), "volumes", new_volumes)
-    _append(ops, spec, ("spec",), "initContainers", [init_container(settings)])
-    _append(ops, container, where, "volumeMounts", new_mounts)
-
-    env = container.get("env") or []
-    have = {str(e.get("name")): i for i, e in enumerate(env)}
-    add_env = []
-    for item in _env(job, namespace, job_spec, settings):
-        if item["name"] in have:
-            kept.append(f"env {item['name']}")
-        else:
-            add_env.append(item)
-    if "PYTHONPATH" not in have:
-        add_env.append({"name": "PYTHONPATH", "value": BOOTSTRAP_PATH})
-    else:
-        own = env[have["PYTHONPATH"]]
-        if "value" in own and BOOTSTRAP_PATH not in str(own["value"]).split(":"):
-            value = f"{BOOTSTRAP_PATH}:{own['value']}" if own["value"] else BOOTSTRAP_PATH
-            ops.append({"op": "replace", "path": _pointer(*where, "env", have["PYTHONPATH"],
-                        "value"), "value": value})  # fmt: skip
-            kept.append("env PYTHONPATH (the hook's folder put in front)")
-        elif "value" not in own:
-            kept.append("env PYTHONPATH (set from a reference: no start-up hook)")
-    _append(ops, container, where, "env", add_env)
-
-    taken = {
-        (int(p.get("containerPort", 0)), str(p.get("protocol", "TCP")))
-        for c in spec.get("containers") or []
-        for p in c.get("ports") or []
-    }
-    port_names = {
-        str(p.get("name")) for c in spec.get("containers") or [] for p in c.get("ports") or []
-    }
-    ports = []
-    for local in range(min(job_spec.ranksPerPod, MAX_PORTS)):
-        port, name = job_spec.probe.port + local, f"ts-probe-{local}"
-        if (port, "TCP") in taken or name in port_names:
-            kept.append(f"port {port}")
-            continue
-        ports.append({"name": name, "containerPort": port, "protocol": "TCP"})
-    _append(ops, container, where, "ports", ports)
-    return Plan(ops, job, f"instrumented for TrainingJob {job}, {which}{also}", kept)
+    patch = _Patch(spec, container, ("spec", "containers", index))
+    _add_job_label(patch, meta, job)
+    _add_volumes(patch, settings)
+    _add_env(patch, _env(job, namespace, job_spec, settings))
+    _add_ports(patch, job_spec)
+    return Plan(patch.ops, job, f"instrumented for TrainingJob {job}, {which}{also}", patch.kept)
 
 
 def token_secret(job: JobIdentity, token: str) -> dict[str, Any]:
