@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from trainsentry.operator.handlers import WebhookServing
+    from trainsentry.operator.reconcile import Sources
 
 HELP = "run the TrainingJob operator"
 DESCRIPTION = """\
@@ -176,19 +177,82 @@ def webhook_serving(args: argparse.Namespace, env: Mapping[str, str]) -> Webhook
     )
 
 
+def _probe_token(env: Mapping[str, str], log: logging.Logger) -> str | None:
+    """The gateway's master probe token (PROBE_TOKEN_ENV in `env`), or None, which is
+    logged once as a warning: then no job gets a probe token Secret."""
+    probe_token = (env.get(PROBE_TOKEN_ENV) or "").strip() or None
+    if probe_token is None:
+        log.warning(
+            "event=no_probe_token detail=%r",
+            f"{PROBE_TOKEN_ENV} is not set: no job gets a probe token Secret, and "
+            "instrumented pods get no token (their probes serve no dumps)",
+        )
+    return probe_token
+
+
+def _load_sources(args: argparse.Namespace) -> Sources:
+    """The rule files and dashboards the arguments name (default: the bundled ones), with
+    where dashboards go and who reads spec.alerting (None: unset, the operator says nothing
+    of it). Raises OSError or ValueError when they cannot be loaded."""
+    from pathlib import Path
+
+    from trainsentry import assets
+    from trainsentry.operator.reconcile import load_sources
+    from trainsentry.operator.status import JobAlertingScope
+
+    return load_sources(
+        Path(args.rules_dir or assets.rules_dir()),
+        Path(args.dashboards_dir or assets.dashboards_dir()),
+        args.dashboards_namespace or None,
+        None
+        if args.job_alerting is None
+        else JobAlertingScope(args.job_alerting == "on", frozenset(args.job_alerting_namespace)),
+    )
+
+
+async def _operate(
+    args: argparse.Namespace,
+    sources: Sources,
+    probe_token: str | None,
+    webhook: WebhookServing | None,
+) -> None:
+    """Runs kopf with our handlers until it stops. kopf and our own client connect with the
+    same kubeconfig and context; exact namespaces (no glob) spare the cluster-wide scan."""
+    import kopf
+
+    from trainsentry.operator.handlers import OperatorOptions, build_registry
+    from trainsentry.operator.login import load_api_config, login_handler
+
+    api_config = await load_api_config(args.kubeconfig, args.context)
+    exact = bool(args.namespace) and not any(
+        char in name for name in args.namespace for char in "*?[]!"
+    )
+    options = OperatorOptions(
+        resync_seconds=args.resync,
+        discovery=not args.no_discovery,
+        api_config=api_config,
+        login=login_handler(args.kubeconfig, args.context),
+        scan_cluster=not exact,
+        probe_token=probe_token,
+        webhook=webhook,
+    )
+    registry = build_registry(sources, options)
+    await kopf.operator(
+        registry=registry,
+        namespaces=list(args.namespace),
+        clusterwide=not args.namespace,
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        priority=args.priority,
+        liveness_endpoint=args.liveness,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import os
-    from pathlib import Path
 
-    import kopf
-
-    from trainsentry import assets
     from trainsentry.logs import quiet_url_loggers
-    from trainsentry.operator.handlers import OperatorOptions, build_registry
-    from trainsentry.operator.login import load_api_config, login_handler
-    from trainsentry.operator.reconcile import load_sources
-    from trainsentry.operator.status import JobAlertingScope
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -204,56 +268,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         log.error("event=usage error=%r", str(exc))
         return 2
-    probe_token = (os.environ.get(PROBE_TOKEN_ENV) or "").strip() or None
-    if probe_token is None:
-        log.warning(
-            "event=no_probe_token detail=%r",
-            f"{PROBE_TOKEN_ENV} is not set: no job gets a probe token Secret, and "
-            "instrumented pods get no token (their probes serve no dumps)",
-        )
+    probe_token = _probe_token(os.environ, log)
     try:
-        sources = load_sources(
-            Path(args.rules_dir or assets.rules_dir()),
-            Path(args.dashboards_dir or assets.dashboards_dir()),
-            args.dashboards_namespace or None,
-            None
-            if args.job_alerting is None
-            else JobAlertingScope(
-                args.job_alerting == "on", frozenset(args.job_alerting_namespace)
-            ),
-        )
+        sources = _load_sources(args)
     except (OSError, ValueError) as exc:
         log.error("event=load_failed error=%r", str(exc))
         return 1
-
-    async def main() -> None:
-        # kopf and our own client connect with the same kubeconfig and context.
-        api_config = await load_api_config(args.kubeconfig, args.context)
-        exact = bool(args.namespace) and not any(
-            char in name for name in args.namespace for char in "*?[]!"
-        )
-        options = OperatorOptions(
-            resync_seconds=args.resync,
-            discovery=not args.no_discovery,
-            api_config=api_config,
-            login=login_handler(args.kubeconfig, args.context),
-            scan_cluster=not exact,
-            probe_token=probe_token,
-            webhook=webhook,
-        )
-        registry = build_registry(sources, options)
-        await kopf.operator(
-            registry=registry,
-            namespaces=list(args.namespace),
-            clusterwide=not args.namespace,
-            standalone=args.peering is None,
-            peering_name=args.peering,
-            priority=args.priority,
-            liveness_endpoint=args.liveness,
-        )
-
     try:
-        asyncio.run(main())
+        asyncio.run(_operate(args, sources, probe_token, webhook))
     except KeyboardInterrupt:
         return 0
     except Exception as exc:  # the exit code and one log line are the interface
