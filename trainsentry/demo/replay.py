@@ -20,12 +20,12 @@ from pydantic import SecretStr
 from trainsentry.alerts import utcnow
 from trainsentry.config import GatewaySettings, Settings
 from trainsentry.demo.html import write_preview
-from trainsentry.demo.incident import OPEN_NODES, load_incident, open_incident
+from trainsentry.demo.incident import OPEN_NODES, Incident, load_incident, open_incident
 from trainsentry.demo.maintenance_scene import SPAN, replay_window
 from trainsentry.demo.previews import CallPreview, CardPreview, PreviewLog, SheetPreview
 from trainsentry.gateway.app import WEBHOOK_PATH
 from trainsentry.gateway.assemble import create_app
-from trainsentry.gateway.pipeline import GATEWAY_KEY
+from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.sections import oncall_of
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
@@ -85,6 +85,70 @@ def _listen(port: int) -> socket.socket:
     return sock
 
 
+def _start_time() -> datetime:
+    """Where the replay's clock starts: early enough that the incident, the settling after
+    it and the maintenance window end about now, so the replay's times are real ones and
+    the console's ages true."""
+    now = utcnow().replace(microsecond=0)
+    span = timedelta(seconds=load_incident(now).steps[-1].at + 2 * SETTLE_AFTER_S) + SPAN
+    return now - span - timedelta(minutes=5)
+
+
+def _gateway_settings(out: Path, port: int, console: str, token: str | None) -> GatewaySettings:
+    """The demo gateway's settings: on 127.0.0.1:`port`, its store in `out`, the API token
+    `token` (None: no actions), and a policy (written to `out`) whose incident cards'
+    "Incident" button opens the incident's page of `console`, this gateway's console."""
+    policy = {"grouping": {"url": console + "incidents/{incident}"}}
+    (out / POLICY_FILE).write_text(yaml.safe_dump(policy))
+    return GatewaySettings(
+        listen=f"127.0.0.1:{port}",
+        db=f"sqlite:///{out / 'demo.db'}",
+        policy_file=out / POLICY_FILE,
+        api_token=SecretStr(token) if token else None,
+    )
+
+
+async def _replay_incident(
+    gateway: Gateway, url: str, clock: VirtualClock, base: datetime, incident: Incident
+) -> list[dict[str, Any]]:
+    """Posts the incident's webhooks to `url` at their virtual times from `base`, the
+    gateway settled after each step, then lets SETTLE_AFTER_S pass twice (held resolutions
+    and storms calm down). Returns the gateway's answers, in order."""
+    answers: list[dict[str, Any]] = []
+    async with aiohttp.ClientSession() as session:
+        for step in incident.steps:
+            clock.current = base + timedelta(seconds=step.at)
+            for body in step.bodies:
+                answers.append(await _post(session, url, body))
+            await gateway.settle()
+    clock.current = base + timedelta(seconds=incident.steps[-1].at + SETTLE_AFTER_S)
+    await gateway.settle()
+    clock.current += timedelta(seconds=SETTLE_AFTER_S)
+    await gateway.settle()
+    return answers
+
+
+async def _replay_maintenance(gateway: Gateway, url: str, clock: VirtualClock) -> dict[str, Any]:
+    """The maintenance window's story (`replay_window`) from the clock's time on; returns
+    what happened."""
+    async with aiohttp.ClientSession() as session:
+
+        def move_to(moment: datetime) -> None:
+            clock.current = moment
+
+        return await replay_window(gateway, session, url, clock, move_to)
+
+
+async def _leave_open_incident(gateway: Gateway, url: str, clock: VirtualClock) -> None:
+    """Five minutes on, sets the clock running at the wall clock's pace and opens the
+    incident (`open_incident`) left for the console's user to acknowledge."""
+    clock.current += timedelta(minutes=5)
+    clock.run()
+    async with aiohttp.ClientSession() as session:
+        await _post(session, url, open_incident(clock()))
+    await gateway.settle()
+
+
 async def run_demo(
     out: Path,
     serve: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
@@ -98,10 +162,7 @@ async def run_demo(
     is left open (`open_incident`) to acknowledge there."""
     started = time.perf_counter()
     _prepare(out)
-    # the replay ends about now (its times are real ones, the console's ages true)
-    now = utcnow().replace(microsecond=0)
-    span = timedelta(seconds=load_incident(now).steps[-1].at + 2 * SETTLE_AFTER_S) + SPAN
-    base = now - span - timedelta(minutes=5)
+    base = _start_time()
     clock = VirtualClock(base)
     incident = load_incident(base)
     log = PreviewLog()
@@ -115,16 +176,8 @@ async def run_demo(
     sock = _listen(port)
     port = sock.getsockname()[1]
     console = f"http://127.0.0.1:{port}/ui/"
-    # the incident cards' "Incident" button: this gateway's console page of the incident
-    policy = {"grouping": {"url": console + "incidents/{incident}"}}
-    (out / POLICY_FILE).write_text(yaml.safe_dump(policy))
     token = secrets.token_urlsafe(12) if serve is not None else None
-    settings = GatewaySettings(
-        listen=f"127.0.0.1:{port}",
-        db=f"sqlite:///{out / 'demo.db'}",
-        policy_file=out / POLICY_FILE,
-        api_token=SecretStr(token) if token else None,
-    )
+    settings = _gateway_settings(out, port, console, token)
     # The background ticker is not needed: the replay drives the timers at virtual times.
     oncall = oncall_of(Settings(gateway=settings, oncall=demo_oncall(base)))
     app = create_app(settings, notifiers=notifiers, clock=clock, tick_interval=3600, oncall=oncall)
@@ -133,24 +186,9 @@ async def run_demo(
     await web.SockSite(runner, sock).start()
     url = f"http://127.0.0.1:{port}{WEBHOOK_PATH}"
     gateway = app[GATEWAY_KEY]
-    answers: list[dict[str, Any]] = []
     try:
-        async with aiohttp.ClientSession() as session:
-            for step in incident.steps:
-                clock.current = base + timedelta(seconds=step.at)
-                for body in step.bodies:
-                    answers.append(await _post(session, url, body))
-                await gateway.settle()
-        clock.current = base + timedelta(seconds=incident.steps[-1].at + SETTLE_AFTER_S)
-        await gateway.settle()
-        clock.current += timedelta(seconds=SETTLE_AFTER_S)
-        await gateway.settle()
-        async with aiohttp.ClientSession() as session:
-
-            def move_to(moment: datetime) -> None:
-                clock.current = moment
-
-            maintenance = await replay_window(gateway, session, url, clock, move_to)
+        answers = await _replay_incident(gateway, url, clock, base, incident)
+        maintenance = await _replay_maintenance(gateway, url, clock)
         async with gateway.engine.connect() as conn:
             totals = await counts(conn)
         await write_report_preview(gateway.engine, out / "report.html", now=clock())
@@ -158,11 +196,7 @@ async def run_demo(
             out, incident.title, answers, totals, maintenance, started, log, cards.updates
         )
         if serve is not None:
-            clock.current += timedelta(minutes=5)
-            clock.run()
-            async with aiohttp.ClientSession() as session:
-                await _post(session, url, open_incident(clock()))
-            await gateway.settle()
+            await _leave_open_incident(gateway, url, clock)
             summary["incident console"] = console
             summary["demo token"] = token
             summary["open incident"] = (
