@@ -258,9 +258,104 @@ def _print_processes(console: Any, report: Report) -> None:
             console.print(f"    {process.meaning}")
 
 
-def print_summary(report: Report) -> None:
-    from rich.console import Console
+def _missing(hang: CommHang) -> str:
+    """Pure: the hang's missing ranks in words, with the members nothing names (a count, or
+    "unknown" when not even the group's size is known)."""
+    missing = _ranks(hang.missing_ranks)
+    if hang.unidentified is None and not hang.missing_ranks:
+        return "unknown (group membership unknown, see notes)"
+    if hang.unidentified:
+        return (
+            f"{missing if hang.missing_ranks else ''}"
+            f"{' + ' if hang.missing_ranks else ''}"
+            f"{hang.unidentified} unnamed (group membership unknown, see notes)"
+        )
+    return missing
+
+
+def _print_hang(console: Any, report: Report, primary: CommHang) -> None:
+    """The primary hang: the collective, who is missing and who waits, root causes and
+    victims, then what else the hang analysis found (skipped collectives, ranks without a
+    dump, other communicators stuck behind it)."""
+    console.print(
+        f"[bold]hang[/] on {primary.comm} ({primary.desc or 'no description'}) at seq "
+        f"{primary.seq}: {primary.op}"
+    )
+    if primary.not_started_ranks:
+        console.print(
+            f"  every rank enqueued it; never started on rank(s): "
+            f"[bold red]{_ranks(primary.not_started_ranks)}[/]"
+        )
+    space = "" if primary.rank_space == "global" else f"{primary.rank_space} "
+    console.print(f"  missing {space}ranks: {_missing(primary)}")
+    console.print(f"  {_waiting(report, primary)}")
+    roots = report.hang.root_cause_ranks
+    victims = report.hang.victim_ranks
+    if roots or report.format != "ras":
+        console.print(
+            f"  root cause rank(s): [bold red]{_ranks(roots)}[/]"
+            + (f"; victims: {_ranks(victims)}" if victims else "")
+        )
+    _print_processes(console, report)
+    if report.hang.skipped_ranks:
+        console.print(
+            f"  rank(s) {_ranks(report.hang.skipped_ranks)} skipped a collective and moved "
+            "on; the ranks waiting for them are victims"
+        )
+    if primary.no_dump_ranks:
+        console.print(f"  no dump from rank(s): {_ranks(primary.no_dump_ranks)}")
+    others = [h for h in report.hang.hangs if h is not primary]
+    if others:
+        console.print(f"  {len(others)} other communicator(s) stuck as a consequence")
+
+
+def _print_mismatches(console: Any, report: Report) -> None:
+    """The first 10 mismatches as a table; its title counts all of them."""
     from rich.table import Table
+
+    table = Table(title=f"mismatches ({report.mismatch.total} sequence numbers)")
+    for column in ("communicator", "seq", "kind", "culprit ranks", "expected", "found"):
+        table.add_column(column)
+    for m in report.mismatch.mismatches[:10]:
+        culprits = _ranks(m.culprit_ranks) + (" (ambiguous)" if m.ambiguous else "")
+        table.add_row(m.comm, str(m.seq), m.kind, culprits, m.expected, m.found)
+    console.print(table)
+
+
+def _print_slow_ranks(console: Any, report: Report) -> None:
+    """The first 10 slow ranks as a table (communicators by their description where they
+    have one), then the first 10 late ranks that are victims of a slow rank's pipeline."""
+    from rich.table import Table
+
+    table = Table(title="slow ranks (last to arrive more often than chance)")
+    for column in ("rank", "p-value (Holm)", "median lag ms", "last / ops", "communicators"):
+        table.add_column(column)
+    for s in report.slow.slow_ranks[:10]:
+        p_text = f"{s.p_value:.2g}" if s.p_value > 0 else f"<= 1e{s.log10_p_bound:.0f}"
+        named = [
+            desc or comm
+            for comm, desc in zip(s.communicators, s.descriptions or s.communicators, strict=False)
+        ]
+        table.add_row(
+            str(s.rank),
+            p_text,
+            f"{s.lag_ms:.2f}",
+            f"{s.last_count}/{s.ops}",
+            ", ".join(named),
+        )
+    console.print(table)
+    for v in report.slow.victims[:10]:
+        console.print(
+            f"  rank {v.rank} is late too ({v.lag_ms:.2f} ms) but sits in slow "
+            f"rank {v.victim_of}'s pipeline: a victim, not a cause"
+        )
+
+
+def print_summary(report: Report) -> None:
+    """Print the report for a person: the verdict line, then each part only when it has
+    something to say, always in this order: the hang, the mismatches, the slow ranks, the
+    ring-buffer gaps, the notes and the files that could not be read."""
+    from rich.console import Console
 
     console = Console()
     colour = {"ok": "green", "hang": "red", "mismatch": "red", "slow": "yellow"}[report.verdict]
@@ -272,78 +367,11 @@ def print_summary(report: Report) -> None:
     )
     primary = report.primary_hang
     if primary is not None:
-        console.print(
-            f"[bold]hang[/] on {primary.comm} ({primary.desc or 'no description'}) at seq "
-            f"{primary.seq}: {primary.op}"
-        )
-        if primary.not_started_ranks:
-            console.print(
-                f"  every rank enqueued it; never started on rank(s): "
-                f"[bold red]{_ranks(primary.not_started_ranks)}[/]"
-            )
-        missing = _ranks(primary.missing_ranks)
-        if primary.unidentified is None and not primary.missing_ranks:
-            missing = "unknown (group membership unknown, see notes)"
-        elif primary.unidentified:
-            missing = (
-                f"{missing if primary.missing_ranks else ''}"
-                f"{' + ' if primary.missing_ranks else ''}"
-                f"{primary.unidentified} unnamed (group membership unknown, see notes)"
-            )
-        space = "" if primary.rank_space == "global" else f"{primary.rank_space} "
-        console.print(f"  missing {space}ranks: {missing}")
-        console.print(f"  {_waiting(report, primary)}")
-        roots = report.hang.root_cause_ranks
-        victims = report.hang.victim_ranks
-        if roots or report.format != "ras":
-            console.print(
-                f"  root cause rank(s): [bold red]{_ranks(roots)}[/]"
-                + (f"; victims: {_ranks(victims)}" if victims else "")
-            )
-        _print_processes(console, report)
-        if report.hang.skipped_ranks:
-            console.print(
-                f"  rank(s) {_ranks(report.hang.skipped_ranks)} skipped a collective and moved "
-                "on; the ranks waiting for them are victims"
-            )
-        if primary.no_dump_ranks:
-            console.print(f"  no dump from rank(s): {_ranks(primary.no_dump_ranks)}")
-        others = [h for h in report.hang.hangs if h is not primary]
-        if others:
-            console.print(f"  {len(others)} other communicator(s) stuck as a consequence")
+        _print_hang(console, report, primary)
     if report.mismatch.mismatches:
-        table = Table(title=f"mismatches ({report.mismatch.total} sequence numbers)")
-        for column in ("communicator", "seq", "kind", "culprit ranks", "expected", "found"):
-            table.add_column(column)
-        for m in report.mismatch.mismatches[:10]:
-            culprits = _ranks(m.culprit_ranks) + (" (ambiguous)" if m.ambiguous else "")
-            table.add_row(m.comm, str(m.seq), m.kind, culprits, m.expected, m.found)
-        console.print(table)
+        _print_mismatches(console, report)
     if report.slow.slow_ranks:
-        table = Table(title="slow ranks (last to arrive more often than chance)")
-        for column in ("rank", "p-value (Holm)", "median lag ms", "last / ops", "communicators"):
-            table.add_column(column)
-        for s in report.slow.slow_ranks[:10]:
-            p_text = f"{s.p_value:.2g}" if s.p_value > 0 else f"<= 1e{s.log10_p_bound:.0f}"
-            named = [
-                desc or comm
-                for comm, desc in zip(
-                    s.communicators, s.descriptions or s.communicators, strict=False
-                )
-            ]
-            table.add_row(
-                str(s.rank),
-                p_text,
-                f"{s.lag_ms:.2f}",
-                f"{s.last_count}/{s.ops}",
-                ", ".join(named),
-            )
-        console.print(table)
-        for v in report.slow.victims[:10]:
-            console.print(
-                f"  rank {v.rank} is late too ({v.lag_ms:.2f} ms) but sits in slow "
-                f"rank {v.victim_of}'s pipeline: a victim, not a cause"
-            )
+        _print_slow_ranks(console, report)
     if report.gaps:
         ranks = sorted({g.rank for g in report.gaps})
         console.print(

@@ -125,8 +125,14 @@ class HangAnalysis:
         return max(involved, key=lambda h: (h.wait_bound_s, -h.seq))
 
 
+def _records_states(stream: Stream) -> bool:
+    """Pure: whether the stream's format records each entry's state (scheduled, started,
+    completed)."""
+    return bool(len(stream.state)) and int(stream.state[0]) != State.UNKNOWN
+
+
 def _first_incomplete(stream: Stream) -> int | None:
-    if not len(stream.state) or int(stream.state[0]) == State.UNKNOWN:
+    if not _records_states(stream):
         return None
     pending = np.nonzero(stream.state != State.COMPLETED)[0]
     return int(stream.seq[pending[0]]) if len(pending) else None
@@ -139,37 +145,55 @@ def _event_at(stream: Stream, seq: int) -> int | None:
     return None
 
 
-def _comm_hang(trace: Trace, comm_id: str, min_idle_s: float) -> tuple[CommHang | None, bool]:
-    """(candidate, accepted): the communicator's stuck collective, and whether it is a verdict."""
-    comm = trace.communicators[comm_id]
-    streams = {s.rank: s for s in trace.streams_of(comm_id)}
-    no_dump = tuple(r for r in comm.ranks if r not in trace.ranks_with_data)
-    if not streams:
-        return None, False
+def _reached(
+    trace: Trace, members: tuple[int, ...], streams: Mapping[int, Stream]
+) -> dict[int, int]:
+    """Pure: per rank with data, the highest sequence number it reached on the communicator
+    (0 for a member that has a dump but never used it); members without a dump are absent."""
     reached = {r: s.reached for r, s in streams.items()}
-    for rank in comm.ranks:
+    for rank in members:
         if rank in trace.ranks_with_data and rank not in reached:
             reached[rank] = 0  # has a dump, never used this communicator
+    return reached
+
+
+def _stuck_seq(streams: Mapping[int, Stream], reached: Mapping[int, int]) -> int | None:
+    """Pure: the lowest sequence number some rank did not reach (while another went past
+    it), or reached but never completed; None when every rank reached the same point and
+    none left an entry incomplete (as far as its format records states)."""
     top = max(reached.values())
     candidates = [reached[r] + 1 for r in reached if reached[r] < top]
-    states_known = False
     for stream in streams.values():
         pending = _first_incomplete(stream)
-        if len(stream.state) and int(stream.state[0]) != State.UNKNOWN:
-            states_known = True
         if pending is not None:
             candidates.append(pending)
-    if not candidates:
-        return None, False
-    seq = min(candidates)
-    arrived = tuple(sorted(r for r in reached if reached[r] >= seq))
-    missing = tuple(sorted({r for r in reached if reached[r] < seq} | set(no_dump)))
+    return min(candidates) if candidates else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Arrivals:
+    """What the arrived ranks' entries of the stuck collective say."""
+
+    op: str  # as the last arrived rank with an entry recorded it
+    first_ns: int  # the earliest arrival
+    waited_s: float | None  # the longest wait to a rank's capture; None: no capture time
+    waited_at_least_s: float | None  # the longest wait to the last event any rank recorded
+    started: frozenset[int]  # arrived ranks known to have started it
+    completed: bool  # whether some arrived rank's entry says completed
+
+
+def _arrivals(
+    trace: Trace, streams: Mapping[int, Stream], arrived: tuple[int, ...], seq: int
+) -> _Arrivals | None:
+    """Pure: the arrived ranks' entries of `seq`; None when none is left in a ring buffer
+    (they reached it per pg_status only). Each rank's wait is measured against its own
+    dump's time, never our clock."""
     arrival_times: list[int] = []
     waits: list[float] = []
     bounds: list[float] = []
     started: set[int] = set()
     op = "?"
-    incomplete_on_arrived = True
+    completed = False
     for rank in arrived:
         mine = streams.get(rank)
         if mine is not None and mine.last_started >= seq:
@@ -178,7 +202,6 @@ def _comm_hang(trace: Trace, comm_id: str, min_idle_s: float) -> tuple[CommHang 
         if mine is None or i is None:
             continue  # reached it per pg_status, but the entry left the ring buffer
         arrival_times.append(int(mine.time_ns[i]))
-        # Each rank's wait is measured against its own dump's time, never our clock.
         captured = trace.captured_at(rank)
         if captured is not None:
             waits.append((captured - int(mine.time_ns[i])) / 1e9)
@@ -187,41 +210,79 @@ def _comm_hang(trace: Trace, comm_id: str, min_idle_s: float) -> tuple[CommHang 
         op = trace.signatures[int(mine.signature[i])].describe()
         if int(mine.state[i]) >= State.STARTED:
             started.add(rank)
-        if states_known and int(mine.state[i]) == State.COMPLETED:
-            incomplete_on_arrived = False
+        if int(mine.state[i]) == State.COMPLETED:
+            completed = True
     if not arrival_times:
+        return None
+    return _Arrivals(
+        op,
+        min(arrival_times),
+        max(0.0, *waits) if waits else None,
+        max(0.0, *bounds) if bounds else None,
+        frozenset(started),
+        completed,
+    )
+
+
+def _not_started(
+    streams: Mapping[int, Stream], arrived: tuple[int, ...], started: frozenset[int]
+) -> tuple[bool, tuple[int, ...]]:
+    """Pure, for a collective every member reached, in a format that records states:
+    (whether the dumps record when collectives start, the arrived ranks that never started
+    it while others did; () when starts are not recorded or nobody started it)."""
+    timing = any(
+        s.last_started >= 0 or bool(np.any(s.state == State.STARTED)) for s in streams.values()
+    )
+    if timing and started:
+        return timing, tuple(r for r in arrived if r not in started)
+    return timing, ()
+
+
+def _comm_hang(trace: Trace, comm_id: str, min_idle_s: float) -> tuple[CommHang | None, bool]:
+    """(candidate, accepted): the communicator's stuck collective, and whether it is a verdict.
+
+    Pure. A candidate needs agreement: where the format records states, the stuck entry is
+    incomplete on every arrived rank; where it does not, some member is missing. It is
+    accepted when the arrived ranks waited at least `min_idle_s`, or when no capture time
+    says how long they waited (see the module doc)."""
+    comm = trace.communicators[comm_id]
+    streams = {s.rank: s for s in trace.streams_of(comm_id)}
+    no_dump = tuple(r for r in comm.ranks if r not in trace.ranks_with_data)
+    if not streams:
         return None, False
-    first = min(arrival_times)
-    waited = max(0.0, *waits) if waits else None
-    at_least = max(0.0, *bounds) if bounds else None
+    reached = _reached(trace, comm.ranks, streams)
+    seq = _stuck_seq(streams, reached)
+    if seq is None:
+        return None, False
+    arrived = tuple(sorted(r for r in reached if reached[r] >= seq))
+    missing = tuple(sorted({r for r in reached if reached[r] < seq} | set(no_dump)))
+    seen = _arrivals(trace, streams, arrived, seq)
+    if seen is None:
+        return None, False
+    states_known = any(_records_states(s) for s in streams.values())
+    agreed = not seen.completed if states_known else bool(missing)
+    if not agreed:
+        return None, False
     timing: bool | None = None
     not_started: tuple[int, ...] = ()
     if states_known and not missing:
-        timing = any(
-            s.last_started >= 0 or bool(np.any(s.state == State.STARTED)) for s in streams.values()
-        )
-        if timing and started:
-            not_started = tuple(r for r in arrived if r not in started)
+        timing, not_started = _not_started(streams, arrived, seen.started)
     hang = CommHang(
         comm_id,
         comm.desc,
-        op,
+        seen.op,
         seq,
         arrived,
         missing,
         no_dump,
-        waited,
-        first,
+        seen.waited_s,
+        seen.first_ns,
         comm.unidentified,
         not_started,
         timing,
-        at_least,
+        seen.waited_at_least_s,
     )
-    agreed = incomplete_on_arrived if states_known else bool(missing)
-    if not agreed:
-        return None, False
-    # Without a capture time the idle requirement cannot be checked (see the module doc).
-    return hang, waited is None or waited >= min_idle_s
+    return hang, seen.waited_s is None or seen.waited_s >= min_idle_s
 
 
 def _p2p_waits(trace: Trace, min_idle_s: float) -> list[P2PWait]:

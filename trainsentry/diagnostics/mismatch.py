@@ -23,7 +23,14 @@ from math import prod
 
 import numpy as np
 
-from trainsentry.diagnostics.model import GATHER_OPS, SCATTER_OPS, OpSignature, State, Trace
+from trainsentry.diagnostics.model import (
+    GATHER_OPS,
+    SCATTER_OPS,
+    OpSignature,
+    State,
+    Stream,
+    Trace,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +91,135 @@ def _comm_mismatch_seqs(trace: Trace, comm_id: str, keys: np.ndarray) -> np.ndar
     return np.unique(seqs[1:][differs])
 
 
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """One communicator under check: its id, its members' streams (each sorted by sequence
+    number) and its size (None when not even the number of members is known)."""
+
+    comm: str
+    streams: list[Stream]
+    size: int | None
+
+
+def _expected(
+    trace: Trace, counts: list[tuple[int, int]], group_size: int | None
+) -> tuple[int, bool]:
+    """Pure: (the expected signature's key id, whether it is a tie) among `counts` (key id,
+    ranks), most common first. A tie between the largest groups is broken in favour of the
+    one signature that is internally consistent (`size_consistent`), if exactly one is."""
+    majority_id = counts[0][0]
+    tie = len(counts) > 1 and counts[0][1] == counts[1][1]
+    if tie:
+        consistent = [c for c, _ in counts if size_consistent(trace.signatures[c], group_size)]
+        if len(consistent) == 1:
+            majority_id, tie = consistent[0], False
+    return majority_id, tie
+
+
+def _signature_mismatches(
+    trace: Trace, group: _Group, keys: np.ndarray, seqs: np.ndarray
+) -> list[Mismatch]:
+    """Pure: per sequence number in `seqs`, one mismatch per signature other than the
+    expected one, naming the ranks that recorded it (in the order of `seqs`, then the most
+    common signature first)."""
+    mismatches = []
+    for seq in seqs:
+        per_rank: dict[int, int] = {}
+        for stream in group.streams:
+            i = int(np.searchsorted(stream.seq, seq))
+            if i < len(stream.seq) and int(stream.seq[i]) == int(seq):
+                per_rank[stream.rank] = int(keys[int(stream.signature[i])])
+        counts = Counter(per_rank.values()).most_common()
+        majority_id, tie = _expected(trace, counts, group.size)
+        expected = trace.signatures[majority_id]
+        for sig_id, _count in counts:
+            if sig_id == majority_id:
+                continue
+            found = trace.signatures[sig_id]
+            culprits = tuple(sorted(r for r, s in per_rank.items() if s == sig_id))
+            mismatches.append(
+                Mismatch(
+                    group.comm,
+                    int(seq),
+                    _kind(expected, found),
+                    culprits,
+                    expected.describe(),
+                    found.describe(),
+                    tie,
+                )
+            )
+    return mismatches
+
+
+def _size_mismatches(trace: Trace, group: _Group, known: list[Mismatch]) -> list[Mismatch]:
+    """Pure: the per-rank size rule (`size_consistent`), even where all ranks agree on a
+    broken all_gather: one mismatch per broken signature, at its first sequence number, naming
+    every rank that recorded it; none where `known` (or an earlier one of these) already
+    names the same communicator, sequence number and ranks."""
+    size_ok: dict[int, bool] = {}
+    broken: dict[int, tuple[int, list[int]]] = {}  # sig id -> (first seq, ranks)
+    for stream in group.streams:
+        for sig_id in np.unique(stream.signature):
+            key = int(sig_id)
+            ok = size_ok.get(key)
+            if ok is None:
+                ok = size_ok[key] = size_consistent(trace.signatures[key], group.size)
+            if ok:
+                continue
+            first = int(stream.seq[np.nonzero(stream.signature == sig_id)[0][0]])
+            seen_first, ranks = broken.setdefault(key, (first, []))
+            broken[key] = (min(seen_first, first), ranks)
+            ranks.append(stream.rank)
+    mismatches: list[Mismatch] = []
+    for key, (first, ranks) in broken.items():
+        sig = trace.signatures[key]
+        culprits = tuple(sorted(ranks))
+        if any(
+            m.comm == group.comm and m.seq == first and m.culprit_ranks == culprits
+            for m in (*known, *mismatches)
+        ):
+            continue
+        mismatches.append(
+            Mismatch(
+                group.comm,
+                first,
+                "size",
+                culprits,
+                f"{sig.op} with output = input x {group.size}",
+                sig.describe(),
+            )
+        )
+    return mismatches
+
+
+def _state_mismatches(group: _Group) -> list[Mismatch]:
+    """Pure: per rank whose format records states, the first entry left incomplete before
+    that rank's last completed one (at most one per rank)."""
+    mismatches = []
+    for stream in group.streams:
+        if len(stream.state) and int(stream.state[0]) != State.UNKNOWN:
+            done = np.nonzero(stream.state == State.COMPLETED)[0]
+            if len(done):
+                stuck = np.nonzero(stream.state[: done[-1]] != State.COMPLETED)[0]
+                if len(stuck):
+                    mismatches.append(
+                        Mismatch(
+                            group.comm,
+                            int(stream.seq[stuck[0]]),
+                            "state",
+                            (stream.rank,),
+                            "completed",
+                            "incomplete before a completed entry",
+                        )
+                    )
+    return mismatches
+
+
 def analyze_mismatches(trace: Trace, max_per_comm: int = 3) -> MismatchAnalysis:
+    """Pure. Per communicator of two or more ranks (p2p ones aside): its signature, size and
+    state mismatches in that order, then all sorted with state mismatches last, by
+    communicator and sequence number. `total` counts every sequence number whose signatures
+    differ (the detailed or not) plus each size and state mismatch."""
     analysis = MismatchAnalysis()
     keys = trace.signatures.key_ids()  # signatures compared as the collective defines them
     for comm_id, comm in trace.communicators.items():
@@ -94,91 +229,12 @@ def analyze_mismatches(trace: Trace, max_per_comm: int = 3) -> MismatchAnalysis:
         # Members nothing names still count (their number comes from the gathers' sizes);
         # when even the group's size is unknown, the size rule has nothing to check against.
         group_size = None if comm.unidentified is None else len(comm.ranks) + comm.unidentified
+        group = _Group(comm_id, streams, group_size)
         bad_seqs = _comm_mismatch_seqs(trace, comm_id, keys)
-        analysis.total += len(bad_seqs)
-        for seq in bad_seqs[:max_per_comm]:
-            per_rank: dict[int, int] = {}
-            for stream in streams:
-                i = int(np.searchsorted(stream.seq, seq))
-                if i < len(stream.seq) and int(stream.seq[i]) == int(seq):
-                    per_rank[stream.rank] = int(keys[int(stream.signature[i])])
-            counts = Counter(per_rank.values()).most_common()
-            majority_id = counts[0][0]
-            tie = len(counts) > 1 and counts[0][1] == counts[1][1]
-            if tie:
-                # Prefer the signature that is internally consistent as the expected one.
-                consistent = [
-                    c for c, _ in counts if size_consistent(trace.signatures[c], group_size)
-                ]
-                if len(consistent) == 1:
-                    majority_id, tie = consistent[0], False
-            expected = trace.signatures[majority_id]
-            for sig_id, _count in counts:
-                if sig_id == majority_id:
-                    continue
-                found = trace.signatures[sig_id]
-                culprits = tuple(sorted(r for r, s in per_rank.items() if s == sig_id))
-                analysis.mismatches.append(
-                    Mismatch(
-                        comm_id,
-                        int(seq),
-                        _kind(expected, found),
-                        culprits,
-                        expected.describe(),
-                        found.describe(),
-                        tie,
-                    )
-                )
-        # Per-rank size rule, even where all ranks agree on a broken all_gather.
-        size_ok: dict[int, bool] = {}
-        broken: dict[int, tuple[int, list[int]]] = {}  # sig id -> (first seq, ranks)
-        for stream in streams:
-            for sig_id in np.unique(stream.signature):
-                key = int(sig_id)
-                ok = size_ok.get(key)
-                if ok is None:
-                    ok = size_ok[key] = size_consistent(trace.signatures[key], group_size)
-                if ok:
-                    continue
-                first = int(stream.seq[np.nonzero(stream.signature == sig_id)[0][0]])
-                seen_first, ranks = broken.setdefault(key, (first, []))
-                broken[key] = (min(seen_first, first), ranks)
-                ranks.append(stream.rank)
-        for key, (first, ranks) in broken.items():
-            sig = trace.signatures[key]
-            culprits = tuple(sorted(ranks))
-            if any(
-                m.comm == comm_id and m.seq == first and m.culprit_ranks == culprits
-                for m in analysis.mismatches
-            ):
-                continue
-            analysis.total += 1
-            analysis.mismatches.append(
-                Mismatch(
-                    comm_id,
-                    first,
-                    "size",
-                    culprits,
-                    f"{sig.op} with output = input x {group_size}",
-                    sig.describe(),
-                )
-            )
-        for stream in streams:
-            if len(stream.state) and int(stream.state[0]) != State.UNKNOWN:
-                done = np.nonzero(stream.state == State.COMPLETED)[0]
-                if len(done):
-                    stuck = np.nonzero(stream.state[: done[-1]] != State.COMPLETED)[0]
-                    if len(stuck):
-                        analysis.total += 1
-                        analysis.mismatches.append(
-                            Mismatch(
-                                comm_id,
-                                int(stream.seq[stuck[0]]),
-                                "state",
-                                (stream.rank,),
-                                "completed",
-                                "incomplete before a completed entry",
-                            )
-                        )
+        differing = _signature_mismatches(trace, group, keys, bad_seqs[:max_per_comm])
+        sizes = _size_mismatches(trace, group, differing)
+        states = _state_mismatches(group)
+        analysis.total += len(bad_seqs) + len(sizes) + len(states)
+        analysis.mismatches += [*differing, *sizes, *states]
     analysis.mismatches.sort(key=lambda m: (m.kind == "state", m.comm, m.seq))
     return analysis

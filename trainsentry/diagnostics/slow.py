@@ -185,56 +185,42 @@ def _remove_stage_offsets(times: np.ndarray, stages: list[int]) -> np.ndarray:
     return adjusted
 
 
-def analyze_slow(
-    trace: Trace,
-    alpha: float = DEFAULT_ALPHA,
-    min_lag_ms: float = DEFAULT_MIN_LAG_MS,
-    stop_at: Mapping[str, int] | None = None,
+#: One binomial test before Holm's correction: communicator, its peers, rank, times last,
+#: operations, p-value, median and mean lag (ms) when last, log10 of the p-value.
+_RawTest = tuple[str, tuple[int, ...], int, int, int, float, float, float, float]
+
+
+def _last_arrival_tests(comm_id: str, ranks: list[int], times: np.ndarray) -> list[_RawTest]:
+    """Pure: per rank of one communicator (`times`: one row per operation, one column per
+    rank, stage offsets removed), how often it arrived last (ties count for nobody), the
+    one-sided binomial p-value of that against 1/n, and its lag behind the next-latest rank
+    on those operations."""
+    ops = times.shape[0]
+    ordered = np.sort(times, axis=1)
+    lag_ms = (ordered[:, -1] - ordered[:, -2]) / 1e6
+    last = np.argmax(times, axis=1)
+    tied = ordered[:, -1] == ordered[:, -2]
+    peers = tuple(ranks)
+    raw: list[_RawTest] = []
+    for position, rank in enumerate(peers):
+        mine = (last == position) & ~tied
+        k = int(mine.sum())
+        p = float(stats.binom.sf(k - 1, ops, 1.0 / len(peers))) if k else 1.0
+        log10_p = _log10_binom_tail(k, ops, 1.0 / len(peers)) if k else 0.0
+        lags = lag_ms[mine]
+        median = float(np.median(lags)) if k else 0.0
+        mean = float(lags.mean()) if k else 0.0
+        raw.append((comm_id, peers, rank, k, ops, p, median, mean, log10_p))
+    return raw
+
+
+def _causes_and_victims(
+    trace: Trace, flagged: dict[int, list[SlowTest]], tests: list[SlowTest]
 ) -> SlowAnalysis:
-    """Pure. `stop_at`: per communicator, the first sequence number with a blocking
-    mismatch; only arrivals before it count (after it the ranks' equal numbers name
-    different operations: a rank whose larger all_reduce consumed its peers' next one is a
-    whole collective "late" on every later number without being slow)."""
-    stages = stage_map(trace)
-    raw: list[tuple[str, tuple[int, ...], int, int, int, float, float, float, float]] = []
-    for comm_id, comm in trace.communicators.items():
-        if len(comm.ranks) < 2:
-            continue
-        if any(s.is_p2p for s in trace.streams_of(comm_id)):
-            continue
-        matrix = _arrival_matrix(trace, comm_id, (stop_at or {}).get(comm_id))
-        if matrix is None:
-            continue
-        ranks, times = matrix
-        member_stages = [stages.get(r, 0) for r in ranks]
-        if len(set(member_stages)) == len(ranks):
-            continue  # one rank per stage: its lateness cannot be told from pipeline skew
-        times = _remove_stage_offsets(times, member_stages)
-        ops = times.shape[0]
-        ordered = np.sort(times, axis=1)
-        lag_ms = (ordered[:, -1] - ordered[:, -2]) / 1e6
-        last = np.argmax(times, axis=1)
-        tied = ordered[:, -1] == ordered[:, -2]
-        peers = tuple(ranks)
-        for position, rank in enumerate(peers):
-            mine = (last == position) & ~tied
-            k = int(mine.sum())
-            p = float(stats.binom.sf(k - 1, ops, 1.0 / len(peers))) if k else 1.0
-            log10_p = _log10_binom_tail(k, ops, 1.0 / len(peers)) if k else 0.0
-            lags = lag_ms[mine]
-            median = float(np.median(lags)) if k else 0.0
-            mean = float(lags.mean()) if k else 0.0
-            raw.append((comm_id, peers, rank, k, ops, p, median, mean, log10_p))
-    adjusted = _holm([r[5] for r in raw])
-    log10_tests = math.log10(max(1, len(raw)))
-    tests = [
-        SlowTest(c, peers, rank, k, ops, p, adj, median, mean, min(0.0, lp + log10_tests))
-        for (c, peers, rank, k, ops, p, median, mean, lp), adj in zip(raw, adjusted, strict=True)
-    ]
-    flagged: dict[int, list[SlowTest]] = {}
-    for test in tests:
-        if test.p_adjusted < alpha and test.median_lag_ms >= min_lag_ms:
-            flagged.setdefault(test.rank, []).append(test)
+    """Pure: one SlowRank per flagged rank, strongest first (flagged in more communicators,
+    then the larger sum of times last x median lag); with a topology, a rank in the pipeline
+    group of an earlier cause flagged in more communicators is that cause's victim, otherwise
+    it is a cause."""
 
     def score(item: tuple[int, list[SlowTest]]) -> tuple[int, float]:
         return len(item[1]), sum(t.last_count * t.median_lag_ms for t in item[1])
@@ -264,3 +250,42 @@ def analyze_slow(
         )
         (analysis.victims if victim_of is not None else analysis.slow_ranks).append(result)
     return analysis
+
+
+def analyze_slow(
+    trace: Trace,
+    alpha: float = DEFAULT_ALPHA,
+    min_lag_ms: float = DEFAULT_MIN_LAG_MS,
+    stop_at: Mapping[str, int] | None = None,
+) -> SlowAnalysis:
+    """Pure. `stop_at`: per communicator, the first sequence number with a blocking
+    mismatch; only arrivals before it count (after it the ranks' equal numbers name
+    different operations: a rank whose larger all_reduce consumed its peers' next one is a
+    whole collective "late" on every later number without being slow)."""
+    stages = stage_map(trace)
+    raw: list[_RawTest] = []
+    for comm_id, comm in trace.communicators.items():
+        if len(comm.ranks) < 2:
+            continue
+        if any(s.is_p2p for s in trace.streams_of(comm_id)):
+            continue
+        matrix = _arrival_matrix(trace, comm_id, (stop_at or {}).get(comm_id))
+        if matrix is None:
+            continue
+        ranks, times = matrix
+        member_stages = [stages.get(r, 0) for r in ranks]
+        if len(set(member_stages)) == len(ranks):
+            continue  # one rank per stage: its lateness cannot be told from pipeline skew
+        times = _remove_stage_offsets(times, member_stages)
+        raw.extend(_last_arrival_tests(comm_id, ranks, times))
+    adjusted = _holm([r[5] for r in raw])
+    log10_tests = math.log10(max(1, len(raw)))
+    tests = [
+        SlowTest(c, peers, rank, k, ops, p, adj, median, mean, min(0.0, lp + log10_tests))
+        for (c, peers, rank, k, ops, p, median, mean, lp), adj in zip(raw, adjusted, strict=True)
+    ]
+    flagged: dict[int, list[SlowTest]] = {}
+    for test in tests:
+        if test.p_adjusted < alpha and test.median_lag_ms >= min_lag_ms:
+            flagged.setdefault(test.rank, []).append(test)
+    return _causes_and_victims(trace, flagged, tests)
