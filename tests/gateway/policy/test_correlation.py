@@ -477,3 +477,17 @@ def test_property_every_alert_in_one_incident_and_one_page_per_incident() -> Non
         for state in gw.book.by_id.values():
             assert state.firing >= 0
             assert state.status == RESOLVED or state.firing > 0 or not state.total
+
+
+def test_a_cluster_wide_alert_names_no_job_until_a_training_job_joins() -> None:
+    """Prometheus gives every series its scrape `job` ("dcgm-exporter"), which is no
+    TrainingJob: the node-death run's first card said "— dcgm-exporter" and its call "on job
+    dcgm-exporter". The payload's `job` is a TrainingJob's `namespace/name` or absent."""
+    gw = Gateway()
+    scrape = {**GPU, "job": "dcgm-exporter", "instance": "10.0.5.1:9400"}
+    first = change(0, "GPUFellOffBus", scrape)
+    gw.send(first)
+    assert "job" not in incident_payload(gw.incident_of(first), POLICY, "r")
+    assert gw.pages() and all("job" not in d.payload for d in gw.drafts)
+    gw.send(change(5, "GPUFellOffBus", {**scrape, **JOB}))  # the job-scoped copy
+    assert incident_payload(gw.incident_of(first), POLICY, "r")["job"] == "ml/llama-70b"

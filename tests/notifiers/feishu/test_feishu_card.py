@@ -82,6 +82,23 @@ def test_alert_card_has_the_fields_people_need() -> None:
     assert {"action": "silence", "alert_id": 42, "duration_s": 3600} in callbacks
 
 
+def test_a_title_names_the_job_else_the_node() -> None:
+    """A cluster-wide alert (no TrainingJob; its scrape `job` is "dcgm-exporter") is titled by
+    its node; an alert of a job, by the job."""
+    payload = alert_payload()
+    assert _title_of(payload).endswith("GpuXidError — team-a/llama-70b")
+    labels = {k: v for k, v in payload["labels"].items() if k not in ("trainingjob", "namespace")}
+    cluster = {**payload, "labels": {**labels, "job": "dcgm-exporter"}}
+    assert _title_of(cluster).endswith("GpuXidError — gpu-node-07")
+    del cluster["labels"]["node"]
+    assert _title_of(cluster).endswith("FIRING: GpuXidError")
+
+
+def _title_of(payload: dict[str, Any]) -> str:
+    card = alert_card(parse_payload(payload), CardOptions())
+    return str(card["header"]["title"]["content"])
+
+
 def test_no_action_buttons_without_app_or_when_resolved_or_acked() -> None:
     def callbacks(card: dict[str, Any]) -> list[Any]:
         return [b for b in _buttons(card) if b["behaviors"][0]["type"] == "callback"]

@@ -114,7 +114,7 @@ def incident_payload(state: IncidentState, policy: Policy, route_id: str) -> dic
         "at": (state.updated_at or state.opened_at).isoformat(),
         "incident": incident_block(state, policy),
     }
-    if state.job:
+    if state.jobs:  # a TrainingJob, never a cluster-wide alert's scrape job ("dcgm-exporter")
         body["job"] = state.job
     if alert is not None:
         body.update(

@@ -191,8 +191,12 @@ def _state_words(payload: NotificationPayload) -> str:
 
 
 def _title(payload: NotificationPayload, product: str) -> str:
-    name, job = alertname(payload) or "alert", job_of(payload)
-    where = (f" — {job}" if job else "") + scope_suffix(payload)  # " · 20 nodes"
+    """The alert and where: its TrainingJob, else (a cluster-wide alert) its node unless the
+    incident spans several, then the incident's scope (" · 20 nodes")."""
+    name = alertname(payload) or "alert"
+    spread = (payload.get("incident") or {}).get("nodes", 0) > 1
+    place = job_of(payload) or ("" if spread else node_of(payload))
+    where = (f" — {place}" if place else "") + scope_suffix(payload)
     return clip(f"[{payload['priority']}] {_state_words(payload)}: {name}{where}", 200)
 
 
