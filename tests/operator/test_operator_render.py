@@ -552,3 +552,16 @@ def test_crd_defaults_match_the_spec_model() -> None:
         for part in dotted.split("."):
             current = current[part]
         assert current == value, dotted
+
+
+def test_a_rules_folder_with_bad_yaml_is_a_clear_load_error(tmp_path: Path) -> None:
+    """`trainsentry operator` logs event=load_failed and exits 1 on a ValueError; a broken
+    rule file used to escape as yaml's own error, a traceback."""
+    (tmp_path / "good.yaml").write_text("groups: []\n")
+    (tmp_path / "broken.yaml").write_text("groups: [\n  - name: x\n    rules: {\n")
+    with pytest.raises(ValueError, match=r"broken\.yaml: not valid YAML"):
+        load_sources(tmp_path, tmp_path)
+    (tmp_path / "broken.yaml").unlink()
+    (tmp_path / "board.json").write_text('{"panels": [')
+    with pytest.raises(ValueError, match=r"board\.json: not valid JSON"):
+        load_sources(tmp_path, tmp_path)

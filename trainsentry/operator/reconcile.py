@@ -91,14 +91,23 @@ def load_sources(
     dashboards_namespace: str | None = None,
     job_alerting: status.JobAlertingScope | None = None,
 ) -> Sources:
+    """The rule files (`*.yaml` holding `groups`) and dashboards (`*.json`) to render. Raises
+    OSError when one cannot be read, ValueError naming the file when one does not parse."""
     rule_files = []
     for path in sorted(rules_dir.glob("*.yaml")) if rules_dir.is_dir() else []:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path.name}: not valid YAML: {exc}") from exc
         if isinstance(loaded, dict) and isinstance(loaded.get("groups"), list):
             rule_files.append(RuleFile(path.name, loaded["groups"]))
     dashboards = []
     for path in sorted(dashboards_dir.glob("*.json")) if dashboards_dir.is_dir() else []:
-        dashboards.append(DashboardFile(path.stem, json.loads(path.read_text(encoding="utf-8"))))
+        try:
+            dashboard = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path.name}: not valid JSON: {exc}") from exc
+        dashboards.append(DashboardFile(path.stem, dashboard))
     return Sources(tuple(rule_files), tuple(dashboards), dashboards_namespace, job_alerting)
 
 
