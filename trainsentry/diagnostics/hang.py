@@ -125,14 +125,8 @@ class HangAnalysis:
         return max(involved, key=lambda h: (h.wait_bound_s, -h.seq))
 
 
-def _records_states(stream: Stream) -> bool:
-    """Pure: whether the stream's format records each entry's state (scheduled, started,
-    completed)."""
-    return bool(len(stream.state)) and int(stream.state[0]) != State.UNKNOWN
-
-
 def _first_incomplete(stream: Stream) -> int | None:
-    if not _records_states(stream):
+    if not stream.records_states:
         return None
     pending = np.nonzero(stream.state != State.COMPLETED)[0]
     return int(stream.seq[pending[0]]) if len(pending) else None
@@ -259,7 +253,7 @@ def _comm_hang(trace: Trace, comm_id: str, min_idle_s: float) -> tuple[CommHang 
     seen = _arrivals(trace, streams, arrived, seq)
     if seen is None:
         return None, False
-    states_known = any(_records_states(s) for s in streams.values())
+    states_known = any(s.records_states for s in streams.values())
     agreed = not seen.completed if states_known else bool(missing)
     if not agreed:
         return None, False

@@ -197,7 +197,7 @@ def _state_mismatches(group: _Group) -> list[Mismatch]:
     that rank's last completed one (at most one per rank)."""
     mismatches = []
     for stream in group.streams:
-        if len(stream.state) and int(stream.state[0]) != State.UNKNOWN:
+        if stream.records_states:
             done = np.nonzero(stream.state == State.COMPLETED)[0]
             if len(done):
                 stuck = np.nonzero(stream.state[: done[-1]] != State.COMPLETED)[0]

@@ -175,6 +175,12 @@ class Stream:
         last = int(self.seq[-1]) if len(self.seq) else -1
         return max(last, self.last_enqueued)
 
+    @property
+    def records_states(self) -> bool:
+        """Whether this stream's format records each entry's state (scheduled, started,
+        completed): Flight Recorder dumps do, Megatrace logs do not (State.UNKNOWN)."""
+        return bool(len(self.state)) and int(self.state[0]) != State.UNKNOWN
+
 
 @dataclass(frozen=True, slots=True)
 class Communicator:
