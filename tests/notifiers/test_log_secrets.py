@@ -26,6 +26,7 @@ from aiohttp import web
 from tests.support.eventually import eventually
 from tests.support.feishu_server import FeishuContractServer, Hook
 from tests.support.gateway_process import start_gateway
+from tests.support.paging_config import voice_gateway
 from tests.support.phone_server import PhoneContractServer
 from tests.support.ports import free_port
 from tests.support.webhook_factory import bodies_by_group, encode, make_alert
@@ -45,9 +46,6 @@ SECRETS = (
     API_TOKEN, BOT_HOOK, BOT_SIGN, PAGER_PATH, PAGER_QUERY, PAGER_BEARER, DOWN_PATH,
     VOICE_QUERY, VOICE_KEY,
 )  # fmt: skip
-VOICE_TEMPLATE = (
-    '{"CalledNumber": {{ phone|tojson }}, "TtsParam": {{ {"text": text}|tojson|tojson }}}'
-)
 
 
 class Pager:
@@ -111,16 +109,7 @@ def write_config(tmp_path: Path) -> Path:
                             }
                         }
                     },
-                    "phone": {
-                        "provider": "webhook",
-                        "webhook": {
-                            "url_env": "VOICE_URL",
-                            "header_secrets_env": {"X-Api-Key": "VOICE_KEY"},
-                            "body_template": VOICE_TEMPLATE,
-                            "success_field": "Code",
-                            "success_value": "OK",
-                        },
-                    },
+                    "phone": voice_gateway(),
                     "escalation": {
                         "min_priority": "P0",
                         "layers": [

@@ -18,6 +18,21 @@ VOICE_TEMPLATE = (
 VOICE_KEY = "voice-key"
 
 
+def voice_gateway() -> dict[str, Any]:
+    """The `channels.phone` section calling through docs/channels.md's HTTP voice gateway,
+    its URL and key read from VOICE_URL and VOICE_KEY."""
+    return {
+        "provider": "webhook",
+        "webhook": {
+            "url_env": "VOICE_URL",
+            "header_secrets_env": {"X-Api-Key": "VOICE_KEY"},
+            "body_template": VOICE_TEMPLATE,
+            "success_field": "Code",
+            "success_value": "OK",
+        },
+    }
+
+
 def write_paging_config(
     tmp: Path,
     *,
@@ -34,16 +49,7 @@ def write_paging_config(
     policy_file = tmp / "policy.yaml"
     policy_file.write_text(yaml.safe_dump(policy))
     config = tmp / "gateway.yaml"
-    phone = {
-        "provider": "webhook",
-        "webhook": {
-            "url_env": "VOICE_URL",
-            "header_secrets_env": {"X-Api-Key": "VOICE_KEY"},
-            "body_template": VOICE_TEMPLATE,
-            "success_field": "Code",
-            "success_value": "OK",
-        },
-    }
+    phone = voice_gateway()
     config.write_text(
         yaml.safe_dump(
             {
