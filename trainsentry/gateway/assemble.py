@@ -33,7 +33,7 @@ from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.delivery import DeliveryRules
 from trainsentry.gateway.policy.escalation import Escalator
-from trainsentry.gateway.policy.rules import load_policy
+from trainsentry.gateway.policy.rules import Policy, load_policy
 from trainsentry.gateway.sections import (
     build_diagnosis_parts,
     build_job_alerting,
@@ -161,17 +161,9 @@ def create_app(
     policy_plan: PolicyPlan | None = None
     if plan is None:
         assert policy is not None
-        policy_plan = PolicyPlan(
-            policy,
-            channels=tuple(notifiers),
-            metrics=PolicyMetrics(gateway_metrics.registry),
-            paging=paging,
-            topology=topology.current if topology is not None else None,
-            # channels that redraw an incident's card in place (notifiers/base.py)
-            updatable=[n for n, c in notifiers.items() if getattr(c, "updates_cards", False)],
+        policy_plan = _policy_plan(
+            policy, notifiers, gateway_metrics, paging, topology, job_alerting
         )
-        if job_alerting is not None:
-            policy_plan.job_routes = job_alerting.routes
         plan = policy_plan
     wiring = _Wiring(
         settings=settings,
@@ -194,15 +186,7 @@ def create_app(
         approvers=approvers,
         ackers=Ackers(escalator, oncall, job_alerting),  # acks by configured people's names
     )
-    limits = BodyLimits(
-        read_timeout_s=settings.body_timeout_s,
-        max_readers=settings.max_body_readers,
-        max_bytes_in_flight=settings.max_body_bytes_in_flight,
-        max_body_bytes=settings.max_body_bytes,
-    )
-    app = web.Application(
-        client_max_size=settings.max_body_bytes, middlewares=[body_limits(limits), json_errors]
-    )
+    app = _bounded_app(settings)
 
     async def lifecycle(app: web.Application) -> Any:
         gateway = await _open(app, wiring)
@@ -214,6 +198,44 @@ def create_app(
     add_routes(app, card_callback)
     _say_if_unsigned(card_callback, gateway_metrics)
     return app
+
+
+def _policy_plan(
+    policy: Policy,
+    notifiers: Mapping[str, Notifier],
+    metrics: GatewayMetrics,
+    paging: Paging | None,
+    topology: TopologySource | None,
+    job_alerting: JobAlerting | None,
+) -> PolicyPlan:
+    """The real policy over the gateway's channels; incidents' cards are redrawn in place on
+    the channels that can, and TrainingJobs' own routes are read once per batch."""
+    policy_plan = PolicyPlan(
+        policy,
+        channels=tuple(notifiers),
+        metrics=PolicyMetrics(metrics.registry),
+        paging=paging,
+        topology=topology.current if topology is not None else None,
+        # channels that redraw an incident's card in place (notifiers/base.py)
+        updatable=[n for n, c in notifiers.items() if getattr(c, "updates_cards", False)],
+    )
+    if job_alerting is not None:
+        policy_plan.job_routes = job_alerting.routes
+    return policy_plan
+
+
+def _bounded_app(settings: GatewaySettings) -> web.Application:
+    """The bare app: bodies bounded in size, time, readers and bytes in flight
+    (limits.py), errors answered as JSON."""
+    limits = BodyLimits(
+        read_timeout_s=settings.body_timeout_s,
+        max_readers=settings.max_body_readers,
+        max_bytes_in_flight=settings.max_body_bytes_in_flight,
+        max_body_bytes=settings.max_body_bytes,
+    )
+    return web.Application(
+        client_max_size=settings.max_body_bytes, middlewares=[body_limits(limits), json_errors]
+    )
 
 
 def _say_if_unsigned(callback: CardCallbackSettings | None, metrics: GatewayMetrics) -> None:
