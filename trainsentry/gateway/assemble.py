@@ -33,7 +33,7 @@ from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.delivery import DeliveryRules
 from trainsentry.gateway.policy.escalation import Escalator
-from trainsentry.gateway.policy.rules import load_policy
+from trainsentry.gateway.policy.rules import Policy, load_policy
 from trainsentry.gateway.sections import (
     build_diagnosis_parts,
     build_job_alerting,
@@ -70,6 +70,7 @@ from trainsentry.notifiers.feishu.app import FeishuAppNotifier
 from trainsentry.notifiers.feishu.job import FeishuJobNotifier
 from trainsentry.oncall.types import OncallConfig
 from trainsentry.store import create_engine, migrate
+from trainsentry.store.engine import Engine
 from trainsentry.store.queries import first_occurrence
 from trainsentry.store.writes import ReceiptOutcome
 
@@ -160,17 +161,9 @@ def create_app(
     policy_plan: PolicyPlan | None = None
     if plan is None:
         assert policy is not None
-        policy_plan = PolicyPlan(
-            policy,
-            channels=tuple(notifiers),
-            metrics=PolicyMetrics(gateway_metrics.registry),
-            paging=paging,
-            topology=topology.current if topology is not None else None,
-            # channels that redraw an incident's card in place (notifiers/base.py)
-            updatable=[n for n, c in notifiers.items() if getattr(c, "updates_cards", False)],
+        policy_plan = _policy_plan(
+            policy, notifiers, gateway_metrics, paging, topology, job_alerting
         )
-        if job_alerting is not None:
-            policy_plan.job_routes = job_alerting.routes
         plan = policy_plan
     wiring = _Wiring(
         settings=settings,
@@ -193,15 +186,7 @@ def create_app(
         approvers=approvers,
         ackers=Ackers(escalator, oncall, job_alerting),  # acks by configured people's names
     )
-    limits = BodyLimits(
-        read_timeout_s=settings.body_timeout_s,
-        max_readers=settings.max_body_readers,
-        max_bytes_in_flight=settings.max_body_bytes_in_flight,
-        max_body_bytes=settings.max_body_bytes,
-    )
-    app = web.Application(
-        client_max_size=settings.max_body_bytes, middlewares=[body_limits(limits), json_errors]
-    )
+    app = _bounded_app(settings)
 
     async def lifecycle(app: web.Application) -> Any:
         gateway = await _open(app, wiring)
@@ -213,6 +198,44 @@ def create_app(
     add_routes(app, card_callback)
     _say_if_unsigned(card_callback, gateway_metrics)
     return app
+
+
+def _policy_plan(
+    policy: Policy,
+    notifiers: Mapping[str, Notifier],
+    metrics: GatewayMetrics,
+    paging: Paging | None,
+    topology: TopologySource | None,
+    job_alerting: JobAlerting | None,
+) -> PolicyPlan:
+    """The real policy over the gateway's channels; incidents' cards are redrawn in place on
+    the channels that can, and TrainingJobs' own routes are read once per batch."""
+    policy_plan = PolicyPlan(
+        policy,
+        channels=tuple(notifiers),
+        metrics=PolicyMetrics(metrics.registry),
+        paging=paging,
+        topology=topology.current if topology is not None else None,
+        # channels that redraw an incident's card in place (notifiers/base.py)
+        updatable=[n for n, c in notifiers.items() if getattr(c, "updates_cards", False)],
+    )
+    if job_alerting is not None:
+        policy_plan.job_routes = job_alerting.routes
+    return policy_plan
+
+
+def _bounded_app(settings: GatewaySettings) -> web.Application:
+    """The bare app: bodies bounded in size, time, readers and bytes in flight
+    (limits.py), errors answered as JSON."""
+    limits = BodyLimits(
+        read_timeout_s=settings.body_timeout_s,
+        max_readers=settings.max_body_readers,
+        max_bytes_in_flight=settings.max_body_bytes_in_flight,
+        max_body_bytes=settings.max_body_bytes,
+    )
+    return web.Application(
+        client_max_size=settings.max_body_bytes, middlewares=[body_limits(limits), json_errors]
+    )
 
 
 def _say_if_unsigned(callback: CardCallbackSettings | None, metrics: GatewayMetrics) -> None:
@@ -261,19 +284,7 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
     settings, clock, policy_plan = w.settings, w.clock, w.policy_plan
     engine = create_engine(settings.db)
     await migrate(engine)
-    outbox = Outbox(
-        engine,
-        w.notifiers,
-        metrics=w.metrics,
-        rules=DeliveryRules(
-            give_up_after={Priority(p): s for p, s in settings.give_up_after_seconds.items()}
-        ),
-        rate_limits=w.rate_limits,
-        lease_seconds=settings.outbox_lease_seconds,
-        send_deadline=settings.send_deadline_seconds,
-        slots=settings.send_slots_per_channel,
-        clock=clock,
-    )
+    outbox = _new_outbox(engine, w)
     writer = IntakeWriter(
         engine, on_commit=lambda outcomes: _record_commit(app[GATEWAY_KEY], outcomes)
     )
@@ -282,46 +293,11 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
     gateway.policy = policy_plan.policy if policy_plan is not None else None
     gateway.escalator = w.paging.escalator if w.paging is not None else None
     policy_lock = asyncio.Lock()
-    gateway.policy_worker = PolicyWorker(
-        engine,
-        w.plan,
-        on_planned=lambda changes, written: _record_planned(gateway, changes, written),
-        on_set_aside=lambda _change: w.metrics.policy_failed.inc(),
-        clock=clock,
-        lock=policy_lock,
-    )
-    gateway.ack = AckService(
-        engine,
-        channels=tuple(w.notifiers),
-        clock=clock,
-        paging=w.paging,
-        silences=w.silences,
-        lock=policy_lock,
-        ackers=w.ackers,
-    )
-    for notifier in w.notifiers.values():  # an ack finds its card to redraw as it is sent
-        if isinstance(notifier, FeishuAppNotifier | FeishuJobNotifier):
-            notifier.find_card = gateway.ack.card_message
+    _add_policy_worker_and_ack(gateway, w, policy_lock)
     if policy_plan is not None:
-        gateway.classified = lambda: policy_plan.classified
-        gateway.maintenance = policy_plan.maintenance = MaintenanceService(
-            engine,
-            w.maintenance,
-            policy=policy_plan.policy,
-            channels=policy_plan.channels,
-            clock=clock,
-            lock=policy_lock,
-        )
+        _add_maintenance(gateway, w, policy_plan, policy_lock)
     if w.oncall is not None:
-        gateway.oncall = OncallService(engine, w.oncall, clock=clock, on_change=reschedule)
-        gateway.handoffs = HandoffNotices(
-            engine,
-            gateway.oncall,
-            tuple(w.notifiers),
-            clock=clock,
-            interval=30 * w.tick_interval,
-            on_drafts=outbox.wake,
-        )
+        _add_oncall(gateway, w.oncall, w)
     if w.remediation is not None and w.remediation.cordon is not Mode.OFF and policy_plan:
         gateway.cordon = Cordoner(
             engine, w.remediation, policy_plan.policy, w.kube_api or default_api_client,
@@ -334,21 +310,100 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
     if w.diagnosis is not None and w.diagnosis.settings.enabled and policy_plan is not None:
         await _add_hang_diagnosis(gateway, w.diagnosis, policy_plan, w.paging, policy_lock)
     if policy_plan is not None:
-        gateway.ticker = Ticker(
-            engine,
-            policy_plan,
-            interval=w.tick_interval,
-            stale_after=settings.stale_after_seconds,
-            on_drafts=outbox.wake,
-            on_expired=lambda changes, written: _record_planned(gateway, changes, written),
-            clock=clock,
-            lock=policy_lock,
-        )
+        gateway.ticker = _new_ticker(gateway, w, policy_plan, policy_lock)
     # Off the pipeline: deletes finished rows, measures the store (store/retention.py).
     gateway.retention = Retention(
         engine, settings.retention, metrics=w.metrics, clock=clock, lock=policy_lock
     )
     return gateway
+
+
+def _new_outbox(engine: Engine, w: _Wiring) -> Outbox:
+    """The outbox: delivery rules, rate limits, leases and send slots from the settings."""
+    settings = w.settings
+    return Outbox(
+        engine,
+        w.notifiers,
+        metrics=w.metrics,
+        rules=DeliveryRules(
+            give_up_after={Priority(p): s for p, s in settings.give_up_after_seconds.items()}
+        ),
+        rate_limits=w.rate_limits,
+        lease_seconds=settings.outbox_lease_seconds,
+        send_deadline=settings.send_deadline_seconds,
+        slots=settings.send_slots_per_channel,
+        clock=w.clock,
+    )
+
+
+def _add_policy_worker_and_ack(gateway: Gateway, w: _Wiring, policy_lock: asyncio.Lock) -> None:
+    """The policy worker and the ack service, both under `policy_lock`; the Feishu channels
+    find an ack's card to redraw through the ack service."""
+    gateway.policy_worker = PolicyWorker(
+        gateway.engine,
+        w.plan,
+        on_planned=lambda changes, written: _record_planned(gateway, changes, written),
+        on_set_aside=lambda _change: w.metrics.policy_failed.inc(),
+        clock=w.clock,
+        lock=policy_lock,
+    )
+    ack = gateway.ack = AckService(
+        gateway.engine,
+        channels=tuple(w.notifiers),
+        clock=w.clock,
+        paging=w.paging,
+        silences=w.silences,
+        lock=policy_lock,
+        ackers=w.ackers,
+    )
+    for notifier in w.notifiers.values():  # an ack finds its card to redraw as it is sent
+        if isinstance(notifier, FeishuAppNotifier | FeishuJobNotifier):
+            notifier.find_card = ack.card_message
+
+
+def _add_maintenance(
+    gateway: Gateway, w: _Wiring, policy_plan: PolicyPlan, policy_lock: asyncio.Lock
+) -> None:
+    """The real policy's classification record, and the maintenance windows it mutes by
+    (one service, shared by the gateway's API and the policy)."""
+    gateway.classified = lambda: policy_plan.classified
+    gateway.maintenance = policy_plan.maintenance = MaintenanceService(
+        gateway.engine,
+        w.maintenance,
+        policy=policy_plan.policy,
+        channels=policy_plan.channels,
+        clock=w.clock,
+        lock=policy_lock,
+    )
+
+
+def _add_oncall(gateway: Gateway, oncall: OncallConfig, w: _Wiring) -> None:
+    """The on-call rota and its handoff notices (checked every 30 ticks)."""
+    gateway.oncall = OncallService(gateway.engine, oncall, clock=w.clock, on_change=reschedule)
+    gateway.handoffs = HandoffNotices(
+        gateway.engine,
+        gateway.oncall,
+        tuple(w.notifiers),
+        clock=w.clock,
+        interval=30 * w.tick_interval,
+        on_drafts=gateway.outbox.wake,
+    )
+
+
+def _new_ticker(
+    gateway: Gateway, w: _Wiring, policy_plan: PolicyPlan, policy_lock: asyncio.Lock
+) -> Ticker:
+    """The ticker that fires the real policy's timers and expires stale alerts."""
+    return Ticker(
+        gateway.engine,
+        policy_plan,
+        interval=w.tick_interval,
+        stale_after=w.settings.stale_after_seconds,
+        on_drafts=gateway.outbox.wake,
+        on_expired=lambda changes, written: _record_planned(gateway, changes, written),
+        clock=w.clock,
+        lock=policy_lock,
+    )
 
 
 async def _add_hang_diagnosis(

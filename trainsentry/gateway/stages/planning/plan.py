@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -22,8 +23,9 @@ from trainsentry.alerts import (
 )
 from trainsentry.gateway.metrics import PolicyMetrics
 from trainsentry.gateway.policy.classify import Classification
-from trainsentry.gateway.policy.decide import decide_tick, flush, fold_into
+from trainsentry.gateway.policy.decide import ChangeResult, decide_tick, flush, fold_into
 from trainsentry.gateway.policy.dedup import FingerprintState
+from trainsentry.gateway.policy.incident import IncidentBook
 from trainsentry.gateway.policy.infra import (
     InfraFold,
     InfraState,
@@ -142,6 +144,25 @@ def _stretches(
     return found
 
 
+@dataclass
+class _Batch:
+    """One batch's states inside the planning transaction: loaded before its changes are
+    decided, changed by them in order, saved at its end; its drafts and the priorities of
+    its firing changes, gathered as they are decided."""
+
+    fp_states: dict[str, FingerprintState]  # by fingerprint
+    storm_states: dict[str, StormState]  # by job key
+    # (job namespace, job name, alertname) -> distinct nodes within the blast-radius window
+    blast: dict[tuple[str, str, str], int]
+    places: dict[int, dict[str, str]]  # alert id -> its place in the topology
+    # alert id -> the window stretch muting it ("<window id>@<its start>")
+    in_maintenance: dict[int, str]
+    infra_states: dict[str, InfraState] = field(default_factory=dict)
+    seen: dict[str, Sighting] = field(default_factory=dict)
+    drafts: list[NotificationDraft] = field(default_factory=list)
+    priorities: list[tuple[int, str, str]] = field(default_factory=list)
+
+
 class PolicyPlan:
     """Changes in, states + priorities + outbox rows written, in the caller's transaction."""
 
@@ -189,6 +210,28 @@ class PolicyPlan:
     async def __call__(
         self, conn: Connection, changes: Sequence[AlertChange], now: datetime
     ) -> int:
+        """Plans a batch in the caller's transaction: loads its states, decides its changes
+        in order, drafts its incidents once, saves the states, delivers the drafts to the
+        outbox; returns the outbox rows written."""
+        batch = await self._load_batch(conn, changes, now)
+        self.classified = {}
+        job_routes = self.job_routes() if self.job_routes is not None else None
+        # The batch's incidents: changed by each change, drafted once at the end (`flush`).
+        prior = [fp.alert_id for fp in batch.fp_states.values() if fp.alert_id is not None]
+        book = await self.incidents.book(conn, changes, batch.in_maintenance, prior)
+        self._fold(batch, changes, book, job_routes, now)
+        self._flush_incidents(batch, book, job_routes, now)
+        ended_pages = resolved_pages(book)
+        await self.incidents.save(conn, book, now)
+        await self._save_batch(conn, batch, now)
+        return await self._deliver(conn, changes, batch.drafts, ended_pages, now)
+
+    async def _load_batch(
+        self, conn: Connection, changes: Sequence[AlertChange], now: datetime
+    ) -> _Batch:
+        """What the batch's decisions read: the stored dedup and storm states, the blast
+        radius, the alerts' places, the maintenance stretches muting them now, and the
+        infrastructure incidents and sightings around their hardware alerts."""
         fingerprints = {change.alert.fingerprint for change in changes}
         jobs = {job_key(change.alert.labels) for change in changes}
         fp_states = {
@@ -199,7 +242,41 @@ class PolicyPlan:
             key: StormState.from_json(data)
             for key, data in (await load_states(conn, STORM_SCOPE, jobs)).items()
         }
-        blast = await distinct_nodes(
+        blast = await self._blast_radius(conn, changes, now)
+        topology = self.topology() if self.topology is not None else None
+        places = {
+            c.alert_id: found
+            for c in changes
+            if topology is not None and (found := topology.place(c.alert.node))
+        }
+        # A node under maintenance is no evidence of a broken switch: its alerts are muted
+        # by their window as usual, never folded into (nor counted for) an incident; and
+        # they never share an incident (a card) with alerts that notify.
+        windows: list[MaintenanceWindow] = []
+        if self.maintenance is not None:
+            windows = await self.maintenance.windows_now(conn, now)
+        batch = _Batch(
+            fp_states, storm_states, blast, places, _stretches(windows, changes, places, now)
+        )
+        hardware_places = [
+            places[c.alert_id]
+            for c in changes
+            if c.alert_id in places
+            and c.alert_id not in batch.in_maintenance
+            and hardware_component(c.alert, self.policy)
+        ]
+        if topology is not None and self.policy.infrastructure.enabled:
+            batch.infra_states, batch.seen = await self._infra_context(
+                conn, topology, places.values(), hardware_places, windows, now
+            )
+        return batch
+
+    async def _blast_radius(
+        self, conn: Connection, changes: Sequence[AlertChange], now: datetime
+    ) -> dict[tuple[str, str, str], int]:
+        """For each firing (job namespace, job name, alertname) of the batch: the distinct
+        nodes it fired on within the policy's blast-radius window."""
+        return await distinct_nodes(
             conn,
             [
                 (
@@ -212,63 +289,40 @@ class PolicyPlan:
             ],
             window_start(now, self.policy.blast_radius.window),
         )
-        topology = self.topology() if self.topology is not None else None
-        places = {
-            c.alert_id: found
-            for c in changes
-            if topology is not None and (found := topology.place(c.alert.node))
-        }
-        infra_states: dict[str, InfraState] = {}
-        seen: dict[str, Sighting] = {}
-        # A node under maintenance is no evidence of a broken switch: its alerts are muted
-        # by their window as usual, never folded into (nor counted for) an incident; and
-        # they never share an incident (a card) with alerts that notify.
-        windows: list[MaintenanceWindow] = []
-        if self.maintenance is not None:
-            windows = await self.maintenance.windows_now(conn, now)
-        # alert id -> the window stretch muting it ("<window id>@<its start>")
-        in_maintenance = _stretches(windows, changes, places, now)
-        hardware_places = [
-            places[c.alert_id]
-            for c in changes
-            if c.alert_id in places
-            and c.alert_id not in in_maintenance
-            and hardware_component(c.alert, self.policy)
-        ]
-        if topology is not None and self.policy.infrastructure.enabled:
-            infra_states, seen = await self._infra_context(
-                conn, topology, places.values(), hardware_places, windows, now
-            )
-        drafts: list[NotificationDraft] = []
-        priorities: list[tuple[int, str, str]] = []
-        self.classified = {}
-        job_routes = self.job_routes() if self.job_routes is not None else None
-        # Each job's storm state, changed in place by the batch's changes and frozen once at
-        # its end (decide.fold_into): during a storm, no state copy per alert.
+
+    def _fold(
+        self,
+        batch: _Batch,
+        changes: Sequence[AlertChange],
+        book: IncidentBook,
+        job_routes: Mapping[JobRef, JobRoute] | None,
+        now: datetime,
+    ) -> None:
+        """Decides each change in order (`decide.fold_into`: dedup, storm, infrastructure
+        incident; the incident cards wait for `_flush_incidents`), recorded into `batch`.
+        Each job's storm state is changed in place by the batch's changes and frozen once at
+        its end: during a storm, no state copy per alert."""
         folds: dict[str, StormFold] = {}
-        # The batch's incidents: changed by each change, drafted once at the end (`flush`).
-        prior = [fp.alert_id for fp in fp_states.values() if fp.alert_id is not None]
-        book = await self.incidents.book(conn, changes, in_maintenance, prior)
         for change in changes:
             alert = change.alert
             job = alert.job
             key = job_key(alert.labels)
             if (fold := folds.get(key)) is None:
-                stored = storm_states.get(key)
+                stored = batch.storm_states.get(key)
                 fold = folds[key] = StormFold.of(stored or StormState.new(alert.labels))
-            place = places.get(change.alert_id)
+            place = batch.places.get(change.alert_id)
             infra = (
-                InfraFold(self.policy, place, infra_states, seen, alert.labels)
+                InfraFold(self.policy, place, batch.infra_states, batch.seen, alert.labels)
                 if place
                 and self.policy.infrastructure.enabled
-                and change.alert_id not in in_maintenance
+                and change.alert_id not in batch.in_maintenance
                 else None
             )
             result = fold_into(
                 fold,
                 change,
-                fingerprint_state=fp_states.get(alert.fingerprint),
-                distinct_nodes_in_window=blast.get(
+                fingerprint_state=batch.fp_states.get(alert.fingerprint),
+                distinct_nodes_in_window=batch.blast.get(
                     (job.namespace if job else "", job.name if job else "", alert.name), 1
                 ),
                 policy=self.policy,
@@ -280,18 +334,32 @@ class PolicyPlan:
                 incidents=book,
                 updatable=self.updatable,
             )
-            infra_states.update(result.infra_states)
-            fp_states[alert.fingerprint] = result.fingerprint_state
-            drafts.extend(result.drafts)
-            for channel in sorted(self.archive_channels):
-                drafts.append(archive_draft(channel, change, result.classification))
-            if self.metrics is not None:
-                self.metrics.observe(result)
-            if change.kind is ChangeKind.FIRING:
-                c = result.classification
-                priorities.append((change.alert_id, c.priority.value, f"{c.rule_id}: {c.reason}"))
-                self.classified[change.alert_id] = c.priority.value
-        storm_states.update((key, fold.freeze()) for key, fold in folds.items())
+            self._record(batch, change, result)
+        batch.storm_states.update((key, fold.freeze()) for key, fold in folds.items())
+
+    def _record(self, batch: _Batch, change: AlertChange, result: ChangeResult) -> None:
+        """One change's decision into the batch: its states, its drafts and one archive row
+        per archive channel, its metrics, and a firing change's priority."""
+        batch.infra_states.update(result.infra_states)
+        batch.fp_states[change.alert.fingerprint] = result.fingerprint_state
+        batch.drafts.extend(result.drafts)
+        for channel in sorted(self.archive_channels):
+            batch.drafts.append(archive_draft(channel, change, result.classification))
+        if self.metrics is not None:
+            self.metrics.observe(result)
+        if change.kind is ChangeKind.FIRING:
+            c = result.classification
+            batch.priorities.append((change.alert_id, c.priority.value, f"{c.rule_id}: {c.reason}"))
+            self.classified[change.alert_id] = c.priority.value
+
+    def _flush_incidents(
+        self,
+        batch: _Batch,
+        book: IncidentBook,
+        job_routes: Mapping[JobRef, JobRoute] | None,
+        now: datetime,
+    ) -> None:
+        """The drafts of the incidents the batch changed, once each, after its changes."""
         incident_drafts, unconfigured = flush(
             book,
             policy=self.policy,
@@ -300,22 +368,39 @@ class PolicyPlan:
             job_routes=job_routes,
             updatable=self.updatable,
         )
-        drafts.extend(incident_drafts)
+        batch.drafts.extend(incident_drafts)
         if self.metrics is not None:
             self.metrics.observe_drafts(incident_drafts, unconfigured)
-        ended_pages = resolved_pages(book)
-        await self.incidents.save(conn, book, now)
+
+    async def _save_batch(self, conn: Connection, batch: _Batch, now: datetime) -> None:
+        """The batch's dedup, storm and infrastructure states, its alerts' priorities and
+        places, written in the caller's transaction."""
         await save_states(
-            conn, FINGERPRINT_SCOPE, {k: _fp_row(v) for k, v in fp_states.items()}, now
+            conn, FINGERPRINT_SCOPE, {k: _fp_row(v) for k, v in batch.fp_states.items()}, now
         )
         await save_states(
-            conn, STORM_SCOPE, {k: _storm_row(v, self.policy) for k, v in storm_states.items()}, now
+            conn,
+            STORM_SCOPE,
+            {k: _storm_row(v, self.policy) for k, v in batch.storm_states.items()},
+            now,
         )
-        await set_priorities(conn, priorities)
-        await set_places(conn, sorted(places.items()))
+        await set_priorities(conn, batch.priorities)
+        await set_places(conn, sorted(batch.places.items()))
         await save_states(
-            conn, INFRA_SCOPE, {k: (v.to_json(), None) for k, v in infra_states.items()}, now
+            conn, INFRA_SCOPE, {k: (v.to_json(), None) for k, v in batch.infra_states.items()}, now
         )
+
+    async def _deliver(
+        self,
+        conn: Connection,
+        changes: Sequence[AlertChange],
+        drafts: list[NotificationDraft],
+        ended_pages: list[int],
+        now: datetime,
+    ) -> int:
+        """The drafts muted by maintenance windows (archives spared), pages turned into
+        escalations, hang alerts' drafts held for the diagnosis, then written to the outbox;
+        returns the rows written."""
         if self.maintenance is not None:
             drafts = await self.maintenance.mute(conn, drafts, now, self.archive_channels)
         if self.paging is not None:
