@@ -156,6 +156,17 @@ def _in_flight(entry: Mapping[str, Any], seq: int, now_ns: int) -> InFlight:
     )
 
 
+@dataclass(slots=True)
+class _ByGroup:
+    """A dump's entries sorted by global group name (collectives and p2p ops apart), with
+    each group's backend as its entries name it and every description known for it."""
+
+    collectives: dict[str, list[Mapping[str, Any]]]
+    p2p: dict[str, list[Mapping[str, Any]]]
+    backends: dict[str, str]
+    descs: dict[str, str]
+
+
 def parse_progress(
     dump: Mapping[str, Any],
     now_ns: int,
@@ -177,13 +188,32 @@ def parse_progress(
     p2p entries (send/recv) have their own sequence numbers; one counts as in flight only
     when no collective of the group is.
     """
-    raw_entries = dump.get("entries") or []
-    entries = [e for e in raw_entries if isinstance(e, Mapping)]
-    status = dump.get("pg_status") or {}
-    if not isinstance(status, Mapping):
-        status = {}
+    entries = [e for e in dump.get("entries") or [] if isinstance(e, Mapping)]
     names = {**(ids or {}), **group_ids(dump)}
-    all_descs = {**_config_descs(dump), **dict(descs or {})}
+    by_group = _sort_entries(entries, _config_descs(dump), descs or {})
+    statuses, unmapped = _named_statuses(dump, names)
+    groups: dict[str, PgProgress] = {}
+    for name in sorted(set(statuses) | set(by_group.collectives) | set(by_group.p2p)):
+        progress = _group_progress(name, statuses.get(name) or {}, by_group, now_ns, backend)
+        if progress is not None:
+            groups[name] = progress
+    # -1: a status-only dump (no "entries" key) says nothing about the ring buffer.
+    count = len(entries) if "entries" in dump else -1
+    return FrSnapshot(
+        version=str(dump.get("version", "")),
+        entries=count,
+        groups=groups,
+        unmapped=tuple(sorted(unmapped)),
+    )
+
+
+def _sort_entries(
+    entries: list[Mapping[str, Any]], config_descs: Mapping[str, str], descs: Mapping[str, str]
+) -> _ByGroup:
+    """Pure: `entries` by group name, in dump order. Descriptions: `descs` over
+    `config_descs` over the entries' own, an entry's filling in only an empty or missing
+    one. The first entry that names a backend gives the group's backend."""
+    all_descs = {**config_descs, **descs}
     by_pg: dict[str, list[Mapping[str, Any]]] = {}
     p2p: dict[str, list[Mapping[str, Any]]] = {}
     backends: dict[str, str] = {}
@@ -194,7 +224,17 @@ def parse_progress(
         if name not in backends and _backend_of(entry):
             backends[name] = _backend_of(entry)
         (p2p if entry.get("is_p2p") else by_pg).setdefault(name, []).append(entry)
+    return _ByGroup(by_pg, p2p, backends, all_descs)
 
+
+def _named_statuses(
+    dump: Mapping[str, Any], names: Mapping[str, str]
+) -> tuple[dict[str, Mapping[str, Any]], list[str]]:
+    """Pure: the dump's `pg_status` blocks keyed by group name, and the keys (local
+    pg_ids) `names` does not name. A named key whose block is not a mapping is dropped."""
+    status = dump.get("pg_status") or {}
+    if not isinstance(status, Mapping):
+        status = {}
     statuses: dict[str, Mapping[str, Any]] = {}
     unmapped: list[str] = []
     for key, value in status.items():
@@ -203,57 +243,78 @@ def parse_progress(
             unmapped.append(str(key))
         elif isinstance(value, Mapping):
             statuses[known] = value
+    return statuses, unmapped
 
-    groups: dict[str, PgProgress] = {}
-    for name in sorted(set(statuses) | set(by_pg) | set(p2p)):
-        pg_status = statuses.get(name) or {}
-        pg_entries = by_pg.get(name, [])
-        last_completed = _int(pg_status.get("last_completed_collective"))
-        last_enqueued = _int(pg_status.get("last_enqueued_collective"))
-        last_started = _int(pg_status.get("last_started_collective"))
-        if not pg_status and pg_entries:
-            # No status block: fall back to what the ring buffer shows.
-            seqs = [_int(e.get("collective_seq_id")) for e in pg_entries]
-            last_enqueued = max(seqs)
-            done = [s for s, e in zip(seqs, pg_entries, strict=True) if e.get("retired")]
-            last_completed = max(done, default=-1)
-        in_flight = _oldest_pending(pg_entries, last_completed, now_ns)
-        if in_flight is None:
-            waiting = [
-                e
-                for e in p2p.get(name, [])
-                if not (e.get("retired") or e.get("state") == "completed")
-            ]
-            if waiting:
-                oldest = min(waiting, key=lambda e: _int(e.get("p2p_seq_id")))
-                in_flight = _in_flight(oldest, _int(oldest.get("p2p_seq_id")), now_ns)
-        if in_flight is None and last_enqueued > last_completed:
-            state = "started" if last_started > last_completed else "scheduled"
-            in_flight = InFlight("unknown", last_completed + 1, 0.0, state)
-        if not pg_status and not pg_entries and in_flight is None:
-            continue  # only completed p2p entries: nothing to report for this group
-        durations = tuple(
-            (_int(e.get("record_id")), float(e["duration_ms"]) / 1000.0)
-            for e in pg_entries
-            if isinstance(e.get("duration_ms"), int | float) and _is_done(e, last_completed)
-        )
-        groups[name] = PgProgress(
-            pg=name,
-            desc=all_descs.get(name, ""),
-            last_enqueued=last_enqueued,
-            last_started=last_started,
-            last_completed=last_completed,
-            in_flight=in_flight,
-            durations=durations,
-            backend=backends.get(name, backend),
-        )
-    # -1: a status-only dump (no "entries" key) says nothing about the ring buffer.
-    count = len(entries) if "entries" in dump else -1
-    return FrSnapshot(
-        version=str(dump.get("version", "")),
-        entries=count,
-        groups=groups,
-        unmapped=tuple(sorted(unmapped)),
+
+def _group_progress(
+    name: str,
+    pg_status: Mapping[str, Any],
+    by_group: _ByGroup,
+    now_ns: int,
+    backend: str,
+) -> PgProgress | None:
+    """Pure: one group's progress; None when it has neither a status block nor collective
+    entries nor anything in flight (only completed p2p entries).
+
+    In flight: the oldest pending collective; else the oldest pending p2p op; else, when
+    the status shows one enqueued past the last completed, an "unknown" one of age 0.
+    """
+    pg_entries = by_group.collectives.get(name, [])
+    last_enqueued, last_started, last_completed = _last_seqs(pg_status, pg_entries)
+    in_flight = _oldest_pending(pg_entries, last_completed, now_ns)
+    if in_flight is None and name in by_group.p2p:
+        in_flight = _oldest_p2p(by_group.p2p[name], now_ns)
+    if in_flight is None and last_enqueued > last_completed:
+        state = "started" if last_started > last_completed else "scheduled"
+        in_flight = InFlight("unknown", last_completed + 1, 0.0, state)
+    if not pg_status and not pg_entries and in_flight is None:
+        return None
+    return PgProgress(
+        pg=name,
+        desc=by_group.descs.get(name, ""),
+        last_enqueued=last_enqueued,
+        last_started=last_started,
+        last_completed=last_completed,
+        in_flight=in_flight,
+        durations=_durations(pg_entries, last_completed),
+        backend=by_group.backends.get(name, backend),
+    )
+
+
+def _last_seqs(
+    pg_status: Mapping[str, Any], pg_entries: list[Mapping[str, Any]]
+) -> tuple[int, int, int]:
+    """Pure: (last enqueued, last started, last completed) from the status block (-1 where
+    missing); without a status block, the highest enqueued and highest retired sequence
+    numbers the ring buffer shows."""
+    last_completed = _int(pg_status.get("last_completed_collective"))
+    last_enqueued = _int(pg_status.get("last_enqueued_collective"))
+    last_started = _int(pg_status.get("last_started_collective"))
+    if not pg_status and pg_entries:
+        seqs = [_int(e.get("collective_seq_id")) for e in pg_entries]
+        last_enqueued = max(seqs)
+        done = [s for s, e in zip(seqs, pg_entries, strict=True) if e.get("retired")]
+        last_completed = max(done, default=-1)
+    return last_enqueued, last_started, last_completed
+
+
+def _oldest_p2p(p2p_entries: list[Mapping[str, Any]], now_ns: int) -> InFlight | None:
+    """Pure: the p2p op with the lowest p2p sequence number not retired or completed."""
+    waiting = [e for e in p2p_entries if not (e.get("retired") or e.get("state") == "completed")]
+    if not waiting:
+        return None
+    oldest = min(waiting, key=lambda e: _int(e.get("p2p_seq_id")))
+    return _in_flight(oldest, _int(oldest.get("p2p_seq_id")), now_ns)
+
+
+def _durations(
+    pg_entries: list[Mapping[str, Any]], last_completed: int
+) -> tuple[tuple[int, float], ...]:
+    """Pure: (record_id, seconds) of the done entries whose backend recorded a duration."""
+    return tuple(
+        (_int(e.get("record_id")), float(e["duration_ms"]) / 1000.0)
+        for e in pg_entries
+        if isinstance(e.get("duration_ms"), int | float) and _is_done(e, last_completed)
     )
 
 

@@ -45,6 +45,21 @@ class RasCommState:
         return bool(self.culprits or self.remote_errors or self.unnamed_behind)
 
 
+@dataclass(slots=True)
+class _Launches:
+    """What the launch counts say, function by function (absent ranks left out)."""
+
+    #: rank -> (the first operation it has not launched, its function): the lowest over
+    #: the functions it is below the top count in.
+    behind: dict[int, tuple[int, str]]
+    #: (top count, function) of each function some rank, named or not, is below the top in.
+    waiting_in: list[tuple[int, str]]
+    #: ranks below the top count that the (text) report does not name, over all functions.
+    unnamed_behind: int
+    #: named ranks at the top count of a function the report also gave unnamed groups for.
+    at_top: set[int]
+
+
 def judge_comm(
     size: int,
     counts_by_op: Mapping[str, Mapping[int, int]],
@@ -64,8 +79,49 @@ def judge_comm(
     groups: dict[str, list[tuple[int, int]]] = {}
     for op, n, count in unnamed:
         groups.setdefault(op, []).append((n, count))
+    launches = _read_launches(counts_by_op, groups, absent)
+    behind = launches.behind
+    failed = tuple(sorted(r for r, e in errors.items() if e != REMOTE_ERROR))
+    remote = tuple(sorted(r for r, e in errors.items() if e == REMOTE_ERROR))
+    unanswered = tuple(sorted(missing_set | set(dead_ranks)))
+    culprits = set(behind) | set(unanswered) | set(failed)
+    members = _members(size, counts_by_op, launches, named_only=bool(groups))
+    arrived = tuple(sorted(members - culprits - left))
+    mismatch = False
+    if behind and not arrived and not groups:
+        # Every rank is behind on some function: they launched different collectives. The
+        # ranks whose counts differ from the largest group's launched what the others never
+        # will (a collective mismatch): they are the culprits, the others wait on them.
+        odd = _odd_ranks(counts_by_op, absent, set(behind))
+        if odd:
+            mismatch = True
+            behind = {r: behind[r] for r in odd}
+            culprits = set(behind) | set(unanswered) | set(failed)
+            arrived = tuple(sorted(members - culprits - left))
+    seq, op = _waited_op(behind, launches.waiting_in, failed or remote, errors)
+    return RasCommState(
+        op=op,
+        seq=seq,
+        arrived=arrived,
+        behind=tuple(sorted(behind)),
+        unanswered=unanswered,
+        failed=failed,
+        remote_errors=remote,
+        ahead_minority=bool(behind) and len(arrived) < len(behind) + launches.unnamed_behind,
+        unnamed_behind=launches.unnamed_behind,
+        mismatch=mismatch,
+    )
+
+
+def _read_launches(
+    counts_by_op: Mapping[str, Mapping[int, int]],
+    groups: Mapping[str, list[tuple[int, int]]],
+    absent: set[int],
+) -> _Launches:
+    """Pure: per function (named counts and the unnamed `groups` (ranks, count) together),
+    the top count and who is below it; functions nobody present counted are skipped."""
     behind: dict[int, tuple[int, str]] = {}
-    waiting_in: list[tuple[int, str]] = []  # (the op the others wait in, its function)
+    waiting_in: list[tuple[int, str]] = []
     unnamed_behind = 0
     at_top: set[int] = set()
     for op in sorted(set(counts_by_op) | set(groups)):
@@ -83,48 +139,42 @@ def judge_comm(
             waiting_in.append((top, op))
         if op in groups:
             at_top |= {r for r, c in present.items() if c == top}
-    failed = tuple(sorted(r for r, e in errors.items() if e != REMOTE_ERROR))
-    remote = tuple(sorted(r for r, e in errors.items() if e == REMOTE_ERROR))
-    unanswered = tuple(sorted(missing_set | set(dead_ranks)))
-    culprits = set(behind) | set(unanswered) | set(failed)
-    if groups:  # only the named ranks are known
-        members = at_top | set(behind)
-    else:
-        members = set(range(size)) if size > 0 else set()
-        for counts in counts_by_op.values():
-            members |= set(counts)
-    arrived = tuple(sorted(members - culprits - left))
-    mismatch = False
-    if behind and not arrived and not groups:
-        # Every rank is behind on some function: they launched different collectives. The
-        # ranks whose counts differ from the largest group's launched what the others never
-        # will (a collective mismatch): they are the culprits, the others wait on them.
-        odd = _odd_ranks(counts_by_op, absent, set(behind))
-        if odd:
-            mismatch = True
-            behind = {r: behind[r] for r in odd}
-            culprits = set(behind) | set(unanswered) | set(failed)
-            arrived = tuple(sorted(members - culprits - left))
+    return _Launches(behind, waiting_in, unnamed_behind, at_top)
+
+
+def _members(
+    size: int,
+    counts_by_op: Mapping[str, Mapping[int, int]],
+    launches: _Launches,
+    named_only: bool,
+) -> set[int]:
+    """Pure: the communicator's ranks as far as known: ranks 0..size-1 and every rank
+    counted; when the report left some ranks unnamed (`named_only`), only the named ranks
+    at the top or behind."""
+    if named_only:
+        return launches.at_top | set(launches.behind)
+    members = set(range(size)) if size > 0 else set()
+    for counts in counts_by_op.values():
+        members |= set(counts)
+    return members
+
+
+def _waited_op(
+    behind: Mapping[int, tuple[int, str]],
+    waiting_in: list[tuple[int, str]],
+    erred: tuple[int, ...],
+    errors: Mapping[int, str],
+) -> tuple[int, str]:
+    """Pure: (operation, function) the state names: the lowest one a culprit has not
+    launched; else the lowest one some unnamed rank is behind in; else (-1, the error of
+    the first rank in `erred`); else (-1, "?")."""
     if behind:
-        seq, op = min(behind.values())
-    elif waiting_in:
-        seq, op = min(waiting_in)
-    elif failed or remote:
-        seq, op = -1, errors[(failed or remote)[0]]
-    else:
-        seq, op = -1, "?"
-    return RasCommState(
-        op=op,
-        seq=seq,
-        arrived=arrived,
-        behind=tuple(sorted(behind)),
-        unanswered=unanswered,
-        failed=failed,
-        remote_errors=remote,
-        ahead_minority=bool(behind) and len(arrived) < len(behind) + unnamed_behind,
-        unnamed_behind=unnamed_behind,
-        mismatch=mismatch,
-    )
+        return min(behind.values())
+    if waiting_in:
+        return min(waiting_in)
+    if erred:
+        return -1, errors[erred[0]]
+    return -1, "?"
 
 
 def _odd_ranks(
