@@ -259,7 +259,8 @@ def test_the_gateway_has_folders_that_name_its_stages() -> None:
 # on trainsentry/.
 
 LONG_MODULE = 600  # lines; a longer module says why it is one piece
-ONE_PIECE = "One piece:"  # ... on a line of its own module docstring
+LONG_FUNCTION = 80  # lines, decorators left out; a longer function says why it is one piece
+ONE_PIECE = "One piece:"  # ... on a line of its own module's or function's docstring
 
 
 def _modules(package: Path) -> dict[str, Path]:
@@ -436,8 +437,22 @@ def _long_modules_unexplained(package: Path) -> list[str]:
     return found
 
 
-# Inside gateway/policy/ and gateway/stages/planning/, being reworked for issue 37: remove an
-# entry when its use is gone (the test below fails on an entry that no longer occurs).
+def _says_one_piece(doc: str | None) -> bool:
+    return any(line.strip().startswith(ONE_PIECE) for line in (doc or "").splitlines())
+
+
+def _long_functions_unexplained(package: Path) -> list[str]:
+    """Functions and methods over LONG_FUNCTION lines (from `def` to their last line) whose
+    docstring has no line starting with ONE_PIECE: split into named steps, or say why not."""
+    found: list[tuple[str, int, str]] = []
+    for module, path in _modules(package).items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            lines = (node.end_lineno or node.lineno) - node.lineno + 1
+            if lines > LONG_FUNCTION and not _says_one_piece(ast.get_docstring(node)):
+                found.append((module, node.lineno, f"{node.name} ({lines} lines)"))
+    return [f"{module}:{line} {what}" for module, line, what in sorted(found)]
 
 
 def test_no_module_uses_another_modules_private_names() -> None:
@@ -454,6 +469,11 @@ def test_no_import_circle_inside_a_part() -> None:
 def test_a_module_over_600_lines_says_why_it_is_one_piece() -> None:
     found = _long_modules_unexplained(PACKAGE)
     assert not found, f"over {LONG_MODULE} lines, no '{ONE_PIECE}' in the docstring: {found}"
+
+
+def test_a_function_over_80_lines_says_why_it_is_one_piece() -> None:
+    found = _long_functions_unexplained(PACKAGE)
+    assert not found, f"over {LONG_FUNCTION} lines, no '{ONE_PIECE}' in the docstring: {found}"
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:
@@ -533,4 +553,30 @@ def test_the_long_module_rule_wants_the_reason_in_the_docstring(tmp_path: Path) 
     assert _long_modules_unexplained(package) == [
         f"pkg.comment ({LONG_MODULE + 1} lines)",
         f"pkg.long ({LONG_MODULE + 1} lines)",
+    ]
+
+
+def test_the_long_function_rule_wants_the_reason_in_the_docstring(tmp_path: Path) -> None:
+    body = "    x = 1\n" * (LONG_FUNCTION - 2)  # with `def` and the docstring: LONG_FUNCTION
+    told = f'    """Long.\n\n    {ONE_PIECE} one state machine.\n    """\n'
+    package = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "m.py": 'def fits():\n    """Short."""\n'
+            + body
+            + 'def long():\n    """Says nothing."""\n'
+            + body
+            + "    x = 2\n"  # planted
+            + "class C:\n    async def method(self):\n        pass\n"
+            + body.replace("    ", "        ")
+            + "        x = 2\n"  # planted: a method
+            + "def told():\n"
+            + told
+            + body,
+        },
+    )
+    assert _long_functions_unexplained(package) == [
+        f"pkg.m:{LONG_FUNCTION + 1} long ({LONG_FUNCTION + 1} lines)",
+        f"pkg.m:{2 * LONG_FUNCTION + 3} method ({LONG_FUNCTION + 1} lines)",
     ]
