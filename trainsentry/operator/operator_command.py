@@ -34,8 +34,10 @@ Exit codes:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`trainsentry operator`'s options. One piece: a flat list of argparse definitions, read
-    down like the --help it prints."""
+    """`trainsentry operator`'s options.
+
+    One piece: a flat list of argparse definitions, read down like the --help it prints.
+    """
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
         "-n",
