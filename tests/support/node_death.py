@@ -298,7 +298,7 @@ def gateway_config(
 ) -> tuple[Path, dict[str, str]]:
     example = docs_channels_example()
     groups = example["channels"]["feishu_bot"]["groups"]
-    env = {}
+    env: dict[str, str] = {}
     for name, group in groups.items():
         env[group["url_env"]] = feishu.hook_url(name)
         if "secret_env" in group:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from trainsentry.notifiers.feishu.incident_card import incident_fields, scope_suffix
+from trainsentry.notifiers.feishu.incident_card import incident_fields, scope_suffix, spans_nodes
 from trainsentry.notifiers.feishu.markup import escape_md, mention_markup
 from trainsentry.notifiers.links import safe_url
 from trainsentry.notifiers.payload_contract import (
@@ -194,8 +194,7 @@ def _title(payload: NotificationPayload, product: str) -> str:
     """The alert and where: its TrainingJob, else (a cluster-wide alert) its node unless the
     incident spans several, then the incident's scope (" · 20 nodes")."""
     name = alertname(payload) or "alert"
-    spread = (payload.get("incident") or {}).get("nodes", 0) > 1
-    place = job_of(payload) or ("" if spread else node_of(payload))
+    place = job_of(payload) or ("" if spans_nodes(payload) else node_of(payload))
     where = (f" — {place}" if place else "") + scope_suffix(payload)
     return clip(f"[{payload['priority']}] {_state_words(payload)}: {name}{where}", 200)
 

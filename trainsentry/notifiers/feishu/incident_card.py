@@ -24,9 +24,14 @@ def names_with_more(names: Sequence[str], count: int, more_known: bool = False) 
     return shown
 
 
+def spans_nodes(payload: NotificationPayload) -> bool:
+    """Pure: whether the payload's incident is on more than one node."""
+    return (payload.get("incident") or {}).get("nodes", 0) > 1
+
+
 def _spread(payload: NotificationPayload) -> bool:
     info = payload.get("incident") or {}
-    return info.get("alerts", 1) > 1 or info.get("nodes", 0) > 1
+    return info.get("alerts", 1) > 1 or spans_nodes(payload)
 
 
 def scope_suffix(payload: NotificationPayload) -> str:
@@ -36,7 +41,7 @@ def scope_suffix(payload: NotificationPayload) -> str:
         return ""
     nodes = info.get("nodes", 0)
     plus = "+" if info.get("untracked") else ""
-    if nodes > 1:
+    if spans_nodes(payload):
         return f" · {nodes}{plus} nodes"
     return f" · {info.get('alerts', 0)} alerts"
 
