@@ -41,7 +41,7 @@ from tests.support.browser import CHROMIUM, Browser
 from tests.support.console_load import USER_HEADER, ConsoleLoad
 from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.config import GatewaySettings
-from trainsentry.gateway.app import WEBHOOK_PATH
+from trainsentry.gateway.api.app import WEBHOOK_PATH
 from trainsentry.gateway.assemble import create_app
 from trainsentry.gateway.pipeline import GATEWAY_KEY
 from trainsentry.notifiers.console import ConsoleNotifier

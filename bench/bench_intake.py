@@ -140,9 +140,20 @@ def inbox_depth_in(metrics: str) -> float:
     raise RuntimeError("no trainsentry_policy_inbox_depth in /metrics")
 
 
+def journal_depth_in(metrics: str) -> float:
+    """trainsentry_intake_journal_depth (alerts answered, not yet recorded); 0 for a gateway
+    without the journal (an older one, for pairs against it)."""
+    for line in metrics.splitlines():
+        if line.startswith("trainsentry_intake_journal_depth "):
+            return float(line.split()[1])
+    return 0.0
+
+
 def inbox_depth(url: str) -> float:
+    """What still waits for the policy: changes in the inbox and alerts in the journal."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-        return inbox_depth_in(response.read().decode())
+        text = response.read().decode()
+    return inbox_depth_in(text) + journal_depth_in(text)
 
 
 def wait_planned(url: str, timeout: float = 600) -> None:

@@ -33,7 +33,7 @@ import aiohttp
 import yaml
 from aiohttp import web
 
-from bench.bench_intake import inbox_depth_in
+from bench.bench_intake import inbox_depth_in, journal_depth_in
 from tests.support.ports import free_port
 
 
@@ -167,7 +167,8 @@ async def run(args: argparse.Namespace) -> None:
                 ) as r:
                     assert r.status == 200
                 async with session.get(f"{gateway}/metrics") as response:
-                    backlog = inbox_depth_in(await response.text())
+                    text = await response.text()
+                    backlog = inbox_depth_in(text) + journal_depth_in(text)
                 await asyncio.sleep(args.settle)
                 per_minute: dict[int, int] = {}
                 for at, _kind in receiver.messages:

@@ -5,8 +5,9 @@ Each stage is timed next to a floor measured in the same run on the same alerts:
 - store: `record_receipts` in group commits of 16 webhooks (as the intake batches them) vs
   SQLite alone committing the same receipt, alert, event and inbox rows, built beforehand
   (sqlite_floor.py: the database engine's own cost, no Python per row);
-- plan: the policy worker working off the inbox vs the pure `decide()` on the same changes
-  (the decision logic without loading, saving or writing notifications).
+- plan: the policy worker working off the inbox vs the planner's pure steps on the same
+  changes (`fold_into` per change, `flush` once: the decision logic without loading, saving
+  or writing notifications).
 
 SQLite file in a temp dir, `synchronous=FULL` as the gateway runs it. Rounds use fresh stores
 and fresh alerts; medians are printed. The throughput benchmark is bench_intake.py; this one
@@ -31,8 +32,11 @@ import orjson
 
 from bench.bench_intake import ALERTS_PER_POST, bodies
 from bench.sqlite_floor import GROUP_COMMIT, engine_seconds
-from trainsentry.gateway.policy.decide import decide
+from trainsentry.gateway.policy.decide import flush, fold_into
+from trainsentry.gateway.policy.incident import IncidentBook
 from trainsentry.gateway.policy.rules import load_policy
+from trainsentry.gateway.policy.storm import StormState, job_key
+from trainsentry.gateway.policy.storm_fold import StormFold
 from trainsentry.gateway.stages.intake import parse_webhook
 from trainsentry.gateway.stages.planning.plan import PolicyPlan
 from trainsentry.gateway.stages.planning.worker import PolicyWorker
@@ -86,24 +90,32 @@ async def one_round(tmp: Path, round_no: int, webhooks: int) -> dict[str, tuple[
 
 
 def _decide_all(changes: list[Any], plan: PolicyPlan) -> None:
-    """decide() over the changes, threading each job's and fingerprint's state through."""
-    from trainsentry.gateway.policy.storm import job_key
-
+    """The planner's pure steps over the changes as one batch, as `PolicyPlan` runs them:
+    `fold_into` each change into its job's `StormFold` (each fingerprint's state threaded
+    through), then `flush` the batch's incidents once."""
     fp_states: dict[str, Any] = {}
-    storms: dict[str, Any] = {}
+    folds: dict[str, StormFold] = {}
+    book = IncidentBook(plan.policy)
     now = changes[-1].at
     for change in changes:
-        result = decide(
+        key = job_key(change.alert.labels)
+        fold = folds.get(key) or folds.setdefault(
+            key, StormFold.of(StormState.new(change.alert.labels))
+        )
+        result = fold_into(
+            fold,
             change,
             fingerprint_state=fp_states.get(change.alert.fingerprint),
-            storm_state=storms.get(job_key(change.alert.labels)),
             distinct_nodes_in_window=1,
             policy=plan.policy,
             now=now,
+            incidents=book,
             channels=plan.channels,
         )
         fp_states[change.alert.fingerprint] = result.fingerprint_state
-        storms[result.storm_state.job] = result.storm_state
+    flush(book, policy=plan.policy, now=now, channels=plan.channels)
+    for fold in folds.values():
+        fold.freeze()
 
 
 def main() -> int:
@@ -120,7 +132,11 @@ def main() -> int:
                 + "  ".join(f"{k} {v[0]:.1f}/{v[1]:.1f} µs" for k, v in rounds[-1].items()),
                 flush=True,
             )
-    floors = {"parse": "orjson.loads", "store": "SQLite engine alone", "plan": "decide() alone"}
+    floors = {
+        "parse": "orjson.loads",
+        "store": "SQLite engine alone",
+        "plan": "policy alone",
+    }
     print(f"\nmedian of {args.rounds} rounds, µs per alert ({args.webhooks} webhooks of 50)")
     for stage, floor in floors.items():
         cost = statistics.median(r[stage][0] for r in rounds)

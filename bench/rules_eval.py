@@ -68,9 +68,9 @@ IB_COUNTERS = (
     "node_infiniband_link_downed_total",
     "node_infiniband_link_error_recovery_total",
     "node_infiniband_symbol_error_total",
-    "node_infiniband_port_receive_errors_total",
+    "node_infiniband_port_errors_received_total",
     "node_infiniband_port_receive_remote_physical_errors_total",
-    "node_infiniband_port_transmit_discards_total",
+    "node_infiniband_port_discards_transmitted_total",
     "node_infiniband_port_transmit_wait_total",
 )
 
@@ -189,9 +189,17 @@ def rule_files(directory: Path) -> list[Path]:
     paths = []
     for name in RULE_FILES:
         document = yaml.safe_load((ROOT / "rules" / name).read_text())
+        # a job that tunes every rule (here: its priority, unchanged) has a copy of each;
+        # an untuned job has none of the node rules (docs/alerts.md "Job scope")
+        priorities = {
+            rule["alert"]: rule["labels"]["priority"]
+            for group in document["groups"]
+            for rule in group["rules"]
+            if "alert" in rule
+        }
         for variant, doc in (
             ("cluster", document),
-            ("job", render_for_job(document, "team-a", "llm")),
+            ("job", render_for_job(document, "team-a", "llm", priorities=priorities)),
         ):
             for group in doc["groups"]:
                 group["name"] = f"{variant}:{name}:{group['name']}"

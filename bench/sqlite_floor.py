@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainsentry.gateway.stages.intake import parse_webhook
+from trainsentry.labels import NODE_LABELS
 from trainsentry.store.bulk import Encoder
 from trainsentry.store.engine import create_engine, migrate
 from trainsentry.store.writes import _ALERT_COLUMNS, _RECEIPT_COLUMNS, _occurrence_row
@@ -49,7 +50,9 @@ def engine_seconds(path: Path, bodies: list[bytes]) -> float:
             for i, r in enumerate(group)
         ]
         rows = [  # a fresh file: the receipts get ids 1, 2, ... in order
-            _occurrence_row(a, enc.time(a.starts_at), start + i + 1, r.received_at, "firing", enc)
+            _occurrence_row(
+                a, enc.time(a.starts_at), start + i + 1, r.received_at, "firing", enc, NODE_LABELS
+            )
             for i, r in enumerate(group)
             for a in r.alerts
         ]

@@ -11,9 +11,29 @@ failed=()
 echo "== ruff"; ruff check . || failed+=(ruff)
 echo "== ruff format"; ruff format --check . || failed+=(ruff-format)
 echo "== mypy"; mypy || failed+=(mypy)
-echo "== pytest"
+# pytest in two runs, both always run. First every test that runs in-process, on two workers
+# (pytest-xdist; tests/support/xdist_scheduling.py says which tests share one). Then, one at a
+# time, the tests that start real servers or torch ranks (markers `e2e`, `torch`): their
+# timings must not compete with a second worker for the CPUs.
 # pytest's exit 5 (no tests collected) counts as a failure too: a green run must run tests.
-pytest -q -p no:cacheprovider --durations=15 "$@" || failed+=(pytest)
+# With extra arguments (`-k intake`) one run may select nothing; then only both count.
+ran_none=0
+phase() {
+  local name=$1 rc=0
+  shift
+  echo "== pytest ($name)"
+  pytest -q -p no:cacheprovider --durations=15 "$@" || rc=$?
+  if [ "$rc" = 5 ]; then
+    ran_none=$((ran_none + 1))
+    if [ "$extra" = 0 ]; then failed+=("pytest-$name"); fi
+  elif [ "$rc" != 0 ]; then
+    failed+=("pytest-$name")
+  fi
+}
+extra=$#
+phase parallel -n 2 -m "not e2e and not torch" "$@"
+phase serial -m "e2e or torch" "$@"
+if [ "$ran_none" = 2 ]; then failed+=(pytest-no-tests); fi
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED: ${failed[*]}"
   exit 1

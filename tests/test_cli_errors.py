@@ -241,3 +241,63 @@ def test_export_into_a_missing_directory(tmp_path: Path) -> None:
 def test_an_invalid_url(tmp_path: Path, args: list[str]) -> None:
     env = {"TRAINSENTRY_PROBE_TOKEN": "t"}
     assert_usage_error(run_cli(tmp_path, *args, env=env), args[-1])
+
+
+# --- issue 47: each mistake one clear line naming the fix ------------------------------------
+
+
+def test_analyze_json_into_a_closed_pipe_ends_without_a_traceback(tmp_path: Path) -> None:
+    """`trainsentry analyze --json DUMPS | head`: the reader goes away before the report is
+    written. Before: a BrokenPipeError traceback. Now: nothing on stderr, exit 141 (what a
+    shell reports for SIGPIPE, as the top-level --help says). The read end is closed before
+    the command writes, so the pipe is closed whatever the timing."""
+    from tests.support.nccl_artifacts import nccl_dir
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TRAINSENTRY_")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trainsentry", "analyze", "--json",
+         str(nccl_dir() / "hang" / "watchdog")],
+        cwd=tmp_path, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 141, err
+    assert err == ""
+
+
+@pytest.mark.parametrize("name", ["x.json", "x.txt", "x"])
+def test_export_refuses_a_suffix_it_does_not_write(tmp_path: Path, name: str) -> None:
+    """Before: `--out x.json` said "wrote 0 rows to x.json" and wrote CSV into it."""
+    url = make_store(tmp_path / "store.db")
+    result = run_cli(tmp_path, "export", "--db", url, "--out", name)
+    assert_usage_error(result, f"--out {name}", ".csv or .xlsx")
+    assert len((result[1] + result[2]).strip().splitlines()) == 1
+    assert not (tmp_path / name).exists()
+
+
+def test_gateway_with_a_missing_database_directory_names_the_path(tmp_path: Path) -> None:
+    """Before: SQLAlchemy's `OperationalError ... unable to open database file`, no path."""
+    missing = tmp_path / "var" / "lib" / "trainsentry"
+    result = run_cli(
+        tmp_path, "gateway", "--listen", "127.0.0.1:0", "--db", f"sqlite:///{missing}/g.db"
+    )
+    assert_usage_error(result, str(missing), "does not exist")
+    assert "OperationalError" not in result[1] + result[2]
+    assert len(result[2].strip().splitlines()) == 1, result[2]
+
+
+def test_a_yaml_syntax_error_in_the_config_is_readable(tmp_path: Path) -> None:
+    """Before: one log line holding the YAML error with its newlines escaped (`\\n`). Now
+    the file, the line and column, and what is wrong, in lines a person reads."""
+    config = tmp_path / "config.yaml"
+    config.write_text("gateway:\n  listen: 127.0.0.1:9095\n channels: [feishu\n")
+    code, out, err = run_cli(
+        tmp_path, "gateway", "--listen", "127.0.0.1:0", "--db", "sqlite:///g.db",
+        "--config", str(config),
+    )  # fmt: skip
+    assert code == 2, (code, out, err)
+    assert "Traceback" not in err and "\\n" not in err, err
+    first = err.strip().splitlines()[0]
+    assert str(config) in first and "line 3" in first and "not valid YAML" in first, err
+    assert not (tmp_path / "g.db").exists()

@@ -14,7 +14,7 @@ from trainsentry.labels import NAMESPACE_LABEL, job_name_of, node_of
 GO_ZERO_TIME = datetime(1, 1, 1, tzinfo=UTC)
 # Alert ids are 64-bit in the store: a larger number names no alert (and SQLite refuses it).
 MAX_ALERT_ID = 2**63 - 1
-#: The alert a stalled rank's probe raises through the gateway (gateway/stages/hang_trigger.py);
+#: The alert a stalled rank's probe raises through the gateway (gateway/stages/hang/trigger.py);
 #: not a Prometheus rule, so the operator counts it among the hang alerts by this name.
 PROBE_HANG_ALERT = "TrainingCollectiveStalled"
 
@@ -53,9 +53,17 @@ class AlertStatus(enum.StrEnum):
     RESOLVED = "resolved"
 
 
+#: The prefix of a TrainingJob's key (`JobRef.key`; storm.job_key gives other jobs' units).
+JOB_KEY_PREFIX = "trainingjob:"
+
+
 @dataclass(frozen=True, slots=True)
 class JobRef:
-    """The training job an alert belongs to, as far as its labels tell."""
+    """The training job an alert belongs to, as far as its labels tell: the one identity of a
+    job, in two renderings. `str(job)` ("namespace/name"; "name" without a namespace) is what
+    people read: cards, the console, the payload's `job` (`labels.job_text` writes the same
+    from bare labels, `storm.job_title` from a key). `key` ("trainingjob:namespace/name") is
+    what the policy keys states and indexes by: storm units, realms, failure domains."""
 
     namespace: str
     name: str
@@ -69,6 +77,10 @@ class JobRef:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+    @property
+    def key(self) -> str:
+        return f"{JOB_KEY_PREFIX}{self.namespace}/{self.name}"
 
 
 class _Unset:
@@ -89,6 +101,10 @@ class Alert:
     starts_at: datetime
     ends_at: datetime | None
     generator_url: str = ""
+    # The node it is about as the store resolved it (the first of the policy's `node_labels`,
+    # store/writes.py) and every copy read back carries; None: an alert made from its labels
+    # alone (a webhook not stored yet, a test), whose node is the first of NODE_LABELS.
+    resolved_node: str | None = field(default=None, compare=False, repr=False, kw_only=True)
     # JobRef.from_labels, worked out on first use: the policy asks several times per alert.
     # (init=False: `dataclasses.replace` resets it, so new labels get their own job.)
     _job: JobRef | _Unset | None = field(default=_UNSET, compare=False, repr=False, init=False)
@@ -107,7 +123,10 @@ class Alert:
 
     @property
     def node(self) -> str:
-        return node_of(self.labels)
+        """The node it is about, "" when none: `resolved_node` (the policy's `node_labels`)
+        when it was resolved, else the first of the default NODE_LABELS. Every part of the
+        gateway names an alert's node by this."""
+        return node_of(self.labels) if self.resolved_node is None else self.resolved_node
 
 
 class ChangeKind(enum.StrEnum):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -37,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trainsentry",
         description="Monitoring, alerting and fault diagnosis for GPU training jobs.",
-        epilog="Exit codes: 0 success, 1 failure, 2 usage error. Commands document their own.",
+        epilog="Exit codes: 0 success, 1 failure, 2 usage error, 141 the output was closed "
+        "early (`| head`). Commands document their own.",
     )
     parser.add_argument("--version", action="version", version=f"trainsentry {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -54,13 +56,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The exit code when whoever reads our output went away (`trainsentry analyze --json | head`):
+#: 128 + SIGPIPE, what a shell reports for a command a closed pipe stopped.
+EXIT_PIPE_CLOSED = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         result: int = args._run(args)
+        sys.stdout.flush()  # inside the try: a closed pipe is found here, not at exit
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader left: nothing more can be said to it. Point stdout at /dev/null so the
+        # interpreter's own flush at exit does not raise (and print) the same error again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_PIPE_CLOSED
     return result
 
 

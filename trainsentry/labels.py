@@ -24,6 +24,22 @@ NAMESPACE_LABEL = "namespace"
 SCRAPE_JOB_LABEL = "job"
 
 
+def hca_port(labels: Mapping[str, str]) -> str:
+    """Pure: "mlx5_0 port 1" for an alert about a port of a network adapter (node_exporter's
+    infiniband and netclass series carry `device` and `port`), else "". Such a `device` is
+    an HCA, never a GPU (`gpu_label`)."""
+    device, port = labels.get("device"), labels.get("port")
+    return f"{device} port {port}" if device and port else ""
+
+
+def gpu_label(labels: Mapping[str, str], names: Iterable[str] = GPU_LABELS) -> str:
+    """Pure: the GPU an alert names (the first of `names`), "" when none does; `device`
+    names a GPU only when the alert is not about an adapter's port (`hca_port`)."""
+    if hca_port(labels):
+        names = [name for name in names if name != "device"]
+    return first_label(labels, names)
+
+
 def first_label(labels: Mapping[str, str], names: Iterable[str]) -> str:
     """Pure: the first non-empty value among `names` (exporters name the same thing
     differently), or ""."""

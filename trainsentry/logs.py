@@ -4,7 +4,9 @@ Invariant: no secret reaches a log line. Webhook URLs carry their credential (a 
 token is the last path segment; pager and voice URLs often hold a key in the query), so
 third-party loggers that write request URLs or headers are held at WARNING whatever the
 process's level: httpx logs every request's full URL at INFO, httpcore and hpack (HTTP/2)
-trace requests and headers at DEBUG, urllib3 logs URLs at DEBUG. Our own log lines name a
+trace requests and headers at DEBUG, urllib3 logs URLs at DEBUG; aiohttp's access log writes
+each served path at INFO (the operator's admission webhook path holds its token), and the
+Kubernetes client logs response bodies at DEBUG (a Secret's data). Our own log lines name a
 channel or webhook group, never its URL (tests/notifiers/test_log_secrets.py greps every
 line of a real gateway's log for the secrets it was given, at INFO and DEBUG).
 """
@@ -15,7 +17,16 @@ import logging
 import sys
 
 # Loggers that print request URLs, query strings or headers below WARNING.
-URL_LOGGERS = ("httpx", "httpcore", "hpack", "h2", "urllib3", "aiohttp.client")
+URL_LOGGERS = (
+    "httpx",
+    "httpcore",
+    "hpack",
+    "h2",
+    "urllib3",
+    "aiohttp.client",
+    "aiohttp.access",
+    "kubernetes_asyncio.client.rest",
+)
 
 
 class KeyValueFormatter(logging.Formatter):

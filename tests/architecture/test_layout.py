@@ -9,6 +9,7 @@ Imports are read with the `ast` from every module of trainsentry/, wherever they
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -33,10 +34,29 @@ def _module_name(path: Path, root: Path = ROOT) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports_of(path: Path) -> list[Import]:
+def _parse(path: Path) -> ast.Module:
+    """The module's syntax tree, parsed once per version of the file (its size and time of
+    change): a dozen rules read every module of the package. Callers only read the tree."""
+    stat = path.stat()
+    return _parse_version(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.cache
+def _parse_version(path: str, _mtime_ns: int, _size: int) -> ast.Module:
+    return ast.parse(Path(path).read_text(), path)
+
+
+def _imports_of(path: Path) -> tuple[Import, ...]:
+    """What the module imports, read once per version of the file (as `_parse`)."""
+    stat = path.stat()
+    return _imports_of_version(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.cache
+def _imports_of_version(path: Path, _mtime_ns: int, _size: int) -> tuple[Import, ...]:
     module = _module_name(path)
     found: list[Import] = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_parse(path)):
         if isinstance(node, ast.Import):
             found.extend(Import(module, alias.name, node.lineno) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -50,7 +70,7 @@ def _imports_of(path: Path) -> list[Import]:
                 source = node.module or ""
             found.append(Import(module, source, node.lineno))
             found.extend(Import(module, f"{source}.{a.name}", node.lineno) for a in node.names)
-    return found
+    return tuple(found)
 
 
 def _all_imports() -> list[Import]:
@@ -219,7 +239,7 @@ def test_the_policy_is_pure() -> None:
     io_libraries = {"aiohttp", "httpx", "sqlalchemy", "kubernetes_asyncio"}
     forbidden_inside = (
         "trainsentry.gateway.stages",
-        "trainsentry.gateway.app",
+        "trainsentry.gateway.api.app",
         "trainsentry.store",
     )
     offenders = [
@@ -236,9 +256,10 @@ def test_the_policy_is_pure() -> None:
 
 def test_the_gateway_has_folders_that_name_its_stages() -> None:
     gateway = PACKAGE / "gateway"
-    for folder in ("policy", "stages", "stages/planning", "commands"):
+    folders = ("policy", "stages", "stages/planning", "stages/hang", "stages/services", "api", "ui")
+    for folder in (*folders, "commands"):
         assert (gateway / folder / "__init__.py").exists(), folder
-    for stage in ("intake", "outbox", "paging", "ack", "diagnosis", "hang_trigger"):
+    for stage in ("intake", "outbox", "services/paging", "services/ack", "hang/diagnosis"):
         assert (gateway / "stages" / f"{stage}.py").exists(), stage
     for step in ("rules", "classify", "dedup", "storm", "route", "escalation", "decide"):
         assert (gateway / "policy" / f"{step}.py").exists(), step
@@ -311,7 +332,7 @@ def _private_uses(package: Path) -> set[PrivateUse]:
     modules = _modules(package)
     found: set[PrivateUse] = set()
     for module, path in modules.items():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = _parse(path)
         bound: dict[str, str] = {}  # local name -> the module it stands for
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -358,7 +379,7 @@ def _module_graph(package: Path) -> dict[str, set[str]]:
     modules = _modules(package)
     graph: dict[str, set[str]] = defaultdict(set)
     for module, path in modules.items():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = _parse(path)
         unchecked = {
             id(inner)
             for node in ast.walk(tree)
@@ -431,7 +452,7 @@ def _long_modules_unexplained(package: Path) -> list[str]:
         lines = len(text.splitlines())
         if lines <= LONG_MODULE:
             continue
-        doc = ast.get_docstring(ast.parse(text, str(path))) or ""
+        doc = ast.get_docstring(_parse(path)) or ""
         if not any(line.strip().startswith(ONE_PIECE) for line in doc.splitlines()):
             found.append(f"{module} ({lines} lines)")
     return found
@@ -446,7 +467,7 @@ def _long_functions_unexplained(package: Path) -> list[str]:
     docstring has no line starting with ONE_PIECE: split into named steps, or say why not."""
     found: list[tuple[str, int, str]] = []
     for module, path in _modules(package).items():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_parse(path)):
             if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
             lines = (node.end_lineno or node.lineno) - node.lineno + 1

@@ -3,7 +3,6 @@ symlinks), its version follows the package, and the vendored CRD schemas are cur
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import shutil
@@ -16,12 +15,11 @@ from typing import Any
 import pytest
 import yaml
 
-from chart.chart_helm import CHART, REPO, VENDORED_CRDS, find, helm, one, rendered, template
+from chart.chart_helm import CHART, REPO, find, helm, one, rendered, template
 from trainsentry.config import WebhookChannelSettings
 from trainsentry.config.channels import ChannelsSettings
 from trainsentry.config.reports import ReportSettings
 
-SHARED_CRDS = REPO.parent / "shared" / "data" / "crds"
 MATCHER = re.compile(r'^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"?(.*?)"?\s*$')
 
 
@@ -172,24 +170,6 @@ def test_settings_sections_in_the_values_schema_match_the_settings_models() -> N
     assert set(reports) == set(ReportSettings.model_fields)
     webhook = props["webhooks"]["additionalProperties"]["properties"]
     assert set(webhook) == set(WebhookChannelSettings.model_fields)
-
-
-@pytest.mark.skipif(not SHARED_CRDS.is_dir(), reason="../shared/data/crds is not next to the repo")
-def test_vendored_crd_schemas_are_current() -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("vendor", VENDORED_CRDS / "vendor.py")
-    assert spec and spec.loader
-    vendor = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(vendor)
-    for plural in vendor.WANTED:
-        source = vendor.essentials(
-            vendor.load_source(SHARED_CRDS / f"monitoring.coreos.com_{plural}.yaml")
-        )
-        vendored = json.loads(
-            gzip.decompress((VENDORED_CRDS / vendor.vendored_name(plural)).read_bytes())
-        )
-        assert vendored == json.loads(json.dumps(source)), plural
 
 
 def _rule_files(folder: str = "rules") -> list[Path]:

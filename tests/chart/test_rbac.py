@@ -39,8 +39,32 @@ def recorded_calls() -> set[Grant]:
     return grants
 
 
+NAMED = [
+    {"apiGroups": ["kopf.dev"], "resources": ["clusterkopfpeerings"],
+     "resourceNames": ["trainsentry"], "verbs": ["patch"]},
+    {"apiGroups": ["admissionregistration.k8s.io"],
+     "resources": ["mutatingwebhookconfigurations"],
+     "resourceNames": ["ts-trainsentry-instrument"], "verbs": ["get", "patch"]},
+    {"apiGroups": [""], "resources": ["secrets"],
+     "resourceNames": ["ts-trainsentry-operator-webhook-credentials"], "verbs": ["get", "patch"]},
+]  # fmt: skip
+
+
+def webhook_role(objs: Sequence[Any]) -> set[Grant]:
+    """The Role of the webhook's credentials Secret (by name, in the release's namespace)."""
+    role = one(objs, "Role", "-operator-webhook")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [NAMED[2]]
+    return rule_grants(role["rules"])
+
+
 # Kubernetes' cluster-scoped resources among those the operator uses.
-CLUSTER_SCOPED = {"nodes", "clusterkopfpeerings"}
+CLUSTER_SCOPED = {"nodes", "clusterkopfpeerings", "mutatingwebhookconfigurations", "namespaces"}
+# Calls the operator makes only watching every namespace: the label on namespaces holding a
+# TrainingJob (with operator.namespaces the chart names them instead).
+ALL_NAMESPACES_ONLY = {("patch", "", "namespaces")}
+# The webhook's credentials Secret: its own Role (webhook_role), not the watched namespaces'.
+CREDENTIALS_SECRET = {("get", "", "secrets")}
 
 
 def granted(values: str, kind: str = "ClusterRole") -> set[Grant]:
@@ -52,13 +76,9 @@ def rule_grants(rules: Sequence[Any]) -> set[Grant]:
     for rule in rules:
         assert "nonResourceURLs" not in rule
         if "resourceNames" in rule:
-            # only the peering object has a name known in advance
-            assert rule == {
-                "apiGroups": ["kopf.dev"],
-                "resources": ["clusterkopfpeerings"],
-                "resourceNames": ["trainsentry"],
-                "verbs": ["patch"],
-            }
+            # only objects whose name is known in advance: the peering object, the webhook's
+            # configuration and its credentials Secret
+            assert rule in NAMED, rule
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 for verb in rule["verbs"]:
@@ -72,7 +92,7 @@ CONFIGMAP_WRITES = {(verb, "", "configmaps") for verb in ("create", "patch", "de
 
 def test_cluster_role_and_dashboards_role_grant_exactly_the_recorded_calls() -> None:
     calls = recorded_calls()
-    grants = granted("defaults") | granted("defaults", "Role")
+    grants = granted("defaults") | granted("defaults", "Role") | webhook_role(rendered("defaults"))
     missing = sorted(calls - grants)
     extra = sorted(grants - calls)
     assert not missing, f"the operator makes calls its roles do not allow: {missing}"
@@ -135,6 +155,7 @@ def test_cluster_role_is_bound_to_the_operator_only() -> None:
             ("ClusterRole", role["metadata"]["name"]),
             ("ClusterRole", gateway["metadata"]["name"]),
             ("Role", role["metadata"]["name"]),
+            ("Role", one(objs, "Role", "-operator-webhook")["metadata"]["name"]),
         ]
     )
     for obj in objs:
@@ -294,13 +315,20 @@ def test_namespaces_move_writes_into_roles_in_those_namespaces() -> None:
     objs = rendered("operator-namespaces")
     calls = recorded_calls()
     cluster = granted("operator-namespaces")
-    assert cluster == {c for c in calls if c[2].split("/")[0] in CLUSTER_SCOPED} != set()
-    assert {resource for _, _, resource in cluster} == {"nodes"}
+    assert (
+        cluster
+        == {c for c in calls - ALL_NAMESPACES_ONLY if c[2].split("/")[0] in CLUSTER_SCOPED}
+        != set()
+    )
+    assert {resource for _, _, resource in cluster} == {"nodes", "mutatingwebhookconfigurations"}
+    webhook_role(objs)
     roles = find(objs, "Role", "-operator")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
         # every namespaced call, and only those, in each watched namespace
-        assert rule_grants(role["rules"]) == {c for c in calls if c not in cluster}
+        assert rule_grants(role["rules"]) == {
+            c for c in calls - ALL_NAMESPACES_ONLY - CREDENTIALS_SECRET if c not in cluster
+        }
         binding = one(
             [o for o in find(objs, "RoleBinding", "-operator")
              if o["metadata"]["namespace"] == role["metadata"]["namespace"]],

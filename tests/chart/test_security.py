@@ -100,8 +100,9 @@ def pod_of(obj: dict[str, Any], namespace: str = NAMESPACE) -> Pod:
 
 ALERTMANAGER = Pod("monitoring", {"app.kubernetes.io/name": "alertmanager"})
 PROMETHEUS = Pod("monitoring", {"app.kubernetes.io/name": "prometheus"})
-TRAINING = Pod("team-a", {"trainsentry.io/trainingjob": "llama", "job": "llama"})
-UNLABELLED = Pod("team-a", {"job": "llama"})
+JOBS_HERE = {"trainsentry.io/trainingjobs": "true"}  # the operator's namespace label
+TRAINING = Pod("team-a", {"trainsentry.io/trainingjob": "llama", "job": "llama"}, JOBS_HERE)
+UNLABELLED = Pod("team-a", {"job": "llama"}, JOBS_HERE)
 INGRESS = Pod("ingress-nginx", {"app.kubernetes.io/name": "ingress-nginx"})
 
 
@@ -110,8 +111,12 @@ INGRESS = Pod("ingress-nginx", {"app.kubernetes.io/name": "ingress-nginx"})
     [
         (ALERTMANAGER, True),
         (PROMETHEUS, True),
-        (TRAINING, True),  # hang triggers, from any namespace
-        (Pod("other-team", {"trainsentry.io/trainingjob": "x"}), True),
+        (TRAINING, True),  # hang triggers, from a namespace holding a TrainingJob
+        (Pod("other-team", {"trainsentry.io/trainingjob": "x"}, JOBS_HERE), True),
+        # Issue 43 finding 8: a pod labelling itself, in a namespace holding no TrainingJob
+        # (kube-system included), was let through.
+        (Pod("kube-system", {"trainsentry.io/trainingjob": "x"}), False),
+        (Pod("no-jobs-here", {"trainsentry.io/trainingjob": "x"}), False),
         (UNLABELLED, False),
         (INGRESS, False),  # only through networkPolicy.gatewayExtraFrom
         (Pod("monitoring", {"app.kubernetes.io/name": "grafana"}), False),
@@ -128,6 +133,15 @@ def test_the_gateway_takes_alertmanager_prometheus_and_labelled_training_pods_on
     http = port["ports"][0]["containerPort"]
     assert allowed(policies, source, gateway, http) is expected
     assert not allowed(policies, source, gateway, http + 1)  # no other port, for anyone
+
+
+def test_with_operator_namespaces_hang_triggers_come_from_those_only() -> None:
+    objs = rendered("operator-namespaces")  # operator.namespaces: [team-a, team-b]
+    gateway = pod_of(one(objs, "Deployment", "-gateway"))
+    policies = find(objs, "NetworkPolicy")
+    labelled = {"trainsentry.io/trainingjob": "x"}
+    assert allowed(policies, Pod("team-b", labelled), gateway, 9095)
+    assert not allowed(policies, Pod("team-c", labelled, JOBS_HERE), gateway, 9095)
 
 
 def test_extra_peers_reach_the_gateway_when_listed() -> None:
@@ -150,6 +164,13 @@ def test_operator_takes_only_its_webhook_port_and_report_nothing(tmp_path: Path)
     values = {"operator": {"webhook": {"enabled": False}}}
     off = find(template("defaults", values, tmp_path), "NetworkPolicy")
     assert not allowed(off, apiserver, pod_of(operator), ports["webhook"])
+    # networkPolicy.apiServer: the webhook port from those addresses only.
+    only = {"networkPolicy": {"apiServer": [{"ipBlock": {"cidr": "10.0.0.1/32"}}]}}
+    (tmp_path / "narrowed").mkdir()
+    narrowed = find(template("defaults", only, tmp_path / "narrowed"), "NetworkPolicy")
+    assert allowed(narrowed, apiserver, pod_of(operator), ports["webhook"])
+    assert not allowed(narrowed, Pod("", ip="10.0.0.2"), pod_of(operator), ports["webhook"])
+    assert not allowed(narrowed, TRAINING, pod_of(operator), ports["webhook"])
 
 
 def test_exporters_admit_only_prometheus() -> None:

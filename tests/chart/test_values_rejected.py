@@ -16,7 +16,6 @@ REJECTED: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("wrong type nested", {"exporters": {"dcgm": {"enabled": "yes"}}}, ("enabled", "boolean")),
     ("unknown top-level key", {"gatway": {"replicas": 1}}, ("gatway",)),
     ("unknown nested key", {"gateway": {"replica": 2}}, ("replica",)),
-    ("replicas > 1 with SQLite", {"gateway": {"replicas": 2}}, ("database", "type", "postgresql")),
     ("bad enum", {"gateway": {"database": {"type": "mysql"}}}, ("database", "type")),
     ("unknown channel", {"channels": {"config": {"slack": {}}}}, ("slack",)),
     (
@@ -41,6 +40,18 @@ REJECTED: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
         {"gateway": {"retention": {"alerts_days": 7}}},
         ("alerts_days",),
     ),
+    (
+        "a team without namespaces",
+        {"gateway": {"access": {"teams": {"team-a": {"groups": ["a"]}}}}},
+        ("namespaces",),
+    ),
+    (
+        "a namespace that is no DNS label",
+        {"gateway": {"access": {"teams": {"team-a": {"namespaces": ["Team_A"]}}}}},
+        ("namespaces",),
+    ),
+    ("unknown access key", {"gateway": {"access": {"admins": ["sre"]}}}, ("admins",)),
+    ("unknown console key", {"gateway": {"console": {"proxies": ["10.0.0.1"]}}}, ("proxies",)),
 ]
 
 
@@ -59,6 +70,17 @@ def test_helm_lint_and_template_refuse(
     assert [word for word in message if word not in templated.value.stderr] == []
 
 
+def test_replicas_with_sqlite_is_one_sentence_not_the_schemas_if_then(tmp_path: Path) -> None:
+    """`--set gateway.replicas=2` without PostgreSQL: the error says PostgreSQL is needed
+    and why. Before: the schema's `Must validate "then" as "if" was valid` (its if/then
+    refused first, in words that name neither replicas nor PostgreSQL)."""
+    with pytest.raises(HelmFailed) as failed:
+        template(overrides={"gateway": {"replicas": 2}}, tmp=tmp_path)
+    assert "Must validate" not in failed.value.stderr
+    [line] = [x for x in failed.value.stderr.splitlines() if "replicas" in x]
+    assert "gateway.replicas > 1 needs gateway.database.type=postgresql" in line
+
+
 def test_template_guard_refuses_sqlite_replicas_even_without_the_schema() -> None:
     """The template's own check backs the schema (e.g. for --skip-schema-validation)."""
     with pytest.raises(HelmFailed) as failed:
@@ -75,8 +97,14 @@ def test_template_guard_refuses_sqlite_replicas_even_without_the_schema() -> Non
     assert "gateway.replicas > 1 needs gateway.database.type=postgresql" in failed.value.stderr
 
 
-# Contradictions the templates refuse: (case, values, message)
+# Contradictions the templates refuse: (case, values, message). `helm lint` reports a
+# template's `fail` only as [INFO]; `helm template` and `helm install` stop on it.
 CONTRADICTIONS: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "replicas > 1 with SQLite",
+        {"gateway": {"replicas": 2}},
+        "gateway.replicas > 1 needs gateway.database.type=postgresql: one SQLite file",
+    ),
     (
         "postgresql without a URL",
         {"gateway": {"database": {"type": "postgresql"}}},

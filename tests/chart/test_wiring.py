@@ -149,6 +149,52 @@ def test_retention_settings_reach_the_gateway(tmp_path: Path) -> None:
     assert "retention" not in defaults["gateway"]  # the gateway's own defaults apply
 
 
+ACCESS_VALUES = {
+    "console": {"trusted_proxies": ["10.42.7.0/24"]},
+    "access": {
+        "admin_groups": ["sre"],
+        "admin_feishu": ["sam"],
+        "teams": {
+            "team-a": {"namespaces": ["team-a"], "groups": ["team-a-oncall"], "feishu": ["ann"]},
+            "team-b": {"namespaces": ["team-b"], "schedules": ["b-primary"], "feishu": ["ou_b0"]},
+        },
+    },
+}
+ONCALL_VALUES = {
+    "people": {"ann": {"feishu_open_id": "ou_a1"}, "sam": {"feishu_open_id": "ou_5a"}},
+    "schedules": {
+        "b-primary": {
+            "timezone": "UTC",
+            "layers": [
+                {"name": "p", "start": "2026-11-16T09:00", "shift": "1w", "members": ["ann"]}
+            ],
+        }
+    },
+}
+
+
+def test_teams_and_the_proxy_reach_the_gateway(tmp_path: Path) -> None:
+    """Issue 43: `gateway.access` (who acts on which teams' incidents) and `gateway.console`
+    (the trusted proxy) become config.yaml's `gateway.access` and `gateway.console`, which
+    the gateway loads as its settings; without them access is not divided."""
+    objs = template(overrides={"gateway": ACCESS_VALUES, "oncall": ONCALL_VALUES}, tmp=tmp_path)
+    config = yaml.safe_load(one(objs, "ConfigMap", "-config")["data"]["config.yaml"])
+    assert config["gateway"]["access"] == ACCESS_VALUES["access"]
+    assert config["gateway"]["console"] == ACCESS_VALUES["console"]
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    settings = load_settings(path, env={})
+    access = settings.gateway.access
+    assert access.divided and access.team_groups("team-b") == ("team-b",)
+    assert access.teams["team-a"].feishu == ("ann",) and access.admin_feishu == ("sam",)
+    assert settings.gateway.console.trusted_proxies == ["10.42.7.0/24"]
+    defaults = yaml.safe_load(
+        one(rendered("defaults"), "ConfigMap", "-config")["data"]["config.yaml"]
+    )
+    assert "access" not in defaults["gateway"] and "console" not in defaults["gateway"]
+    assert not validate_settings(defaults).gateway.access.divided
+
+
 def _env_names(node: Any) -> set[str]:
     names: set[str] = set()
     if isinstance(node, dict):
@@ -233,9 +279,9 @@ def test_generated_tokens_differ() -> None:
 
 def test_existing_secrets_are_used_and_not_created() -> None:
     objs = rendered("ha-postgres")
-    # only the admission webhook's generated certificate (operator-webhook.yaml)
+    # only the admission webhook's credentials, rendered empty (operator-webhook.yaml)
     assert [s["metadata"]["name"] for s in find(objs, "Secret")] == [
-        "ts-trainsentry-operator-webhook-tls"
+        "ts-trainsentry-operator-webhook-credentials"
     ]
     env = {e["name"]: e for e in _container(one(objs, "Deployment", "-gateway"))["env"]}
     assert env["TRAINSENTRY_DB"]["valueFrom"]["secretKeyRef"] == {
@@ -284,6 +330,41 @@ def test_exporter_scrapes_give_the_labels_the_rules_expect(suffix: str, job_patt
         "relabelings"
     ]
     # Where the DaemonSet runs: test_exporter_nodes.py (the operator's per-exporter labels).
+
+
+def _relabel(labels: dict[str, str], configs: list[dict[str, Any]]) -> dict[str, str]:
+    """Prometheus' relabeling, for the actions the chart uses (`replace`, the default with
+    its default regex `(.*)` and replacement `$1`, and `labeldrop`)."""
+    out = dict(labels)
+    for config in configs:
+        action = config.get("action", "replace")
+        if action == "labeldrop":
+            out = {k: v for k, v in out.items() if not re.fullmatch(config["regex"], k)}
+        elif action == "replace":
+            assert set(config) <= {"action", "sourceLabels", "targetLabel"}, config
+            value = ";".join(out.get(name, "") for name in config["sourceLabels"])
+            out[config["targetLabel"]] = value
+            out = {k: v for k, v in out.items() if v}  # an empty label is no label
+        else:
+            raise AssertionError(f"unexpected action {action}")
+    return out
+
+
+def test_the_chart_gpu_series_carry_no_namespace() -> None:
+    """Issue 43 (docs/alerts.md "Trusted evidence"): dcgm-exporter's pod attribution sets the
+    workload's `namespace` on a busy GPU's series (kept by `honorLabels`); the chart's alerts
+    must carry none to be trusted evidence, and GPUMissing counts per node and namespace.
+    The workload's namespace is kept as `exported_namespace`."""
+    monitor = one(rendered("defaults"), "ServiceMonitor", "-dcgm-exporter")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["honorLabels"] is True
+    scraped = {"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "3", "node": "gpu-node-7",
+               "namespace": "team-a", "pod": "llama-worker-3", "container": "pytorch"}  # fmt: skip
+    kept = _relabel(scraped, endpoint.get("metricRelabelings", []))
+    assert "namespace" not in kept and kept["exported_namespace"] == "team-a"
+    assert kept["pod"] == "llama-worker-3" and kept["node"] == "gpu-node-7"
+    idle = _relabel({"gpu": "0", "node": "gpu-node-7"}, endpoint.get("metricRelabelings", []))
+    assert idle == {"gpu": "0", "node": "gpu-node-7"}
 
 
 def _post(url: str, body: bytes, token: str | None) -> int:

@@ -117,3 +117,18 @@ def test_a_webhook_channel_needs_its_url_when_the_settings_load() -> None:
     with pytest.raises(ConfigError) as caught:
         validate_settings({"webhooks": {"pager": {"timeout_s": 5}}})
     assert [str(p) for p in caught.value.problems] == ["webhooks.pager: set url or url_env"]
+
+
+def test_a_diagnosis_deadline_not_below_its_hold_is_refused(tmp_path: Path) -> None:
+    """The diagnosis must end before its held page goes out (issue 48: a checkpoint whose
+    verdict came after the hold was paged)."""
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"diagnosis": {"hold_seconds": 4, "deadline_seconds": 4}}))
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config, env={})
+    assert "diagnosis: deadline_seconds (4) must be below hold_seconds (4)" in str(caught.value)
+    config.write_text(yaml.safe_dump({"diagnosis": {"hold_seconds": 5, "deadline_seconds": 4}}))
+    assert load_settings(config, env={}).diagnosis.deadline_seconds == 4
+    # Left unset, the deadline follows a short hold (two thirds of it).
+    config.write_text(yaml.safe_dump({"diagnosis": {"hold_seconds": 3}}))
+    assert load_settings(config, env={}).diagnosis.deadline_seconds == 2

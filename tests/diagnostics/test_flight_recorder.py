@@ -355,7 +355,8 @@ def test_world_size_from_all_gather_names_the_highest_rank_without_dump() -> Non
     assert report.verdict == "hang"
     assert report.primary_hang is not None
     assert report.primary_hang.missing_ranks == (3,)
-    assert report.hang.root_cause_ranks == [3]
+    # Its dump was not read: named as waited on, not as the root cause.
+    assert report.hang.root_cause_ranks == [] and report.hang.unread_ranks == [3]
     # No all_gather at all: the world size is unknown, and the report says so.
     for dump in dumps.values():
         for entry in dump["entries"]:

@@ -17,16 +17,10 @@ from trainsentry.diagnostics.readers.megatrace import (
 from trainsentry.diagnostics.report import Report
 from trainsentry.diagnostics.topology import Topology
 
-SAMPLE = Path(__file__).resolve().parents[3] / "shared" / "data" / "megatrace" / "log_rank2_slow"
-if not SAMPLE.is_dir():
-    SAMPLE = Path("/work/shared/data/megatrace/log_rank2_slow")
-
-pytestmark = pytest.mark.skipif(not SAMPLE.is_dir(), reason="Megatrace sample not available")
-
 
 @pytest.fixture(scope="module")
-def report() -> Report:
-    return analyze([SAMPLE])
+def report(megatrace_sample: Path) -> Report:
+    return analyze([megatrace_sample])
 
 
 def test_rank_2_is_the_top_slow_rank_with_tiny_p(report: Report) -> None:
@@ -54,9 +48,9 @@ def test_topology_comes_from_config_yaml(report: Report) -> None:
     assert report.topology == Topology(tp=2, pp=4, dp=1)
 
 
-def test_communicators_are_reconstructed_from_stream_pointers() -> None:
+def test_communicators_are_reconstructed_from_stream_pointers(megatrace_sample: Path) -> None:
     raws = []
-    for path in sorted(SAMPLE.glob("rank_*.log")):
+    for path in sorted(megatrace_sample.glob("rank_*.log")):
         with path.open() as handle:
             raws.extend(parse_lines(handle, str(path)))
     trace = build_trace(raws, Topology(2, 4, 1))
@@ -84,8 +78,8 @@ def test_pipeline_victim_is_not_a_cause(report: Report) -> None:
     assert all(v.victim_of == 2 for v in report.slow.victims)
 
 
-def test_without_topology_rank_2_is_still_top(tmp_path: Path) -> None:
-    for path in SAMPLE.glob("rank_*.log"):
+def test_without_topology_rank_2_is_still_top(tmp_path: Path, megatrace_sample: Path) -> None:
+    for path in megatrace_sample.glob("rank_*.log"):
         shutil.copy(path, tmp_path / path.name)
     result = analyze([tmp_path])
     assert result.topology is None
@@ -118,10 +112,12 @@ def test_malformed_line_names_the_file_and_line() -> None:
         )
 
 
-def test_corrupt_rank_file_is_reported_and_others_analysed(tmp_path: Path) -> None:
-    for path in SAMPLE.glob("rank_*.log"):
+def test_corrupt_rank_file_is_reported_and_others_analysed(
+    tmp_path: Path, megatrace_sample: Path
+) -> None:
+    for path in megatrace_sample.glob("rank_*.log"):
         shutil.copy(path, tmp_path / path.name)
-    shutil.copy(SAMPLE / "config.yaml", tmp_path / "config.yaml")
+    shutil.copy(megatrace_sample / "config.yaml", tmp_path / "config.yaml")
     bad = tmp_path / "rank_5.log"
     bad.write_text(bad.read_text()[:5000] + "\nthis line is not megatrace\n")
     result = analyze([tmp_path])

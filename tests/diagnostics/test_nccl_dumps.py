@@ -198,3 +198,29 @@ def test_in_place_says_the_files_mtime_is_the_capture_time(tmp_path: Path) -> No
     assert analyze([folder]).to_dict()["hang"]["waited_s"] is None
     out = analyze([folder], in_place=True).to_dict()
     assert out["captured_from"] == ["mtime"] and 61 <= out["hang"]["waited_s"] < 62
+
+
+def test_a_capture_time_before_the_dumps_own_events_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--captured-at 2026-01-01` on the real hang (dumps recorded after that instant) is an
+    impossible capture time: a usage error naming both instants and the fix, never
+    "verdict: ok" with exit 0 (what it said before: the ranks had then waited no time)."""
+    from datetime import UTC, datetime
+
+    folder = _copied("hang", tmp_path)
+    last_s = _latest_entry_ns("hang") / 1e9
+    assert datetime(2026, 1, 1, tzinfo=UTC).timestamp() < last_s
+    given = "--captured-at=2026-01-01T00:00:00Z"
+    for args in ([given], [given, "--json"]):
+        assert cli_main(["analyze", str(folder), *args]) == 2
+        captured = capsys.readouterr()
+        assert "verdict" not in captured.out.replace('"verdict": null', "")
+        [line] = captured.err.strip().splitlines()
+        assert "--captured-at 2026-01-01T00:00:00Z is before the dumps' last recorded event" in line
+        assert datetime.fromtimestamp(last_s, UTC).strftime("%Y-%m-%dT%H:%M:%S") in line
+        assert "leave --captured-at out" in line
+    # one second after the last event is still a capture time (a wait of about a second)
+    after = f"--captured-at-ns={_latest_entry_ns('hang') + 10**9}"
+    assert cli_main(["analyze", str(folder), "--json", after]) == 0
+    capsys.readouterr()

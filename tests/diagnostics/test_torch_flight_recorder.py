@@ -1,7 +1,9 @@
 """Real Flight Recorder dumps from a 4-rank gloo job on CPU (torch.distributed).
 
-The three jobs run concurrently from one module fixture (most of their time is process
-start-up and the idle wait before dumping), each in its own directory and port.
+The four jobs run concurrently from one module fixture (most of their time is process
+start-up and the idle wait before dumping), each in its own directory and port; their dumps
+are kept in the tests' cache (tests/support/generated_cache.py), keyed by a hash of
+fr_job.py and the torch and Python versions, so a later run reads them without a job.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from diagnostics import fr_job
+from tests.support.generated_cache import cached_folder
 from tests.support.ports import free_port
 from trainsentry.cli import main as cli_main
 from trainsentry.diagnostics import analyze
@@ -24,23 +27,28 @@ pytestmark = pytest.mark.torch
 SCENARIOS = ("hang", "size", "slow", "lost")
 
 
+def _job(scenario: str, torch_version: str) -> Path:
+    """One scenario's dumps, one per rank. gloo aborts a process once it sees the mismatched
+    size; the culprit dumps right after enqueueing, which it wins by a wide margin, but a
+    lost race gets one more try (`cached_folder`'s second attempt)."""
+
+    def make(work: Path) -> None:
+        fr_job.launch(scenario, str(work), free_port())
+
+    return cached_folder(
+        f"fr_job/{scenario}",
+        [Path(fr_job.__file__).read_bytes(), torch_version.encode()],
+        make,
+        lambda path: path.is_dir() and len(_dump_files(path)) == fr_job.WORLD_SIZE,
+    )
+
+
 @pytest.fixture(scope="module")
-def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    dirs = {name: tmp_path_factory.mktemp(f"fr_{name}") for name in SCENARIOS}
+def dumps() -> dict[str, Path]:
+    torch = pytest.importorskip("torch")
     with ThreadPoolExecutor(len(SCENARIOS)) as pool:
-        futures = {
-            name: pool.submit(fr_job.launch, name, str(path), free_port())
-            for name, path in dirs.items()
-        }
-        for future in futures.values():
-            future.result()
-    # gloo aborts a process once it sees the mismatched size; the culprit dumps right after
-    # enqueueing, which it wins by a wide margin, but give a lost race one more try.
-    if len(_dump_files(dirs["size"])) < fr_job.WORLD_SIZE:
-        for stale in _dump_files(dirs["size"]):
-            stale.unlink()
-        fr_job.launch("size", str(dirs["size"]), free_port())
-    return dirs
+        futures = {name: pool.submit(_job, name, torch.__version__) for name in SCENARIOS}
+        return {name: future.result() for name, future in futures.items()}
 
 
 def _dump_files(directory: Path) -> list[Path]:
@@ -80,12 +88,13 @@ def test_sleeping_rank_is_slow(dumps: dict[str, Path]) -> None:
     assert top.lag_ms >= fr_job.SLOW_SLEEP_S * 1000 * 0.5
 
 
-def test_skipper_whose_dump_is_lost_is_still_named(dumps: dict[str, Path], tmp_path: Path) -> None:
+def test_skipper_whose_dump_is_lost_is_named_unread(dumps: dict[str, Path], tmp_path: Path) -> None:
     """Rank 3 skips the last all_reduce and its dump never arrives. gloo's pg_config names no
     group, so only the all_gathers (output [4, 16] from a [16] input) tell that the world has
-    4 ranks: rank 3 is named, and the all_gathers are not called a size mismatch of a 3-rank
-    group. The subgroup {1, 2, 3} has no such hint: its membership is unknown and says so,
-    rather than naming a rank."""
+    4 ranks: rank 3 is named as the rank the waits lead to, whose data was not read (not as a
+    root cause: whether it waits on someone is unknown), and the all_gathers are not called
+    a size mismatch of a 3-rank group. The subgroup {1, 2, 3} has no such hint: its
+    membership is unknown and says so, rather than naming a rank."""
     files = _dump_files(dumps["lost"])
     assert len(files) == fr_job.WORLD_SIZE
     for path in files:
@@ -99,7 +108,8 @@ def test_skipper_whose_dump_is_lost_is_still_named(dumps: dict[str, Path], tmp_p
     assert hang["description"] == "default_pg"
     assert hang["missing_ranks"] == [fr_job.HANG_SKIPPER]
     assert hang["ranks_without_dump"] == [fr_job.HANG_SKIPPER]
-    assert hang["root_cause_ranks"] == [fr_job.HANG_SKIPPER]
+    assert hang["root_cause_ranks"] == [] and out["culprit_ranks"] == []
+    assert out["unread_suspect_ranks"] == [fr_job.HANG_SKIPPER]
     assert hang["membership_known"] is True
     (sub,) = [h for h in out["hangs"] if h["description"] != "default_pg"]
     assert sub["arrived_ranks"] == [1, 2] and sub["missing_ranks"] == []

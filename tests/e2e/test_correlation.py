@@ -32,7 +32,7 @@ from tests.support.gateway_process import start_gateway
 from tests.support.paging_config import VOICE_KEY, write_paging_config
 from tests.support.phone_server import PhoneContractServer
 from tests.support.webhook_factory import am_group_key, encode, make_body
-from trainsentry.gateway.app import WEBHOOK_PATH
+from trainsentry.gateway.api.app import WEBHOOK_PATH
 
 pytestmark = pytest.mark.e2e
 TOKEN = "correlation-token"

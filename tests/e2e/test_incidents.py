@@ -29,7 +29,7 @@ from tests.support.phone_server import PhoneContractServer
 from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.alerts import Priority
 from trainsentry.config import GatewaySettings
-from trainsentry.gateway.app import WEBHOOK_PATH
+from trainsentry.gateway.api.app import WEBHOOK_PATH
 from trainsentry.gateway.assemble import create_app
 from trainsentry.gateway.pipeline import GATEWAY_KEY
 from trainsentry.notifiers.base import Notifier

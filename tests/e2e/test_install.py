@@ -28,13 +28,14 @@ import pytest
 
 from tests.chart.chart_helm import NAMESPACE
 from tests.chart.netpol import Pod, allowed, workload_pod
-from tests.support.install import container_of, one
+from tests.support.install import container_of, one, until
 from tests.support.install_scenario import (
     JOB,
     TEAM,
     hang_paged,
     installed,
     job_pods,
+    namespace_labelled,
     post,
 )
 from tests.support.ports import free_port
@@ -64,8 +65,16 @@ async def test_helm_install_then_a_hang_is_paged_by_the_fast_path(tmp_path: Path
         gateway = one(cluster.objs, "Deployment", "-gateway")
         http = container_of(gateway)["ports"][0]["containerPort"]
         target = workload_pod(gateway, NAMESPACE)
-        assert allowed(policies, Pod(TEAM, run.admitted[0]["metadata"]["labels"]), target, http)
-        assert not allowed(policies, Pod(TEAM, run.pods[0]["metadata"]["labels"]), target, http)
+        # The namespace's labels as the cluster holds them (the operator's, for its job).
+        team = cluster.emu.get_live("v1/namespaces", None, TEAM)
+        assert team is not None
+        ns_labels = team["metadata"]["labels"]
+        admitted = run.admitted[0]["metadata"]["labels"]
+        assert allowed(policies, Pod(TEAM, admitted, ns_labels), target, http)
+        assert not allowed(policies, Pod(TEAM, run.pods[0]["metadata"]["labels"], ns_labels),
+                           target, http)  # fmt: skip
+        # The same labels from a namespace holding no TrainingJob (issue 43, finding 8).
+        assert not allowed(policies, Pod("kube-system", admitted), target, http)
         cluster.stop()
 
         # The webhook unreachable (the operator gone): the pods are admitted unchanged.
@@ -87,6 +96,7 @@ async def test_an_image_without_python_runs_unchanged_with_the_patch(tmp_path: P
             "spec": {"selector": {"matchLabels": {"app": "shell"}}},
         }
         await post(cluster.emu, f"/apis/trainsentry.io/v1alpha1/namespaces/{TEAM}/trainingjobs", tj)
+        await until(lambda: namespace_labelled(cluster, TEAM), 30, "the namespace label")
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",

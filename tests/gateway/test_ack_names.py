@@ -22,7 +22,7 @@ from tests.support.feishu_server import FeishuContractServer
 from tests.support.gateway_process import close_in_process
 from trainsentry.alerts import Person, Priority
 from trainsentry.config import GatewaySettings, Settings
-from trainsentry.gateway.app import CardCallbackSettings
+from trainsentry.gateway.api.app import CardCallbackSettings
 from trainsentry.gateway.pipeline import GATEWAY_KEY
 from trainsentry.gateway.policy.escalation import EscalationPolicy, Escalator, Layer, Roster
 from trainsentry.gateway.sections import oncall_of

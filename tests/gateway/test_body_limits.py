@@ -5,6 +5,9 @@ answering everyone else meanwhile."""
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,23 +26,30 @@ DEADLINE_S = 2.0
 WEBHOOK = "/api/v1/alertmanager"
 
 
-def start(tmp_path: Path, **gateway_settings: object) -> RunningServer:
+TRIGGERS = "/api/v1/hang-triggers"
+PROBE_TOKEN = "probe-master-token"
+# a job whose one rank's probe is on this host: its triggers come from 127.0.0.1
+HANG_DIAGNOSIS = {"static_endpoints": {"team-a/gpt": ["127.0.0.1:9"]}}
+
+
+def start(
+    tmp_path: Path, diagnosis: dict[str, object] | None = None, **gateway_settings: object
+) -> RunningServer:
     config = tmp_path / "config.yaml"
     callback = {"path": CARD_PATH, "encrypt_key_env": "FEISHU_ENCRYPT_KEY"}
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "gateway": {"body_timeout_s": DEADLINE_S, **gateway_settings},
-                "channels": {"feishu_app": {"app_id": "cli_x", "callback": callback}},
-            }
-        )
-    )
+    settings: dict[str, object] = {
+        "gateway": {"body_timeout_s": DEADLINE_S, **gateway_settings},
+        "channels": {"feishu_app": {"app_id": "cli_x", "callback": callback}},
+    }
+    if diagnosis is not None:
+        settings["diagnosis"] = diagnosis
+    config.write_text(yaml.safe_dump(settings))
     return start_gateway(
         tmp_path,
         f"sqlite:///{tmp_path / 'store.db'}",
         token=TOKEN,
         config=config,
-        env=CALLBACK_ENV,
+        env={**CALLBACK_ENV, "TRAINSENTRY_PROBE_TOKEN": PROBE_TOKEN},
         log_level="DEBUG",
     )
 
@@ -173,3 +183,99 @@ def test_more_bodies_at_once_than_allowed_get_503_with_retry_after(tmp_path: Pat
             return [hook.status, health.status, again.status]
 
         assert asyncio.run(scenario()) == [503, 200, 200]
+
+
+def trigger_body(rank: int) -> bytes:
+    """What a stalled rank's probe posts (docs/probe.md, "The trigger")."""
+    body = {
+        "namespace": "team-a",
+        "trainingjob": "gpt",
+        "rank": rank,
+        "local_rank": 0,
+        "port": 9,
+        "pg": "1",
+        "pg_desc": "dp",
+        "seq": 1000,
+        "op": "all_reduce",
+        "state": "started",
+        "waited_s": 21.0,
+        "threshold_s": 20.0,
+        "world_size": 16384,
+    }
+    return json.dumps(body).encode()
+
+
+def test_hang_triggers_take_none_of_the_webhooks_readers(tmp_path: Path) -> None:
+    """A job's triggers arriving slowly (a 16,384-rank job's, on a loaded gateway) hold
+    readers of their own (`gateway.max_trigger_readers`): with the webhooks' 2 readers
+    and 3 triggers receiving their bodies, Alertmanager's webhook is still stored; and with
+    2 webhooks trickling, a trigger is still taken. Before, triggers and webhooks shared
+    `max_body_readers`: the webhook got 503."""
+    with start(tmp_path, HANG_DIAGNOSIS, max_body_readers=2) as gateway:
+
+        async def scenario() -> list[int]:
+            slow = [trickle(gateway.port, TRIGGERS, True, 5) for _ in range(3)]
+            trickling = asyncio.gather(*slow)
+            await asyncio.sleep(0.5)
+            body = encode(make_body([make_alert()]))
+            auth = [("Authorization", f"Bearer {TOKEN}")]
+            hook = await asyncio.to_thread(raw_request, gateway.port, "POST", WEBHOOK, auth, body)
+            await trickling
+            trickling = asyncio.gather(*(trickle(gateway.port, WEBHOOK, True, 5) for _ in range(2)))
+            await asyncio.sleep(0.5)
+            probe = [("Authorization", f"Bearer {PROBE_TOKEN}")]
+            trigger = await asyncio.to_thread(
+                raw_request, gateway.port, "POST", TRIGGERS, probe, trigger_body(3)
+            )
+            assert b'"hang"' in trigger.body, trigger
+            await trickling
+            return [hook.status, trigger.status]
+
+        assert asyncio.run(scenario()) == [200, 202]
+
+
+def test_more_triggers_at_once_than_their_readers_get_503(tmp_path: Path) -> None:
+    """The triggers' own readers are bounded too: with 2 and 2 triggers receiving their
+    bodies, a third gets 503 with Retry-After (the probe retries it), while a webhook is
+    stored."""
+    with start(tmp_path, HANG_DIAGNOSIS, max_body_readers=2, max_trigger_readers=2) as gateway:
+
+        async def scenario() -> list[int]:
+            slow = [trickle(gateway.port, TRIGGERS, True, 5) for _ in range(2)]
+            trickling = asyncio.gather(*slow)
+            await asyncio.sleep(0.5)
+            probe = [("Authorization", f"Bearer {PROBE_TOKEN}")]
+            third = await asyncio.to_thread(
+                raw_request, gateway.port, "POST", TRIGGERS, probe, trigger_body(3)
+            )
+            assert third.headers.get("retry-after") == "1", third
+            body = encode(make_body([make_alert()]))
+            auth = [("Authorization", f"Bearer {TOKEN}")]
+            hook = await asyncio.to_thread(raw_request, gateway.port, "POST", WEBHOOK, auth, body)
+            await trickling
+            return [third.status, hook.status]
+
+        assert asyncio.run(scenario()) == [503, 200]
+
+
+def listen_queue(port: int) -> int:
+    """The listen queue of the socket listening on `port`, as the kernel reports it (`ss`:
+    a listening socket's Send-Q is its backlog)."""
+    out = subprocess.run(
+        ["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return int(out[2])
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+def test_the_listen_queue_takes_a_burst_of_connections(tmp_path: Path) -> None:
+    """16,384 ranks' triggers are new connections within seconds: aiohttp's default listen
+    queue (128) overflowed (125,336 overflows in the 25,000-post flood: each a SYN dropped
+    and retried by the client 1 s, then 3 s later). The gateway listens with
+    `gateway.listen_backlog` (1,024; the kernel caps it at net.core.somaxconn)."""
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    with start(tmp_path) as gateway:
+        assert listen_queue(gateway.port) == min(1024, somaxconn)
+    (tmp_path / "other").mkdir()
+    with start(tmp_path / "other", listen_backlog=300) as gateway:
+        assert listen_queue(gateway.port) == min(300, somaxconn)

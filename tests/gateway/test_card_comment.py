@@ -17,7 +17,7 @@ from tests.gateway.ui.helpers import TOKEN, alert, post_alerts, start
 from tests.support.feishu_server import FeishuContractServer
 from tests.support.gateway_process import close_in_process
 from trainsentry.alerts import Priority
-from trainsentry.gateway.app import CardCallbackSettings
+from trainsentry.gateway.api.app import CardCallbackSettings
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.notifiers.feishu.app import FeishuAppClient, FeishuAppNotifier

@@ -19,7 +19,7 @@ from tests.support.feishu_server import FeishuContractServer, Hook
 from tests.support.gateway_process import close_in_process
 from tests.support.webhook_factory import bodies_by_group, encode, make_alert
 from trainsentry.config import Settings
-from trainsentry.gateway.app import WEBHOOK_PATH
+from trainsentry.gateway.api.app import WEBHOOK_PATH
 from trainsentry.gateway.assemble import create_app
 from trainsentry.gateway.channels import build
 from trainsentry.gateway.pipeline import GATEWAY_KEY

@@ -17,7 +17,7 @@ import yaml
 from tests.support.gateway_process import start_gateway
 from tests.support.raw_http import RawResponse, parse_response, raw_request
 from tests.support.realservers import RunningServer
-from trainsentry.gateway.request_body import MAX_DEPTH, MAX_JSON_BYTES, parse_json
+from trainsentry.gateway.api.request_body import MAX_DEPTH, MAX_JSON_BYTES, parse_json
 
 TOKEN = "s3cret-token"
 CARD_PATH = "/api/v1/feishu/card"

@@ -18,7 +18,7 @@ from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.alerts import Alert, AlertStatus
 from trainsentry.config import GatewaySettings
 from trainsentry.config.topology import TopologySettings
-from trainsentry.gateway.app import WEBHOOK_PATH
+from trainsentry.gateway.api.app import WEBHOOK_PATH
 from trainsentry.gateway.assemble import build_topology, create_app
 from trainsentry.gateway.policy.health import decayed, fault_of, score_nodes
 from trainsentry.gateway.policy.rules import load_policy
@@ -81,6 +81,13 @@ def test_hardware_faults_are_weighed_by_kind(
 )
 def test_what_is_not_sick_hardware_weighs_nothing(name: str, labels: dict[str, str]) -> None:
     assert fault_of(occurrence(name, "n1", 0, **labels), POLICY) is None
+
+
+def cluster_wide(alert: dict[str, Any]) -> dict[str, Any]:
+    """A `make_alert` as a chart's cluster-wide rule raises it: no namespace, no job."""
+    for key in ("namespace", "trainingjob"):
+        del alert["labels"][key]
+    return alert
 
 
 def test_scores_decay_and_rank_the_sickest_first() -> None:
@@ -146,15 +153,23 @@ async def test_nodes_sorted_by_health(server: TestServer) -> None:
 
     alerts = [
         *(
-            make_alert(1, name="GPUFellOffBus", labels={"xid": "79"}, starts_at=at(d),
-                       fingerprint=f"bus{int(d * 10)}")
+            cluster_wide(make_alert(1, name="GPUFellOffBus", labels={"xid": "79"},
+                                    starts_at=at(d), fingerprint=f"bus{int(d * 10)}"))
             for d in (0.5, 3, 6)
         ),
-        make_alert(2, name="IBLinkFlapping", labels={"device": "mlx5_0"}, starts_at=at(1)),
+        cluster_wide(make_alert(2, name="IBLinkFlapping", labels={"device": "mlx5_0"},
+                                starts_at=at(1))),
         *(
-            make_alert(3, name="NodeFilesystemSpaceCritical", labels={"component": "node"},
-                       starts_at=at(d), fingerprint=f"disk{int(d * 10)}")
+            cluster_wide(make_alert(3, name="NodeFilesystemSpaceCritical",
+                                    labels={"component": "node"}, starts_at=at(d),
+                                    fingerprint=f"disk{int(d * 10)}"))
             for d in (0.1, 0.2, 0.3, 0.4)
+        ),
+        # a team's own rule raising hardware faults of gpu-0003: its word, no fault
+        *(
+            make_alert(3, name="GPUFellOffBus", labels={"xid": "79", "node": "gpu-0003"},
+                       starts_at=at(d), fingerprint=f"forged{int(d * 10)}")
+            for d in (0.1, 0.2, 0.3, 0.4, 0.5)
         ),
     ]  # fmt: skip
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as http:

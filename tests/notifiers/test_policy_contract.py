@@ -1,4 +1,4 @@
-"""The policy's real payloads (gateway/policy/payload_build.py) render on every channel."""
+"""The payloads the policy really writes (an incident's card, a storm's) render on every channel."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
+from tests.gateway.policy.factory import fire, resolve
+from tests.gateway.policy.test_decide import Gateway
 from tests.support.feishu_server import card_problems
-from trainsentry.alerts import GO_ZERO_TIME, Alert, AlertStatus, Priority
-from trainsentry.gateway.policy.classify import Classification
-from trainsentry.gateway.policy.dedup import Decision, Notice
-from trainsentry.gateway.policy.payload_build import alert_payload, storm_payload
+from trainsentry.alerts import Alert, AlertStatus, Priority
+from trainsentry.gateway.policy.payload_build import storm_payload
 from trainsentry.gateway.policy.rules import load_policy
 from trainsentry.gateway.policy.storm import (
     StormEntry,
@@ -20,6 +20,7 @@ from trainsentry.gateway.policy.storm import (
     StormMessageKind,
     build_summary,
 )
+from trainsentry.gateway.stages.planning.plan import archive_draft
 from trainsentry.notifiers.email import render_alert_email
 from trainsentry.notifiers.feishu.card import CardOptions, build_card, card_bytes
 from trainsentry.notifiers.payload_contract import parse_payload
@@ -32,47 +33,51 @@ LABELS = {
 }  # fmt: skip
 
 
-def _alert(status: AlertStatus, ends: datetime | None) -> Alert:
-    return Alert(
-        fingerprint="fp1", status=status, labels=LABELS,
-        annotations={"summary": "XID 79", "runbook_url": "https://runbooks.example/xid"},
-        starts_at=T0, ends_at=ends, generator_url="http://prom/graph",
-    )  # fmt: skip
-
-
 def _roundtrip(payload: dict[str, Any]) -> dict[str, Any]:
     return dict(json.loads(json.dumps(payload)))  # as stored in the outbox
 
 
-@pytest.mark.parametrize(
-    ("notice", "status", "ends"),
-    [
-        (Notice.FIRING, AlertStatus.FIRING, GO_ZERO_TIME),
-        (Notice.RECURRENCE, AlertStatus.FIRING, None),
-        (Notice.FLAPPING, AlertStatus.FIRING, None),
-        (Notice.RESOLVED, AlertStatus.RESOLVED, T0 + timedelta(minutes=42)),
+# Each notice as the planner drafts it: an incident's card (incident_cards.py), the
+# alert's own fields from its cause (tests/gateway/policy/planned.py runs the planner's steps).
+NOTICES = {
+    "firing": [fire(0, labels=LABELS)],
+    "recurrence": [fire(0, labels=LABELS), resolve(60, 0), fire(300, labels=LABELS)],
+    "flapping": [
+        fire(0, labels=LABELS),
+        resolve(60, 0),
+        fire(120, labels=LABELS),
+        resolve(180, 120),
     ],
-)
-def test_policy_alert_payload_renders(notice: Notice, status: AlertStatus, ends: Any) -> None:
-    decision = Decision(
-        fingerprint="fp1", occurrence=T0, at=T0 + timedelta(minutes=1), notice=notice,
-        transition=status, recurrences=2, flap_transitions=5,
-    )  # fmt: skip
-    classification = Classification(Priority.P0, "gpu-xid", "XID 79 kills the job")
-    raw = _roundtrip(alert_payload(decision, _alert(status, ends), 17, classification))
-    payload = parse_payload(raw)
+    "resolved": [fire(0, labels=LABELS), resolve(42 * 60, 0)],
+}
+
+
+@pytest.mark.parametrize("notice", sorted(NOTICES))
+def test_policy_alert_payload_renders(notice: str) -> None:
+    gateway = Gateway()
+    for change in NOTICES[notice]:
+        result = gateway.send(change)
+    [draft] = [d for d in result.drafts if d.channel == "feishu" and d.kind == "alert"]
+    payload = parse_payload(_roundtrip(draft.payload))
+    assert payload.get("event") == notice
     card = build_card("alert", payload, CardOptions(actions=True))
     assert card_problems(card) == []
     text = json.dumps(card, ensure_ascii=False)
-    assert "team-a/llama-70b" in text and "gpu-node-07" in text and "XID 79 kills the job" in text
-    row = as_dict(row_from_payload(payload))
-    assert row["occurrence"] == "alert-17" and row["status"] == status.value
-    if status is AlertStatus.RESOLVED:
+    assert "team-a/llama-70b" in text and "gpu-node-07" in text and payload["reason"] in text
+    # the sheet's row of the change: its archive draft (stages/planning/plan.py)
+    last = NOTICES[notice][-1]
+    archived = archive_draft("sheet", last, result.classification).payload
+    row = as_dict(row_from_payload(parse_payload(_roundtrip(archived))))
+    assert row["occurrence"] == f"alert-{last.alert_id}"
+    status = "firing" if notice != "resolved" else "resolved"  # a flapping one is held
+    assert row["status"] == last.alert.status.value and payload["status"] == status
+    if status == "resolved":
         assert card["header"]["template"] == "green" and row["duration"] == "42m"
     else:
-        assert card["header"]["template"] == "red" and row["ends_at"] == ""
+        assert card["header"]["template"] == "red"
+        assert (row["ends_at"] == "") is (last.alert.status is AlertStatus.FIRING)
     subject, _, _ = render_alert_email("alert", payload)
-    assert subject.startswith(f"[P0] {status.value.upper()}: GpuXidError")
+    assert subject.startswith(f"[P0] {status.upper()}: GpuXidError")
 
 
 def test_policy_storm_payload_renders() -> None:

@@ -35,6 +35,7 @@ NS = "team-a"
 TJ = "trainsentry.io/v1alpha1/trainingjobs"
 RULES = "monitoring.coreos.com/v1/prometheusrules"
 MONITORS = "monitoring.coreos.com/v1/podmonitors"
+MWC = "admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 KUBE_VERSIONS = ("1.30.0", "1.37.0")
 # Calls the operator made, across every test that used the `cluster` fixture (filled by
 # conftest.py, checked by test_zz_api_calls.py).
@@ -43,7 +44,10 @@ TESTS_RECORDED: set[str] = set()
 
 
 def declare_cluster(emu: KubeEmulator, workloads: bool = True) -> None:
-    emu.declare("v1/namespaces", "Namespace", namespaced=False, verbs=["list", "watch"])
+    emu.declare(
+        "v1/namespaces", "Namespace", namespaced=False, verbs=["create", "list", "watch", "patch"]
+    )
+    emu.declare(MWC, "MutatingWebhookConfiguration", namespaced=False)
     emu.declare("v1/pods", "Pod")
     emu.declare("v1/nodes", "Node", namespaced=False)
     emu.declare("v1/configmaps", "ConfigMap")
@@ -229,6 +233,7 @@ class OperatorThread:
         namespaces: list[str] | None = None,
         probe_token: str | None = None,
         webhook: WebhookServing | None = None,
+        label_namespaces: bool = False,
     ) -> None:
         self.url = url
         self.peering = peering
@@ -244,6 +249,7 @@ class OperatorThread:
             scan_cluster=not namespaces,
             probe_token=probe_token,
             webhook=webhook,
+            label_namespaces=label_namespaces,
         )
         self.registry = build_registry(sources, options)
         self.thread = threading.Thread(target=self._run, daemon=True)

@@ -166,7 +166,7 @@ def test_the_pods_own_settings_are_kept() -> None:
     assert set(result.kept) >= {
         "env TRAINSENTRY_GATEWAY_URL",
         "env POD_NAME",
-        "label trainsentry.io/trainingjob=llama-old",
+        "label trainsentry.io/trainingjob (naming another job)",
         "mount at /var/run/trainsentry",
         "port 9401",
     }, result.kept

@@ -86,9 +86,10 @@ async def test_create_renders_valid_owned_children_and_status(
     assert rule["metadata"]["labels"]["release"] == "kps"
     assert dashboards["metadata"]["labels"]["grafana_dashboard"] == "1"
     groups = {group["name"]: group for group in rule["spec"]["groups"]}
+    # fixture-gpu holds node rules only, which the job does not tune: left to the
+    # cluster-wide rules, not copied (docs/alerts.md "Job scope")
     assert set(groups) == {
         "trainsentry-membership-team-a-llm",
-        "fixture-gpu-team-a-llm",
         "fixture-kubernetes-team-a-llm",
         "fixture-training-team-a-llm",
     }
@@ -106,6 +107,11 @@ async def test_create_renders_valid_owned_children_and_status(
         "ScrapeReady": "True",
         "ExportersReady": "True",
     }
+    [rules] = [c for c in status["conditions"] if c["type"] == "RulesReady"]
+    assert rules["message"] == (
+        "2 alerting rules; 2 untuned node-level rules are not copied (the cluster-wide "
+        "rules alert for the job's nodes)"
+    )
     assert sorted(child["kind"] for child in status["children"]) == [
         "ConfigMap",
         "PodMonitor",
@@ -203,6 +209,24 @@ async def test_update_thresholds_changes_the_rule(
     await asyncio.sleep(1.5)  # three resyncs: still one warning
     assert sum(e["reason"] == "UnknownThreshold" for e in cluster.live("v1/events", NS)) == 1
     assert phase(cluster, "llm") == "Monitoring"  # a typo does not hide the running job
+
+    # untuned again: the job's copy of the node rule goes (the cluster-wide rule covers it)
+    await patch(
+        cluster,
+        f"{TJ_PATH}/llm",
+        {
+            "spec": {
+                "thresholds": {"gpu_temp_celsius": None, "no_such_threshold": None},
+                "alerting": {"priorityOverrides": None},
+            }
+        },
+    )
+    await eventually(
+        lambda: (
+            "fixture-gpu-team-a-llm"
+            not in {g["name"] for g in live(cluster, RULES, "llm-trainsentry")["spec"]["groups"]}
+        )
+    )
 
 
 async def test_removed_prometheus_labels_leave_the_children(

@@ -14,7 +14,13 @@ from operator_harness import CRD_FILE, Validator, probe_ports, trainingjob
 
 from trainsentry import assets
 from trainsentry.operator import discovery, nodes, status
-from trainsentry.operator.reconcile import Sources, child_patch, load_sources, merge_diff
+from trainsentry.operator.reconcile import (
+    Sources,
+    child_patch,
+    load_sources,
+    merge_diff,
+    rules_message,
+)
 from trainsentry.operator.render import (
     apply_thresholds,
     dashboards_ref,
@@ -134,6 +140,69 @@ def test_render_is_deterministic_and_owned(sources: Sources) -> None:
         assert manifest["metadata"]["ownerReferences"][0]["uid"] == JOB.uid
         assert manifest["metadata"]["labels"]["trainsentry.io/trainingjob"] == "llm"
     assert first.skipped_rules == ["ExporterDown"]  # job_scope: cluster
+
+
+def _alerts(rendered: Any) -> dict[str, dict[str, Any]]:
+    groups = rendered.manifests[0]["spec"]["groups"]
+    return {r["alert"]: r for g in groups for r in g["rules"] if "alert" in r}
+
+
+def test_untuned_node_rules_are_left_to_the_cluster_wide_rules(sources: Sources) -> None:
+    # docs/alerts.md "Job scope": a job's copy of a hardware rule it does not tune is the
+    # cluster-wide alert again with a tenant's labels, racing it to the gateway (issue 43:
+    # two incidents, two pages). Pod rules are the job's own and are always rendered.
+    plain = render_children(JOB, spec(), sources.rule_files, (), ["a"])
+    assert set(_alerts(plain)) == {"TrainingPodRestarting", "CollectiveHang"}
+    assert plain.alert_count == 2
+    assert plain.cluster_wide_rules == ["GPUTemperatureHigh", "GPUXidCritical"]
+    assert plain.skipped_rules == ["ExporterDown"]  # not "skipped": left, by design
+    groups = [g["name"] for g in plain.manifests[0]["spec"]["groups"]]
+    assert "fixture-gpu-team-a-llm" not in groups  # no group left empty
+    message = rules_message(plain)
+    assert message.startswith("2 alerting rules; 2 untuned node-level rules are not copied")
+    assert "cluster-wide rules alert for the job's nodes" in message
+
+    # a threshold the rule declares: that rule (only) is the job's own, with its value
+    hot = render_children(
+        JOB, spec(thresholds={"gpu_temp_celsius": 90}), sources.rule_files, (), []
+    )
+    assert set(_alerts(hot)) == {"GPUTemperatureHigh", "TrainingPodRestarting", "CollectiveHang"}
+    rule = _alerts(hot)["GPUTemperatureHigh"]
+    assert "> 90)" in rule["expr"] and "trainsentry:job_node:info{" in rule["expr"]
+    assert hot.cluster_wide_rules == ["GPUXidCritical"]
+    # a pod rule's threshold tunes no node rule
+    pods = render_children(
+        JOB, spec(thresholds={"pod_restarts_10m": 5}), sources.rule_files, (), []
+    )
+    assert pods.cluster_wide_rules == ["GPUTemperatureHigh", "GPUXidCritical"]
+    # a priority override names the rule: copied, with the job's priority
+    lower = spec(alerting={"priorityOverrides": {"GPUXidCritical": "P1"}})
+    overridden = render_children(JOB, lower, sources.rule_files, (), [])
+    assert _alerts(overridden)["GPUXidCritical"]["labels"]["priority"] == "P1"
+    assert overridden.cluster_wide_rules == ["GPUTemperatureHigh"]
+    assert rules_message(overridden).startswith("3 alerting rules; 1 untuned")
+
+
+def test_the_shipped_hardware_rules_have_no_untuned_job_copy() -> None:
+    shipped = load_sources(assets.rules_dir(), assets.dashboards_dir())
+    node_rules = {
+        str(r["alert"])
+        for f in shipped.rule_files
+        for g in f.groups
+        for r in g.get("rules") or []
+        if "alert" in r and (r.get("annotations") or {}).get("job_scope") == "node"
+    }
+    assert {"GPUFellOffBus", "IBPhysicalLinkDown", "KubeNodeNotReady"} <= node_rules
+    rendered = render_children(JOB, spec(), shipped.rule_files, (), ["a"])
+    alerts = _alerts(rendered)
+    assert not node_rules & set(alerts)
+    assert sorted(rendered.cluster_wide_rules) == sorted(node_rules)
+    assert all(r["annotations"]["job_scope"] == "pod" for r in alerts.values())
+    assert "TrainingJobHang" in alerts and "NCCLRasCommunicatorErrors" in alerts
+    hot = render_children(
+        JOB, spec(thresholds={"gpu_temp_celsius": 90}), shipped.rule_files, (), []
+    )
+    assert set(_alerts(hot)) - set(alerts) == {"GPUTemperatureHigh"}
 
 
 def _membership(tmp_path: Path, group: dict[str, Any], pods: list[str]) -> set[str]:

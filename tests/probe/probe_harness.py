@@ -9,11 +9,15 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from rules.jobscope import render_for_job
 
 from tests.support.ports import free_port
+from trainsentry.assets import rules_dir
 
 WORKER = Path(__file__).with_name("train_worker.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -122,3 +126,52 @@ def launch_job(
         job.stop()
         raise RuntimeError("gloo job did not start:\n" + job.output())
     return job
+
+
+def prometheus_for_job(
+    job: GlooJob, tmp_path: Path, alertmanager: str | None = None
+) -> tuple[dict[str, Any], list[Path]]:
+    """Prometheus config and rule files: the shipped training rules rendered for the job with
+    short thresholds, scraping every rank's probe."""
+    document = yaml.safe_load((rules_dir() / "training.yaml").read_text())
+    rendered = render_for_job(
+        document,
+        "team-a",
+        "llama",
+        thresholds={"hang_seconds": "3", "rank_stall_seconds": "2"},
+        for_override="0s",
+    )
+    # Stand-in for the operator's membership rule (kube_pod_info is not there outside k8s).
+    membership = {
+        "groups": [
+            {
+                "name": "membership",
+                "rules": [
+                    {
+                        "record": "trainsentry:job_pod:info",
+                        "expr": "max by (namespace, pod) (trainsentry_probe_info) * 0 + 1",
+                        "labels": {"trainingjob": "llama"},
+                    }
+                ],
+            }
+        ]
+    }
+    rule_files = [tmp_path / "training.yaml", tmp_path / "membership.yaml"]
+    rule_files[0].write_text(yaml.safe_dump(rendered, sort_keys=False))
+    rule_files[1].write_text(yaml.safe_dump(membership, sort_keys=False))
+    targets = [
+        {
+            "targets": [f"127.0.0.1:{job.ports[rank]}"],
+            "labels": {"namespace": "team-a", "pod": f"llama-w-{rank}"},
+        }
+        for rank in sorted(job.ports)
+    ]
+    config: dict[str, Any] = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [
+            {"job_name": "team-a/llama-trainsentry-probe", "static_configs": targets}
+        ],
+    }
+    if alertmanager is not None:
+        config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
+    return config, rule_files

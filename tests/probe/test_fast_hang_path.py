@@ -263,3 +263,42 @@ def test_a_slow_job_is_not_paged(tmp_path: Path) -> None:
         sent, alerts = cards(chat), stored(gw)
     assert status["step"] >= 10, status
     assert sent == [] and alerts == []
+
+
+def test_a_hang_right_after_a_checkpoint_is_paged_naming_its_rank(tmp_path: Path) -> None:
+    """Rank 0 saves for 15 s (a real torch.save into slow storage) while its peers wait;
+    3 s after training resumes, rank 2 stops for good: no card during the save, then the
+    card naming rank 2 within 30 s of its stall (issue 48)."""
+    env = {
+        "STALL_RANK": "0",
+        "STALL_MODE": "save",
+        "STALL_STEP": "3",
+        "STALL_SECONDS": "15",
+        "THEN_STALL_RANK": "2",
+        "THEN_STALL_DELAY": "3",
+    }
+    ports = tmp_path / "job" / "ports"
+    with job_with_gateway(tmp_path, **env) as (job, _gw, chat):
+        eventually_sync(
+            lambda: (ports / "stalled.2").exists(),
+            80,
+            "rank 2's stall after the checkpoint",
+            detail=job.output,
+        )
+        during = cards(chat)
+
+        def names_rank_2() -> bool:
+            return any(c.get("culprit_ranks") == [2] for c in cards(chat))
+
+        eventually_sync(
+            names_rank_2,
+            40,
+            "the card naming rank 2",
+            not_yet=(httpx.HTTPError,),
+            detail=job.output,
+        )
+        arrived = time.time()
+        sent = cards(chat)
+    assert during == [], during
+    assert not any("checkpoint" in str(c.get("diagnosis", "")) for c in sent), sent
+    assert arrived - stalled_at(tmp_path, 2) < 30

@@ -15,13 +15,19 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from rules.jobscope import render_for_job
 
-from probe.probe_harness import TOKEN, GlooJob, free_port, launch_job, scrape, value
+from probe.probe_harness import (
+    TOKEN,
+    GlooJob,
+    free_port,
+    launch_job,
+    prometheus_for_job,
+    scrape,
+    value,
+)
 from tests.support.eventually import eventually_sync
 from tests.support.realservers import start_prometheus
-from trainsentry.assets import rules_dir
-from trainsentry.gateway.stages.hang_enrichment import RankEndpoint, enrich_hang
+from trainsentry.gateway.stages.hang.enrichment import RankEndpoint, enrich_hang
 
 pytestmark = [pytest.mark.torch, pytest.mark.e2e]
 torch = pytest.importorskip("torch")
@@ -209,55 +215,6 @@ def test_tp_dp_groups_are_named_alike_on_every_rank(gloo_job: Callable[..., Gloo
         assert names == {tp_name: f"tp-{rank // 2}", dp_name: f"dp-{rank % 2}"}, (rank, names)
 
 
-def prometheus_for_job(
-    job: GlooJob, tmp_path: Path, alertmanager: str | None = None
-) -> tuple[dict[str, Any], list[Path]]:
-    """Prometheus config and rule files: the shipped training rules rendered for the job with
-    short thresholds, scraping every rank's probe."""
-    document = yaml.safe_load((rules_dir() / "training.yaml").read_text())
-    rendered = render_for_job(
-        document,
-        "team-a",
-        "llama",
-        thresholds={"hang_seconds": "3", "rank_stall_seconds": "2"},
-        for_override="0s",
-    )
-    # Stand-in for the operator's membership rule (kube_pod_info is not there outside k8s).
-    membership = {
-        "groups": [
-            {
-                "name": "membership",
-                "rules": [
-                    {
-                        "record": "trainsentry:job_pod:info",
-                        "expr": "max by (namespace, pod) (trainsentry_probe_info) * 0 + 1",
-                        "labels": {"trainingjob": "llama"},
-                    }
-                ],
-            }
-        ]
-    }
-    rule_files = [tmp_path / "training.yaml", tmp_path / "membership.yaml"]
-    rule_files[0].write_text(yaml.safe_dump(rendered, sort_keys=False))
-    rule_files[1].write_text(yaml.safe_dump(membership, sort_keys=False))
-    targets = [
-        {
-            "targets": [f"127.0.0.1:{job.ports[rank]}"],
-            "labels": {"namespace": "team-a", "pod": f"llama-w-{rank}"},
-        }
-        for rank in range(WORLD)
-    ]
-    config: dict[str, Any] = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [
-            {"job_name": "team-a/llama-trainsentry-probe", "static_configs": targets}
-        ],
-    }
-    if alertmanager is not None:
-        config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
-    return config, rule_files
-
-
 def test_real_prometheus_fires_hang_and_names_the_stalled_rank(
     stalled_job: GlooJob, tmp_path: Path
 ) -> None:
@@ -288,6 +245,16 @@ def test_real_prometheus_fires_hang_and_names_the_stalled_rank(
     hang = next(a for a in alerts if a["labels"]["alertname"] == "TrainingJobHang")
     assert hang["labels"]["pg"] == "0" and hang["labels"]["priority"] == "P0"
     assert hang["annotations"]["thresholds"] == "hang_seconds=3"
+
+
+def _is_page(payload: dict[str, Any]) -> bool:
+    """The job's P0 card: the hang alert's own, or the job incident's that the hang joined
+    (TrainingRankStalledBehindPeers, P1, may reach the gateway first and lead the incident;
+    the hang makes it P0 and the card carries the hang's diagnosis)."""
+    return payload.get("priority") == "P0" and payload.get("alertname") in (
+        "TrainingJobHang",
+        "TrainingRankStalledBehindPeers",
+    )
 
 
 def test_hang_page_through_alertmanager_and_gateway_names_the_stalled_rank(
@@ -347,19 +314,17 @@ def test_hang_page_through_alertmanager_and_gateway_names_the_stalled_rank(
                 with start_prometheus(tmp_path, config, rule_files):
 
                     def paged() -> bool:
-                        return any(
-                            b["payload"].get("alertname") == "TrainingJobHang" for b in chat.bodies
-                        )
+                        return any(_is_page(b["payload"]) for b in chat.bodies)
+
+                    def detail() -> str:  # what the chain did, when the page never came
+                        sent = [b["payload"].get("alertname") for b in chat.bodies]
+                        return f"chat got {sent}\n{gw.logs()[-6000:]}\n{stalled_job.output()}"
 
                     eventually_sync(
-                        paged,
-                        60,
-                        "the hang page at the chat channel",
-                        interval=0.2,
-                        not_yet=(httpx.HTTPError,),
-                        detail=stalled_job.output,
-                    )
-            page = next(b for b in chat.bodies if b["payload"]["alertname"] == "TrainingJobHang")
+                        paged, 90, "the hang page at the chat channel", interval=0.2,
+                        not_yet=(httpx.HTTPError,), detail=detail,
+                    )  # fmt: skip
+            page = next(b for b in chat.bodies if _is_page(b["payload"]))
             headers = {"Authorization": f"Bearer {gateway_token}"}
             stored = httpx.get(
                 f"{gw.url}/api/v1/alerts?priority=P0", headers=headers, timeout=5

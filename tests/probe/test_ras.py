@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import time
+from typing import Any
+
+import pytest
 
 from probe.fake_ras_server import JSON_REPORT, TEXT_REPORT, FakeRasServer
 from probe.probe_harness import free_port
 from trainsentry.probe import ras
+from trainsentry.probe.ras_report import load_json, report_from_text
 
 
 def test_json_report_when_server_supports_it() -> None:
@@ -94,13 +98,36 @@ def test_silent_server_times_out_within_budget() -> None:
 
 def test_parsers_agree_on_healthy_reports() -> None:
     healthy_text = TEXT_REPORT.split("\nErrors\n")[0] + "\nErrors\n======\n\nWarnings\n========\n\n"
-    counts = ras.parse_text_report(healthy_text)
-    assert counts["missing_ranks"] == 0 and counts["dead_processes"] == 0
-    assert counts["communicators"] == 13
-    assert ras.parse_json_report(JSON_REPORT)["communicators"] == 3
+    counts = report_from_text(healthy_text).counts
+    assert counts.missing_ranks == 0 and counts.dead_processes == 0
+    assert counts.communicators == 13
+    assert ras.counts_from_json(load_json(JSON_REPORT)[0]).communicators == 3
 
 
 def test_parse_addr() -> None:
     assert ras.parse_addr("10.1.2.3:1234") == ("10.1.2.3", 1234)
     assert ras.parse_addr("[::1]:28028") == ("::1", 28028)
     assert ras.parse_addr("localhost") == ("localhost", 28028)
+
+
+def test_a_report_is_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 45: the counts and the suspects come from one parse of the report's text (the
+    JSON loaded once; the text read in one pass), not from a second parser."""
+    from trainsentry.probe import ras_report
+
+    read: list[str] = []
+    for name in ("load_json", "report_from_text", "parse_report"):
+        real = getattr(ras_report, name)
+
+        def counted(*args: object, _real: Any = real, _name: str = name) -> Any:
+            read.append(_name)
+            return _real(*args)
+
+        monkeypatch.setattr(ras_report, name, counted)
+        if hasattr(ras, name):
+            monkeypatch.setattr(ras, name, counted)
+    assert ras.status_from_report(JSON_REPORT, "json").communicators == 3
+    assert read == ["load_json"]
+    read.clear()
+    assert ras.status_from_report(TEXT_REPORT, "text").communicators == 13
+    assert read == ["report_from_text"]

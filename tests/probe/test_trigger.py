@@ -125,3 +125,45 @@ def test_submit_returns_at_once_and_sends_from_its_own_thread(gateway: Gateway) 
         time.sleep(0.02)
     trigger.stop()
     assert trigger.stats.sent == 1 and len(gateway.seen) == 2
+
+
+def test_a_large_jobs_ranks_spread_their_first_posts(gateway: Gateway) -> None:
+    """A 16,384-rank job's ranks all stall within one poll; each probe waits a random delay
+    of up to 1 s per 1,000 ranks before its first try (`spread_s`), so the job posts about
+    1,000 triggers a second, not 16,384 in one (a gateway's loop takes ~3,000 connections a
+    second: bench_hang_scale.py); a small job keeps its 1 s."""
+    from trainsentry.probe.identity import ProbeConfig
+    from trainsentry.probe.recorders import Recorders
+    from trainsentry.probe.runtime import Probe
+    from trainsentry.probe.trigger import spread_s
+
+    def probe(world: int) -> Probe:
+        config = ProbeConfig(
+            world_size=world, gateway_url=gateway.url, token=TOKEN, bind="127.0.0.1", port=0
+        )
+        made = Probe(config, Recorders([]))
+        made.server.stop()  # only its trigger client is looked at
+        return made
+
+    for world, longest in ((8, 1.0), (1024, 1.024), (16384, 16.384)):
+        trigger = probe(world).trigger
+        assert trigger is not None and trigger.jitter_s == pytest.approx(longest)
+
+    waited: list[float] = []
+    trigger = probe(16384).trigger
+    assert trigger is not None
+    trigger.sleep = lambda seconds: waited.append(seconds) or True  # then stops
+    trigger.submit(BODY)
+    deadline = time.monotonic() + 5
+    while not waited and time.monotonic() < deadline:
+        time.sleep(0.01)
+    trigger.stop()
+    assert len(waited) == 1 and 0 <= waited[0] <= 16.384 and not gateway.seen
+
+    # the job's ranks together: at most about 1,000 first tries in any second
+    import random
+
+    rng = random.Random(3)
+    starts = sorted(rng.uniform(0, 2) + rng.uniform(0, spread_s(16384)) for _ in range(16384))
+    busiest = max(sum(1 for t in starts[i : i + 2000] if t < s + 1) for i, s in enumerate(starts))
+    assert busiest < 1200

@@ -18,6 +18,9 @@ train_worker.py`. Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, plus
                takes STALL_SECONDS to write while the others wait in a barrier, then all go on.
                "phase": the same, but the pause is time.sleep inside
                trainsentry.probe.phase("checkpoint").
+  THEN_STALL_RANK   after a "save"/"phase" pause ends, this rank stops for good (sleep mode,
+               in load_batch) THEN_STALL_DELAY seconds later (default 5): a hang right after
+               a checkpoint.
   LAYOUT       "tpdp": Megatron-style TP pairs (tp-i) and DP groups (dp-j); each step
                all-reduces the loss in its TP pair, then the gradients in its DP group, and
                STALL_RANK stops before the TP all_reduce. Default: the world plus one group.
@@ -114,6 +117,9 @@ def main() -> None:
     tmp.write_text(str(probe.port if probe is not None else -1))
     tmp.rename(port_dir / f"port.{rank}")
 
+    then_rank = int(os.environ.get("THEN_STALL_RANK", "-1"))
+    then_delay = float(os.environ.get("THEN_STALL_DELAY", "5"))
+    saved_at: float | None = None  # when the checkpoint's pause ended (monotonic)
     after = float(os.environ.get("STALL_AFTER", "0"))
     if after > 0:  # rank 0 picks the step from its own speed; every rank learns it
         began = time.monotonic()
@@ -138,6 +144,12 @@ def main() -> None:
                 mark_stalled(rank)
                 save_checkpoint(model, mode, float(os.environ.get("STALL_SECONDS", "8")))
             dist.barrier()
+            saved_at = time.monotonic()
+        elif (
+            rank == then_rank and saved_at is not None and time.monotonic() - saved_at >= then_delay
+        ):
+            mark_stalled(rank)
+            load_batch()  # a hang right after the checkpoint: this rank never arrives
         elif rank == stall_rank and step == stall_step:
             mark_stalled(rank)
             load_batch()  # this rank never enters the collective; the others wait in it

@@ -52,6 +52,7 @@ def _alert(
         "generator_url": "",
         "job_namespace": namespace,
         "job_name": job_name,
+        "node": all_labels.get("node", ""),  # as the intake stores it (store/writes.py)
         "priority": priority,
         "priority_reason": "seed",
         "created_at": created,

@@ -122,9 +122,9 @@ def node_page(node: str, faults: Faults) -> str:
             "node_infiniband_link_downed_total",
             "node_infiniband_link_error_recovery_total",
             "node_infiniband_symbol_error_total",
-            "node_infiniband_port_receive_errors_total",
+            "node_infiniband_port_errors_received_total",
             "node_infiniband_port_receive_remote_physical_errors_total",
-            "node_infiniband_port_transmit_discards_total",
+            "node_infiniband_port_discards_transmitted_total",
         ):
             page.add(name, "counter", 0, **ib)
         page.add("node_infiniband_port_transmit_wait_total", "counter", 1000 * elapsed, **ib)

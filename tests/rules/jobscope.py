@@ -53,6 +53,14 @@ def override_thresholds(rule: dict[str, Any], overrides: Mapping[str, str]) -> N
     annotations["thresholds"] = ",".join(items)
 
 
+def tuned(
+    rule: Mapping[str, Any], thresholds: Mapping[str, str], priorities: Mapping[str, str]
+) -> bool:
+    """Whether the job tunes the rule: a threshold it declares, or its priority."""
+    declared = parse_thresholds(rule.get("annotations", {}).get("thresholds", ""))
+    return rule["alert"] in priorities or any(name in thresholds for name, _ in declared)
+
+
 def scope_rule(rule: dict[str, Any], namespace: str, job: str) -> dict[str, Any] | None:
     scope = rule.get("annotations", {}).get("job_scope")
     job_matchers = f'{{namespace="{namespace}", trainingjob="{job}"}}'
@@ -76,9 +84,12 @@ def render_for_job(
     job: str,
     *,
     thresholds: Mapping[str, str] | None = None,
+    priorities: Mapping[str, str] | None = None,
     for_override: str | None = None,
 ) -> dict[str, Any]:
-    """A rule file whose alerts only cover one TrainingJob (cluster-scope rules dropped)."""
+    """A rule file whose alerts only cover one TrainingJob: every `job_scope: pod` rule, the
+    `job_scope: node` rules the job tunes (`thresholds`, `priorities`: alertname -> priority);
+    cluster-scope and untuned node rules dropped (the cluster-wide files cover those)."""
     groups = []
     for group in document["groups"]:
         rules = []
@@ -86,7 +97,12 @@ def render_for_job(
             rule = copy.deepcopy(original)
             if "alert" not in rule:
                 continue
+            scope = rule.get("annotations", {}).get("job_scope")
+            if scope == "node" and not tuned(rule, thresholds or {}, priorities or {}):
+                continue
             override_thresholds(rule, thresholds or {})
+            if rule["alert"] in (priorities or {}):
+                rule.setdefault("labels", {})["priority"] = (priorities or {})[rule["alert"]]
             if scope_rule(rule, namespace, job) is None:
                 continue
             if for_override is not None and "for" in rule:

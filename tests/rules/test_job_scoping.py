@@ -2,7 +2,8 @@
 
 Renders rules/gpu.yaml and rules/kubernetes.yaml for TrainingJob ns1/tj with one threshold
 overridden, then checks with promtool that alerts only cover the job's nodes/pods, carry
-`namespace`/`trainingjob`, and use the overridden threshold.
+`namespace`/`trainingjob`, and use the overridden threshold; node rules the job does not
+tune are not rendered at all.
 """
 
 from __future__ import annotations
@@ -32,16 +33,31 @@ def _series(name: str, values: str = "1x15", **labels: str) -> dict[str, str]:
     return {"series": f"{name}{{{selector}}}", "values": values}
 
 
+def _names(path: Path) -> set[str]:
+    document = yaml.safe_load(path.read_text())
+    return {r["alert"] for g in document["groups"] for r in g["rules"]}
+
+
 def test_rendered_rules_are_valid_and_drop_cluster_scope(tmp_path: Path) -> None:
-    paths = [
-        _render(tmp_path, n) for n in ("gpu.yaml", "fabric.yaml", "node.yaml", "kubernetes.yaml")
-    ]
+    files = ("gpu.yaml", "fabric.yaml", "node.yaml", "kubernetes.yaml")
+    paths = [_render(tmp_path, n) for n in files]
     result = promtool("check", "rules", *map(str, paths))
     assert result.returncode == 0, result.stdout + result.stderr
-    gpu = yaml.safe_load(paths[0].read_text())
-    names = {r["alert"] for g in gpu["groups"] for r in g["rules"]}
-    assert "DCGMExporterAbsent" not in names  # job_scope: cluster
-    assert {"GPUFellOffBus", "GPUTemperatureHigh", "DCGMExporterDown"} <= names
+    gpu, fabric, node, kube = map(_names, paths)
+    # job_scope: node rules the job does not tune are not copied (docs/alerts.md "Job
+    # scope": the cluster-wide alert covers the job's nodes; a copy would race it)
+    assert gpu == fabric == node == set()
+    assert "KubeNodeNotReady" not in kube  # kubernetes.yaml's node rules too
+    assert {"KubeJobPodPending", "KubeJobPodCrashLooping"} <= kube  # job_scope: pod
+    # a rule the job tunes (a threshold it declares, or its priority) is the job's own
+    tuned = _render(
+        tmp_path,
+        "gpu.yaml",
+        thresholds={"gpu_temp_celsius": "90"},
+        priorities={"GPUFellOffBus": "P1"},
+    )
+    assert _names(tuned) == {"GPUTemperatureHigh", "GPUFellOffBus"}
+    assert "DCGMExporterAbsent" not in _names(tuned)  # job_scope: cluster
 
 
 def test_job_scoped_alerts_cover_only_the_job_and_use_overrides(tmp_path: Path) -> None:

@@ -32,6 +32,15 @@ def test_free_port_is_bindable() -> None:
         sock.bind(("127.0.0.1", port))
 
 
+def test_free_port_is_below_the_ephemeral_range() -> None:
+    """An outgoing connection may take a port of the kernel's ephemeral range between the
+    probe and the server's bind; below the range only a listener can."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    if low < 16000:
+        pytest.skip(f"no room below the ephemeral range ({low} and up)")
+    assert all(free_port() < low for _ in range(20))
+
+
 def test_prometheus_and_alertmanager_start_answer_and_stop(tmp_path: Path) -> None:
     rule = tmp_path / "r.yaml"
     rule.write_text("groups:\n- name: g\n  rules:\n  - record: one\n    expr: vector(1)\n")

@@ -94,6 +94,24 @@ def test_every_alert_carries_labels_and_annotations_of_the_contract() -> None:
             assert "$labels.pod" in rule.annotations["description"], rule.name
 
 
+def test_every_rule_that_can_page_p0_says_what_to_do_first() -> None:
+    """A P0 card says what to do first (issue 47: the OOM card, paged as P0, gave no next
+    step): every shipped rule whose alert can become P0 (its priority label, raised by the
+    shipped policy's blast radius when the same alert fires on enough nodes of a job) has a
+    `first_step` annotation, one sentence a person acts on, which the card shows."""
+    policy = yaml.safe_load(data_file("policy.yaml").read_text(encoding="utf-8"))
+    blast = policy.get("blast_radius") or {}
+    raise_by = int(blast.get("raise_by", 0)) if blast.get("enabled") else 0
+    can_page = [r for r in _rules() if int(r.priority[1]) - raise_by <= 0]
+    assert len(can_page) >= 30, [r.name for r in can_page]  # P0 and P1 rules
+    missing = [r.name for r in can_page if not r.annotations.get("first_step")]
+    assert not missing, f"rules that can page P0 without a first_step annotation: {missing}"
+    for rule in can_page:
+        step = rule.annotations["first_step"]
+        assert step[0].isupper() and step.endswith(".") and len(step) <= 200, rule.name
+        assert "{{" not in step, rule.name  # the same words on every card of the rule
+
+
 def test_thresholds_occur_exactly_once_and_names_are_unique() -> None:
     seen: list[str] = []
     for rule in _rules():
@@ -299,4 +317,10 @@ def test_trainingjob_dashboard_has_namespace_and_job_variables() -> None:
     assert names == ["datasource", "namespace", "job"]
     exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
     assert all('namespace="$namespace"' in e and 'trainingjob="$job"' in e for e in exprs)
-    assert board["annotations"]["list"][0]["expr"].startswith("ALERTS{")
+    annotation = board["annotations"]["list"][0]["expr"]
+    # the job's own alerts, and the cluster-wide ones of its nodes (it has no copy of those)
+    assert (
+        annotation.startswith("(ALERTS{")
+        and 'ALERTS{alertstate="firing", namespace=""}' in annotation
+    )
+    assert "* on(node) group_left(namespace, trainingjob) trainsentry:job_node:info{" in annotation

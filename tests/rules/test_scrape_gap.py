@@ -78,12 +78,18 @@ def _strict(schema: Any) -> Any:
 
 
 def test_the_operators_job_scoped_rules_keep_firing_too_and_fit_the_crd() -> None:
+    """A job's copy of a fault rule exists only when the job tunes it (docs/alerts.md "Job
+    scope"): here every fault rule's priority is overridden, so each is copied."""
     sources = load_sources(rules_dir(), Path("/nonexistent"))
-    spec = TrainingJobSpec.model_validate({"workloadRef": {"kind": "PyTorchJob", "name": JOB.name}})
-    rendered = render_children(JOB, spec, sources.rule_files, (), [])
-    rule = next(m for m in rendered.manifests if m["kind"] == "PrometheusRule")
-    schema = json.loads(CRD_SCHEMA.read_text())["openAPIV3Schema"]
-    jsonschema.Draft202012Validator(_strict(schema)).validate(rule)
-    rules = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
     wanted = set().union(*FAULT_RULES.values())
-    assert {a for a, r in rules.items() if r.get("keep_firing_for") == KEEP_FIRING_FOR} == wanted
+    workload = {"workloadRef": {"kind": "PyTorchJob", "name": JOB.name}}
+    tuned = {**workload, "alerting": {"priorityOverrides": dict.fromkeys(wanted, "P0")}}
+    for spec, copied in ((tuned, wanted), (workload, set())):
+        model = TrainingJobSpec.model_validate(spec)
+        rendered = render_children(JOB, model, sources.rule_files, (), [])
+        rule = next(m for m in rendered.manifests if m["kind"] == "PrometheusRule")
+        schema = json.loads(CRD_SCHEMA.read_text())["openAPIV3Schema"]
+        jsonschema.Draft202012Validator(_strict(schema)).validate(rule)
+        rules = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+        kept = {a for a, r in rules.items() if r.get("keep_firing_for") == KEEP_FIRING_FOR}
+        assert kept == copied

@@ -6,13 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import text
 
-from tests.support.pg_databases import drop_pg_database, make_pg_database
 from trainsentry.store.engine import async_url, create_engine, migrate
 from trainsentry.store.errors import StoreError, StoreMissing
 
@@ -85,15 +83,6 @@ def test_libpq_certificate_parameters_are_refused_with_the_way_out() -> None:
 )
 def test_libpq_sslmode_becomes_asyncpgs_ssl(given: str, expected: str) -> None:
     assert async_url(given) == expected
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    url = make_pg_database()
-    try:
-        yield url
-    finally:
-        drop_pg_database(url)
 
 
 @pytest.mark.parametrize("mode", ["disable", "allow", "prefer"])

@@ -21,7 +21,7 @@ from trainsentry.alerts import NotificationDraft, Priority
 from trainsentry.config import RetentionSettings
 from trainsentry.gateway.metrics import GatewayMetrics
 from trainsentry.gateway.stages.intake import parse_webhook
-from trainsentry.gateway.stages.retention import Retention
+from trainsentry.gateway.stages.services.retention import Retention
 from trainsentry.store import create_engine
 from trainsentry.store.retention import (
     batch_transaction,

@@ -124,6 +124,30 @@ class Page:
         await self.wait_for(f"document.querySelector({found}) !== null")
         return str(await self.evaluate(f"document.querySelector({found}).innerText"))
 
+    async def text_with(self, selector: str, needle: str, within: float = 20.0) -> str:
+        """The element's text once it includes `needle`: a page that draws or redraws a
+        region after its load event (the console's live region) is read when it shows what
+        the test reads, never before. TimeoutError names the text it last saw."""
+        found, wanted = json.dumps(selector), json.dumps(needle)
+        deadline = time.monotonic() + within
+        seen = ""
+        while True:
+            try:
+                seen = str(
+                    await self.evaluate(
+                        f"(() => {{ const el = document.querySelector({found});"
+                        " return el ? el.innerText : ''; })()"
+                    )
+                    or ""
+                )
+            except BrowserError:  # between two documents (a navigation in progress)
+                seen = ""
+            if needle in seen:
+                return seen
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{selector} never showed {wanted} in {within} s: {seen!r}")
+            await asyncio.sleep(0.1)
+
     async def click(self, selector: str) -> None:
         """Clicks like a user would: the element must exist (a navigation it starts is waited
         for by the caller, e.g. with `wait_for`)."""

@@ -36,7 +36,7 @@ from tests.support.feishu_server import FeishuContractServer, Hook
 from tests.support.gateway_process import start_gateway
 from tests.support.realservers import RunningServer
 from tests.support.webhook_factory import encode, make_alert, make_body
-from trainsentry.gateway.app import WEBHOOK_PATH
+from trainsentry.gateway.api.app import WEBHOOK_PATH
 
 TOKEN = "load-token"
 HOOK = "p0-bot"
@@ -133,7 +133,8 @@ class ConsoleLoad:
             assert answer.status == 200, await answer.text()
 
     async def backlog(self) -> float:
-        """Alert events the policy has not planned plus notifications not sent yet."""
+        """Alerts answered but not yet recorded (the intake journal), alert events the policy
+        has not planned, and notifications not sent yet."""
         assert self._session is not None
         async with self._session.get(self.url + "/metrics") as answer:
             text = await answer.text()
@@ -141,6 +142,7 @@ class ConsoleLoad:
             float(line.split()[-1])
             for line in text.splitlines()
             if line.startswith("trainsentry_policy_inbox_depth ")
+            or line.startswith("trainsentry_intake_journal_depth ")
             or (line.startswith("trainsentry_outbox_depth{") and 'status="pending"' in line)
         ]
         assert waiting, "no trainsentry_policy_inbox_depth in /metrics"

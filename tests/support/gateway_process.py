@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 
 from tests.support.realservers import RunningServer, start_server
 from tests.support.webhook_factory import bodies_by_group, encode
-from trainsentry.gateway.app import WEBHOOK_PATH
+from trainsentry.gateway.api.app import WEBHOOK_PATH
 from trainsentry.gateway.pipeline import GATEWAY_KEY
 
 
@@ -48,11 +48,21 @@ def start_gateway(
 
 
 async def close_in_process(server: TestServer) -> None:
-    """Closes an in-process gateway, then lets the loop run briefly, so connection closes
-    still under way finish in the test rather than in pytest-asyncio's loop shutdown. (The
-    teardown hangs once seen here came from aiosqlite's stop(): store/sqlite_driver.py.)"""
+    """Closes an in-process gateway, then lets the loop run until no other task is left (at
+    least 10 ms, at most 0.2 s: a test may keep tasks of its own, a second replica say), so
+    connection closes still under way finish in the test rather than in pytest-asyncio's
+    loop shutdown. (The teardown hangs once seen here came from aiosqlite's stop():
+    store/sqlite_driver.py.) Most tests have none left once the server closed, where a
+    fixed 0.2 s wait was spent in full."""
     await server.close()
-    await asyncio.sleep(0.2)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 0.2
+    this = asyncio.current_task()
+    while True:
+        await asyncio.sleep(0.01)
+        busy = any(task is not this and not task.done() for task in asyncio.all_tasks())
+        if not busy or loop.time() >= deadline:
+            return
 
 
 async def post_alerts(
@@ -68,3 +78,26 @@ async def post_alerts(
             async with session.post(url, data=encode(body)) as response:
                 assert response.status == 200, await response.text()
     await server.app[GATEWAY_KEY].settle()
+
+
+def settled_rss(pid: int, *, within_s: float = 30.0) -> int:
+    """The process's resident memory once it stops growing (the gateway imports the
+    analyzer in the background after it is ready): two readings 1 s apart within 1 MiB."""
+    import time
+
+    def rss() -> int:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    deadline = time.monotonic() + within_s
+    last = rss()
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = rss()
+        if abs(now - last) < 2**20:
+            return now
+        last = now
+    return last

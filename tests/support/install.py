@@ -6,10 +6,12 @@ benchmark: the chart's rendered objects, run as real processes on loopback.
 - `start_gateway` / `start_operator`: `python -m trainsentry` with the rendered Deployment's
   args and env (Secrets from the rendered Secrets); the listen address and the mounted files
   moved to loopback and temporary folders.
-- The API server's admission (`admit`): the rendered MutatingWebhookConfiguration applied as
-  kubernetes.io ("Dynamic Admission Control") describes it: rules, namespaceSelector,
-  timeoutSeconds, failurePolicy, the JSONPatch of the answer. The webhook is called over
-  HTTPS, checked against the configuration's caBundle for `<service>.<namespace>.svc`.
+- The API server's admission (`admit`): the MutatingWebhookConfiguration as the cluster holds
+  it (the rendered one, `apply`'d, with the caBundle and path the operator keeps) applied as
+  kubernetes.io ("Dynamic Admission Control") describes it: rules, namespaceSelector (the
+  namespace's labels as the cluster holds them), timeoutSeconds, failurePolicy, the
+  JSONPatch of the answer. The webhook is called over HTTPS at the configured path, checked
+  against the configuration's caBundle for `<service>.<namespace>.svc`.
 - The cluster network (`resolve`): `<service>.<namespace>.svc:<port>` goes to the Service's
   targetPort on the one local process serving it; a pod's name (the training operator's
   headless Services) to the pod's IP. Each pod gets its own loopback address as its IP.
@@ -55,6 +57,11 @@ def one(objs: Sequence[Manifest], kind: str, suffix: str = "") -> Manifest:
     found = [o for o in objs if o["kind"] == kind and o["metadata"]["name"].endswith(suffix)]
     assert len(found) == 1, f"{kind} *{suffix}: {[o['metadata']['name'] for o in found]}"
     return found[0]
+
+
+async def _created(emu: KubeEmulator, path: str, body: Manifest) -> None:
+    async with emu.post(path, json=body) as answer:
+        assert answer.status == 201, await answer.text()
 
 
 def container_of(deployment: Manifest) -> Manifest:
@@ -154,6 +161,19 @@ class Cluster:
     @property
     def api(self) -> str:
         return str(self.emu.url).rstrip("/")
+
+    async def apply(self, namespaces: Sequence[str]) -> None:
+        """What `helm install` writes that the operator reads (the webhook's credentials
+        Secret and configuration), and the namespaces `namespaces` (the release's first)."""
+        for name in namespaces:
+            body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+            await _created(self.emu, "/api/v1/namespaces", body)
+        for obj in self.objs:
+            if obj["kind"] == "MutatingWebhookConfiguration":
+                path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+                await _created(self.emu, path, obj)
+            elif obj["kind"] == "Secret" and obj["metadata"]["name"].endswith("-credentials"):
+                await _created(self.emu, f"/api/v1/namespaces/{self.namespace}/secrets", obj)
 
     def stop(self) -> None:
         for process in reversed(self.processes):
@@ -308,8 +328,15 @@ class Cluster:
     ) -> tuple[Manifest, list[str]]:
         """The pod as the API server would store it after the mutating webhooks, and what
         happened at each webhook (`patched`, `no change`, `skipped: ...`, `ignored: ...`)."""
-        config = one(self.objs, "MutatingWebhookConfiguration")
-        labels = {"kubernetes.io/metadata.name": namespace, **(namespace_labels or {})}
+        rendered = one(self.objs, "MutatingWebhookConfiguration")
+        resource = "admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+        config = self.emu.get_live(resource, None, rendered["metadata"]["name"]) or rendered
+        live = self.emu.get_live("v1/namespaces", None, namespace) or {"metadata": {}}
+        labels = {
+            "kubernetes.io/metadata.name": namespace,
+            **(live["metadata"].get("labels") or {}),
+            **(namespace_labels or {}),
+        }
         outcomes = []
         for hook in config["webhooks"]:
             applies = any(
@@ -350,6 +377,8 @@ class Cluster:
         ref = hook["clientConfig"]["service"]
         dns = f"{ref['name']}.{ref['namespace']}.svc"
         ip, port = self.resolve(dns, ref.get("port", 443), namespace)
+        if "caBundle" not in hook["clientConfig"]:
+            raise ValueError("no caBundle yet: the API server cannot call the webhook")
         context = ssl.create_default_context(
             cadata=base64.b64decode(hook["clientConfig"]["caBundle"]).decode()
         )

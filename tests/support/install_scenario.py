@@ -85,6 +85,7 @@ async def installed(
         objs = template("defaults", chart_values(feishu), folder)
         image = container_of(one(objs, "Deployment", "-operator"))["image"]
         cluster = Cluster(objs, emu, folder / "cluster", NAMESPACE, image)
+        await cluster.apply([NAMESPACE, TEAM])
         try:
             if gateway:
                 process = cluster.start_gateway()
@@ -95,9 +96,23 @@ async def installed(
                 port = cluster.resolve(WEBHOOK_DNS, 443, TEAM)[1]
                 await until(lambda: http_up(f"https://127.0.0.1:{port}/"), 60, "the webhook",
                             process)  # fmt: skip
+                await until(lambda: webhook_configured(cluster), 60, "the caBundle", process)
             yield cluster, feishu
         finally:
             cluster.stop()
+
+
+def webhook_configured(cluster: Cluster) -> bool:
+    """Whether the operator put caBundle and path into the webhook's configuration."""
+    resource = "admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+    config = cluster.emu.get_live(resource, None, "ts-trainsentry-instrument") or {}
+    client = (config.get("webhooks") or [{}])[0].get("clientConfig", {})
+    return "caBundle" in client and "path" in client.get("service", {})
+
+
+def namespace_labelled(cluster: Cluster, namespace: str) -> bool:
+    live = cluster.emu.get_live("v1/namespaces", None, namespace) or {"metadata": {}}
+    return (live["metadata"].get("labels") or {}).get("trainsentry.io/trainingjobs") == "true"
 
 
 async def apply_trainingjob(cluster: Cluster, probe_port: int) -> None:
@@ -134,6 +149,10 @@ async def hang_paged(
     gloo, and the probe binding its pod's own address (pods here share one network)."""
     probe_port = free_port()
     await apply_trainingjob(cluster, probe_port)
+    # The operator labels the namespace on the job's first reconcile; the webhook sees its
+    # pods from then on (docs/operator.md, "Which pods the webhook sees").
+    await until(lambda: namespace_labelled(cluster, TEAM), 30, "the namespace label",
+                *cluster.processes)  # fmt: skip
     pods = job_pods(free_port())
     admitted = []
     for pod in pods:

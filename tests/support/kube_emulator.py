@@ -53,9 +53,27 @@ from typing import Any
 import aiohttp.web
 import jsonpatch
 import kmock
-from kmock._internal import rendering
+from kmock._internal import parsing, rendering
 
 _HISTORY_LIMIT = 8  # versions kept per object; bounds memory in long runs (the benchmark)
+
+
+_kmock_parse_path = parsing.parse_path
+
+
+def _parse_path(path: str) -> parsing.ParsedPath:
+    """kmock's path parser, also knowing the core resource `namespaces` (kmock reads
+    `/api/v1/namespaces[/<name>]` as a namespace prefix with no resource)."""
+    parts = path.strip("/").split("/")
+    if parts[:3] == ["api", "v1", "namespaces"] and (
+        len(parts) <= 4 or (len(parts) == 5 and parts[4] in ("status", "finalize"))
+    ):
+        name = parts[3] if len(parts) > 3 else None
+        return parsing.ParsedPath("", "v1", "namespaces", None, name, (parts[4:] or [None])[0])
+    return _kmock_parse_path(path)
+
+
+parsing.parse_path = _parse_path
 
 
 @dataclass(frozen=True, order=True)

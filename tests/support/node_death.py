@@ -6,7 +6,8 @@ grace period, NCCL RAS declares its processes dead, the survivors wait in their 
 Scenario 2: the node comes back without the GPU, then the GPU returns.
 
 Real parts: Prometheus with the shipped rules (cluster-wide `rules/*.yaml` and the
-operator's own job-scoped rendering for the job), Alertmanager with the shipped routes and
+operator's own job-scoped rendering for the job: its pod rules; it tunes no hardware rule,
+so it has no copy of one), Alertmanager with the shipped routes and
 inhibitions (`rules/alertmanager-inhibit.yaml`, the source the chart's AlertmanagerConfig
 is made from), the gateway process with docs/channels.md's example Feishu bot groups and
 escalation (its documented HTTP voice gateway as the phone provider), the Feishu and phone
@@ -100,7 +101,7 @@ POLICY_WINDOWS = {
     "dedup": ("recurrence_window", "flap_window", "flap_hold"),
     "storm": ("window", "summary_interval", "calm_after"),
     "grouping": ("follow_up_interval",),
-    "infrastructure": ("window",),
+    "infrastructure": ("window", "hold"),
     "correlation": ("window", "confirm_resolved"),
 }
 
@@ -194,13 +195,37 @@ def cluster_rule_files() -> list[Path]:
     )
 
 
-def job_rule_groups() -> list[dict[str, Any]]:
-    """The operator's PrometheusRule for team-a/llama-70b: its `spec.groups`."""
+def job_rule_groups(
+    identity: JobIdentity = IDENTITY, spec: TrainingJobSpec = SPEC
+) -> list[dict[str, Any]]:
+    """The operator's PrometheusRule for a job (team-a/llama-70b): its `spec.groups`."""
     sources = load_sources(rules_dir(), Path("/nonexistent"))
-    rendered = render_children(IDENTITY, SPEC, sources.rule_files, (), [])
+    rendered = render_children(identity, spec, sources.rule_files, (), [])
     rule = next(m for m in rendered.manifests if m["kind"] == "PrometheusRule")
     groups: list[dict[str, Any]] = rule["spec"]["groups"]
     return groups
+
+
+def node_scoped_alerts() -> frozenset[str]:
+    """The shipped `job_scope: node` (hardware and node) rules: the operator copies none
+    the job does not tune (docs/alerts.md "Job scope")."""
+    return frozenset(
+        str(rule["alert"])
+        for path in cluster_rule_files()
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+        if "alert" in rule and rule.get("annotations", {}).get("job_scope") == "node"
+    )
+
+
+def loaded_alerts(prometheus_url: str) -> dict[str, list[str]]:
+    """The alerting rules Prometheus loaded, by rule group name (`/api/v1/rules`)."""
+    answer = http_json(f"{prometheus_url}/api/v1/rules?type=alert")
+    assert answer["status"] == "success", answer
+    return {
+        group["name"]: [rule["name"] for rule in group["rules"]]
+        for group in answer["data"]["groups"]
+    }
 
 
 def write_rule_files(directory: Path, scaled: Scaled) -> list[Path]:
@@ -235,7 +260,19 @@ def docs_channels_example() -> dict[str, Any]:
     raise AssertionError("docs/channels.md has no channels/oncall example")
 
 
-def prometheus_config(exporter: str, alertmanager: str, scaled: Scaled) -> dict[str, Any]:
+def prometheus_config(
+    exporter: str,
+    alertmanager: str,
+    scaled: Scaled,
+    nodes: list[str] = NODES,
+    job: tuple[str, str] = (NAMESPACE, JOB),
+    first: int = 0,
+) -> dict[str, Any]:
+    """Prometheus scraping one stand-in exporter: the nodes' dcgm and node exporters,
+    kube-state-metrics, and the ranks of `job` (namespace, name) on them; `first`: the
+    index of the first node (their addresses)."""
+    namespace, name = job
+
     def per_node(kind: str, port: int) -> list[dict[str, Any]]:  # the chart's ServiceMonitors
         return [
             {
@@ -246,22 +283,22 @@ def prometheus_config(exporter: str, alertmanager: str, scaled: Scaled) -> dict[
                     "__metrics_path__": f"/{kind}/{node}/metrics",
                 },
             }
-            for i, node in enumerate(NODES)
+            for i, node in enumerate(nodes, start=first)
         ]
 
     probes = [
         {
             "targets": [exporter],
             "labels": {  # what the operator's PodMonitor gives a rank's target
-                "namespace": NAMESPACE,
-                "pod": f"{JOB}-worker-{i}",
+                "namespace": namespace,
+                "pod": f"{name}-worker-{i}",
                 "node": node,
-                "trainingjob": JOB,
-                "instance": f"10.1.{i}.7:{SPEC.probe.port + local_rank}",
+                "trainingjob": name,
+                "instance": f"10.1.{i + first}.7:{SPEC.probe.port + local_rank}",
                 "__metrics_path__": f"/probe/{node}/{local_rank}/metrics",
             },
         }
-        for i, node in enumerate(NODES)
+        for i, node in enumerate(nodes)
         for local_rank in range(GPUS_PER_NODE)
     ]
     probe_interval = scaled.time(SPEC.probe.interval)
@@ -277,11 +314,11 @@ def prometheus_config(exporter: str, alertmanager: str, scaled: Scaled) -> dict[
                 "honor_labels": True,
                 "metrics_path": "/ksm/metrics",
                 "static_configs": [
-                    {"targets": [exporter], "labels": {"instance": "10.2.0.1:8080"}}
+                    {"targets": [exporter], "labels": {"instance": f"10.2.0.{1 + first}:8080"}}
                 ],
             },
             {
-                "job_name": f"podMonitor/{NAMESPACE}/{JOB}-trainsentry-probe",
+                "job_name": f"podMonitor/{namespace}/{name}-trainsentry-probe",
                 "honor_labels": True,
                 "scrape_interval": probe_interval,
                 "scrape_timeout": probe_interval
@@ -390,6 +427,21 @@ class Recording:
     death_at: float | None = None  # when the node died (the exporter's say)
     gateway_alerts: list[dict[str, Any]] = field(default_factory=list)
     call_keys: list[str] = field(default_factory=list)
+    # the alerting rules Prometheus loaded, by rule group (the operator's groups end in
+    # `-<namespace>-<job>`)
+    rule_groups: dict[str, list[str]] = field(default_factory=dict)
+
+    def job_rules(self, namespace: str, job: str) -> set[str]:
+        """The alerts of the operator's PrometheusRule for the job, as Prometheus loaded it."""
+        suffix = f"-{namespace}-{job}"
+        return {n for g, names in self.rule_groups.items() if g.endswith(suffix) for n in names}
+
+    def channels(self) -> dict[str, int]:
+        """Messages per channel ("feishu:<group or job bot>", "phone")."""
+        counts: dict[str, int] = {}
+        for message in self.messages:
+            counts[message.channel] = counts.get(message.channel, 0) + 1
+        return dict(sorted(counts.items()))
 
     def feishu(self) -> list[Message]:
         return [m for m in self.messages if m.channel.startswith("feishu")]
@@ -407,6 +459,7 @@ class Recording:
             f"== {self.timeline.name} (x{self.factor:g}): {len(self.feishu())} Feishu "
             f"messages, {len(self.calls())} phone calls in {self.timeline.end:g} s; the node "
             f"died at {self.death_at} s ==",
+            "-- per channel: " + ", ".join(f"{c} {n}" for c, n in self.channels().items()),
             *(m.line() for m in sorted(self.messages, key=lambda m: m.at)),
             "-- first firing in Prometheus (s): "
             + ", ".join(f"{n} {t:.0f}" for n, t in sorted(self.fired.items(), key=lambda i: i[1])),
@@ -499,6 +552,7 @@ async def run(timeline: Timeline, tmp: Path, factor: float) -> Recording:
                 return len(up) == targets and len(members) == len(NODES)
 
             await asyncio.to_thread(wait_for, ready, 60, f"{targets} targets up and membership")
+            recording.rule_groups = await asyncio.to_thread(loaded_alerts, prometheus.url)
             # Healthy for a few evaluations before the XID (GPUMissing needs its usual count).
             await asyncio.sleep(4 * seconds(scaled.time("30s")))
             recording.before_start = {

@@ -57,7 +57,7 @@ class Scenario:
     nodes: list[str]
     dead_node: str
     dead_gpu: int
-    xid_at: float
+    xid_at: float | None  # None: nothing happens to this job (fabric_death: another team)
     death_at: float
     not_ready_after: float  # Kubernetes' node-monitor grace period
     ras_dead_after: float  # NCCL RAS gives up on the node's processes
@@ -202,9 +202,9 @@ class World:
                 "node_infiniband_link_downed_total",
                 "node_infiniband_link_error_recovery_total",
                 "node_infiniband_symbol_error_total",
-                "node_infiniband_port_receive_errors_total",
+                "node_infiniband_port_errors_received_total",
                 "node_infiniband_port_receive_remote_physical_errors_total",
-                "node_infiniband_port_transmit_discards_total",
+                "node_infiniband_port_discards_transmitted_total",
                 "node_infiniband_port_transmit_wait_total",
             ):
                 page.add(name, "counter", 0, **ib)

@@ -12,6 +12,7 @@ from trainsentry.store.schema import (
     console_revoked_sessions,
     incident_alerts,
     incidents,
+    intake_journal,
     maintenance_mutes,
     maintenance_windows,
     metadata,
@@ -30,6 +31,7 @@ ADDED_TABLES = {
     11: (console_revoked_sessions,),
     12: (webhook_groups,),
     13: (incidents, incident_alerts),
+    14: (intake_journal,),
 }
 # Columns that later versions added to tables version 1 created: {version: {table: names}}.
 ADDED_COLUMNS: dict[int, dict[str, tuple[str, ...]]] = {

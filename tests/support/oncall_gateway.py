@@ -19,7 +19,7 @@ from tests.support.clock import Clock
 from tests.support.receiver import Receiver
 from tests.support.webhook_factory import encode
 from trainsentry.config import GatewaySettings
-from trainsentry.gateway.app import WEBHOOK_PATH
+from trainsentry.gateway.api.app import WEBHOOK_PATH
 from trainsentry.gateway.assemble import create_app
 from trainsentry.gateway.pipeline import GATEWAY_KEY
 from trainsentry.notifiers.base import Notifier
@@ -70,17 +70,20 @@ async def start(
     console: Path | None = None,
     access_log: bool = True,
     extra_notifiers: dict[str, Notifier] | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> TestServer:
     """`access_log=False`: no access log, as `trainsentry gateway` serves (commands/serve.py);
-    `extra_notifiers`: channels beside the console and the webhook "phone" (e.g. Feishu)."""
+    `extra_notifiers`: channels beside the console and the webhook "phone" (e.g. Feishu);
+    `settings`: more of the gateway's settings (e.g. `access`, `console`)."""
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(policy)
-    settings = GatewaySettings(
+    gateway_settings = GatewaySettings(
         listen="127.0.0.1:0",
         db=db_url,
         webhook_token=SecretStr(TOKEN),
         api_token=SecretStr(TOKEN),
         policy_file=policy_file,
+        **(settings or {}),
     )
     notifiers: dict[str, Notifier] = {
         "console": ConsoleNotifier(console),
@@ -88,7 +91,7 @@ async def start(
         **(extra_notifiers or {}),
     }
     app = create_app(
-        settings,
+        gateway_settings,
         notifiers=notifiers,
         clock=clock,
         tick_interval=3600,

@@ -1,5 +1,5 @@
 """A real Prometheus that remembers alerts having fired, for the tests of what the gateway
-asks it (gateway/stages/evidence.py).
+asks it (gateway/stages/services/evidence.py).
 
 Prometheus's documentation ("Alerting rules", *Inspecting alerts during runtime*): "For
 pending and firing alerts, Prometheus also stores synthetic time series of the form

@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from trainsentry.config.access import AccessSettings, TeamSettings
 from trainsentry.config.channels import ChannelsSettings
 from trainsentry.config.diagnosis import DiagnosisSettings
 from trainsentry.config.job_alerting import JobAlertingSettings
@@ -37,13 +38,15 @@ from trainsentry.config.problems import (
     Problem,
     SectionProblems,
     describe_invalid,
+    describe_yaml_error,
     problems_of,
 )
-from trainsentry.config.remediation import CordonSettings, approver_problems
+from trainsentry.config.remediation import CordonSettings, approver_problems, presser_problems
 from trainsentry.config.reports import ReportSettings
 from trainsentry.config.topology import TopologySettings
 
 __all__ = [
+    "AccessSettings",
     "ConfigError",
     "ConsoleSettings",
     "GatewaySettings",
@@ -51,6 +54,7 @@ __all__ = [
     "Problem",
     "RetentionSettings",
     "Settings",
+    "TeamSettings",
     "WebhookChannelSettings",
     "describe_invalid",
     "load_settings",
@@ -89,9 +93,12 @@ class ConsoleSettings(BaseModel):
     # A login lasts this long; then the token is asked again.
     session_hours: float = Field(default=12.0, gt=0, le=24 * 30)
     # oauth2-proxy style: a request from one of these addresses (IPs or CIDRs) that carries
-    # `user_header` is signed in as that user without the token. Empty: no proxy trusted.
+    # `user_header` is signed in as that user without the token, a member of the groups of
+    # `groups_header` (comma-separated, as oauth2-proxy joins them; `gateway.access` says
+    # what each group may act on). Empty: no proxy trusted.
     trusted_proxies: list[str] = Field(default_factory=list)
     user_header: str = "X-Forwarded-User"
+    groups_header: str = "X-Forwarded-Groups"
 
     @field_validator("trusted_proxies")
     @classmethod
@@ -114,12 +121,23 @@ class GatewaySettings(BaseModel):
     # and at most this many requests may be sending bodies at once (else 503, Retry-After).
     body_timeout_s: float = Field(default=30.0, gt=0)
     max_body_readers: int = Field(default=256, ge=1)
+    # The probes' hang triggers (8 KiB each, read by their handler) have readers of their
+    # own, apart from the 256 above: neither a job's trigger flood nor a webhook storm
+    # takes the other's (gateway/api/limits.py `ReaderPool`).
+    max_trigger_readers: int = Field(default=1024, ge=1)
+    # The listen queue of the gateway's socket (capped by the kernel's somaxconn): a burst
+    # of new connections beyond it is dropped and retried by the client 1 s, 3 s later.
+    listen_backlog: int = Field(default=1024, ge=1, le=65535)
     # A connection that has not sent a whole request head (or sits idle between requests)
     # this long is closed: slow headers are bounded as bodies are (aiohttp's keep-alive).
     idle_timeout_s: float = Field(default=75.0, gt=0)
     # Bytes of request bodies held in memory at once (each counted at its Content-Length);
     # a body beyond it gets 503 with Retry-After. One body is always let in.
     max_body_bytes_in_flight: int = Field(default=64 * 1024 * 1024, ge=1024)
+    # Journal-first intake (docs/gateway.md): alerts of answered webhooks that may wait to be
+    # recorded; beyond it a webhook without P0/P1 alerts waits for room (up to 10 s, then
+    # 503). 0: every webhook is recorded before its answer.
+    journal_max_alerts: int = Field(default=20_000, ge=0)
     console_file: Path | None = None
     alertmanager_url: str | None = None
     policy_file: Path | None = None
@@ -141,6 +159,8 @@ class GatewaySettings(BaseModel):
     # Deleting finished rows from the store (a purge every retention.interval_seconds).
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)
+    # Who acts on which teams' incidents (config/access.py, docs/gateway.md).
+    access: AccessSettings = Field(default_factory=AccessSettings)
     # Secrets: from the environment only.
     webhook_token: SecretStr | None = Field(default=None, exclude=True)
     api_token: SecretStr | None = Field(default=None, exclude=True)
@@ -300,6 +320,21 @@ class Settings(BaseModel):
         if self.remediation is not None:
             people = rota.people if rota is not None else {}
             problems.extend(approver_problems(self.remediation.approvers, people))
+        known = set(rota.schedules) if rota is not None else set()
+        people = rota.people if rota is not None else {}
+        access = self.gateway.access
+        problems.extend(
+            presser_problems("gateway.access.admin_feishu", access.admin_feishu, people)
+        )
+        for team, settings in access.teams.items():
+            problems.extend(
+                (f"gateway.access.teams.{team}.schedules", f"no on-call schedule {name!r}")
+                for name in settings.schedules
+                if name not in known
+            )
+            problems.extend(
+                presser_problems(f"gateway.access.teams.{team}.feishu", settings.feishu, people)
+            )
         if problems:
             raise SectionProblems(problems)
         return self
@@ -331,7 +366,11 @@ def load_settings(
     if path is not None:
         try:
             loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as exc:
+        except yaml.YAMLError as exc:
+            raise ConfigError(
+                f"config file {path} is not valid YAML: {describe_yaml_error(exc)}"
+            ) from exc
+        except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read config file {path}: {exc}") from exc
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import yaml
 from pydantic import ValidationError
 
 
@@ -77,3 +78,19 @@ def describe_invalid(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         return str(ConfigError.of(problems_of(exc)))
     return str(exc)
+
+
+def describe_yaml_error(exc: yaml.YAMLError) -> str:
+    """Pure: a YAML syntax error on one line a person reads: where (line and column, from 1)
+    and what PyYAML found wrong, e.g. `line 3, column 2: expected <block end>, but found
+    '<block mapping start>' (in the mapping that starts on line 1)`. Never the file's text
+    (PyYAML quotes the offending line, which may hold a secret)."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    mark = exc.problem_mark or exc.context_mark
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    what = exc.problem or exc.context or "not YAML"
+    context = ""
+    if exc.context and exc.context_mark and exc.problem:
+        context = f" ({exc.context} on line {exc.context_mark.line + 1})"
+    return f"{where}{what}{context}"

@@ -1,5 +1,5 @@
 """The `remediation:` section: cordon with a human in the loop (gateway/policy/cordon.py
-decides, gateway/stages/cordon.py acts). An empty or absent section is None: nothing to
+decides, gateway/stages/services/cordon.py acts). An empty or absent section is None: nothing to
 cordon through, no recommendation either. `approvers` must name people of `oncall.people`
 with a `feishu_open_id`, or open_ids (`approver_problems`, checked with the on-call section
 when the settings load, config/__init__.py).
@@ -66,9 +66,18 @@ def approver_problems(
     """Pure: (path, why) of each `remediation.approvers` entry that can approve nothing: one
     that is neither a person of `oncall.people` nor a Feishu open_id (`ou_...`), or a person
     without a `feishu_open_id` (a card's button is pressed as an open_id)."""
-    for index, name in enumerate(approvers):
+    return presser_problems("remediation.approvers", approvers, people)
+
+
+def presser_problems(
+    path: str, names: Iterable[str], people: Mapping[str, Person]
+) -> Iterator[tuple[str, str]]:
+    """Pure: (path, why) of each entry of the list at `path` that names no one who can press
+    a Feishu card's button: neither a person of `oncall.people` nor a Feishu open_id
+    (`ou_...`), or a person without a `feishu_open_id` (a press names its presser by it)."""
+    for index, name in enumerate(names):
         person = people.get(name)
-        where = f"remediation.approvers[{index}]"
+        where = f"{path}[{index}]"
         if person is None and not OPEN_ID.fullmatch(name):
             yield (
                 where,

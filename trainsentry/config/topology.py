@@ -1,5 +1,5 @@
 """The `topology:` section: where each node stands (gateway/policy/topology.py, filled by
-gateway/stages/topology.py from this list or from the Node objects' labels).
+gateway/stages/services/topology.py from this list or from the Node objects' labels).
 
 Invariants: level names are short identifiers, named once, in order (most specific first);
 every node and label key refers to a configured level; node and element names are bounded,
@@ -20,6 +20,8 @@ MAX_NODE_NAME = 253
 MAX_ELEMENT = 253
 MAX_LEVELS = 8
 MAX_NODES = 100_000
+MAX_DEVICE = 64  # an HCA's device name (mlx5_0, ibp12s0)
+MAX_RAILS = 64  # HCAs per node placed on rails
 _LEVEL_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 # A label key: an optional DNS prefix and a name (Kubernetes' own shape, bounded).
 _LABEL_KEY = re.compile(
@@ -51,6 +53,13 @@ class TopologySettings(BaseModel):
     # level -> the Node label key holding its element (e.g. rack: example.com/rack).
     node_labels: dict[str, str] = Field(default_factory=dict)
     refresh_seconds: float = Field(default=300.0, ge=10, le=86400)
+    # A rail-optimized fabric: level -> HCA device -> element. HCA k of every node listed
+    # (or read from the cluster) is cabled to that element (e.g. leaf_switch: {mlx5_3:
+    # leaf-3}); an alert naming the device is placed there (gateway/policy/topology.py).
+    rails: dict[str, dict[str, str]] = Field(default_factory=dict)
+    # With a cluster: level -> the Node annotation key whose value maps each HCA to its
+    # element there ("mlx5_0=su1-leaf-0,mlx5_1=su1-leaf-1"): rails that differ per node.
+    rail_annotations: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> TopologySettings:
@@ -74,7 +83,9 @@ def _problems(settings: TopologySettings) -> Iterable[tuple[str, str]]:
             yield "levels", f"{name!r} is not a level name (lowercase letters, digits, _)"
     if len(set(levels)) != len(levels):
         yield "levels", "a level is named twice"
-    if not levels and (settings.nodes or settings.node_labels or settings.kubernetes):
+    if not levels and (
+        settings.nodes or settings.node_labels or settings.kubernetes or settings.rails
+    ):
         yield "levels", "name the levels (e.g. [leaf_switch, rack]) before nodes or node_labels"
     if len(settings.nodes) > MAX_NODES:
         yield "nodes", f"at most {MAX_NODES} nodes"
@@ -91,7 +102,23 @@ def _problems(settings: TopologySettings) -> Iterable[tuple[str, str]]:
             yield f"node_labels.{level}", f"not one of the levels {list(levels)}"
         elif not _LABEL_KEY.fullmatch(key):
             yield f"node_labels.{level}", f"{key[:80]!r} is not a label key"
-    if settings.kubernetes and not settings.node_labels:
+    for level, devices in settings.rails.items():
+        if level not in levels:
+            yield f"rails.{level}", f"not one of the levels {list(levels)}"
+            continue
+        if len(devices) > MAX_RAILS:
+            yield f"rails.{level}", f"at most {MAX_RAILS} devices"
+        for device, element in devices.items():
+            if not printable(device, MAX_DEVICE):
+                yield f"rails.{level}", f"{device[:80]!r} is not a device name"
+            elif not isinstance(element, str) or not printable(element, MAX_ELEMENT):
+                yield f"rails.{level}.{device}", "the element must be a printable name"
+    for level, key in settings.rail_annotations.items():
+        if level not in levels:
+            yield f"rail_annotations.{level}", f"not one of the levels {list(levels)}"
+        elif not _LABEL_KEY.fullmatch(key):
+            yield f"rail_annotations.{level}", f"{key[:80]!r} is not an annotation key"
+    if settings.kubernetes and not (settings.node_labels or settings.rail_annotations):
         yield "node_labels", "kubernetes: true needs the label key of at least one level"
     if settings.kubernetes and settings.nodes:
         yield "nodes", "give either nodes (static) or kubernetes: true, not both"

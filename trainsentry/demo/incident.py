@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 from dataclasses import dataclass
@@ -9,8 +10,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from trainsentry.assets import data_file
-from trainsentry.gateway.stages.intake import label_fingerprint
+import yaml
+
+from trainsentry.assets import data_file, rules_dir
+from trainsentry.gateway.public import label_fingerprint
 
 MAX_ALERTS_PER_WEBHOOK = 50
 
@@ -39,12 +42,33 @@ def _iso(base: datetime, offset: float | None) -> str:
     return (base + timedelta(seconds=offset)).isoformat()
 
 
+@functools.cache
+def shipped_first_steps() -> dict[str, str]:
+    """alertname -> the `first_step` annotation of the shipped rule of that name (rules/)."""
+    steps: dict[str, str] = {}
+    for path in sorted(rules_dir().glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        for group in doc.get("groups", []) if isinstance(doc, dict) else []:
+            for rule in group.get("rules", []):
+                step = (rule.get("annotations") or {}).get("first_step")
+                if rule.get("alert") and step:
+                    steps[rule["alert"]] = step
+    return steps
+
+
 def _alert(raw: dict[str, Any], status: str, base: datetime) -> dict[str, Any]:
+    """One recorded alert, dated from `base`, with the annotations Prometheus would send for
+    it: the recording's, plus the `first_step` of the shipped rule of its alertname (the
+    recording predates that annotation)."""
     labels = dict(raw["labels"])
+    annotations = dict(raw.get("annotations", {}))
+    first = shipped_first_steps().get(labels.get("alertname", ""))
+    if first and "first_step" not in annotations:
+        annotations["first_step"] = first
     return {
         "status": status,
         "labels": labels,
-        "annotations": dict(raw.get("annotations", {})),
+        "annotations": annotations,
         "startsAt": _iso(base, raw["start"]),
         "endsAt": _iso(base, raw.get("end")),
         "generatorURL": "http://prometheus.demo/graph",

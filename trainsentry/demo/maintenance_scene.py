@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 
-from trainsentry.gateway.pipeline import Gateway
+from trainsentry.gateway.public import Gateway
 
 NODE = "gpu-node-17"
 WINDOW = timedelta(minutes=30)

@@ -23,10 +23,7 @@ from trainsentry.demo.html import write_preview
 from trainsentry.demo.incident import OPEN_NODES, Incident, load_incident, open_incident
 from trainsentry.demo.maintenance_scene import SPAN, replay_window
 from trainsentry.demo.previews import CallPreview, CardPreview, PreviewLog, SheetPreview
-from trainsentry.gateway.app import WEBHOOK_PATH
-from trainsentry.gateway.assemble import create_app
-from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
-from trainsentry.gateway.sections import oncall_of
+from trainsentry.gateway.public import GATEWAY_KEY, WEBHOOK_PATH, Gateway, create_app, oncall_of
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
 from trainsentry.reports.delivery import write_preview as write_report_preview
@@ -94,11 +91,15 @@ def _start_time() -> datetime:
     return now - span - timedelta(minutes=5)
 
 
-def _gateway_settings(out: Path, port: int, console: str, token: str | None) -> GatewaySettings:
+def _gateway_settings(
+    out: Path, port: int, console: str | None, token: str | None
+) -> GatewaySettings:
     """The demo gateway's settings: on 127.0.0.1:`port`, its store in `out`, the API token
     `token` (None: no actions), and a policy (written to `out`) whose incident cards'
-    "Incident" button opens the incident's page of `console`, this gateway's console."""
-    policy = {"grouping": {"url": console + "incidents/{incident}"}}
+    "Incident" button opens the incident's page of `console`, this gateway's console, when
+    it outlives the replay (`--serve`); None: no such button (no card points at a port
+    that is gone when the demo ends)."""
+    policy = {"grouping": {"url": console + "incidents/{incident}"}} if console else {}
     (out / POLICY_FILE).write_text(yaml.safe_dump(policy))
     return GatewaySettings(
         listen=f"127.0.0.1:{port}",
@@ -177,7 +178,7 @@ async def run_demo(
     port = sock.getsockname()[1]
     console = f"http://127.0.0.1:{port}/ui/"
     token = secrets.token_urlsafe(12) if serve is not None else None
-    settings = _gateway_settings(out, port, console, token)
+    settings = _gateway_settings(out, port, console if serve is not None else None, token)
     # The background ticker is not needed: the replay drives the timers at virtual times.
     oncall = oncall_of(Settings(gateway=settings, oncall=demo_oncall(base)))
     app = create_app(settings, notifiers=notifiers, clock=clock, tick_interval=3600, oncall=oncall)

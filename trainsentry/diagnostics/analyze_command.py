@@ -37,7 +37,7 @@ Files that cannot be read are reported by name; the others are still analysed.
 Exit codes:
   {EXIT_OK}  analysed, nothing wrong found (verdict ok)
   {EXIT_UNREADABLE}  nothing could be analysed (no readable input)
-  {EXIT_USAGE}  usage error
+  {EXIT_USAGE}  usage error (also: a --captured-at before the dumps' own last event)
   {EXIT_HANG}  verdict hang
   {EXIT_MISMATCH}  verdict mismatch
   {EXIT_SLOW}  verdict slow
@@ -84,6 +84,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "modification time is when it was taken",
     )
     parser.add_argument(
+        "--all-entries",
+        action="store_true",
+        help="read every entry of every Flight Recorder dump (default: all of them up to "
+        "512 MB of input, above that the newest 128 KiB of each dump)",
+    )
+    parser.add_argument(
         "--min-idle",
         type=float,
         default=None,
@@ -105,7 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainsentry.diagnostics.api import AnalyzeError, analyze
+    from trainsentry.diagnostics.api import AnalyzeError, CaptureTimeError, analyze, iso_utc
     from trainsentry.diagnostics.hang import DEFAULT_MIN_IDLE_S
     from trainsentry.diagnostics.slow import DEFAULT_ALPHA, DEFAULT_MIN_LAG_MS
     from trainsentry.diagnostics.topology import (
@@ -132,9 +138,22 @@ def run(args: argparse.Namespace) -> int:
         "min_lag_ms": DEFAULT_MIN_LAG_MS if args.min_lag_ms is None else args.min_lag_ms,
         "captured_at_ns": captured_at_ns,
         "in_place": args.in_place,
+        "newest_bytes": 0 if args.all_entries else None,
     }
     try:
         report = _analyze_with_progress(analyze, args.paths, options)
+    except CaptureTimeError as exc:
+        given = args.captured_at if args.captured_at is not None else args.captured_at_ns
+        flag = "--captured-at" if args.captured_at is not None else "--captured-at-ns"
+        message = (
+            f"{flag} {given} is before the dumps' last recorded event "
+            f"({iso_utc(exc.last_event_ns)}): a dump is taken after what it records; give "
+            f"the time they were taken, or leave {flag} out"
+        )
+        if args.json:
+            print(json.dumps({"verdict": None, "error": message}))
+        print(f"trainsentry analyze: {message}", file=sys.stderr)
+        return EXIT_USAGE
     except TopologyMismatchError as exc:
         if args.json:
             print(json.dumps({"verdict": None, "error": str(exc)}))

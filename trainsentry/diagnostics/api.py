@@ -32,6 +32,28 @@ class AnalyzeError(ValueError):
     """Nothing could be analysed (no inputs, or every input failed)."""
 
 
+class CaptureTimeError(ValueError):
+    """The capture time the caller gave is before the dumps' own last event: impossible (a
+    dump is taken after what it records), so it is refused rather than silently replaced
+    (which measured every wait as zero and called a real hang "ok")."""
+
+    def __init__(self, given_ns: int, last_event_ns: int) -> None:
+        self.given_ns = given_ns
+        self.last_event_ns = last_event_ns
+        super().__init__(
+            f"the capture time {iso_utc(given_ns)} is before the dumps' last recorded event "
+            f"({iso_utc(last_event_ns)})"
+        )
+
+
+def iso_utc(ns: int) -> str:
+    """Pure: nanoseconds since the epoch as `2026-11-24T21:30:00.123Z`."""
+    from datetime import UTC, datetime
+
+    moment = datetime.fromtimestamp(ns / 1e9, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
 def analyze(
     paths: Iterable[str | Path],
     *,
@@ -44,6 +66,7 @@ def analyze(
     workers: int | None = None,
     captured_at_ns: int | None = None,
     in_place: bool = False,
+    newest_bytes: int | None = None,
 ) -> Report:
     """Analyse trace files or directories of them.
 
@@ -56,8 +79,14 @@ def analyze(
     `workers` bounds the processes used to parse large Flight Recorder inputs (default: one
     per CPU from 64 files / 32 MB on; 1 keeps everything in this process).
 
+    `newest_bytes`: how much of each large JSON Flight Recorder dump is read, from its
+    newest entry back (see `readers.fr_newest`): None (default) reads every entry while the
+    input is at most 512 MB in all and the newest 128 KiB of each dump above that; 0 reads
+    every entry whatever the size. Ranks read in part are `Report.partial_ranks`.
+
     Unreadable files are listed in `Report.errors` and the rest is still analysed; only
-    when nothing at all can be read does this raise `AnalyzeError`.
+    when nothing at all can be read does this raise `AnalyzeError`. A `captured_at_ns`
+    before the latest event the inputs record raises `CaptureTimeError`.
     """
     if format not in FORMATS:
         raise AnalyzeError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
@@ -88,7 +117,10 @@ def analyze(
         workers=workers,
         captured_at_ns=captured_at_ns,
         in_place=in_place,
+        newest_bytes=newest_bytes,
     )
+    if captured_at_ns is not None and trace.last_event_ns > captured_at_ns:
+        raise CaptureTimeError(captured_at_ns, trace.last_event_ns)
     for path, reason in [*rejected, *((p, "no such file or directory") for p in absent)]:
         trace.inputs.append(str(path))
         trace.errors.append(InputError(str(path), reason))
@@ -156,6 +188,13 @@ def _report(
             f"rank(s) {_listed(without_input)} left no readable {_WHAT.get(trace.format, 'input')}"
             ": what they did is unknown",
         )
+    if hang.unread_ranks:
+        notes.insert(
+            0,
+            f"the waits lead to rank(s) {_listed(hang.unread_ranks)}, whose own data was not "
+            "read: whether they are stuck or waiting on someone else is unknown, so the "
+            "verdict does not name them",
+        )
     for stuck in hang.hangs:
         note = membership_note(stuck)
         if note is not None:
@@ -197,6 +236,7 @@ def _report(
         last_event_ns=trace.last_event_ns if trace.format == "fr" else 0,
         captured_from=list(trace.captured_from),
         ranks_without_input=without_input,
+        partial_ranks=sorted(trace.partial_ranks),
     )
 
 

@@ -104,6 +104,9 @@ class HangAnalysis:
     not_started_ranks: list[int] = field(default_factory=list)
     #: Ranks found to have skipped a collective and moved on (a cascade's first cause).
     skipped_ranks: list[int] = field(default_factory=list)
+    #: Ranks the waits lead to whose own data was not read (no dump, or not fetched): what
+    #: they were doing is unknown, so they are neither root causes nor victims.
+    unread_ranks: list[int] = field(default_factory=list)
     #: Stuck-looking ends of communicators whose ranks ran past a blocking mismatch earlier:
     #: the mismatch explains them; they are not hangs of their own.
     after_mismatch: list[CommHang] = field(default_factory=list)
@@ -147,6 +150,8 @@ def _reached(
     reached = {r: s.reached for r, s in streams.items()}
     for rank in members:
         if rank in trace.ranks_with_data and rank not in reached:
+            if rank in trace.partial_ranks:
+                continue  # its entries of this communicator may be older than those read
             reached[rank] = 0  # has a dump, never used this communicator
     return reached
 
@@ -376,11 +381,15 @@ def analyze_hangs(
     analysis.skipped_ranks = _skippers(trace, analysis.hangs)
     for rank in analysis.skipped_ranks:
         edges.pop(rank, None)  # its own wait is the consequence of what it skipped
-    analysis.root_cause_ranks = _root_causes(edges)
-    analysis.hangs.extend(_p2p_hangs(trace, analysis))
+    roots = _root_causes(edges)
+    # Only a rank whose data was read can be shown to wait on nobody.
+    analysis.root_cause_ranks = [r for r in roots if r in trace.ranks_with_data]
+    analysis.hangs.extend(_p2p_hangs(trace, analysis, roots))
     missing = {r for h in analysis.hangs for r in (*h.missing_ranks, *h.not_started_ranks)}
+    blamed = missing | {w.peer for w in analysis.p2p_waits}
+    analysis.unread_ranks = sorted(r for r in blamed if r not in trace.ranks_with_data)
     analysis.victim_ranks = sorted(
-        (missing | {w.peer for w in analysis.p2p_waits}) - set(analysis.root_cause_ranks)
+        blamed - set(analysis.root_cause_ranks) - set(analysis.unread_ranks)
     )
     return analysis
 
@@ -415,12 +424,13 @@ def _skippers(trace: Trace, hangs: list[CommHang]) -> list[int]:
     return sorted(skipped)
 
 
-def _p2p_hangs(trace: Trace, analysis: HangAnalysis) -> list[CommHang]:
-    """A p2p communicator whose waits lead to a root cause is a hang naming that rank.
+def _p2p_hangs(trace: Trace, analysis: HangAnalysis, leads_to: list[int]) -> list[CommHang]:
+    """A p2p communicator whose waits lead to `leads_to` (the ranks waiting on nobody, read
+    or not) is a hang naming those ranks.
 
     Pure. Waiting senders and receivers arrived; the root causes they wait on are missing.
     """
-    roots = set(analysis.root_cause_ranks)
+    roots = set(leads_to)
     by_comm: dict[str, list[P2PWait]] = {}
     for wait in analysis.p2p_waits:
         by_comm.setdefault(wait.comm, []).append(wait)

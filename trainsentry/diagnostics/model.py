@@ -327,6 +327,9 @@ class Trace:
     errors: list[InputError] = field(default_factory=list)
     inputs: list[str] = field(default_factory=list)
     ranks_with_data: set[int] = field(default_factory=set)
+    #: Ranks whose input was read only in part (a large dump's newest entries; see
+    #: `readers.fr_newest`): what they did before the part read is unknown.
+    partial_ranks: set[int] = field(default_factory=set)
     #: When the capture ended, where that is known: the latest capture time given for a
     #: Flight Recorder dump, the end of the Megatrace logs; 0 when nothing says (copied
     #: dumps with no capture time).

@@ -57,7 +57,8 @@ def culprit_ranks(report: dict[str, Any]) -> list[int]:
             return list(report["root_cause_ranks"])
         if hang.get("rank_space", "global") != "global" or report.get("format") == "ras":
             return []
-        return list(hang.get("missing_ranks") or [])
+        unread = set(hang.get("ranks_without_dump") or [])
+        return [r for r in hang.get("missing_ranks") or [] if r not in unread]
     if verdict == "mismatch":
         seen: dict[int, None] = {}
         for m in report.get("mismatches") or []:
@@ -126,6 +127,8 @@ class Report:
     last_event_ns: int = 0
     #: Ranks the job has that left no input at all (no dump / log).
     ranks_without_input: list[int] = field(default_factory=list)
+    #: Ranks whose input was read only in part (a large dump's newest entries).
+    partial_ranks: list[int] = field(default_factory=list)
 
     @property
     def primary_hang(self) -> CommHang | None:
@@ -140,7 +143,11 @@ class Report:
         return {
             "format": self.format,
             "root_cause_ranks": list(self.hang.root_cause_ranks),
-            "hang": {"missing_ranks": list(primary.missing_ranks), "rank_space": primary.rank_space}
+            "hang": {
+                "missing_ranks": list(primary.missing_ranks),
+                "ranks_without_dump": list(primary.no_dump_ranks),
+                "rank_space": primary.rank_space,
+            }
             if primary
             else None,
             "mismatches": [
@@ -173,6 +180,8 @@ class Report:
             "not_started_ranks": list(self.hang.not_started_ranks),
             "skipped_ranks": list(self.hang.skipped_ranks),
             "ranks_without_input": list(self.ranks_without_input),
+            "unread_suspect_ranks": list(self.hang.unread_ranks),
+            "ranks_partly_read": len(self.partial_ranks),
             "captured_at_ns": self.captured_at_ns or None,
             "captured_from": list(self.captured_from),
             "last_event_ns": self.last_event_ns or None,

@@ -11,7 +11,6 @@ place of the policy: then the policy's timers, the classification record and the
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -25,14 +24,20 @@ from trainsentry.alerts import AlertChange, Priority, utcnow
 from trainsentry.config import GatewaySettings, MaintenanceSettings, Settings
 from trainsentry.config.diagnosis import DiagnosisSettings
 from trainsentry.config.remediation import CordonSettings, Mode
-from trainsentry.gateway.app import CardCallbackSettings, add_routes, json_errors
+from trainsentry.gateway.api.app import (
+    HANG_TRIGGER_PATH,
+    CardCallbackSettings,
+    add_routes,
+    json_errors,
+)
+from trainsentry.gateway.api.auth import open_endpoints
+from trainsentry.gateway.api.limits import BodyLimits, ReaderPool, body_limits
 from trainsentry.gateway.channels import build
-from trainsentry.gateway.http_auth import open_endpoints
-from trainsentry.gateway.limits import BodyLimits, body_limits
 from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
-from trainsentry.gateway.policy.delivery import DeliveryRules
 from trainsentry.gateway.policy.escalation import Escalator
+from trainsentry.gateway.policy.outbox_retry import DeliveryRules
+from trainsentry.gateway.policy.route import ARCHIVE_CHANNELS
 from trainsentry.gateway.policy.rules import Policy, load_policy
 from trainsentry.gateway.sections import (
     build_diagnosis_parts,
@@ -40,29 +45,33 @@ from trainsentry.gateway.sections import (
     build_topology,
     cordon_approvers_of,
     default_escalator,
+    feishu_people_of,
     oncall_of,
     paging_of,
 )
-from trainsentry.gateway.stages.ack import AckService
-from trainsentry.gateway.stages.ackers import Ackers
-from trainsentry.gateway.stages.cordon import Cordoner
-from trainsentry.gateway.stages.diagnosis import EndpointResolver, HangDiagnoser
-from trainsentry.gateway.stages.handoff import HandoffNotices, reschedule
-from trainsentry.gateway.stages.hang_enrichment import HangVerdict
-from trainsentry.gateway.stages.hang_trigger import TriggerKeys, TriggerSources
-from trainsentry.gateway.stages.intake import IntakeWriter, PlanHook
-from trainsentry.gateway.stages.job_alerting import JobAlerting
-from trainsentry.gateway.stages.job_status import JobStatusFeeder
-from trainsentry.gateway.stages.maintenance_service import MaintenanceService
-from trainsentry.gateway.stages.oncall import OncallService
+from trainsentry.gateway.stages.expansion import Expander
+from trainsentry.gateway.stages.hang.diagnosis import EndpointResolver, HangDiagnoser
+from trainsentry.gateway.stages.hang.enrichment import HangVerdict
+from trainsentry.gateway.stages.hang.trigger import JobHangs, TriggerSources
+from trainsentry.gateway.stages.intake import IntakeWriter, PlanHook, parse_webhook
 from trainsentry.gateway.stages.outbox import Outbox
-from trainsentry.gateway.stages.paging import Paging
 from trainsentry.gateway.stages.planning.plan import PolicyPlan
+from trainsentry.gateway.stages.planning.steps import plan_steps
 from trainsentry.gateway.stages.planning.ticker import Ticker
 from trainsentry.gateway.stages.planning.worker import PolicyWorker
-from trainsentry.gateway.stages.retention import Retention
-from trainsentry.gateway.stages.topology import TopologySource
+from trainsentry.gateway.stages.services.ack import AckService
+from trainsentry.gateway.stages.services.ackers import Ackers
+from trainsentry.gateway.stages.services.cordon import Cordoner
+from trainsentry.gateway.stages.services.handoff import HandoffNotices, reschedule
+from trainsentry.gateway.stages.services.job_alerting import JobAlerting
+from trainsentry.gateway.stages.services.job_status import JobStatusFeeder
+from trainsentry.gateway.stages.services.maintenance import MaintenanceService
+from trainsentry.gateway.stages.services.oncall import OncallService
+from trainsentry.gateway.stages.services.paging import Paging
+from trainsentry.gateway.stages.services.retention import Retention
+from trainsentry.gateway.stages.services.topology import TopologySource
 from trainsentry.kube.client import default_api_client
+from trainsentry.labels import NODE_LABELS
 from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import Notifier
 from trainsentry.notifiers.console import ConsoleNotifier
@@ -71,7 +80,7 @@ from trainsentry.notifiers.feishu.job import FeishuJobNotifier
 from trainsentry.oncall.types import OncallConfig
 from trainsentry.store import create_engine, migrate
 from trainsentry.store.engine import Engine
-from trainsentry.store.queries import first_occurrence
+from trainsentry.store.queries import firing_occurrence
 from trainsentry.store.writes import ReceiptOutcome
 
 log = logging.getLogger("trainsentry.gateway")
@@ -95,10 +104,17 @@ def _receipt_outcome(outcome: ReceiptOutcome) -> str:
 def _record_commit(gateway: Gateway, outcomes: Sequence[ReceiptOutcome]) -> None:
     """After the intake's commit (or an unchanged resend answered from the store): metrics,
     and the policy worker woken when there is something for it in the inbox."""
+    for outcome in outcomes:
+        gateway.metrics.receipts.labels(_receipt_outcome(outcome)).inc()
+    _record_expanded(gateway, outcomes)
+
+
+def _record_expanded(gateway: Gateway, outcomes: Sequence[ReceiptOutcome]) -> None:
+    """After alerts were recorded (by the intake, or the expander from the journal): metrics,
+    and the policy worker woken when they changed anything."""
     metrics = gateway.metrics
     queued = False
     for outcome in outcomes:
-        metrics.receipts.labels(_receipt_outcome(outcome)).inc()
         metrics.alerts_stored.inc(outcome.new)
         metrics.duplicates.inc(outcome.unchanged)
         for change in outcome.changes:
@@ -119,6 +135,8 @@ def _record_verdict(gateway: Gateway, change: AlertChange, verdict: HangVerdict)
 def _record_planned(gateway: Gateway, changes: Sequence[AlertChange], written: int) -> None:
     """After the policy's commit: what follows a decided change, then wake the outbox."""
     gateway.metrics.policy_planned.inc(len(changes))
+    if gateway.expander is not None:
+        gateway.expander.wake()  # room ahead of the planner: the next chunk may go
     if gateway.diagnoser is not None:
         gateway.diagnoser.start(changes)
     if gateway.job_status is not None:
@@ -157,20 +175,13 @@ def create_app(
     policy = load_policy(settings.policy_file) if plan is None else None
     paging = paging_of(escalator, oncall, policy, "phone" in notifiers, job_alerting)
     approvers = cordon_approvers_of(remediation, oncall)
-    # The real policy, unless a test injected its own PlanHook (then: no timers, no hold).
-    policy_plan: PolicyPlan | None = None
-    if plan is None:
-        assert policy is not None
-        policy_plan = _policy_plan(
-            policy, notifiers, gateway_metrics, paging, topology, job_alerting
-        )
-        plan = policy_plan
+    feishu_people = feishu_people_of(oncall)
     wiring = _Wiring(
         settings=settings,
         notifiers=notifiers,
         metrics=gateway_metrics,
         plan=plan,
-        policy_plan=policy_plan,
+        policy=policy,
         paging=paging,
         tick_interval=tick_interval,
         clock=clock,
@@ -184,6 +195,7 @@ def create_app(
         job_alerting=job_alerting,
         remediation=remediation,
         approvers=approvers,
+        feishu_people=feishu_people,
         ackers=Ackers(escalator, oncall, job_alerting),  # acks by configured people's names
     )
     app = _bounded_app(settings)
@@ -200,38 +212,33 @@ def create_app(
     return app
 
 
-def _policy_plan(
-    policy: Policy,
-    notifiers: Mapping[str, Notifier],
-    metrics: GatewayMetrics,
-    paging: Paging | None,
-    topology: TopologySource | None,
-    job_alerting: JobAlerting | None,
-) -> PolicyPlan:
-    """The real policy over the gateway's channels; incidents' cards are redrawn in place on
-    the channels that can, and TrainingJobs' own routes are read once per batch."""
-    policy_plan = PolicyPlan(
+def _policy_plan(gateway: Gateway, w: _Wiring, policy: Policy) -> PolicyPlan:
+    """The real policy over the gateway's channels, built whole with its steps (the
+    gateway's maintenance windows, paging and hang hold, where it has them); incidents'
+    cards are redrawn in place on the channels that can, and TrainingJobs' own routes are
+    read once per batch."""
+    job_alerting = w.job_alerting
+    return PolicyPlan(
         policy,
-        channels=tuple(notifiers),
-        metrics=PolicyMetrics(metrics.registry),
-        paging=paging,
-        topology=topology.current if topology is not None else None,
+        channels=tuple(w.notifiers),
+        steps=plan_steps(maintenance=gateway.maintenance, paging=w.paging, hold=gateway.diagnoser),
+        metrics=PolicyMetrics(w.metrics.registry),
+        topology=w.topology.current if w.topology is not None else None,
+        job_routes=job_alerting.routes if job_alerting is not None else None,
         # channels that redraw an incident's card in place (notifiers/base.py)
-        updatable=[n for n, c in notifiers.items() if getattr(c, "updates_cards", False)],
+        updatable=[n for n, c in w.notifiers.items() if getattr(c, "updates_cards", False)],
     )
-    if job_alerting is not None:
-        policy_plan.job_routes = job_alerting.routes
-    return policy_plan
 
 
 def _bounded_app(settings: GatewaySettings) -> web.Application:
     """The bare app: bodies bounded in size, time, readers and bytes in flight
-    (limits.py), errors answered as JSON."""
+    (api/limits.py; the hang triggers with readers of their own), errors answered as JSON."""
     limits = BodyLimits(
         read_timeout_s=settings.body_timeout_s,
         max_readers=settings.max_body_readers,
         max_bytes_in_flight=settings.max_body_bytes_in_flight,
         max_body_bytes=settings.max_body_bytes,
+        pools=(ReaderPool(HANG_TRIGGER_PATH, settings.max_trigger_readers),),
     )
     return web.Application(
         client_max_size=settings.max_body_bytes, middlewares=[body_limits(limits), json_errors]
@@ -261,8 +268,8 @@ class _Wiring:
     settings: GatewaySettings
     notifiers: Mapping[str, Notifier]
     metrics: GatewayMetrics
-    plan: PlanHook
-    policy_plan: PolicyPlan | None  # the real policy; None when a test injected `plan`
+    plan: PlanHook | None  # a test's own, in place of the real policy
+    policy: Policy | None  # the real policy's rules; None when a test injected `plan`
     paging: Paging | None
     tick_interval: float
     clock: Callable[[], datetime]
@@ -276,41 +283,61 @@ class _Wiring:
     job_alerting: JobAlerting | None = None
     remediation: CordonSettings | None = None
     approvers: Mapping[str, str] = field(default_factory=dict)
+    feishu_people: Mapping[str, str] = field(default_factory=dict)
     ackers: Ackers | None = None
 
 
 async def _open(app: web.Application, w: _Wiring) -> Gateway:
-    """The store, then the stages in pipeline order (none started yet)."""
-    settings, clock, policy_plan = w.settings, w.clock, w.policy_plan
+    """The store, then the stages in pipeline order (none started yet); the real policy is
+    built whole after the parts it steps through (maintenance windows, the hang hold)."""
+    settings, clock, policy = w.settings, w.clock, w.policy
     engine = create_engine(settings.db)
     await migrate(engine)
     outbox = _new_outbox(engine, w)
-    writer = IntakeWriter(
-        engine, on_commit=lambda outcomes: _record_commit(app[GATEWAY_KEY], outcomes)
-    )
-    gateway = Gateway(settings, engine, w.metrics, writer, outbox, clock=clock)
-    gateway.topology = w.topology
-    gateway.policy = policy_plan.policy if policy_plan is not None else None
-    gateway.escalator = w.paging.escalator if w.paging is not None else None
+    # the one resolution of an alert's node: the store records it, every part reads it
+    node_labels = policy.node_labels if policy is not None else NODE_LABELS
+    # One policy transaction at a time in this process; the expander's chunks take it too.
     policy_lock = asyncio.Lock()
-    _add_policy_worker_and_ack(gateway, w, policy_lock)
-    if policy_plan is not None:
-        _add_maintenance(gateway, w, policy_plan, policy_lock)
+    expander = Expander(
+        engine,
+        lambda body: parse_webhook(body.encode()).alerts,
+        lock=policy_lock,
+        node_labels=node_labels,
+        on_expanded=lambda outcomes: _record_expanded(app[GATEWAY_KEY], outcomes),
+        max_backlog=settings.journal_max_alerts,
+    )
+    writer = IntakeWriter(
+        engine,
+        on_commit=lambda outcomes: _record_commit(app[GATEWAY_KEY], outcomes),
+        node_labels=node_labels,
+        expander=expander,
+    )
+    gateway = Gateway(settings, engine, w.metrics, writer, outbox, expander, clock=clock)
+    gateway.feishu_people = w.feishu_people
+    gateway.topology = w.topology
+    gateway.policy = policy
+    gateway.escalator = w.paging.escalator if w.paging is not None else None
+    plan = w.plan
+    if policy is not None:
+        _add_maintenance(gateway, w, policy, policy_lock)
+        if w.diagnosis is not None and w.diagnosis.settings.enabled:
+            await _add_hang_diagnosis(gateway, w.diagnosis, w.paging, policy_lock)
+        plan = policy_plan = _policy_plan(gateway, w, policy)
+        gateway.classified = lambda: policy_plan.classified
+        gateway.ticker = _new_ticker(gateway, w, policy_plan, policy_lock)
+    assert plan is not None  # create_app: a test's plan, or the real policy's rules
+    _add_policy_worker_and_ack(gateway, w, plan, policy_lock)
     if w.oncall is not None:
         _add_oncall(gateway, w.oncall, w)
-    if w.remediation is not None and w.remediation.cordon is not Mode.OFF and policy_plan:
+    if w.remediation is not None and w.remediation.cordon is not Mode.OFF and policy:
         gateway.cordon = Cordoner(
-            engine, w.remediation, policy_plan.policy, w.kube_api or default_api_client,
+            engine, w.remediation, policy, w.kube_api or default_api_client,
             tuple(w.notifiers), approvers=w.approvers, topology=w.topology, clock=clock,
             on_drafts=outbox.wake,
         )  # fmt: skip
     if settings.trainingjob_status:
         gateway.job_status = JobStatusFeeder(w.kube_api or default_api_client)
     gateway.job_alerting = w.job_alerting
-    if w.diagnosis is not None and w.diagnosis.settings.enabled and policy_plan is not None:
-        await _add_hang_diagnosis(gateway, w.diagnosis, policy_plan, w.paging, policy_lock)
-    if policy_plan is not None:
-        gateway.ticker = _new_ticker(gateway, w, policy_plan, policy_lock)
     # Off the pipeline: deletes finished rows, measures the store (store/retention.py).
     gateway.retention = Retention(
         engine, settings.retention, metrics=w.metrics, clock=clock, lock=policy_lock
@@ -336,12 +363,14 @@ def _new_outbox(engine: Engine, w: _Wiring) -> Outbox:
     )
 
 
-def _add_policy_worker_and_ack(gateway: Gateway, w: _Wiring, policy_lock: asyncio.Lock) -> None:
+def _add_policy_worker_and_ack(
+    gateway: Gateway, w: _Wiring, plan: PlanHook, policy_lock: asyncio.Lock
+) -> None:
     """The policy worker and the ack service, both under `policy_lock`; the Feishu channels
     find an ack's card to redraw through the ack service."""
     gateway.policy_worker = PolicyWorker(
         gateway.engine,
-        w.plan,
+        plan,
         on_planned=lambda changes, written: _record_planned(gateway, changes, written),
         on_set_aside=lambda _change: w.metrics.policy_failed.inc(),
         clock=w.clock,
@@ -362,16 +391,15 @@ def _add_policy_worker_and_ack(gateway: Gateway, w: _Wiring, policy_lock: asynci
 
 
 def _add_maintenance(
-    gateway: Gateway, w: _Wiring, policy_plan: PolicyPlan, policy_lock: asyncio.Lock
+    gateway: Gateway, w: _Wiring, policy: Policy, policy_lock: asyncio.Lock
 ) -> None:
-    """The real policy's classification record, and the maintenance windows it mutes by
-    (one service, shared by the gateway's API and the policy)."""
-    gateway.classified = lambda: policy_plan.classified
-    gateway.maintenance = policy_plan.maintenance = MaintenanceService(
+    """The maintenance windows the real policy mutes by (one service, shared by the
+    gateway's API and the policy's mute step), over its chat and phone channels."""
+    gateway.maintenance = MaintenanceService(
         gateway.engine,
         w.maintenance,
-        policy=policy_plan.policy,
-        channels=policy_plan.channels,
+        policy=policy,
+        channels=frozenset(w.notifiers) - ARCHIVE_CHANNELS,
         clock=w.clock,
         lock=policy_lock,
     )
@@ -409,11 +437,11 @@ def _new_ticker(
 async def _add_hang_diagnosis(
     gateway: Gateway,
     diagnosis: Diagnosis,
-    plan: PolicyPlan,
     paging: Paging | None,
     policy_lock: asyncio.Lock,
 ) -> None:
-    """Hang alerts are held for the diagnosis; the probes' triggers are accepted."""
+    """The hang diagnosis (the policy's hold step holds hang alerts for it); the probes'
+    triggers are accepted."""
     engine = gateway.engine
     gateway.diagnoser = HangDiagnoser(
         engine,
@@ -426,16 +454,21 @@ async def _add_hang_diagnosis(
         paging=paging,
         lock=policy_lock,
     )
-    plan.hold = gateway.diagnoser.hold
 
-    async def earliest(fingerprint: str) -> datetime | None:
+    async def firing(fingerprint: str) -> tuple[datetime, dict[str, str]] | None:
         async with engine.connect() as conn:
-            return await first_occurrence(conn, fingerprint)
+            return await firing_occurrence(conn, fingerprint)
 
-    gateway.trigger_keys = TriggerKeys(earliest)
+    async def submit(body: bytes) -> int:
+        receipt = parse_webhook(body, received_at=gateway.clock())
+        return (await gateway.writer.submit(receipt)).new
+
+    gateway.hangs = JobHangs(
+        firing, submit, writes_per_minute=diagnosis.settings.trigger_writes_per_minute
+    )
+    gateway.diagnoser.evidence = gateway.hangs.evidence
     gateway.trigger_sources = TriggerSources(gateway.diagnoser.rank_hosts)
-    # Import the analyzer (numpy, scipy) now, not while the first hang page is held.
-    await asyncio.to_thread(importlib.import_module, "trainsentry.diagnostics")
+    gateway.diagnoser.warm_up()
 
 
 async def _start(app: web.Application, gateway: Gateway) -> None:
@@ -447,6 +480,8 @@ async def _start(app: web.Application, gateway: Gateway) -> None:
     if gateway.job_alerting is not None:
         gateway.job_alerting.start(gateway.metrics)
     app[GATEWAY_KEY] = gateway
+    if gateway.expander is not None:
+        await gateway.expander.start()  # before the intake: what an earlier run journaled
     gateway.writer.start()
     assert gateway.policy_worker is not None
     gateway.policy_worker.start()
@@ -473,6 +508,8 @@ async def _stop(gateway: Gateway) -> None:
     if gateway.retention is not None:
         await gateway.retention.stop()
     await gateway.writer.stop()
+    if gateway.expander is not None:
+        await gateway.expander.stop()
     if gateway.policy_worker is not None:
         await gateway.policy_worker.stop()
     if gateway.diagnoser is not None:

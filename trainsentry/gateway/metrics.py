@@ -59,6 +59,16 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.journal_depth = Gauge(
+            "trainsentry_intake_journal_depth",
+            "Alerts of answered webhooks waiting in the intake journal to be recorded",
+            registry=r,
+        )
+        self.journal_oldest_age = Gauge(
+            "trainsentry_intake_journal_oldest_age_seconds",
+            "How long the oldest webhook waiting in the intake journal has waited (0: none)",
+            registry=r,
+        )
 
     def _add_planning(self, r: CollectorRegistry) -> None:
         """The alert policy's inbox (stages/planning/)."""
@@ -113,12 +123,6 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.notifications_planned = Counter(
-            "trainsentry_notifications_planned_total",
-            "Notifications written to the outbox",
-            ["channel"],
-            registry=r,
-        )
 
     def _add_routes(self, r: CollectorRegistry) -> None:
         """Where cards go: Feishu callbacks, TrainingJobs' own routes."""
@@ -129,7 +133,7 @@ class GatewayMetrics:
             "proven by the static verification token alone (docs/channels.md); else 0",
             registry=r,
         )
-        # TrainingJobs' own alert routes (stages/job_alerting.py)
+        # TrainingJobs' own alert routes (stages/services/job_alerting.py)
         self.job_alerting_not_ready = Gauge(
             "trainsentry_job_alerting_not_ready",
             "TrainingJobs whose spec.alerting cannot be followed (condition AlertingReady=False)",
@@ -144,7 +148,7 @@ class GatewayMetrics:
         )
 
     def _add_store(self, r: CollectorRegistry) -> None:
-        """The store's size and the retention purge (gateway/stages/retention.py)."""
+        """The store's size and the retention purge (gateway/stages/services/retention.py)."""
         self.store_size = Gauge(
             "trainsentry_store_size_bytes",
             "Size of the store: the SQLite file with its WAL and shared-memory files, or "

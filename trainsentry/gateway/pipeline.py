@@ -1,10 +1,10 @@
 """The assembled gateway the HTTP handlers share: one `Gateway` per app, under GATEWAY_KEY.
 
-assemble.py builds it (settings → store → channels → stages) when the app starts; app.py's
+assemble.py builds it (settings → store → channels → stages) when the app starts; api/app.py's
 handlers only read it. Hand-offs between the stages (docs/architecture.md):
-the intake writer's queue → the store's inbox table (same transaction as the alerts) →
-the planning worker → the outbox table (same transaction as the policy's states) → the
-outbox sender → the channels.
+the intake writer's queue → the store's inbox table (same transaction as the alerts; under
+load the intake journal first, then the expander's transaction) → the planning worker → the
+outbox table (same transaction as the policy's states) → the outbox sender → the channels.
 """
 
 from __future__ import annotations
@@ -22,21 +22,22 @@ from trainsentry.config import GatewaySettings
 from trainsentry.gateway.metrics import GatewayMetrics
 from trainsentry.gateway.policy.escalation import Escalator
 from trainsentry.gateway.policy.rules import Policy
-from trainsentry.gateway.stages.ack import AckService
-from trainsentry.gateway.stages.cordon import Cordoner
-from trainsentry.gateway.stages.diagnosis import HangDiagnoser
-from trainsentry.gateway.stages.handoff import HandoffNotices
-from trainsentry.gateway.stages.hang_trigger import TriggerKeys, TriggerSources
+from trainsentry.gateway.stages.expansion import Expander
+from trainsentry.gateway.stages.hang.diagnosis import HangDiagnoser
+from trainsentry.gateway.stages.hang.trigger import JobHangs, TriggerSources
 from trainsentry.gateway.stages.intake import IntakeWriter
-from trainsentry.gateway.stages.job_alerting import JobAlerting
-from trainsentry.gateway.stages.job_status import JobStatusFeeder
-from trainsentry.gateway.stages.maintenance_service import MaintenanceService
-from trainsentry.gateway.stages.oncall import OncallService
 from trainsentry.gateway.stages.outbox import Outbox
 from trainsentry.gateway.stages.planning.ticker import Ticker
 from trainsentry.gateway.stages.planning.worker import PolicyWorker
-from trainsentry.gateway.stages.retention import Retention
-from trainsentry.gateway.stages.topology import TopologySource
+from trainsentry.gateway.stages.services.ack import AckService
+from trainsentry.gateway.stages.services.cordon import Cordoner
+from trainsentry.gateway.stages.services.handoff import HandoffNotices
+from trainsentry.gateway.stages.services.job_alerting import JobAlerting
+from trainsentry.gateway.stages.services.job_status import JobStatusFeeder
+from trainsentry.gateway.stages.services.maintenance import MaintenanceService
+from trainsentry.gateway.stages.services.oncall import OncallService
+from trainsentry.gateway.stages.services.retention import Retention
+from trainsentry.gateway.stages.services.topology import TopologySource
 from trainsentry.store.engine import Engine
 
 
@@ -49,22 +50,25 @@ class Gateway:
     metrics: GatewayMetrics
     writer: IntakeWriter
     outbox: Outbox
+    expander: Expander | None = None  # records what the intake journaled under load
     policy_worker: PolicyWorker | None = None
     ticker: Ticker | None = None
     ack: AckService | None = None
     diagnoser: HangDiagnoser | None = None
-    trigger_keys: TriggerKeys | None = None
+    hangs: JobHangs | None = None  # each job's open hang (the probes' triggers)
     trigger_sources: TriggerSources | None = None
     job_status: JobStatusFeeder | None = None
     retention: Retention | None = None
     escalator: Escalator | None = None  # the phone escalation's roster (who is on call)
     maintenance: MaintenanceService | None = None  # windows (the real policy only)
     job_alerting: JobAlerting | None = None
-    topology: TopologySource | None = None  # where each node stands (stages/topology.py)
+    topology: TopologySource | None = None  # where each node stands (stages/services/topology.py)
     policy: Policy | None = None  # the alert policy (node health reads its weights)
     oncall: OncallService | None = None  # with an `oncall:` section: schedules, overrides
     handoffs: HandoffNotices | None = None
-    cordon: Cordoner | None = None  # `remediation.cordon` (stages/cordon.py)
+    cordon: Cordoner | None = None  # `remediation.cordon` (stages/services/cordon.py)
+    # Feishu open_id -> the oncall.people name: who a card's button press is (acting.py)
+    feishu_people: Mapping[str, str] = field(default_factory=dict)
     classified: Callable[[], Mapping[int, str]] = dict
     clock: Callable[[], datetime] = utcnow
     background: list[asyncio.Task[Any]] = field(default_factory=list)
@@ -73,6 +77,8 @@ class Gateway:
         """Plans every stored change, fires due timers and sends everything pending, now
         (the demo and tests drive a gateway on virtual time with this)."""
         await self.writer.flush()  # the counts of resends answered from the store
+        if self.expander is not None:
+            await self.expander.drain()
         if self.policy_worker is not None:
             await self.policy_worker.drain()
         if self.ticker is not None:

@@ -24,15 +24,15 @@ from trainsentry.gateway.policy.job_roster import RosterOf
 from trainsentry.gateway.policy.roster import escalation_policy_of, roster_of
 from trainsentry.gateway.policy.route import escalation_for, escalation_names
 from trainsentry.gateway.policy.rules import Policy
-from trainsentry.gateway.stages.diagnosis import (
+from trainsentry.gateway.stages.hang.diagnosis import (
     EndpointResolver,
     KubernetesEndpoints,
     StaticEndpoints,
 )
-from trainsentry.gateway.stages.job_alerting import JobAlerting
-from trainsentry.gateway.stages.oncall import current_escalators
-from trainsentry.gateway.stages.paging import Paging
-from trainsentry.gateway.stages.topology import TopologySource
+from trainsentry.gateway.stages.services.job_alerting import JobAlerting
+from trainsentry.gateway.stages.services.oncall import current_escalators
+from trainsentry.gateway.stages.services.paging import Paging
+from trainsentry.gateway.stages.services.topology import TopologySource
 from trainsentry.kube.client import default_api_client
 from trainsentry.notifiers.settings import SecretMissing, read_secret
 from trainsentry.oncall.types import OncallConfig
@@ -143,6 +143,14 @@ def build_diagnosis_parts(
         KubernetesEndpoints() if settings.kubernetes else StaticEndpoints(settings.static_endpoints)
     )
     return settings, resolver, token
+
+
+def feishu_people_of(oncall: OncallConfig | None) -> dict[str, str]:
+    """Feishu open_id -> name of each person of `oncall.people` with one: who a card's
+    button press names (gateway/access.py `feishu_actor`)."""
+    if oncall is None:
+        return {}
+    return {p.feishu_open_id: p.name for p in oncall.people.values() if p.feishu_open_id}
 
 
 def cordon_approvers_of(

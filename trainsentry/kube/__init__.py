@@ -1,4 +1,4 @@
-"""The one Kubernetes client part (DESIGN.md, Decisions): the operator and the gateway reach
+"""The one Kubernetes client part (docs/design.md, Decisions): the operator and the gateway reach
 the Kubernetes API only through it.
 
 - `names`: object names and namespaces checked by Kubernetes' own rules (pure);

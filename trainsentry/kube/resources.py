@@ -73,6 +73,14 @@ PODMONITORS = Resource("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor
 TRAININGJOBS = Resource("trainsentry.io", "v1alpha1", "trainingjobs", "TrainingJob")
 PYTORCHJOBS = Resource("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
 VOLCANOJOBS = Resource("batch.volcano.sh", "v1alpha1", "jobs", "Job")
+NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+MUTATING_WEBHOOK_CONFIGURATIONS = Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "mutatingwebhookconfigurations",
+    "MutatingWebhookConfiguration",
+    namespaced=False,
+)
 
 # The kinds of the operator's children (render.py), by kind.
 BY_KIND = {res.kind: res for res in (CONFIGMAPS, PROMETHEUSRULES, PODMONITORS, TRAININGJOBS)}

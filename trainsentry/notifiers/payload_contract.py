@@ -1,7 +1,8 @@
 """The payload contract between the alert policy and the channels.
 
 The one home of the payload types. The gateway's builders return them, so mypy checks the
-writing side (`gateway/policy/payload_build.py`: alert and storm notices, `gateway/stages/ack.py`:
+writing side (`gateway/policy/payload_build.py`: alert and storm notices,
+`gateway/stages/services/ack.py`:
 acks, `gateway/policy/escalation.call_payload`: calls); the policy stores the result in
 `NotificationDraft.payload` as a plain JSON dict, and every channel reads it back through
 `parse_payload`, which checks it against the TypedDicts below. Only `priority` and
@@ -17,9 +18,9 @@ Notification kinds (`OutboundNotification.kind`) the channels understand:
 - ``ack``: an alert was acknowledged / silenced; the card is re-sent or updated. Uses
   ``acked_by`` / ``silenced_until``.
 - ``call``: a phone call the escalation planned (`CallPayload`; the phone channel places it).
-- ``handoff``: a schedule's shift change (`handoff`, gateway/stages/handoff.py).
+- ``handoff``: a schedule's shift change (`handoff`, gateway/stages/services/handoff.py).
 - ``cordon``: a node health cordon recommendation or automatic cordon (`cordon`,
-  gateway/stages/cordon.py; the Feishu card: notifiers/feishu/card.py, `cordon_card`).
+  gateway/stages/services/cordon.py; the Feishu card: notifiers/feishu/card.py, `cordon_card`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ from typing import Any, Literal, NotRequired
 from pydantic import TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
-from trainsentry.labels import GPU_LABELS, NODE_LABELS, RANK_LABELS, first_label, job_text
+from trainsentry.labels import (
+    NODE_LABELS,
+    RANK_LABELS,
+    first_label,
+    gpu_label,
+    hca_port,
+    job_text,
+)
 
 PriorityName = Literal["P0", "P1", "P2", "P3"]
 StatusName = Literal["firing", "resolved"]
@@ -99,6 +107,12 @@ class IncidentInfo(TypedDict, total=False):
     node_names: list[str]
     gpus: int
     gpu_names: list[str]
+    ports: int  # HCA ports ("node device port") its alerts fire on: adapters, not GPUs
+    port_names: list[str]
+    alertnames: int  # the kinds of alert in it (only when more than one)
+    alertname_names: list[str]
+    mountpoints: int  # the filesystems (mountpoint label) its alerts name, on any node
+    mountpoint_names: list[str]
     untracked: int  # alerts whose node or GPU was not counted by name (past the cap)
     cause: str  # the alertname of its cause
     opened_at: str  # ISO 8601
@@ -112,7 +126,7 @@ class IncidentInfo(TypedDict, total=False):
 
 
 class HandoffNotice(TypedDict, total=False):
-    """A schedule's shift change (kind "handoff", gateway/stages/handoff.py)."""
+    """A schedule's shift change (kind "handoff", gateway/stages/services/handoff.py)."""
 
     schedule: str
     at: str  # ISO 8601, the schedule's local time
@@ -142,7 +156,7 @@ class NotificationPayload(TypedDict):
     count: NotRequired[int]  # occurrences folded into this notification (flaps, repeats)
     mentions: NotRequired[list[str]]  # configured Feishu open_ids to <at> (feishu/markup.py)
     acked_by: NotRequired[str]
-    # the acknowledger's configured Feishu open_id (gateway/stages/ackers.py), to mention
+    # the acknowledger's configured Feishu open_id (gateway/stages/services/ackers.py), to mention
     acked_by_open_id: NotRequired[str]
     ack_comment: NotRequired[str]  # what the person who acknowledged wrote
     on_call: NotRequired[str]  # P0: who the escalation calls first, in words
@@ -158,6 +172,7 @@ class NotificationPayload(TypedDict):
     # storm_summary | storm_ended (what the policy decided; see gateway/policy/payload_build.py)
     event: NotRequired[str]
     job: NotRequired[str]  # "namespace/name" of the training job
+    node: NotRequired[str]  # the alert's node, by the policy's `node_labels` (`node_of`)
     rule_ids: NotRequired[list[str]]
     route: NotRequired[str]
     recurrences: NotRequired[int]
@@ -170,8 +185,14 @@ class NotificationPayload(TypedDict):
     topology: NotRequired[dict[str, str]]
     # kind "infra": the infrastructure incident (element, nodes, jobs, likely cause)
     infrastructure: NotRequired[dict[str, Any]]
-    # kind "cordon": node, summary, score, faults, jobs, status, reason (stages/cordon.py)
+    # kind "cordon": node, summary, score, faults, jobs, status, reason (stages/services/cordon.py)
     cordon: NotRequired[dict[str, Any]]
+    # a maintenance window: the "ends soon" notice (event maintenance_ending: window_id,
+    # window_reason, ends_at, firing, alerts, more) or a released alert (window_id, ended_at)
+    # (gateway/policy/maintenance_mutes.py)
+    maintenance: NotRequired[dict[str, Any]]
+    # the archive row's (notifiers/rows.py): the priority of the incident the alert is in
+    incident_priority: NotRequired[str]
 
 
 class PersonPayload(TypedDict):
@@ -230,11 +251,21 @@ def job_of(payload: NotificationPayload) -> str:
 
 
 def node_of(payload: NotificationPayload) -> str:
+    """The node the policy named (its `node_labels`, the one every part uses); payloads
+    written before the policy said so: the first of the default labels."""
+    if "node" in payload:
+        return payload.get("node", "")
     return label(payload, *NODE_LABELS)
 
 
 def gpu_of(payload: NotificationPayload) -> str:
-    return label(payload, *GPU_LABELS)
+    """The GPU the alert names; an HCA's `device` is not one (`hca_of`)."""
+    return gpu_label(payload.get("labels") or {})
+
+
+def hca_of(payload: NotificationPayload) -> str:
+    """ "mlx5_0 port 1" when the alert is about an HCA's port, else ""."""
+    return hca_port(payload.get("labels") or {})
 
 
 def rank_of(payload: NotificationPayload) -> str:

@@ -1,25 +1,26 @@
 """The archive row of one alert occurrence: the same columns in the Feishu sheet and exports.
 
-Columns (A..P), one row per occurrence (fingerprint + start), updated in place on resolve:
+Columns (A..Q), one row per occurrence (fingerprint + start), updated in place on resolve:
 
-| col | name        | content                                                        |
-|-----|-------------|----------------------------------------------------------------|
-| A   | occurrence  | `alert-<id>` (store id) or `fp-<fingerprint>@<startsAt>`       |
-| B   | alertname   |                                                                |
-| C   | priority    | P0..P3                                                         |
-| D   | status      | firing / resolved                                              |
-| E   | job         | namespace/name of the TrainingJob                              |
-| F   | node        |                                                                |
-| G   | gpu         |                                                                |
-| H   | rank        |                                                                |
-| I   | summary     | the rule's summary annotation                                  |
-| J   | starts_at   | ISO 8601, UTC                                                  |
-| K   | ends_at     | ISO 8601, UTC; empty while firing                              |
-| L   | duration    | e.g. 1h20m; empty while firing                                 |
-| M   | reason      | the policy's classification reason                            |
-| N   | acked_by    | who acknowledged (Feishu open_id / CLI user)                   |
-| O   | runbook_url |                                                                |
-| P   | fingerprint | Alertmanager fingerprint                                       |
+| col | name              | content                                                      |
+|-----|-------------------|--------------------------------------------------------------|
+| A   | occurrence        | `alert-<id>` (store id) or `fp-<fingerprint>@<startsAt>`     |
+| B   | alertname         |                                                              |
+| C   | alert_priority    | P0..P3: the alert's own (its classification)                 |
+| D   | incident_priority | P0..P3: its incident's (what its card says); empty: none     |
+| E   | status            | firing / resolved                                            |
+| F   | job               | namespace/name of the TrainingJob                            |
+| G   | node              |                                                              |
+| H   | gpu               |                                                              |
+| I   | rank              |                                                              |
+| J   | summary           | the rule's summary annotation                                |
+| K   | starts_at         | ISO 8601, UTC                                                |
+| L   | ends_at           | ISO 8601, UTC; empty while firing                            |
+| M   | duration          | e.g. 1h20m; empty while firing                               |
+| N   | reason            | the policy's classification reason                          |
+| O   | acked_by          | who acknowledged (Feishu open_id / CLI user)                 |
+| P   | runbook_url       |                                                              |
+| Q   | fingerprint       | Alertmanager fingerprint                                     |
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ from trainsentry.notifiers.payload_contract import (
 )
 
 COLUMNS: tuple[str, ...] = (
-    "occurrence", "alertname", "priority", "status", "job", "node", "gpu", "rank", "summary",
+    "occurrence", "alertname", "alert_priority", "incident_priority", "status", "job", "node",
+    "gpu", "rank", "summary",
     "starts_at", "ends_at", "duration", "reason", "acked_by", "runbook_url", "fingerprint",
 )  # fmt: skip
 MAX_CELL_CHARS = 40_000  # Feishu allows 50,000 per cell and adds control characters
@@ -78,6 +80,7 @@ def row_from_payload(payload: NotificationPayload) -> list[str]:
         occurrence_key(payload),
         alertname(payload),
         payload["priority"],
+        payload.get("incident_priority", ""),
         payload["status"],
         job_of(payload),
         node_of(payload),
@@ -102,10 +105,12 @@ def row_from_alert(
     priority: str | None = None,
     reason: str = "",
     acked_by: str = "",
+    incident_priority: str | None = None,
 ) -> list[str]:
     """The row for a stored alert (what the CLI export uses)."""
     raw: dict[str, Any] = {
         "priority": priority or alert.labels.get("priority", "P3"),
+        "incident_priority": incident_priority or "",
         "status": alert.status.value,
         "fingerprint": alert.fingerprint,
         "alertname": alert.name,

@@ -9,7 +9,7 @@ raise anything else.
 The field readers (`as_mapping`, `as_text`, `as_name`, `as_datetime`, `as_instant`: each
 raises `FieldError(field, reason)`; `Problems` collects them so one run reports them all)
 are shared by the other on-call parsers: run-time overrides and swaps (oncall/changes.py)
-and maintenance-window requests (oncall/windows.py).
+and maintenance-window requests (maintenance/windows.py).
 
 An escalation policy (`oncall.escalation_policies`, `parse_policy`): who each step calls,
 and when.

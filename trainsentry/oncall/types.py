@@ -1,8 +1,8 @@
-"""On-call types, one place: people, schedules (layers, restrictions, overrides), the answer
-to "who is on call", and maintenance windows.
+"""On-call types, one place: people, schedules (layers, restrictions, overrides) and the
+answer to "who is on call" (maintenance windows: trainsentry/maintenance/types.py).
 
 All are frozen and already validated (oncall/config.py builds them); the pure functions in
-schedule.py, window_match.py and ical.py never see raw configuration text.
+schedule.py and ical.py never see raw configuration text.
 
 Invariants (checked by config.py, relied on by the math):
 - every instant (`datetime`) is timezone-aware; every wall time (`time`, naive `datetime` named
@@ -17,10 +17,8 @@ Invariants (checked by config.py, relied on by the math):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import date, datetime, time, timedelta
+from datetime import datetime, time, timedelta
 from zoneinfo import ZoneInfo
-
-from trainsentry.userregex import UserRegex
 
 OVERRIDE_LAYER = "override"  # the `layer` of an answer that comes from an override
 
@@ -151,43 +149,3 @@ class Segment:
     start: datetime
     end: datetime
     entries: tuple[tuple[str, str], ...]
-
-
-@dataclass(frozen=True)
-class Matcher:
-    """`label` equals `value`, or fully matches the regular expression `pattern` (RE2,
-    trainsentry/userregex.py)."""
-
-    label: str
-    value: str | None = None
-    pattern: UserRegex | None = None
-
-    @property
-    def matches_empty(self) -> bool:
-        """Whether an alert without the label (the empty string) is matched."""
-        return self.pattern.matches_empty if self.pattern is not None else self.value == ""
-
-
-@dataclass(frozen=True)
-class Recurrence:
-    """Occurrences start at the local wall times of `rrule` (anchored at `anchor` + `start`)
-    and last `duration` of real time each."""
-
-    rrule: str
-    start: time
-    anchor: date
-    tz: ZoneInfo
-    duration: timedelta
-
-
-@dataclass(frozen=True)
-class MaintenanceWindow:
-    """Either one-off (`starts_at`..`ends_at`) or `recurring`; matchers all must hold."""
-
-    id: str
-    matchers: tuple[Matcher, ...]
-    reason: str = ""
-    created_by: str = ""
-    starts_at: datetime | None = None
-    ends_at: datetime | None = None
-    recurring: Recurrence | None = None

@@ -10,8 +10,9 @@ within `budget_s` (below the webhook's timeout in the chart), never an exception
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -61,15 +62,41 @@ def review_problem(review: Any) -> str | None:
 
 
 class AdmissionServer(kopf.WebhookServer):
-    """kopf's HTTPS webhook server, answering a body that is not an AdmissionReview with a
-    400 saying why (`review_problem`) instead of kopf's 500."""
+    """kopf's HTTPS webhook server, answering the API server only.
+
+    With `token` (the operator's credentials, `webhook_credentials.py`), a call whose path
+    is not `/<webhook_id>/<token>` gets a 403 before anything is judged: no list, no Secret,
+    no Event, no patch (the API server takes the path from the webhook configuration, which
+    only cluster admins read). A body that is not an AdmissionReview gets a 400 saying why
+    (`review_problem`) instead of kopf's 500. aiohttp's access log, which would write the
+    path, is held at WARNING (`logs.quiet_url_loggers`)."""
+
+    def __init__(
+        self, *, webhook_id: str, token: Callable[[], str | None] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.webhook_id = webhook_id
+        self.token = token
+
+    def allowed(self, webhook: str | None) -> bool:
+        """Whether a call to the path `/<webhook>` is the API server's."""
+        if self.token is None:
+            return webhook == self.webhook_id
+        token = self.token()
+        expected = f"{self.webhook_id}/{token}"
+        return token is not None and hmac.compare_digest(
+            (webhook or "").encode(), expected.encode()
+        )
 
     async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
         async def checked(request: Any, **kwargs: Any) -> Any:
+            if not self.allowed(kwargs.get("webhook")):
+                log.warning("event=admission_refused reason=%r", "not the webhook's path")
+                raise aiohttp.web.HTTPForbidden(reason="not the API server's webhook path")
             problem = review_problem(request)
             if problem is not None:
                 raise aiohttp.web.HTTPBadRequest(reason=problem)
-            return await fn(request, **kwargs)
+            return await fn(request, **{**kwargs, "webhook": self.webhook_id})
 
         async for config in super().__call__(checked):
             yield config
@@ -194,15 +221,17 @@ class Webhook:
 
     async def _note(self, kube: Kube, job: Mapping[str, Any], result: Plan) -> None:
         """Tells the job's owners, once per process and message, that its pods are
-        instrumented, what of their own settings was kept, or why a pod was not."""
+        instrumented, what of their own settings was kept, or why a pod was not. The
+        messages are `Plan.note` and `Plan.kept`: never the pod's own text (a caller's
+        words on a job's Events would read as the operator's)."""
         notes = []
         if result.ops:
-            notes.append(("Normal", "PodsInstrumented", result.reason.split(";")[0]))
+            notes.append(("Normal", "PodsInstrumented", result.note))
             if result.kept:
                 kept = ", ".join(result.kept)
                 notes.append(("Normal", "PodSettingsKept", f"kept the pod's own {kept}"))
-        else:
-            notes.append(("Warning", "PodNotInstrumented", result.reason))
+        elif result.note:
+            notes.append(("Warning", "PodNotInstrumented", result.note))
         meta = job["metadata"]
         involved = {
             "apiVersion": API_VERSION,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,13 +23,17 @@ from trainsentry.kube.client import Kube, KubeError, RetryPolicy
 from trainsentry.operator import reconcile as rec
 from trainsentry.operator.admission import AdmissionServer, ProbeSecrets, Webhook
 from trainsentry.operator.instrument import InstrumentSettings
+from trainsentry.operator.namespace_label import NamespaceLabels
 from trainsentry.operator.spec import GROUP, MONITOR_ANNOTATION, PLURAL, VERSION, JobIdentity
+from trainsentry.operator.webhook_credentials import WebhookCredentials
 
 log = logging.getLogger(__name__)
 
 FINALIZER = "trainsentry.io/finalizer"
 # The mutating webhook's id: kopf serves it at POST /<id> (the chart's webhook path).
 WEBHOOK_ID = "instrument-pods"
+# The webhook's name in the chart's MutatingWebhookConfiguration (operator-webhook.yaml).
+WEBHOOK_NAME = "instrument-pods.trainsentry.io"
 # kind → (group, version, plural) of the workloads that can opt in to discovery.
 DISCOVERABLE = {
     "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
@@ -38,8 +43,10 @@ DISCOVERABLE = {
 
 @dataclass(frozen=True)
 class WebhookServing:
-    """The admission webhook (`admission.py`): where kopf serves it (HTTPS with the given
-    certificate; the chart makes one) and what it gives the pods."""
+    """The admission webhook (`admission.py`): where kopf serves it and what it gives the
+    pods. HTTPS with `credentials` (the chart's default: the operator keeps the certificate
+    and the path token, `webhook_credentials.py`), else with the given certificate files
+    and no path token (tests, a certificate made elsewhere)."""
 
     settings: InstrumentSettings
     port: int = 9443
@@ -47,6 +54,14 @@ class WebhookServing:
     keyfile: str | None = None
     address: str = "0.0.0.0"
     budget_s: float = 3.0  # below the webhook's timeoutSeconds in the chart (5)
+    credentials: WebhookCredentials | None = None
+    # The CA of the client certificate the API server presents (where the admin configured
+    # one, `WebhookAdmission.kubeConfigFile`): a call without such a certificate fails TLS.
+    client_ca: str | None = None
+    # How often the credentials are read again (renewed if due) and caBundle and path put
+    # back should something have removed them (a `helm upgrade` from a chart that set them).
+    check_s: float = 60.0
+    reload_s: float = 60.0  # how often kopf looks whether the certificate files changed
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,9 @@ class OperatorOptions:
     # from it (admission.ProbeSecrets); None: no Secrets, and pods get no token.
     probe_token: str | None = field(default=None, repr=False)
     webhook: WebhookServing | None = None
+    # Label each namespace holding a TrainingJob (namespace_label.py; the chart's selectors
+    # read it). Off with fixed namespaces (the chart names them instead).
+    label_namespaces: bool = False
 
 
 def _emitter(body: kopf.Body) -> rec.Emit:
@@ -159,15 +177,31 @@ def _register_lifecycle(
         memo.node_locks = rec.NodeLocks()
         memo.claims = rec.ClaimLedger()
         memo.probe_secrets = ProbeSecrets(options.probe_token) if options.probe_token else None
+        memo.namespaces = NamespaceLabels() if options.label_namespaces else None
+        memo.keeping = None
         if options.webhook is not None:
             serving = options.webhook
+            certfile, keyfile, token = serving.certfile, serving.keyfile, None
+            if serving.credentials is not None:
+                credentials = serving.credentials
+                await _first_credentials(memo.kube, credentials)
+                certfile = keyfile = str(credentials.served)  # key and certificate, one file
+                token = credentials.token
+                memo.keeping = asyncio.create_task(
+                    _keep_credentials(memo.kube, credentials, serving.check_s)
+                )
             settings.admission.server = AdmissionServer(
+                webhook_id=WEBHOOK_ID,
+                token=token,
                 addr=serving.address,
                 port=serving.port,
-                certfile=serving.certfile,
-                pkeyfile=serving.keyfile,
+                certfile=certfile,
+                pkeyfile=keyfile,
+                file_check_interval=serving.reload_s,
+                verify_mode=ssl.CERT_REQUIRED if serving.client_ca else None,
+                verify_cafile=serving.client_ca,
             )
-            settings.admission.managed = None  # the chart owns the webhook configuration
+            settings.admission.managed = None  # the chart renders the webhook configuration
             memo.webhook = Webhook(serving.settings, memo.probe_secrets, serving.budget_s)
         log.info(
             "event=operator_started rule_files=%d dashboards=%d discovery=%s",
@@ -178,10 +212,36 @@ def _register_lifecycle(
 
     @kopf.on.cleanup(registry=registry)
     async def shutdown(memo: kopf.Memo, **_: Any) -> None:
+        if getattr(memo, "keeping", None) is not None:
+            memo.keeping.cancel()
         if getattr(memo, "api", None) is not None:
             await memo.api.close()
 
     kopf.on.login(registry=registry)(options.login or default_login)
+
+
+async def _first_credentials(kube: Kube, credentials: WebhookCredentials) -> None:
+    """The webhook's credentials before its server starts; with the API unreachable, a
+    certificate of this process only (`serve_unstored`) until the next check."""
+    try:
+        await credentials.keep(kube)
+    except (KubeError, OSError, ValueError) as exc:
+        log.warning("event=webhook_credentials_failed error=%r", str(exc))
+        credentials.serve_unstored()
+
+
+async def _keep_credentials(kube: Kube, credentials: WebhookCredentials, every_s: float) -> None:
+    """Reads the credentials again every `every_s` (renewing them when due); after a
+    failure, within 30 s."""
+    delay = every_s
+    while True:
+        await asyncio.sleep(delay)
+        try:
+            await credentials.keep(kube)
+            delay = every_s
+        except (KubeError, OSError, ValueError) as exc:
+            log.warning("event=webhook_credentials_failed error=%r", str(exc))
+            delay = min(every_s, 30.0)
 
 
 @dataclass
@@ -214,6 +274,8 @@ class _Jobs:
                     memo.claims,
                 )
                 self.warned.keep_only(uid, seen)
+                if memo.namespaces is not None:
+                    await memo.namespaces.holds_jobs(memo.kube, str(body.metadata.namespace))
                 if memo.probe_secrets is not None:
                     await memo.probe_secrets.ensure(memo.kube, JobIdentity.from_body(body))
             except KubeError as exc:
@@ -264,6 +326,8 @@ class _Jobs:
                 raise kopf.TemporaryError(str(exc), delay=self.options.retry_delay) from exc
         self.locks.pop(uid, None)
         self.warned.forget(uid)
+        if memo.namespaces is not None:
+            await memo.namespaces.job_gone(memo.kube, str(body.metadata.namespace))
         if memo.probe_secrets is not None:
             memo.probe_secrets.forget(uid)  # the Secret goes with the job (ownerReference)
 

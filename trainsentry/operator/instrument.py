@@ -66,12 +66,17 @@ class InstrumentSettings:
 @dataclass(frozen=True)
 class Plan:
     """The webhook's answer for one pod: the patch (empty: unchanged), the job it was
-    instrumented for, why (not), and what of the pod's own settings was kept."""
+    instrumented for, why (not), and what of the pod's own settings was kept.
+
+    `reason` may quote the pod (its container names, annotations: the caller's text) and
+    goes to the operator's log only, quoted; `note` and `kept` are what the job's Events
+    say: fixed text, our own names and the job's name, never the pod's own text."""
 
     ops: list[Op]
     job: str | None
     reason: str
     kept: list[str] = field(default_factory=list)
+    note: str = ""
     #: Unchanged because someone asked for it (spec.instrument false, the pod's opt-out, an
     #: instrumented pod): nothing to tell the job's owners.
     deliberate: bool = False
@@ -202,7 +207,7 @@ def _add_job_label(patch: _Patch, meta: Mapping[str, Any], job: str) -> None:
     labelled for another job keeps its label (kept)."""
     labels = meta.get("labels") or {}
     if labels.get(JOB_LABEL, job) != job:
-        patch.kept.append(f"label {JOB_LABEL}={labels[JOB_LABEL]}")
+        patch.kept.append(f"label {JOB_LABEL} (naming another job)")
     elif JOB_LABEL not in labels:
         if "labels" in meta:
             patch.ops.append({"op": "add", "path": _pointer("metadata", "labels", JOB_LABEL),
@@ -316,18 +321,25 @@ def plan(
         return Plan([], job, "the pod is instrumented already", deliberate=True)
     index, which = training_container(pod)
     if index is None:
-        return Plan([], job, which)
+        note = (
+            "a pod has no containers"
+            if not spec.get("containers")
+            else f"a pod's {CONTAINER_ANNOTATION} annotation names a container it does not have"
+        )
+        return Plan([], job, which, note=note)
     container = spec["containers"][index]
     mounts = container.get("volumeMounts") or []
     if any(m.get("mountPath") == PROBE_MOUNT for m in mounts):
-        return Plan([], job, f"the container mounts something at {PROBE_MOUNT} already")
+        mounted = f"a pod's training container mounts something at {PROBE_MOUNT} already"
+        return Plan([], job, mounted, note=mounted)
 
     patch = _Patch(spec, container, ("spec", "containers", index))
     _add_job_label(patch, meta, job)
     _add_volumes(patch, settings)
     _add_env(patch, _env(job, namespace, job_spec, settings))
     _add_ports(patch, job_spec)
-    return Plan(patch.ops, job, f"instrumented for TrainingJob {job}, {which}{also}", patch.kept)
+    reason = f"instrumented for TrainingJob {job}, {which}{also}"
+    return Plan(patch.ops, job, reason, patch.kept, note=f"pods instrumented for TrainingJob {job}")
 
 
 def token_secret(job: JobIdentity, token: str) -> dict[str, Any]:

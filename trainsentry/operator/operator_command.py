@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from trainsentry.operator.handlers import WebhookServing
     from trainsentry.operator.reconcile import Sources
+    from trainsentry.operator.webhook_credentials import WebhookCredentials
 
 HELP = "run the TrainingJob operator"
 DESCRIPTION = """\
@@ -117,6 +118,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PORT",
         help="serve the mutating admission webhook over HTTPS on this port (unset: no webhook)",
     )
+    hook.add_argument(
+        "--webhook-credentials",
+        metavar="NAMESPACE/NAME",
+        help="the Secret in which the operator keeps the webhook's certificate and path token "
+        "(the chart creates it empty); with --webhook-configuration, --webhook-service and "
+        "--webhook-dir. Else --webhook-cert and --webhook-key, and no path token",
+    )
+    hook.add_argument(
+        "--webhook-configuration",
+        metavar="NAME",
+        help="the MutatingWebhookConfiguration whose caBundle and path the operator keeps",
+    )
+    hook.add_argument(
+        "--webhook-service",
+        metavar="NAME.NAMESPACE",
+        help="the webhook's Service: the names its certificate is for",
+    )
+    hook.add_argument(
+        "--webhook-dir", metavar="DIR", help="where the served certificate files are written"
+    )
+    hook.add_argument(
+        "--webhook-certificate-days",
+        type=int,
+        default=365,
+        metavar="DAYS",
+        help="validity of each certificate the operator makes (renewed at a third left)",
+    )
+    hook.add_argument(
+        "--webhook-client-ca",
+        metavar="FILE",
+        help="answer only callers presenting a client certificate this CA (PEM) signed: the "
+        "API server, where its AdmissionConfiguration gives it one for this webhook",
+    )
     hook.add_argument("--webhook-cert", metavar="FILE", help="its TLS certificate (PEM)")
     hook.add_argument("--webhook-key", metavar="FILE", help="its TLS private key (PEM)")
     hook.add_argument(
@@ -137,6 +171,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "triggers go there), e.g. http://trainsentry-gateway.trainsentry.svc:9095",
     )
     parser.add_argument(
+        "--label-namespaces",
+        action="store_true",
+        help='label each namespace holding a TrainingJob trainsentry.io/trainingjobs: "true" '
+        "(the chart's webhook and NetworkPolicy selectors read it)",
+    )
+    parser.add_argument(
         "--liveness",
         metavar="URL",
         default=None,
@@ -155,27 +195,72 @@ def webhook_serving(args: argparse.Namespace, env: Mapping[str, str]) -> Webhook
 
     if args.webhook_port is None:
         return None
-    missing = [
-        flag
-        for flag, value in (
-            ("--webhook-cert", args.webhook_cert),
-            ("--webhook-key", args.webhook_key),
-            ("--probe-image", args.probe_image),
-        )
-        if not value
-    ]
-    if missing:
-        raise ValueError(f"--webhook-port needs {', '.join(missing)}")
     if not 0 < args.webhook_port < 65536:
         raise ValueError(f"--webhook-port {args.webhook_port} is not a port")
+    if not args.probe_image:
+        raise ValueError("--webhook-port needs --probe-image")
     settings = InstrumentSettings(
         image=args.probe_image,
         gateway_url=args.gateway_url,
         image_pull_policy=args.probe_image_pull_policy,
         token_secrets=bool((env.get(PROBE_TOKEN_ENV) or "").strip()),
     )
+    client_ca = args.webhook_client_ca or None
+    if args.webhook_credentials:
+        credentials = _webhook_credentials(args)
+        return WebhookServing(
+            settings, port=args.webhook_port, credentials=credentials, client_ca=client_ca
+        )
+    if not (args.webhook_cert and args.webhook_key):
+        raise ValueError(
+            "--webhook-port needs --webhook-credentials, or --webhook-cert and --webhook-key"
+        )
     return WebhookServing(
-        settings, port=args.webhook_port, certfile=args.webhook_cert, keyfile=args.webhook_key
+        settings,
+        port=args.webhook_port,
+        certfile=args.webhook_cert,
+        keyfile=args.webhook_key,
+        client_ca=client_ca,
+    )
+
+
+def _webhook_credentials(args: argparse.Namespace) -> WebhookCredentials:
+    """The credentials the operator keeps (`webhook_credentials.py`); ValueError says what
+    is missing or malformed."""
+    from pathlib import Path
+
+    from trainsentry.operator.handlers import WEBHOOK_ID, WEBHOOK_NAME
+    from trainsentry.operator.webhook_credentials import WebhookCredentials
+
+    missing = [
+        flag
+        for flag, value in (
+            ("--webhook-configuration", args.webhook_configuration),
+            ("--webhook-service", args.webhook_service),
+            ("--webhook-dir", args.webhook_dir),
+        )
+        if not value
+    ]
+    if missing:
+        raise ValueError(f"--webhook-credentials needs {', '.join(missing)}")
+    namespace, _, secret = str(args.webhook_credentials).partition("/")
+    service, _, service_namespace = str(args.webhook_service).partition(".")
+    if not (namespace and secret and service and service_namespace):
+        raise ValueError(
+            "--webhook-credentials is NAMESPACE/NAME, --webhook-service NAME.NAMESPACE"
+        )
+    if not 1 <= args.webhook_certificate_days <= 3650:
+        raise ValueError("--webhook-certificate-days is 1 to 3650")
+    dns = f"{service}.{service_namespace}.svc"
+    return WebhookCredentials(
+        namespace=namespace,
+        secret=secret,
+        configuration=args.webhook_configuration,
+        webhook=WEBHOOK_NAME,
+        webhook_id=WEBHOOK_ID,
+        names=(dns, f"{dns}.cluster.local", f"{service}.{service_namespace}", service),
+        folder=Path(args.webhook_dir),
+        days=args.webhook_certificate_days,
     )
 
 
@@ -237,6 +322,7 @@ async def _operate(
         scan_cluster=not exact,
         probe_token=probe_token,
         webhook=webhook,
+        label_namespaces=args.label_namespaces,
     )
     registry = build_registry(sources, options)
     await kopf.operator(

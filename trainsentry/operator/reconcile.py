@@ -366,9 +366,7 @@ async def reconcile(
     exporters = tuple(spec.exporters.enabled())
     await _claim_nodes(kube, job, exporters, summary, old_status, emit, node_locks, claims)
 
-    conditions = _conditions(
-        spec, rendered.alert_count, rendered.unknown_thresholds, summary, exporters
-    )
+    conditions = _conditions(spec, rendered, summary, exporters)
     base, alerting, warn = status.alerting_of(old_status, spec, job.namespace, sources.job_alerting)
     if alerting is not None:
         conditions.append(alerting)
@@ -457,19 +455,32 @@ async def _claim_nodes(
         emit("Normal", "NodesLabelled", f"claimed {changed or '[]'}, released {released or '[]'}")
 
 
+def rules_message(rendered: Rendered) -> str:
+    """Pure: what RulesReady says of an applied PrometheusRule: the alerting rules it holds,
+    and the hardware (`job_scope: node`) rules left to the cluster-wide rules because the
+    job does not tune them (not an error: the cluster-wide alert covers the job's nodes)."""
+    message = f"{rendered.alert_count} alerting rules"
+    if left := len(rendered.cluster_wide_rules):
+        message += (
+            f"; {left} untuned node-level rules are not copied (the cluster-wide rules "
+            "alert for the job's nodes)"
+        )
+    return message
+
+
 def _conditions(
     spec: TrainingJobSpec,
-    alerts: int,
-    unknown: Sequence[str],
+    rendered: Rendered,
     pods: status.PodSummary,
     exporters: Sequence[str],
 ) -> list[status.Condition]:
+    unknown = rendered.unknown_thresholds
     rules = (
         status.Condition(
             "RulesReady", False, "UnknownThreshold", f"unknown thresholds: {', '.join(unknown)}"
         )
         if unknown
-        else status.Condition("RulesReady", True, "Applied", f"{alerts} alerting rules")
+        else status.Condition("RulesReady", True, "Applied", rules_message(rendered))
     )
     last_port = spec.probe.port + spec.ranksPerPod - 1
     ports = (

@@ -2,8 +2,10 @@
 
 Children (all namespaced next to the TrainingJob and owned by it):
 - PrometheusRule `<job>-trainsentry`: two membership recording rules naming the job's pods and
-  nodes, plus every alerting rule of `rules/*.yaml` scoped to this job and with its thresholds
-  (contract: docs/alerts.md, section 1);
+  nodes, plus the alerting rules of `rules/*.yaml` scoped to this job and with its thresholds
+  (contract: docs/alerts.md, section 1): every `job_scope: pod` rule, and of the
+  `job_scope: node` (hardware) rules only those the job tunes (`tunes`); an untuned node rule
+  is left to the chart's cluster-wide copy, which fires for the job's nodes as for any;
 - PodMonitor `<job>-trainsentry-probe`: scrapes the probe port of the job's pods;
 - ConfigMap `<job>-trainsentry-dashboards` (label `grafana_dashboard: "1"`): the dashboards of
   `dashboards/*.json` that have a job variable (`trainingjob` or `job`), pinned to this job.
@@ -58,7 +60,22 @@ class Rendered:
     manifests: list[dict[str, Any]]
     alert_count: int
     unknown_thresholds: list[str] = field(default_factory=list)
+    # alerting rules that cannot be rendered per job (`job_scope: cluster`, no scope, a pod
+    # rule without its membership token): the chart's cluster-wide copy is all there is
     skipped_rules: list[str] = field(default_factory=list)
+    # `job_scope: node` rules the job does not tune: not copied, by design (docs/alerts.md
+    # "Job scope"); the cluster-wide rule alerts for the job's nodes, so nothing is missed
+    cluster_wide_rules: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RuleGroups:
+    """The alerting part of a job's PrometheusRule (`render_rule_groups`)."""
+
+    groups: list[dict[str, Any]]
+    alerts: int  # alerting rules rendered
+    skipped: list[str]  # Rendered.skipped_rules
+    cluster_wide: list[str]  # Rendered.cluster_wide_rules
 
 
 def child_names(job_name: str) -> dict[str, str]:
@@ -191,6 +208,18 @@ def scope_expr(expr: str, scope: str, job: JobIdentity) -> str | None:
     return None
 
 
+def tunes(rule: Mapping[str, Any], spec: TrainingJobSpec) -> bool:
+    """Pure: whether the job tunes the rule: one of its `spec.thresholds` is a threshold the
+    rule declares, or its `spec.alerting.priorityOverrides` names the rule. Only then does a
+    job's copy of a `job_scope: node` rule differ from the cluster-wide alert."""
+    if str(rule.get("alert", "")) in spec.alerting.priorityOverrides:
+        return True
+    declared = str((rule.get("annotations") or {}).get("thresholds", ""))
+    return any(
+        name in spec.thresholds for name, _ in rulesdoc.parse_thresholds(declared, strict=False)
+    )
+
+
 def _all_rules(rule_files: Iterable[RuleFile]) -> Iterable[Mapping[str, Any]]:
     for rule_file in rule_files:
         for group in rule_file.groups:
@@ -217,13 +246,20 @@ def render_rule_groups(
     spec: TrainingJobSpec,
     rule_files: Sequence[RuleFile],
     pod_regex: str,
-) -> tuple[list[dict[str, Any]], int, list[str]]:
-    """(groups, number of alerts, skipped alert names) for the job's PrometheusRule."""
+) -> RuleGroups:
+    """Pure: the groups of the job's PrometheusRule: the membership group, then per shipped
+    group its rules scoped to the job (renamed `<group>-<namespace>-<job>`, left out when
+    none is rendered).
+
+    Invariant: a `job_scope: node` rule is copied only when the job tunes it (`tunes`). An
+    untuned copy would be the cluster-wide alert again with the job's labels, a tenant's
+    alert racing the trusted one to the gateway (two incidents, two pages: docs/alerts.md
+    "Job scope"); the jobs a hardware alert hits are named by their own alerts instead."""
     suffix = f"{job.namespace}-{job.name}"
     groups: list[dict[str, Any]] = [
         {"name": f"trainsentry-membership-{suffix}", "rules": membership_rules(job, pod_regex)}
     ]
-    alerts, skipped = 0, []
+    alerts, skipped, cluster_wide = 0, [], []
     for rule_file in rule_files:
         for group in rule_file.groups:
             rendered: list[dict[str, Any]] = []
@@ -231,6 +267,9 @@ def render_rule_groups(
                 if "alert" not in rule:
                     continue  # recording rules are installed once, cluster-wide, by the chart
                 scope = str((rule.get("annotations") or {}).get("job_scope", ""))
+                if scope == "node" and not tunes(rule, spec):
+                    cluster_wide.append(str(rule["alert"]))
+                    continue
                 tuned = apply_thresholds(rule, spec.thresholds)
                 expr = scope_expr(str(tuned["expr"]), scope, job)
                 if expr is None:
@@ -249,7 +288,7 @@ def render_rule_groups(
                     {**_group_fields(group), "name": f"{group['name']}-{suffix}", "rules": rendered}
                 )
                 alerts += len(rendered)
-    return groups, alerts, skipped
+    return RuleGroups(groups, alerts, skipped, cluster_wide)
 
 
 def _group_fields(group: Mapping[str, Any]) -> dict[str, Any]:
@@ -276,17 +315,17 @@ def _metadata(job: JobIdentity, name: str, labels: Mapping[str, str]) -> dict[st
 
 def render_prometheus_rule(
     job: JobIdentity, spec: TrainingJobSpec, rule_files: Sequence[RuleFile], pod_regex: str
-) -> tuple[dict[str, Any], int, list[str]]:
-    groups, alerts, skipped = render_rule_groups(job, spec, rule_files, pod_regex)
+) -> tuple[dict[str, Any], RuleGroups]:
+    rules = render_rule_groups(job, spec, rule_files, pod_regex)
     manifest = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": _metadata(
             job, child_names(job.name)["PrometheusRule"], spec.prometheus.ruleLabels
         ),
-        "spec": {"groups": groups},
+        "spec": {"groups": rules.groups},
     }
-    return manifest, alerts, skipped
+    return manifest, rules
 
 
 def probe_endpoint(job: JobIdentity, spec: TrainingJobSpec, port: int) -> dict[str, Any]:
@@ -417,11 +456,9 @@ def render_children(
     """All children of one TrainingJob (its dashboards in `dashboards_namespace` if given)."""
     known = known_thresholds(rule_files)
     unknown = sorted(name for name in spec.thresholds if name not in known)
-    rule, alerts, skipped = render_prometheus_rule(
-        job, spec, rule_files, pod_name_regex(spec, pod_names)
-    )
+    rule, rules = render_prometheus_rule(job, spec, rule_files, pod_name_regex(spec, pod_names))
     manifests = [rule, render_pod_monitor(job, spec)]
     job_dashboards = [item for item in dashboards if is_job_dashboard(item.dashboard)]
     if spec.dashboard.enabled and job_dashboards:
         manifests.append(render_dashboards(job, job_dashboards, dashboards_namespace))
-    return Rendered(manifests, alerts, unknown, skipped)
+    return Rendered(manifests, rules.alerts, unknown, rules.skipped, rules.cluster_wide)

@@ -9,31 +9,36 @@ Protocol (NCCL's RAS client socket, `NCCL_RAS_ADDR`, default 127.0.0.1:28028), l
 
 The JSON report lists communicators with their ranks and missing ranks; the text report
 has a communicator table and `Errors` / `Warnings` sections (INCOMPLETE, DEAD, ERROR,
-TIMEOUT, MISMATCH). Both are parsed into one `RasStatus`: counts, and `suspects`, the ranks
-behind, missing or failed per communicator with the process RAS names for each (see
-`ras_report`). NCCL 2.28.7/2.28.9 write JSON without a comma exactly when a process does
-not answer; it is repaired, and a JSON reply that still does not parse is asked for again as
-text. Network I/O lives in `query`; parsing is pure. Nothing here raises on a bad server:
-the result says what went wrong.
+TIMEOUT, MISMATCH). Both are parsed once (`ras_report`: the text in one pass, its numbers
+read with its structure; the JSON loaded once, counted and structured from that document)
+into one `RasStatus`: counts, and `suspects`, the ranks behind, missing or failed per
+communicator with the process RAS names for each. NCCL 2.28.7/2.28.9 write JSON without a
+comma exactly when a process does not answer; it is repaired, and a JSON reply that still
+does not parse is asked for again as text. Network I/O lives in `query`; parsing is pure.
+Nothing here raises on a bad server: the result says what went wrong.
 """
 
 from __future__ import annotations
 
-import re
 import socket
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from trainsentry.probe.ras_report import RasReportError, load_json, parse_report
+from trainsentry.probe.ras_report import (
+    NOT_ERRORS,
+    RasCounts,
+    RasReportError,
+    load_json,
+    report_from_json,
+    report_from_text,
+)
 from trainsentry.probe.ras_verdict import suspects
 
 CLIENT_PROTOCOL = 2
 DEFAULT_ADDR = "127.0.0.1:28028"
 MAX_REPLY_BYTES = 64 * 1024 * 1024
-# ncclResult_t values that are not errors: ncclSuccess and ncclInProgress.
-_NCCL_OK_RESULTS = {0, 7}
 
 
 @dataclass(frozen=True)
@@ -78,12 +83,12 @@ def parse_addr(addr: str) -> tuple[str, int]:
     return (host or "127.0.0.1"), int(port) if port.isdigit() else 28028
 
 
-# ---------------------------------------------------------------- parsing (pure)
+# ---------------------------------------------------------------- counting (pure)
 
 
-def parse_json_report(text: str) -> dict[str, int | str]:
-    """Counts from a `SET FORMAT json` status report. Raises ValueError if it is not one."""
-    doc, _repaired = load_json(text)
+def counts_from_json(doc: Any) -> RasCounts:
+    """The numbers of a parsed `SET FORMAT json` status report (the document `load_json`
+    read, so the text is parsed once). Raises ValueError (or TypeError) if it is not one."""
     if not isinstance(doc, Mapping) or "communicators" not in doc:
         raise ValueError("not a RAS JSON status report")
     comms = [c for c in doc.get("communicators") or [] if isinstance(c, Mapping)]
@@ -114,89 +119,25 @@ def parse_json_report(text: str) -> dict[str, int | str]:
         for rank in ranks:
             status = rank.get("status") or {}
             if (
-                int(status.get("init_state", 0)) not in _NCCL_OK_RESULTS
-                or int(status.get("async_error", 0)) not in _NCCL_OK_RESULTS
+                int(status.get("init_state", 0)) not in NOT_ERRORS
+                or int(status.get("async_error", 0)) not in NOT_ERRORS
             ):
                 errors += 1
                 break
         incomplete += comm_incomplete
         mismatch += comm_mismatch
     ras = doc.get("ras") or {}
-    return {
-        "nccl_version": str(doc.get("nccl_version", "")),
-        "communicators": int(doc.get("communicators_count", len(comms))),
-        "missing_ranks": missing_ranks,
-        "unresponsive_processes": len(unresponsive),
-        "dead_processes": len(dead),
-        "incomplete_communicators": incomplete,
-        "mismatch_communicators": mismatch,
-        "error_communicators": errors,
-        "timeouts": int(ras.get("timeouts_count", 0)),
-    }
-
-
-_TABLE_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+\S+\s+(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s*$")
-_COMM_FLAG = re.compile(r"^#\d+-\d+ \([0-9a-fA-F]+\) (INCOMPLETE|ERROR|MISMATCH)\s*$")
-_MISSING_RANKS = re.compile(r"Missing communicator data from (\d+) rank")
-_MISSING_PROCS = re.compile(r"Missing communicator data from (\d+) job process")
-_DEAD_PROCS = re.compile(r"(\d+) job process(?:es)? (?:are|is) considered dead")
-_TIMEOUTS = re.compile(r"Encountered (\d+) communication timeout")
-_VERSION = re.compile(r"^NCCL version (\S+)")
-
-
-def parse_text_report(text: str) -> dict[str, int | str]:
-    """Counts from the text status report."""
-    lines = text.splitlines()
-    result: dict[str, int | str] = {
-        "nccl_version": "",
-        "communicators": -1,
-        "missing_ranks": 0,
-        "unresponsive_processes": 0,
-        "dead_processes": 0,
-        "incomplete_communicators": 0,
-        "mismatch_communicators": 0,
-        "error_communicators": 0,
-        "timeouts": 0,
-    }
-    in_table = False
-    comms = 0
-    flag_key = {
-        "INCOMPLETE": "incomplete_communicators",
-        "ERROR": "error_communicators",
-        "MISMATCH": "mismatch_communicators",
-    }
-    for line in lines:
-        if (m := _VERSION.match(line)) is not None:
-            result["nccl_version"] = m.group(1)
-        if line.lstrip().startswith("Group") and "Comms" in line:
-            in_table = True
-            continue
-        if in_table:
-            row = _TABLE_ROW.match(line)
-            if row is not None:
-                comms += int(row.group(2))
-                continue
-            if line.strip().startswith("#") and "in group" in line:
-                continue  # second header line
-            if line.strip():
-                in_table = False
-        if "No communicator data collected" in line:
-            comms = 0
-            result["communicators"] = 0
-        if (m := _COMM_FLAG.match(line.strip())) is not None:
-            key = flag_key[m.group(1)]
-            result[key] = int(result[key]) + 1
-        elif (m := _MISSING_RANKS.search(line)) is not None:
-            result["missing_ranks"] = int(result["missing_ranks"]) + int(m.group(1))
-        elif (m := _MISSING_PROCS.search(line)) is not None:
-            result["unresponsive_processes"] = int(m.group(1))
-        elif (m := _DEAD_PROCS.search(line)) is not None:
-            result["dead_processes"] = int(m.group(1))
-        elif (m := _TIMEOUTS.search(line)) is not None:
-            result["timeouts"] = int(m.group(1))
-    if comms:
-        result["communicators"] = comms
-    return result
+    return RasCounts(
+        nccl_version=str(doc.get("nccl_version", "")),
+        timeouts=int(ras.get("timeouts_count", 0)),
+        communicators=int(doc.get("communicators_count", len(comms))),
+        missing_ranks=missing_ranks,
+        unresponsive_processes=len(unresponsive),
+        dead_processes=len(dead),
+        incomplete_communicators=incomplete,
+        mismatch_communicators=mismatch,
+        error_communicators=errors,
+    )
 
 
 # ---------------------------------------------------------------- I/O
@@ -350,9 +291,14 @@ def status_from_report(
             collected_at=time.time(),
             query_seconds=query_seconds,
         )
-    try:
-        counts = parse_json_report(raw) if fmt == "json" else parse_text_report(raw)
-        report = parse_report(raw, fmt)
+    try:  # parsed once: the counts come from the same pass (text) or document (JSON)
+        if fmt == "json":
+            doc, repaired = load_json(raw)
+            counts = counts_from_json(doc)
+            report = report_from_json(doc, repaired)
+        else:
+            report = report_from_text(raw)
+            counts = report.counts
     except (ValueError, TypeError, RasReportError) as exc:
         return RasStatus(
             ok=False,
@@ -369,15 +315,15 @@ def status_from_report(
         error="" if complete else "report ended early (connection closed mid-report)",
         format=fmt,
         server_protocol=server_protocol,
-        nccl_version=str(counts["nccl_version"]),
-        communicators=int(counts["communicators"]),
-        missing_ranks=int(counts["missing_ranks"]),
-        unresponsive_processes=int(counts["unresponsive_processes"]),
-        dead_processes=int(counts["dead_processes"]),
-        incomplete_communicators=int(counts["incomplete_communicators"]),
-        mismatch_communicators=int(counts["mismatch_communicators"]),
-        error_communicators=int(counts["error_communicators"]),
-        timeouts=int(counts["timeouts"]),
+        nccl_version=counts.nccl_version,
+        communicators=counts.communicators,
+        missing_ranks=counts.missing_ranks,
+        unresponsive_processes=counts.unresponsive_processes,
+        dead_processes=counts.dead_processes,
+        incomplete_communicators=counts.incomplete_communicators,
+        mismatch_communicators=counts.mismatch_communicators,
+        error_communicators=counts.error_communicators,
+        timeouts=counts.timeouts,
         collected_at=time.time(),
         query_seconds=query_seconds,
         raw=raw,

@@ -40,7 +40,7 @@ NCCL_RESULTS = {
     6: "Remote process error",
 }
 REMOTE_ERROR = "Remote process error"
-_NOT_ERRORS = {0, 7}  # ncclSuccess, ncclInProgress
+NOT_ERRORS = frozenset({0, 7})  # ncclResult_t values that are no error: ncclSuccess, ncclInProgress
 
 
 class RasReportError(ValueError):
@@ -88,6 +88,23 @@ class RasComm:
 
 
 @dataclass
+class RasCounts:
+    """A report's numbers as the probe exports them (probe/ras.py `RasStatus`): what a text
+    report states (read in `report_from_text`'s one pass), or what a JSON document holds
+    (probe/ras.py `counts_from_json`). -1: the report did not say."""
+
+    nccl_version: str = ""
+    communicators: int = -1
+    missing_ranks: int = 0
+    unresponsive_processes: int = 0
+    dead_processes: int = 0
+    incomplete_communicators: int = 0
+    mismatch_communicators: int = 0
+    error_communicators: int = 0
+    timeouts: int = 0
+
+
+@dataclass
 class RasReport:
     format: str  # "json" | "text"
     nccl_version: str = ""
@@ -104,6 +121,8 @@ class RasReport:
     table: list[tuple[int, int, str, str]] = field(default_factory=list)
     repaired: bool = False  # JSON with 2.28.7/2.28.9's missing comma, repaired
     notes: list[str] = field(default_factory=list)
+    #: Text: the numbers it states (JSON: probe/ras.py `counts_from_json` of the document).
+    counts: RasCounts = field(default_factory=RasCounts)
 
 
 def normalise_hash(text: str) -> str:
@@ -186,7 +205,7 @@ def report_from_json(doc: Any, repaired: bool = False) -> RasReport:
             status = _mapping(rank.get("status"))
             for key in ("async_error", "init_state"):
                 code = _int(status.get(key), 0)
-                if code not in _NOT_ERRORS:
+                if code not in NOT_ERRORS:
                     comm.errors[number] = NCCL_RESULTS.get(code, f"NCCL error {code}")
             if status.get("abort_flag"):
                 comm.status[number] = "ABORT"
@@ -271,6 +290,16 @@ _PEER = re.compile(
     r"^\s*Process (?P<pid>\d+) on node (?P<host>\S+) managing GPUs? (?P<gpu>.+?)\s*$"
 )
 _TIMEOUTS = re.compile(r"Encountered (\d+) communication timeout")
+# The numbers a text report states (RasCounts), read in the same pass as its structure.
+_COMM_FLAG = re.compile(r"^#\d+-\d+ \([0-9a-fA-F]+\) (INCOMPLETE|ERROR|MISMATCH)\s*$")
+_STATED_MISSING_RANKS = re.compile(r"Missing communicator data from (\d+) rank")
+_STATED_MISSING_PROCESSES = re.compile(r"Missing communicator data from (\d+) job process")
+_STATED_DEAD = re.compile(r"(\d+) job process(?:es)? (?:are|is) considered dead")
+_FLAGGED = {
+    "INCOMPLETE": "incomplete_communicators",
+    "ERROR": "error_communicators",
+    "MISMATCH": "mismatch_communicators",
+}
 
 
 @dataclass
@@ -302,8 +331,10 @@ def report_from_text(text: str) -> RasReport:
     kind = ""  # section kind, or INCOMPLETE/DEAD for the process lists at the top of Errors
     groups: dict[tuple[str, str], list[_Group]] = {}
     state = _State()
+    stated = _Stated()
     in_table = in_summary = False
     for line in text.splitlines():
+        stated.read(line)
         stripped = line.strip()
         if (m := _VERSION.match(line)) is not None:
             report.nccl_version = m.group(1)
@@ -362,7 +393,52 @@ def report_from_text(text: str) -> RasReport:
         comm.error_count = max(comm.error_count, len(comm.errors))
         comm.missing_count = max(comm.missing_count, len(comm.missing))
     report.comms = list(comms.values())
+    report.counts = stated.counts()
     return report
+
+
+class _Stated:
+    """The numbers a text report states, line by line (its communicator table, the flagged
+    communicators, the missing and dead counts of its Errors section)."""
+
+    def __init__(self) -> None:
+        self.found = RasCounts()
+        self.in_table = False
+        self.comms = 0
+
+    def read(self, line: str) -> None:
+        found = self.found
+        if (m := _VERSION.match(line)) is not None:
+            found.nccl_version = m.group(1)
+        if line.lstrip().startswith("Group") and "Comms" in line:
+            self.in_table = True
+            return
+        if self.in_table:
+            if (row := _TABLE_ROW.match(line)) is not None:
+                self.comms += int(row["comms"])
+                return
+            if line.strip().startswith("#") and "in group" in line:
+                return  # the table's second header line
+            if line.strip():
+                self.in_table = False
+        if "No communicator data collected" in line:
+            self.comms = found.communicators = 0
+        if (m := _COMM_FLAG.match(line.strip())) is not None:
+            key = _FLAGGED[m.group(1)]
+            setattr(found, key, getattr(found, key) + 1)
+        elif (m := _STATED_MISSING_RANKS.search(line)) is not None:
+            found.missing_ranks += int(m.group(1))
+        elif (m := _STATED_MISSING_PROCESSES.search(line)) is not None:
+            found.unresponsive_processes = int(m.group(1))
+        elif (m := _STATED_DEAD.search(line)) is not None:
+            found.dead_processes = int(m.group(1))
+        elif (m := _TIMEOUTS.search(line)) is not None:
+            found.timeouts = int(m.group(1))
+
+    def counts(self) -> RasCounts:
+        if self.comms:
+            self.found.communicators = self.comms
+        return self.found
 
 
 @dataclass

@@ -175,6 +175,7 @@ class Recorders:
     _learnt_at: dict[str, float] = field(default_factory=dict)
     _owner: dict[str, str] = field(default_factory=dict)
     _known_names: set[str] = field(default_factory=set)
+    _members: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def names(self) -> list[str]:
@@ -230,6 +231,14 @@ class Recorders:
         merged = merge_dumps([(name, doc) for name, _, doc in used])
         return json.dumps(merged).encode(), [name for name, *_ in used]
 
+    def members(self, name: str) -> tuple[int, ...]:
+        """The global ranks of group `name` (its key here), as torch.distributed knows them;
+        () when unknown. Asks torch only for a group not seen yet."""
+        base = name.rsplit(":", 1)[0] if name not in self._members else name
+        if base not in self._members:
+            self._refresh_python()
+        return self._members.get(base, ())
+
     def issued_collectives(self) -> int:
         """Collectives torch.distributed says this rank issued, over all its groups."""
         return sum(max(0, group.seq) for group in self.python_groups())
@@ -270,6 +279,8 @@ class Recorders:
         except Exception:
             return
         for group in groups:
+            if group.ranks:
+                self._members[group.name] = tuple(group.ranks)
             if group.desc:
                 self._descs.setdefault(group.name, group.desc)
             if group.nccl_uid is not None:

@@ -24,7 +24,7 @@ from trainsentry.probe.server import Endpoints, ProbeServer
 from trainsentry.probe.stacks import current_phase, thread_stacks
 from trainsentry.probe.stall import Stall, StallDetector, StallPolicy
 from trainsentry.probe.token import accepted_tokens
-from trainsentry.probe.trigger import TriggerClient, source_address
+from trainsentry.probe.trigger import TriggerClient, compact_ranks, source_address, spread_s
 
 log = logging.getLogger("trainsentry.probe")
 
@@ -51,20 +51,33 @@ def prepare_torch_environment(env: Any = None) -> dict[str, str]:
     return settings
 
 
+def import_from_thread(name: str) -> Any:
+    """`importlib.import_module(name)` for a thread of the probe: the top-level package
+    first. Python takes a dotted module's import locks child first (torch._C._distributed_c10d,
+    torch._C, then torch) while the training script's `import torch` takes them parent first
+    (torch, then torch._C, whose initialisation imports torch's modules): both at once
+    invert the order, and Python breaks the cycle by failing the script's import
+    (_DeadlockError, or an ImportError of a partly initialised module; seen: a rank of a
+    gloo job that never started). Taking the package first waits for the script's import to
+    end, then finds the rest loaded."""
+    importlib.import_module(name.partition(".")[0])
+    return importlib.import_module(name)
+
+
 def dump_generic_recorder(*, collectives: bool = True, only_active: bool = False) -> bytes:
     """The generic recorder's raw JSON dump (the one gloo writes to; raises without torch).
 
     Kept for tools that want exactly that recorder; the probe reads every recorder through
     `recorders.Recorders`.
     """
-    c10d = importlib.import_module("torch._C._distributed_c10d")
+    c10d = import_from_thread("torch._C._distributed_c10d")
     data: bytes = c10d._dump_fr_trace_json(includeCollectives=collectives, onlyActive=only_active)
     return data
 
 
 def torch_recorders() -> list[Recorder]:
     """The recorders of the torch in this process (imports torch)."""
-    return find_recorders(importlib.import_module("torch._C._distributed_c10d"))
+    return find_recorders(import_from_thread("torch._C._distributed_c10d"))
 
 
 def torch_groups() -> list[PyGroup]:
@@ -130,11 +143,17 @@ class Probe:
             )
         )
         self.trigger = (
-            TriggerClient(config.gateway_url, config.token, source=source_address(config.bind))
+            TriggerClient(
+                config.gateway_url,
+                config.token,
+                jitter_s=spread_s(config.world_size),
+                source=source_address(config.bind),
+            )
             if config.gateway_url
             else None
         )
         self._stalls: dict[str, Stall] = {}
+        self._told_members: set[str] = set()  # groups whose member ranks a trigger carried
         self.recorders = recorders
         self._stop = threading.Event()
         self._step = 0
@@ -275,17 +294,28 @@ class Probe:
             self.trigger.submit(self.trigger_body(stall))
 
     def trigger_body(self, stall: Stall) -> dict[str, Any]:
-        """What the gateway is told about one stall: who waits, where, for how long."""
+        """What the gateway is told about one stall: who waits, where, since when, where
+        this rank's probe listens, and (with this rank's first trigger of the group) the
+        group's member ranks (`trigger.compact_ranks`)."""
         c = self.config
-        return {
+        body = {
             "namespace": c.namespace,
             "trainingjob": c.trainingjob,
             "rank": c.rank,
+            "local_rank": c.local_rank,
+            "port": self.port,
             "pod": c.pod,
             "node": c.node,
             "world_size": c.world_size,
+            "since": round(time.time() - stall.waited_s, 3),
             **stall.to_dict(),
         }
+        if stall.pg not in self._told_members and self.recorders is not None:
+            members = compact_ranks(self.recorders.members(stall.pg))
+            if members:
+                body["group_ranks"] = members
+                self._told_members.add(stall.pg)
+        return body
 
     def _blindness(self, recorders: Recorders, snapshot: FrSnapshot) -> str:
         """Why the probe cannot see this rank's collectives, or "" when it can (or none ran).

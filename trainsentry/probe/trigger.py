@@ -7,8 +7,13 @@ stacks, names the rank that never arrived and pages (docs/probe.md has the time 
 
     POST <TRAINSENTRY_GATEWAY_URL>/api/v1/hang-triggers
     Authorization: Bearer <TRAINSENTRY_PROBE_TOKEN>
-    {"namespace", "trainingjob", "rank", "pod", "node", "pg", "pg_desc", "seq", "op",
-     "state", "waited_s", "threshold_s"}
+    {"namespace", "trainingjob", "rank", "local_rank", "port", "pod", "node", "pg",
+     "pg_desc", "seq", "op", "state", "waited_s", "threshold_s", "since", "group_ranks"}
+
+`since` is when the rank began waiting (unix seconds), `port` where its probe listens, and
+`group_ranks` the group's member ranks in compact form (`compact_ranks`), sent with this
+rank's first trigger of that group only: the gateway locates the stalled group's missing
+ranks from these before it fetches any dump.
 
 Invariants:
 - Never blocks or raises into the poll loop: triggers go through a bounded queue to one
@@ -16,9 +21,15 @@ Invariants:
 - Idempotent: one trigger per (group, sequence number) from this rank (the detector reports
   each once); retries of the same trigger carry the same body, so the gateway deduplicates
   by (namespace, trainingjob, pg, seq) whoever sends it.
-- Rate-limited: before the first send a random delay of up to `jitter_s` (so 1,024 waiting
-  ranks do not post in the same millisecond), then at most `max_attempts` tries with a
-  doubling back-off; 4xx answers (bad token, job unknown) are not retried.
+- Rate-limited: before the first send a random delay of up to `jitter_s` (`spread_s` of the
+  job's world size: 1 s up to 1,000 ranks, then 1 s per 1,000 ranks, so a job's waiting
+  ranks post at most about `GATEWAY_POSTS_PER_S` a second together), then at most
+  `max_attempts` tries with a doubling back-off; 4xx answers (bad token, job unknown) are
+  not retried.
+- Told once: when the gateway answers that the job's hang is known (`"hang": "known"`),
+  this rank's further stall triggers are dropped (counted as `suppressed`) until one of its
+  stalls ends; the end of a stall is always sent. At 16,384 ranks that keeps the gateway's
+  intake to about one trigger per rank.
 - The token goes only into the Authorization header; it is never logged.
 - A probe bound to one address (TRAINSENTRY_PROBE_BIND, e.g. the pod's IP on a pod with
   several interfaces) sends its triggers from that address too: the gateway accepts a
@@ -36,7 +47,7 @@ import random
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,11 +89,53 @@ class _HTTPSFrom(urllib.request.HTTPSHandler):
         )
 
 
+MAX_RANKS_TEXT = 4096
+
+# What one gateway takes from one job's probes, posts a second: a trigger costs it about
+# 330 us of CPU, mostly the new connection's (a bare aiohttp handler: 308 us), so one event
+# loop takes about 3,000 a second, all its time; at a third of that it keeps time for the
+# diagnosis and everyone else's requests (docs/benchmarks.md, bench_hang_scale.py).
+GATEWAY_POSTS_PER_S = 1000.0
+MAX_SPREAD_S = 60.0
+
+
+def spread_s(world_size: int) -> float:
+    """Pure: the longest random delay before a rank's first try (`TriggerClient.jitter_s`):
+    1 s, or `world_size / GATEWAY_POSTS_PER_S` when longer (at most MAX_SPREAD_S), so the
+    job's ranks, all stalling within one poll, post about GATEWAY_POSTS_PER_S a second
+    together: 16,384 ranks over 16.4 s instead of 1 s. The first of them still posts
+    within milliseconds (the earliest of thousands of draws)."""
+    return min(MAX_SPREAD_S, max(1.0, world_size / GATEWAY_POSTS_PER_S))
+
+
+def compact_ranks(ranks: Sequence[int]) -> str:
+    """Pure: sorted ranks as arithmetic runs, "0-7,16,32-160:16" ("" when longer than
+    MAX_RANKS_TEXT characters); the gateway reads it with `hang_evidence.parse_ranks`."""
+    ordered = sorted(set(ranks))
+    items: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i + 1
+        step = ordered[j] - ordered[i] if j < len(ordered) else 1
+        while j + 1 < len(ordered) and ordered[j + 1] - ordered[j] == step:
+            j += 1
+        if j < len(ordered) and (j - i >= 2 or step == 1):
+            items.append(f"{ordered[i]}-{ordered[j]}" + (f":{step}" if step != 1 else ""))
+            i = j + 1
+        else:
+            items.append(str(ordered[i]))
+            i += 1
+    text = ",".join(items)
+    return text if len(text) <= MAX_RANKS_TEXT else ""
+
+
 @dataclass
 class TriggerStats:
     sent: int = 0
     failed: int = 0
     dropped: int = 0
+    #: stall triggers not sent because the gateway said the job's hang is known
+    suppressed: int = 0
 
 
 @dataclass
@@ -106,13 +159,21 @@ class TriggerClient:
         self._thread: threading.Thread | None = None
         handlers = [_HTTPFrom(self.source), _HTTPSFrom(self.source)] if self.source else []
         self._opener = urllib.request.build_opener(*handlers)
+        #: The gateway said this job's hang is known: stall triggers are not sent.
+        self.known = False
 
     @property
     def url(self) -> str:
         return self.gateway_url.rstrip("/") + TRIGGER_PATH
 
     def submit(self, body: dict[str, Any]) -> None:
-        """Queue one trigger; returns at once (drops it when 64 are already waiting)."""
+        """Queue one trigger; returns at once (drops it when 64 are already waiting, and a
+        stall trigger once the gateway said the hang is known)."""
+        if body.get("resolved"):
+            self.known = False  # a stall of this rank ended: the next one is news again
+        elif self.known:
+            self.stats.suppressed += 1
+            return
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._run, name="trainsentry-probe-trigger", daemon=True
@@ -141,6 +202,9 @@ class TriggerClient:
                 continue
             if self._wait(random.uniform(0, self.jitter_s)):
                 return
+            if self.known and not body.get("resolved"):
+                self.stats.suppressed += 1
+                continue
             self.send(body)
 
     def send(self, body: dict[str, Any]) -> bool:
@@ -154,8 +218,10 @@ class TriggerClient:
                 request.add_header("Authorization", f"Bearer {self.token}")
             try:
                 with self._opener.open(request, timeout=self.timeout_s) as answer:
-                    answer.read(4096)
+                    said = answer.read(4096)
                 self.stats.sent += 1
+                if not body.get("resolved") and _hang_known(said):
+                    self.known = True
                 log.info(
                     "event=hang_trigger_sent pg=%s seq=%s attempt=%d",
                     body.get("pg"),
@@ -177,3 +243,12 @@ class TriggerClient:
         self.stats.failed += 1
         log.warning("event=hang_trigger_failed pg=%s error=%s", body.get("pg"), error)
         return False
+
+
+def _hang_known(answer: bytes) -> bool:
+    """Pure: whether the gateway's answer says the job's hang is already known."""
+    try:
+        said = json.loads(answer)
+    except ValueError:
+        return False
+    return isinstance(said, dict) and said.get("hang") == "known"

@@ -9,8 +9,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from trainsentry.alerts import Alert, AlertStatus
-from trainsentry.gateway.policy.health import fault_of, score_nodes
-from trainsentry.gateway.policy.rules import Policy, load_policy
+from trainsentry.gateway.policy import Policy, fault_of, load_policy, score_nodes
 from trainsentry.labels import GPU_ID_LABELS, first_label
 from trainsentry.reports.figures import Hotspot, XidSeen
 from trainsentry.store.report_loads import Occurrence
@@ -50,7 +49,15 @@ def policy_of(given: Policy | None) -> Policy:
 
 
 def as_alert(occ: Occurrence) -> Alert:
-    return Alert(occ.fingerprint, AlertStatus.FIRING, occ.labels, {}, occ.starts_at, None)
+    return Alert(
+        occ.fingerprint,
+        AlertStatus.FIRING,
+        occ.labels,
+        {},
+        occ.starts_at,
+        None,
+        resolved_node=occ.node,
+    )
 
 
 def _sick_nodes(

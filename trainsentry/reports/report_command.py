@@ -105,7 +105,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     """(gateway settings, report settings, channels settings, stats options)."""
     from trainsentry.config import ConfigError, load_settings
     from trainsentry.config.channels import ChannelsSettings
-    from trainsentry.gateway.policy.rules import load_policy
+    from trainsentry.gateway.policy import load_policy
     from trainsentry.reports.stats import StatsOptions
 
     try:

@@ -37,7 +37,7 @@ from datetime import date, datetime, timedelta
 from typing import Any
 
 from trainsentry.alerts import PROBE_HANG_ALERT, Priority
-from trainsentry.gateway.policy.rules import Policy
+from trainsentry.gateway.policy import Policy
 from trainsentry.reports.figures import (
     Change,
     Durations,

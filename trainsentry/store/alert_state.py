@@ -11,11 +11,11 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, select, update
+from sqlalchemy import ColumnElement, Row, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trainsentry.store.dialect import is_sqlite
-from trainsentry.store.schema import alert_events, alerts, notifications
+from trainsentry.store.schema import alert_events, alerts, incident_alerts, notifications
 
 #: `last_error` of a notification held back past its diagnosis (a checkpoint within its limit).
 HELD_MARK = "held: checkpoint within its limit"
@@ -93,27 +93,37 @@ async def save_verdict(
     held until then, marked `HELD_MARK` (a checkpoint within its limit: `cancel_held` drops
     it when the stall ends first). Returns how many it touched."""
     await conn.execute(update(alerts).where(alerts.c.id == alert_id).values(verdict=dict(verdict)))
+    values: dict[str, Any] = {"next_attempt_at": now}
+    if cancel:
+        values["status"] = "cancelled"
+    elif hold_until is not None:
+        values.update(next_attempt_at=hold_until, last_error=HELD_MARK)
+    rows = await _update_pending(conn, notifications.c.alert_id == alert_id, payload_update, values)
+    return len(rows)
+
+
+async def _update_pending(
+    conn: AsyncConnection,
+    which: ColumnElement[bool],
+    payload_update: Mapping[str, Any],
+    values: Mapping[str, Any],
+) -> Sequence[Row[Any, Any, Any]]:
+    """The pending notifications `which` selects get `payload_update` merged into their
+    payload and `values` set (a row sent meanwhile is left alone); returns their rows."""
     rows = (
         await conn.execute(
-            select(notifications.c.id, notifications.c.payload).where(
-                notifications.c.alert_id == alert_id,
-                notifications.c.status == "pending",
+            select(notifications.c.id, notifications.c.alert_id, notifications.c.payload).where(
+                which, notifications.c.status == "pending"
             )
         )
     ).all()
     for row in rows:
-        payload = {**dict(row.payload), **payload_update}
-        values: dict[str, Any] = {"payload": payload, "next_attempt_at": now}
-        if cancel:
-            values["status"] = "cancelled"
-        elif hold_until is not None:
-            values.update(next_attempt_at=hold_until, last_error=HELD_MARK)
         await conn.execute(
             update(notifications)
             .where(notifications.c.id == row.id, notifications.c.status == "pending")
-            .values(**values)
+            .values(payload={**dict(row.payload), **payload_update}, **values)
         )
-    return len(rows)
+    return rows
 
 
 async def cancel_held(conn: AsyncConnection, alert_ids: Sequence[int], why: str) -> set[int]:
@@ -131,4 +141,26 @@ async def cancel_held(conn: AsyncConnection, alert_ids: Sequence[int], why: str)
         .values(status="cancelled", last_error=why)
         .returning(notifications.c.alert_id)
     )
+    return {int(row.alert_id) for row in rows}
+
+
+async def release_incident_held(
+    conn: AsyncConnection, alert_id: int, payload_update: Mapping[str, Any], now: datetime
+) -> set[int]:
+    """The notifications held for a checkpoint's limit (`HELD_MARK`) of the other alerts of
+    `alert_id`'s incident go out now, with `payload_update` merged into their payload (a
+    hang found in the incident: its pages say so). Returns the alerts whose rows went."""
+    incident = (
+        select(incident_alerts.c.incident_id)
+        .where(incident_alerts.c.alert_id == alert_id)
+        .scalar_subquery()
+    )
+    members = select(incident_alerts.c.alert_id).where(incident_alerts.c.incident_id == incident)
+    held = (
+        notifications.c.alert_id.in_(members)
+        & (notifications.c.alert_id != alert_id)
+        & (notifications.c.last_error == HELD_MARK)
+    )
+    values = {"next_attempt_at": now, "last_error": None}
+    rows = await _update_pending(conn, held, payload_update, values)
     return {int(row.alert_id) for row in rows}

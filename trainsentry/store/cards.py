@@ -1,7 +1,7 @@
 """Where an alert's or an incident's cards went: the outbox rows of its notices, read for
 its ack and for the redraw of its card.
 
-An ack is shown where the cards were (gateway/stages/ack.py): the same channels, the same
+An ack is shown where the cards were (gateway/stages/services/ack.py): the same channels, the same
 TrainingJob route (`job_route` of a `feishu_job` card), and on the Feishu card already in the
 chat (its `provider_id`, the message_id the Feishu app answered) when there is one. An
 incident's cards share one outbox group (`incident:<id>`): `group_cards` reads them.

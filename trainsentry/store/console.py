@@ -1,6 +1,6 @@
 """Reading the store for the incident console (`/ui/`, gateway/ui/): open incidents, one
-incident with its events and notifications, resolved history, a job's alerts, and the
-change marker the console's live feed polls.
+incident with its events and notifications, the alert search History uses, a job's alerts,
+the silences the gateway made, and the change marker the console's live feed polls.
 
 Read only; every listing is bounded by a `limit` the caller passes (the console's handlers
 bound it again). Labels and annotations come back as stored: attacker-controlled text that
@@ -254,41 +254,22 @@ async def alert_detail(
     )
 
 
-async def resolved_alerts(
-    conn: AsyncConnection,
-    *,
-    since: datetime,
-    search: str | None = None,
-    limit: int = 200,
-    before: int | None = None,
-) -> list[AlertRow]:
-    """Resolved occurrences that began since `since`, newest first; `search` matches (case
-    blind, as a substring) the alert name, job, namespace, node or any label text."""
-    query = (
-        select(*LIST_COLUMNS)
-        .where(alerts.c.status == "resolved", alerts.c.starts_at >= since)
-        .order_by(alerts.c.id.desc())
-        .limit(limit)
-    )
-    if before is not None:
-        query = query.where(alerts.c.id < before)
-    if search:
-        needle = search.lower()
-        query = query.where(
-            or_(
-                *(
-                    func.lower(column).contains(needle, autoescape=True)
-                    for column in (
-                        alerts.c.alertname,
-                        alerts.c.job_name,
-                        alerts.c.job_namespace,
-                        alerts.c.node,
-                        cast(alerts.c.labels, Text),
-                    )
-                )
+def alert_search(search: str) -> Any:
+    """The condition of an alert whose name, job, namespace, node or any label text holds
+    `search` (case blind, as a substring; `%` and `_` are plain characters)."""
+    needle = search.lower()
+    return or_(
+        *(
+            func.lower(column).contains(needle, autoescape=True)
+            for column in (
+                alerts.c.alertname,
+                alerts.c.job_name,
+                alerts.c.job_namespace,
+                alerts.c.node,
+                cast(alerts.c.labels, Text),
             )
         )
-    return [alert_row(row) for row in await conn.execute(query)]
+    )
 
 
 async def job_alerts(
@@ -309,3 +290,27 @@ async def job_alerts(
     if namespace:
         query = query.where(alerts.c.job_namespace == namespace)
     return [alert_row(row) for row in await conn.execute(query)]
+
+
+async def silences_made(
+    conn: AsyncConnection, *, since: datetime, limit: int = 500
+) -> list[dict[str, Any]]:
+    """The Alertmanager silences the gateway made since `since` (its `silenced` events: who,
+    the silence's id and length), newest first, at most `limit`, each with its alert's id,
+    name, node and job."""
+    query = (
+        select(
+            alert_events.c.alert_id,
+            alert_events.c.at,
+            alert_events.c.detail,
+            alerts.c.alertname,
+            alerts.c.node,
+            alerts.c.job_namespace,
+            alerts.c.job_name,
+        )
+        .join(alerts, alerts.c.id == alert_events.c.alert_id)
+        .where(alert_events.c.kind == "silenced", alert_events.c.at >= since)
+        .order_by(alert_events.c.at.desc(), alert_events.c.id.desc())
+        .limit(limit)
+    )
+    return [dict(row._mapping) for row in await conn.execute(query)]

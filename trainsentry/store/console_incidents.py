@@ -2,9 +2,11 @@
 which incident each listed alert is in, incidents' summaries, one incident's alerts, events
 and notifications, and what a job's bulk ack acknowledges.
 
-Read only; every listing is bounded by a `limit` the caller passes. An incident's row holds
-the policy's counts (store/incidents.py); its alerts are the `incident_alerts` rows. Labels
-and annotations come back as stored: attacker-controlled text that the templates escape.
+Read only; every listing is bounded by a `limit` the caller passes (History's resolved
+incidents with their first alerts, the open incidents on a list of nodes, too). An
+incident's row holds the policy's counts (store/incidents.py); its alerts are the
+`incident_alerts` rows. Labels and annotations come back as stored: attacker-controlled
+text that the templates escape.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, func, select
+from sqlalchemy import case, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from trainsentry.store.console import LIST_COLUMNS, AlertRow, alert_row
+from trainsentry.store.console import LIST_COLUMNS, AlertRow, alert_row, alert_search
 from trainsentry.store.schema import alert_events, alerts, incident_alerts, incidents, notifications
 
 _CHUNK = 2000
@@ -238,7 +240,7 @@ async def incident_notifications(
 
 async def incident_alert(conn: AsyncConnection, incident_id: int) -> int | None:
     """An alert of the incident to act through (its cause, else its oldest): an ack of any
-    of its alerts acknowledges the incident (gateway/stages/ack.py)."""
+    of its alerts acknowledges the incident (gateway/stages/services/ack.py)."""
     row = (
         await conn.execute(select(incidents.c.cause_alert_id).where(incidents.c.id == incident_id))
     ).first()
@@ -284,3 +286,96 @@ async def job_unacked(
         .limit(limit)
     )
     return found, [int(i) for i in (await conn.execute(loose)).scalars()]
+
+
+async def resolved_incidents(
+    conn: AsyncConnection, *, since: datetime, search: str | None = None, limit: int = 200
+) -> list[IncidentSummary]:
+    """Resolved incidents opened since `since`, newest first, at most `limit`. `search`
+    (case blind, as a substring) matches the incident's cause or job, or any of its alerts
+    as History's alert search does (store/console.py `alert_search`)."""
+    query = (
+        select(*_COLUMNS)
+        .where(incidents.c.status == "resolved", incidents.c.opened_at >= since)
+        .order_by(incidents.c.id.desc())
+        .limit(limit)
+    )
+    if search:
+        needle = search.lower()
+        holding = (
+            select(incident_alerts.c.incident_id)
+            .join(alerts, alerts.c.id == incident_alerts.c.alert_id)
+            .where(alert_search(search))
+        )
+        query = query.where(
+            or_(
+                func.lower(incidents.c.cause).contains(needle, autoescape=True),
+                func.lower(incidents.c.job).contains(needle, autoescape=True),
+                incidents.c.id.in_(holding),
+            )
+        )
+    return [_summary(row) for row in await conn.execute(query)]
+
+
+async def first_alerts(
+    conn: AsyncConnection, incident_ids: Iterable[int], per_incident: int = 10
+) -> dict[int, list[AlertRow]]:
+    """incident id -> its first `per_incident` alerts (the most urgent, then the newest),
+    one query per chunk of ids (a window function: a large incident never crowds out the
+    others)."""
+    wanted = sorted(set(incident_ids))
+    found: dict[int, list[AlertRow]] = {incident: [] for incident in wanted}
+    for start in range(0, len(wanted), _CHUNK):
+        rank = (
+            func.row_number()
+            .over(
+                partition_by=incident_alerts.c.incident_id,
+                order_by=(func.coalesce(alerts.c.priority, "P3"), alerts.c.id.desc()),
+            )
+            .label("rank")
+        )
+        ranked = (
+            select(incident_alerts.c.incident_id, *LIST_COLUMNS, rank)
+            .join(alerts, alerts.c.id == incident_alerts.c.alert_id)
+            .where(incident_alerts.c.incident_id.in_(wanted[start : start + _CHUNK]))
+            .subquery()
+        )
+        query = (
+            select(ranked)
+            .where(ranked.c.rank <= per_incident)
+            .order_by(ranked.c.incident_id, ranked.c.rank)
+        )
+        for row in await conn.execute(query):
+            found[int(row.incident_id)].append(alert_row(row))
+    return found
+
+
+async def open_incidents_on(
+    conn: AsyncConnection, nodes: Iterable[str], limit: int = 2000
+) -> dict[str, list[int]]:
+    """node -> the open incidents with an alert firing on it (newest first), for `nodes`;
+    at most `limit` (node, incident) pairs in all."""
+    wanted = sorted(set(nodes))
+    found: dict[str, list[int]] = {}
+    left = limit
+    for start in range(0, len(wanted), _CHUNK):
+        if left <= 0:
+            break
+        query = (
+            select(alerts.c.node, incident_alerts.c.incident_id)
+            .join(incident_alerts, incident_alerts.c.alert_id == alerts.c.id)
+            .join(incidents, incidents.c.id == incident_alerts.c.incident_id)
+            .where(
+                alerts.c.status == "firing",
+                incidents.c.status == "firing",
+                alerts.c.node.in_(wanted[start : start + _CHUNK]),
+            )
+            .distinct()
+            .order_by(alerts.c.node, incident_alerts.c.incident_id.desc())
+            .limit(left)
+        )
+        rows = (await conn.execute(query)).all()
+        left -= len(rows)
+        for node, incident in rows:
+            found.setdefault(str(node), []).append(int(incident))
+    return found

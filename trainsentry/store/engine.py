@@ -109,6 +109,17 @@ def require_existing(url: str) -> None:
         )
 
 
+def require_directory(url: str) -> None:
+    """Raises StoreMissing for a SQLite URL whose folder does not exist, naming it (SQLite
+    would say only "unable to open database file", at the first connection)."""
+    path = sqlite_path(url)
+    if path is not None and not path.parent.is_dir():
+        raise StoreMissing(
+            f"the database folder {path.parent} does not exist: create it "
+            f"(mkdir -p {path.parent}) or give --db a path in a folder that exists"
+        )
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     # WAL + synchronous=FULL: a transaction is on disk when COMMIT returns, so a 200 means
     # the alerts survive a crash of the process (the kill -9 tests) and of the machine.

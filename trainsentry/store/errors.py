@@ -19,6 +19,8 @@ trainsentry/store/ imports SQLAlchemy:
 - `DriverError`: the database driver refused or failed (DBAPIError);
 - `StoreDown`: the database cannot be reached or is locked (OperationalError);
 - `Conflict`: a uniqueness or foreign-key constraint refused a write (IntegrityError).
+
+What a caller catches when a store call fails while it runs: `STORE_FAILURES`, one tuple.
 """
 
 from __future__ import annotations
@@ -50,7 +52,13 @@ DriverError = DBAPIError
 StoreDown = OperationalError
 Conflict = IntegrityError
 
+#: A store call failed while it ran: the database (`DatabaseError`, with `DriverError`,
+#: `StoreDown` and `Conflict` under it) or the connection or disk under it (`OSError`). The
+#: one tuple callers catch (`except STORE_FAILURES`); `StoreError`s are raised apart.
+STORE_FAILURES: tuple[type[Exception], ...] = (OSError, DatabaseError)
+
 __all__ = [
+    "STORE_FAILURES",
     "Conflict",
     "DatabaseError",
     "DriverError",

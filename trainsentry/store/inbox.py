@@ -57,7 +57,7 @@ class Claimed:
 # expiry); incidents group by it (gateway/policy/incident.py).
 _SELECT = (
     "SELECT i.event_id, e.kind, e.at, a.id, a.fingerprint, a.labels, a.annotations, "
-    "a.starts_at, a.ends_at, a.generator_url, r.group_key "
+    "a.starts_at, a.ends_at, a.generator_url, a.node, r.group_key "
     "FROM policy_inbox i JOIN alert_events e ON e.id = i.event_id "
     "JOIN alerts a ON a.id = e.alert_id "
     "LEFT JOIN webhook_receipts r ON r.id = e.receipt_id "
@@ -86,7 +86,8 @@ async def claim_inbox(conn: AsyncConnection, limit: int) -> Claimed:
     rows = await fetch(conn, sql, (limit,))
     event_ids: list[int] = []
     changes: list[AlertChange] = []
-    for event_id, kind_text, at, alert_id, fp, labels, notes, starts, ends, url, group in rows:
+    for row in rows:
+        event_id, kind_text, at, alert_id, fp, labels, notes, starts, ends, url, node, group = row
         kind = ChangeKind(kind_text)
         # The occurrence as stored now; its status is the one this change moved it to.
         status = AlertStatus.FIRING if kind is ChangeKind.FIRING else AlertStatus.RESOLVED
@@ -98,6 +99,7 @@ async def claim_inbox(conn: AsyncConnection, limit: int) -> Claimed:
             starts_at=decode_time(starts),
             ends_at=decode_time(ends) if ends is not None else None,
             generator_url=url,
+            resolved_node=node,  # as the store resolved it (store/writes.py)
         )
         event_ids.append(int(event_id))
         change = AlertChange(int(alert_id), kind, alert, decode_time(at), group or "")
@@ -110,6 +112,13 @@ async def clear_inbox(conn: AsyncConnection, event_ids: list[int]) -> None:
         chunk = event_ids[start : start + 5000]
         marks = ",".join("?" * len(chunk))
         await fetch(conn, f"DELETE FROM policy_inbox WHERE event_id IN ({marks})", chunk)
+
+
+async def inbox_holds(conn: AsyncConnection, count: int) -> bool:
+    """Whether at least `count` changes wait for the policy (reads at most `count` rows)."""
+    sql = "SELECT count(*) FROM (SELECT 1 FROM policy_inbox LIMIT ?) AS waiting"
+    ((found,),) = await fetch(conn, sql, (count,))
+    return int(found) >= count
 
 
 @dataclass(frozen=True, slots=True)

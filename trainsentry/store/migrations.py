@@ -211,6 +211,21 @@ def _create_incidents_v13(conn: Connection) -> None:
         conn.exec_driver_sql("CREATE SEQUENCE incident_ids")
 
 
+def _create_intake_journal_v14(conn: Connection) -> None:
+    # The table as version 14 defines it.
+    table = Table(
+        "intake_journal",
+        MetaData(),
+        Column("id", Id, primary_key=True, autoincrement=True),
+        Column("receipt_id", Id, ForeignKey(webhook_receipts.c.id), nullable=False),
+        Column("group_hash", String(64), nullable=False),
+        Column("alert_count", Integer, nullable=False),
+        Column("received_at", UTCDateTime, nullable=False),
+    )
+    Index("ix_intake_journal_group", table.c.group_hash)
+    table.create(conn)
+
+
 MIGRATIONS: dict[int, list[Step]] = {
     1: [],
     # 2: the policy runs after the intake's commit, from a durable inbox of events
@@ -251,4 +266,7 @@ MIGRATIONS: dict[int, list[Step]] = {
     12: [_create_webhook_groups_v12],
     # 13: incidents, the unit of notification, and which incident each alert is in (issue 34)
     13: [_create_incidents_v13],
+    # 14: journal-first intake: a receipt is answered once stored, its alerts recorded after
+    # (issue 46)
+    14: [_create_intake_journal_v14],
 }

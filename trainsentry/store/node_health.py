@@ -10,6 +10,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from trainsentry.alerts import Alert, AlertStatus
 from trainsentry.store.schema import alerts
 
 # The newest occurrences read at most (a bound on one request's work).
@@ -23,6 +24,19 @@ class NodeOccurrence:
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     starts_at: datetime
+
+    def alert(self) -> Alert:
+        """The occurrence as a firing alert (when it fired is what counts), its node the one
+        the store resolved (cordon and the nodes API score these)."""
+        return Alert(
+            self.fingerprint,
+            AlertStatus.FIRING,
+            self.labels,
+            self.annotations,
+            self.starts_at,
+            None,
+            resolved_node=self.node,
+        )
 
 
 async def node_occurrences(

@@ -125,6 +125,15 @@ async def list_changes(
     return [_change(row) for row in rows]
 
 
+async def change_schedule(conn: AsyncConnection, change_id: int) -> str | None:
+    """The schedule of a change in force (not removed); None: no such change in force."""
+    query = select(oncall_overrides.c.schedule).where(
+        oncall_overrides.c.id == change_id, oncall_overrides.c.removed_at.is_(None)
+    )
+    found = (await conn.execute(query)).scalar()
+    return None if found is None else str(found)
+
+
 async def remove_change(
     conn: AsyncConnection, change_id: int, by: str, now: datetime
 ) -> StoredChange | None:

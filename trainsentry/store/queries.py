@@ -13,7 +13,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from trainsentry.alerts import Alert, AlertStatus
 from trainsentry.store.bulk import run_steps, update_steps
 from trainsentry.store.dialect import is_sqlite
-from trainsentry.store.schema import alert_events, alerts, notifications, webhook_receipts
+from trainsentry.store.schema import (
+    alert_events,
+    alerts,
+    incident_alerts,
+    incidents,
+    notifications,
+    webhook_receipts,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,17 +99,23 @@ async def get_alert(conn: AsyncConnection, alert_id: int) -> dict[str, Any] | No
     return item
 
 
-async def first_occurrence(conn: AsyncConnection, fingerprint: str) -> datetime | None:
-    """When the earliest stored occurrence of an alert began (None: never stored)."""
-    value = (
+async def firing_occurrence(
+    conn: AsyncConnection, fingerprint: str
+) -> tuple[datetime, dict[str, str]] | None:
+    """The latest still-firing occurrence of an alert: when it began and its annotations
+    (None: none is firing)."""
+    row = (
         await conn.execute(
-            select(alerts.c.starts_at)
-            .where(alerts.c.fingerprint == fingerprint)
-            .order_by(alerts.c.starts_at)
+            select(alerts.c.starts_at, alerts.c.annotations)
+            .where(alerts.c.fingerprint == fingerprint, alerts.c.status == AlertStatus.FIRING.value)
+            .order_by(alerts.c.starts_at.desc())
             .limit(1)
         )
-    ).scalar()
-    return value if isinstance(value, datetime) else None
+    ).first()
+    if row is None or not isinstance(row.starts_at, datetime):
+        return None
+    annotations = row.annotations if isinstance(row.annotations, dict) else {}
+    return row.starts_at, {str(k): str(v) for k, v in annotations.items()}
 
 
 async def counts(conn: AsyncConnection) -> dict[str, Any]:
@@ -184,6 +197,7 @@ class StoredOccurrence:
     priority: str | None
     reason: str
     acked_by: str
+    incident_priority: str | None = None  # the priority of the incident it is in
 
 
 async def load_occurrences_for_export(
@@ -197,7 +211,15 @@ async def load_occurrences_for_export(
     try:
         await check_schema(engine)
         async with engine.connect() as conn:
-            query = select(alerts).order_by(alerts.c.id)
+            query = (
+                select(alerts, incidents.c.priority.label("incident_priority"))
+                .select_from(
+                    alerts.outerjoin(
+                        incident_alerts, incident_alerts.c.alert_id == alerts.c.id
+                    ).outerjoin(incidents, incidents.c.id == incident_alerts.c.incident_id)
+                )
+                .order_by(alerts.c.id)
+            )
             if since is not None:
                 query = query.where(alerts.c.starts_at >= since)
             found: list[StoredOccurrence] = []
@@ -210,6 +232,7 @@ async def load_occurrences_for_export(
                     starts_at=row.starts_at,
                     ends_at=row.resolved_at if row.status == "resolved" else None,
                     generator_url=row.generator_url,
+                    resolved_node=row.node,
                 )
                 found.append(
                     StoredOccurrence(
@@ -218,6 +241,7 @@ async def load_occurrences_for_export(
                         row.priority,
                         row.priority_reason or "",
                         row.acked_by or "",
+                        row.incident_priority,
                     )
                 )
     finally:

@@ -16,7 +16,7 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trainsentry.alerts import Priority
-from trainsentry.labels import NODE_LABELS, first_label
+from trainsentry.labels import node_of
 from trainsentry.store.schema import alerts, notifications
 
 _PRIORITIES: tuple[str, ...] = tuple(p.value for p in Priority)
@@ -70,6 +70,9 @@ class Occurrence:
     #: When the stall began, as the probe's trigger said (its `stalled_since` annotation,
     #: kept only when it lies within a day before `starts_at`); None for other alerts.
     stalled_since: datetime | None = None
+    #: The node the store resolved when it recorded the occurrence (the policy's
+    #: `node_labels`, store/writes.py); None: not read from the store, the default labels.
+    stored_node: str | None = None
 
     @property
     def job_ref(self) -> str:
@@ -79,7 +82,7 @@ class Occurrence:
 
     @property
     def node(self) -> str:
-        return first_label(self.labels, NODE_LABELS)
+        return node_of(self.labels) if self.stored_node is None else self.stored_node
 
     @property
     def hardware(self) -> bool:
@@ -129,6 +132,7 @@ def _occurrence(row: Any) -> Occurrence:
         acked_by=row.acked_by,
         verdict=str(row.verdict.get("verdict", "")) if isinstance(row.verdict, dict) else "",
         stalled_since=_stalled_since(annotations.get("stalled_since"), row.starts_at),
+        stored_node=row.node,
     )
 
 

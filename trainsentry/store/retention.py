@@ -1,5 +1,5 @@
 """Retention: deleting finished rows from the store, one bounded batch per transaction, and
-measuring how big the store is. The gateway's retention stage (gateway/stages/retention.py)
+measuring how big the store is. The gateway's retention stage (gateway/stages/services/retention.py)
 calls these in a loop; docs/gateway.md ("Retention") states what is kept.
 
 Invariants kept here:
@@ -9,8 +9,8 @@ Invariants kept here:
   back; it goes with all its events, notifications, (closed) mutes and its place in its
   incident (a resolved incident left without alerts goes too), in one transaction.
   A notification only when it is sent, dead or cancelled. A receipt only when no webhook
-  brought its body since the cut (references to it are cleared first, and the group digest
-  it set goes with it).
+  brought its body since the cut and no intake journal row waits for it (references to it
+  are cleared first, and the group digest it set goes with it).
 - A batch looks at most at `limit` rows of the kind it purges, the next ones by time through
   a time index (keyset: the next batch starts after the last row looked at), and deletes at
   most those (an alert's batch: up to `limit` alerts plus their events and notifications),
@@ -47,6 +47,7 @@ from trainsentry.store.schema import (
     callback_events,
     incident_alerts,
     incidents,
+    intake_journal,
     maintenance_mutes,
     notifications,
     policy_inbox,
@@ -153,10 +154,12 @@ async def _next_rows(
 
 
 def old_receipts(before: datetime, limit: int) -> Select[Any]:
-    """The first `limit` receipts whose body no webhook brought since `before`."""
+    """The first `limit` receipts whose body no webhook brought since `before` and that no
+    intake journal row waits for (store/journal.py: its alerts are recorded from it)."""
+    waiting = exists().where(intake_journal.c.receipt_id == webhook_receipts.c.id)
     return (
         select(webhook_receipts.c.id)
-        .where(webhook_receipts.c.last_received_at < before)
+        .where(webhook_receipts.c.last_received_at < before, ~waiting)
         .order_by(webhook_receipts.c.last_received_at)
         .limit(limit)
     )

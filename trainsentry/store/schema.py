@@ -17,6 +17,8 @@ Tables:
   to recognise the group re-sent unchanged (store/resends.py).
 - incidents: the unit of notification (one card, one page, one ack), the policy's state.
 - incident_alerts: which incident each alert occurrence is in (exactly one).
+- intake_journal: receipts answered before their alerts were recorded, waiting to be
+  expanded into occurrences, events and inbox rows, oldest first (store/journal.py).
 
 Bump SCHEMA_VERSION and add a step to `migrations.MIGRATIONS` for every change.
 """
@@ -49,7 +51,7 @@ from sqlalchemy.types import TypeDecorator
 
 from trainsentry.store.dialect import is_sqlite
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -106,6 +108,19 @@ webhook_receipts = Table(
 )
 # The retention purge (store/retention.py) finds old receipts by when a body last came.
 Index("ix_webhook_receipts_last_received", webhook_receipts.c.last_received_at)
+
+# Receipts answered before their alerts were recorded (store/journal.py): one row per
+# arrival of a body whose alerts below the most urgent wait to be expanded, oldest first.
+intake_journal = Table(
+    "intake_journal",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("receipt_id", Id, ForeignKey("webhook_receipts.id"), nullable=False),
+    Column("group_hash", String(64), nullable=False),  # store/writes.py group_row_key
+    Column("alert_count", Integer, nullable=False),  # the alerts waiting
+    Column("received_at", UTCDateTime, nullable=False),  # this arrival's time
+)
+Index("ix_intake_journal_group", intake_journal.c.group_hash)
 
 alerts = Table(
     "alerts",
@@ -192,7 +207,7 @@ notifications = Table(
     Column("reason", Text, nullable=False, default=""),
     Column("payload", Json, nullable=False),
     # pending -> sending -> sent | pending (retry) | dead; a phone call whose escalation
-    # stopped before it rang: cancelled (gateway/stages/paging.py)
+    # stopped before it rang: cancelled (gateway/stages/services/paging.py)
     Column("status", String(16), nullable=False, default="pending"),
     Column("attempts", Integer, nullable=False, default=0),
     Column("next_attempt_at", UTCDateTime, nullable=False),
@@ -202,7 +217,7 @@ notifications = Table(
     Column("provider_id", Text, nullable=True),
     Column("last_error", Text, nullable=True),
     # since when the row's sends fail without a break (None once sent, or never failed); the
-    # outbox gives up by this elapsed time, not by attempts (gateway/policy/delivery.py)
+    # outbox gives up by this elapsed time, not by attempts (gateway/policy/outbox_retry.py)
     Column("failing_since", UTCDateTime, nullable=True),
     # the last manual re-send of a dead row (`trainsentry outbox retry`, the API): who, when
     Column("retried_by", Text, nullable=True),
@@ -250,8 +265,8 @@ callback_events = Table(
 )
 Index("ix_callback_events_received", callback_events.c.received_at)
 
-# Maintenance windows (store/maintenance_windows.py, gateway/stages/maintenance_service.py):
-# `request` is the validated request body, parsed again (oncall/windows.py) by whichever
+# Maintenance windows (store/maintenance_windows.py, gateway/stages/services/maintenance.py):
+# `request` is the validated request body, parsed again (maintenance/windows.py) by whichever
 # replica reads it.
 # `ended_at`/`ended_by`: ended early (DELETE); `announced_end`: the end of the stretch whose
 # "ends soon" notice was written (once, by one replica).

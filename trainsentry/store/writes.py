@@ -22,6 +22,7 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trainsentry.alerts import Alert, AlertChange, AlertStatus, ChangeKind, NotificationDraft
+from trainsentry.labels import NODE_LABELS, job_name_of, node_of
 from trainsentry.store.bulk import (
     Encoder,
     Fetch,
@@ -71,6 +72,9 @@ class ReceiptOutcome:
     changes: list[AlertChange] = field(default_factory=list)
     # an unchanged resend of its group, answered from the store without a write
     resend: bool = False
+    # alerts journaled, recorded after the answer (store/journal.py); `new`, `changed` and
+    # `unchanged` count the others
+    queued: int = 0
 
 
 _RECEIPT_COLUMNS = (
@@ -178,10 +182,18 @@ _ALERT_CONFLICT = "ON CONFLICT (fingerprint, starts_at) DO NOTHING"
 
 
 def _occurrence_row(
-    alert: Alert, starts_at: Any, receipt_id: int, at: datetime, status: str, enc: Encoder
+    alert: Alert,
+    starts_at: Any,
+    receipt_id: int,
+    at: datetime,
+    status: str,
+    enc: Encoder,
+    node_labels: tuple[str, ...],
 ) -> tuple[Any, ...]:
+    """The new occurrence's row. Its `node` is resolved here, once, by the policy's
+    `node_labels`: every reader of the store (the policy, cordon, the console, the blast
+    radius) takes the node from this column, never again from the labels."""
     labels = alert.labels
-    job_name = labels.get("trainingjob") or labels.get("job_name") or ""
     received = enc.time(at)
     resolved = enc.time(alert.ends_at or at) if status == AlertStatus.RESOLVED else None
     return (
@@ -194,8 +206,8 @@ def _occurrence_row(
         enc.time(alert.ends_at),
         alert.generator_url,
         labels.get("namespace", ""),
-        job_name,
-        alert.node,
+        job_name_of(labels),
+        node_of(labels, node_labels),
         receipt_id,
         received,
         received,
@@ -236,27 +248,68 @@ def _group_steps(
 
 
 async def record_receipts(
-    conn: AsyncConnection, receipts: Sequence[IncomingReceipt]
+    conn: AsyncConnection,
+    receipts: Sequence[IncomingReceipt],
+    node_labels: tuple[str, ...] = NODE_LABELS,
 ) -> list[ReceiptOutcome]:
-    """Stores receipts and their alerts; returns per receipt what changed. Caller commits."""
-    return await run_steps(conn, record_receipts_steps(receipts, encoder(conn)))
+    """Stores receipts and their alerts; returns per receipt what changed. Caller commits.
+    `node_labels`: the policy's, which name each new occurrence's node (`_occurrence_row`)."""
+    return await run_steps(conn, record_receipts_steps(receipts, encoder(conn), node_labels))
 
 
 def record_receipts_steps(
-    receipts: Sequence[IncomingReceipt], enc: Encoder
+    receipts: Sequence[IncomingReceipt],
+    enc: Encoder,
+    node_labels: tuple[str, ...] = NODE_LABELS,
 ) -> Steps[list[ReceiptOutcome]]:
     """`record_receipts` as statements (bulk.run_steps): on SQLite all of it runs on the
-    driver's thread while the event loop goes on parsing webhooks. The steps: the receipts,
-    each occurrence seen with its statuses in order; the group digests; new occurrences
-    inserted with their first status; every status after it applied; one event and one
-    policy inbox row per change."""
+    driver's thread while the event loop goes on parsing webhooks. The receipts and their
+    groups' digests (`store_receipts_steps`), then every alert of them (`expand_steps`)."""
+    outcomes = yield from store_receipts_steps(receipts, enc)
+    parts = [
+        Expansion(outcome, receipt.received_at, receipt.alerts)
+        for receipt, outcome in zip(receipts, outcomes, strict=True)
+    ]
+    yield from expand_steps(parts, enc, node_labels)
+    return outcomes
+
+
+def store_receipts_steps(
+    receipts: Sequence[IncomingReceipt], enc: Encoder
+) -> Steps[list[ReceiptOutcome]]:
+    """The receipts (a body stored before counts one more receipt of it) and each one's group
+    digest; an outcome per receipt, to count the changes its alerts make."""
     outcomes: list[ReceiptOutcome] = []
-    seen: dict[Key, _Seen] = {}
-    for index, receipt in enumerate(receipts):
+    for receipt in receipts:
         receipt_id, times = yield from _receipt_steps(receipt, enc)
         outcomes.append(ReceiptOutcome(receipt_id=receipt_id, times_received=times))
-        at = receipt.received_at
-        for alert in receipt.alerts:
+    # the digest goes with the changes its content makes (or with the journal row that
+    # makes them, store/journal.py), never ahead of them
+    yield from _group_steps(receipts, outcomes, enc)
+    return outcomes
+
+
+@dataclass(slots=True)
+class Expansion:
+    """Alerts of one stored receipt to record, received at `received_at`; what they change
+    is counted in `outcome` (whose `receipt_id` is the receipt's)."""
+
+    outcome: ReceiptOutcome
+    received_at: datetime
+    alerts: Sequence[Alert]
+
+
+def expand_steps(
+    parts: Sequence[Expansion], enc: Encoder, node_labels: tuple[str, ...] = NODE_LABELS
+) -> Steps[None]:
+    """Records the parts' alerts in the parts' order: each occurrence seen with its statuses
+    in order; new occurrences inserted with their first status; every status after it
+    applied; one event and one policy inbox row per change. Idempotent: a part recorded
+    twice changes nothing the second time (only a real status change is an event)."""
+    seen: dict[Key, _Seen] = {}
+    for index, part in enumerate(parts):
+        at = part.received_at
+        for alert in part.alerts:
             key = (alert.fingerprint, enc.time(alert.starts_at))
             entry = seen.get(key)
             if entry is None:
@@ -264,15 +317,13 @@ def record_receipts_steps(
             else:
                 entry.alert = alert
                 entry.statuses.append((alert.status, index, at))
-    # the digest goes with the changes its content makes, never ahead of them
-    yield from _group_steps(receipts, outcomes, enc)
     if not seen:
-        return outcomes
+        return
+    outcomes = [part.outcome for part in parts]
     existing = yield from _lock_existing_steps(list(seen), postgresql=not enc.sqlite)
-    inserted = yield from _insert_occurrences_steps(seen, existing, outcomes, enc)
+    inserted = yield from _insert_occurrences_steps(seen, existing, outcomes, enc, node_labels)
     yield from _apply_statuses_steps(seen, existing, inserted, outcomes, enc)
     yield from _event_steps(outcomes, enc)
-    return outcomes
 
 
 def _insert_occurrences_steps(
@@ -280,6 +331,7 @@ def _insert_occurrences_steps(
     existing: dict[Key, tuple[int, str]],
     outcomes: list[ReceiptOutcome],
     enc: Encoder,
+    node_labels: tuple[str, ...],
 ) -> Steps[dict[Key, int]]:
     """Inserts the occurrences not in `existing`, each with its first status, and adds them
     to `existing` (also those another replica inserted meanwhile) and their change to the
@@ -292,7 +344,8 @@ def _insert_occurrences_steps(
         entry = seen[key]
         status, index, at = entry.statuses[0]
         receipt_id = outcomes[index].receipt_id
-        rows.append(_occurrence_row(entry.alert, key[1], receipt_id, at, status, enc))
+        row = _occurrence_row(entry.alert, key[1], receipt_id, at, status, enc, node_labels)
+        rows.append(row)
         # the row is created with the first status; later statuses are applied after it
     returned = yield from insert_returning_steps(
         "alerts",
@@ -404,9 +457,18 @@ _NOTIFICATION_COLUMNS = (
 async def insert_notifications(
     conn: AsyncConnection, drafts: Sequence[NotificationDraft], now: datetime
 ) -> int:
-    """Writes drafts to the outbox; a draft whose idempotency key exists is skipped."""
+    """Writes drafts to the outbox; a draft whose idempotency key exists is skipped.
+    Returns the rows written."""
+    return len(await insert_new_notifications(conn, drafts, now))
+
+
+async def insert_new_notifications(
+    conn: AsyncConnection, drafts: Sequence[NotificationDraft], now: datetime
+) -> list[str]:
+    """Writes drafts to the outbox; a draft whose idempotency key exists is skipped.
+    Returns the idempotency keys of the rows written."""
     if not drafts:
-        return 0
+        return []
     enc = encoder(conn)
     created = enc.time(now)
     rows = [
@@ -434,12 +496,12 @@ async def insert_notifications(
             "notifications",
             _NOTIFICATION_COLUMNS,
             rows,
-            returning=("id",),
+            returning=("idempotency_key",),
             conflict="ON CONFLICT (idempotency_key) DO NOTHING",
             sqlite=enc.sqlite,
         ),
     )
-    return len(returned)
+    return [row[0] for row in returned]
 
 
 async def expire_stale(
@@ -483,6 +545,7 @@ async def expire_stale(
                 starts_at=row.starts_at,
                 ends_at=row.ends_at,
                 generator_url=row.generator_url,
+                resolved_node=row.node,  # as recorded when it was stored
             ),
             at=now,
         )

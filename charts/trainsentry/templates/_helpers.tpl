@@ -231,7 +231,9 @@ affinity:
 {{- if or .Values.channels.existingSecret .Values.channels.secretEnv }}true{{ end -}}
 {{- end -}}
 
-{{/* Refuse combinations the schema cannot express well; message says what to change. */}}
+{{/* Refuse combinations the schema cannot express well; message says what to change.
+     (replicas > 1 with SQLite is here, not a schema if/then: helm words a failed if/then
+     as `Must validate "then" as "if" was valid`, naming neither replicas nor PostgreSQL.) */}}
 {{- define "trainsentry.validate" -}}
 {{- $g := .Values.gateway -}}
 {{- if and (gt (int $g.replicas) 1) (eq $g.database.type "sqlite") -}}
@@ -278,8 +280,30 @@ affinity:
 {{- include "trainsentry.componentName" (dict "ctx" . "component" "operator-webhook") -}}
 {{- end -}}
 
-{{- define "trainsentry.webhookTlsSecret" -}}
-{{- printf "%s-tls" (include "trainsentry.webhookService" .) -}}
+{{- define "trainsentry.webhookCredentials" -}}
+{{- printf "%s-credentials" (include "trainsentry.webhookService" .) -}}
+{{- end -}}
+
+{{- define "trainsentry.webhookConfiguration" -}}
+{{- include "trainsentry.componentName" (dict "ctx" . "component" "instrument") -}}
+{{- end -}}
+
+{{/* The label the operator keeps on each namespace holding a TrainingJob
+(trainsentry/operator/namespace_label.py); the webhook's and the gateway's selectors read it. */}}
+{{- define "trainsentry.jobNamespaceLabel" -}}trainsentry.io/trainingjobs{{- end -}}
+
+{{/* The namespaces whose pods may be a TrainingJob's: operator.namespaces by name, else
+those the operator labels. A namespaceSelector's body. */}}
+{{- define "trainsentry.jobNamespaces" -}}
+{{- if .Values.operator.namespaces -}}
+matchExpressions:
+  - key: kubernetes.io/metadata.name
+    operator: In
+    values: {{ toJson .Values.operator.namespaces }}
+{{- else -}}
+matchLabels:
+  {{ include "trainsentry.jobNamespaceLabel" . }}: "true"
+{{- end -}}
 {{- end -}}
 
 {{/* The gateway's address as training pods reach it (its Service, the Service's port). */}}

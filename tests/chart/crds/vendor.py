@@ -1,6 +1,10 @@
-"""Refreshes the vendored prometheus-operator CRD schemas from a folder of CRD YAML files.
+"""Refreshes (or, with --check, compares) the vendored prometheus-operator CRD schemas
+from a folder of CRD YAML files: prometheus-operator's `example/prometheus-operator-crd/`
+at the release tag (github.com/prometheus-operator/prometheus-operator, v0.93.0).
 
-    .venv/bin/python tests/chart/crds/vendor.py /work/shared/data/crds
+    .venv/bin/python tests/chart/crds/vendor.py [--check] FOLDER
+
+`--check` writes nothing and exits 1 when a vendored file differs from FOLDER's.
 
 Keeps only what validation needs (group, kind, versions and their openAPIV3Schema) without
 the `description` texts, as gzipped JSON: the AlertmanagerConfig CRD alone is 800 KB of YAML.
@@ -66,13 +70,22 @@ def vendored_name(plural: str) -> str:
     return f"monitoring.coreos.com_{plural}.json.gz"
 
 
-def main(source: Path) -> None:
+def main(source: Path, check: bool = False) -> int:
+    stale = 0
     for plural in WANTED:
         crd = essentials(load_source(source / f"monitoring.coreos.com_{plural}.yaml"))
         data = json.dumps(crd, sort_keys=True, separators=(",", ":")).encode()
-        (HERE / vendored_name(plural)).write_bytes(gzip.compress(data, mtime=0))
-        print(f"{plural}: {len(data)} bytes of schema")
+        target = HERE / vendored_name(plural)
+        if check:
+            same = json.loads(gzip.decompress(target.read_bytes())) == json.loads(data)
+            stale += not same
+            print(f"{plural}: {'current' if same else 'DIFFERS from ' + str(source)}")
+        else:
+            target.write_bytes(gzip.compress(data, mtime=0))
+            print(f"{plural}: {len(data)} bytes of schema")
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    args = sys.argv[1:]
+    sys.exit(main(Path(args[-1]), check="--check" in args))

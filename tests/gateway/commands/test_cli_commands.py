@@ -16,7 +16,7 @@ from pydantic import SecretStr
 from tests.support.gateway_process import close_in_process
 from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.config import GatewaySettings
-from trainsentry.gateway.app import WEBHOOK_PATH
+from trainsentry.gateway.api.app import WEBHOOK_PATH
 from trainsentry.gateway.assemble import create_app
 
 TOKEN = "cli-token"
@@ -70,7 +70,7 @@ async def test_ack_and_export_commands(db_url: str, tmp_path: Path) -> None:
     with csv_path.open() as handle:
         rows = list(csv.DictReader(handle))
     assert [r["occurrence"] for r in rows] == ["alert-1", "alert-2", "alert-3"]
-    assert rows[1]["acked_by"] == "dana" and rows[0]["priority"] == "P1"
+    assert rows[1]["acked_by"] == "dana" and rows[0]["alert_priority"] == "P1"
 
     from openpyxl import load_workbook
 

@@ -37,7 +37,7 @@ async def test_maintenance_add_list_end(db_url: str) -> None:
         assert code == 0, out
         one_off = json.loads(out)
         assert one_off["matchers"] == {"node": "gpu-node-17", "job": {"regex": "llama-.*"}}
-        assert one_off["active"] and one_off["created_by"] == "alice"
+        assert one_off["active"] and one_off["created_by"] == "alice (API token)"  # with how
         code, out = await run_cli(
             "maintenance", "add", "--match", "rack=r7", "--rrule", "FREQ=WEEKLY;BYDAY=TU;COUNT=4",
             "--at", "02:00", "--duration", "120m", "--timezone", "Europe/Berlin", *gateway,

@@ -48,7 +48,7 @@ async def test_override_escalate_and_ack_commands(
         added = json.loads(out)
         assert (added["who"], added["created_by"], added["reason"]) == (
             "carol",
-            "alice",
+            "alice (API token)",  # the typed name, with the token it came with
             "swap day",
         )
         code, out = await cli(

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
-from trainsentry.alerts import Alert, AlertChange, AlertStatus, ChangeKind
+from trainsentry.alerts import Alert, AlertChange, AlertStatus, ChangeKind, Person
+from trainsentry.gateway.policy.escalation import Layer, Roster
 
 T0 = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 
@@ -90,16 +91,27 @@ def fire(
 
 
 def resolve(
-    when: float, occurrence: float, *, fingerprint: str = "fp-1", alert_id: int | None = None
+    when: float,
+    occurrence: float,
+    *,
+    fingerprint: str = "fp-1",
+    alert_id: int | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> AlertChange:
     return change(
         ChangeKind.RESOLVED,
         when,
         occurrence=occurrence,
         fingerprint=fingerprint,
+        labels=labels,
         alert_id=alert_id,
     )
 
 
 def expire(when: float, occurrence: float, *, fingerprint: str = "fp-1") -> AlertChange:
     return change(ChangeKind.EXPIRED, when, occurrence=occurrence, fingerprint=fingerprint)
+
+
+def layers_from(names_and_members: Sequence[tuple[str, Sequence[Person]]]) -> Roster:
+    """A roster where every layer calls all its members."""
+    return Roster(tuple(Layer(name, tuple(members)) for name, members in names_and_members))

@@ -11,6 +11,7 @@ from trainsentry.gateway.policy.cordon import (
     Status,
     blocked,
     candidates,
+    counted_faults,
     share_nodes,
 )
 from trainsentry.gateway.policy.rules import load_policy
@@ -20,11 +21,16 @@ POLICY = load_policy()
 SETTINGS = CordonSettings(threshold=15, max_job_share=0.5, max_per_hour=2)
 
 
-def fell(node: str, days_ago: float, job: str = "big") -> Alert:
+def fell(node: str, days_ago: float, job: str | None = None, namespace: str = "ml") -> Alert:
+    """`GPUFellOffBus` of `node` as the chart's cluster-wide rule raises it (no namespace:
+    trusted evidence), or with `job` as a job's rule in `namespace` raises it."""
+    labels = {"alertname": "GPUFellOffBus", "node": node}
+    if job is not None:
+        labels |= {"namespace": namespace, "trainingjob": job}
     return Alert(
-        fingerprint=f"{node}-{days_ago}",
+        fingerprint=f"{node}-{days_ago}-{job}",
         status=AlertStatus.FIRING,
-        labels={"alertname": "GPUFellOffBus", "node": node, "namespace": "ml", "trainingjob": job},
+        labels=labels,
         annotations={},
         starts_at=NOW - timedelta(days=days_ago),
         ends_at=None,
@@ -34,9 +40,20 @@ def fell(node: str, days_ago: float, job: str = "big") -> Alert:
 LEMON = [fell("n17", 0.1), fell("n17", 0.2), fell("n17", 0.3)]
 
 
+def test_a_teams_own_hardware_alerts_recommend_no_cordon() -> None:
+    """Issue 43: a team's rules can raise `GPUFellOffBus{node=...}` for any node (and
+    Prometheus confirms they fired: its rule did fire them); only trusted evidence counts,
+    so a team cannot get another team's node cordoned. Failed before: n17 recommended."""
+    forged = [fell("n17", d, "decoy", namespace="team-a") for d in (0.1, 0.2, 0.3, 0.4, 0.5)]
+    assert candidates(forged, POLICY, SETTINGS, {}, NOW) == []
+    assert counted_faults(forged, POLICY, {}, NOW) == []
+    [found] = candidates([*forged, *LEMON], POLICY, SETTINGS, {}, NOW)
+    assert found.health.faults == {"fell_off_bus": 3}, "the cluster's own faults alone"
+
+
 def test_the_threshold_and_decay_decide_and_a_decision_resets_the_count() -> None:
-    [found] = candidates(LEMON, POLICY, SETTINGS, {}, NOW)
-    assert found.health.node == "n17" and found.jobs == ("ml/big",)
+    [found] = candidates([*LEMON, fell("n17", 0.1, "big")], POLICY, SETTINGS, {}, NOW)
+    assert found.health.node == "n17" and found.jobs == ("ml/big",), "its job's copy names it"
     # a week later the same faults weigh half: below the threshold
     assert candidates(LEMON, POLICY, SETTINGS, {}, NOW + timedelta(days=7)) == []
     # recommended or cordoned: never again; dismissed: only faults after the dismissal count

@@ -13,6 +13,7 @@ from datetime import timedelta
 import pytest
 
 from tests.gateway.policy.factory import at
+from tests.gateway.policy.planned import DecideResult, decide
 from trainsentry.alerts import Alert, AlertChange, AlertStatus, ChangeKind, NotificationDraft
 from trainsentry.gateway.policy.classify import classify
 from trainsentry.gateway.policy.correlate import (
@@ -23,7 +24,7 @@ from trainsentry.gateway.policy.correlate import (
     NODE_DOWN,
     rank,
 )
-from trainsentry.gateway.policy.decide import DecideResult, decide, decide_tick
+from trainsentry.gateway.policy.decide import decide_tick
 from trainsentry.gateway.policy.incident import FIRING, RESOLVED, IncidentBook, IncidentState
 from trainsentry.gateway.policy.incident_cards import incident_block, incident_payload
 from trainsentry.gateway.policy.rules import Policy, load_policy, merge_policy
@@ -76,12 +77,13 @@ class Gateway:
         self.fps: dict[str, object] = {}
         self.drafts: list[NotificationDraft] = []
 
-    def send(self, change: AlertChange) -> DecideResult:
+    def send(self, change: AlertChange, nodes: int = 1) -> DecideResult:
+        """`nodes`: the distinct nodes of the alert's job and name in the blast window."""
         result = decide(
             change,
             fingerprint_state=self.fps.get(change.alert.fingerprint),  # type: ignore[arg-type]
             storm_state=None,
-            distinct_nodes_in_window=1,
+            distinct_nodes_in_window=nodes,
             policy=self.policy,
             now=change.at,
             channels=CHANNELS,
@@ -117,14 +119,24 @@ def gpu(when: float, *, job: bool, resolved: bool = False, started: float = 0.0)
     return change(when, "GPUFellOffBus", labels, resolved=resolved, started=started)
 
 
-def node_alert(when: float, name: str, *, resolved: bool = False, job: bool = False) -> AlertChange:
+def node_alert(
+    when: float,
+    name: str,
+    *,
+    resolved: bool = False,
+    job: bool = False,
+    started: float | None = None,
+) -> AlertChange:
+    """`started`: the occurrence's startsAt (default `when`); a resolve names the one that
+    fired (a resolve of an occurrence never seen firing resolves nothing)."""
     labels = {
         "KubeNodeNotReady": {"priority": "P0", "component": "kubernetes"},
         "NodeExporterDown": {"priority": "P1", "component": "node"},
         "DCGMExporterDown": {"priority": "P1", "component": "gpu"},
     }[name]
     extra = JOB if job else {}
-    return change(when, name, {**labels, "node": NODE, **extra}, resolved=resolved, started=when)
+    start = when if started is None else started
+    return change(when, name, {**labels, "node": NODE, **extra}, resolved=resolved, started=start)
 
 
 def job_alert(when: float, name: str, priority: str, *, resolved: bool = False) -> AlertChange:
@@ -164,6 +176,92 @@ def node_death(gw: Gateway) -> list[AlertChange]:
         gw.send(one)
         gw.tick(one.at.timestamp() - at(0).timestamp())
     return sent
+
+
+def placement(when: float, node: str = NODE) -> AlertChange:
+    """rules/training.yaml's TrainingJobOnFaultyNode: the job has pods on a node where a
+    cluster-wide P0 hardware alert fires (the operator copies no untuned hardware rule)."""
+    labels = {**JOB, "priority": "P3", "component": "training", "node": node}
+    return change(when, "TrainingJobOnFaultyNode", labels, started=when)
+
+
+def test_without_job_copies_the_jobs_own_alert_on_the_node_names_it_and_leads_its_alerts_in() -> (
+    None
+):
+    """docs/alerts.md "Job scope": no job copy of GPUFellOffBus. The job's placement alert
+    (job and node) joins the node's incident and names the job at once; the job's alerts
+    that name no node (NCCL RAS, its hang) follow it there: one incident, one page."""
+    gw = Gateway()
+    sent = [
+        gpu(0, job=False),
+        placement(30),
+        job_alert(80, "NCCLRasDeadProcesses", "P0"),
+        node_alert(180, "KubeNodeNotReady"),
+        *(probe(320, r) for r in range(40, 48)),
+        job_alert(337, "TrainingJobHang", "P0"),
+    ]
+    for one in sent[:2]:
+        gw.send(one)
+    assert len(gw.cards()) == 2, "the job hit is told at once"
+    assert gw.cards()[1].payload["incident"]["jobs"] == ["ml/llama-70b"]
+    for one in sent[2:]:
+        gw.send(one)
+    assert len({gw.book.members[c.alert_id] for c in sent}) == 1
+    assert len(gw.pages()) == 1
+    state = gw.incident_of(sent[0])
+    assert state.cause.startswith("GPUFellOffBus") and state.realm == ""
+    story = incident_block(state, POLICY)["story"]
+    assert " → ml/llama-70b: runs on the node +30 s → " in story, story
+    assert "ml/llama-70b hung: ranks 40–47" in story
+
+    # without it, nothing tells the gateway where the job runs before its probes go down:
+    # its NCCL RAS alert opens an incident of its own, and pages again
+    gw = Gateway()
+    gw.send(gpu(0, job=False))
+    ras = job_alert(80, "NCCLRasDeadProcesses", "P0")
+    gw.send(ras)
+    assert len(gw.book.by_id) == 2 and gw.incident_of(ras).cause.startswith("NCCLRas")
+    assert len(gw.pages()) == 2
+
+
+def test_a_placement_before_its_nodes_fault_anchors_none_of_the_jobs_alerts() -> None:
+    """Alertmanager flushes a fault of a node it learnt late a group interval later, so the
+    job's placement on that node can come first (the dead-leaf run: placements of 8 nodes in
+    one webhook, 4 nodes' port alerts still on their way). Processed first, it opened an
+    incident the job's NCCL and hang alerts then followed: a second page. Now it stays an
+    alert of its own (P3: no card) and the job's alerts follow the placement that joined
+    its node's fault."""
+    gw = Gateway()
+    gw.send(gpu(0, job=False))
+    early = placement(30, node="gpu-node-09")  # its node's fault is not at the gateway yet
+    gw.send(early, nodes=8)  # on 8 nodes of the job: the blast radius would make it P2
+    gw.send(placement(30), nodes=8)
+    ras = job_alert(80, "NCCLRasDeadProcesses", "P0")
+    hang = job_alert(337, "TrainingJobHang", "P0")
+    gw.send(ras)
+    gw.send(hang)
+    fault = gw.incident_of(gpu(0, job=False))
+    assert gw.incident_of(ras) is fault and gw.incident_of(hang) is fault
+    stray = gw.incident_of(early)
+    assert stray is not fault and stray.priority.value == "P3" and not stray.domain
+    assert len(gw.pages()) == 1
+    assert not [d for d in gw.cards() if d.payload["alertname"] == "TrainingJobOnFaultyNode"]
+
+
+def test_a_placement_takes_the_job_from_an_incident_its_nccl_alert_opened_first() -> None:
+    """Under load the job's NCCL RAS errors (no node) can come before its placement: they
+    open an incident of no node. The placement joins the node's fault and takes the job's
+    later alerts with it: the hang joins the fault's incident, which paged; no second page."""
+    gw = Gateway()
+    ras = job_alert(0, "NCCLRasCommunicatorErrors", "P1")
+    gw.send(ras)
+    gw.send(gpu(5, job=False))
+    gw.send(placement(30))
+    hang = job_alert(337, "TrainingJobHang", "P0")
+    gw.send(hang)
+    fault = gw.incident_of(gpu(5, job=False))
+    assert gw.incident_of(ras) is not fault and gw.incident_of(hang) is fault
+    assert len(gw.pages()) == 1 and fault.jobs == ["ml/llama-70b"]
 
 
 def test_cause_order_ranks_faults_then_notready_then_exporters_then_consequences() -> None:
@@ -248,13 +346,20 @@ def test_a_consequence_first_opens_the_incident_and_is_demoted_when_its_cause_co
     gw.send(hang)
     gw.send(probe(1, 40))
     gw.send(gpu(2, job=True))
-    gw.send(node_alert(3, "KubeNodeNotReady"))
+    gw.send(node_alert(3, "KubeNodeNotReady", job=True))
     state = gw.incident_of(hang)
     assert len(gw.book.by_id) == 1
     assert state.cause.startswith("GPUFellOffBus"), "the better cause leads the card"
     assert state.lead_labels["alertname"] == "GPUFellOffBus"
     assert len(gw.pages()) == 1, "the hang paged; its cause does not page again"
     assert incident_payload(state, POLICY, "r")["alertname"] == "GPUFellOffBus", "its card"
+    # trusted cluster-wide evidence never joins a job's incident (issue 43): a job's
+    # incident of the node may be a decoy; the cluster's NotReady opens the cluster's own
+    cluster = node_alert(4, "KubeNodeNotReady")
+    gw.send(cluster)
+    assert gw.incident_of(cluster) is not state and state.lead_labels["alertname"] == (
+        "GPUFellOffBus"
+    )
 
 
 def test_a_second_node_of_the_job_is_a_failure_domain_of_its_own() -> None:
@@ -288,9 +393,10 @@ def test_a_gpu_resolved_while_its_node_is_dead_is_unknown_until_the_node_is_back
     )
     assert not [d for d in gw.cards() if d.payload["status"] == "resolved"]
     # the node comes back, the job's alerts resolve; the GPU is still missing: it fires again
-    for name in ("NodeExporterDown", "DCGMExporterDown", "KubeNodeNotReady"):
-        gw.send(node_alert(1000, name, resolved=True))
-    gw.send(node_alert(1000, "KubeNodeNotReady", resolved=True, job=True))
+    for name, fired in (("NodeExporterDown", 161), ("DCGMExporterDown", 161)):
+        gw.send(node_alert(1000, name, resolved=True, started=fired))
+    gw.send(node_alert(1000, "KubeNodeNotReady", resolved=True, started=180))
+    gw.send(node_alert(1000, "KubeNodeNotReady", resolved=True, job=True, started=180))
     for name, prio in (("NCCLRasDeadProcesses", "P0"), ("NCCLRasMissingRanks", "P1")):
         gw.send(job_alert(1001, name, prio, resolved=True))
     gw.send(job_alert(1001, "TrainingJobHang", "P0", resolved=True))
@@ -332,22 +438,82 @@ def test_with_correlation_off_a_resolution_counts_at_once() -> None:
     assert state.status == RESOLVED
 
 
-@pytest.mark.parametrize("job_first", [True, False])
-def test_twins_are_one_alert_whichever_comes_first(job_first: bool) -> None:
-    gw = Gateway(OFF)
-    first, second = gpu(0, job=job_first), gpu(0.2, job=not job_first)
+@pytest.mark.parametrize("policy", [OFF, POLICY], ids=["uncorrelated", "correlated"])
+def test_twins_are_one_alert_when_the_cluster_wide_one_comes_first(policy: Policy) -> None:
+    gw = Gateway(policy)
+    first, second = gpu(0, job=False), gpu(0.2, job=True)
     assert twin_identity(first.alert) == twin_identity(second.alert)
     gw.send(first)
     gw.send(second)
     state = gw.incident_of(first)
     assert gw.incident_of(second) is state
-    assert incident_block(state, OFF)["alerts"] == 1
-    assert len(gw.pages()) == 1 and len(gw.cards()) == 1
+    assert incident_block(state, policy)["alerts"] == 1
+    assert len(gw.pages()) == 1  # correlated, the job named is shown at once: a second card
+    assert len(gw.cards()) == (1 if policy is OFF else 2)
     assert state.job == "ml/llama-70b", "the copy with the job names it"
-    gw.send(gpu(10, job=job_first, resolved=True))
-    assert state.status == FIRING, "its copy still fires"
-    gw.send(gpu(11, job=not job_first, resolved=True))
+    gw.send(gpu(10, job=True, resolved=True))
+    assert state.status == FIRING, "the cluster-wide copy still fires"
+    gw.send(gpu(11, job=False, resolved=True))
+    assert state.status == (RESOLVED if policy is OFF else FIRING)  # correlated: confirmed later
+
+
+@pytest.mark.parametrize("policy", [OFF, POLICY], ids=["uncorrelated", "correlated"])
+def test_a_job_copy_that_never_resolves_keeps_no_cluster_incident_open(policy: Policy) -> None:
+    """Issue 43: any team can raise a copy of a cluster-wide alert (the same labels, its own
+    namespace and job) and never resolve it. The cluster-wide alert speaks for the one
+    alert: its resolve resolves it, and the incident, whatever the copy does; the copy's
+    resolve later changes nothing. Failed before: the incident stayed open on the copy."""
+    gw = Gateway(policy)
+    cluster, copy = gpu(0, job=False), gpu(0.2, job=True)
+    gw.send(cluster)
+    gw.send(copy)
+    state = gw.incident_of(cluster)
+    assert gw.incident_of(copy) is state
+    gw.send(gpu(10, job=False, resolved=True))
+    gw.tick(10 + policy.correlation.confirm_resolved)  # correlated: a fault is confirmed later
+    assert state.status == RESOLVED, "the team's copy keeps it open no more"
+    resolved_cards = len(gw.cards())
+    gw.send(gpu(20 + policy.correlation.confirm_resolved, job=True, resolved=True))
+    assert state.status == RESOLVED and state.firing == 0
+    assert len(gw.cards()) == resolved_cards, "the copy's resolve says nothing"
+    again = gpu(2000, job=False, started=2000)  # the GPU falls off again: a new incident
+    gw.send(again)
+    assert gw.incident_of(again) is not state and gw.incident_of(again).status == FIRING
+
+
+def test_a_job_copy_that_joined_the_nodes_incident_first_keeps_it_open_no_more() -> None:
+    """Issue 43, the other order: the node's cluster incident is open (NotReady), a team's
+    copy of `GPUFellOffBus` joins it as one of the jobs hit, then the cluster-wide alert
+    joins as its twin. When the cluster-wide alerts resolve, the incident resolves though
+    the team's copy never does. Failed before: it stayed open on the copy."""
+    gw = Gateway()
+    notready, copy, cluster = node_alert(0, "KubeNodeNotReady"), gpu(1, job=True), gpu(2, job=False)
+    for one in (notready, copy, cluster):
+        gw.send(one)
+    state = gw.incident_of(notready)
+    assert gw.incident_of(copy) is state and gw.incident_of(cluster) is state
+    gw.send(gpu(60, job=False, resolved=True))
+    gw.send(node_alert(61, "KubeNodeNotReady", resolved=True, started=0))
+    gw.tick(61 + POLICY.correlation.confirm_resolved)
     assert state.status == RESOLVED
+
+
+@pytest.mark.parametrize("policy", [OFF, POLICY], ids=["uncorrelated", "correlated"])
+def test_the_cluster_wide_alert_never_joins_a_jobs_copy(policy: Policy) -> None:
+    """Issue 43: a job's copy that came first may be a tenant's decoy (any team can raise
+    `GPUFellOffBus{node=...}` with its own namespace); the trusted cluster-wide alert opens
+    the cluster's incident instead of folding into the job's, and the job's stays its own."""
+    gw = Gateway(policy)
+    first, second = gpu(0, job=True), gpu(0.2, job=False)
+    gw.send(first)
+    gw.send(second)
+    job, cluster = gw.incident_of(first), gw.incident_of(second)
+    assert job is not cluster
+    assert job.realm == "trainingjob:ml/llama-70b" and cluster.realm == ""
+    assert cluster.jobs == [] and job.jobs == ["ml/llama-70b"]
+    assert len(gw.pages()) == 2, "the job's and the cluster's, each through its own route"
+    gw.send(gpu(11, job=True, resolved=True))
+    assert cluster.status == FIRING, "the job's copy resolves nothing of the cluster's"
 
 
 def test_twins_differ_by_gpu_and_alertname() -> None:

@@ -1,4 +1,6 @@
-"""decide()/decide_tick(): drafts, channels, payloads, idempotency keys, storms, metrics."""
+"""One change planned as the planner plans it (tests/gateway/policy/planned.py: `fold_into`
+then `flush`) and the timers (`decide_tick`): drafts, channels, payloads, idempotency keys,
+storms, metrics."""
 
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.gateway.policy.factory import at, fire, make_alert, resolve
+from tests.gateway.policy.planned import DecideResult, decide
 from trainsentry.alerts import AlertChange, ChangeKind, NotificationDraft, Priority
 from trainsentry.gateway.metrics import PolicyMetrics
-from trainsentry.gateway.policy.decide import DecideResult, decide, decide_tick
+from trainsentry.gateway.policy.decide import decide_tick
 from trainsentry.gateway.policy.dedup import FingerprintState
 from trainsentry.gateway.policy.incident import IncidentBook, IncidentState
 from trainsentry.gateway.policy.payload_build import alert_from_json, alert_to_json

@@ -73,8 +73,9 @@ PATHS: list[tuple[str, list[Step], list[str]]] = [
     ("new occurrence while still firing (missed resolve) is silent",
      [fire(0), fire(500, 400), resolve(600, 0), resolve(610, 400)],
      ["firing", "-repeat", "-stale", "resolved"]),
-    ("resolve of a newer occurrence resolves",
-     [fire(0), resolve(100, 50)], ["firing", "resolved"]),
+    # issue 43 finding 5: a resolve needs the firing it resolves
+    ("resolve of an occurrence never seen firing resolves nothing",
+     [fire(0), resolve(100, 50), resolve(110, 0)], ["firing", "-resolve-unseen", "resolved"]),
     ("K transitions within T: one flapping notice, resolution held",
      [fire(0), resolve(60, 0), fire(120), resolve(180, 120)],
      ["firing", "resolved", "recurrence", "flapping"]),

@@ -14,18 +14,16 @@ from trainsentry.gateway.policy.escalation import (
     ACKED,
     EXHAUSTED,
     OPEN,
-    RESOLVED,
     CallDue,
     EscalationState,
     Escalator,
+    IncidentPage,
     Layer,
     Roster,
     acknowledge,
-    forget_stopped,
     new_state,
     next_wakeup,
     postpone,
-    resolve,
 )
 from trainsentry.gateway.policy.escalation import EscalationPolicy as Policy
 from trainsentry.gateway.policy.roster import escalation_policy_of, roster_of
@@ -73,15 +71,16 @@ def test_ack_stops_further_calls() -> None:
     assert next_wakeup(state) is None
 
 
-def test_resolve_stops_and_resolved_never_calls() -> None:
+def test_a_resolved_page_is_dropped_and_never_calls() -> None:
+    """A page resolved in the batch that opens it, or before its first call, is dropped
+    (`batch`, as paging.py runs it): no call at all."""
+    page = IncidentPage(1, Priority.P0, "GPU fell off the bus")
+    state, calls = ESC.batch(new_state(), T0, pages=[page], resolved=[1])
+    assert calls == [] and dict(state.incidents) == {}
     state = ESC.open(new_state(), 1, Priority.P0, T0)
-    state = resolve(state, 1, T0)  # resolved before the first plan: no call at all
-    state, calls = run(ESC, state, [0, 5, 10])
-    assert calls == [] and state.incidents[1].status == RESOLVED
-    # Re-opening a known (resolved) occurrence is a no-op: no call for a resolved alert.
-    state = ESC.open(state, 1, Priority.P0, T0 + timedelta(minutes=11))
-    state, calls = run(ESC, state, [11, 20])
-    assert calls == []
+    state, calls = ESC.batch(state, T0, resolved=[1])
+    state, later = run(ESC, state, [5, 10])
+    assert calls == later == [] and dict(state.incidents) == {}
 
 
 def test_below_threshold_never_calls() -> None:
@@ -210,9 +209,10 @@ def test_several_incidents_and_forgetting_old_ones() -> None:
     state, calls = run(ESC, state, [0, 1])
     assert who(calls) == [(1, "a", 0), (2, "a", 0)]
     assert next_wakeup(state) == T0 + timedelta(minutes=5)
-    state = resolve(state, 1, T0 + timedelta(minutes=2))
-    state = forget_stopped(state, T0 + timedelta(minutes=3))
-    assert list(state.incidents) == [2]
+    state = acknowledge(state, 1, "ou_alice", T0 + timedelta(minutes=2))
+    later = T0 + timedelta(minutes=3)
+    state, calls = ESC.batch(state, later, forget_before=later)  # as paging.py runs it
+    assert list(state.incidents) == [2] and calls == []
 
 
 def test_roster_from_settings() -> None:

@@ -74,6 +74,22 @@ def test_only_cordonable_nodes_and_plain_alertnames_are_looked_up() -> None:
     assert [len(q.alerts) for q in queries([weird, alert("e", "n1", "0", NOW)])] == [1]
 
 
+def test_the_query_asks_by_the_label_the_policy_named_the_node_by() -> None:
+    """`policy.node_labels: [kubernetes_node]`: the store resolved the node from that label;
+    node_exporter's `instance` (an address, first among the default labels) is not it."""
+    labels = {
+        "alertname": "GPUFellOffBus",
+        "kubernetes_node": "gpu-node-1",
+        "instance": "gpu-node-7",  # a label the defaults would take for the node
+        "gpu": "0",
+    }
+    occurrence = Alert("a", AlertStatus.FIRING, labels, {}, NOW, None, resolved_node="gpu-node-1")
+    assert checkable(occurrence)
+    [query] = queries([occurrence])
+    assert "kubernetes_node=~" in query.expr and "gpu" in query.expr, query.expr
+    assert "instance" not in query.expr
+
+
 @pytest.mark.e2e
 def test_the_queries_find_the_firings_in_a_real_prometheus(tmp_path: Path) -> None:
     """Dotted node names, two batches (starts an hour apart), an occurrence nobody fired."""

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from tests.gateway.policy.factory import at, fire, make_alert, resolve
+from tests.gateway.policy.planned import DecideResult, decide
 from trainsentry.alerts import AlertChange, NotificationDraft, Priority
-from trainsentry.gateway.policy.decide import DecideResult, decide
 from trainsentry.gateway.policy.incident import IncidentBook, cause_of
 from trainsentry.gateway.policy.incident_cards import incident_block
 from trainsentry.gateway.policy.rules import Policy, PolicyError, load_policy, merge_policy
@@ -107,10 +107,10 @@ def test_a_bot_gets_a_card_on_a_change_of_state_and_one_follow_up_per_interval()
     follow = on(gw.send(disk(6, 61)).drafts, "feishu_bot")
     assert [d.payload["incident"]["nodes"] for d in follow] == [6]
     # resolving: counts change quietly until the last, whose resolution is a card at once
-    for i in range(1, 6):
-        assert (
-            on(gw.send(grouped(resolve(70 + i, i, fingerprint=f"d{i}"))).drafts, "feishu_bot") == []
-        )
+    for i in range(1, 6):  # each resolve names the occurrence that fired (d1's started at 0)
+        fired = 0 if i == 1 else i
+        change = grouped(resolve(70 + i, fired, fingerprint=f"d{i}"))
+        assert on(gw.send(change).drafts, "feishu_bot") == []
     last = on(gw.send(grouped(resolve(80, 61, fingerprint="d6"))).drafts, "feishu_bot")
     assert [d.payload["status"] for d in last] == ["resolved"]
     assert last[0].payload["incident"] == {**last[0].payload["incident"], "firing": 0}
@@ -142,6 +142,42 @@ def test_a_card_names_the_first_nodes_and_says_how_many_more() -> None:
     assert block["url"] == f"https://ts/i/{state.id}"
 
 
+def test_an_incident_counts_hca_ports_as_ports_not_gpus() -> None:
+    """Issue 44: IB alerts carry `device` (an HCA) and `port`; "GPUs: 24" counted HCAs."""
+    gw = Gateway()
+    link = {"alertname": "IBPhysicalLinkDown", "priority": "P1", "component": "fabric"}
+    for i in range(3):
+        for hca in ("mlx5_0", "mlx5_1"):
+            labels = {**link, "node": f"n{i}", "device": hca, "port": "1"}
+            gw.send(grouped(fire(i, fingerprint=f"ib{i}{hca}", labels=labels)))
+    [state] = gw.book.by_id.values()
+    block = incident_block(state, POLICY)
+    assert (block["nodes"], block["gpus"], block["ports"]) == (3, 0, 6)
+    assert block["port_names"][0] == "n0 mlx5_0 port 1"
+
+
 def test_the_url_may_use_only_its_placeholders() -> None:
     with pytest.raises(PolicyError, match="incident"):
         load_policy(overrides={"grouping": {"url": "https://ts/{job}"}})
+
+
+def test_an_incident_of_several_kinds_and_mountpoints_counts_them_on_its_card() -> None:
+    """Issue 47: a card of several alertnames/mountpoints/nodes leads with what they share and
+    counts the rest, never with one alert's kind or mountpoint."""
+    from trainsentry.gateway.policy.incident_cards import incident_payload
+    from trainsentry.notifiers.feishu.incident_card import shared_headline
+
+    gw = Gateway()
+    for i, (name, mount) in enumerate(
+        [("DiskFull", "/data"), ("DiskFull", "/scratch"), ("InodesLow", "/data")]
+    ):
+        labels = {**DISK, "alertname": name, "node": f"n{i:02d}", "mountpoint": mount}
+        gw.send(grouped(fire(i, fingerprint=f"k{i}", labels=labels)))
+    [state] = gw.book.by_id.values()
+    block = incident_block(state, POLICY)
+    assert (block["alertnames"], block["mountpoints"], block["nodes"]) == (2, 2, 3)
+    assert block["alertname_names"] == ["DiskFull", "InodesLow"]
+    headline = shared_headline(incident_payload(state, POLICY, "default"))  # type: ignore[arg-type]
+    assert headline == (
+        "DiskFull and 1 other kind of alert on 2 mountpoints of 3 nodes: 3 of 3 alerts firing"
+    ), headline

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from tests.gateway.policy.factory import T0, fire
+from tests.gateway.policy.factory import T0, fire, layers_from
+from tests.gateway.policy.planned import decide
 from trainsentry.alerts import JobRef, Person, Priority
 from trainsentry.gateway.policy import job_roster
-from trainsentry.gateway.policy.decide import decide
 from trainsentry.gateway.policy.escalation import (
     EscalationPolicy,
     Escalator,
     IncidentPage,
-    layers_from,
     new_state,
 )
 from trainsentry.gateway.policy.route import (

@@ -18,7 +18,7 @@ from trainsentry.gateway.policy.maintenance_mutes import (
 )
 from trainsentry.gateway.policy.payload_build import ALERT_KIND, STORM_KIND
 from trainsentry.gateway.policy.rules import load_policy
-from trainsentry.oncall.windows import parse_window
+from trainsentry.maintenance.windows import parse_window
 from trainsentry.store import maintenance_windows as store
 
 T = datetime(2026, 10, 27, 2, 0, tzinfo=UTC)

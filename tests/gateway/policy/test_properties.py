@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.gateway.policy.factory import at, change
+from tests.gateway.policy.planned import decide
 from trainsentry.alerts import AlertChange, ChangeKind, NotificationDraft
-from trainsentry.gateway.policy.decide import decide, decide_tick
+from trainsentry.gateway.policy.decide import decide_tick
 from trainsentry.gateway.policy.dedup import FingerprintState
 from trainsentry.gateway.policy.rules import Policy, load_policy, merge_policy
 from trainsentry.gateway.policy.storm import StormState, job_key

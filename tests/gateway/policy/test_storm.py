@@ -10,8 +10,9 @@ from datetime import datetime
 import pytest
 
 from tests.gateway.policy.factory import at, fire, make_alert, resolve
+from tests.gateway.policy.planned import decide
 from trainsentry.alerts import AlertChange, AlertStatus, NotificationDraft, Priority
-from trainsentry.gateway.policy.decide import decide, decide_tick
+from trainsentry.gateway.policy.decide import decide_tick
 from trainsentry.gateway.policy.dedup import FingerprintState
 from trainsentry.gateway.policy.incident import IncidentBook
 from trainsentry.gateway.policy.rules import load_policy, merge_policy
@@ -477,3 +478,24 @@ def test_one_tick_releases_held_resolutions_in_the_order_their_holds_ended(
         ),
         ("storm_summary", "resolved", at(180).isoformat(), ("fp-3 resolved 12:02:40",)),
     ]
+
+
+def test_a_storm_summary_counts_no_hca_as_a_gpu() -> None:
+    """Issue 44: IB alerts carry `device` (an HCA) and `port`; "By GPU" counted HCAs."""
+    from datetime import UTC, datetime
+
+    from trainsentry.alerts import Alert, AlertStatus, Priority
+    from trainsentry.gateway.policy.rules import load_policy
+    from trainsentry.gateway.policy.storm import StormEntry, build_summary
+
+    start = datetime(2026, 11, 22, 1, 0, tzinfo=UTC)
+    entries = []
+    for i in range(6):
+        labels = {"alertname": "IBPhysicalLinkDown", "node": f"n{i}", "device": "mlx5_0",
+                  "port": "1", "component": "fabric", "priority": "P0"}  # fmt: skip
+        alert = Alert(f"ib{i}", AlertStatus.FIRING, labels, {}, start, None)
+        entries.append(StormEntry(alert, Priority.P0, AlertStatus.FIRING, start, alert_id=i))
+    summary = build_summary(entries, load_policy(), job="ml/llm", start=start, end=start)
+    assert not [key for key in summary["by_gpu"] if "mlx5" in key], summary["by_gpu"]
+    assert all(not item.get("gpu") for item in summary["items"])
+    assert len(summary["by_node"]) == 6

@@ -1,7 +1,8 @@
 """Property: folding a batch's changes into each job's mutable storm state (`fold_into`,
-storm_fold.py, what the planner does) gives exactly what chaining `decide` alert by alert
-gives: the same drafts, decisions, storm messages, counts and fingerprint states per change,
-and the same storm states (to the order of their JSON) at the end of every batch. The random
+storm_fold.py, what the planner does) gives exactly what planning them alert by alert gives
+(a batch of one each, the storm state frozen between them: tests/gateway/policy/planned.py):
+the same drafts, decisions, storm messages, counts and fingerprint states per change, and
+the same storm states (to the order of their JSON) at the end of every batch. The random
 streams cross storms starting, summaries and ends falling due inside a batch, the one P0
 page, count maps over `max_keys`, an infrastructure incident and a job's own route."""
 
@@ -15,8 +16,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.gateway.policy.factory import at, change
+from tests.gateway.policy.planned import decide, plan_change
 from trainsentry.alerts import AlertChange, ChangeKind, JobRef
-from trainsentry.gateway.policy.decide import ChangeResult, decide, decide_tick, fold_into
+from trainsentry.gateway.policy.decide import ChangeResult, decide_tick
 from trainsentry.gateway.policy.dedup import FingerprintState
 from trainsentry.gateway.policy.infra import InfraFold, InfraState, Sighting
 from trainsentry.gateway.policy.route import JOB_CHANNEL, JobRoute
@@ -129,7 +131,8 @@ def _infra(ch: AlertChange, states: States, policy: Policy) -> InfraFold | None:
 def _plan(
     batch: list[AlertChange], states: States, now: datetime, policy: Policy, *, folded: bool
 ) -> list[ChangeResult]:
-    """One planning batch, as the planner runs it (folded) or alert by alert."""
+    """One planning batch, as the planner runs it (folded: one fold per job for the batch)
+    or alert by alert (a batch of one each); each change's incidents drafted after it."""
     results: list[ChangeResult] = []
     folds: dict[str, StormFold] = {}
     for ch in batch:
@@ -149,7 +152,7 @@ def _plan(
             if key not in folds:
                 stored = states.storms.get(key)
                 folds[key] = StormFold.of(stored or StormState.new(ch.alert.labels))
-            result = fold_into(folds[key], ch, **common)  # type: ignore[arg-type]
+            result = plan_change(folds[key], ch, **common)  # type: ignore[arg-type]
         else:
             decided = decide(ch, storm_state=states.storms.get(key), **common)  # type: ignore[arg-type]
             states.storms[key] = decided.storm_state
@@ -214,14 +217,14 @@ def test_a_frozen_state_does_not_change_when_its_fold_goes_on() -> None:
     fold = StormFold.of(StormState.new({"trainingjob": "llm", "namespace": "team-a"}))
     for n in range(4):
         ch = change(ChangeKind.FIRING, n, fingerprint=f"fp{n}", labels={"node": f"n{n}"})
-        fold_into(
+        plan_change(
             fold, ch, fingerprint_state=None, distinct_nodes_in_window=1, policy=policy, now=at(n)
         )
     frozen = fold.freeze()
     before = json.dumps(frozen.to_json())
     assert frozen.active and frozen.tally.total == 2  # two alerts past the threshold
     ch = change(ChangeKind.FIRING, 5, fingerprint="fp9", labels={"node": "n9"})
-    fold_into(
+    plan_change(
         fold, ch, fingerprint_state=None, distinct_nodes_in_window=1, policy=policy, now=at(5)
     )
     assert json.dumps(frozen.to_json()) == before

@@ -12,7 +12,6 @@ from trainsentry.gateway.policy.topology import (
     from_node_labels,
     from_settings,
     members,
-    place_text,
 )
 from trainsentry.gateway.sections import build_topology
 from trainsentry.notifiers.feishu.card import build_card
@@ -31,7 +30,6 @@ def test_static_places_follow_the_level_order() -> None:
     topology = from_settings(settings)
     assert list(topology.place("gpu-node-0").items()) == [("leaf_switch", "leaf-7"), ("rack", "r1")]
     assert topology.place("elsewhere") == {} and topology.place("") == {}
-    assert place_text(topology.place("gpu-node-0")) == "leaf_switch=leaf-7, rack=r1"
     assert members(topology) == {"leaf_switch=leaf-7": ("gpu-node-0",), "rack=r1": ("gpu-node-0",)}
 
 
@@ -123,3 +121,61 @@ def test_the_gateway_refuses_to_start_on_a_bad_topology(tmp_path) -> None:  # ty
         "127.0.0.1:0",
     )
     assert_usage_error(result, "topology.nodes.n0.rack: not one of the levels")
+
+
+def test_a_rail_optimized_fabric_places_each_hca_of_a_node() -> None:
+    """Issue 44: on a rail-optimized fabric HCA k of every node is cabled to leaf k; an
+    alert's `device` places it on its rail's leaf, the node's other levels kept."""
+    rails = {"leaf_switch": {f"mlx5_{k}": f"leaf-{k}" for k in range(8)}}
+    settings = parse_settings(
+        {"levels": LEVELS, "nodes": {"n0": {"rack": "r1"}, "n1": {}}, "rails": rails}
+    )
+    topology = from_settings(settings)
+    assert topology.place("n0", "mlx5_3") == {"leaf_switch": "leaf-3", "rack": "r1"}
+    assert topology.place("n0") == {"rack": "r1"}, "a node-wide alert: no rail"
+    assert topology.place("n0", "mlx5_9") == {"rack": "r1"} and topology.place("n1") == {}
+    assert topology.place("n1", "mlx5_0") == {"leaf_switch": "leaf-0"}
+    assert topology.place("n7", "mlx5_0") == {}, "a node the topology does not list"
+    assert members(topology)["leaf_switch=leaf-3"] == ("n0", "n1")
+
+
+def test_node_annotations_give_each_hca_its_leaf_and_bad_items_are_dropped() -> None:
+    settings = parse_settings(
+        {
+            "levels": LEVELS,
+            "kubernetes": True,
+            "node_labels": {"rack": "topology.example.com/rack"},
+            "rail_annotations": {"leaf_switch": "example.com/rail-leaves"},
+        }
+    )
+    topology = from_node_labels(
+        settings,
+        [
+            (
+                "n0",
+                {"topology.example.com/rack": "r1"},
+                {"example.com/rail-leaves": "mlx5_0=su1-leaf-0, mlx5_1=su1-leaf-1,bad,=x"},
+            ),
+            ("n1", {}, {"example.com/rail-leaves": "mlx5_0=" + "x" * 300 + ",mlx5_1=su2-leaf-1"}),
+        ],
+    )
+    assert topology.place("n0", "mlx5_1") == {"leaf_switch": "su1-leaf-1", "rack": "r1"}
+    assert topology.place("n1", "mlx5_0") == {}, "an over-long element is dropped"
+    assert topology.place("n1", "mlx5_1") == {"leaf_switch": "su2-leaf-1"}
+    assert members(topology)["leaf_switch=su1-leaf-0"] == ("n0",)
+
+
+@pytest.mark.parametrize(
+    ("raw", "names"),
+    [
+        ({"levels": LEVELS, "rails": {"row": {"mlx5_0": "l0"}}}, "topology.rails.row"),
+        ({"levels": LEVELS, "rails": {"leaf_switch": {"mlx5_0": "a\nb"}}},
+         "topology.rails.leaf_switch.mlx5_0"),
+        ({"levels": LEVELS, "rail_annotations": {"rack": "bad key!"}},
+         "topology.rail_annotations.rack"),
+    ],
+)  # fmt: skip
+def test_bad_rails_are_an_error_naming_the_field(raw: dict, names: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(ConfigError) as caught:
+        parse_settings(raw)
+    assert names in str(caught.value)

@@ -29,7 +29,7 @@ from tests.support.webhook_factory import make_alert
 from trainsentry.config import Settings
 from trainsentry.config.remediation import CordonSettings
 from trainsentry.config.topology import TopologySettings
-from trainsentry.gateway.app import CardCallbackSettings
+from trainsentry.gateway.api.app import CardCallbackSettings
 from trainsentry.gateway.assemble import create_app
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.sections import build_topology

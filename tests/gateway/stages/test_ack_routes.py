@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from trainsentry.gateway.stages.ack import AckRoute, ack_routes
-from trainsentry.gateway.stages.ackers import Acker, known_acker
-from trainsentry.gateway.stages.silences import incident_silences
+from trainsentry.gateway.stages.services.ack import AckRoute, ack_routes
+from trainsentry.gateway.stages.services.ackers import Acker, known_acker
+from trainsentry.gateway.stages.services.silences import incident_silences
 from trainsentry.store.cards import CardRow
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -72,10 +72,15 @@ def test_an_incidents_silences_match_what_its_alerts_share_per_alertname() -> No
         for i in range(3)
     ]
     oom = [{"alertname": "OOM", "job": "a", "node": "n9"}]
-    assert incident_silences([*disk, *oom]) == [
-        {"alertname": "Disk", "job": "a", "mount": "/ckpt"},
+    hang = [{"alertname": "Hang", "job": "a", "rank": str(i)} for i in range(3)]
+    assert incident_silences([*disk, *oom, *hang]) == [
+        # alerts naming a node: per node (issue 43: the next node still pages)
+        *({"alertname": "Disk", "job": "a", "node": f"n{i}", "mount": "/ckpt"} for i in range(3)),
+        {"alertname": "Hang", "job": "a"},  # no node: what they share
         {"alertname": "OOM", "job": "a", "node": "n9"},  # a lone alert: all its labels
     ]
+    gpus = [{"alertname": "Xid", "node": "n1", "gpu": g} for g in ("3", "5")]
+    assert incident_silences(gpus) == [{"alertname": "Xid", "node": "n1"}]
     many = [{"alertname": f"A{i:02d}"} for i in range(30)]
     assert [s["alertname"] for s in incident_silences(many, cap=2)] == ["A00", "A01"]
     assert incident_silences([{"node": "n1"}]) == []  # no alertname: nothing to match safely

@@ -36,7 +36,7 @@ from trainsentry.cli import main as cli_main
 from trainsentry.config import ConfigError, Settings, validate_settings
 from trainsentry.config.remediation import CordonSettings
 from trainsentry.gateway.channels import build
-from trainsentry.gateway.stages.cordon_cluster import with_node_condition
+from trainsentry.gateway.stages.services.cordon_cluster import with_node_condition
 from trainsentry.notifiers.feishu.callback import CallbackRejected, CardAction, parse_callback
 from trainsentry.notifiers.feishu.card import CardOptions, build_card
 
@@ -62,9 +62,9 @@ async def start(cluster: KubeEmulator, tmp_path: Path, db_url: str) -> AsyncIter
 
 # a lemon: gpu-node-0's three falls off the bus (6 each, barely decayed) reach 15, each one
 # fired by Prometheus; the job "big" runs on eight nodes (its status lists them)
-LEMON = [fault(i, "gpu-node-0", "big", 2 + i) for i in range(3)]
+LEMON = [fault(i, "gpu-node-0", None, 2 + i) for i in range(3)]
 SPREAD = [
-    fault(10 + i, f"gpu-node-{i}", "big", 1, name="NodeFilesystemAlmostFull") for i in range(8)
+    fault(10 + i, f"gpu-node-{i}", None, 1, name="NodeFilesystemAlmostFull") for i in range(8)
 ]
 
 
@@ -140,7 +140,7 @@ async def test_a_lemon_gets_one_card_and_approval_cordons_it(
 
 
 async def test_dismiss_does_nothing_and_no_new_card(cluster: KubeEmulator, start: Start) -> None:
-    warm = fault(50, "gpu-node-0", "big", 0.5, name="GPUTemperatureHigh")
+    warm = fault(50, "gpu-node-0", None, 0.5, name="GPUTemperatureHigh")
     running = await start(fired=[*LEMON, warm])
     # a node trainsentry did not cordon is not its to uncordon
     url = running.server.make_url("/api/v1/nodes/gpu-node-1/uncordon")
@@ -182,7 +182,7 @@ async def test_auto_mode_cordons_without_a_click_within_the_hourly_rate(
     cluster: KubeEmulator, start: Start
 ) -> None:
     lemons = [
-        fault(100 + 10 * n + i, f"gpu-node-{n}", "big", 1 + i) for n in (3, 4) for i in range(3)
+        fault(100 + 10 * n + i, f"gpu-node-{n}", None, 1 + i) for n in (3, 4) for i in range(3)
     ]
     running = await start(cordon="auto", max_per_hour=1, max_job_share=1, fired=lemons)
     await running.post(*SPREAD, *lemons)
@@ -224,8 +224,8 @@ async def test_auto_mode_leaves_a_node_under_an_infrastructure_incident_to_a_hum
     """Three nodes under leaf-7 fail together: the switch is suspected, so the lemon among
     them is not cordoned automatically; its card asks a human instead."""
     leaf = {n: {"leaf_switch": "leaf-7"} for n in ("gpu-node-5", "gpu-node-6", "gpu-node-7")}
-    before = [fault(200 + i, "gpu-node-5", "big", 3 + i) for i in range(2)]
-    together = [fault(210 + i, f"gpu-node-{5 + i}", "big", 0) for i in range(3)]
+    before = [fault(200 + i, "gpu-node-5", None, 3 + i) for i in range(2)]
+    together = [fault(210 + i, f"gpu-node-{5 + i}", None, 0) for i in range(3)]
     running = await start(
         cordon="auto",
         max_job_share=1,
@@ -352,9 +352,11 @@ async def test_a_node_gone_from_the_cluster_is_answered_without_a_get(
 async def test_the_share_counts_the_nodes_the_trainingjob_lists(
     cluster: KubeEmulator, start: Start
 ) -> None:
-    """The job's alerts named only the lemon (1 of 1: refused); once the operator has written
-    the job's nodes into its status, the share is 1 of 8 and the cordon goes ahead."""
-    falls = [fault(300 + i, "gpu-node-0", "small", 2 + i) for i in range(3)]
+    """The job's status listed only the lemon (1 of 1: refused); once the operator has
+    written the job's eight nodes into its status, the share is 1 of 8 and the cordon goes
+    ahead."""
+    falls = [fault(300 + i, "gpu-node-0", None, 2 + i) for i in range(3)]
+    await list_nodes(cluster, "small", ["gpu-node-0"])
     running = await start(max_job_share=0.25, fired=falls)
     await running.post(*falls)
     answer = await running.press({"action": "cordon_approve", "node": "gpu-node-0"}, "ev-one")
@@ -391,8 +393,8 @@ async def test_a_node_label_that_is_no_node_name_never_reaches_the_api(
         "/api/v1/namespaces/kube-system/secrets",
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "x"}, "data": {}},
     )
-    forged = [fault(400 + i, ESCAPING_NODE, "big", 2 + i) for i in range(3)]
-    lemon = [fault(410 + i, "gpu-node-3", "big", 2 + i) for i in range(3)]
+    forged = [fault(400 + i, ESCAPING_NODE, None, 2 + i) for i in range(3)]
+    lemon = [fault(410 + i, "gpu-node-3", None, 2 + i) for i in range(3)]
     running = await start(cordon="auto", max_job_share=1, max_per_hour=5, fired=[*forged, *lemon])
     await running.post(*SPREAD, *forged, *lemon)
     await running.gateway.settle()

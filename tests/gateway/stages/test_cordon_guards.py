@@ -38,7 +38,7 @@ from tests.support.ports import free_port
 from tests.support.realservers import logs_on_error, start_alertmanager, start_prometheus
 from trainsentry.assets import rules_dir
 from trainsentry.config import ConfigError, Settings, validate_settings
-from trainsentry.gateway.app import WEBHOOK_PATH
+from trainsentry.gateway.api.app import WEBHOOK_PATH
 from trainsentry.gateway.channels import build
 from trainsentry.gateway.sections import cordon_approvers_of
 from trainsentry.notifiers.feishu.card import CardOptions, build_card
@@ -103,6 +103,26 @@ async def test_forged_hardware_alerts_do_not_cordon(cluster: KubeEmulator, start
     [card] = again.cards()
     # five of the six: the copy a second later is the same firing as the real one
     assert card["cordon"]["nodes"][0]["faults"] == {"fell_off_bus": 5}
+
+
+async def test_a_teams_own_hardware_alerts_recommend_no_cordon(
+    cluster: KubeEmulator, start: Start
+) -> None:
+    """Issue 43: a team writes its own PrometheusRule (prometheus-operator gives its alerts
+    its namespace) raising `GPUFellOffBus{node="gpu-node-2"}` for four GPUs of a node it
+    does not run on; Prometheus did fire them (36, over the threshold of 20). Only trusted
+    evidence (the chart's cluster-wide rules: no namespace) counts: no card, and a press of
+    Approve cordons nothing. Failed before: a card, and the press cordoned gpu-node-2."""
+    forged = falls("gpu-node-2", range(4), 150, job="decoy")
+    assert all(alert["labels"]["namespace"] == "ml" for alert in forged)
+    running = await start(threshold=20, max_job_share=1, fired=forged)
+    await running.post(*forged)
+    assert running.gateway.cordon is not None
+    assert await running.gateway.cordon.run_once() == []
+    assert running.cards() == []
+    answer = await running.press({"action": "cordon_approve", "node": "gpu-node-2"}, "ev-team")
+    assert "nothing to decide" in answer
+    assert not unschedulable(cluster, "gpu-node-2")
 
 
 async def test_the_share_guard_reads_the_trainingjobs_without_job_labels(

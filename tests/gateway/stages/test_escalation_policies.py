@@ -47,7 +47,9 @@ async def test_two_layers_then_an_ack_with_a_comment_stops_it(
         assert called(receiver) == ["alice", "bob"]  # the lead is never called
         status, alert = await call(server, "GET", "/api/v1/alerts/1")
         acked = [e for e in alert["events"] if e["kind"] == "acked"]
-        assert acked[0]["detail"] == {"by": "bob", "comment": "rebooting node 17", "incident": 1}
+        assert acked[0]["detail"] == {
+            "by": "bob", "comment": "rebooting node 17", "incident": 1, "via": "api-token"
+        }  # fmt: skip
         lines = [json.loads(line) for line in console.read_text().splitlines()]
         ack_cards = [line for line in lines if line["kind"] == "ack"]
         assert ack_cards and ack_cards[0]["payload"]["ack_comment"] == "rebooting node 17"
@@ -89,7 +91,8 @@ async def test_a_run_time_override_changes_who_is_called(
         }
         status, stored = await call(server, "POST", "/api/v1/oncall/overrides", body)
         assert status == 201, stored
-        assert stored["created_by"] == "alice" and stored["created_at"] == START.isoformat()
+        assert stored["created_by"] == "alice (API token)"
+        assert stored["created_at"] == START.isoformat()
         await post_alerts(server, make_body([make_alert(1, labels=P0)]))
         await settle(server)
         clock.now = START + timedelta(minutes=10)
@@ -99,13 +102,13 @@ async def test_a_run_time_override_changes_who_is_called(
         status, removed = await call(
             server, "DELETE", f"/api/v1/oncall/overrides/{stored['id']}", {"by": "carol"}
         )
-        assert status == 200 and removed["removed_by"] == "carol"
+        assert status == 200 and removed["removed_by"] == "carol (API token)"
         # another cause (alert 1's incident still fires): an incident, and a page, of its own
         await post_alerts(server, make_body([make_alert(2, labels=P0, name="NodeDown")]))
         await settle(server)
         assert called(receiver)[2:] == ["alice"]  # the override no longer applies
         status, listed = await call(server, "GET", "/api/v1/oncall/overrides?removed=true")
-        assert [item["removed_by"] for item in listed["items"]] == ["carol"]
+        assert [item["removed_by"] for item in listed["items"]] == ["carol (API token)"]
     finally:
         await close_in_process(server)
 

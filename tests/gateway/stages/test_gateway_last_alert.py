@@ -18,7 +18,7 @@ from tests.support.gateway_process import close_in_process
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.config import GatewaySettings
-from trainsentry.gateway.app import WEBHOOK_PATH
+from trainsentry.gateway.api.app import WEBHOOK_PATH
 from trainsentry.gateway.assemble import create_app
 
 TJ_PATH = f"/apis/trainsentry.io/v1alpha1/namespaces/{NS}/trainingjobs"

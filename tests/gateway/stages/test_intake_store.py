@@ -130,10 +130,12 @@ async def test_an_unexpected_error_fails_only_its_webhook_and_the_writer_lives_o
 
     real = intake.record_receipts
 
-    async def failing_on_poison(conn: object, receipts: list[IncomingReceipt]) -> object:
+    async def failing_on_poison(
+        conn: object, receipts: list[IncomingReceipt], node_labels: tuple[str, ...]
+    ) -> object:
         if any(r.receiver == "poison" for r in receipts):
             raise RuntimeError()  # no message at all
-        return await real(conn, receipts)  # type: ignore[arg-type]
+        return await real(conn, receipts, node_labels)  # type: ignore[arg-type]
 
     monkeypatch.setattr(intake, "record_receipts", failing_on_poison)
     writer = intake.IntakeWriter(engine)

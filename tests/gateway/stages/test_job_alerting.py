@@ -8,9 +8,10 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from trainsentry.gateway.assemble import build_job_alerting, create_app
 from trainsentry.gateway.channels import Channels, build
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.sections import default_escalator, oncall_of
-from trainsentry.gateway.stages.job_alerting import JobAlerting
+from trainsentry.gateway.stages.services.job_alerting import JobAlerting
 
 # The API calls the job alerting stage makes, as the emulator records them; the chart's RBAC
 # for gateway.jobAlerting is checked against this file (tests/chart/test_rbac.py).
@@ -130,12 +131,18 @@ async def gateway_with(
     policy: str | None = None,
     oncall: dict[str, Any] | None = None,
     job_alerting: dict[str, Any] | None = None,
+    *,
+    escalation: list[dict[str, Any]] | None = None,
+    gateway: dict[str, Any] | None = None,
+    clock: Callable[[], datetime] | None = None,
 ) -> AsyncIterator[Any]:
     """(start, an unreachable bot URL prefix) of a gateway with job alerting and the global
     Feishu chat; `policy` is a policy file merged over the shipped one, `oncall` the
-    gateway's `oncall:` section, `job_alerting` more keys of its `job_alerting:` section."""
+    gateway's `oncall:` section, `job_alerting` more keys of its `job_alerting:` section,
+    `escalation` the global escalation's layers (default: gus alone), `gateway` more keys
+    of its `gateway:` section, `clock` the gateway's clock."""
     unreachable = f"http://127.0.0.1:{free_port()}/open-apis/bot/v2/hook/"
-    gateway_settings: dict[str, Any] = {"db": f"sqlite:///{tmp_path / 'gw.db'}"}
+    gateway_settings: dict[str, Any] = {"db": f"sqlite:///{tmp_path / 'gw.db'}", **(gateway or {})}
     if policy is not None:
         (tmp_path / "policy.yaml").write_text(policy)
         gateway_settings["policy_file"] = str(tmp_path / "policy.yaml")
@@ -150,7 +157,8 @@ async def gateway_with(
                 },
                 "phone": {"provider": "feishu"},
                 "escalation": {
-                    "layers": [
+                    "layers": escalation
+                    or [
                         {"name": "global", "members": [{"name": "gus", "feishu_open_id": "ou_gus"}]}
                     ]
                 },
@@ -179,6 +187,7 @@ async def gateway_with(
         escalator=default_escalator(settings),
         job_alerting=stage,
         oncall=oncall_of(settings),
+        **({"clock": clock} if clock is not None else {}),
     )
     server = TestServer(app, host="127.0.0.1")
 
@@ -519,7 +528,7 @@ async def test_a_secret_the_gateway_may_not_read_is_named_and_the_global_route_t
 
 
 async def ack(running: Running, alert_id: int, who: str) -> None:
-    """The ack the API, the console and the card button share (stages/ack.py)."""
+    """The ack the API, the console and the card button share (stages/services/ack.py)."""
     assert running.gateway.ack is not None
     assert await running.gateway.ack.acknowledge(alert_id, who) is not None
     await running.gateway.settle()
@@ -656,3 +665,62 @@ async def test_a_reference_cannot_climb_into_another_namespace(
         assert "InvalidReference" in {e["reason"] for e in events(cluster, "team-a", name)}
     global_text = json.dumps(chat_cards(feishu, GLOBAL_CHAT))  # every card took the global route
     assert all(f"team-a/{name}" in global_text for name in ESCAPES)
+
+
+def node_alert(index: int, namespace: str, job: str, name: str, **labels: str) -> dict[str, Any]:
+    """An alert of a tenant's own PrometheusRule about node gpu-node-17: prometheus-operator's
+    `enforcedNamespaceLabel` gives it its own namespace; every other label is the team's."""
+    base = {"namespace": namespace, "trainingjob": job, "node": "gpu-node-17"}
+    alert = make_alert(index, name=name, labels={**base, **labels})
+    if "gpu" not in labels:
+        del alert["labels"]["gpu"]
+    return alert
+
+
+async def test_a_teams_decoy_on_a_node_captures_no_other_teams_page(
+    cluster: KubeEmulator, feishu: FeishuContractServer, gateway: Any
+) -> None:
+    """Issue 43 finding 2: team-a raises `KubeNodeNotReady` on gpu-node-17 from its own rule
+    and acknowledges it; team-b's P0 `GPUFellOffBus` on that node then still pages team-b
+    through team-b's own route (its bot), rings the on-call team-b's page follows (the
+    global one: team-b names no roster), and team-a's chat, owners and roster get nothing
+    of team-b. Before, it joined team-a's acknowledged incident: no call, no card for b."""
+    start, _ = gateway
+    await create(
+        cluster,
+        "/api/v1/namespaces/team-a/configmaps",
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "oncall"},
+         "data": {"roster.yaml": ROSTER}},
+    )  # fmt: skip
+    await create_bot_secret(cluster, feishu)
+    team_a = {
+        "owners": ["ou_bob"],
+        "feishu": {"chatId": "oc_team_a"},
+        "onCallRosterRef": {"name": "oncall", "key": "roster.yaml"},
+    }
+    await create(cluster, tj_path("team-a"), trainingjob("team-a", "a", team_a))
+    bot = {"webhookSecretRef": {"name": "bot", "key": "url", "secretKey": "sign"}}
+    await create(cluster, tj_path("team-b"), trainingjob("team-b", "b", {"feishu": bot}))
+    running = await start()
+    decoy = node_alert(1, "team-a", "a", "KubeNodeNotReady", priority="P3", component="kubernetes")
+    await running.post(decoy)
+    await ack(running, 1, "ou_amy")
+    a_before = json.dumps(chat_cards(feishu, "oc_team_a"))
+    await running.post(
+        node_alert(
+            2, "team-b", "b", "GPUFellOffBus", priority="P0", component="gpu", gpu="3", xid="79"
+        )
+    )
+    bot_cards = [json.dumps(body["card"]) for _, body in feishu.accepted.get("team-b", [])]
+    assert len(bot_cards) == 1 and "GPUFellOffBus" in bot_cards[0], bot_cards
+    assert "team-b/b" in bot_cards[0] and "team-a/a" not in bot_cards[0]
+    assert "ou_amy" not in bot_cards[0], "team-a's ack covers none of team-b's alerts"
+    # team-a's chat, owners and roster hear nothing of team-b's page
+    a_cards = json.dumps(chat_cards(feishu, "oc_team_a"))
+    assert a_cards == a_before and "GPUFellOffBus" not in a_cards and "team-b" not in a_cards
+    rung = [user for _, users in feishu.urgent_calls for user in users]
+    assert rung == ["ou_gus"], rung
+    assert running.gateway.ack is not None
+    answer = await running.gateway.ack.acknowledge(2, "ou_ben")
+    assert answer is not None and not answer.already_acked, "team-a's ack covered it"
+    assert answer.acked_by != "ou_amy"

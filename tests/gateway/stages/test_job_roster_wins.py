@@ -13,7 +13,7 @@ from trainsentry.gateway.policy.escalation import (
     Roster,
     new_state,
 )
-from trainsentry.gateway.stages.paging import Paging
+from trainsentry.gateway.stages.services.paging import Paging
 
 GATEWAY = Escalator(Roster((Layer("global", (Person("gina"),)),)), EscalationPolicy())
 NAMED = {"gpu-p0": Escalator(Roster((Layer("policy", (Person("pat"),)),)), EscalationPolicy())}

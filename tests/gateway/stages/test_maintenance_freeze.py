@@ -30,7 +30,7 @@ from tests.support.gateway_process import start_gateway
 from tests.support.realservers import RunningServer
 from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.alerts import utcnow
-from trainsentry.gateway.app import WEBHOOK_PATH
+from trainsentry.gateway.api.app import WEBHOOK_PATH
 
 pytestmark = pytest.mark.e2e
 TOKEN = "freeze-token"

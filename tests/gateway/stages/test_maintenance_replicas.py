@@ -19,7 +19,7 @@ from tests.support.gateway_process import start_gateway
 from tests.support.receiver import ThreadedReceiver
 from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.alerts import utcnow
-from trainsentry.gateway.app import WEBHOOK_PATH
+from trainsentry.gateway.api.app import WEBHOOK_PATH
 from trainsentry.store.engine import create_engine
 from trainsentry.store.schema import notifications
 

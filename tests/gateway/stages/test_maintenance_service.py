@@ -25,7 +25,7 @@ from tests.support.receiver import Receiver
 from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.alerts import Person
 from trainsentry.config import GatewaySettings, MaintenanceSettings
-from trainsentry.gateway.app import WEBHOOK_PATH
+from trainsentry.gateway.api.app import WEBHOOK_PATH
 from trainsentry.gateway.assemble import create_app
 from trainsentry.gateway.pipeline import GATEWAY_KEY
 from trainsentry.gateway.policy.escalation import EscalationPolicy, Escalator, Layer, Roster
@@ -103,7 +103,7 @@ async def test_a_window_on_one_node_mutes_its_p0_not_the_same_p0_elsewhere_and_n
     server = await start(db_url, receiver, clock)
     try:
         status, window = await call(server, "POST", "/api/v1/maintenance", node_window("gpu-17"))
-        assert status == 201 and window["active"] and window["created_by"] == "alice"
+        assert status == 201 and window["active"] and window["created_by"] == "alice (API token)"
         await post_alerts(
             server,
             [
@@ -180,7 +180,7 @@ async def test_ending_a_window_early_notifies_and_a_regex_window_mutes(
         status, ended = await call(
             server, "DELETE", f"/api/v1/maintenance/{window['id']}", {"by": "bob"}
         )
-        assert status == 200 and ended["ended_by"] == "bob" and not ended["active"]
+        assert status == 200 and ended["ended_by"] == "bob (API token)" and not ended["active"]
         await settle(server)
         assert phoned(receiver) == [(2, "firing"), (1, "firing")]
         status, current = await call(server, "GET", "/api/v1/maintenance")

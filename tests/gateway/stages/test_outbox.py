@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from tests.support.receiver import Receiver
 from trainsentry.alerts import NotificationDraft, Priority, utcnow
-from trainsentry.gateway.policy.delivery import DeliveryRules
+from trainsentry.gateway.policy.outbox_retry import DeliveryRules
 from trainsentry.gateway.stages.outbox import Outbox
 from trainsentry.notifiers.ratelimit import RateLimit, SlidingWindow
 from trainsentry.notifiers.webhook import WebhookNotifier

@@ -25,7 +25,7 @@ from tests.support.receiver import Receiver
 from trainsentry.alerts import NotificationDraft, Priority, utcnow
 from trainsentry.config import GatewaySettings
 from trainsentry.gateway.assemble import create_app
-from trainsentry.gateway.policy.delivery import DeliveryRules
+from trainsentry.gateway.policy.outbox_retry import DeliveryRules
 from trainsentry.gateway.stages.outbox import Outbox
 from trainsentry.notifiers.webhook import WebhookNotifier
 from trainsentry.store.schema import notifications

@@ -26,11 +26,12 @@ from trainsentry.gateway.policy.escalation import (
     new_state,
 )
 from trainsentry.gateway.policy.rules import load_policy
-from trainsentry.gateway.stages.ack import AckService
 from trainsentry.gateway.stages.intake import parse_webhook
-from trainsentry.gateway.stages.paging import ESCALATION_KEY, ESCALATION_SCOPE, Paging
 from trainsentry.gateway.stages.planning.plan import PolicyPlan
+from trainsentry.gateway.stages.planning.steps import plan_steps
 from trainsentry.gateway.stages.planning.worker import PolicyWorker
+from trainsentry.gateway.stages.services.ack import AckService
+from trainsentry.gateway.stages.services.paging import ESCALATION_KEY, ESCALATION_SCOPE, Paging
 from trainsentry.store.policy_state import load_states, save_states
 from trainsentry.store.schema import notifications, policy_state
 from trainsentry.store.writes import record_receipts
@@ -56,7 +57,7 @@ async def intake(engine: AsyncEngine, alert_dicts: list[dict[str, Any]], at_s: i
 
 
 async def plan_all(engine: AsyncEngine, paging: Paging, at_s: int) -> None:
-    plan = PolicyPlan(load_policy(), channels=("phone",), paging=paging)
+    plan = PolicyPlan(load_policy(), channels=("phone",), steps=plan_steps(paging=paging))
     now = BASE_TIME + timedelta(seconds=at_s)
     await PolicyWorker(engine, plan, clock=lambda: now).drain()
     async with engine.begin() as conn:  # the ticker's turn: due escalation steps

@@ -21,7 +21,7 @@ from tests.support.clock import Clock
 from tests.support.gateway_process import close_in_process
 from tests.support.webhook_factory import BASE_TIME, encode, make_alert, make_body
 from trainsentry.config import GatewaySettings
-from trainsentry.gateway.app import WEBHOOK_PATH
+from trainsentry.gateway.api.app import WEBHOOK_PATH
 from trainsentry.gateway.assemble import create_app
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.stages.intake import parse_webhook

@@ -1,4 +1,4 @@
-"""The topology read from Kubernetes Node labels (gateway/stages/topology.py) through the
+"""The topology read from Kubernetes Node labels (gateway/stages/services/topology.py) through the
 kmock emulator: every page of nodes is read, only `list nodes` is called, a failing API keeps
 the last good topology."""
 
@@ -14,7 +14,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from tests.support.kube_emulator import KubeEmulator
 from trainsentry.config.topology import TopologySettings
 from trainsentry.gateway.sections import build_topology
-from trainsentry.gateway.stages.topology import TopologySource
+from trainsentry.gateway.stages.services.topology import TopologySource
 
 SECTION = {
     "levels": ["leaf_switch", "rack"],
@@ -30,11 +30,13 @@ async def cluster() -> AsyncIterator[KubeEmulator]:
         yield emu
 
 
-async def add_node(emu: KubeEmulator, name: str, labels: dict[str, str]) -> None:
+async def add_node(
+    emu: KubeEmulator, name: str, labels: dict[str, str], annotations: dict[str, str] | None = None
+) -> None:
     body: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "labels": labels},
+        "metadata": {"name": name, "labels": labels, "annotations": annotations or {}},
     }
     async with emu.post("/api/v1/nodes", json=body) as resp:
         assert resp.status == 201, await resp.text()
@@ -85,3 +87,24 @@ async def test_a_failing_api_keeps_the_last_topology(cluster: KubeEmulator) -> N
     finally:
         await topo.stop()
     assert topo.current().place("gpu-node-0") == {"leaf_switch": "leaf-7"}
+
+
+async def test_node_annotations_place_each_hca_on_its_rail(cluster: KubeEmulator) -> None:
+    """Issue 44: a cluster that publishes where each HCA is cabled (a Node annotation)."""
+    rails = {"example.com/rail-leaves": "mlx5_0=su2-leaf-0,mlx5_3=su2-leaf-3"}
+    await add_node(cluster, "gpu-node-0", {"topology.example.com/rack": "r1"}, rails)
+    section = {**SECTION, "rail_annotations": {"leaf_switch": "example.com/rail-leaves"}}
+    section["node_labels"] = {"rack": "topology.example.com/rack"}
+
+    async def api() -> ApiClient:
+        return ApiClient(Configuration(host=str(cluster.url).rstrip("/")))
+
+    topo = build_topology(TopologySettings.model_validate(section), api)
+    assert topo is not None
+    try:
+        await topo.refresh()
+    finally:
+        await topo.stop()
+    current = topo.current()
+    assert current.place("gpu-node-0", "mlx5_3") == {"leaf_switch": "su2-leaf-3", "rack": "r1"}
+    assert current.place("gpu-node-0") == {"rack": "r1"}

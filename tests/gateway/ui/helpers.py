@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp.test_utils import TestServer
 from pydantic import SecretStr
 
@@ -49,7 +51,7 @@ def hang_verdict(
     gateway does (hang_enrichment)."""
     from trainsentry.diagnostics import analyze
     from trainsentry.diagnostics.synthetic import write_dumps
-    from trainsentry.gateway.stages.hang_enrichment import HangVerdict, culprit_ranks, summarize
+    from trainsentry.gateway.stages.hang.enrichment import HangVerdict, culprit_ranks, summarize
 
     folder = tmp_path / "dumps"
     entries = 20 if scenario == "hang" else 200
@@ -71,3 +73,23 @@ async def store_verdict(server: TestServer, alert_id: int, verdict: dict[str, An
     gateway = server.app[GATEWAY_KEY]
     async with gateway.engine.begin() as conn:
         await save_verdict(conn, alert_id, verdict, {}, datetime.now(UTC), cancel=False)
+
+
+async def signed_in(
+    server: TestServer, name: str = "erin", token: str = TOKEN
+) -> aiohttp.ClientSession:
+    """A client session that went through the login form as a browser does."""
+    session = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
+    async with session.get(server.make_url("/ui/login")) as r:
+        nonce = re.search(r'name="csrf" value="([^"]+)"', await r.text())
+    assert nonce is not None
+    form = {"csrf": nonce.group(1), "name": name, "token": token, "next": "/ui/"}
+    async with session.post(server.make_url("/ui/login"), data=form, allow_redirects=False) as r:
+        assert r.status == 303, await r.text()
+    return session
+
+
+def csrf_of(page: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found is not None
+    return found.group(1)

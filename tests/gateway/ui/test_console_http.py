@@ -17,8 +17,10 @@ from aiohttp.test_utils import TestServer
 from tests.gateway.ui.helpers import (
     TOKEN,
     alert,
+    csrf_of,
     hang_verdict,
     post_alerts,
+    signed_in,
     start,
     store_verdict,
 )
@@ -42,26 +44,6 @@ async def acked_by(server: TestServer, alert_id: int) -> str | None:
     async with aiohttp.ClientSession(headers=headers) as session:
         async with session.get(server.make_url(f"/api/v1/alerts/{alert_id}")) as r:
             return (await r.json())["acked_by"]
-
-
-async def signed_in(
-    server: TestServer, name: str = "erin", token: str = TOKEN
-) -> aiohttp.ClientSession:
-    """A client session that went through the login form as a browser does."""
-    session = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
-    async with session.get(server.make_url("/ui/login")) as r:
-        nonce = re.search(r'name="csrf" value="([^"]+)"', await r.text())
-    assert nonce is not None
-    form = {"csrf": nonce.group(1), "name": name, "token": token, "next": "/ui/"}
-    async with session.post(server.make_url("/ui/login"), data=form, allow_redirects=False) as r:
-        assert r.status == 303, await r.text()
-    return session
-
-
-def csrf_of(page: str) -> str:
-    found = re.search(r'name="csrf" value="([^"]+)"', page)
-    assert found is not None
-    return found.group(1)
 
 
 async def test_without_a_token_the_console_is_read_only(db_url: str) -> None:
@@ -107,7 +89,7 @@ async def test_with_a_token_reads_need_a_sign_in_and_actions_need_csrf_and_origi
             assert await acked_by(server, 1) is None
             async with session.post(url, data=form, allow_redirects=False) as r:
                 assert r.status == 303
-            assert await acked_by(server, 1) == "erin"
+            assert await acked_by(server, 1) == "erin (break-glass token)"  # the token's
         finally:
             await session.close()
     finally:
@@ -265,8 +247,16 @@ async def test_ack_comments_are_kept_the_same_from_the_api_and_the_console(db_ur
             async with api.get(server.make_url("/api/v1/alerts/1")) as r:
                 events = (await r.json())["events"]
         assert [(e["kind"], e["detail"]) for e in events[1:]] == [
-            ("acked", {"by": "gina", "comment": "on it", "incident": 1}),
-            ("comment", {"by": "hank", "comment": "ib cable swapped", "incident": 1}),
+            ("acked", {"by": "gina", "comment": "on it", "incident": 1, "via": "api-token"}),
+            (
+                "comment",
+                {
+                    "by": "hank (break-glass token)",
+                    "comment": "ib cable swapped",
+                    "incident": 1,
+                    "via": "break-glass",
+                },
+            ),
         ]
     finally:
         await close_in_process(server)
@@ -396,8 +386,9 @@ async def test_the_timeline_shows_what_the_policy_did_flapping_and_storm(tmp_pat
                     [make_alert(0, status=status, fingerprint="flappy", starts_at=start_at,
                                 labels={"priority": "P1"})],
                 )  # fmt: skip
-        _status, page = await get(server, "/ui/history?days=56")
-        ids = sorted(int(i) for i in re.findall(r'data-alert-id="(\d+)"', page))
+        async with aiohttp.ClientSession() as api:  # the three occurrences, resolved
+            async with api.get(server.make_url("/api/v1/alerts?status=resolved")) as r:
+                ids = sorted(int(item["id"]) for item in (await r.json())["items"])
         assert len(ids) == 3
         _status, page = await get(server, f"/ui/alerts/{ids[-1]}")
         assert "ev-flapping" in page and "status changes in the flap window" in page
@@ -455,7 +446,7 @@ async def test_maintenance_windows_are_shown_and_ended_through_the_service(db_ur
         async with aiohttp.ClientSession(headers=headers) as api:
             async with api.get(server.make_url("/api/v1/maintenance?all=1")) as r:
                 [ended] = (await r.json())["items"]
-        assert ended["ended_by"] == "kim" and ended["ended_at"] is not None
+        assert ended["ended_by"] == "kim (break-glass token)" and ended["ended_at"] is not None
     finally:
         await close_in_process(server)
 

@@ -334,3 +334,32 @@ def test_a_storm_card_lists_the_incidents_it_folded() -> None:
     text = json.dumps(storm_card(parse_payload(payload)), ensure_ascii=False)
     assert "By incident" in text and "#7 DiskFull: 25" in text and "#9 NodeOOMKills: 5" in text
     assert "trainingjob:" not in text
+
+
+def test_an_hca_port_is_shown_as_an_hca_port_never_as_a_gpu() -> None:
+    """Issue 44: node_exporter's IB series carry `device` (the HCA) and `port`; the card
+    showed "GPU: mlx5_0" and counted an incident's HCAs under "GPUs"."""
+    labels = {
+        "alertname": "IBPhysicalLinkDown", "priority": "P0", "component": "fabric",
+        "node": "gpu-node-00", "device": "mlx5_0", "port": "1",
+    }  # fmt: skip
+    incident = {
+        "id": 7, "status": "firing", "alerts": 3, "firing": 3, "resolved": 0, "nodes": 1,
+        "node_names": ["gpu-node-00"], "gpus": 0, "gpu_names": [], "untracked": 0,
+        "ports": 3, "port_names": ["gpu-node-00 mlx5_0 port 1", "gpu-node-00 mlx5_1 port 1"],
+        "cause": "IBPhysicalLinkDown",
+    }  # fmt: skip
+    said = {"summary": "IB link down on gpu-node-00 mlx5_0 port 1", "description": "Down."}
+    payload = alert_payload(
+        "P0", alertname="IBPhysicalLinkDown", labels=labels, incident=incident, annotations=said
+    )
+    text = _texts(alert_card(parse_payload(payload)))
+    assert "GPU" not in text, text
+    assert "**HCA:** mlx5_0 port 1" in text
+    assert (
+        "**HCA ports:** 3: gpu-node-00 mlx5_0 port 1, gpu-node-00 mlx5_1 port 1 and 1 more" in text
+    )
+    # dcgm-exporter's `device` (nvidia3) is still a GPU
+    gpu = {**labels, "alertname": "GPUFellOffBus", "component": "gpu", "device": "nvidia3"}
+    del gpu["port"]
+    assert "**GPU:** nvidia3" in _texts(alert_card(parse_payload(alert_payload(labels=gpu))))

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from tests.notifiers.helpers import alert_payload
 from tests.support.feishu_server import card_problems
-from trainsentry.gateway.stages.handoff import notice_payload
+from trainsentry.gateway.stages.services.handoff import notice_payload
 from trainsentry.notifiers.feishu.card import build_card
 from trainsentry.notifiers.payload_contract import parse_payload
 from trainsentry.oncall.config import parse_oncall

@@ -126,7 +126,7 @@ async def test_restart_finds_the_row_again(server: FeishuContractServer) -> None
         await second.aclose()
     rows = _sheet(server, "alerts-2026-11")
     assert [r[0] for r in rows] == ["occurrence", "alert-0", "alert-1", "alert-2"]
-    assert rows[2][3] == "resolved"
+    assert rows[2][COLUMNS.index("status")] == "resolved"
 
 
 async def test_lost_append_answer_is_retried_without_duplicate(

@@ -119,6 +119,7 @@ def read_trace(
     workers: int | None = None,
     captured_at_ns: int | None = None,
     in_place: bool = False,
+    newest_bytes: int | None = None,
 ) -> Trace:
     done = 0
     count = total if total is not None else len(files)
@@ -147,6 +148,7 @@ def read_trace(
             topology=topology,
             captured_at_ns=captured_at_ns,
             in_place=in_place,
+            newest_bytes=newest_bytes,
         )
     trace.topology = topology
     return trace

@@ -37,6 +37,7 @@ this one file.
 from __future__ import annotations
 
 import ast
+import bisect
 import functools
 import gc
 import io
@@ -67,6 +68,7 @@ from trainsentry.diagnostics.model import (
     find_gaps,
     make_stream,
 )
+from trainsentry.diagnostics.readers.fr_newest import NEWEST_BYTES, read_newest
 from trainsentry.diagnostics.topology import Topology
 
 _V = TypeVar("_V")
@@ -287,8 +289,10 @@ class RankDump:
     last_enqueued: dict[str, int]
     latest_ns: int
     index: int = -1  # position in the caller's input list
-    #: Every rank any pg_config list names (named group or not): all are in the world.
-    listed_ranks: frozenset[int] = frozenset()
+    #: One more than the highest rank any pg_config list names (named group or not): the
+    #: world has at least this many ranks. (Not the ranks themselves: every dump lists the
+    #: whole world, and N copies of an N-rank list are N^2.)
+    listed_floor: int = 0
     #: This rank's own group rank per group, as its p2p entries state it.
     own_local: dict[str, int] = field(default_factory=dict)
     #: `pg_status.last_started_collective` per group (-1: not recorded; only NCCL with
@@ -296,6 +300,9 @@ class RankDump:
     last_started: dict[str, int] = field(default_factory=dict)
     #: When the dump was taken (the caller's, a sidecar's or the file's time); 0 unknown.
     captured_ns: int = 0
+    #: Bytes of older entries not read (only the newest were, see `readers.fr_newest`);
+    #: 0 when every entry was read.
+    skipped_bytes: int = 0
 
 
 class SignatureCache:
@@ -515,7 +522,7 @@ def parse_rank_dump(
         pg_ranks,
         last_enqueued,
         latest,
-        listed_ranks=frozenset(listed),
+        listed_floor=listed,
         own_local=own_local,
         last_started=last_started,
     )
@@ -715,6 +722,31 @@ def _span(ranks: tuple[int, ...]) -> str:
     return ",".join(parts)
 
 
+def _holds(ranks: tuple[int, ...], rank: int) -> bool:
+    """Pure: whether a sorted rank tuple holds `rank` (a world list is 16,384 long)."""
+    i = bisect.bisect_left(ranks, rank)
+    return i < len(ranks) and ranks[i] == rank
+
+
+def _share_rank_lists(dumps: list[RankDump]) -> None:
+    """Make equal pg_config rank tuples one object across dumps (each worker process sends
+    its own copy back): one world list in memory, not one per dump."""
+    by_object: dict[int, tuple[int, ...]] = {}
+    canonical: dict[tuple[int, int, int], list[tuple[int, ...]]] = {}
+    for d in dumps:
+        for name, ranks in d.pg_ranks.items():
+            shared = by_object.get(id(ranks))
+            if shared is None:
+                key = (len(ranks), ranks[0] if ranks else -1, ranks[-1] if ranks else -1)
+                bucket = canonical.setdefault(key, [])
+                shared = next((r for r in bucket if r == ranks), None)
+                if shared is None:
+                    bucket.append(ranks)
+                    shared = ranks
+                by_object[id(ranks)] = shared
+            d.pg_ranks[name] = shared
+
+
 def _renamed(table: dict[str, _V], renames: dict[str, str]) -> dict[str, _V]:
     return {renames.get(key, key): value for key, value in table.items()}
 
@@ -729,12 +761,15 @@ def _split_groups_apart(dumps: list[RankDump]) -> list[str]:
     that contains it; if none does, it stays under the bare name, and a note says the
     groups could not all be told apart.
     """
-    memberships: dict[str, set[tuple[int, ...]]] = {}
+    _share_rank_lists(dumps)
+    # Keyed by object: equal lists are one object now, and hashing a world list per dump
+    # would cost N^2.
+    memberships: dict[str, dict[int, tuple[int, ...]]] = {}
     for d in dumps:
         for name, ranks in d.pg_ranks.items():
-            if d.rank in ranks:
-                memberships.setdefault(name, set()).add(ranks)
-    split = {name: sets for name, sets in memberships.items() if len(sets) > 1}
+            if _holds(ranks, d.rank):
+                memberships.setdefault(name, {})[id(ranks)] = ranks
+    split = {name: set(sets.values()) for name, sets in memberships.items() if len(sets) > 1}
     if not split:
         return []
     notes = []
@@ -742,7 +777,7 @@ def _split_groups_apart(dumps: list[RankDump]) -> list[str]:
         renames: dict[str, str] = {}
         for name, sets in split.items():
             own = d.pg_ranks.get(name)
-            if own is None or d.rank not in own:
+            if own is None or not _holds(own, d.rank):
                 holding = [m for m in sets if d.rank in m]
                 own = holding[0] if len(holding) == 1 else None
             if own is not None:
@@ -776,13 +811,13 @@ def _latest_ns(by_pg: dict[str, PgColumns], entries: list[Any]) -> int:
     return latest
 
 
-def _read_pg_config(
-    config: Any, pg_desc: dict[str, str]
-) -> tuple[dict[str, tuple[int, ...]], set[int]]:
-    """The ranks `pg_config` declares per group, and every rank it lists; a group whose
-    entries carry no description takes pg_config's into `pg_desc`."""
+def _read_pg_config(config: Any, pg_desc: dict[str, str]) -> tuple[dict[str, tuple[int, ...]], int]:
+    """The ranks `pg_config` declares per group, and one more than the highest rank it
+    lists (0: none); a group whose entries carry no description takes pg_config's into
+    `pg_desc`. The rank tuples are shared between dumps with the same list (see
+    `_parse_rank_text`)."""
     pg_ranks: dict[str, tuple[int, ...]] = {}
-    listed: set[int] = set()
+    listed = 0
     if not isinstance(config, dict):
         return pg_ranks, listed
     for key, value in config.items():
@@ -790,7 +825,8 @@ def _read_pg_config(
             continue
         name = str(value.get("name") or key)
         ranks = _parse_ranks(value.get("ranks"))
-        listed.update(r for r in ranks if r >= 0)
+        if ranks and ranks[-1] >= 0:  # sorted
+            listed = max(listed, ranks[-1] + 1)
         if name and ranks:
             pg_ranks[name] = ranks
         desc = value.get("desc")
@@ -809,7 +845,8 @@ class _Membership:
     declared: dict[str, tuple[int, ...]] = field(default_factory=dict)
     descs: dict[str, str] = field(default_factory=dict)
     own_ranks: dict[str, dict[int, int]] = field(default_factory=dict)
-    known_ranks: set[int] = field(default_factory=set)
+    #: One more than the highest rank anything names (file names, dumps, pg_config lists).
+    known_floor: int = 0
 
 
 def join_dumps(dumps: list[RankDump], trace: Trace, named_ranks: set[int] | None = None) -> Trace:
@@ -841,21 +878,21 @@ def join_dumps(dumps: list[RankDump], trace: Trace, named_ranks: set[int] | None
 def _read_membership(dumps: list[RankDump], trace: Trace, named_ranks: set[int]) -> _Membership:
     """Each group's members as the dumps tell them; the trace learns which ranks have data and
     when each dump was captured."""
-    found = _Membership(known_ranks=set(named_ranks))
+    found = _Membership(known_floor=max(named_ranks, default=-1) + 1)
     for d in dumps:
         trace.ranks_with_data.add(d.rank)
+        if d.skipped_bytes:
+            trace.partial_ranks.add(d.rank)
         trace.last_event_ns = max(trace.last_event_ns, d.latest_ns)
         if d.captured_ns:
             trace.captured_ns[d.rank] = d.captured_ns
             trace.capture_end_ns = max(trace.capture_end_ns, d.captured_ns)
-        found.known_ranks.add(d.rank)
-        found.known_ranks.update(d.listed_ranks)
+        found.known_floor = max(found.known_floor, d.rank + 1, d.listed_floor)
         for pg in d.by_pg:
             found.members.setdefault(pg, set()).add(d.rank)
             found.descs.setdefault(pg, d.pg_desc.get(pg, ""))
         for pg, ranks in d.pg_ranks.items():
-            found.known_ranks.update(ranks)
-            if d.rank in ranks:
+            if _holds(ranks, d.rank):
                 found.declared.setdefault(pg, ranks)
                 found.members.setdefault(pg, set()).add(d.rank)
         for pg, local in d.own_local.items():
@@ -865,8 +902,7 @@ def _read_membership(dumps: list[RankDump], trace: Trace, named_ranks: set[int])
 
 def _add_communicators(dumps: list[RankDump], trace: Trace, membership: _Membership) -> None:
     """One `Communicator` per group, and the world's size when the default group tells it."""
-    known = membership.known_ranks
-    world_floor = max(known) + 1 if known else 0
+    world_floor = membership.known_floor
     hints = _size_hints(dumps, trace.signatures)
     trace.world_floor = world_floor
     declared, descs = membership.declared, membership.descs
@@ -947,6 +983,9 @@ def looks_like_flight_recorder(head: bytes) -> bool:
     )
 
 
+#: Up to this much input in all, every entry of every dump is read (see
+#: `read_flight_recorder`'s `newest_bytes`).
+FULL_READ_MAX_BYTES = 512 * 2**20
 PARALLEL_MIN_FILES = 64
 PARALLEL_MIN_BYTES = 32 * 2**20
 _CHUNKS_PER_WORKER = 4
@@ -996,15 +1035,21 @@ def _read_one(
     cache: SignatureCache,
     captured_at_ns: int | None = None,
     in_place: bool = False,
+    newest_bytes: int = 0,
 ) -> tuple[RankDump, str]:
-    data = path.read_bytes()
-    decoded = decode_dump(data, str(path))
+    newest = read_newest(str(path), newest_bytes) if newest_bytes > 0 else None
+    if newest is not None:
+        decoded, skipped = newest
+    else:
+        decoded, skipped = decode_dump(path.read_bytes(), str(path)), 0
     try:
         dump = parse_rank_dump(decoded, rank, str(path), cache)
-    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError) as exc:
+        # OverflowError: a number past int64 (an entry's time, say) meets numpy.
         if isinstance(exc, FlightRecorderError):
             raise
         raise FlightRecorderError(f"{path}: unexpected entry structure ({exc!r})") from exc
+    dump.skipped_bytes = skipped
     dump.captured_ns, source = capture_time(path, captured_at_ns, in_place)
     # An entry later than the stated capture time (a clock ahead) still bounds it.
     if dump.captured_ns and dump.latest_ns > dump.captured_ns:
@@ -1017,6 +1062,7 @@ def _read_chunk(
     on_file: Callable[[], None] | None = None,
     captured_at_ns: int | None = None,
     in_place: bool = False,
+    newest_bytes: int = 0,
 ) -> _ChunkResult:
     """Read (index, path, rank) items with a private signature table (runs in workers too)."""
     # Dumps are millions of small containers that die by refcount right after parsing;
@@ -1030,7 +1076,7 @@ def _read_chunk(
         for index, name, rank in items:
             path = Path(name)
             try:
-                dump, source = _read_one(path, rank, cache, captured_at_ns, in_place)
+                dump, source = _read_one(path, rank, cache, captured_at_ns, in_place, newest_bytes)
                 dump.index = index
                 result.dumps.append(dump)
                 result.sources.add(source)
@@ -1051,16 +1097,18 @@ def _read_chunk(
     return result
 
 
-def _worker_count(paths: list[Path], requested: int | None) -> int:
+def _total_bytes(paths: list[Path]) -> int | None:
+    try:
+        return sum(p.stat().st_size for p in paths)
+    except OSError:
+        return None
+
+
+def _worker_count(files: int, total: int | None, requested: int | None) -> int:
+    """Pure but for the CPU count: processes for `files` dumps of `total` bytes."""
     if requested is not None:
         return max(1, requested)
-    if len(paths) < PARALLEL_MIN_FILES:
-        return 1
-    try:
-        total = sum(p.stat().st_size for p in paths)
-    except OSError:
-        return 1
-    if total < PARALLEL_MIN_BYTES:
+    if files < PARALLEL_MIN_FILES or total is None or total < PARALLEL_MIN_BYTES:
         return 1
     return max(1, min(os.cpu_count() or 1, 8))
 
@@ -1071,6 +1119,7 @@ def _read_in_workers(
     on_file: Callable[[], None] | None,
     captured_at_ns: int | None = None,
     in_place: bool = False,
+    newest_bytes: int = 0,
 ) -> list[_ChunkResult]:
     """Fork workers (only from a single-threaded caller: forking a threaded server is unsafe,
     and spawn would re-import the caller's __main__)."""
@@ -1086,7 +1135,7 @@ def _read_in_workers(
         with ProcessPoolExecutor(max_workers=count, mp_context=context) as pool:
             for future in as_completed(
                 [
-                    pool.submit(_read_chunk, chunk, None, captured_at_ns, in_place)
+                    pool.submit(_read_chunk, chunk, None, captured_at_ns, in_place, newest_bytes)
                     for chunk in chunks
                 ]
             ):
@@ -1098,7 +1147,7 @@ def _read_in_workers(
     except (BrokenProcessPool, OSError):
         done = {index for result in results for index in _indices(result)}
         rest = [item for item in items if item[0] not in done]
-        results.append(_read_chunk(rest, on_file, captured_at_ns, in_place))
+        results.append(_read_chunk(rest, on_file, captured_at_ns, in_place, newest_bytes))
     return results
 
 
@@ -1113,11 +1162,17 @@ def read_flight_recorder(
     topology: Topology | None = None,
     captured_at_ns: int | None = None,
     in_place: bool = False,
+    newest_bytes: int | None = None,
 ) -> Trace:
     """Read one dump per rank; a bad file becomes an `InputError`, the others are analysed.
 
     Capture times: see `capture_time` (`in_place`: the files' mtimes are when they were
     taken).
+
+    `newest_bytes`: read only about that many bytes of each JSON dump's newest entries
+    (`readers.fr_newest`); 0 reads every entry; None (default) reads every entry while the
+    input is at most `FULL_READ_MAX_BYTES` in all, and the newest `NEWEST_BYTES` of each
+    dump above that. Ranks read in part are `Trace.partial_ranks`, and a note says so.
 
     Large inputs are parsed in `workers` processes (default: one per CPU, up to 8, from 64
     files and 32 MB on); each returns numpy columns and its own signature table, which we
@@ -1145,12 +1200,16 @@ def read_flight_recorder(
             continue
         if on_file is not None:
             on_file()
-    count = _worker_count([Path(p) for _, p, _ in items], workers)
+    sizes = _total_bytes([Path(p) for _, p, _ in items])
+    count = _worker_count(len(items), sizes, workers)
+    window = newest_bytes
+    if window is None:
+        window = NEWEST_BYTES if sizes is not None and sizes > FULL_READ_MAX_BYTES else 0
     results: list[_ChunkResult] = []
     if count > 1 and threading.active_count() == 1:
-        results = _read_in_workers(items, count, on_file, captured_at_ns, in_place)
+        results = _read_in_workers(items, count, on_file, captured_at_ns, in_place, window)
     else:
-        results.append(_read_chunk(items, on_file, captured_at_ns, in_place))
+        results.append(_read_chunk(items, on_file, captured_at_ns, in_place, window))
     dumps: list[RankDump] = []
     sources: set[str] = set()
     for chunk_result in results:
@@ -1168,4 +1227,20 @@ def read_flight_recorder(
         trace.errors.append(InputError(str(paths[index]), messages[index]))
     dumps.sort(key=lambda d: d.rank)
     trace.captured_from = sorted(sources)
-    return join_dumps(dumps, trace, set(seen_ranks))
+    join_dumps(dumps, trace, set(seen_ranks))
+    if trace.partial_ranks:
+        trace.notes.append(_partial_note(dumps, len(trace.partial_ranks), window))
+    return trace
+
+
+def _partial_note(dumps: list[RankDump], partial: int, window: int) -> str:
+    """Pure: what reading only the newest entries left out."""
+    skipped = sum(d.skipped_bytes for d in dumps)
+    return (
+        f"{partial} of {len(dumps)} dumps read in part: only the newest "
+        f"~{window // 1024} KiB of entries of each ({skipped / 2**20:.0f} MB of older "
+        "entries not read; by default every entry is read up to "
+        f"{FULL_READ_MAX_BYTES // 2**20} MB of input); a hang is decided by the newest "
+        "entries, but older mismatches, gaps and timings are not seen (--all-entries "
+        "reads them)"
+    )

@@ -17,7 +17,8 @@ It only reads the store: a SQLite file that does not exist (a wrong --db) is ref
 created empty.
 
 Exit codes: 0 written, 1 the store could not be read, 2 bad arguments (also: no store at
---db, a database URL no driver takes, an output file that cannot be written where given).
+--db, a database URL no driver takes, an --out that is not .csv or .xlsx, an output file
+that cannot be written where given).
 """
 
 
@@ -33,6 +34,13 @@ def run(args: argparse.Namespace) -> int:
 
     from trainsentry.store.errors import StoreMissing, StoreUrlError
 
+    if args.out.suffix.lower() not in (".csv", ".xlsx"):
+        print(
+            f"trainsentry export: --out {args.out}: the format follows the suffix, "
+            "and export writes .csv or .xlsx (e.g. --out alerts.csv)",
+            file=sys.stderr,
+        )
+        return 2
     since = None
     if args.since:
         try:
@@ -65,7 +73,12 @@ async def export_alert_rows(db_url: str, out: Path, since: datetime | None = Non
 
     rows: list[list[str]] = [  # export_rows writes the header
         row_from_alert(
-            o.alert, alert_id=o.alert_id, priority=o.priority, reason=o.reason, acked_by=o.acked_by
+            o.alert,
+            alert_id=o.alert_id,
+            priority=o.priority,
+            reason=o.reason,
+            acked_by=o.acked_by,
+            incident_priority=o.incident_priority,
         )
         for o in await load_occurrences_for_export(db_url, since)
     ]

@@ -75,16 +75,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def window_body(args: argparse.Namespace, now_iso: str) -> dict[str, Any] | str:
     """The request for `add` from the arguments, or why they are wrong."""
+    from trainsentry.maintenance.windows import match_item
+
     matchers: dict[str, Any] = {}
     for item in args.match:
-        label, eq, value = item.partition("=")
-        regex_label, tilde, pattern = item.partition("~")
-        if eq and (not tilde or len(label) < len(regex_label)):
-            matchers[label.strip()] = value
-        elif tilde:
-            matchers[regex_label.strip()] = {"regex": pattern}
-        else:
+        found = match_item(item)
+        if found is None:
             return f"--match {item!r}: use LABEL=VALUE or LABEL~REGEX"
+        matchers[found[0]] = found[1]
     body: dict[str, Any] = {
         "matchers": matchers,
         "reason": args.reason,

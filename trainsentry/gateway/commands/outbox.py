@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from trainsentry.alerts import utcnow
-    from trainsentry.gateway.policy.delivery import parse_retry_request
+    from trainsentry.gateway.policy.outbox_retry import parse_retry_request
     from trainsentry.store.errors import StoreMissing, StoreUrlError
 
     body: dict[str, object] = {"by": args.by or f"{getpass.getuser()} (cli)"}
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _retry(db_url: str, selection: object) -> list[int]:
     from trainsentry.alerts import utcnow
-    from trainsentry.gateway.policy.delivery import RetrySelection
+    from trainsentry.gateway.policy.outbox_retry import RetrySelection
     from trainsentry.store.engine import check_schema, create_engine
     from trainsentry.store.errors import StoreError
     from trainsentry.store.outbox import requeue_dead

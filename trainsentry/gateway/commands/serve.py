@@ -18,8 +18,8 @@ Secrets only from the environment: TRAINSENTRY_WEBHOOK_TOKEN (bearer token Alert
 must send), TRAINSENTRY_API_TOKEN (read and ack API).
 
 Exit codes: 0 stopped cleanly, 1 could not start (store unreachable, schema too new),
-2 bad arguments or configuration (also: a policy file missing or invalid, a database URL
-no driver takes).
+2 bad arguments or configuration (also: a config or policy file missing or invalid, a
+database URL no driver takes, a SQLite database whose folder does not exist).
 """
 
 
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from trainsentry.config import ConfigError, load_settings
     from trainsentry.gateway.assemble import app_from_settings
     from trainsentry.logs import configure_logging
-    from trainsentry.store.engine import async_url
+    from trainsentry.store.engine import async_url, require_directory
     from trainsentry.store.errors import StoreError
 
     configure_logging(args.log_level)
@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         )
         gateway = settings.gateway
         async_url(gateway.db)  # refuses a URL no driver takes, without showing its password
+        require_directory(gateway.db)  # names a SQLite file's missing folder
         app = app_from_settings(settings, os.environ)
     except (ConfigError, StoreError) as exc:
         logging.getLogger("trainsentry").error("configuration error: %s", exc)
@@ -89,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
             access_log=None,
             handle_signals=True,
             keepalive_timeout=gateway.idle_timeout_s,
+            backlog=gateway.listen_backlog,
         )
     except Exception as exc:
         logging.getLogger("trainsentry").error("gateway failed: %s: %s", type(exc).__name__, exc)

@@ -88,23 +88,34 @@ def xid_code(alert: Alert, label_names: tuple[str, ...]) -> int | None:
     return None
 
 
+def sentence(text: str) -> str:
+    """Pure: `text` as a sentence, for a person: a capital first letter and a full stop
+    ("its priority label is P2; ... raises P2 to P1" -> "Its priority label is P2; ...
+    raises P2 to P1.")."""
+    text = text.strip()
+    if not text:
+        return text
+    return text[0].upper() + text[1:] + ("" if text.endswith((".", "!", "?")) else ".")
+
+
 def _base(alert: Alert, policy: Policy) -> Step:
     rules = policy.classification
     label = alert.labels.get("priority")
     if label is not None:
         parsed = parse_priority(label)
         if parsed is not None:
-            return Step("label:priority", parsed, f"priority label {parsed.value}")
+            return Step("label:priority", parsed, f"its priority label is {parsed.value}")
     for rule in rules.alertname_rules:
         if _rule_matches(rule, alert.labels):
-            reason = rule.reason or f"alertname matches {rule.alertname!r}"
+            reason = rule.reason or f"its alertname matches {rule.alertname!r}"
             return Step(f"alertname:{rule.id}", rule.priority, reason)
     severity = alert.labels.get("severity", "").strip().lower()
     if severity in rules.severity:
         mapped = rules.severity[severity]
-        return Step(f"severity:{severity}", mapped, f"severity {severity} maps to {mapped.value}")
+        why = f"its severity {severity} maps to {mapped.value}"
+        return Step(f"severity:{severity}", mapped, why)
     note = f" (priority label {label!r} is not P0..P3)" if label is not None else ""
-    return Step("default", rules.default_priority, f"policy default{note}")
+    return Step("default", rules.default_priority, f"the policy's default{note}")
 
 
 def _hardware(alert: Alert, policy: Policy) -> list[Step]:
@@ -139,13 +150,13 @@ def classify(alert: Alert, policy: Policy, *, distinct_nodes_in_window: int) -> 
                 "blast-radius",
                 raised,
                 f"{alert.name or 'alert'} on {distinct_nodes_in_window} nodes of the job within "
-                f"{blast.window:g}s (>= {blast.nodes}) raises {decided.priority.value} "
+                f"{blast.window:g} s ({blast.nodes} or more) raises {decided.priority.value} "
                 f"to {raised.value}",
             )
             steps.append(decided)
     return Classification(
         priority=decided.priority,
         rule_id=decided.rule_id,
-        reason="; ".join(step.reason for step in steps),
+        reason=sentence("; ".join(step.reason for step in steps)),
         steps=tuple(steps),
     )

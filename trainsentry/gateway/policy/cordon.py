@@ -2,8 +2,11 @@
 cordon may go ahead now, and who may decide.
 
 A node whose hardware fault score (gateway/policy/health.py) reaches
-`remediation.threshold` is recommended once, counting only the occurrences Prometheus
-confirmed it fired (gateway/policy/evidence.py; the stage passes those alone). After a
+`remediation.threshold` is recommended once, counting only the occurrences of trusted
+evidence (tenancy.py: the chart's cluster-wide rules, no `namespace` label; a team writes its
+own rules and can raise `GPUFellOffBus{node=...}` for any node, and Prometheus confirms
+that it fired: its rule did fire it) that Prometheus confirmed it fired
+(gateway/policy/evidence.py; the stage passes those alone). After a
 decision (dismissed, cordoned then uncordoned) only faults that started after it count
 towards the next recommendation, so a dismissed node gets no new card until it fails again.
 
@@ -36,6 +39,7 @@ from trainsentry.alerts import Alert
 from trainsentry.config.remediation import OPEN_ID, CordonSettings, Mode
 from trainsentry.gateway.policy.health import NodeHealth, fault_of, score_nodes
 from trainsentry.gateway.policy.rules import Policy
+from trainsentry.gateway.policy.tenancy import trusted
 from trainsentry.labels import job_text
 from trainsentry.oncall.types import Person
 
@@ -108,13 +112,16 @@ def counted_faults(
     alerts: Iterable[Alert], policy: Policy, decisions: Mapping[str, NodeDecision], now: datetime
 ) -> list[Alert]:
     """Pure: the hardware fault occurrences that would count towards a recommendation now:
-    within the horizon, of a node with no recommendation out and not cordoned, and started
-    after the node's last decision."""
+    of trusted evidence (`tenancy.trusted`: never a team's own alert), within the horizon,
+    of a node with no recommendation out and not cordoned, and started after the node's
+    last decision."""
     horizon = policy.node_health.horizon
     found = []
     for alert in alerts:
         before = decisions.get(alert.node)
         if not alert.node or (now - alert.starts_at).total_seconds() > horizon:
+            continue
+        if not trusted(alert.labels):
             continue
         if before is not None and (
             before.status in (Status.RECOMMENDED, Status.CORDONED) or alert.starts_at <= before.at

@@ -29,11 +29,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from trainsentry.alerts import Alert, Priority
-from trainsentry.gateway.policy.classify import Classification
+from trainsentry.gateway.policy.classify import Classification, sentence
 from trainsentry.gateway.policy.infra import hardware_component
 from trainsentry.gateway.policy.rules import Policy
-from trainsentry.gateway.policy.storm import TRAINING_JOB, job_key
-from trainsentry.labels import first_label
+from trainsentry.gateway.policy.tenancy import CLUSTER_REALM, realm_key, realm_of
 
 FAULT, NODE_DOWN, EXPORTER_DOWN, CONSEQUENCE, FOREIGN = range(5)
 CAUSE_ORDER = ("hardware fault", "node NotReady", "exporter down", "consequence", "other")
@@ -60,6 +59,20 @@ def own_priority(classification: Classification) -> Priority:
     return min(own, key=lambda p: p.level) if own else classification.priority
 
 
+def without_blast_radius(classification: Classification) -> Classification:
+    """Pure: the classification as it was before the blast-radius raise (the same object
+    when it was not raised)."""
+    steps = tuple(s for s in classification.steps if s.rule_id != BLAST_RADIUS)
+    if not steps or len(steps) == len(classification.steps):
+        return classification
+    return Classification(
+        priority=own_priority(classification),
+        rule_id=steps[-1].rule_id,
+        reason=sentence("; ".join(step.reason for step in steps)),
+        steps=steps,
+    )
+
+
 def rank(alert: Alert, classification: Classification, policy: Policy) -> int:
     """Pure: the alert's place in `CAUSE_ORDER` (FOREIGN: not in a failure domain's
     vocabulary, it keeps its `grouping` incident). A fault is a hardware alert
@@ -78,25 +91,27 @@ def rank(alert: Alert, classification: Classification, policy: Policy) -> int:
     return FOREIGN
 
 
-def node_of(alert: Alert, policy: Policy) -> str:
-    """Pure: the node an alert names ("" when none)."""
-    return first_label(alert.labels, policy.node_labels)
-
-
-def job_of(alert: Alert) -> str:
-    """Pure: the TrainingJob an alert belongs to (`storm.job_key`), "" when none: a
-    cluster-wide alert's scrape `job` (kube-state-metrics, dcgm-exporter) is no job hit."""
-    key = job_key(alert.labels)
-    return key if key.startswith(TRAINING_JOB) else ""
-
-
-def domain_keys(alert: Alert, policy: Policy) -> list[str]:
-    """Pure: the failure-domain index entries an alert looks up (node, then job)."""
-    keys = []
-    if node := node_of(alert, policy):
+def node_keys(alert: Alert) -> list[str]:
+    """Pure: the node index entries an alert looks up, in order (none without a node): its
+    own realm's (tenancy.py: a tenant's alert finds its own job's incidents of the node),
+    then the cluster's (trusted evidence's incident of the node, which a job's alert may
+    join). A tenant never finds another tenant's incident through a node. The node is
+    `Alert.node` (the policy's `node_labels`, as the store resolved it)."""
+    node = alert.node
+    if not node:
+        return []
+    realm = realm_of(alert.labels)
+    keys = [realm_key(NODE_DOMAIN + node, realm)]
+    if realm != CLUSTER_REALM:
         keys.append(NODE_DOMAIN + node)
-    if job := job_of(alert):
-        keys.append(JOB_DOMAIN + job)
+    return keys
+
+
+def domain_keys(alert: Alert) -> list[str]:
+    """Pure: the failure-domain index entries an alert looks up (node, then job)."""
+    keys = node_keys(alert)
+    if job := alert.job:  # a TrainingJob; a cluster-wide alert's scrape `job` is none
+        keys.append(JOB_DOMAIN + job.key)
     return keys
 
 

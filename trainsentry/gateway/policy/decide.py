@@ -1,14 +1,16 @@
-"""The alert policy in one call: classify → dedup/flap → incident → storm → route → drafts.
+"""The alert policy's entry points: classify → dedup/flap → incident → storm → route → drafts.
 
-`decide` handles one `AlertChange`; `decide_tick` handles the timers (held resolutions,
-storm summaries due, storms calming down, incidents' follow-ups). Both are pure: states and
-`now` in, new states and `NotificationDraft`s out. `fold_into` is `decide` for the planner's
-batches: the job's storm state is a mutable `StormFold` (storm_fold.py) it updates in place,
-frozen once per batch, with the same results, and the batch's incidents (`IncidentBook`,
-incident.py) are drafted once at its end (`flush`), so 20 alerts of one group in one batch
-are one card. An alert's notice changes its incident; the incident is what is announced
-(incident.py `incident_drafts`). Idempotency keys depend only on what is announced (the
-incident + the change shown, or job + storm episode + summary number) and the channel.
+The planner (stages/planning/plan.py) runs exactly these, and so do the tests (issue 45:
+tests/architecture/test_layout.py refuses a test-only entry point). `fold_into` decides one
+`AlertChange` of a batch: the job's storm state is a mutable `StormFold` (storm_fold.py) it
+updates in place, frozen once per batch; the batch's incidents (`IncidentBook`, incident.py)
+are drafted once at its end (`flush`), so 20 alerts of one group in one batch are one card.
+`decide_tick` handles the timers (held resolutions, storm summaries due, storms calming down,
+incidents' follow-ups). All are pure: states and `now` in, new states and
+`NotificationDraft`s out. An alert's notice changes its incident; the incident is what is
+announced (incident.py `incident_drafts`). Idempotency keys depend only on what is
+announced (the incident + the change shown, or job + storm episode + summary number) and the
+channel.
 
 The payload builders are in payload_build.py; `PolicyMetrics` (gateway/metrics.py) counts results.
 """
@@ -31,13 +33,13 @@ from trainsentry.alerts import (
 from trainsentry.gateway.policy import dedup
 from trainsentry.gateway.policy.classify import Classification, classify
 from trainsentry.gateway.policy.dedup import Decision, FingerprintState
-from trainsentry.gateway.policy.deliver import INFRA_FOLDED, deliver
 from trainsentry.gateway.policy.drafts import Drafts
 from trainsentry.gateway.policy.incident import (
     IncidentBook,
     cause_of,
 )
 from trainsentry.gateway.policy.infra import InfraFold, InfraMessage, InfraState
+from trainsentry.gateway.policy.notice_incident import INFRA_FOLDED, deliver
 from trainsentry.gateway.policy.payload_build import (
     alert_from_json,
     alert_to_json,
@@ -72,11 +74,6 @@ class ChangeResult:
     infra_states: dict[str, InfraState] = field(default_factory=dict)  # only the changed ones
     infra_messages: tuple[InfraMessage, ...] = ()
     infra_folded: int = 0  # notices folded into an infrastructure incident instead of sent
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DecideResult(ChangeResult):
-    storm_state: StormState
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,53 +168,6 @@ def _held_subject(
     return alert, context.get("alert_id", fp.alert_id), classification
 
 
-def decide(
-    change: AlertChange,
-    *,
-    fingerprint_state: FingerprintState | None,
-    storm_state: StormState | None,
-    distinct_nodes_in_window: int,
-    policy: Policy,
-    now: datetime,
-    channels: Collection[str] | None = None,
-    job_routes: Mapping[JobRef, JobRoute] | None = None,
-    place: Mapping[str, str] | None = None,
-    infra: InfraFold | None = None,
-    incidents: IncidentBook | None = None,
-    updatable: Collection[str] = (),
-) -> DecideResult:
-    """Everything the policy does with one alert change, its incident's drafts included.
-
-    `fingerprint_state`: the stored state of `change.alert.fingerprint` (None if new).
-    `storm_state`: the stored state of the alert's job, key `storm.job_key(labels)`.
-    `distinct_nodes_in_window`: distinct nodes of the job with this alertname within
-    `policy.blast_radius.window`, this alert included. `channels`: configured channel names.
-    `job_routes`: the TrainingJobs' own routes (route.JobRoute), applied to their own alerts.
-    `place`: the alert's node's place in the topology (shown on its cards); `infra`: the
-    infrastructure incidents of that place (infra.py), which may take the alert's notices.
-    `incidents`: the incidents known (changed in place; default: none known, the alert's
-    fingerprint context stands in for its incident); `updatable`: the channels that update
-    a card in place.
-    """
-    storm = storm_state if storm_state is not None else StormState.new(change.alert.labels)
-    out = Drafts(
-        policy=policy,
-        channels=channels,
-        job_routes=job_routes or {},
-        place=place,
-        infra=infra,
-        incidents=incidents if incidents is not None else IncidentBook(policy),
-        group_key=change.group_key,
-        updatable=updatable,
-    )
-    storm, fields = _decide(
-        change, fingerprint_state, storm, distinct_nodes_in_window, policy, now, out
-    )
-    out.flush(now)
-    fields["unconfigured"] = tuple(dict.fromkeys(out.unconfigured))  # the flush's too
-    return DecideResult(storm_state=storm, **fields)
-
-
 def fold_into(
     storm: StormFold,
     change: AlertChange,
@@ -226,23 +176,30 @@ def fold_into(
     distinct_nodes_in_window: int,
     policy: Policy,
     now: datetime,
+    incidents: IncidentBook,
     channels: Collection[str] | None = None,
     job_routes: Mapping[JobRef, JobRoute] | None = None,
     place: Mapping[str, str] | None = None,
     infra: InfraFold | None = None,
-    incidents: IncidentBook | None = None,
     updatable: Collection[str] = (),
 ) -> ChangeResult:
-    """`decide` for one change of a batch, its job's storm state kept in `storm` (the job's
-    `StormFold` for the batch, changed in place) instead of copied twice per alert, and its
-    incident's drafts left to the end of the batch: the caller calls `flush` on the batch's
-    `incidents` (without them, the change's own are drafted as `decide` does).
+    """Everything the policy does with one change of a batch, its incident's drafts aside:
+    the caller calls `flush` on the batch's `incidents` once, after its changes.
 
-    Pure apart from `storm`. Invariant: folding a job's changes in order into
-    `StormFold.of(state)` and freezing it gives the storm state that chaining `decide` over
-    the same changes gives, and each change's result equals `decide`'s, storm state aside
-    (tests/gateway/policy/test_storm_fold.py). Infrastructure incidents, job routes and the
-    rest run exactly as in `decide`: only where the job's storm state lives differs.
+    `storm`: the job's `StormFold` for the batch (key `storm.job_key(labels)`, changed in
+    place, frozen once at the batch's end), instead of a state copied twice per alert.
+    `fingerprint_state`: the stored state of `change.alert.fingerprint` (None if new).
+    `distinct_nodes_in_window`: distinct nodes of the job with this alertname within
+    `policy.blast_radius.window`, this alert included. `incidents`: the batch's incidents
+    (changed in place). `channels`: configured channel names. `job_routes`: the
+    TrainingJobs' own routes (route.JobRoute), applied to their own alerts. `place`: the
+    alert's node's place in the topology (shown on its cards); `infra`: the infrastructure
+    incidents of that place (infra.py), which may take the alert's notices. `updatable`: the
+    channels that update a card in place.
+
+    Pure apart from `storm` and `incidents`. Invariant: folding a job's changes in order
+    into one `StormFold` gives each change the result and the job the storm state that
+    planning them one batch each gives (tests/gateway/policy/test_storm_fold.py).
     """
     out = Drafts(
         policy=policy,
@@ -250,16 +207,13 @@ def fold_into(
         job_routes=job_routes or {},
         place=place,
         infra=infra,
-        incidents=incidents if incidents is not None else IncidentBook(policy),
+        incidents=incidents,
         group_key=change.group_key,
         updatable=updatable,
     )
     _, fields = _decide(
         change, fingerprint_state, storm, distinct_nodes_in_window, policy, now, out
     )
-    if incidents is None:
-        out.flush(now)
-        fields["unconfigured"] = tuple(dict.fromkeys(out.unconfigured))
     return ChangeResult(**fields)
 
 
@@ -271,15 +225,19 @@ def flush(
     channels: Collection[str] | None = None,
     job_routes: Mapping[JobRef, JobRoute] | None = None,
     updatable: Collection[str] = (),
+    infra_open: Collection[str] = (),
 ) -> tuple[list[NotificationDraft], tuple[str, ...]]:
     """The drafts the batch's changed incidents owe (once per batch: `fold_into` leaves
-    them), and the routed channels this gateway lacks."""
+    them), and the routed channels this gateway lacks. `infra_open`: the keys of the
+    elements whose infrastructure incident is open (those the held incidents wait for, at
+    least: infra_hold.py)."""
     out = Drafts(
         policy=policy,
         channels=channels,
         job_routes=job_routes or {},
         incidents=incidents,
         updatable=updatable,
+        infra_open=infra_open,
     )
     out.flush(now)
     return out.drafts, tuple(dict.fromkeys(out.unconfigured))
@@ -294,7 +252,7 @@ def _decide(
     now: datetime,
     out: Drafts,
 ) -> tuple[S, dict[str, Any]]:
-    """The steps of `decide`, for either kind of storm state; the result's fields."""
+    """The steps of `fold_into`; the result's fields."""
     alert = change.alert
     key = job_key(alert.labels)
     if storm.job != key:
@@ -348,18 +306,21 @@ def decide_tick(
     job_routes: Mapping[JobRef, JobRoute] | None = None,
     incidents: IncidentBook | None = None,
     updatable: Collection[str] = (),
+    infra_open: Collection[str] = (),
 ) -> TickResult:
     """The timers: held resolutions whose hold passed, storm summaries due, storms that
     calmed down, incidents' follow-ups due. Pass the states with `hold_until <= now`, the
     storm states with `next_due(policy) <= now` and, in `incidents`, the incidents of those
-    alerts and those whose `due_at` passed (`IncidentBook.wake`; passing more is harmless).
-    Returns only changed states (the incidents change in place)."""
+    alerts and those whose `due_at` passed (`IncidentBook.wake`; passing more is harmless);
+    `infra_open` as `flush` takes it. Returns only changed states (the incidents change in
+    place)."""
     out = Drafts(
         policy=policy,
         channels=channels,
         job_routes=job_routes or {},
         incidents=incidents if incidents is not None else IncidentBook(policy),
         updatable=updatable,
+        infra_open=infra_open,
     )
     storms = {state.job: state for state in storm_states}
     changed_storms: set[str] = set()

@@ -5,6 +5,8 @@ Pure: the state goes in, a new state and the decisions come out; time is a param
 Every change is ordered by (occurrence startsAt, firing < resolved). A change that does not
 move that key forward is a repeat or a stale replay and is suppressed, so any interleaving
 or replay of webhooks yields at most one notice per (fingerprint, occurrence, status).
+A resolve resolves only the occurrence seen firing (the same startsAt); a resolve of an
+occurrence never seen firing is suppressed (`RESOLVE_UNSEEN`), whatever its startsAt.
 
 Transitions are timed by `AlertChange.at` (when the store recorded the change), not by the
 clock at decision time, so replaying a change gives the same answer.
@@ -283,6 +285,21 @@ def advance(
         reason = Suppression.REPEAT if new_key == current_key else Suppression.STALE
         decisions.append(
             Decision(state.fingerprint, alert.starts_at, change.at, None, suppressed=reason)
+        )
+        return state, decisions
+    resolving = target is AlertStatus.RESOLVED and state.status is AlertStatus.FIRING
+    if resolving and alert.starts_at != state.occurrence:
+        # A resolve needs the firing it resolves: an occurrence never seen firing (a forged
+        # or misdirected "resolved") resolves nothing; the one firing fires on until its own
+        # resolve, or its expiry, arrives (docs/policy.md).
+        decisions.append(
+            Decision(
+                state.fingerprint,
+                alert.starts_at,
+                change.at,
+                None,
+                suppressed=Suppression.RESOLVE_UNSEEN,
+            )
         )
         return state, decisions
     if target is state.status:

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from trainsentry.alerts import JobRef, NotificationDraft, Priority
+from trainsentry.alerts import Alert, JobRef, NotificationDraft, Priority
+from trainsentry.gateway.policy import infra_hold
 from trainsentry.gateway.policy.dedup import Decision
 from trainsentry.gateway.policy.incident import FIRING, RESOLVED, IncidentBook
 from trainsentry.gateway.policy.incident_cards import headline, incident_drafts
@@ -21,7 +22,7 @@ from trainsentry.gateway.policy.payload_build import (
     idempotency_key,
     storm_payload,
 )
-from trainsentry.gateway.policy.route import JobRoute, apply_job_route, route
+from trainsentry.gateway.policy.route import JobRoute, routed, routed_apart
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.storm import StormMessage
 from trainsentry.notifiers.payload_contract import JobRoutePayload
@@ -48,24 +49,29 @@ class Drafts:
     incidents: IncidentBook | None = None  # the incidents of the call (or of the batch)
     group_key: str = ""  # the Alertmanager group of the change (AlertChange.group_key)
     updatable: Collection[str] = ()  # channels that update a card in place (Feishu app)
+    # keys of the elements whose infrastructure incident is open (infra_hold.release)
+    infra_open: Collection[str] = ()
 
     def _route(
         self, priority: Priority, labels: Mapping[str, str], *, paging: bool
     ) -> tuple[tuple[str, ...], str]:
-        decision = route(priority, labels, self.policy, configured=self.channels, paging=paging)
+        decision, self.job_extra = routed(
+            priority,
+            labels,
+            self.policy,
+            configured=self.channels,
+            job_routes=self.job_routes,
+            paging=paging,
+        )
         self.unconfigured.extend(decision.unconfigured)
-        self.job_extra = None
-        job = JobRef.from_labels(labels) if self.job_routes else None
-        if job is not None and (job_route := self.job_routes.get(job)) is not None:
-            decision, self.job_extra = apply_job_route(
-                decision,
-                priority,
-                job,
-                job_route,
-                self.policy.routing.jobs,
-                paging_channels=self.policy.routing.paging_channels,
-            )
         return decision.channels, decision.route_id
+
+    def routed_apart(self, alert: Alert) -> bool:
+        """`incident.OwnRoute`: whether the alert's job (or namespace) has a route of its own
+        (route.py `routed_apart`)."""
+        return routed_apart(
+            alert.labels, self.policy, configured=self.channels, job_routes=self.job_routes
+        )
 
     def incident_route(
         self, priority: Priority, labels: Mapping[str, str], paging: bool
@@ -87,17 +93,18 @@ class Drafts:
             if book.settle(state, now):  # unknown resolutions confirmed (incident.py)
                 headline(state, RESOLVED, {})
                 state.trigger = state.trigger or f"settled:{now.isoformat()}"
-            self.drafts.extend(
-                incident_drafts(
-                    state,
-                    self.policy,
-                    now,
-                    route=self.incident_route,
-                    updatable=self.updatable,
-                    paging_channels=self.policy.routing.paging_channels,
-                    kind=ALERT_KIND,
+            if infra_hold.release(state, now, self.infra_open):  # else it waits (until due)
+                self.drafts.extend(
+                    incident_drafts(
+                        state,
+                        self.policy,
+                        now,
+                        route=self.incident_route,
+                        updatable=self.updatable,
+                        paging_channels=self.policy.routing.paging_channels,
+                        kind=ALERT_KIND,
+                    )
                 )
-            )
             confirm = book.next_confirmation(state)
             if confirm is not None and state.status == FIRING:
                 state.due_at = min(confirm, state.due_at) if state.due_at else confirm

@@ -330,11 +330,6 @@ def postpone(state: EscalationState, alert_id: int, until: datetime) -> Escalati
     return state.with_(alert_id, replace(found, next_at=max(found.next_at, _aware(until))))
 
 
-def resolve(state: EscalationState, alert_id: int, now: datetime) -> EscalationState:
-    """Pure: stops the escalation because the alert resolved."""
-    return _stop(state, alert_id, RESOLVED, now)
-
-
 def total_steps(roster: Roster, policy: EscalationPolicy) -> int:
     """Pure: the steps of the timeline (calls of one layer at one time each)."""
     passes = len(roster.layers) * policy.calls_per_layer * policy.repeat
@@ -491,12 +486,6 @@ def next_wakeup(state: EscalationState) -> datetime | None:
     return min(times) if times else None
 
 
-def forget_stopped(state: EscalationState, before: datetime) -> EscalationState:
-    """Pure: drops incidents that stopped before `before`, keeping the state small."""
-    stale = _stale(state, before)
-    return EscalationState({k: v for k, v in state.incidents.items() if k not in stale})
-
-
 def _stale(state: EscalationState, before: datetime) -> set[int]:
     return {
         alert_id
@@ -555,11 +544,6 @@ def first_on_call(roster: Roster, at: datetime) -> list[tuple[str, str, datetime
     if pick is not None and until is not None:
         until = until.astimezone(pick.schedule.tz)
     return [(person.name, layer.name, until) for person in layer.on_call(at)]
-
-
-def layers_from(names_and_members: Sequence[tuple[str, Sequence[Person]]]) -> Roster:
-    """A roster where every layer calls all its members (handy in tests and the demo)."""
-    return Roster(tuple(Layer(name, tuple(members)) for name, members in names_and_members))
 
 
 # The call notifications (kind "call") the gateway writes for the phone channel.

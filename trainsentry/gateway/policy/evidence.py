@@ -72,8 +72,16 @@ def key_of(alert: Alert) -> Key:
 
 
 def _node_label(alert: Alert) -> str | None:
-    """Pure: the label the occurrence's node came from (labels.NODE_LABELS order)."""
-    return next((name for name in NODE_LABELS if alert.labels.get(name)), None)
+    """Pure: the label the occurrence's node came from: the one holding `alert.node`, the node
+    the store resolved by the policy's `node_labels` (a label the defaults name first, say
+    node_exporter's `instance` address, is not the node when the policy says otherwise)."""
+    node = alert.node
+    if not node:
+        return None
+    preferred = [name for name in NODE_LABELS if alert.labels.get(name) == node]
+    return next(iter(preferred), None) or next(
+        (name for name, value in alert.labels.items() if value == node), None
+    )
 
 
 def checkable(alert: Alert) -> bool:

@@ -19,9 +19,19 @@ Invariants:
   (correlate.py, `policy.correlation`) adds alerts of other groups to a node's incident and
   chooses its cause again (`cause_rank`: a better cause becomes the lead); a consequence
   never opens a second incident of its failure domain, so it never pages again.
+- A tenant's alert is a stranger's input (tenancy.py): an incident's realm is its opener's;
+  an alert joins another realm's incident only as a job's alert in an incident of trusted
+  evidence, where it never leads, blinds or indexes it (`_evidence`); no tenant's alert
+  finds another tenant's incident (node index entries are per realm, twins index only
+  trusted evidence's incidents). A job with a route of its own (`place`'s `own_route`)
+  never joins one either: its alerts take its job's part of it (`_part`: an incident of
+  the job's realm, `part_of` the other), whose card, page and ack are its job's alone.
+  Jobs' alerts that joined one (`strangers`) never keep it capturing: once its own alerts
+  all resolved it stays open on them but leaves its key and failure domain (`_retire`).
 - A cluster-wide alert and its job-scoped copy (twins.py) are one alert: the copy joins the
   incident of the first (`twins`), counts as no new firing alert, and the alert resolves
-  when both have.
+  when both have, or when the copy of the incident's realm has (a stranger's copy that
+  never resolves keeps nothing open: `resolve`).
 - An alert whose reporting target is down, or a hardware fault not yet confirmed, that
   resolves stays firing in its incident as "unknown" (`unknown`) until `settle` finds its
   node alive (correlate.py); a new firing of it takes its place.
@@ -44,19 +54,21 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from trainsentry.alerts import Alert, Priority
+from trainsentry.alerts import Alert, JobRef, Priority
 from trainsentry.gateway.policy.classify import Classification
 from trainsentry.gateway.policy.correlate import (
     BLINDERS,
+    CONSEQUENCE,
     FAULT,
     FOREIGN,
     JOB_DOMAIN,
     NODE_DOMAIN,
     blinds,
-    job_of,
-    node_of,
+    node_keys,
     rank,
+    without_blast_radius,
 )
+from trainsentry.gateway.policy.infra_words import PLACEMENT
 from trainsentry.gateway.policy.payload_build import (
     alert_from_json,
     alert_to_json,
@@ -64,8 +76,9 @@ from trainsentry.gateway.policy.payload_build import (
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.storm import job_key, job_title
 from trainsentry.gateway.policy.story import HANG, note
+from trainsentry.gateway.policy.tenancy import CLUSTER_REALM, realm_key, realm_of
 from trainsentry.gateway.policy.twins import twin_identity
-from trainsentry.labels import first_label
+from trainsentry.labels import gpu_label, hca_port
 
 FIRING = "firing"
 RESOLVED = "resolved"
@@ -75,10 +88,14 @@ TWIN_ROLE = "twin"  # a job-scoped (or cluster-wide) copy of an alert of the inc
 TWIN_DOMAIN = "twin="  # failure-domain index: a twin identity -> the incident of its alert
 CLUSTER = job_title("cluster")  # the job of an alert of no job
 COPIED, UNKNOWN, RESOLVED_NOW = "copy", "unknown", "resolved"  # what `resolve` did
+STANDBY_MAX = 8  # firing alerts kept as the lead's successors (newest; older ones forgotten)
 INCIDENT_CONTEXT = "incident"  # fingerprint context: the occurrence's incident and status
+SPENT = "|spent="  # ends the key of an incident whose own evidence is over (`_retire`)
 
 # (priority, labels, paging) -> (channels, route id, extra payload fields): decide.py's route.
 Router = Callable[[Priority, Mapping[str, str], bool], tuple[tuple[str, ...], str, dict[str, Any]]]
+# alert -> whether its job (or namespace) has a route of its own (drafts.py, route.py)
+OwnRoute = Callable[[Alert], bool]
 
 
 def cause_of(alert: Alert) -> str:
@@ -136,6 +153,10 @@ class IncidentState:
     firing: int = 0  # of them firing now
     nodes: dict[str, int] = field(default_factory=dict)  # node -> its alerts firing now
     gpus: dict[str, int] = field(default_factory=dict)  # "node/gpu" -> its alerts firing now
+    # "node device port" -> its alerts firing now: an HCA's port (labels.hca_port), no GPU
+    ports: dict[str, int] = field(default_factory=dict)
+    mounts: dict[str, int] = field(default_factory=dict)  # mountpoint -> its alerts firing now
+    names: dict[str, int] = field(default_factory=dict)  # alertname -> its alerts firing now
     untracked: int = 0  # alerts whose node or GPU was beyond `max_tracked`
     # what the card's title says: the lone alert's notice (firing, recurrence, flapping,
     # resolved), else firing / resolved; `detail`: that notice's counts
@@ -148,7 +169,7 @@ class IncidentState:
     paged: bool = False  # its escalation runs (keyed by `page_alert_id`)
     page_alert_id: int | None = None
     storm_note: str = ""  # why it pages on its own during a storm
-    acked_by: str | None = None  # the store's column (stages/ack.py); never written here
+    acked_by: str | None = None  # the store's column (stages/services/ack.py); never written here
     due_at: datetime | None = None  # a follow-up waits until then
     # correlation (correlate.py): the failure domain ("node=<node>"), the cause's rank in
     # CAUSE_ORDER, the jobs its alerts belong to, the story (story.py), twin identity ->
@@ -165,8 +186,25 @@ class IncidentState:
     copies: int = 0
     blind: dict[str, dict[str, str]] = field(default_factory=dict)
     unknown: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # firing alerts of the incident besides its lead, newest last, at most STANDBY_MAX:
+    # {"alert", "alert_id", "level"}; the lead moves to one of them when it resolves
+    standby: list[dict[str, Any]] = field(default_factory=list)
+    # the infrastructure incident ("level=element", infra.py) its hardware alerts were folded
+    # into: it speaks for this one, whose later alerts (the failure's consequences) it takes
+    infra: str = ""
+    # its cards wait for an element's incident (infra_hold.py): {"until": ISO time,
+    # "elements": [keys], "page": owed}; {} when not held
+    held: dict[str, Any] = field(default_factory=dict)
+    # whose evidence it holds (tenancy.py): its opener's realm, "" for trusted cluster-wide
+    # evidence; only alerts of that realm lead it, blind it or index it (`_evidence`)
+    realm: str = CLUSTER_REALM
+    strangers: int = 0  # of `firing`, alerts of another realm (a job's, in the cluster's)
+    # a job's part of an incident of trusted evidence (`IncidentBook.place`): that incident
+    part_of: int | None = None
     # for this batch only (not stored)
     trigger: str = ""  # the last change shown: keys the idempotency of its drafts
+    # the alert whose drafts this batch's are (held for its diagnosis; None: the lead's)
+    trigger_alert_id: int | None = None
     page_due: bool = False
     dirty: bool = False
 
@@ -216,6 +254,9 @@ class IncidentState:
             "firing": self.firing,
             "nodes": dict(self.nodes),
             "gpus": dict(self.gpus),
+            "ports": dict(self.ports),
+            "mounts": dict(self.mounts),
+            "names": dict(self.names),
             "untracked": self.untracked,
             "headline": self.headline,
             "detail": self.detail,
@@ -235,6 +276,12 @@ class IncidentState:
             "copies": self.copies,
             "blind": self.blind,
             "unknown": self.unknown,
+            "standby": self.standby,
+            "infra": self.infra,
+            "held": self.held,
+            "realm": self.realm,
+            "part_of": self.part_of,
+            "strangers": self.strangers,
         }
 
     @classmethod
@@ -255,6 +302,9 @@ class IncidentState:
             firing=int(data.get("firing", 0)),
             nodes=dict(data.get("nodes") or {}),
             gpus=dict(data.get("gpus") or {}),
+            ports=dict(data.get("ports") or {}),
+            mounts=dict(data.get("mounts") or {}),
+            names=dict(data.get("names") or {}),
             untracked=int(data.get("untracked", 0)),
             headline=data.get("headline", FIRING),
             detail=dict(data.get("detail") or {}),
@@ -275,19 +325,56 @@ class IncidentState:
             copies=int(data.get("copies", 0)),
             blind={k: dict(v) for k, v in (data.get("blind") or {}).items()},
             unknown={k: dict(v) for k, v in (data.get("unknown") or {}).items()},
+            standby=[dict(entry) for entry in data.get("standby") or ()],
+            infra=str(data.get("infra", "")),
+            held=dict(data.get("held") or {}),
+            realm=str(
+                data["realm"]
+                if "realm" in data
+                else realm_of((data.get("lead") or {}).get("alert", {}).get("labels", {}))
+            ),
+            part_of=data.get("part_of"),
+            strangers=int(data.get("strangers", 0)),
         )
 
 
-def _add_job(state: IncidentState, job: str) -> bool:
-    """The TrainingJob `job` (correlate.job_of's key; "" for none) joins the incident's `jobs`;
-    the first one named becomes the card's job, in place of a cluster-wide alert's scrape job
-    or "cluster". Returns whether the job is new to the incident."""
-    if not job or job_title(job) in state.jobs:
+def _add_standby(
+    state: IncidentState, alert: dict[str, Any], alert_id: int | None, level: int
+) -> None:
+    """A firing alert of the incident that may lead it later (the newest STANDBY_MAX)."""
+    _drop_standby(state, str(alert.get("fingerprint", "")))
+    state.standby.append({"alert": alert, "alert_id": alert_id, "level": level})
+    del state.standby[:-STANDBY_MAX]
+
+
+def _drop_standby(state: IncidentState, fingerprint: str) -> None:
+    state.standby[:] = [e for e in state.standby if e["alert"].get("fingerprint") != fingerprint]
+
+
+def _add_job(state: IncidentState, job: JobRef | None) -> bool:
+    """The TrainingJob `job` (None for none) joins the incident's `jobs` (as people read it,
+    `str(job)`); the first one named becomes the card's job, in place of a cluster-wide
+    alert's scrape job or "cluster". Returns whether the job is new to the incident."""
+    if job is None or str(job) in state.jobs:
         return False
     if not state.jobs:
-        state.job = job_title(job)
-    state.jobs.append(job_title(job))
+        state.job = str(job)
+    state.jobs.append(str(job))
     return True
+
+
+def _evidence(state: IncidentState, alert: Alert) -> bool:
+    """Pure: whether the alert is evidence of the incident (tenancy.py): of the incident's
+    realm (trusted evidence in an incident it opened, a job's alert in its job's). Only
+    evidence leads the incident, blinds its resolutions or indexes its node; a job's alert
+    that joined an incident of trusted evidence is one of the jobs it hit, nothing more."""
+    return realm_of(alert.labels) == state.realm
+
+
+def _apart(state: IncidentState, alert: Alert, own_route: OwnRoute | None) -> bool:
+    """Pure: whether a job's alert takes its job's part of `state`, an incident of another
+    realm (trusted evidence), instead of joining it: its job has a route of its own."""
+    return own_route is not None and not _evidence(state, alert) and own_route(alert)
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,6 +431,14 @@ class IncidentBook:
         self.changed: dict[int, IncidentState] = {}
         self.domains: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (domains or {}).items()}
         self.domains_changed: set[str] = set()
+        # The hang diagnosis' view of the batch (set by the planner before its changes):
+        # `diagnosed`, newly firing alerts whose drafts are held for their diagnosis (an
+        # incident's drafts caused by one are its, `trigger_alert_id`); `unsent`, alerts
+        # whose held page was cancelled unsent (a checkpoint that ended): nobody was told.
+        self.diagnosed: frozenset[int] = frozenset()
+        self.unsent: frozenset[int] = frozenset()
+        # page alert ids whose escalation ends though their incident fires on (`_move_lead`)
+        self.pages_ended: list[int] = []
 
     def _new_id(self, key: str, at: datetime) -> int:
         """The next reserved id; without reserved ids (a `decide` call on its own), one
@@ -397,6 +492,7 @@ class IncidentBook:
             announced=bool(noted.get("announced", False)),
             folded=bool(noted.get("folded", False)),
             version=1,
+            realm=realm_of(alert.get("labels") or {}),
         )
         self.by_id[state.id] = state
         self.members[alert_id] = state.id
@@ -414,12 +510,15 @@ class IncidentBook:
         group_key: str,
         at: datetime,
         context: Mapping[str, Any],
+        own_route: OwnRoute | None = None,
     ) -> tuple[IncidentState, bool]:
         """The incident a newly firing alert joins (opening one if needed); True if new.
 
         In order: the incident of its twin (a copy of an alert already firing there); with
-        correlation, its failure domain's (`_domain_of`), or a node's incident it opens;
-        else its `grouping` key's, a P0 of another cause apart."""
+        correlation, its failure domain's (`_domain_of`), or a node's incident it opens (not
+        a job's `PLACEMENT` alert: it only joins one); else its `grouping` key's, a P0 of
+        another cause apart. A job's alert whose job has a route of its own (`own_route`) takes
+        its job's part of an incident of trusted evidence instead of joining it (`_part`)."""
         known = self.of_alert(alert_id, context)
         if known is not None:
             return known, False
@@ -429,6 +528,9 @@ class IncidentBook:
             twin = self._indexed(TWIN_DOMAIN + ident, at, None)
             copies = twin.twins.get(ident, []) if twin is not None else []
             if twin is not None and copies and alert.fingerprint not in copies:
+                if _apart(twin, alert, own_route):
+                    level = rank(alert, classification, self.policy)
+                    return self._part(twin, alert_id, alert, classification, group_key, at, level)
                 self._join_twin(twin, alert_id, alert, group_key, at, ident)
                 return twin, False
         cause = cause_of(alert)
@@ -436,10 +538,19 @@ class IncidentBook:
         level = rank(alert, classification, self.policy)
         if correlation.enabled and not apart and level < FOREIGN:
             state = self._domain_of(alert, at)
+            if state is not None and _apart(state, alert, own_route):
+                return self._part(state, alert_id, alert, classification, group_key, at, level)
             if state is not None:
                 self._join(state, alert_id, alert, classification, group_key, at, MEMBER_ROLE)
                 self._correlate(state, alert, alert_id, level, at)
                 return state, False
+            if alert.name == PLACEMENT:
+                # it names its job in its node's incident; before the node's fault arrives
+                # (a later Alertmanager flush) it is an alert of its own, no failure domain:
+                # not the incident the job's NCCL and hang alerts follow, and at its own
+                # priority (it is on each of the job's faulty nodes by design: no blast radius)
+                level = FOREIGN
+                classification = without_blast_radius(classification)
         base = base_key(alert, group_key, self.policy, apart)
         split = f"{base}|cause={cause}"
         state = self.open.get(split)
@@ -458,6 +569,40 @@ class IncidentBook:
         self._correlate(state, alert, alert_id, level, at, index=not apart)
         return state, new
 
+    def _part(
+        self,
+        whole: IncidentState,
+        alert_id: int | None,
+        alert: Alert,
+        classification: Classification,
+        group_key: str,
+        at: datetime,
+        level: int,
+    ) -> tuple[IncidentState, bool]:
+        """A job's alert meets `whole`, an incident of trusted evidence (the job's node's, or
+        its twin's), and its job has a route of its own: it joins (or opens) its job's part
+        of that incident (key `<whole's key>@<the job's realm>`), an incident of its job's
+        realm, so its card takes its job's route, its page its job's roster, and its ack
+        covers its job's alerts only; it keeps nothing of `whole` open. The part starts with
+        `whole`'s own story (what hit the job), its node and the infrastructure incident that
+        speaks for it; `whole`'s story names the job (a consequence's step). True if new."""
+        key = realm_key(whole.key, realm_of(alert.labels))
+        state = self.open.get(key)
+        new = state is None
+        if state is None:
+            state = self._open(key, cause_of(alert), alert, alert_id, classification, group_key, at)
+            state.part_of, state.infra, state.domain = whole.id, whole.infra, whole.domain
+            for step_key, step in whole.story.items():
+                if not step.get("job"):  # the cluster's own steps, never another job's
+                    state.story.setdefault(step_key, dict(step))
+        else:
+            self._join(state, alert_id, alert, classification, group_key, at, MEMBER_ROLE)
+        self._correlate(state, alert, alert_id, level, at)
+        if level == CONSEQUENCE and self.policy.correlation.enabled:
+            note(whole.story, alert, level, at)
+            self.touch(whole, at)
+        return state, new
+
     def _indexed(self, domain: str, at: datetime, window: float | None) -> IncidentState | None:
         """The open incident a failure-domain index entry names, if it gathered an alert
         within `window` seconds (None: however long ago)."""
@@ -473,17 +618,20 @@ class IncidentBook:
         return state
 
     def _domain_of(self, alert: Alert, at: datetime) -> IncidentState | None:
-        """Pure: the incident of the alert's failure domain: its node's open incident, else
-        (an alert without a node, or a node without an incident yet) the incident its job's
-        alerts joined within `correlation.window` that no other node holds."""
+        """Pure: the incident of the alert's failure domain: its node's open incident of its
+        own realm or of trusted evidence (`correlate.node_keys`; never another tenant's),
+        else (an alert without a node, or a node without an incident yet) the incident its
+        job's alerts joined within `correlation.window` that no other node holds (only its
+        own job's alerts index its job)."""
         window = self.policy.correlation.window
-        job = job_of(alert)
-        if node := node_of(alert, self.policy):
-            if (found := self._indexed(NODE_DOMAIN + node, at, None)) is not None:
-                return found
-            by_job = self._indexed(JOB_DOMAIN + job, at, window) if job else None
+        job = alert.job
+        if nodes := node_keys(alert):
+            for key in nodes:  # its own realm's incident of the node, then the cluster's
+                if (found := self._indexed(key, at, None)) is not None:
+                    return found
+            by_job = self._indexed(JOB_DOMAIN + job.key, at, window) if job else None
             return by_job if by_job is not None and not by_job.domain else None
-        return self._indexed(JOB_DOMAIN + job, at, window) if job else None
+        return self._indexed(JOB_DOMAIN + job.key, at, window) if job else None
 
     def _correlate(
         self,
@@ -496,17 +644,20 @@ class IncidentBook:
     ) -> None:
         """What an alert that joined (or opened) `state` adds to it: its twin identity, its
         blinder, the unknown resolution it replaces; with correlation, its cause rank (a
-        better cause becomes the lead), job, story step and failure-domain index entries."""
+        better cause becomes the lead), job, story step and failure-domain index entries.
+        A job's alert in an incident of trusted evidence (`_evidence` False) adds its job,
+        story step and copies only: it never leads it, blinds it or indexes its node."""
         ident = twin_identity(alert)
         fingerprint = alert.fingerprint
+        evidence = _evidence(state, alert)
         if ident:
             copies = state.twins.setdefault(ident, [])
             if fingerprint not in copies:
                 copies.append(fingerprint)
-            if index:
+            if index and state.realm == CLUSTER_REALM:  # a tenant's copy captures no twin
                 self._index(TWIN_DOMAIN + ident, state, at)
-        node = node_of(alert, self.policy)
-        if node and alert.name in BLINDERS:
+        node = alert.node
+        if node and alert.name in BLINDERS and evidence:
             state.blind.setdefault(node, {})[ident or fingerprint] = alert.name
             for entry in state.unknown.values():  # they wait for the target to be back
                 if entry["node"] == node and blinds(alert.name, alert_from_json(entry["alert"])):
@@ -514,25 +665,35 @@ class IncidentBook:
         if state.unknown.pop(ident or fingerprint, None) is not None and state.firing > 0:
             # it fires again: its unknown resolution is over, and this is the same alert
             state.firing -= 1
+            state.strangers -= 0 if evidence or not state.strangers else 1
             state.copies += 1
             self._count(state, alert, -1)
         if not self.policy.correlation.enabled or level >= FOREIGN:
             return
-        if level < state.cause_rank:  # a better cause: the card is about it from now on
+        if level < state.cause_rank and evidence:  # a better cause: the card is about it
+            former, former_rank = state.lead, state.cause_rank
             state.lead = {"alert": alert_to_json(alert), "alert_id": alert_id}
             state.cause, state.cause_rank = cause_of(alert), level
-        job = job_of(alert)
+            _drop_standby(state, fingerprint)
+            gone = str(former.get("alert", {}).get("fingerprint", ""))
+            if former.get("alert") and gone not in state.unknown and gone != fingerprint:
+                _add_standby(state, former["alert"], former.get("alert_id"), former_rank)
+        job = alert.job
         _add_job(state, job)
-        note(state.story, alert, level, at, self.policy)
+        note(state.story, alert, level, at)
         if not index:
             return
-        if node and self._indexed(NODE_DOMAIN + node, at, None) in (None, state):
+        domain = realm_key(NODE_DOMAIN + node, state.realm)
+        if node and evidence and self._indexed(domain, at, None) in (None, state):
             state.domain = state.domain or NODE_DOMAIN + node
-            self._index(NODE_DOMAIN + node, state, at)
+            self._index(domain, state, at)
         if job:
-            current = self._indexed(JOB_DOMAIN + job, at, self.policy.correlation.window)
-            if current is None or current is state:
-                self._index(JOB_DOMAIN + job, state, at)
+            current = self._indexed(JOB_DOMAIN + job.key, at, self.policy.correlation.window)
+            # a job's placement in its node's incident takes the job from an incident of no
+            # node (its NCCL alert that came first): its later alerts follow the fault
+            moved = alert.name == PLACEMENT and current is not None and not current.domain
+            if current is None or current is state or (moved and bool(state.domain)):
+                self._index(JOB_DOMAIN + job.key, state, at)
 
     def _index(self, domain: str, state: IncidentState, at: datetime) -> None:
         self.domains[domain] = {"key": state.key, "id": state.id, "at": at.isoformat()}
@@ -556,10 +717,10 @@ class IncidentBook:
         state.copies += 1
         state.twins[ident].append(alert.fingerprint)
         self._index(TWIN_DOMAIN + ident, state, at)
-        job = job_of(alert)
+        job = alert.job
         if _add_job(state, job):
-            if self.policy.correlation.enabled:
-                self._index(JOB_DOMAIN + job, state, at)
+            if job is not None and self.policy.correlation.enabled:
+                self._index(JOB_DOMAIN + job.key, state, at)
             self.touch(state, at)
         self.changed[state.id] = state
 
@@ -584,8 +745,9 @@ class IncidentBook:
             priority=classification.priority,
             classification=classification.to_json(),
             cause_rank=level if self.policy.correlation.enabled else FOREIGN,
+            realm=realm_of(alert.labels),
         )
-        _add_job(state, job_of(alert))
+        _add_job(state, alert.job)
         self.by_id[state.id] = state
         self.open[key] = state
         self._join(state, alert_id, alert, classification, group_key, at, CAUSE_ROLE)
@@ -606,7 +768,11 @@ class IncidentBook:
             self.joined.append(Membership(alert_id, state.id, role, group_key, at))
         state.total += 1
         state.firing += 1
+        state.strangers += 0 if _evidence(state, alert) else 1
         self._count(state, alert, +1)
+        if role != CAUSE_ROLE and _evidence(state, alert):  # may lead it later
+            level = rank(alert, classification, self.policy)
+            _add_standby(state, alert_to_json(alert), alert_id, level)
         if classification.priority.level < state.priority.level:
             state.priority = classification.priority
             state.classification = classification.to_json()
@@ -615,11 +781,16 @@ class IncidentBook:
     def _count(self, state: IncidentState, alert: Alert, by: int) -> None:
         policy = self.policy
         cap = policy.grouping.max_tracked
-        node = first_label(alert.labels, policy.node_labels)
-        gpu = first_label(alert.labels, policy.gpu_labels)
+        node = alert.node
+        gpu = gpu_label(alert.labels, policy.gpu_labels)
         tracked = not node or _bump(state.nodes, node, by, cap)
         if gpu:
             tracked = _bump(state.gpus, f"{node}/{gpu}", by, cap) and tracked
+        if port := hca_port(alert.labels):
+            tracked = _bump(state.ports, f"{node} {port}", by, cap) and tracked
+        if mount := alert.labels.get("mountpoint", ""):  # the filesystem, on any node
+            tracked = _bump(state.mounts, mount, by, cap) and tracked
+        tracked = _bump(state.names, alert.name, by, cap) and tracked
         if not tracked and by > 0:
             state.untracked += 1
 
@@ -631,17 +802,30 @@ class IncidentBook:
         classification: Classification | None = None,
     ) -> str:
         """One of its alerts resolved. COPIED: a copy resolved, its twin still fires (the
-        one alert fires); UNKNOWN: the resolution is not believed yet (`_unbelieved`), the
-        alert stays firing; RESOLVED_NOW: it resolved, and the incident with its last
-        firing alert. `classification`: the alert's, while it fired."""
+        one alert fires), or a stranger's copy resolved whose alert had resolved already
+        (below); UNKNOWN: the resolution is not believed yet (`_unbelieved`), the alert
+        stays firing; RESOLVED_NOW: it resolved, and the incident with its last firing
+        alert. `classification`: the alert's, while it fired.
+
+        Twins (tenancy.py): the copy of the incident's realm speaks for the one alert. When
+        it resolves, the alert resolves, whatever copies of other realms still fire (a
+        team's copy of a cluster-wide alert may be its decoy, which never resolves): they
+        are dropped, and their own resolves later change nothing. A stranger's copy that
+        resolves while another copy fires changes nothing either."""
         ident = twin_identity(alert)
         copies = state.twins.get(ident)
+        evidence = _evidence(state, alert)
         if copies and alert.fingerprint in copies:
             copies.remove(alert.fingerprint)
-            if copies:
+            if copies and evidence:  # the others are strangers' word: the alert resolves
+                del state.twins[ident]
+            elif copies:
                 self.changed[state.id] = state
                 return COPIED
-        node = node_of(alert, self.policy)
+        elif ident and not evidence:  # its alert resolved already, with the realm's copy
+            self.changed[state.id] = state
+            return COPIED
+        node = alert.node
         if node and (ident or alert.fingerprint) in state.blind.get(node, {}):
             del state.blind[node][ident or alert.fingerprint]
             for entry in state.unknown.values():  # the node's targets may be back: confirm
@@ -717,13 +901,56 @@ class IncidentBook:
     def _resolve_now(self, state: IncidentState, alert: Alert, at: datetime) -> None:
         if state.firing > 0:
             state.firing -= 1
+            state.strangers -= 0 if _evidence(state, alert) or not state.strangers else 1
             self._count(state, alert, -1)
+        _drop_standby(state, alert.fingerprint)
+        lead = state.lead.get("alert") or {}
+        if lead.get("fingerprint") == alert.fingerprint and state.firing > 0 and state.standby:
+            self._move_lead(state)
         if state.firing == 0 and state.status == FIRING:
             state.status = RESOLVED
             state.resolved_at = at
             if self.open.get(state.key) is state:
                 del self.open[state.key]
+        elif state.realm == CLUSTER_REALM and state.firing <= state.strangers:
+            self._retire(state)
         self.touch(state, at)
+
+    def _retire(self, state: IncidentState) -> None:
+        """An incident of trusted evidence whose own alerts all resolved while jobs' alerts
+        that joined it fire on: it stays open on them (shown firing), yet is no failure
+        domain's nor key's any more: renamed `<key>|spent=<id>`, its index entries name it
+        no more (`_indexed`), so a later fault of its node or group, or another job's
+        alert, opens an incident of its own and pages; no team's alert keeps it capturing."""
+        if SPENT in state.key:
+            return
+        if self.open.get(state.key) is state:
+            del self.open[state.key]
+        state.key = f"{state.key}{SPENT}{state.id}"
+        self.open[state.key] = state
+
+    def _move_lead(self, state: IncidentState) -> None:
+        """The lead resolved while other alerts of the incident fire: the best of them (the
+        lowest cause rank, the newest of equals) leads from now on, so the card is never
+        about a resolved alert. When nobody was told of the former lead (its held page was
+        cancelled unsent: a checkpoint that ended), every channel is owed the new lead's
+        card, and its escalation (held under the former lead) ends: a P0 pages anew, under
+        the new lead."""
+        best = min(range(len(state.standby)), key=lambda i: (state.standby[i]["level"], -i))
+        entry = state.standby.pop(best)
+        former = state.lead_alert_id
+        state.lead = {"alert": entry["alert"], "alert_id": entry["alert_id"]}
+        state.cause = cause_of(alert_from_json(entry["alert"]))
+        # `cause_rank` stays the best cause's: it only ever improves (a channel that cannot
+        # update is told at once of each improvement: `mark`), and a resolved cause is no
+        # reason to tell anyone the incident got a worse one.
+        if former is None or former not in self.unsent:
+            return
+        state.told = {}
+        if state.paged and state.page_alert_id == former:
+            self.pages_ended.append(former)
+            state.paged, state.page_alert_id = False, None
+        state.page_due = state.priority is Priority.P0 and not state.acked_by
 
     def add_quiet(
         self,

@@ -40,6 +40,28 @@ def headline(state: IncidentState, notice: str, detail: Mapping[str, Any]) -> No
         state.detail = {}
 
 
+def _mounts(state: IncidentState, shown: int) -> dict[str, Any]:
+    """Pure: the kinds of alert (alertnames) an incident holds when more than one, and the
+    mountpoints its alerts name, each counted and the first named (no field otherwise)."""
+    found: dict[str, Any] = {}
+    if len(state.names) > 1:  # the kinds of alert in it, when more than one
+        names = sorted(state.names, key=lambda n: (-state.names[n], n))
+        found.update(alertnames=len(state.names), alertname_names=names[:shown])
+    if state.mounts:
+        mounts = sorted(state.mounts, key=lambda m: (-state.mounts[m], m))
+        found.update(mountpoints=len(state.mounts), mountpoint_names=mounts[:shown])
+    return found
+
+
+def _ports(state: IncidentState, shown: int) -> dict[str, Any]:
+    """Pure: the HCA ports an incident's alerts fire on, counted and the first named (no
+    field when there are none, so a card without ports is as it was)."""
+    if not state.ports:
+        return {}
+    ports = sorted(state.ports, key=lambda p: (-state.ports[p], p))
+    return {"ports": len(state.ports), "port_names": ports[:shown]}
+
+
 def incident_block(state: IncidentState, policy: Policy) -> dict[str, Any]:
     """Pure: the `incident` field of a card's payload (`IncidentInfo` in
     notifiers/payload_contract.py)."""
@@ -58,6 +80,8 @@ def incident_block(state: IncidentState, policy: Policy) -> dict[str, Any]:
         "node_names": nodes[:shown],
         "gpus": len(state.gpus),
         "gpu_names": gpus[:shown],
+        **_ports(state, shown),
+        **_mounts(state, shown),
         "untracked": state.untracked,
         "cause": state.cause.split("/", 1)[0],
         "opened_at": state.opened_at.isoformat(),
@@ -125,6 +149,7 @@ def incident_payload(state: IncidentState, policy: Policy, route_id: str) -> dic
             starts_at=alert.starts_at.isoformat(),
             ends_at=_iso(alert.ends_at) if resolved else None,
             generator_url=alert.generator_url,
+            node=alert.node,  # as the store resolved it (the policy's node_labels)
         )
     if state.lead_alert_id is not None:
         body["alert_id"] = state.lead_alert_id
@@ -179,6 +204,9 @@ def incident_drafts(
     - A paging channel gets the page when one is due (a fresh firing made it P0), once.
     """
     drafts: list[NotificationDraft] = []
+    # Whose drafts these are: a hang alert's being diagnosed, when one caused them (they
+    # wait for its verdict, never for another alert's hold), else the lead's.
+    owner = state.trigger_alert_id or state.lead_alert_id
     if state.announced and not state.folded:
         channels, route_id, extra = route(state.priority, state.lead_labels, state.page_due)
         body: dict[str, Any] | None = None  # built for the first channel owed a draft
@@ -190,7 +218,7 @@ def incident_drafts(
             if channel in paging_channels:
                 if not state.page_due:
                     continue
-                state.paged, state.page_alert_id = True, state.lead_alert_id
+                state.paged, state.page_alert_id = True, owner
                 trigger = f"page:{trigger}"
             else:
                 what = _what_now(state, channel, state.told.get(channel), updatable, now, interval)
@@ -215,9 +243,7 @@ def incident_drafts(
                     priority=state.priority,
                     idempotency_key=idempotency_key("incident", state.uid, trigger, channel),
                     payload=dict(body, redraw=True) if what == "redraw" else dict(body),
-                    alert_id=(
-                        state.page_alert_id if channel in paging_channels else state.lead_alert_id
-                    ),
+                    alert_id=state.page_alert_id if channel in paging_channels else owner,
                     group_key=f"incident:{state.id}",
                     reason=f"{body.get('rule_id', '')}: {body.get('reason', '')}",
                 )
@@ -225,4 +251,5 @@ def incident_drafts(
         state.due_at = min(due) if due else None
     state.dirty = state.page_due = False
     state.trigger = ""
+    state.trigger_alert_id = None
     return drafts

@@ -1,7 +1,8 @@
 """Infrastructure incidents across jobs (pure), beside the per-job storm logic (storm.py).
 
 Hardware alerts (component `fabric`, `node` or `gpu`, an XID code or a hardware rule of the
-classification) on at least N distinct nodes under one topology element (a leaf switch, a
+classification) of trusted evidence (tenancy.py: the chart's cluster-wide rules, no
+`namespace` label) on at least N distinct nodes under one topology element (a leaf switch, a
 rack: topology.py) that started within W seconds, whatever jobs they belong to, are one
 infrastructure incident: the element is broken, not the nodes.
 
@@ -17,8 +18,25 @@ the incident instead of sent as its own card:
 - resolves of folded alerts fold into it too; when the last one resolves, one closing card
   goes to the infrastructure route with everything the incident gathered.
 
-Alerts planned before the threshold was reached keep the cards they already had (the count
-is taken from the stored alerts, so alerts that arrive together are folded from the first).
+A fabric failure's consequences are the incident's too: the job-level alerts that follow
+(NCCL RAS errors, stalls, hangs: correlate.py's CONSEQUENCE) join the per-alert incident of
+the folded hardware alerts (incident.py, by failure domain), which remembers the element
+that speaks for it (`IncidentState.infra`); `fold_consequence` then records them on the
+element's incident: the job is named (its notice if new), what happened to it is told once
+per job (`infra_update`, never paging), and no second card or escalation opens.
+
+Only trusted evidence counts or folds (`infrastructure_component`): a team writes its own rules
+and can raise a hardware alert for any node, so its hardware alerts never count towards an
+element's threshold and are never folded into (nor keep open) an element's incident; they
+stay in its own job's incidents (incident.py), which page its own route. A job's alert that
+joined a cluster incident the element speaks for is a consequence (`fold_consequence`): it
+names the job, never counts a node.
+
+The card leads with the element: "leaf-a down: 64 ports on 8 nodes; team-a/llama-70b hung"
+(`lead_line`), never with one node's port.
+
+The count is taken from the stored alerts, so alerts that arrive together are folded from
+the first; one that comes before the threshold is reached waits for it (infra_hold.py).
 Invariants: one open incident per element; the states' lists are bounded (MAX_LISTED); the
 idempotency of each message depends only on (element, episode, kind, job or number).
 """
@@ -33,19 +51,24 @@ from typing import Any
 
 from trainsentry.alerts import Alert, Priority
 from trainsentry.gateway.policy.classify import Classification, xid_code
+from trainsentry.gateway.policy.infra_words import (
+    PLACEMENT,
+    consequence_words,
+    counted,
+    lead_line,
+    likely_cause,
+    stronger,
+)
 from trainsentry.gateway.policy.rules import Policy
-from trainsentry.gateway.policy.topology import Topology
-from trainsentry.labels import job_text
+from trainsentry.gateway.policy.tenancy import trusted
+from trainsentry.gateway.policy.topology import Topology, place_of
+from trainsentry.labels import hca_port, job_text
 from trainsentry.userregex import full_match
 
 INFRA_KIND = "infra"  # NotificationDraft.kind of an incident's card and of its job notices
 INFRA_ALERTNAME = "InfrastructureIncident"
 MAX_LISTED = 200  # nodes, jobs and firing alerts kept per incident
-_CAUSES = {
-    "fabric": "the switch or its cabling (network links of several nodes failed together)",
-    "node": "shared power (PDU) or cooling (several nodes failed together)",
-    "gpu": "shared power or cooling (GPUs of several nodes failed together)",
-}
+_JOB_NOTICE_LABELS = frozenset({"namespace", "trainingjob", "job_name", "priority"})
 
 
 def hardware_component(alert: Alert, policy: Policy) -> str:
@@ -64,6 +87,13 @@ def hardware_component(alert: Alert, policy: Policy) -> str:
     if code is not None and code in rules.xid:
         return "gpu"
     return ""
+
+
+def infrastructure_component(alert: Alert, policy: Policy) -> str:
+    """Pure: the hardware component an alert counts as towards an infrastructure incident:
+    `hardware_component` of trusted evidence (tenancy.py `trusted`: no `namespace` label),
+    "" for any tenant's alert (its labels, node included, are its own word)."""
+    return hardware_component(alert, policy) if trusted(alert.labels) else ""
 
 
 def _hardware_by_rule(classification: Classification) -> bool:
@@ -85,26 +115,37 @@ class Sighting:
 
     nodes: frozenset[str] = frozenset()
     jobs: frozenset[str] = frozenset()
+    ports: frozenset[str] = frozenset()  # "node device port" of its fabric alerts
+
+
+def port_key(alert: Alert) -> str:
+    """Pure: "gpu-node-00 mlx5_0 port 1" for an alert about an HCA port, else ""."""
+    port = hca_port(alert.labels)
+    return f"{alert.node} {port}" if port and alert.node else ""
 
 
 def sightings(alerts: Iterable[Alert], topology: Topology, policy: Policy) -> dict[str, Sighting]:
-    """Pure: per element key, the distinct nodes and jobs of the hardware `alerts` (the
-    firing occurrences that started within the window on nodes the topology places)."""
+    """Pure: per element key, the distinct nodes and jobs of the hardware `alerts` of
+    trusted evidence (`infrastructure_component`; the firing occurrences that started within
+    the window on nodes the topology places). A tenant's alert counts no node."""
     nodes: dict[str, set[str]] = {}
     jobs: dict[str, set[str]] = {}
+    ports: dict[str, set[str]] = {}
     levels = _levels(topology.levels, policy)
     for alert in alerts:
-        if not hardware_component(alert, policy):
+        if not infrastructure_component(alert, policy):
             continue
-        place = topology.place(alert.node)
+        place = place_of(topology, alert)
         for level in levels:
             if level in place:
                 key = element_key(level, place[level])
                 nodes.setdefault(key, set()).add(alert.node)
                 if job := job_text(alert.labels):
                     jobs.setdefault(key, set()).add(job)
+                if port := port_key(alert):
+                    ports.setdefault(key, set()).add(port)
     return {
-        key: Sighting(frozenset(found), frozenset(jobs.get(key, ())))
+        key: Sighting(frozenset(found), frozenset(jobs.get(key, ())), frozenset(ports.get(key, ())))
         for key, found in nodes.items()
     }
 
@@ -139,6 +180,9 @@ class InfraState:
     components: Mapping[str, int] = field(default_factory=dict)
     alertnames: Mapping[str, int] = field(default_factory=dict)
     folded: int = 0  # alert changes folded this episode
+    ports: tuple[str, ...] = ()  # "node device port" of the fabric alerts folded
+    consequences: Mapping[str, str] = field(default_factory=dict)  # job -> alertname
+    updated: tuple[str, ...] = ()  # jobs whose consequence the incident told this episode
     peak: Priority = Priority.P3
     paged: bool = False
     incidents: int = 0  # incidents this element has had
@@ -162,6 +206,9 @@ class InfraState:
             "components": dict(self.components),
             "alertnames": dict(self.alertnames),
             "folded": self.folded,
+            "ports": list(self.ports),
+            "consequences": dict(self.consequences),
+            "updated": list(self.updated),
             "peak": self.peak.value,
             "paged": self.paged,
             "incidents": self.incidents,
@@ -184,6 +231,9 @@ class InfraState:
             components=dict(data.get("components") or {}),
             alertnames=dict(data.get("alertnames") or {}),
             folded=int(data.get("folded", 0)),
+            ports=tuple(data.get("ports", ())),
+            consequences=dict(data.get("consequences") or {}),
+            updated=tuple(data.get("updated", ())),
             peak=Priority(data.get("peak", "P3")),
             paged=bool(data.get("paged", False)),
             incidents=int(data.get("incidents", 0)),
@@ -194,6 +244,7 @@ class InfraMessageKind(enum.StrEnum):
     OPENED = "infra_opened"
     PAGE = "infra_page"  # a P0 reached an incident that had not paged yet
     JOB_NOTICE = "infra_job_notice"
+    UPDATE = "infra_update"  # a job's first consequence, told on the incident (never paging)
     RESOLVED = "infra_resolved"
 
 
@@ -212,61 +263,83 @@ class InfraMessage:
     payload: dict[str, Any]
     job: str = ""
     alert_id: int | None = None  # the P0 alert a page is tied to (its ack stops the calls)
+    about: str = ""  # the job an update tells of (routed to the incident, not the job)
 
     @property
     def ident(self) -> tuple[str, ...]:
         """What the message's idempotency key is built from (with the channel)."""
-        return (INFRA_KIND, self.kind.value, self.key, self.episode, self.job)
-
-
-def likely_cause(state: InfraState) -> str:
-    """Pure: words for what probably broke, from the level and the components seen."""
-    top = max(state.components.items(), key=lambda kv: (kv[1], kv[0]), default=("", 0))[0]
-    what = _CAUSES.get(top, "something the nodes share")
-    return f"{state.level} {state.element}: {what}"
+        return (INFRA_KIND, self.kind.value, self.key, self.episode, self.job or self.about)
 
 
 def _summary(state: InfraState, policy: Policy, sighting: Sighting) -> dict[str, Any]:
     nodes = sorted(set(state.nodes) | sighting.nodes)[:MAX_LISTED]
     jobs = sorted(set(state.jobs) | sighting.jobs)[:MAX_LISTED]
+    ports = sorted(set(state.ports) | sighting.ports)[:MAX_LISTED]
     return {
         "key": state.key,
         "level": state.level,
         "element": state.element,
         "episode": state.episode,
+        "lead": lead_line(state.element, len(nodes), len(ports), state.consequences),
         "nodes": nodes,
         "jobs": jobs,
+        "ports": len(ports),
+        "port_names": ports[:20],
+        "consequences": dict(sorted(state.consequences.items())),
         "firing": len(state.firing),
         "folded": state.folded,
         "components": dict(sorted(state.components.items())),
         "alertnames": dict(sorted(state.alertnames.items(), key=lambda kv: (-kv[1], kv[0]))),
-        "likely_cause": likely_cause(state),
+        "likely_cause": likely_cause(state.level, state.element, state.components),
         "window_s": int(policy.infrastructure.window),
         "threshold": policy.infrastructure.nodes,
     }
 
 
+def _words(
+    kind: InfraMessageKind, state: InfraState, summary: dict[str, Any], job: str, about: str
+) -> tuple[str, str]:
+    """Pure: the card's title (the element first; a job notice's title leaves the job to
+    the card, which names it) and its summary line."""
+    nodes, jobs = summary["nodes"], summary["jobs"]
+    where = f"{state.level} {state.element}"
+    if kind is InfraMessageKind.JOB_NOTICE:
+        title = lead_line(state.element, len(nodes), summary["ports"])
+        return title, (
+            f"{job} is hit by the failure at {where}: the hardware alerts of its nodes are "
+            f"followed on the incident's card, not paged here (so far: hardware alerts on "
+            f"{counted(len(nodes), 'node')}, {counted(len(jobs), 'job')} hit)."
+        )
+    title = summary["lead"]
+    if kind is InfraMessageKind.UPDATE:
+        said = consequence_words(state.consequences.get(about, ""))
+        return title, f"{about} {said}: followed on this incident, not paged again."
+    what = {
+        InfraMessageKind.RESOLVED: "over",
+        InfraMessageKind.PAGE: f"raised to {state.peak.value}",
+    }.get(kind, "opened")
+    of_jobs = f" of {counted(len(jobs), 'job')}" if jobs else ""
+    return title, (
+        f"Infrastructure incident at {where} {what}: hardware alerts on "
+        f"{counted(len(nodes), 'node')}{of_jobs}"
+    )
+
+
 def _payload(
-    kind: InfraMessageKind, state: InfraState, summary: dict[str, Any], at: datetime, job: str
+    kind: InfraMessageKind,
+    state: InfraState,
+    summary: dict[str, Any],
+    at: datetime,
+    job: str,
+    about: str = "",
 ) -> dict[str, Any]:
     where = f"{state.level} {state.element}"
     nodes, jobs = summary["nodes"], summary["jobs"]
     resolved = kind is InfraMessageKind.RESOLVED
-    if kind is InfraMessageKind.JOB_NOTICE:
-        title = f"Infrastructure incident at {where} affects {job}"
-        text = (
-            f"{job} lost nodes to an infrastructure incident at {where}: its hardware alerts "
-            f"are followed on the incident's card ({len(nodes)} nodes, {len(jobs)} jobs)."
-        )
-    else:
-        state_word = "over" if resolved else "opened"
-        title = f"Infrastructure incident at {where}"
-        text = (
-            f"Infrastructure incident {state_word} at {where}: hardware alerts on "
-            f"{len(nodes)} nodes of {len(jobs)} jobs"
-        )
+    title, text = _words(kind, state, summary, job, about)
+    ports = f"Ports: {summary['ports']}\n" if summary["ports"] else ""
     description = (
-        f"Nodes: {', '.join(nodes)}\nJobs: {', '.join(jobs) or '(none named)'}\n"
+        f"Nodes: {', '.join(nodes)}\n{ports}Jobs: {', '.join(jobs) or '(none named)'}\n"
         f"Likely cause: {summary['likely_cause']}"
     )
     payload: dict[str, Any] = {
@@ -275,8 +348,9 @@ def _payload(
         "event": kind.value,
         "alertname": title,
         "annotations": {"summary": text, "description": description},
-        "reason": f"{len(nodes)} nodes under {where} (>= {summary['threshold']}) reported "
-        f"hardware faults within {summary['window_s']}s: {summary['likely_cause']}",
+        # the rule, not the cause again (the description's last line says it)
+        "reason": f"Hardware alerts on {counted(len(nodes), 'node')} under {where}; "
+        f"{summary['threshold']} within {summary['window_s']} s make one incident.",
         "rule_id": "infrastructure",
         "topology": {state.level: state.element},
         "infrastructure": summary,
@@ -308,6 +382,7 @@ class InfraFold:
         self.job_labels = route_labels_of_job
         self.changed: dict[str, InfraState] = {}
         self.messages: list[InfraMessage] = []
+        self.taken = ""  # the key of the incident the last fold went to
 
     def _key(self, level: str) -> str:
         return element_key(level, self.place[level])
@@ -329,14 +404,28 @@ class InfraFold:
                 return level
         return None
 
+    def component(self, alert: Alert, classification: Classification) -> str:
+        """The hardware component of a trusted alert of a placed node an incident may take
+        (`infrastructure_component`, or `gpu` when a hardware rule classified it), else ""."""
+        component = infrastructure_component(alert, self.policy)
+        if not component and trusted(alert.labels) and _hardware_by_rule(classification):
+            component = "gpu"
+        if not self.policy.infrastructure.enabled or not alert.node or not self.levels:
+            return ""
+        return component
+
+    def keys(self) -> tuple[str, ...]:
+        """The element keys of the alert's place, the levels looked at."""
+        return tuple(self._key(level) for level in self.levels)
+
     def fold_firing(
         self, alert: Alert, alert_id: int | None, classification: Classification, at: datetime
     ) -> bool:
-        """Folds a firing notice of a hardware alert; False when no incident takes it."""
-        component = hardware_component(alert, self.policy)
-        if not component and _hardware_by_rule(classification):
-            component = "gpu"
-        if not self.policy.infrastructure.enabled or not component or not alert.node:
+        """Folds a firing notice of a hardware alert of trusted evidence; False when no
+        incident takes it (a tenant's alert is never folded: it stays in its own job's
+        incident, which pages its own route)."""
+        component = self.component(alert, classification)
+        if not component:
             return False
         level = self._target(alert)
         if level is None:
@@ -352,6 +441,9 @@ class InfraFold:
                 episode=at.isoformat(),
                 nodes=tuple(sorted(sighting.nodes))[:MAX_LISTED],
                 jobs=tuple(sorted(sighting.jobs))[:MAX_LISTED],
+                ports=tuple(sorted(sighting.ports))[:MAX_LISTED],
+                consequences={},
+                updated=(),
                 noticed=(),
                 firing={},
                 components={},
@@ -370,6 +462,7 @@ class InfraFold:
             last_at=at,
             nodes=_bounded_add(state.nodes, alert.node),
             jobs=_bounded_add(state.jobs, job),
+            ports=_bounded_add(state.ports, port_key(alert)),
             firing=firing,
             components=_bump(state.components, component),
             alertnames=_bump(state.alertnames, alert.name or "(unnamed)"),
@@ -382,9 +475,57 @@ class InfraFold:
         if opening or page_now:
             kind = InfraMessageKind.OPENED if opening else InfraMessageKind.PAGE
             self._emit(kind, state, at, paging=page_now, alert_id=alert_id if page_now else None)
+        state = self._notice(state, job, at)
+        self.taken = state.key
+        self._keep(state)
+        return True
+
+    def _notice(self, state: InfraState, job: str, at: datetime) -> InfraState:
+        """The job's one notice of this episode, if it has not had it."""
         if job and job not in state.noticed and len(state.noticed) < MAX_LISTED:
             state = replace(state, noticed=(*state.noticed, job))
             self._emit(InfraMessageKind.JOB_NOTICE, state, at, paging=False, job=job)
+        return state
+
+    def fold_consequence(
+        self, key: str, alert: Alert, alert_id: int | None, classification: Classification,
+        at: datetime,
+    ) -> bool:  # fmt: skip
+        """Folds a firing alert of an incident (incident.py) that the open incident `key`
+        speaks for: a job's consequence of the failure (its RAS errors, stall, hang) or a
+        late alert correlated to it. It names the job (its notice if new), and the job's
+        first consequence is told once on the incident (`infra_update`, never paging); a
+        P0 pages only if the incident has not paged yet. The job's `PLACEMENT` alert (its
+        pods are on the failed nodes) names the job only: no consequence yet, no update.
+        False when `key` is not open."""
+        state = self.states.get(key)
+        if not self.policy.infrastructure.enabled or state is None or not state.open:
+            return False
+        job = job_text(alert.labels)
+        consequences = dict(state.consequences)
+        known = consequences.get(job)
+        room = len(consequences) < MAX_LISTED
+        told = alert.name != PLACEMENT
+        if job and told and ((known is None and room) or (known and stronger(alert.name, known))):
+            consequences[job] = alert.name
+        priority = classification.priority
+        state = replace(
+            state,
+            last_at=at,
+            jobs=_bounded_add(state.jobs, job),
+            consequences=consequences,
+            alertnames=_bump(state.alertnames, alert.name or "(unnamed)"),
+            folded=state.folded + 1,
+            peak=priority if priority.at_least(state.peak) else state.peak,
+        )
+        if priority is Priority.P0 and not state.paged:
+            state = replace(state, paged=True)
+            self._emit(InfraMessageKind.PAGE, state, at, paging=True, alert_id=alert_id)
+        state = self._notice(state, job, at)
+        if job in consequences and job not in state.updated and len(state.updated) < MAX_LISTED:
+            state = replace(state, updated=(*state.updated, job))
+            self._emit(InfraMessageKind.UPDATE, state, at, paging=False, about=job)
+        self.taken = state.key
         self._keep(state)
         return True
 
@@ -416,15 +557,21 @@ class InfraFold:
         paging: bool,
         job: str = "",
         alert_id: int | None = None,
+        about: str = "",
     ) -> None:
         summary = _summary(state, self.policy, self.seen.get(state.key, Sighting()))
-        payload = _payload(kind, state, summary, at, job)
+        payload = _payload(kind, state, summary, at, job, about)
         if alert_id is not None:
             payload["alert_id"] = alert_id
         labels = dict(self.job_labels) if job else self.incident_labels(state)
         priority = state.peak
         if kind is InfraMessageKind.JOB_NOTICE:
-            payload["labels"] = dict(self.job_labels)
+            # shown: what names the job and the incident, not the one alert that told of it
+            # (its node and HCA are one of many: the incident's card lists them)
+            payload["labels"] = {
+                **{k: v for k, v in self.job_labels.items() if k in _JOB_NOTICE_LABELS},
+                **self.incident_labels(state),
+            }
         else:
             payload["labels"] = labels
         self.messages.append(
@@ -439,6 +586,7 @@ class InfraFold:
                 payload=payload,
                 job=job,
                 alert_id=alert_id,
+                about=about,
             )
         )
 

@@ -1,6 +1,6 @@
 """A TrainingJob's `spec.alerting` as the gateway checked it, and its AlertingReady condition.
 
-Pure: no I/O. The stage that reads the cluster is `gateway/stages/job_alerting.py`; the
+Pure: no I/O. The stage that reads the cluster is `gateway/stages/services/job_alerting.py`; the
 route the policy derives from these settings is `route.JobRoute`.
 """
 

@@ -1,6 +1,6 @@
 """Maintenance windows in the alert policy: which drafts a window mutes, what is owed when it
 ends, and the "ends soon" notice. Pure: the windows, the time and the stored mutes are
-parameters (stages/maintenance_service.py loads and writes them).
+parameters (stages/services/maintenance.py loads and writes them).
 
 Rules (docs/oncall.md, "Maintenance windows"):
 - a chat or phone notice about an alert (kind "alert", an alert id, a channel other than the
@@ -32,8 +32,8 @@ from trainsentry.alerts import NotificationDraft, Priority, parse_priority
 from trainsentry.gateway.policy.payload_build import ALERT_KIND, idempotency_key
 from trainsentry.gateway.policy.route import route
 from trainsentry.gateway.policy.rules import Policy
-from trainsentry.oncall.types import MaintenanceWindow
-from trainsentry.oncall.window_match import active_span, labels_match
+from trainsentry.maintenance.match import active_span, labels_match
+from trainsentry.maintenance.types import MaintenanceWindow
 
 MAINTENANCE_EVENT = "maintenance_ending"  # payload `event` of the "ends soon" notice
 MUTED, RESOLVED = "muted", "resolved"  # the states of a stored mute (store/maintenance_windows.py)
@@ -70,7 +70,7 @@ def _active(
 def _first_match(
     active: Sequence[tuple[MaintenanceWindow, datetime]], labels: Mapping[str, str]
 ) -> tuple[MaintenanceWindow, datetime] | None:
-    """Pure: `oncall.window_match.muted_by` over windows already known to be active."""
+    """Pure: `maintenance.match.muted_by` over windows already known to be active."""
     for window, end in active:
         if labels_match(window, labels):
             return window, end
@@ -167,10 +167,13 @@ def release(
         out.notified.add(alert_id)
         for data in drafts:
             draft = draft_from_json(data)
-            note = f"held by maintenance window {window_id} until {now.isoformat()}; still firing"
+            note = (
+                f"It was held by maintenance window {window_id} until {now.isoformat()} "
+                "and still fires."
+            )
             draft.payload["maintenance"] = {"window_id": window_id, "ended_at": now.isoformat()}
             shown = draft.payload.get("reason")
-            draft.payload["reason"] = f"{shown}; {note}" if shown else note  # cards show it
+            draft.payload["reason"] = f"{shown} {note}" if shown else note  # cards show it
             draft.reason = f"{draft.reason} ({note})" if draft.reason else note
             out.notify.append(draft)
     return out
@@ -249,13 +252,16 @@ def ending_notice(
         "alertname": "MaintenanceWindowEnding",
         "labels": {"alertname": "MaintenanceWindowEnding", **matchers},
         "annotations": {"summary": summary},
-        "reason": summary,
+        "reason": "Alerts this maintenance window mutes still fire as it ends.",
         "route": decision.route_id,
         "at": now.isoformat(),
-        "maintenance": {
+        "maintenance": {  # the card of the notice (feishu/card.py maintenance_card) reads it
             "window_id": window.id,
+            "window_reason": window.reason or "",
             "ends_at": end.isoformat(),
             "firing": [alert_id for alert_id, _, _, _ in firing],
+            "alerts": [f"{name or '?'} (#{alert_id})" for alert_id, name, _, _ in firing[:20]],
+            "more": max(0, len(firing) - 20),
         },
     }
     return [

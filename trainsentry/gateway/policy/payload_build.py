@@ -1,8 +1,10 @@
 """What the policy writes into a notification: payload builders and idempotency keys.
 
-Pure: an alert's decision (or a storm message) in, the JSON payload a channel renders out
-(the contract channels read is notifiers/payload_contract.py). Idempotency keys depend only on what
-is announced and the channel, so replaying a change or a late tick yields the same keys.
+Pure: an alert as its incident keeps it (`alert_to_json`), a storm message's payload, the
+words and keys both use; an incident's card is drafted by incident_cards.py from its cause's
+fields (the contract channels read is notifiers/payload_contract.py). Idempotency keys depend
+only on what is announced and the channel, so replaying a change or a late tick yields the
+same keys.
 """
 
 from __future__ import annotations
@@ -12,9 +14,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, cast
 
-from trainsentry.alerts import GO_ZERO_TIME, Alert, AlertStatus
-from trainsentry.gateway.policy.classify import Classification
-from trainsentry.gateway.policy.dedup import Decision, Notice
+from trainsentry.alerts import Alert, AlertStatus
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.storm import StormMessage, StormMessageKind, job_title
 from trainsentry.notifiers.payload_contract import NotificationPayload, StatusName, StormSummary
@@ -40,10 +40,13 @@ def alert_to_json(alert: Alert) -> dict[str, Any]:
         "starts_at": alert.starts_at.isoformat(),
         "ends_at": None if alert.ends_at is None else alert.ends_at.isoformat(),
         "generator_url": alert.generator_url,
+        "node": alert.node,
     }
 
 
 def alert_from_json(data: Mapping[str, Any]) -> Alert:
+    """The alert `alert_to_json` wrote, its node as resolved then (states written before the
+    node was kept: the default labels')."""
     return Alert(
         fingerprint=data["fingerprint"],
         status=AlertStatus(data["status"]),
@@ -52,13 +55,8 @@ def alert_from_json(data: Mapping[str, Any]) -> Alert:
         starts_at=datetime.fromisoformat(data["starts_at"]),
         ends_at=None if data.get("ends_at") is None else datetime.fromisoformat(data["ends_at"]),
         generator_url=data.get("generator_url", ""),
+        resolved_node=data.get("node"),
     )
-
-
-def _iso(value: datetime | None) -> str | None:
-    if value is None or value == GO_ZERO_TIME:
-        return None
-    return value.isoformat()
 
 
 def status_name(resolved: bool) -> StatusName:
@@ -70,51 +68,6 @@ def storm_summary(summary: Mapping[str, Any]) -> StormSummary:
     """Pure: a storm summary as the payload carries it. `storm.render_summary` builds it (a
     plain dict, so its extra keys pass); the channels' contract tests check its shape."""
     return cast(StormSummary, dict(summary))
-
-
-def alert_payload(
-    decision: Decision,
-    alert: Alert,
-    alert_id: int | None,
-    classification: Classification,
-    *,
-    route_id: str = "",
-) -> NotificationPayload:
-    """What a channel needs to render one alert notice (see notifiers/payload_contract.py)."""
-    notice = decision.notice
-    # A flapping notice is not a resolution (that is held), whichever change triggered it.
-    resolved = notice is Notice.RESOLVED
-    payload: NotificationPayload = {
-        "priority": classification.priority.value,
-        "status": status_name(resolved),
-        "event": notice.value if notice is not None else "",
-        "fingerprint": alert.fingerprint,
-        "alertname": alert.name,
-        "labels": dict(alert.labels),
-        "annotations": dict(alert.annotations),
-        "starts_at": alert.starts_at.isoformat(),
-        "ends_at": _iso(alert.ends_at),
-        "generator_url": alert.generator_url,
-        "reason": classification.reason,
-        "rule_id": classification.rule_id,
-        "rule_ids": list(classification.rule_ids),
-        "route": route_id,
-        "recurrences": decision.recurrences,
-        "flap_transitions": decision.flap_transitions,
-        "expired": decision.expired,
-        "at": decision.at.isoformat(),
-    }
-    if notice is Notice.RECURRENCE:
-        payload["count"] = decision.recurrences + 1
-    elif notice is Notice.FLAPPING:
-        payload["count"] = decision.flap_transitions
-    if decision.held_until is not None:
-        payload["held_until"] = decision.held_until.isoformat()
-    if alert.job is not None:
-        payload["job"] = str(alert.job)
-    if alert_id is not None:
-        payload["alert_id"] = alert_id
-    return payload
 
 
 def storm_payload(

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from trainsentry.alerts import JobRef, Priority
 from trainsentry.gateway.policy.rules import JobRoutingPolicy, Policy
 from trainsentry.gateway.policy.rules import Route as RouteRule
+from trainsentry.labels import JOB_NAME_LABELS, NAMESPACE_LABEL
 from trainsentry.notifiers.payload_contract import JobRoutePayload
 from trainsentry.userregex import full_match
 
@@ -139,7 +140,8 @@ def escalation_names(policy: Policy) -> dict[str, str]:
 # --- a TrainingJob's own route (spec.alerting) ------------------------------------------------
 
 # The channel that delivers a job's Feishu cards to its own chat or bot (or, with mentions of
-# its owners, to the gateway's Feishu channels it replaced); gateway/stages/job_alerting.py.
+# its owners, to the gateway's Feishu channels it replaced);
+# gateway/stages/services/job_alerting.py.
 JOB_CHANNEL = "feishu_job"
 # Ends the route id of a decision a job's own route changed (`route:ml+job`).
 JOB_ROUTE_SUFFIX = "+job"
@@ -201,3 +203,67 @@ def apply_job_route(
     extra["job"] = str(job)
     route_id = f"{decision.route_id}{JOB_ROUTE_SUFFIX}"
     return replace(decision, channels=_unique(channels), route_id=route_id), extra
+
+
+def routed(
+    priority: Priority,
+    labels: Mapping[str, str],
+    policy: Policy,
+    *,
+    configured: Collection[str] | None,
+    job_routes: Mapping[JobRef, JobRoute],
+    paging: bool = True,
+) -> tuple[RouteDecision, JobRoutePayload | None]:
+    """Pure: the route of a notification of `priority` about an alert (or job) with
+    `labels`: the policy's (`route`), changed as the TrainingJob its labels name asks
+    (`apply_job_route`) when `job_routes` holds that job's route; and the payload's
+    `job_route` (None when no job route changed it)."""
+    decision = route(priority, labels, policy, configured=configured, paging=paging)
+    job = JobRef.from_labels(labels) if job_routes else None
+    if job is None or (job_route := job_routes.get(job)) is None:
+        return decision, None
+    return apply_job_route(
+        decision,
+        priority,
+        job,
+        job_route,
+        policy.routing.jobs,
+        paging_channels=policy.routing.paging_channels,
+    )
+
+
+# The labels that say whose an alert is: its namespace and its TrainingJob.
+JOB_IDENTITY = frozenset({NAMESPACE_LABEL, *JOB_NAME_LABELS})
+
+
+def routed_apart(
+    labels: Mapping[str, str],
+    policy: Policy,
+    *,
+    configured: Collection[str] | None,
+    job_routes: Mapping[JobRef, JobRoute],
+) -> bool:
+    """Pure: whether the job (or namespace) an alert's `labels` name has a route of its own:
+    at some priority, the alert is told elsewhere than the same alert of no namespace and no
+    job would be: other channels, another route (so perhaps another escalation policy), or
+    its job's own chat, owners or on-call roster (`routed`). A route that matches on what
+    the alert is (its `component`, its alertname) makes no job apart; one that matches its
+    `namespaces`, `jobs` or a `namespace` label, or a job's spec.alerting, does
+    (incident.py: such a job's alerts get an incident of their own inside a cluster-wide
+    failure)."""
+    anonymous = {name: value for name, value in labels.items() if name not in JOB_IDENTITY}
+    if len(anonymous) == len(labels):
+        return False
+    for priority in Priority:
+        mine, mine_extra = routed(
+            priority, labels, policy, configured=configured, job_routes=job_routes
+        )
+        theirs, _ = routed(
+            priority, anonymous, policy, configured=configured, job_routes=job_routes
+        )
+        if mine_extra is not None or (mine.channels, mine.route_id) != (
+            theirs.channels,
+            theirs.route_id,
+        ):
+            return True
+    return False

@@ -194,6 +194,14 @@ class InfrastructurePolicy(_Strict):
     window: Seconds = 120  # ... whose hardware alerts started within W seconds
     components: tuple[str, ...] = ("fabric", "node", "gpu")  # `component` labels counted
     levels: tuple[str, ...] = ()  # topology levels looked at (empty: all, most specific first)
+    # Seconds a hardware alert under an element whose incident is not open waits before its
+    # own card and page go out, for the element's other nodes (gateway/policy/infra_hold.py;
+    # 0: at once). Alertmanager sends a group's later alerts one `group_interval` after its
+    # first (1 m for P0): the hold must be longer.
+    hold: float = Field(default=90, ge=0)
+    # The `component`s held: those a switch's failure raises in pieces (its ports, on every
+    # node cabled to it). A GPU falling off the bus is not a switch's doing: it pages at once.
+    hold_components: tuple[str, ...] = ("fabric",)
     # Alerts of those components that say nothing about the hardware (a full disk, an OOM).
     ignore_alertnames: str = ""
 

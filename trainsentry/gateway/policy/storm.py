@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from trainsentry.alerts import Priority
+from trainsentry.alerts import JOB_KEY_PREFIX, JobRef, Priority
 from trainsentry.gateway.policy.rules import Policy, StormPolicy
 from trainsentry.gateway.policy.storm_tally import (
     OTHER,
@@ -35,7 +35,6 @@ from trainsentry.labels import (
     JOB_NAME_LABELS,
     NAMESPACE_LABEL,
     SCRAPE_JOB_LABEL,
-    job_name_of,
 )
 
 # The tally's names, as the storm's own (callers read them from here).
@@ -69,15 +68,12 @@ BUCKETS_PER_WINDOW = 30
 _JOB_LABELS = (NAMESPACE_LABEL, *JOB_NAME_LABELS, SCRAPE_JOB_LABEL)
 
 
-TRAINING_JOB = "trainingjob:"  # the prefix of a TrainingJob's key (others: a scrape job's)
-
-
 def job_key(labels: Mapping[str, str]) -> str:
-    """The storm unit an alert belongs to."""
+    """Pure: the storm unit an alert belongs to: its TrainingJob's `JobRef.key`, else its
+    scrape job's ("job:namespace/job"), else "cluster"."""
+    if training := JobRef.from_labels(labels):
+        return training.key
     namespace = labels.get(NAMESPACE_LABEL, "")
-    name = job_name_of(labels)
-    if name:
-        return f"{TRAINING_JOB}{namespace}/{name}"
     job = labels.get(SCRAPE_JOB_LABEL, "")
     if namespace or job:
         return f"job:{namespace}/{job}"
@@ -87,8 +83,8 @@ def job_key(labels: Mapping[str, str]) -> str:
 def job_title(key: str) -> str:
     """Pure: the job as cards name it ("ml/llama-70b" for `trainingjob:ml/llama-70b`), the
     same words an alert's card uses (`JobRef`), so a storm and its alerts name one job."""
-    if key.startswith(TRAINING_JOB):
-        return key.removeprefix(TRAINING_JOB).removeprefix("/")
+    if key.startswith(JOB_KEY_PREFIX):
+        return key.removeprefix(JOB_KEY_PREFIX).removeprefix("/")
     return key.removeprefix("job:").strip("/") or key
 
 

@@ -43,7 +43,7 @@ from trainsentry.gateway.policy.storm_tally import (
     line_of,
     line_order,
 )
-from trainsentry.labels import first_label
+from trainsentry.labels import gpu_label
 
 
 def _bump(counts: dict[str, int], key: str, cap: int) -> None:
@@ -107,8 +107,8 @@ class TallyFold:
         rules = policy.storm
         cap = rules.max_keys
         labels = entry.alert.labels
-        node = first_label(labels, policy.node_labels) or "(none)"
-        gpu = first_label(labels, policy.gpu_labels)
+        node = entry.alert.node or "(none)"
+        gpu = gpu_label(labels, policy.gpu_labels)
         top = self.top
         if rules.top_lines:
             order = (

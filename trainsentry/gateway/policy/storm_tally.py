@@ -15,7 +15,7 @@ from typing import Any
 
 from trainsentry.alerts import Alert, AlertStatus, Priority
 from trainsentry.gateway.policy.rules import Policy
-from trainsentry.labels import first_label
+from trainsentry.labels import gpu_label
 
 OTHER = "(other)"
 
@@ -40,8 +40,8 @@ def line_of(entry: StormEntry, policy: Policy) -> dict[str, Any]:
         "priority": entry.priority.value,
         "status": entry.status.value,
         "fingerprint": entry.alert.fingerprint,
-        "node": first_label(labels, policy.node_labels),
-        "gpu": first_label(labels, policy.gpu_labels),
+        "node": entry.alert.node,
+        "gpu": gpu_label(labels, policy.gpu_labels),
         "summary": entry.alert.annotations.get("summary", ""),
         "at": entry.at.isoformat(),
     }
@@ -110,8 +110,8 @@ class Tally:
         rules = policy.storm
         cap = rules.max_keys
         labels = entry.alert.labels
-        node = first_label(labels, policy.node_labels) or "(none)"
-        gpu = first_label(labels, policy.gpu_labels)
+        node = entry.alert.node or "(none)"
+        gpu = gpu_label(labels, policy.gpu_labels)
         gpu_key = f"{node}/{gpu}" if gpu else "(none)"
         top = self.top
         if rules.top_lines:

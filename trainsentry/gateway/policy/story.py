@@ -17,8 +17,8 @@ from datetime import datetime
 from typing import Any
 
 from trainsentry.alerts import Alert
-from trainsentry.gateway.policy.correlate import CONSEQUENCE, NODE_DOMAIN, job_of, node_of
-from trainsentry.gateway.policy.rules import Policy
+from trainsentry.gateway.policy.correlate import CONSEQUENCE, NODE_DOMAIN
+from trainsentry.gateway.policy.infra_words import PLACEMENT
 from trainsentry.gateway.policy.storm import job_title
 
 MAX_STEPS = 30
@@ -30,6 +30,7 @@ PHRASES = {
     "DCGMExporterDown": "dcgm-exporter down",
     "NCCLRasDeadProcesses": "NCCL RAS says processes died",
     "NCCLRasMissingRanks": "NCCL RAS misses ranks",
+    PLACEMENT: "runs on the node",
 }
 HANG = "TrainingJobHang"
 PROBE_DOWN = "TrainingProbeDown"
@@ -37,19 +38,22 @@ RANK_GONE = "TrainingRankGone"
 GONE = frozenset({PROBE_DOWN, RANK_GONE})  # a rank's probe went away (rules/training.yaml)
 
 
-def _step_key(alert: Alert, rank: int, policy: Policy) -> str:
+def _job_key(alert: Alert) -> str:
+    """Pure: the alert's TrainingJob's `JobRef.key`, "" when none (the step's `job`)."""
+    return alert.job.key if alert.job is not None else ""
+
+
+def _step_key(alert: Alert, rank: int) -> str:
     labels = alert.labels
     if rank == CONSEQUENCE:
-        return f"{alert.name}|{job_of(alert)}|{node_of(alert, policy)}"
-    parts = (node_of(alert, policy), labels.get("gpu", ""), labels.get("device", ""))
+        return f"{alert.name}|{_job_key(alert)}|{alert.node}"
+    parts = (alert.node, labels.get("gpu", ""), labels.get("device", ""))
     return "|".join((alert.name, *parts, labels.get("port", "")))
 
 
-def note(
-    story: dict[str, dict[str, Any]], alert: Alert, rank: int, at: datetime, policy: Policy
-) -> None:
+def note(story: dict[str, dict[str, Any]], alert: Alert, rank: int, at: datetime) -> None:
     """Pure apart from `story` (changed in place): the alert's step, new or counted."""
-    key = _step_key(alert, rank, policy)
+    key = _step_key(alert, rank)
     step = story.get(key)
     if step is None:
         if len(story) >= MAX_STEPS:
@@ -59,10 +63,10 @@ def note(
             "at": at.isoformat(),
             "name": alert.name,
             "rank": rank,
-            "node": node_of(alert, policy),
+            "node": alert.node,
             "gpu": labels.get("gpu", ""),
             "xid": labels.get("xid", ""),
-            "job": job_of(alert),
+            "job": _job_key(alert),
             "count": 0,
             "pods": [],
             "ranks": [],

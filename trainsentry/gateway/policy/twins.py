@@ -1,7 +1,8 @@
 """Twins: a cluster-wide alert and its job-scoped copy are one alert (pure).
 
-The shipped rules fire a node-scoped condition twice when a job runs on the node: the
-cluster-wide rule (no `trainingjob`) and the job's copy (docs/alerts.md "Job scope"). The
+The shipped rules fire a node-scoped condition twice when a job that tunes the rule runs on
+the node: the cluster-wide rule (no `trainingjob`) and the job's copy (docs/alerts.md "Job
+scope": the operator copies no node rule a job does not tune). The
 Alertmanager inhibition that drops the cluster-wide one cannot win the race at
 `group_wait: 0s`: whichever reaches Alertmanager first is sent before the other exists.
 So the gateway folds them: the copies share `twin_identity`, the first to arrive is the

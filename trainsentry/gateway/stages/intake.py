@@ -3,10 +3,14 @@
 `parse_webhook` is pure (bytes → IncomingReceipt or IntakeRejected with a reason).
 `IntakeWriter` is the single writer: requests queue up and are committed together (group
 commit), each caller's future resolving only after its transaction committed — so a 200 means
-the alerts are on disk, each change queued in the policy inbox in the same transaction. The
-alert policy runs after the commit (stages/planning/worker.py), so a slow policy or a storm's
-backlog never delays the answer to Alertmanager. An unchanged resend of a group is answered
-from a read instead, with nothing to commit (store/resends.py).
+the webhook is on disk. When the gateway is idle the same transaction records its alerts, each
+change queued in the policy inbox; under load (the journal not empty, or a batch above
+`record_at_once_alerts`) it journals them instead and the expander records them right after
+(store/journal.py, stages/expansion.py), all but the P0 and P1 alerts, which are recorded
+before the answer either way. A webhook without those waits for room while the journal is
+full (`Expander.room`). The alert policy runs after the commit (stages/planning/worker.py), so a
+slow policy or a storm's backlog never delays the answer to Alertmanager. An unchanged resend
+of a group is answered from a read instead, with nothing to commit (store/resends.py).
 """
 
 from __future__ import annotations
@@ -23,9 +27,12 @@ from typing import Annotated, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from trainsentry.alerts import GO_ZERO_TIME, Alert, AlertChange, AlertStatus, utcnow
+from trainsentry.gateway.stages.expansion import Expander
 from trainsentry.gateway.stages.resends import Resends
+from trainsentry.labels import NODE_LABELS
 from trainsentry.store.engine import Connection, Engine
-from trainsentry.store.errors import DatabaseError, DriverError, StoreDown, StoreUnavailable
+from trainsentry.store.errors import STORE_FAILURES, DriverError, StoreUnavailable
+from trainsentry.store.journal import groups_waiting, is_urgent, journal_receipts
 from trainsentry.store.resends import (
     ReceiptTouch,
     content_digest,
@@ -267,7 +274,9 @@ class IntakeWriter:
 
     An unchanged resend of a group is answered from one read of the store, with nothing to
     commit (`resends`, stages/resends.py); the counts it owes its receipt are written with
-    the writer's next transaction, at most `touch_after` seconds later."""
+    the writer's next transaction, at most `touch_after` seconds later. `node_labels`: the
+    policy's, which name the node the store records for each new occurrence. `expander`:
+    where journaled webhooks go (none: every webhook is recorded before its answer)."""
 
     def __init__(
         self,
@@ -276,8 +285,14 @@ class IntakeWriter:
         max_batch_alerts: int = 5000,
         on_commit: Callable[[Sequence[ReceiptOutcome]], None] | None = None,
         touch_after: float = 1.0,
+        node_labels: tuple[str, ...] = NODE_LABELS,
+        expander: Expander | None = None,
+        record_at_once_alerts: int = 200,
     ) -> None:
         self._engine = engine
+        self._node_labels = node_labels
+        self._expander = expander
+        self._record_at_once_alerts = record_at_once_alerts
         self._max_batch_alerts = max_batch_alerts
         self._on_commit = on_commit
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
@@ -315,9 +330,20 @@ class IntakeWriter:
             outcome = await self.resends.answer(probe, receipt.received_at)
             if outcome is not None:
                 return outcome
-        future: asyncio.Future[ReceiptOutcome | None] = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Pending(receipt, future))
-        outcome = await future
+        expander = self._expander
+        if expander is not None and expander.enabled:
+            if not any(is_urgent(alert) for alert in receipt.alerts):
+                await expander.room()
+            expander.webhook_started()
+        try:
+            future: asyncio.Future[ReceiptOutcome | None] = (
+                asyncio.get_running_loop().create_future()
+            )
+            await self._queue.put(_Pending(receipt, future))
+            outcome = await future
+        finally:
+            if expander is not None and expander.enabled:
+                expander.webhook_done()
         assert outcome is not None
         if probe is not None:
             self.resends.remember(probe)
@@ -367,7 +393,7 @@ class IntakeWriter:
                 for item in batch:
                     await self._commit_batch([item])
                 return
-            if isinstance(exc, StoreDown | DriverError | OSError | DatabaseError):
+            if isinstance(exc, STORE_FAILURES):
                 log.warning("intake store_error=%s receipts=%d", type(exc).__name__, len(batch))
                 reason = (str(exc).splitlines() or [type(exc).__name__])[0]
             else:
@@ -377,6 +403,8 @@ class IntakeWriter:
                 if not item.future.done():
                     item.future.set_exception(StoreUnavailable(reason))
             return
+        if self._expander is not None and any(outcome.queued for outcome in outcomes):
+            self._expander.journaled(receipts, outcomes)
         if self._on_commit is not None and outcomes:
             self._on_commit(outcomes)
         answers = iter(outcomes)
@@ -391,7 +419,7 @@ class IntakeWriter:
         for attempt in range(3):
             try:
                 async with self._engine.begin() as conn:
-                    outcomes = await record_receipts(conn, receipts) if receipts else []
+                    outcomes = await self._store(conn, receipts) if receipts else []
                     if touches:
                         await touch_receipts(conn, touches)
                     return outcomes
@@ -401,6 +429,23 @@ class IntakeWriter:
                     continue
                 raise
         raise AssertionError("unreachable")
+
+    async def _store(
+        self, conn: Connection, receipts: list[IncomingReceipt]
+    ) -> list[ReceiptOutcome]:
+        """Records the receipts' alerts now when the gateway is idle (no journal backlog, a
+        small batch, or the journal off) and nothing of their groups is journaled (a group's
+        webhooks never overtake each other); else journals all but their urgent alerts."""
+        expander = self._expander
+        if expander is None:
+            return await record_receipts(conn, receipts, self._node_labels)
+        at_once = not expander.journaling and (
+            not expander.enabled
+            or sum(len(receipt.alerts) for receipt in receipts) <= self._record_at_once_alerts
+        )
+        if at_once and not await groups_waiting(conn, [r.group_key for r in receipts]):
+            return await record_receipts(conn, receipts, self._node_labels)
+        return await journal_receipts(conn, receipts, self._node_labels)
 
 
 def _alert_count(item: _Pending) -> int:

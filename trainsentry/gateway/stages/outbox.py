@@ -16,7 +16,7 @@
 - A call whose escalation stopped while it was being sent (marked by store/outbox.py
   `cancel_calls`) is never tried again: an attempt that would retry it is written
   `cancelled` in the same transaction (`record_outcomes`), whatever the channel.
-- Retries and giving up follow gateway/policy/delivery.py: by elapsed time of failing, not
+- Retries and giving up follow gateway/policy/outbox_retry.py: by elapsed time of failing, not
   by attempts; a rate-limit answer is never a failure. `PermanentError` ends `dead` at once.
 - Delivery is at-least-once: a row holds its slot until its outcome is committed, so after a
   crash at most `slots` rows per channel went out without their outcome written, and only
@@ -36,7 +36,7 @@ from typing import Any
 
 from trainsentry.alerts import Priority, utcnow
 from trainsentry.gateway.metrics import GatewayMetrics
-from trainsentry.gateway.policy.delivery import DeliveryRules, after_failure, after_rate_limit
+from trainsentry.gateway.policy.outbox_retry import DeliveryRules, after_failure, after_rate_limit
 from trainsentry.gateway.stages.outbox_workers import default_worker_id, earlier_run
 from trainsentry.notifiers.base import (
     Notifier,
@@ -414,7 +414,7 @@ class Outbox:
         )
 
     def _failed(self, item: _Claimed, exc: NotifierError) -> _Outcome:
-        """The outcome of a failed try (gateway/policy/delivery.py decides retry or dead)."""
+        """The outcome of a failed try (gateway/policy/outbox_retry.py decides retry or dead)."""
         row, now = item.row, self._clock()
         attempts, error = row.attempts + 1, f"{type(exc).__name__}: {exc}"[:2000]
         if isinstance(exc, Withdrawn):

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from trainsentry.store.engine import Connection, Engine
-from trainsentry.store.errors import DatabaseError
+from trainsentry.store.errors import STORE_FAILURES
 from trainsentry.store.resends import ReceiptTouch, ResendProbe, known_resend, open_reader
 from trainsentry.store.writes import ReceiptOutcome
 
@@ -83,7 +83,7 @@ class Resends:
                     self._reader = await open_reader(self._engine)
                 known = await known_resend(self._reader, probe)
             except Exception as exc:
-                if not isinstance(exc, DatabaseError | OSError):
+                if not isinstance(exc, STORE_FAILURES):
                     log.exception("intake: checking for an unchanged resend failed")
                 await self._close_reader()  # a new one next time (the store may be back)
                 return None

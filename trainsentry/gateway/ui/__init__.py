@@ -1,9 +1,10 @@
 """The incident console at `/ui/` (docs/console.md): server-rendered pages of what is open
 now (incidents, their alerts inside), one incident, one alert with its diagnosis, history
-and a job's hardware, with live updates by
+by incident, a job's hardware, who is on call (and its overrides), the silences and
+maintenance windows, and the nodes (health, cordons), with live updates by
 server-sent events and the ack and silence actions of the API.
 
-`add_ui_routes` is all the gateway's app.py calls. Templates (jinja2, autoescaped: labels
+`add_ui_routes` is all the gateway's api/app.py calls. Templates (jinja2, autoescaped: labels
 and annotations are attacker-controlled) and the one script and stylesheet ship in this
 package; nothing is fetched from another origin and nothing is built.
 """
@@ -17,7 +18,15 @@ import jinja2
 from aiohttp import web
 
 from trainsentry.gateway.pipeline import GATEWAY_KEY
-from trainsentry.gateway.ui import handlers, incident_pages, pages, signin
+from trainsentry.gateway.ui import (
+    handlers,
+    incident_pages,
+    node_pages,
+    oncall_pages,
+    pages,
+    signin,
+    window_pages,
+)
 from trainsentry.gateway.ui.feed import ChangeFeed
 from trainsentry.gateway.ui.render_cache import RenderCache
 from trainsentry.store.console import change_marker
@@ -67,6 +76,14 @@ def add_ui_routes(
     router.add_post("/ui/alerts/{alert_id}/{action}", handlers.post_action)
     router.add_post("/ui/maintenance/{window_id}/end", handlers.post_end_window)
     router.add_get("/ui/history", handlers.history_page)
+    router.add_get("/ui/oncall", oncall_pages.oncall_page)
+    router.add_post("/ui/oncall/overrides", oncall_pages.post_override)
+    router.add_post("/ui/oncall/overrides/{change_id}/remove", oncall_pages.post_remove_override)
+    router.add_get("/ui/silences", window_pages.silences_page)
+    router.add_post("/ui/silences/windows", window_pages.post_window)
+    router.add_get("/ui/nodes", node_pages.nodes)
+    router.add_post("/ui/nodes/{node}/uncordon", node_pages.post_uncordon)
+    router.add_post("/ui/nodes/{node}/{decision}", node_pages.post_decision)
     router.add_get("/ui/job", handlers.job_page)
     router.add_get("/ui/login", signin.login_page)
     router.add_post("/ui/login", signin.login_post)

@@ -1,6 +1,6 @@
 """What a signed-in viewer can do to an incident from the console, each through the same
 service as the API: acknowledge (with a comment) and silence go to `AckService.acknowledge`
-(stages/ack.py: the same audit event, the same stop of the escalation and cancelled calls,
+(stages/services/ack.py: the same audit event, the same stop of the escalation and cancelled calls,
 the same `ack` notifications that redraw the chat cards, the same Alertmanager silence);
 escalate now goes to `AckService.escalate_now` (the same `escalated` event and calls as
 `POST /api/v1/alerts/{id}/escalate`).
@@ -21,8 +21,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
+from trainsentry.gateway.access import Actor
 from trainsentry.gateway.pipeline import Gateway
-from trainsentry.gateway.stages.ack import EscalationRefused
+from trainsentry.gateway.stages.services.ack import EscalationRefused
 
 MAX_COMMENT = 1000
 SILENCE_CHOICES = (15, 60, 240, 1440)  # minutes offered by the form (any 1..43200 accepted)
@@ -47,6 +48,12 @@ NOTICES: dict[str, str] = {
     "escalated": "Escalated: the next step is being called now (see the notifications below).",
     "window-ended": "The maintenance window is ended.",
     "job-acked": "Acknowledged: the job's open incidents (and its alerts in none yet).",
+    "window-created": "The maintenance window is made (below).",
+    "override-added": "The override is added: who is on call is redrawn above.",
+    "override-removed": "The override is removed.",
+    "uncordoned": "The node is uncordoned: schedulable again.",
+    "cordon-approved": "Approved: the node is cordoned.",
+    "cordon-dismissed": "Dismissed: the node is not cordoned.",
 }
 
 
@@ -56,7 +63,8 @@ class Outcome:
     ok: bool = True
 
 
-Run = Callable[[Gateway, int, str, Mapping[str, str]], Awaitable[Outcome | None]]
+# (gateway, alert id, who acts, the form): who acts was let through by ui/acting.py
+Run = Callable[[Gateway, int, Actor, Mapping[str, str]], Awaitable[Outcome | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +93,12 @@ def _minutes(form: Mapping[str, str]) -> int:
 
 
 async def _ack(
-    gateway: Gateway, alert_id: int, who: str, form: Mapping[str, str]
+    gateway: Gateway, alert_id: int, who: Actor, form: Mapping[str, str]
 ) -> Outcome | None:
     assert gateway.ack is not None
-    result = await gateway.ack.acknowledge(alert_id, who, None, comment=_comment(form))
+    result = await gateway.ack.acknowledge(
+        alert_id, who.acting_name, None, comment=_comment(form), via=who.via
+    )
     if result is None:
         return None
     if result.already_acked:
@@ -97,12 +107,12 @@ async def _ack(
 
 
 async def _silence(
-    gateway: Gateway, alert_id: int, who: str, form: Mapping[str, str]
+    gateway: Gateway, alert_id: int, who: Actor, form: Mapping[str, str]
 ) -> Outcome | None:
     assert gateway.ack is not None
     minutes = _minutes(form)
     result = await gateway.ack.acknowledge(
-        alert_id, who, timedelta(minutes=minutes), comment=_comment(form)
+        alert_id, who.acting_name, timedelta(minutes=minutes), comment=_comment(form), via=who.via
     )
     if result is None:
         return None
@@ -112,12 +122,12 @@ async def _silence(
 
 
 async def _escalate(
-    gateway: Gateway, alert_id: int, who: str, _form: Mapping[str, str]
+    gateway: Gateway, alert_id: int, who: Actor, _form: Mapping[str, str]
 ) -> Outcome | None:
     """The next step of the running escalation is called now (409: none is running)."""
     assert gateway.ack is not None
     try:
-        await gateway.ack.escalate_now(alert_id, who)
+        await gateway.ack.escalate_now(alert_id, who.acting_name, via=who.via)
     except EscalationRefused as exc:
         if exc.status == 404:
             return None

@@ -10,7 +10,9 @@
   copy of the cookie (its id is kept as revoked in the store until it would have expired:
   store/console_sessions.py, checked by signin.py on every request). A request from a
   trusted proxy address (`console.trusted_proxies`) carrying the user header is signed in
-  as that user, without the token.
+  as that user, a member of the groups of its groups header, without the token: the
+  production sign-in. A session (the token typed in) is break-glass: it acts on every
+  team's incidents and the audit trail says so (gateway/access.py).
 - Every action needs the CSRF token: a random nonce in the `ts_csrf` cookie (SameSite=Strict,
   HttpOnly) and, in the form or the `X-CSRF-Token` header, HMAC(key, nonce): a page of
   another site can neither read the cookie nor compute the token. A POST whose Origin is
@@ -28,7 +30,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import ipaddress
 import json
 import re
 import secrets
@@ -40,14 +41,18 @@ from aiohttp import web
 from pydantic import SecretStr
 
 from trainsentry.config import ConsoleSettings
-from trainsentry.notifiers.feishu.sign import secrets_equal
+from trainsentry.credentials import secrets_equal
+from trainsentry.gateway.access import Actor
+from trainsentry.gateway.api.auth import MAX_NAME as MAX_NAME
+from trainsentry.gateway.api.auth import clean_name as clean_name
+from trainsentry.gateway.api.auth import proxy_actor
+from trainsentry.gateway.api.auth import proxy_trusted as proxy_trusted
 
 SESSION_COOKIE = "ts_session"
 CSRF_COOKIE = "ts_csrf"
 CSRF_FIELD = "csrf"
 CSRF_HEADER = "X-CSRF-Token"
 COOKIE_PATH = "/ui/"
-MAX_NAME = 100
 MAX_COOKIE = 4096
 SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
 
@@ -74,6 +79,17 @@ class Viewer:
     can_act: bool  # a token is configured and the viewer is signed in
     via: str  # "open" (no token), "session", "proxy", "none" (must sign in)
     session: Session | None = None
+    groups: frozenset[str] = frozenset()  # the proxy's groups header (via "proxy")
+
+    @property
+    def actor(self) -> Actor | None:
+        """Who acts (gateway/access.py): the proxy's person, or for a session (signed in
+        with the shared token) the name typed, as break-glass; None: nobody who may act."""
+        if not self.can_act or self.name is None:
+            return None
+        if self.via == "proxy":
+            return Actor(self.name, "proxy", self.groups)
+        return Actor(self.name, "break-glass")
 
 
 ANONYMOUS = Viewer(None, False, "none")
@@ -144,29 +160,6 @@ def new_nonce() -> str:
     return secrets.token_urlsafe(24)
 
 
-def proxy_trusted(settings: ConsoleSettings, remote: str | None) -> bool:
-    """Pure: `remote` is one of the configured proxy addresses."""
-    if not remote or not settings.trusted_proxies:
-        return False
-    try:
-        address = ipaddress.ip_address(remote)
-    except ValueError:
-        return False
-    return any(
-        address in ipaddress.ip_network(entry, strict=False) for entry in settings.trusted_proxies
-    )
-
-
-def clean_name(raw: str | None) -> str | None:
-    """Pure: a display name (printable, at most MAX_NAME characters), or None."""
-    if raw is None:
-        return None
-    name = raw.strip()
-    if not name or len(name) > MAX_NAME or not name.isprintable():
-        return None
-    return name
-
-
 def cookie(request: web.Request, name: str) -> str | None:
     """The cookie `name` when it is one of ours could be: printable ASCII, at most
     MAX_COOKIE characters; anything else reads as absent."""
@@ -183,10 +176,9 @@ def viewer(
     the caller's to check (it is in the store)."""
     if token is None:
         return Viewer(None, False, "open")
-    if proxy_trusted(settings, request.remote):
-        name = clean_name(request.headers.get(settings.user_header))
-        if name is not None:
-            return Viewer(name, True, "proxy")
+    person = proxy_actor(request, settings)
+    if person is not None:
+        return Viewer(person.name, True, "proxy", groups=person.groups)
     value = cookie(request, SESSION_COOKIE)
     if value:
         session = read_session(signing_key(token), value, now)

@@ -20,15 +20,19 @@ import jinja2
 from aiohttp import web
 from markupsafe import Markup
 
-from trainsentry.gateway.http_auth import read_token
+from trainsentry.gateway.acting import alert_target, window_target
+from trainsentry.gateway.api.auth import read_token
+from trainsentry.gateway.api.path_ids import id_problem, parse_id
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.stages.planning.plan import FINGERPRINT_SCOPE, STORM_SCOPE
 from trainsentry.gateway.ui import auth
+from trainsentry.gateway.ui.acting import acting, action_form
 from trainsentry.gateway.ui.actions import ACTIONS, NOTICES, SILENCE_CHOICES, ActionRefused
 from trainsentry.gateway.ui.feed import ChangeFeed, Marker
 from trainsentry.gateway.ui.incident_views import with_incidents
 from trainsentry.gateway.ui.model import Filters, NowView
-from trainsentry.gateway.ui.pages import CSRF_KEY, TEMPLATES_KEY, BadForm, headers, read_form
+from trainsentry.gateway.ui.ops_views import history
+from trainsentry.gateway.ui.pages import CSRF_KEY, TEMPLATES_KEY, BadForm, headers
 from trainsentry.gateway.ui.pages import now_of as _now
 from trainsentry.gateway.ui.pages import render as _render
 from trainsentry.gateway.ui.render_cache import RenderCache
@@ -45,8 +49,13 @@ from trainsentry.gateway.ui.views import (
     windows,
 )
 from trainsentry.store import console as store
-from trainsentry.store.console_incidents import incident_summaries, incidents_of
-from trainsentry.store.errors import DatabaseError
+from trainsentry.store.console_incidents import (
+    first_alerts,
+    incident_summaries,
+    incidents_of,
+    resolved_incidents,
+)
+from trainsentry.store.errors import STORE_FAILURES
 from trainsentry.store.maintenance_windows import mutes_of
 from trainsentry.store.policy_state import load_states
 
@@ -54,12 +63,17 @@ log = logging.getLogger("trainsentry.ui")
 
 FEED_KEY = web.AppKey("ui_feed", ChangeFeed)
 WINDOW_ID = re.compile(r"^mw-[0-9a-f]{1,32}$")  # as `DELETE /api/v1/maintenance/{id}` checks
-MAX_FORM = 16384
 MAX_CARDS = 500  # open alerts drawn on the Now page, the most urgent (more: "and N more")
 HISTORY_DAYS = (7, 14, 28, 56)
+MAX_HISTORY = 200  # resolved incidents History lists, the newest
+HISTORY_ALERTS = 10  # alerts drawn inside each (the most urgent, the newest)
 KEEPALIVE_S = 15.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+# The store failing, or a page's reads running out of time: the console answers 503.
+_UNAVAILABLE: tuple[type[Exception], ...] = (*STORE_FAILURES, TimeoutError)
 
 
 def page(*, fragment: bool = False) -> Callable[[Any], Handler]:
@@ -73,7 +87,7 @@ def page(*, fragment: bool = False) -> Callable[[Any], Handler]:
             token = read_token(request.app[GATEWAY_KEY].settings)
             try:
                 who = await viewer_of(request)
-            except (OSError, DatabaseError, TimeoutError) as exc:  # the session's check
+            except _UNAVAILABLE as exc:  # the session's check
                 return _render(
                     request, auth.ANONYMOUS, "error.html.j2", status=503,
                     message=f"store unavailable, retry: {type(exc).__name__}",
@@ -99,7 +113,7 @@ def page(*, fragment: bool = False) -> Callable[[Any], Handler]:
                 response = _render(
                     request, who, "error.html.j2", status=413, message="form too large"
                 )
-            except (OSError, DatabaseError, TimeoutError) as exc:
+            except _UNAVAILABLE as exc:
                 response = _render(
                     request, who, "error.html.j2", status=503,
                     message=f"store unavailable, retry: {type(exc).__name__}",
@@ -230,10 +244,10 @@ async def now_fragment(request: web.Request, who: auth.Viewer) -> web.StreamResp
 
 
 def _alert_id(request: web.Request) -> int:
-    raw = request.match_info["alert_id"]
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
-        raise BadQuery("alert id must be a positive integer")
-    return int(raw)
+    alert_id = parse_id(request.match_info["alert_id"])
+    if alert_id is None:
+        raise BadQuery(id_problem("alert"))
+    return alert_id
 
 
 async def _alert(request: web.Request) -> tuple[Any, Marker] | None:
@@ -281,48 +295,28 @@ async def alert_fragment(request: web.Request, who: auth.Viewer) -> web.StreamRe
     )  # fmt: skip
 
 
-async def action_form(request: web.Request, who: auth.Viewer) -> dict[str, str] | web.Response:
-    """The posted form of an action, or the refusal: a signed-in viewer on a gateway with a
-    token, a bounded form (BadForm, 413), the CSRF token of the viewer's nonce, and this
-    site's origin (auth.BadOrigin when the Origin is not a URL)."""
-    gateway = request.app[GATEWAY_KEY]
-    token = read_token(gateway.settings)
-    if token is None or not who.can_act or who.name is None:
-        return _render(
-            request, who, "error.html.j2", status=403,
-            message="actions need TRAINSENTRY_API_TOKEN set on the gateway and a sign-in",
-        )  # fmt: skip
-    fields = await read_form(request, MAX_FORM)
-    given = fields.get(auth.CSRF_FIELD) or request.headers.get(auth.CSRF_HEADER)
-    nonce = auth.cookie(request, auth.CSRF_COOKIE)
-    if not auth.same_origin(request) or not auth.csrf_ok(auth.signing_key(token), nonce, given):
-        return _render(
-            request, who, "error.html.j2", status=403,
-            message="the form's CSRF token is missing or wrong: reload the page and try again",
-        )  # fmt: skip
-    return fields
-
-
 @page()
 async def post_action(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
     """POST /ui/alerts/{id}/{action}: an action of `ACTIONS` (actions.py) through the alert
-    (it acts on the alert's incident)."""
+    (it acts on the alert's incident, so the viewer must be allowed to act on that)."""
     gateway = request.app[GATEWAY_KEY]
-    fields = await action_form(request, who)
-    if isinstance(fields, web.Response):
-        return fields
-    assert who.name is not None
+    alert_id = _alert_id(request)
+    done = await acting(request, who, lambda _form: alert_target(gateway, alert_id))
+    if isinstance(done, web.Response):
+        return done
     action = ACTIONS.get(request.match_info["action"])
     if action is None or not action.available(gateway):
         return _render(request, who, "error.html.j2", status=404, message="no such action")
-    alert_id = _alert_id(request)
     try:
-        outcome = await action.run(gateway, alert_id, who.name, fields)
+        outcome = await action.run(gateway, alert_id, done.actor, done.fields)
     except ActionRefused as exc:
         return _render(request, who, "error.html.j2", status=exc.status, message=str(exc))
     if outcome is None:
         return _render(request, who, "error.html.j2", status=404, message="no such alert")
-    log.info("console action=%s alert_id=%d by=%s", action.name, alert_id, who.name)
+    log.info(
+        "console action=%s alert_id=%d by=%s via=%s",
+        action.name, alert_id, done.actor.name, done.actor.via,
+    )  # fmt: skip
     query = urlencode({"done": outcome.notice})
     raise web.HTTPSeeOther(f"/ui/alerts/{alert_id}?{query}")
 
@@ -330,25 +324,38 @@ async def post_action(request: web.Request, who: auth.Viewer) -> web.StreamRespo
 @page()
 async def post_end_window(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
     """POST /ui/maintenance/{window_id}/end: ends a window through the service behind
-    `DELETE /api/v1/maintenance/{id}` (who and when kept), which needs the API token."""
+    `DELETE /api/v1/maintenance/{id}` (who, how they signed in, and when kept), which needs
+    the API token; the viewer must be allowed to act on the window's namespace."""
     gateway = request.app[GATEWAY_KEY]
-    fields = await action_form(request, who)
-    if isinstance(fields, web.Response):
-        return fields
-    assert who.name is not None
-    if gateway.maintenance is None or gateway.settings.api_token is None:
+    window_id = request.match_info["window_id"]
+    service = gateway.maintenance
+
+    async def target(_form: object) -> Any:
+        if not WINDOW_ID.match(window_id):
+            raise BadQuery("window id must look like mw-0123abcd")
+        window = None if service is None else await service.window(window_id)
+        return None if window is None else window_target(window, window_id)
+
+    if service is None or gateway.settings.api_token is None:
+        fields = await action_form(request, who)
+        if isinstance(fields, web.Response):
+            return fields
         return _render(
             request, who, "error.html.j2", status=403,
             message="ending a window needs maintenance windows and TRAINSENTRY_API_TOKEN",
         )  # fmt: skip
-    window_id = request.match_info["window_id"]
-    if not WINDOW_ID.match(window_id):
-        raise BadQuery("window id must look like mw-0123abcd")
-    ended = await gateway.maintenance.end(window_id, who.name)
+    done = await acting(request, who, target)
+    if isinstance(done, web.Response):
+        return done
+    ended = await service.end(window_id, done.actor.audit_name)
     if ended is None:
         return _render(request, who, "error.html.j2", status=404, message="no such window")
-    log.info("console ended maintenance window=%s by=%s", window_id, who.name)
-    raise web.HTTPSeeOther("/ui/?" + urlencode({"done": "window-ended"}))
+    log.info(
+        "console ended maintenance window=%s by=%s via=%s",
+        window_id, done.actor.name, done.actor.via,
+    )  # fmt: skip
+    back = "/ui/silences?" if done.fields.get("from") == "silences" else "/ui/?"
+    raise web.HTTPSeeOther(back + urlencode({"done": "window-ended"}))
 
 
 @page()
@@ -358,11 +365,14 @@ async def history_page(request: web.Request, who: auth.Viewer) -> web.StreamResp
     days = _days(request)
     since = _now(gateway) - timedelta(days=days)
     async with gateway.engine.connect() as conn:
-        rows = await store.resolved_alerts(conn, since=since, search=search or None, limit=500)
-    view = job_view("", "", rows, _now(gateway), days)
+        found = await resolved_incidents(
+            conn, since=since, search=search or None, limit=MAX_HISTORY
+        )
+        inside = await first_alerts(conn, [incident.id for incident in found], HISTORY_ALERTS)
     return _render(
-        request, who, "history.html.j2", view=view, q=search, days=days, choices=HISTORY_DAYS
-    )
+        request, who, "history.html.j2", incidents=history(found, inside, _now(gateway)),
+        q=search, days=days, choices=HISTORY_DAYS, limit=MAX_HISTORY,
+    )  # fmt: skip
 
 
 def _days(request: web.Request) -> int:

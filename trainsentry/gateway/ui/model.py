@@ -130,7 +130,7 @@ class OnCall:
 
 @dataclass(frozen=True, slots=True)
 class Window:
-    """A maintenance window not over yet (gateway/stages/maintenance_service.py)."""
+    """A maintenance window not over yet (gateway/stages/services/maintenance.py)."""
 
     id: str
     reason: str
@@ -275,3 +275,143 @@ class JobView:
     hardware: list[Hardware]
     by_alertname: list[tuple[str, int]]
     days: int
+
+
+# The on-call, silences and windows, nodes and history pages (ops_views.py builds them).
+
+
+@dataclass(frozen=True, slots=True)
+class LayerRow:
+    """One layer of a schedule as configured, and whom it puts on call now."""
+
+    name: str
+    members: list[str]
+    shift: str  # "1 w", "12 h"
+    start: str  # its first handoff, local wall time
+    restrict: str  # "Mon 09:00-17:00, ..." or ""
+    now: str  # the member it puts on call now ("" where it covers nothing now)
+
+
+@dataclass(frozen=True, slots=True)
+class OverrideRow:
+    """An override or swap not over yet: stored at run time (`id`, removable), or
+    configured (`id` None)."""
+
+    id: int | None
+    kind: str  # override | swap
+    who: str
+    replaces: str
+    start: datetime
+    end: datetime
+    reason: str
+    created_by: str
+    active: bool  # in force now (else: to come)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleView:
+    name: str
+    timezone: str
+    now: list[OnShift]  # primary first
+    next_at: datetime | None  # when someone else is first (None: not within the horizon)
+    next: list[OnShift]  # who is on call from then
+    layers: list[LayerRow]
+    overrides: list[OverrideRow]
+
+
+@dataclass(frozen=True, slots=True)
+class OncallPage:
+    schedules: list[ScheduleView]
+    people: list[str]
+    roster: OnCall | None  # the inline escalation roster, where no schedule is configured
+
+
+@dataclass(frozen=True, slots=True)
+class SilenceRow:
+    """An Alertmanager silence the gateway made (an ack with a duration) whose length has
+    not run out, with its state in Alertmanager (expired: someone ended it early there)."""
+
+    silence_id: str
+    by: str
+    at: datetime
+    until: datetime
+    alert_id: int
+    alertname: str
+    node: str
+    job: str
+    state: str = ""  # Alertmanager's (active, pending, expired); "" when it did not say
+
+
+@dataclass(frozen=True, slots=True)
+class Preview:
+    """What a window asked for would match: when, and the open alerts its matchers hold for
+    (of the `checked` most urgent open alerts, of `open_total`)."""
+
+    matchers: str
+    active_now: bool
+    first: tuple[datetime, datetime] | None  # its stretch now, else its first one
+    matched: list[Card]
+    total: int  # matched among those checked (drawn: the first MAX_PREVIEW)
+    checked: int
+    open_total: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRow:
+    node: str
+    score: float
+    faults: str  # "fell_off_bus 3, xid 1"
+    gpus: str  # "3 (2.1), 5 (0.4)"
+    last_fault: datetime | None
+    place: str  # "rack=r7, leaf=l2"
+    cordon: str  # recommended | cordoned | dismissed | uncordoned | ""
+    cordon_by: str
+    cordon_at: datetime | None
+    cordon_reason: str
+    incidents: list[tuple[int, str, str]]  # (id, priority, cause) of its open incidents
+    infra: list[str]  # the open infrastructure incidents over its place ("rack=r7")
+
+
+@dataclass(frozen=True, slots=True)
+class InfraRow:
+    """An open infrastructure incident (one topology element: gateway/policy/infra.py)."""
+
+    key: str
+    nodes: list[str]
+    peak: str
+    since: str
+    alertnames: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodesPage:
+    nodes: list[NodeRow]
+    total: int  # nodes known (drawn: the first MAX_NODES)
+    infra: list[InfraRow]
+    half_life_s: float
+    cordon: str  # the cordon mode: off | approve | auto ("off" without a remediation section)
+    threshold: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryIncident:
+    """One resolved incident in History: its cause, priority, how long it lasted, how long
+    until someone acknowledged it and who, and its first alerts."""
+
+    id: int
+    title: str
+    cause: str
+    priority: str
+    job: str
+    opened: datetime
+    resolved: datetime | None
+    duration: str
+    to_ack: str  # "" when nobody acknowledged it
+    acked_by: str | None
+    total: int
+    nodes: int
+    alerts: list[Card]
+
+    @property
+    def more(self) -> int:
+        return max(0, self.total - len(self.alerts))

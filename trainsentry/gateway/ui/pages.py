@@ -10,7 +10,7 @@ from typing import Any
 import jinja2
 from aiohttp import web
 
-from trainsentry.gateway.http_auth import read_token
+from trainsentry.gateway.api.auth import read_token
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.ui import auth
 

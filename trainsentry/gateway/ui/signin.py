@@ -19,11 +19,11 @@ from datetime import timedelta
 
 from aiohttp import web
 
-from trainsentry.gateway.http_auth import read_token
+from trainsentry.credentials import secrets_equal
+from trainsentry.gateway.api.auth import read_token
 from trainsentry.gateway.pipeline import GATEWAY_KEY
 from trainsentry.gateway.ui import auth
 from trainsentry.gateway.ui.pages import CSRF_KEY, BadForm, now_of, read_form, render
-from trainsentry.notifiers.feishu.sign import secrets_equal
 from trainsentry.store.console_sessions import revoke_session, session_revoked
 
 log = logging.getLogger("trainsentry.ui")

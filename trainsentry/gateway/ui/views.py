@@ -9,6 +9,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+from trainsentry.gateway.access import VIA_TEXT
 from trainsentry.gateway.policy.escalation import Escalator
 from trainsentry.gateway.ui.model import (
     PRIORITIES,
@@ -30,7 +31,7 @@ from trainsentry.gateway.ui.model import (
     TimelineEntry,
     Window,
 )
-from trainsentry.labels import GPU_ID_LABELS, NODE_LABELS, first_label
+from trainsentry.labels import GPU_ID_LABELS, first_label
 from trainsentry.notifiers.links import safe_url  # one rule for cards and the console
 from trainsentry.store.console import AlertDetail, AlertRow, OpenCounts
 
@@ -90,7 +91,7 @@ def card(row: AlertRow, now: datetime) -> Card:
         started=row.starts_at,
         age=age(row.starts_at, now),
         acked_by=row.acked_by if row.acked_at is not None else None,
-        node=row.node or first_label(labels, NODE_LABELS),
+        node=row.node,
         gpu=first_label(labels, GPU_ID_LABELS),
         component=labels.get("component", ""),
         namespace=row.namespace,
@@ -253,12 +254,18 @@ def muted(mute: Mapping[str, Any] | None) -> Muted | None:
 
 
 def event_text(kind: str, detail: Any) -> str:
+    """Pure: an event's line in a timeline; who acted is named with how they signed in
+    (`via`, gateway/access.py) when the event keeps it."""
     if not isinstance(detail, dict):
         return ""
     if kind in ("acked", "comment"):
         comment = detail.get("comment")
         joined = " (it joined the acknowledged incident)" if detail.get("joined") else ""
-        return f"by {detail.get('by', '')}{joined}" + (f": {comment}" if comment else "")
+        via = VIA_TEXT.get(str(detail.get("via")))
+        who = str(detail.get("by", ""))
+        if via and not who.endswith(f"({via})"):
+            who += f" ({via})"
+        return f"by {who}{joined}" + (f": {comment}" if comment else "")
     if kind == "silenced":
         minutes = round(float(detail.get("seconds") or 0) / 60)
         return f"by {detail.get('by', '')} for {minutes} min (silence {detail.get('silence_id')})"
@@ -414,7 +421,7 @@ def hardware(rows: Sequence[AlertRow], top: int = 10) -> list[Hardware]:
     ports: Counter[str] = Counter()
     for row in rows:
         labels = row.labels
-        node = row.node or first_label(labels, NODE_LABELS)
+        node = row.node
         if node:
             nodes[node] += 1
         gpu = first_label(labels, GPU_ID_LABELS)

@@ -52,7 +52,8 @@ CREDENTIAL_CODES = frozenset({10003, 10014})
 DEFAULT_TOKEN_LIFETIME_S = 7200.0  # Feishu's documented maximum
 UUID_MAX = 50
 # Finds the message_id of the card an `ack` redraws when its payload has none (the gateway
-# reads the alert's sent card from the store: gateway/stages/ack.py `AckService.card_message`).
+# reads the alert's sent card from the store: gateway/stages/services/ack.py
+# `AckService.card_message`).
 CardFinder = Callable[[OutboundNotification], Awaitable[str | None]]
 # How long a send waits for the app's shared message gate before it is put back as rate
 # limited (well within the outbox's 30 s send deadline).
@@ -425,7 +426,7 @@ class FeishuAppNotifier:
 
     async def send(self, notification: OutboundNotification, *, chat: str | None = None) -> Receipt:
         """Sends the card to the chat of its priority, or to `chat` when given (a
-        TrainingJob's own chat: stages/job_alerting.py)."""
+        TrainingJob's own chat: stages/services/job_alerting.py)."""
         try:
             payload = parse_payload(notification.payload)
             card = build_card(notification.kind, payload, self.card_options)

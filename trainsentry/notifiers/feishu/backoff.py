@@ -9,7 +9,7 @@ APIs' limits with HTTP 400). The wait is the one Feishu asks for: the same page 
 limit answers; a standard `Retry-After` (seconds) is honoured where an answer carries one
 instead; an answer with neither (the custom bots' 11232, the IM API's 230020, which carry
 no header Feishu documents) waits the caller's `fallback_s`. The outbox then retries the
-notification after that wait without counting a failure (gateway/policy/delivery.py,
+notification after that wait without counting a failure (gateway/policy/outbox_retry.py,
 `after_rate_limit`).
 """
 

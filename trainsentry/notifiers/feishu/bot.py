@@ -2,8 +2,8 @@
 
 Routing: one webhook per priority group (`FeishuBotSettings.groups`), overridable per job
 (`jobs: {"ns/name": ...}`). Feishu limits each custom bot to 5 requests/s and 100/min and a
-20 KB body; the limits are published as `RATE_LIMITS` (per webhook: `rate_limit_key`) and
-also enforced here by a per-webhook sliding window, so a burst never earns an 11232.
+20 KB body; the limits are published as `RATE_LIMITS` and also enforced here by a
+per-webhook sliding window, so a burst never earns an 11232.
 """
 
 from __future__ import annotations
@@ -189,10 +189,6 @@ class FeishuBotNotifier:
     def webhook_for(self, notification: OutboundNotification) -> BotWebhook:
         job = job_of(parse_payload(notification.payload))
         return self.router.select(notification.priority, job)
-
-    def rate_limit_key(self, notification: OutboundNotification) -> str:
-        """The bucket the provider counts this notification in (one per webhook)."""
-        return f"{self.name}:{self.webhook_for(notification).name}"
 
     def _gate(self, webhook: BotWebhook) -> RateGate:
         gate = self._gates.get(webhook.name)

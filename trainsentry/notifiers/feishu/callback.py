@@ -32,8 +32,9 @@ from typing import Any, Literal
 from aiohttp import web
 
 from trainsentry.alerts import MAX_ALERT_ID
+from trainsentry.credentials import secrets_equal, wire_bytes
 from trainsentry.notifiers.feishu.card import COMMENT_FIELD, MAX_COMMENT
-from trainsentry.notifiers.feishu.sign import event_signature_ok, secrets_equal, wire_bytes
+from trainsentry.notifiers.feishu.sign import event_signature_ok
 
 log = logging.getLogger(__name__)
 

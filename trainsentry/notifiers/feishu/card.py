@@ -1,5 +1,5 @@
-"""Feishu interactive cards (card JSON 2.0) for alerts, storms, handoffs and cordon
-recommendations. Pure: payload in, dict out.
+"""Feishu interactive cards (card JSON 2.0) for alerts, storms, handoffs, maintenance
+notices and cordon recommendations. Pure: payload in, dict out.
 
 Layout of an alert card: header (priority colour; green when resolved), `<at>` mentions, a
 field block (job, rank, node, GPU, value, since, reason, count), description, diagnosis,
@@ -12,6 +12,10 @@ always say how many entries were cut.
 Text from outside (labels, annotations, names, comments) goes through `markup.escape_md`: it
 forms no mention, link, image or tag; mentions are drawn only for configured open_ids
 (`markup.mention_markup`); a link button only for an http(s) URL (`links.safe_url`).
+
+One piece: every card shape here is built from the same private elements (`_card`,
+`_markdown`, `_fit`) under the same byte budget; split by shape, those would become a
+public API of their own.
 """
 
 from __future__ import annotations
@@ -22,7 +26,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from trainsentry.notifiers.feishu.incident_card import incident_fields, scope_suffix, spans_nodes
+from trainsentry.notifiers.feishu.incident_card import (
+    incident_fields,
+    scope_suffix,
+    shared_headline,
+    spans_nodes,
+)
 from trainsentry.notifiers.feishu.markup import escape_md, mention_markup
 from trainsentry.notifiers.links import safe_url
 from trainsentry.notifiers.payload_contract import (
@@ -31,7 +40,9 @@ from trainsentry.notifiers.payload_contract import (
     alertname,
     annotation,
     gpu_of,
+    hca_of,
     job_of,
+    label,
     node_of,
     rank_of,
 )
@@ -42,7 +53,7 @@ ENVELOPE_BYTES = 256
 
 HEADER_TEMPLATE = {"P0": "red", "P1": "orange", "P2": "yellow", "P3": "blue"}
 RESOLVED_TEMPLATE = "green"
-CARD_TEMPLATES = frozenset({*HEADER_TEMPLATE.values(), RESOLVED_TEMPLATE, "grey"})
+CARD_TEMPLATES = frozenset({*HEADER_TEMPLATE.values(), RESOLVED_TEMPLATE, "grey", "wathet"})
 
 # Labels shown in their own field; the rest go to the "other labels" line.
 _FIELD_LABELS = frozenset(
@@ -62,6 +73,7 @@ _FIELD_LABELS = frozenset(
         "device",
         "rank",
         "global_rank",
+        "mountpoint",
     }
 )
 _DESCRIPTION_CHARS = 1500
@@ -200,12 +212,15 @@ def _title(payload: NotificationPayload, product: str) -> str:
 
 
 def _fields(payload: NotificationPayload, now: datetime | None) -> list[str]:
+    one = not spans_nodes(payload)  # else the node, GPU, mountpoint are one alert's of many
     pairs = [
         ("Job", job_of(payload)),
         ("Rank", rank_of(payload)),
-        ("Node", node_of(payload)),
+        ("Node", node_of(payload) if one else ""),
         ("Place", ", ".join(f"{k}={v}" for k, v in (payload.get("topology") or {}).items())),
-        ("GPU", gpu_of(payload)),
+        ("GPU", gpu_of(payload) if one else ""),
+        ("HCA", hca_of(payload) if one else ""),
+        ("Mountpoint", label(payload, "mountpoint") if one else ""),
         ("Value", annotation(payload, "value")),
         ("Since", _since(payload, now)),
         ("Reason", payload.get("reason", "")),
@@ -236,7 +251,7 @@ def _ack_elements(payload: NotificationPayload) -> list[dict[str, Any]]:
     who = payload.get("acked_by")
     if who:
         # the name as plain text; a mention only of a configured open_id (`acked_by_open_id`,
-        # gateway/stages/ackers.py), never formed from the name
+        # gateway/stages/services/ackers.py), never formed from the name
         mention = mention_markup([payload.get("acked_by_open_id", "")])
         name = (
             "" if mention and who == payload.get("acked_by_open_id") else escape_md(clip(who, 200))
@@ -304,6 +319,17 @@ def _card(
     }
 
 
+def _subject(payload: NotificationPayload) -> str:
+    """Pure: what a card's footer names: the alert by its id, else the infrastructure
+    incident by its element ("leaf_switch=leaf-a": its notices and updates page no alert),
+    else nothing (never "alert ?")."""
+    if (alert_id := payload.get("alert_id")) is not None:
+        return f"alert {alert_id}"
+    if key := (payload.get("infrastructure") or {}).get("key"):
+        return f"infrastructure incident {key}"
+    return ""
+
+
 def alert_card(
     payload: NotificationPayload,
     options: CardOptions = DEFAULT_OPTIONS,
@@ -316,13 +342,17 @@ def alert_card(
         mentions = payload.get("mentions") or []
         if mentions and payload["status"] == "firing":
             elements.append(_markdown(mention_markup(mentions)))
-        summary = annotation(payload, "summary")
+        shared = shared_headline(payload)  # an incident on several nodes: what they share
+        summary = shared or annotation(payload, "summary")
         if summary:
             elements.append(_markdown(f"**{escape_md(clip(summary, 300))}**"))
+        first = annotation(payload, "first_step")  # the rule's next step (rules/, docs/alerts.md)
+        if first and payload["status"] == "firing":
+            elements.append(_markdown(f"👉 **First:** {escape_md(clip(first, 300))}"))
         fields = _fields(payload, now)
         if fields:
             elements.append(_markdown("\n".join(fields)))
-        description = annotation(payload, "description")
+        description = "" if shared else annotation(payload, "description")
         if description and description_chars > 0:
             elements.append(_markdown(escape_md(clip(description, description_chars))))
         diagnosis = payload.get("diagnosis")
@@ -337,7 +367,7 @@ def alert_card(
         elements.extend(_ack_elements(payload))
         elements.extend(_links(payload))
         elements.extend(_action_buttons(payload, options))
-        footer = f"{options.product} · alert {payload.get('alert_id', '?')}"
+        footer = " · ".join(part for part in (options.product, _subject(payload)) if part)
         if payload.get("fingerprint"):
             footer += f" · {payload.get('fingerprint')}"
         elements.append({"tag": "hr"})
@@ -354,6 +384,38 @@ def alert_card(
         if card_bytes(card) <= options.max_bytes:
             return card
     raise CardTooLarge(f"alert card is {card_bytes(card)} bytes even trimmed")
+
+
+def maintenance_card(
+    payload: NotificationPayload, options: CardOptions = DEFAULT_OPTIONS
+) -> dict[str, Any]:
+    """A maintenance window's "ends soon" notice (event `maintenance_ending`): a notice, not
+    an alert: which window, when it ends, the muted alerts still firing that will be sent
+    then, and where (the window's matchers). Never FIRING, never an alert's footer."""
+    notice: dict[str, Any] = dict(payload.get("maintenance") or {})
+    window, ends = str(notice.get("window_id") or ""), parse_time(notice.get("ends_at"))
+    when = ends.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC") if ends else "soon"
+    alerts, more = [str(a) for a in notice.get("alerts") or []], int(notice.get("more") or 0)
+    why = f" ({clip(str(notice['window_reason']), 200)})" if notice.get("window_reason") else ""
+    where = ", ".join(
+        f"{k}={v}" for k, v in (payload.get("labels") or {}).items() if k != "alertname"
+    )
+    lines = [
+        f"**Window:** {escape_md(clip(window, 64) + why)}",
+        f"**Ends:** {when}",
+        "**Still firing, sent when it ends:** "
+        + escape_md(clip(", ".join(alerts) + (f" and {more} more" if more else ""), 600)),
+    ] + ([f"**Matching:** {escape_md(clip(where, 200))}"] if where else [])
+    footer = f"{options.product} · maintenance window {window}"
+    elements = [
+        _markdown("\n".join(lines)),
+        {"tag": "hr"},
+        _markdown(f"<font color='grey'>{escape_md(footer)}</font>"),
+    ]
+    title = clip(
+        f"Maintenance window ends {when}: {len(alerts) + more} muted alert(s) still firing", 200
+    )
+    return _card(title, "wathet", elements, title)
 
 
 def handoff_card(
@@ -485,8 +547,8 @@ def _fit(build: Callable[[int], dict[str, Any]], largest: int, max_bytes: int) -
     return build(low)
 
 
-# The cordon card (gateway/stages/cordon.py): the nodes of one check (one, or several folded
-# under one incident), each with its faults and score, the jobs on it, and Approve / Dismiss
+# The cordon card (gateway/stages/services/cordon.py): the nodes of one check (one, or several
+# folded under one incident), each with its faults and score, the jobs on it, and Approve / Dismiss
 # buttons while it is recommended (with a Feishu app callback and approvers; without them
 # the card says how to cordon from the CLI instead).
 CORDON_VERBS = {
@@ -564,8 +626,11 @@ def build_card(
     """The card for a notification of `kind` ("storm", "handoff" or an alert kind)."""
     if kind == "handoff":
         return handoff_card(payload, options)
-    if kind == "cordon":  # the node health's cordon recommendation (gateway/stages/cordon.py)
+    # the node health's cordon recommendation (gateway/stages/services/cordon.py)
+    if kind == "cordon":
         return cordon_card(payload, options)
+    if payload.get("event") == "maintenance_ending":  # gateway/policy/maintenance_mutes.py
+        return maintenance_card(payload, options)
     if kind == "storm" or "storm" in payload:
         return storm_card(payload, options, now)
     return alert_card(payload, options, now)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trainsentry.notifiers.payload_contract import NotificationPayload
+from trainsentry.notifiers.payload_contract import NotificationPayload, alertname
 
 
 def names_with_more(names: Sequence[str], count: int, more_known: bool = False) -> str:
@@ -32,6 +32,25 @@ def spans_nodes(payload: NotificationPayload) -> bool:
 def _spread(payload: NotificationPayload) -> bool:
     info = payload.get("incident") or {}
     return info.get("alerts", 1) > 1 or spans_nodes(payload)
+
+
+def shared_headline(payload: NotificationPayload) -> str:
+    """Pure: the headline of a card whose incident spans several nodes: what its alerts
+    share and how many still fire ("NodeFilesystemSpaceLow on 3 mountpoints of 64 nodes:
+    142 of 192 alerts firing", "... all 192 alerts resolved"), never one alert's own summary
+    (one node's, one mountpoint's, perhaps resolved long ago). "" for a card about one node."""
+    if not spans_nodes(payload):
+        return ""
+    info = payload.get("incident") or {}
+    alerts, firing = info.get("alerts", 0), info.get("firing", 0)
+    plus = "+" if info.get("untracked") else ""
+    state = f"{firing} of {alerts} alerts firing" if firing else f"all {alerts} alerts resolved"
+    mounts, kinds = info.get("mountpoints", 0), info.get("alertnames", 0)
+    where = f"{mounts} mountpoints of " if mounts > 1 else ""
+    what = alertname(payload) or "alert"
+    if kinds > 1:  # the card's own alertname is one of several: count the rest
+        what += f" and {kinds - 1} other kind{'s' if kinds > 2 else ''} of alert"
+    return f"{what} on {where}{info.get('nodes', 0)}{plus} nodes: {state}"
 
 
 def scope_suffix(payload: NotificationPayload) -> str:
@@ -74,4 +93,7 @@ def incident_fields(payload: NotificationPayload) -> list[tuple[str, str]]:
     if info.get("gpus"):
         names = names_with_more(info.get("gpu_names", []), info.get("gpus", 0), untracked)
         pairs.append(("GPUs", f"{info.get('gpus', 0)}: {names}"))
+    if info.get("ports"):
+        names = names_with_more(info.get("port_names", []), info.get("ports", 0), untracked)
+        pairs.append(("HCA ports", f"{info.get('ports', 0)}: {names}"))
     return pairs

@@ -76,7 +76,8 @@ class JobDestination:
 
 
 class JobDestinations(Protocol):
-    """The gateway's view of the TrainingJobs' alerting settings (stages/job_alerting.py)."""
+    """The gateway's view of the TrainingJobs' alerting settings
+    (stages/services/job_alerting.py)."""
 
     def destination(self, job: str) -> JobDestination | None: ...
 

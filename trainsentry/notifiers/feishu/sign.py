@@ -1,10 +1,13 @@
-"""Feishu signatures: custom-bot webhook signing and event/callback request verification."""
+"""Feishu signatures: custom-bot webhook signing and event/callback request verification
+(the constant-time comparison is trainsentry/credentials.py's)."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import hmac
+
+from trainsentry.credentials import secrets_equal, wire_bytes
 
 
 def bot_sign(timestamp: int, secret: str) -> str:
@@ -16,24 +19,6 @@ def bot_sign(timestamp: int, secret: str) -> str:
     """
     key = f"{timestamp}\n{secret}".encode()
     return base64.b64encode(hmac.new(key, b"", hashlib.sha256).digest()).decode("ascii")
-
-
-def wire_bytes(value: str) -> bytes:
-    """Pure: `value` as the bytes it came in, for comparing and signing; never raises.
-
-    aiohttp decodes header values as UTF-8 with `surrogateescape`, so a header's bytes come
-    back exactly; a lone surrogate from a JSON escape (which no real secret holds) is kept
-    with `surrogatepass`, so it compares unequal instead of raising."""
-    try:
-        return value.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
-        return value.encode("utf-8", "surrogatepass")
-
-
-def secrets_equal(given: str, expected: str) -> bool:
-    """Pure: constant-time comparison of a presented secret with the configured one, on
-    bytes (`hmac.compare_digest` raises TypeError for non-ASCII `str`)."""
-    return hmac.compare_digest(wire_bytes(given), wire_bytes(expected))
 
 
 def event_signature(timestamp: str, nonce: str, encrypt_key: str, body: bytes) -> str:

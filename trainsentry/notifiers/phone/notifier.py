@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 CHANNEL = "phone"
 CALL_KIND = "call"
 # Set in a call's payload (the reason) when its escalation stopped while the call was being
-# placed (gateway/stages/paging.py `_cancel_calls`): a retry of it must not ring.
+# placed (gateway/stages/services/paging.py `_cancel_calls`): a retry of it must not ring.
 CANCELLED_MARK = "cancelled"
 # A cap of our own (Twilio queues calls at about 1 per second per number by default).
 RATE_LIMITS: tuple[RateLimit, ...] = (RateLimit(1, 1.0),)

@@ -90,7 +90,7 @@ class IncidentLedger:
         for c in changes:
             base = base_key(c.alert, c.group_key, self.policy, apart.get(c.alert_id, ""))
             keys.update((base, f"{base}|cause={cause_of(c.alert)}"))
-            domains.update(domain_keys(c.alert, self.policy))
+            domains.update(domain_keys(c.alert))
             if ident := twin_identity(c.alert):
                 domains.add(TWIN_DOMAIN + ident)
         entries = await load_states(conn, CORRELATION_SCOPE, domains)
@@ -137,7 +137,8 @@ class IncidentLedger:
 def resolved_pages(book: IncidentBook) -> list[int]:
     """The page alert ids of the escalations the batch's resolved incidents end (and the
     incidents forget them: a later firing of theirs may page again)."""
-    ended = []
+    ended = list(book.pages_ended)  # a lead nobody was told of moved on (`_move_lead`)
+    book.pages_ended.clear()
     for state in book.changed.values():
         if state.status != FIRING and state.paged and state.page_alert_id is not None:
             ended.append(state.page_alert_id)

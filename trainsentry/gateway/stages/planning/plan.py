@@ -1,17 +1,18 @@
 """The alert policy wired to the store: the PlanHook the planning worker calls inside its
 transaction (the ticker that fires the policy's timers is ticker.py).
 
-The decisions themselves are pure (`decide.decide`, `decide.decide_tick`); this module only
-loads their states, counts the blast radius, and writes states, priorities and outbox rows.
+The decisions themselves are pure (`decide.fold_into`, `decide.flush`, `decide.decide_tick`);
+this module only loads their states, counts the blast radius, writes states and priorities,
+and hands the drafts to the policy's steps (steps.py: mute, page, hold, write).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from trainsentry.alerts import (
     Alert,
@@ -30,19 +31,29 @@ from trainsentry.gateway.policy.infra import (
     InfraFold,
     InfraState,
     Sighting,
-    hardware_component,
+    infrastructure_component,
     sightings,
 )
+from trainsentry.gateway.policy.infra_hold import held_elements
 from trainsentry.gateway.policy.payload_build import ALERT_KIND, alert_to_json, idempotency_key
 from trainsentry.gateway.policy.route import ARCHIVE_CHANNELS, JobRoute, unconfigured_names
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.storm import StormState, job_key
 from trainsentry.gateway.policy.storm_fold import StormFold
-from trainsentry.gateway.policy.topology import Topology, members
-from trainsentry.gateway.stages.paging import Paging
+from trainsentry.gateway.policy.topology import Topology, members, place_of
 from trainsentry.gateway.stages.planning.incidents import IncidentLedger, resolved_pages
-from trainsentry.oncall.types import MaintenanceWindow
-from trainsentry.oncall.window_match import active_span, muted_by
+from trainsentry.gateway.stages.planning.steps import (
+    BatchContext,
+    Delivery,
+    PlanStep,
+    Prepared,
+    Write,
+    deliver,
+    deliver_due,
+    prepare,
+)
+from trainsentry.maintenance.match import active_span, muted_by
+from trainsentry.maintenance.types import MaintenanceWindow
 from trainsentry.store.engine import Connection
 from trainsentry.store.infra import recent_on_nodes, set_places
 from trainsentry.store.policy_state import (
@@ -53,30 +64,6 @@ from trainsentry.store.policy_state import (
     window_start,
 )
 from trainsentry.store.queries import set_priorities
-from trainsentry.store.writes import insert_notifications
-
-# The hang diagnosis' hook, inside the planning transaction: holds or cancels the drafts of
-# hang alerts (stages/diagnosis.py, HangDiagnoser.hold).
-HoldHook = Callable[
-    [Connection, Sequence[AlertChange], Sequence[NotificationDraft], datetime], Awaitable[None]
-]
-
-
-class MaintenanceHook(Protocol):
-    """Maintenance windows inside the planning transaction (stages/maintenance_service.py)."""
-
-    async def mute(
-        self,
-        conn: Connection,
-        drafts: list[NotificationDraft],
-        now: datetime,
-        spare_channels: Collection[str] = (),
-    ) -> list[NotificationDraft]: ...
-
-    async def tick(self, conn: Connection, now: datetime) -> list[NotificationDraft]: ...
-
-    async def windows_now(self, conn: Connection, now: datetime) -> list[MaintenanceWindow]: ...
-
 
 log = logging.getLogger("trainsentry.policy")
 
@@ -164,27 +151,38 @@ class _Batch:
 
 
 class PolicyPlan:
-    """Changes in, states + priorities + outbox rows written, in the caller's transaction."""
+    """Changes in, states + priorities + outbox rows written, in the caller's transaction.
+
+    Built whole: its steps around the pure decisions (steps.py `plan_steps`: mute, page,
+    hold, write) are handed in, and never change; a batch and a tick run the same steps.
+    Each batch (and tick) is decided against one `BatchContext`, made once at its start."""
 
     def __init__(
         self,
         policy: Policy,
         channels: Collection[str],
         *,
+        steps: Sequence[PlanStep] = (Write(),),
         metrics: PolicyMetrics | None = None,
-        paging: Paging | None = None,
         topology: Callable[[], Topology] | None = None,
+        job_routes: Callable[[], Mapping[JobRef, JobRoute]] | None = None,
         updatable: Collection[str] = (),
     ) -> None:
+        """`topology`: where each node stands (gateway/stages/services/topology.py), None when none
+        is configured. `job_routes`: TrainingJobs' own routes as last read from the cluster
+        (stages/services/job_alerting.py), asked once per batch. `updatable`: channels that redraw a
+        card in place (the Feishu app): an incident's changes update its card there; the
+        others get new cards only as incident_cards.py says. Raises ValueError when the
+        last step is not the write."""
+        if not steps or not isinstance(steps[-1], Write):
+            raise ValueError("a policy's steps end with the outbox write (steps.plan_steps)")
         self.policy = policy
-        # Channels that redraw a card in place (the Feishu app): an incident's changes
-        # update its card there; the others get new cards only as incident_cards.py says.
+        self.steps = tuple(steps)
         self.updatable = frozenset(updatable)
         self.incidents = IncidentLedger(policy)
-        # Where each node stands (gateway/stages/topology.py); None: no topology configured.
         self.topology = topology
         self._members: tuple[Topology, dict[str, tuple[str, ...]]] | None = None
-        self.paging = paging
+        self.job_routes = job_routes
         # Archive channels get every occurrence (one row, updated on resolve), whatever dedup
         # and storm collapse decide for the chat and phone channels.
         self.archive_channels = frozenset(channels) & ARCHIVE_CHANNELS
@@ -196,42 +194,56 @@ class PolicyPlan:
                 ", ".join(missing),
             )
         self.metrics = metrics
-        self.drafted = 0
         # alert id -> classified priority of the last batch (read after its commit)
         self.classified: dict[int, str] = {}
-        # Set by the app when hang diagnosis is on: holds drafts of alerts being diagnosed.
-        self.hold: HoldHook | None = None
-        # Set by the app: maintenance windows mute chat and phone drafts, archives excepted.
-        self.maintenance: MaintenanceHook | None = None
-        # Set by the app when TrainingJobs route their own alerts (stages/job_alerting.py):
-        # the routes as last read from the cluster, asked once per batch.
-        self.job_routes: Callable[[], Mapping[JobRef, JobRoute]] | None = None
+
+    def context(self, now: datetime) -> BatchContext:
+        """The batch's context: the job routes read once, now."""
+        return BatchContext(
+            policy=self.policy,
+            channels=self.channels,
+            archive_channels=self.archive_channels,
+            updatable=self.updatable,
+            job_routes=self.job_routes() if self.job_routes is not None else None,
+            now=now,
+        )
 
     async def __call__(
         self, conn: Connection, changes: Sequence[AlertChange], now: datetime
     ) -> int:
-        """Plans a batch in the caller's transaction: loads its states, decides its changes
-        in order, drafts its incidents once, saves the states, delivers the drafts to the
-        outbox; returns the outbox rows written."""
-        batch = await self._load_batch(conn, changes, now)
+        """Plans a batch in the caller's transaction: what the steps must know first, its
+        states loaded, its changes decided in order, its incidents drafted once, the states
+        saved, the drafts through the steps to the outbox; returns the outbox rows written."""
+        ctx = self.context(now)
+        found = await prepare(conn, self.steps, changes, ctx)
+        batch = await self._load_batch(conn, changes, ctx, found)
         self.classified = {}
-        job_routes = self.job_routes() if self.job_routes is not None else None
         # The batch's incidents: changed by each change, drafted once at the end (`flush`).
         prior = [fp.alert_id for fp in batch.fp_states.values() if fp.alert_id is not None]
         book = await self.incidents.book(conn, changes, batch.in_maintenance, prior)
-        self._fold(batch, changes, book, job_routes, now)
-        self._flush_incidents(batch, book, job_routes, now)
-        ended_pages = resolved_pages(book)
+        book.diagnosed, book.unsent = found.held, found.unsent
+        await self._infra_of_incidents(conn, batch, book)
+        self._fold(batch, changes, book, ctx)
+        infra_open = await self._open_elements(conn, book, batch.infra_states)
+        self._flush_incidents(batch, book, ctx, infra_open)
+        ended_pages = tuple(resolved_pages(book))
         await self.incidents.save(conn, book, now)
         await self._save_batch(conn, batch, now)
-        return await self._deliver(conn, changes, batch.drafts, ended_pages, now)
+        written = await deliver(conn, self.steps, batch.drafts, Delivery(ctx, found, ended_pages))
+        return len(written)
 
     async def _load_batch(
-        self, conn: Connection, changes: Sequence[AlertChange], now: datetime
+        self,
+        conn: Connection,
+        changes: Sequence[AlertChange],
+        ctx: BatchContext,
+        prepared: Prepared,
     ) -> _Batch:
         """What the batch's decisions read: the stored dedup and storm states, the blast
-        radius, the alerts' places, the maintenance stretches muting them now, and the
-        infrastructure incidents and sightings around their hardware alerts."""
+        radius, the alerts' places, the maintenance stretches muting them now (`prepared`'s
+        windows), and the infrastructure incidents and sightings around their hardware
+        alerts."""
+        now = ctx.now
         fingerprints = {change.alert.fingerprint for change in changes}
         jobs = {job_key(change.alert.labels) for change in changes}
         fp_states = {
@@ -247,27 +259,25 @@ class PolicyPlan:
         places = {
             c.alert_id: found
             for c in changes
-            if topology is not None and (found := topology.place(c.alert.node))
+            if topology is not None and (found := place_of(topology, c.alert))
         }
         # A node under maintenance is no evidence of a broken switch: its alerts are muted
         # by their window as usual, never folded into (nor counted for) an incident; and
         # they never share an incident (a card) with alerts that notify.
-        windows: list[MaintenanceWindow] = []
-        if self.maintenance is not None:
-            windows = await self.maintenance.windows_now(conn, now)
+        windows = prepared.windows
         batch = _Batch(
             fp_states, storm_states, blast, places, _stretches(windows, changes, places, now)
         )
-        hardware_places = [
-            places[c.alert_id]
+        hardware = [
+            c
             for c in changes
             if c.alert_id in places
             and c.alert_id not in batch.in_maintenance
-            and hardware_component(c.alert, self.policy)
+            and infrastructure_component(c.alert, self.policy)
         ]
         if topology is not None and self.policy.infrastructure.enabled:
             batch.infra_states, batch.seen = await self._infra_context(
-                conn, topology, places.values(), hardware_places, windows, now
+                conn, topology, places, hardware, windows, now
             )
         return batch
 
@@ -295,8 +305,7 @@ class PolicyPlan:
         batch: _Batch,
         changes: Sequence[AlertChange],
         book: IncidentBook,
-        job_routes: Mapping[JobRef, JobRoute] | None,
-        now: datetime,
+        ctx: BatchContext,
     ) -> None:
         """Decides each change in order (`decide.fold_into`: dedup, storm, infrastructure
         incident; the incident cards wait for `_flush_incidents`), recorded into `batch`.
@@ -311,9 +320,11 @@ class PolicyPlan:
                 stored = batch.storm_states.get(key)
                 fold = folds[key] = StormFold.of(stored or StormState.new(alert.labels))
             place = batch.places.get(change.alert_id)
+            # Without a place an alert can still be a consequence of an incident's failure
+            # (a job's RAS errors, its hang: infra.py `fold_consequence`).
             infra = (
-                InfraFold(self.policy, place, batch.infra_states, batch.seen, alert.labels)
-                if place
+                InfraFold(self.policy, place or {}, batch.infra_states, batch.seen, alert.labels)
+                if self.topology is not None
                 and self.policy.infrastructure.enabled
                 and change.alert_id not in batch.in_maintenance
                 else None
@@ -325,14 +336,14 @@ class PolicyPlan:
                 distinct_nodes_in_window=batch.blast.get(
                     (job.namespace if job else "", job.name if job else "", alert.name), 1
                 ),
-                policy=self.policy,
-                now=now,
-                channels=self.channels,
-                job_routes=job_routes,
+                policy=ctx.policy,
+                now=ctx.now,
+                channels=ctx.channels,
+                job_routes=ctx.job_routes,
                 place=place,
                 infra=infra,
                 incidents=book,
-                updatable=self.updatable,
+                updatable=ctx.updatable,
             )
             self._record(batch, change, result)
         batch.storm_states.update((key, fold.freeze()) for key, fold in folds.items())
@@ -349,28 +360,31 @@ class PolicyPlan:
             self.metrics.observe(result)
         if change.kind is ChangeKind.FIRING:
             c = result.classification
-            batch.priorities.append((change.alert_id, c.priority.value, f"{c.rule_id}: {c.reason}"))
+            batch.priorities.append((change.alert_id, c.priority.value, c.reason))
             self.classified[change.alert_id] = c.priority.value
 
     def _flush_incidents(
-        self,
-        batch: _Batch,
-        book: IncidentBook,
-        job_routes: Mapping[JobRef, JobRoute] | None,
-        now: datetime,
+        self, batch: _Batch, book: IncidentBook, ctx: BatchContext, infra_open: frozenset[str]
     ) -> None:
         """The drafts of the incidents the batch changed, once each, after its changes."""
         incident_drafts, unconfigured = flush(
             book,
-            policy=self.policy,
-            now=now,
-            channels=self.channels,
-            job_routes=job_routes,
-            updatable=self.updatable,
+            policy=ctx.policy,
+            now=ctx.now,
+            channels=ctx.channels,
+            job_routes=ctx.job_routes,
+            updatable=ctx.updatable,
+            infra_open=infra_open,
         )
         batch.drafts.extend(incident_drafts)
         if self.metrics is not None:
             self.metrics.observe_drafts(incident_drafts, unconfigured)
+        for draft in batch.drafts:  # an archive row names its incident's priority too
+            if draft.channel in self.archive_channels and draft.alert_id is not None:
+                found = book.members.get(draft.alert_id)
+                state = book.by_id.get(found) if found is not None else None
+                if state is not None:
+                    draft.payload["incident_priority"] = state.priority.value
 
     async def _save_batch(self, conn: Connection, batch: _Batch, now: datetime) -> None:
         """The batch's dedup, storm and infrastructure states, its alerts' priorities and
@@ -390,42 +404,54 @@ class PolicyPlan:
             conn, INFRA_SCOPE, {k: (v.to_json(), None) for k, v in batch.infra_states.items()}, now
         )
 
-    async def _deliver(
-        self,
-        conn: Connection,
-        changes: Sequence[AlertChange],
-        drafts: list[NotificationDraft],
-        ended_pages: list[int],
-        now: datetime,
-    ) -> int:
-        """The drafts muted by maintenance windows (archives spared), pages turned into
-        escalations, hang alerts' drafts held for the diagnosis, then written to the outbox;
-        returns the rows written."""
-        if self.maintenance is not None:
-            drafts = await self.maintenance.mute(conn, drafts, now, self.archive_channels)
-        if self.paging is not None:
-            drafts = await self._escalate(conn, drafts, ended_pages, now)
-        if self.hold is not None:
-            await self.hold(conn, changes, drafts, now)
-        written = await insert_notifications(conn, drafts, now)
-        self.drafted += written
-        return written
+    async def _infra_of_incidents(
+        self, conn: Connection, batch: _Batch, book: IncidentBook
+    ) -> None:
+        """The stored infrastructure incidents that the batch's incidents were folded into
+        (`IncidentState.infra`) and the batch did not load by place: a consequence without a
+        node (a job's RAS errors, its hang) joins such an incident and is folded there."""
+        if self.topology is None or not self.policy.infrastructure.enabled:
+            return
+        keys = {s.infra for s in book.by_id.values() if s.infra} - batch.infra_states.keys()
+        if keys:
+            batch.infra_states.update(
+                (key, InfraState.from_json(data))
+                for key, data in (await load_states(conn, INFRA_SCOPE, keys)).items()
+            )
+
+    async def _open_elements(
+        self, conn: Connection, book: IncidentBook, known: Mapping[str, InfraState]
+    ) -> frozenset[str]:
+        """Of the elements the book's held incidents wait for (infra_hold.py), those whose
+        infrastructure incident is open: as `known` has it (the batch's, after its changes),
+        else as stored."""
+        if self.topology is None or not self.policy.infrastructure.enabled:
+            return frozenset()
+        wanted = held_elements(book.by_id.values())
+        states = {key: known[key] for key in wanted if key in known}
+        if missing := wanted - states.keys():
+            stored = await load_states(conn, INFRA_SCOPE, missing)
+            states.update((key, InfraState.from_json(data)) for key, data in stored.items())
+        return frozenset(key for key, state in states.items() if state.open)
 
     async def _infra_context(
         self,
         conn: Connection,
         topology: Topology,
-        places: Iterable[Mapping[str, str]],
-        hardware_places: Iterable[Mapping[str, str]],
+        places: Mapping[int, Mapping[str, str]],
+        hardware: Sequence[AlertChange],
         windows: Sequence[MaintenanceWindow],
         now: datetime,
     ) -> tuple[dict[str, InfraState], dict[str, Sighting]]:
-        """The stored incidents of the batch's elements, and the hardware alerts the store
-        holds within the window under the elements of the batch's hardware alerts that have
-        no open incident (this batch's included: the intake stored it). Nothing is read when
-        the batch holds no hardware alert, nor once every element it touches is open (a
-        storm under an open incident costs one state read per batch)."""
-        keys = {f"{level}={element}" for place in places for level, element in place.items()}
+        """The stored incidents of the elements of the batch's `places` (alert id -> place),
+        and the hardware alerts the store holds within the window under the elements of the
+        batch's `hardware` alerts (each placed) that have no open incident (this batch's
+        included: the intake stored it). Nothing is read when the batch holds no hardware
+        alert, nor once every element it touches is open (a storm under an open incident
+        costs one state read per batch): under an open one the batch's own firing alerts are
+        its sighting, so a card or page drafted at its first alert counts the whole batch
+        (its last pieces are in the state only once folded)."""
+        keys = {f"{lv}={el}" for place in places.values() for lv, el in place.items()}
         if not keys:
             return {}, {}
         states = {
@@ -433,12 +459,15 @@ class PolicyPlan:
             for key, data in (await load_states(conn, INFRA_SCOPE, keys)).items()
         }
         counted: set[str] = set()
-        for place in hardware_places:
+        firing = [c.alert for c in hardware if c.kind is ChangeKind.FIRING]
+        own = sightings(firing, topology, self.policy) if firing else {}
+        for place in (places[c.alert_id] for c in hardware):  # placed, as `_load_batch` found
             place_keys = [f"{level}={element}" for level, element in place.items()]
             if not any((state := states.get(key)) is not None and state.open for key in place_keys):
                 counted.update(place_keys)  # an open incident would take the alert first
+        seen = {key: found for key, found in own.items() if key not in counted}
         if not counted:
-            return states, {}
+            return states, seen
         if self._members is None or self._members[0] is not topology:
             self._members = (topology, members(topology))
         index = self._members[1]
@@ -452,43 +481,26 @@ class PolicyPlan:
                 annotations=row.annotations,
                 starts_at=row.starts_at,
                 ends_at=None,
+                resolved_node=row.node,
             )
             for row in await recent_on_nodes(conn, nodes, since)
             if not muted_by(windows, row.labels, now)
         ]
-        return states, sightings(recent, topology, self.policy)
-
-    async def _escalate(
-        self,
-        conn: Connection,
-        drafts: list[NotificationDraft],
-        resolved_alert_ids: list[int],
-        now: datetime,
-    ) -> list[NotificationDraft]:
-        """Page drafts open escalations instead of calling once; calls due now are returned."""
-        assert self.paging is not None
-        pages = [d for d in drafts if self.paging.is_page(d)]
-        others = await self.paging.annotate(
-            conn, [d for d in drafts if not self.paging.is_page(d)], now
-        )
-        return others + await self.paging.page(conn, pages, resolved_alert_ids, now)
+        return states, {**seen, **sightings(recent, topology, self.policy)}
 
     async def tick(self, conn: Connection, now: datetime) -> int:
-        """Fires due timers (held resolutions, storm summaries, calm storms)."""
-        calls = await self.paging.tick(conn, now) if self.paging is not None else []
-        calls_written = await insert_notifications(conn, calls, now)
-        if self.maintenance is not None:  # notices held by windows that ended, "ends soon"
-            owed = await self.maintenance.tick(conn, now)
-            if self.paging is not None:
-                owed = await self._escalate(conn, owed, [], now)
-            calls_written += await insert_notifications(conn, owed, now)
+        """Fires due timers (the steps' own: escalation calls, windows that ended; then the
+        policy's: held resolutions, storm summaries, calm storms), through the same steps as
+        a batch; returns the outbox rows written."""
+        ctx = self.context(now)
+        written = len(await deliver_due(conn, self.steps, ctx))
         due_fps = await claim_due(conn, FINGERPRINT_SCOPE, now)
         due_storms = await claim_due(conn, STORM_SCOPE, now)
         fp_states = [FingerprintState.from_json(data) for data in due_fps.values()]
         held = [fp.alert_id for fp in fp_states if fp.alert_id is not None]
         book = await self.incidents.book_for_tick(conn, held, now)
         if not due_fps and not due_storms and not book.changed:
-            return calls_written
+            return written
         # A released resolution may touch a storm that is not itself due: load those too.
         extra_jobs = {
             job_key(dict(fp.context.get("alert", {}).get("labels", {}))) for fp in fp_states
@@ -497,16 +509,17 @@ class PolicyPlan:
         result = decide_tick(
             fp_states,
             [StormState.from_json(data) for data in storms.values()],
-            policy=self.policy,
+            policy=ctx.policy,
             now=now,
-            channels=self.channels,
-            job_routes=self.job_routes() if self.job_routes is not None else None,
+            channels=ctx.channels,
+            job_routes=ctx.job_routes,
             incidents=book,
-            updatable=self.updatable,
+            updatable=ctx.updatable,
+            infra_open=await self._open_elements(conn, book, {}),
         )
         if self.metrics is not None:
             self.metrics.observe(result)
-        ended_pages = resolved_pages(book)
+        ended_pages = tuple(resolved_pages(book))
         await self.incidents.save(conn, book, now)
         fp_rows = {k: _fp_row(v) for k, v in result.fingerprint_states.items()}
         # States that were due but did not change must not stay due forever.
@@ -521,11 +534,6 @@ class PolicyPlan:
                 storm_rows[key] = (data, due_at if due_at is not None and due_at > now else None)
         await save_states(conn, FINGERPRINT_SCOPE, fp_rows, now)
         await save_states(conn, STORM_SCOPE, storm_rows, now)
-        drafts = list(result.drafts)
-        if self.maintenance is not None:
-            drafts = await self.maintenance.mute(conn, drafts, now, self.archive_channels)
-        if self.paging is not None:
-            drafts = await self._escalate(conn, drafts, ended_pages, now)
-        written = await insert_notifications(conn, drafts, now) + calls_written
-        self.drafted += written
+        delivery = Delivery(ctx, Prepared(), ended_pages)
+        written += len(await deliver(conn, self.steps, list(result.drafts), delivery))
         return written

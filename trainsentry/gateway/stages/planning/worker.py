@@ -32,14 +32,11 @@ from datetime import datetime
 from trainsentry.alerts import AlertChange, utcnow
 from trainsentry.gateway.stages.intake import PlanHook
 from trainsentry.store.engine import Engine
-from trainsentry.store.errors import DatabaseError
+from trainsentry.store.errors import STORE_FAILURES
 from trainsentry.store.inbox import Claimed, claim_inbox, clear_inbox, urgency
 from trainsentry.tasks import OwnedTask, wait_for_event
 
 log = logging.getLogger("trainsentry.policy")
-
-# The store failing (unavailable, locked, a deadlock) is no fault of a change: retried as is.
-_STORE_ERRORS = (DatabaseError, OSError)
 
 
 def most_urgent(claimed: Claimed) -> Claimed:
@@ -107,7 +104,7 @@ class PolicyWorker:
         Raises what failed while a change may still succeed on a later try."""
         try:
             return await self._plan_batch(self._batch)
-        except _STORE_ERRORS:
+        except STORE_FAILURES:  # unavailable, locked, a deadlock: no fault of a change
             raise
         except Exception:
             log.exception("policy batch failed; planning its changes one at a time")
@@ -115,7 +112,7 @@ class PolicyWorker:
         for _ in range(self._batch):
             try:
                 done = await self._plan_batch(1)
-            except _STORE_ERRORS:
+            except STORE_FAILURES:
                 raise
             except Exception:
                 verdict = await self._after_failure()

@@ -1,0 +1,355 @@
+"""The hang page at the scale it exists for: 1,024 to 16,384 simulated ranks, the real gateway.
+
+Each run: simulated probes (tests/support/megatron_probes.py) serving exactly what
+`probe/server.py` serves (`/status`; `/dump` in torch's `_dump_nccl_trace_json` format,
+2,000 entries, answered after 3 ms + 50 ms; `/stack`), each rank on its own address (pod
+IPs 127.x.y.z, port 29401 + LOCAL_RANK); a Megatron layout (TP 8 within a node, PP 16,
+DP = N / 128); one rank never issues its DP all_reduce and the rest block behind it. Every
+waiting rank posts its stall as `probe/trigger.py` does (20 s threshold, 2 s polls with a
+random phase, the probe's jitter (`trigger.spread_s`: 1 s, or 1 s per 1,000 ranks), 4
+tries, stopping once told the hang is known). The real
+gateway runs as a subprocess with the shipped defaults (SQLite, hold 6 s, deadline 4 s,
+concurrency 32, `static_endpoints` for every rank) and a webhook channel.
+
+Measured: from the first rank's threshold crossing to the card naming the culprit (its
+pod and node), every diagnosis's time (from its start to its verdict stored: the gateway's
+`diagnosis stored ... took_s` lines), the
+gateway's peak RSS (VmHWM), the triggers posted and how they were answered, and what was
+asked of the probes (`/status`, dumps, stacks). `--runs 3` prints each run and the
+medians.
+
+`--flood N`: the trigger endpoint alone under N posts within `--within` seconds (the
+issue's 25,000 in 5 s: a 16,384-rank job's ranks all post within one poll interval), from
+the job's ranks' addresses, each retried as the probe retries (4 tries, 1 s doubling; no
+stop on "known", so the rate holds), posted by `--posters` processes; meanwhile another
+team's P0 webhook is posted and its answer timed. Measured: every try's status, the time
+until the last post was accepted, the answers' latency, the gateway's CPU per post and
+peak RSS, and the kernel's listen-queue overflows during the run (system-wide).
+
+    .venv/bin/python -m bench.bench_hang_scale [--ranks 1024 4096 16384] [--runs 3]
+    .venv/bin/python -m bench.bench_hang_scale --flood 25000 --within 5 --ranks 16384
+
+16,384 ranks need 16,384 listening sockets and as many trigger connections: the bench
+raises its file limit (and the gateway's, which inherits it) to 65,536 where it may, else
+to the hard limit, and above 1,024 ranks serves the probes from `--probe-processes`
+processes (default 4), each a slice of the pods posting its own ranks' triggers (as a
+pod's probes do): none holds more than its slice's sockets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import multiprocessing
+import os
+import random
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from tests.support.megatron_probes import (
+    HangRun,
+    HungJob,
+    Layout,
+    Probes,
+    peak_rss,
+    pod_ip,
+    post_trigger,
+    run_hang,
+    trigger_body,
+)
+
+FILES = 65_536
+BASE_PORT = 29401  # not the e2e test's (19401): both may run at once on a shared machine
+TOKEN = "bench-probe-token"
+
+
+def raise_file_limit(wanted: int = FILES) -> int:
+    """The soft (and, where allowed, hard) RLIMIT_NOFILE raised to `wanted`; the limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), max(hard, wanted)))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def culprit_of(layout: Layout) -> int:
+    """A rank in the middle of the job (not rank 0, not a stage's first)."""
+    return layout.rank(5, layout.dp // 2, layout.pp // 2)
+
+
+def report(run: HangRun) -> dict[str, object]:
+    asked = {
+        kind: sum(1 for k, _ in run.asked if k == kind) for kind in ("status", "dump", "stack")
+    }
+    return {
+        "ranks": run.world,
+        "culprit": run.culprit,
+        "card_s": round(run.card_s, 1),
+        "named": run.card.get("culprit_ranks"),
+        "diagnosis": run.card.get("diagnosis"),
+        "diagnoses_s": [round(x, 2) for x in run.diagnoses_s],
+        "gateway_peak_rss_mb": round(run.peak_rss / 2**20),
+        "triggers_posted": run.triggers.posted,
+        "trigger_answers": run.triggers.answers,
+        "trigger_errors": run.triggers.errors,
+        "triggers_suppressed": run.triggers.suppressed,
+        # the triggers' answers, from the first threshold crossing
+        "triggers_answered_s": [
+            round(run.triggers.first_answer - run.triggers.first_crossing, 1),
+            round(run.triggers.last_answer - run.triggers.first_crossing, 1),
+        ],
+        "asked": asked,
+        "cards": run.cards,
+        "located": run.located[:3],
+    }
+
+
+async def one(
+    world: int, entries: int, processes: int, keep: Path | None = None
+) -> dict[str, object]:
+    """One run's report; a run whose card never named the culprit says so (and why).
+    `keep`: the run's folder (the gateway's log and database) is made there and kept."""
+    if keep is not None:
+        folder = Path(tempfile.mkdtemp(prefix=f"run-{world}-", dir=keep))
+        return await _one_in(folder, world, entries, processes)
+    with tempfile.TemporaryDirectory(prefix="bench-hang-scale-") as scratch:
+        return await _one_in(Path(scratch), world, entries, processes)
+
+
+async def _one_in(folder: Path, world: int, entries: int, processes: int) -> dict[str, object]:
+    layout = Layout(world, tp=8, pp=16)
+    try:
+        run = await run_hang(
+            folder,
+            layout,
+            culprit=culprit_of(layout),
+            lead_s=3.0,
+            entries=entries,
+            probe_processes=processes,
+            base_port=BASE_PORT,
+        )
+    except AssertionError as exc:
+        print(str(exc)[-6000:], file=sys.stderr)
+        said = [
+            line[:600] for line in str(exc).splitlines() if "diagnos" in line or "asked" in line
+        ]
+        return {"ranks": world, "culprit": culprit_of(layout), "named": None, "why": said}
+    return report(run)
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, object]:
+    """The medians of the card time, slowest diagnosis and peak RSS of the runs that named
+    the culprit, and how many did."""
+    named = [r for r in runs if r["named"] == [r["culprit"]]]
+    if not named:
+        return {"ranks": runs[0]["ranks"], "runs": len(runs), "named_in": 0}
+    return {
+        "ranks": runs[0]["ranks"],
+        "runs": len(runs),
+        "named_in": len(named),
+        "card_s_median": statistics.median(r["card_s"] for r in named),
+        "card_s": [r["card_s"] for r in named],
+        "diagnosis_s_median": statistics.median(max(r["diagnoses_s"] or [0.0]) for r in named),
+        "rss_mb_median": statistics.median(r["gateway_peak_rss_mb"] for r in named),
+        "rss_mb": [r["gateway_peak_rss_mb"] for r in named],
+    }
+
+
+# ------------------------------------------------------------------ the trigger flood
+
+
+def _posts(layout: Layout, count: int, start: float, within_s: float) -> list[tuple[Any, ...]]:
+    """`count` triggers of the job's waiting ranks, each (when, source, body): rank i % N's
+    stall, a later collective of its group for each round past the first (a new key)."""
+    job = HungJob(layout, culprit_of(layout), t0=start - 20.0)
+    waiting = [r for r in range(layout.world) if job.waits(r)]
+    rng = random.Random(7)
+    posts = []
+    for i in range(count):
+        rank = waiting[i % len(waiting)]
+        wait = job.waits(rank)[0]
+        wait = dataclasses.replace(wait, seq=wait.seq + i // len(waiting))
+        port = BASE_PORT + rank % layout.tp
+        body = trigger_body(job, rank, wait, port, 21.0, 20.0)
+        posts.append((start + rng.uniform(0, within_s), pod_ip(layout.pod(rank)), body))
+    return posts
+
+
+def _poster(gateway: tuple[str, int], posts: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """One poster process: each post at its time, retried as the probe retries; per post
+    (its time, when its last try was answered, final status, tries, every try's status)."""
+
+    async def post(at: float, source: str, body: bytes) -> tuple[Any, ...]:
+        await asyncio.sleep(max(0.0, at - time.time()))
+        statuses, delay = [], 1.0
+        for attempt in range(4):
+            try:
+                status, _ = await post_trigger(*gateway, source, TOKEN, body, 5.0)
+            except TimeoutError:
+                status = -1
+            except OSError:
+                status = 0
+            statuses.append(status)
+            if 200 <= status < 300 or (400 <= status < 500 and status != 429):
+                break
+            if attempt < 3:
+                await asyncio.sleep(delay)
+                delay *= 2
+        return at, time.time(), statuses[-1], statuses
+
+    async def main() -> list[tuple[Any, ...]]:
+        return list(await asyncio.gather(*(post(*p) for p in posts)))
+
+    raise_file_limit()
+    return asyncio.run(main())
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _listen_overflows() -> int:
+    lines = Path("/proc/net/netstat").read_text().splitlines()
+    for names, values in zip(lines[::2], lines[1::2], strict=True):
+        row = dict(zip(names.split(), values.split(), strict=True))
+        if "ListenOverflows" in row:
+            return int(row["ListenOverflows"])
+    return 0
+
+
+async def flood(world: int, count: int, within_s: float, posters: int) -> dict[str, object]:
+    """The trigger endpoint under `count` posts within `within_s` (module docstring)."""
+    import yaml
+
+    from tests.support.gateway_process import start_gateway
+    from tests.support.webhook_factory import encode, make_alert, make_body
+
+    layout = Layout(world, tp=8, pp=16)
+    endpoints = Probes(HungJob(layout, 0, 0.0), "", BASE_PORT).endpoints()  # nothing listens
+    with tempfile.TemporaryDirectory(prefix="bench-hang-flood-") as folder:
+        tmp = Path(folder)
+        config = tmp / "gateway.yaml"
+        config.write_text(
+            yaml.safe_dump({"diagnosis": {"static_endpoints": {"team-a/gpt": endpoints}}})
+        )
+        gw = await asyncio.to_thread(
+            start_gateway,
+            tmp,
+            f"sqlite:///{tmp / 'gw.db'}",
+            token="bench-api",
+            config=config,
+            env={"TRAINSENTRY_PROBE_TOKEN": TOKEN},
+        )
+        try:
+            await asyncio.sleep(3.0)  # the analyzer's import (warm_up) is over
+            host, port = gw.address.rsplit(":", 1)
+            start = time.time() + 3.0
+            posts = _posts(layout, count, start, within_s)
+            shares = [posts[i::posters] for i in range(posters)]
+            cpu, overflows = _cpu_s(gw.process.pid), _listen_overflows()
+            context = multiprocessing.get_context("fork")
+            with context.Pool(posters) as pool:
+                waiting = pool.starmap_async(_poster, [((host, int(port)), s) for s in shares])
+                await asyncio.sleep(max(0.0, start + within_s / 2 - time.time()))
+                other = encode(make_body([make_alert(1, name="GPUFellOffBus", labels=TEAM_B)]))
+                webhook_ms = await asyncio.to_thread(_post_webhook, gw.url, other)
+                results = [r for share in await asyncio.to_thread(waiting.get) for r in share]
+            cpu, overflows = _cpu_s(gw.process.pid) - cpu, _listen_overflows() - overflows
+            peak = peak_rss(gw.process.pid)
+        finally:
+            await asyncio.to_thread(gw.stop)
+    tries = Counter(status for *_, statuses in results for status in statuses)
+    final = Counter(status for _, _, status, _ in results)
+    accepted = [done - at for at, done, status, _ in results if 200 <= status < 300]
+    last = max((done for _, done, status, _ in results if 200 <= status < 300), default=start)
+    accepted.sort()
+    return {
+        "ranks": world,
+        "posts": count,
+        "within_s": within_s,
+        "posters": posters,
+        "final": dict(final),
+        "every_try": dict(tries),
+        "tries": sum(tries.values()),
+        "last_accepted_s": round(last - start, 1),
+        "accepted_latency_p50_s": round(accepted[len(accepted) // 2], 2) if accepted else None,
+        "accepted_latency_p99_s": round(accepted[int(len(accepted) * 0.99)], 2)
+        if accepted
+        else None,
+        "gateway_cpu_s": round(cpu, 1),
+        "gateway_cpu_us_per_try": round(cpu / max(1, sum(tries.values())) * 1e6),
+        "gateway_peak_rss_mb": round(peak / 2**20),
+        "listen_overflows": overflows,
+        "other_teams_webhook_ms": webhook_ms,
+        "load_average": os.getloadavg()[0],
+    }
+
+
+TEAM_B = {"alertname": "GPUFellOffBus", "priority": "P0", "namespace": "team-b", "node": "gpu-9"}
+
+
+def _post_webhook(url: str, body: bytes) -> dict[str, object]:
+    """Another team's webhook during the flood, retried every 0.5 s as long as it is
+    refused: every answer's status, and the milliseconds until it was stored (200)."""
+    import urllib.error
+    import urllib.request
+
+    started, statuses = time.perf_counter(), []
+    while time.perf_counter() - started < 60:
+        request = urllib.request.Request(f"{url}/api/v1/alertmanager", data=body, method="POST")
+        request.add_header("Authorization", "Bearer bench-api")
+        request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                statuses.append(answer.status)
+        except urllib.error.HTTPError as exc:
+            statuses.append(exc.code)
+        except OSError:
+            statuses.append(0)
+        if statuses[-1] == 200:
+            break
+        time.sleep(0.5)
+    return {"statuses": statuses, "stored_ms": round((time.perf_counter() - started) * 1000)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1024, 4096, 16384])
+    parser.add_argument("--entries", type=int, default=2000)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--probe-processes", type=int, default=None)
+    parser.add_argument("--flood", type=int, default=0, help="posts: the trigger flood alone")
+    parser.add_argument("--within", type=float, default=5.0)
+    parser.add_argument("--posters", type=int, default=2)
+    parser.add_argument("--keep", type=Path, help="keep each run's gateway log under this folder")
+    args = parser.parse_args()
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    raise_file_limit()
+    for world in args.ranks:
+        if args.flood:
+            print(json.dumps(asyncio.run(flood(world, args.flood, args.within, args.posters))))
+            continue
+        processes = args.probe_processes
+        if processes is None:
+            processes = 0 if world <= 1024 else 4
+        runs = []
+        for _ in range(args.runs):
+            runs.append(asyncio.run(one(world, args.entries, processes, args.keep)))
+            print(json.dumps(runs[-1]), flush=True)
+        if args.runs > 1:
+            print(json.dumps(medians(runs)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
