@@ -1,9 +1,14 @@
-"""kill -9 the gateway while 2,000 alerts are being posted; every alert that got a 200 survives;
-kill -9 it before a group is planned, re-send the group: every alert is planned once."""
+"""kill -9 the gateway while 4,000 alerts are being posted: every alert that got a 200 is on
+disk at the kill and recorded and planned after the restart, once (durability means "present
+after a restart": docs/design.md, Decisions 2026-11-27; docs/gateway.md "Journal-first
+intake"); kill -9 it before a group is planned, re-send the group: every alert is planned
+once."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
 import signal
 import time
@@ -17,15 +22,31 @@ from sqlalchemy import func, select
 from tests.support.gateway_process import start_gateway
 from tests.support.webhook_factory import encode, make_alert, make_body
 from trainsentry.store import create_engine
-from trainsentry.store.schema import alert_events, alerts, policy_inbox
+from trainsentry.store.schema import (
+    alert_events,
+    alerts,
+    intake_journal,
+    policy_inbox,
+    webhook_receipts,
+)
 
 pytestmark = pytest.mark.e2e
 TOKEN = "crash-token"
-BODIES = [encode(make_body([make_alert(b * 50 + i) for i in range(50)])) for b in range(40)]
+# Every fourth body is above the intake's record-at-once bound (200 alerts), so it is
+# journaled however fast the machine commits: the kill lands with both paths in use (with
+# 50-alert bodies only, a fast machine committed every batch small and journaled nothing).
+BODY_SIZES = [250 if b % 4 == 3 else 50 for b in range(40)]
+BODY_FIRST = [sum(BODY_SIZES[:b]) for b in range(40)]
+BODY_ALERTS = [range(BODY_FIRST[b], BODY_FIRST[b] + BODY_SIZES[b]) for b in range(40)]
+ALL_ALERTS = sum(BODY_SIZES)
+BODIES = [encode(make_body([make_alert(n) for n in BODY_ALERTS[b]])) for b in range(40)]
 
 
-async def post_all(url: str, kill_after: int, pid: int) -> set[int]:
-    """Posts every body (8 at a time); kills the gateway after `kill_after` 200s."""
+async def post_all(
+    url: str, kill_after: int, pid: int, journaled: set[int] | None = None
+) -> set[int]:
+    """Posts every body (8 at a time); kills the gateway after `kill_after` 200s.
+    `journaled`: gets the bodies answered before their alerts were recorded."""
     acknowledged: set[int] = set()
     queue: asyncio.Queue[int] = asyncio.Queue()
     for index in range(len(BODIES)):
@@ -37,9 +58,11 @@ async def post_all(url: str, kill_after: int, pid: int) -> set[int]:
             index = queue.get_nowait()
             try:
                 async with session.post(url, data=BODIES[index], headers=headers) as response:
-                    await response.read()
+                    answer = await response.read()
                     if response.status == 200:
                         acknowledged.add(index)
+                        if journaled is not None and json.loads(answer)["queued"]:
+                            journaled.add(index)
                         if len(acknowledged) == kill_after:
                             os.kill(pid, signal.SIGKILL)
             except aiohttp.ClientError:
@@ -83,29 +106,79 @@ async def fingerprints_stored(db_url: str) -> set[str]:
         await engine.dispose()
 
 
+async def receipts_stored(db_url: str) -> set[str]:
+    """The SHA-256 of every webhook body stored."""
+    engine = create_engine(db_url)
+    try:
+        async with engine.connect() as conn:
+            found = await conn.execute(select(webhook_receipts.c.body_sha256))
+            return {row.body_sha256 for row in found}
+    finally:
+        await engine.dispose()
+
+
+async def recorded_and_planned(db_url: str) -> tuple[set[str], set[str], int]:
+    """(fingerprints recorded, fingerprints the policy planned (a priority), rows still
+    waiting in the intake journal and the policy inbox)."""
+    engine = create_engine(db_url)
+    try:
+        async with engine.connect() as conn:
+            rows = (await conn.execute(select(alerts.c.fingerprint, alerts.c.priority))).all()
+            waiting = 0
+            for table in (intake_journal, policy_inbox):
+                counted = await conn.execute(select(func.count()).select_from(table))
+                waiting += int(counted.scalar_one())
+        return {r.fingerprint for r in rows}, {r.fingerprint for r in rows if r.priority}, waiting
+    finally:
+        await engine.dispose()
+
+
 def test_kill_9_during_intake_loses_no_acknowledged_alert(tmp_path: Path, db_url: str) -> None:
+    """Every alert answered 200 is present after the restart: on disk at the kill (its
+    webhook's receipt), recorded and planned by the restarted gateway before anything is
+    re-sent, and none twice once Alertmanager re-sends everything."""
     gateway = start_gateway(tmp_path, db_url, token=TOKEN)
     url = f"{gateway.url}/api/v1/alertmanager"
+    journaled: set[int] = set()
     try:
-        acknowledged = asyncio.run(post_all(url, kill_after=15, pid=gateway.process.pid))
+        acknowledged = asyncio.run(post_all(url, 15, gateway.process.pid, journaled))
         gateway.process.wait(timeout=10)
         assert gateway.process.returncode == -signal.SIGKILL
     finally:
         gateway.stop()
     assert 15 <= len(acknowledged) < len(BODIES), "the kill should land mid-run"
-    expected = {f"{b * 50 + i:016x}" for b in acknowledged for i in range(50)}
-    assert expected <= asyncio.run(fingerprints_stored(db_url))
+    assert journaled, "the 250-alert bodies are journaled (answered before recording)"
+    answered = {hashlib.sha256(BODIES[b]).hexdigest() for b in acknowledged}
+    assert answered <= asyncio.run(receipts_stored(db_url)), "a 200 is on disk"
+    expected = {f"{n:016x}" for b in acknowledged for n in BODY_ALERTS[b]}
 
-    # Alertmanager retries what was not acknowledged (and may resend what was).
     restarted = start_gateway(tmp_path, db_url, token=TOKEN)
     try:
+        # The restart alone records and plans every acknowledged alert.
+        deadline = time.monotonic() + 60
+        while True:
+            recorded, planned, waiting = asyncio.run(recorded_and_planned(db_url))
+            if waiting == 0 and expected <= planned:
+                break
+            assert time.monotonic() < deadline, (len(expected - planned), waiting)
+            time.sleep(0.2)
+        assert expected <= recorded
+        # Alertmanager retries what was not acknowledged (and may resend what was).
         retried = asyncio.run(post_all(f"{restarted.url}/api/v1/alertmanager", 10**6, 0))
+        assert retried == set(range(len(BODIES)))
+        deadline = time.monotonic() + 60
+        while asyncio.run(recorded_and_planned(db_url))[1:] != (recorded_all(), 0):
+            assert time.monotonic() < deadline, asyncio.run(recorded_and_planned(db_url))[2]
+            time.sleep(0.2)
     finally:
         restarted.stop()
-    assert retried == set(range(len(BODIES)))
     rows, distinct, events, fingerprints = asyncio.run(stored_counts(db_url))
-    assert rows == distinct == fingerprints == 2000  # no duplicate occurrences
-    assert events == 2000  # one firing event per alert, none repeated
+    assert rows == distinct == fingerprints == ALL_ALERTS  # no duplicate occurrences
+    assert events == ALL_ALERTS  # one firing event per alert, none repeated: planned once each
+
+
+def recorded_all() -> set[str]:
+    return {f"{n:016x}" for n in range(ALL_ALERTS)}
 
 
 GROUP_BODY = encode(
