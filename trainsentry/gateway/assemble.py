@@ -384,6 +384,7 @@ def _add_policy_worker_and_ack(
         silences=w.silences,
         lock=policy_lock,
         ackers=w.ackers,
+        node_labels=w.policy.node_labels if w.policy is not None else NODE_LABELS,
     )
     for notifier in w.notifiers.values():  # an ack finds its card to redraw as it is sent
         if isinstance(notifier, FeishuAppNotifier | FeishuJobNotifier):

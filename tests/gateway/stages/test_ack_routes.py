@@ -86,6 +86,18 @@ def test_an_incidents_silences_match_what_its_alerts_share_per_alertname() -> No
     assert incident_silences([{"node": "n1"}]) == []  # no alertname: nothing to match safely
 
 
+def test_an_incidents_silences_stay_per_node_under_the_configured_node_label() -> None:
+    """With `policy.node_labels` naming another label (here `kubernetes_node`), the silences
+    are still one per node: grouped by alertname alone, two nodes' alerts would share no node
+    label and the silence would match every node's alert of that name (the next node's
+    fault muted; issue 45's one node, issue 43's failure domain)."""
+    xids = [{"alertname": "Xid", "kubernetes_node": n, "gpu": "0"} for n in ("n1", "n2")]
+    assert incident_silences(xids, node_labels=("kubernetes_node",)) == [
+        {"alertname": "Xid", "kubernetes_node": "n1", "gpu": "0"},
+        {"alertname": "Xid", "kubernetes_node": "n2", "gpu": "0"},
+    ]
+
+
 def test_who_acknowledged_as_the_configuration_names_them() -> None:
     """`known_acker` (pure): an open_id or a name of a configured person is that person's
     name and configured open_id; a job owner's open_id is mentioned as itself; anyone else

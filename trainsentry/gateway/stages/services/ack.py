@@ -36,6 +36,7 @@ from trainsentry.gateway.stages.services.silences import (
     silence_states,
     silence_targets,
 )
+from trainsentry.labels import NODE_LABELS
 from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import OutboundNotification
 from trainsentry.notifiers.payload_contract import NotificationPayload
@@ -184,8 +185,10 @@ class AckService:
         silences: SilenceClient | None = None,
         lock: asyncio.Lock | None = None,
         ackers: Ackers | None = None,
+        node_labels: tuple[str, ...] = NODE_LABELS,
     ) -> None:
         self._engine = engine
+        self._node_labels = node_labels  # policy.node_labels: the silences' node (silences.py)
         self._ackers = ackers or Ackers()  # who acknowledged, as configured (ackers.py)
         # The policy's lock (stages/planning/worker.py): on SQLite a transaction reads before
         # it takes the write lock, so the ticker could plan calls from the escalation state it read
@@ -294,7 +297,9 @@ class AckService:
         """After the ack's commit: the silence, if asked for (a slow Alertmanager never
         delays the ack), and the log line."""
         if silence is not None:
-            targets = await silence_targets(self._engine, dict(row.labels), result.incident_id)
+            targets = await silence_targets(
+                self._engine, dict(row.labels), result.incident_id, self._node_labels
+            )
             result = await self._silence(result, targets, who, silence, now)
         log.info(
             "alert acknowledged alert_id=%d incident=%s by=%s already=%s alerts=%d "

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from trainsentry.labels import node_of
+from trainsentry.labels import NODE_LABELS, node_of
 from trainsentry.notifiers.alertmanager import SilenceClient
 from trainsentry.notifiers.base import NotifierError
 from trainsentry.store import alert_state
@@ -37,7 +37,10 @@ _SILENCE_ID = re.compile(r"^[0-9A-Za-z-]{1,64}$")  # Alertmanager's ids are UUID
 
 
 def incident_silences(
-    members: Sequence[Mapping[str, str]], cap: int = MAX_SILENCES
+    members: Sequence[Mapping[str, str]],
+    cap: int = MAX_SILENCES,
+    *,
+    node_labels: tuple[str, ...] = NODE_LABELS,
 ) -> list[dict[str, str]]:
     """Pure: the label sets an incident's silence matches: one per alertname of its alerts
     and, for alerts that name a node (hardware, node and per-node alerts), per node (the
@@ -46,13 +49,14 @@ def incident_silences(
     never another node: a node's failure domain ends at the node, and the next node's fault
     is a new incident that must page (issue 43). Within a node, a GPU, port or mountpoint
     the alerts share stays matched, so another GPU of the node still pages. Labels with an
-    empty value are left out (Alertmanager reads them as "absent")."""
+    empty value are left out (Alertmanager reads them as "absent"). A node is read by
+    `node_labels` (`policy.node_labels`), as correlation and the cards read it."""
     by_name: dict[tuple[str, str], dict[str, str]] = {}
     for labels in members:
         name = labels.get("alertname", "")
         if not name:
             continue
-        key = (name, node_of(labels))
+        key = (name, node_of(labels, node_labels))
         shared = by_name.get(key)
         if shared is None:
             by_name[key] = {k: v for k, v in labels.items() if v != ""}
@@ -63,14 +67,17 @@ def incident_silences(
 
 
 async def silence_targets(
-    engine: Engine, labels: dict[str, str], incident_id: int | None
+    engine: Engine,
+    labels: dict[str, str],
+    incident_id: int | None,
+    node_labels: tuple[str, ...] = NODE_LABELS,
 ) -> list[dict[str, str]]:
     """The label sets to silence: the incident's (`incident_silences`), else `labels`."""
     if incident_id is None:
         return [labels]
     async with engine.connect() as conn:
         members = await member_labels(conn, incident_id, MAX_MEMBERS)
-    return incident_silences(members) or [labels]
+    return incident_silences(members, node_labels=node_labels) or [labels]
 
 
 async def create_silences(
