@@ -225,7 +225,8 @@ async def test_without_evidence_no_status_and_a_bounded_spread_of_dumps(
     located = await run(probes, lambda: evidence, max_dumps=3)
     assert located.key is None and located.status_asked == 0 and not probes.asked
     assert list(located.dumps) == spread(endpoints, "")[:3]
-    assert list(located.dumps) != endpoints[:3]  # not the endpoints' (rank) order
+    # (That the spread is not the rank order is checked on fixed addresses below: these
+    # ports are random, and one draw in a few thousand put the first three in rank order.)
 
 
 def test_spread_is_a_fixed_order_of_the_same_endpoints() -> None:
@@ -235,6 +236,7 @@ def test_spread_is_a_fixed_order_of_the_same_endpoints() -> None:
         endpoints
     )
     assert spread(endpoints, "b") != once["a"]
+    assert once["a"][:3] != endpoints[:3] and spread(endpoints, "")[:3] != endpoints[:3]
 
 
 async def test_a_large_groups_quiet_members_are_asked_at_once() -> None:
