@@ -34,7 +34,7 @@ from trainsentry.gateway.api.auth import open_endpoints
 from trainsentry.gateway.api.limits import BodyLimits, ReaderPool, body_limits
 from trainsentry.gateway.channels import build
 from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
-from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
+from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway, HangTriggers
 from trainsentry.gateway.policy.escalation import Escalator
 from trainsentry.gateway.policy.outbox_retry import DeliveryRules
 from trainsentry.gateway.policy.route import ARCHIVE_CHANNELS
@@ -120,7 +120,7 @@ def _record_expanded(gateway: Gateway, outcomes: Sequence[ReceiptOutcome]) -> No
         for change in outcome.changes:
             metrics.alert_changes.labels(change.kind.value).inc()
         queued = queued or bool(outcome.changes)
-    if queued and gateway.policy_worker is not None:
+    if queued:
         gateway.policy_worker.wake()
 
 
@@ -135,10 +135,9 @@ def _record_verdict(gateway: Gateway, change: AlertChange, verdict: HangVerdict)
 def _record_planned(gateway: Gateway, changes: Sequence[AlertChange], written: int) -> None:
     """After the policy's commit: what follows a decided change, then wake the outbox."""
     gateway.metrics.policy_planned.inc(len(changes))
-    if gateway.expander is not None:
-        gateway.expander.wake()  # room ahead of the planner: the next chunk may go
-    if gateway.diagnoser is not None:
-        gateway.diagnoser.start(changes)
+    gateway.expander.wake()  # room ahead of the planner: the next chunk may go
+    if gateway.hang is not None:
+        gateway.hang.diagnose(changes)
     if gateway.job_status is not None:
         gateway.job_status.feed(changes, gateway.classified())
     if written:
@@ -202,7 +201,7 @@ def create_app(
 
     async def lifecycle(app: web.Application) -> Any:
         gateway = await _open(app, wiring)
-        await _start(app, gateway)
+        await _start(gateway)
         yield
         await _stop(gateway)
 
@@ -212,7 +211,9 @@ def create_app(
     return app
 
 
-def _policy_plan(gateway: Gateway, w: _Wiring, policy: Policy) -> PolicyPlan:
+def _policy_plan(
+    w: _Wiring, policy: Policy, maintenance: MaintenanceService, hold: HangDiagnoser | None
+) -> PolicyPlan:
     """The real policy over the gateway's channels, built whole with its steps (the
     gateway's maintenance windows, paging and hang hold, where it has them); incidents'
     cards are redrawn in place on the channels that can, and TrainingJobs' own routes are
@@ -221,7 +222,7 @@ def _policy_plan(gateway: Gateway, w: _Wiring, policy: Policy) -> PolicyPlan:
     return PolicyPlan(
         policy,
         channels=tuple(w.notifiers),
-        steps=plan_steps(maintenance=gateway.maintenance, paging=w.paging, hold=gateway.diagnoser),
+        steps=plan_steps(maintenance=maintenance, paging=w.paging, hold=hold),
         metrics=PolicyMetrics(w.metrics.registry),
         topology=w.topology.current if w.topology is not None else None,
         job_routes=job_alerting.routes if job_alerting is not None else None,
@@ -287,9 +288,24 @@ class _Wiring:
     ackers: Ackers | None = None
 
 
+@dataclass(frozen=True)
+class _PolicyParts:
+    """The plan the policy worker runs, and the parts that belong to the real policy (none
+    when a test's plan replaces it)."""
+
+    plan: PlanHook
+    ticker: Ticker | None
+    maintenance: MaintenanceService | None
+    hang: HangTriggers | None
+    classified: Callable[[], Mapping[int, str]]
+
+
 async def _open(app: web.Application, w: _Wiring) -> Gateway:
-    """The store, then the stages in pipeline order (none started yet); the real policy is
-    built whole after the parts it steps through (maintenance windows, the hang hold)."""
+    """The store, then the stages in pipeline order (none started yet), then the `Gateway`,
+    constructed once with every part; the real policy is built whole after the parts it
+    steps through (maintenance windows, the hang hold). The app holds the Gateway under
+    GATEWAY_KEY from here on: the stages' callbacks find it there (none runs before
+    `_start`)."""
     settings, clock, policy = w.settings, w.clock, w.policy
     engine = create_engine(settings.db)
     await migrate(engine)
@@ -312,37 +328,58 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
         node_labels=node_labels,
         expander=expander,
     )
-    gateway = Gateway(settings, engine, w.metrics, writer, outbox, expander, clock=clock)
-    gateway.feishu_people = w.feishu_people
-    gateway.topology = w.topology
-    gateway.policy = policy
-    gateway.escalator = w.paging.escalator if w.paging is not None else None
-    plan = w.plan
-    if policy is not None:
-        _add_maintenance(gateway, w, policy, policy_lock)
-        if w.diagnosis is not None and w.diagnosis.settings.enabled:
-            await _add_hang_diagnosis(gateway, w.diagnosis, w.paging, policy_lock)
-        plan = policy_plan = _policy_plan(gateway, w, policy)
-        gateway.classified = lambda: policy_plan.classified
-        gateway.ticker = _new_ticker(gateway, w, policy_plan, policy_lock)
-    assert plan is not None  # create_app: a test's plan, or the real policy's rules
-    _add_policy_worker_and_ack(gateway, w, plan, policy_lock)
-    if w.oncall is not None:
-        _add_oncall(gateway, w.oncall, w)
-    if w.remediation is not None and w.remediation.cordon is not Mode.OFF and policy:
-        gateway.cordon = Cordoner(
-            engine, w.remediation, policy, w.kube_api or default_api_client,
-            tuple(w.notifiers), approvers=w.approvers, topology=w.topology, clock=clock,
-            on_drafts=outbox.wake,
-        )  # fmt: skip
-    if settings.trainingjob_status:
-        gateway.job_status = JobStatusFeeder(w.kube_api or default_api_client)
-    gateway.job_alerting = w.job_alerting
-    # Off the pipeline: deletes finished rows, measures the store (store/retention.py).
-    gateway.retention = Retention(
-        engine, settings.retention, metrics=w.metrics, clock=clock, lock=policy_lock
-    )
+    parts = await _policy_parts(app, w, engine, outbox, writer, policy_lock)
+    worker, ack = _new_policy_worker_and_ack(app, w, engine, parts.plan, policy_lock)
+    oncall, handoffs = _new_oncall(engine, w.oncall, w, outbox) if w.oncall else (None, None)
+    gateway = Gateway(
+        settings, engine, w.metrics, writer, outbox, expander, worker, ack,
+        retention=Retention(
+            engine, settings.retention, metrics=w.metrics, clock=clock, lock=policy_lock
+        ),
+        ticker=parts.ticker,
+        hang=parts.hang,
+        job_status=(
+            JobStatusFeeder(w.kube_api or default_api_client)
+            if settings.trainingjob_status else None
+        ),
+        escalator=w.paging.escalator if w.paging is not None else None,
+        maintenance=parts.maintenance,
+        job_alerting=w.job_alerting,
+        topology=w.topology,
+        policy=policy,
+        oncall=oncall,
+        handoffs=handoffs,
+        cordon=_new_cordon(engine, w, outbox),
+        feishu_people=w.feishu_people,
+        classified=parts.classified,
+        clock=clock,
+    )  # fmt: skip
+    app[GATEWAY_KEY] = gateway
     return gateway
+
+
+async def _policy_parts(
+    app: web.Application,
+    w: _Wiring,
+    engine: Engine,
+    outbox: Outbox,
+    writer: IntakeWriter,
+    policy_lock: asyncio.Lock,
+) -> _PolicyParts:
+    """The real policy, built whole over its maintenance windows and hang hold, and its
+    ticker; or a test's plan, without them."""
+    policy = w.policy
+    if policy is None:
+        assert w.plan is not None  # create_app: a test's plan, or the real policy's rules
+        return _PolicyParts(w.plan, None, None, None, dict)
+    maintenance = _new_maintenance(engine, w, policy, policy_lock)
+    hang = None
+    if w.diagnosis is not None and w.diagnosis.settings.enabled:
+        hang = _hang_triggers(app, w, w.diagnosis, engine, writer, outbox, policy_lock)
+    hold = hang.diagnoser if hang is not None else None
+    policy_plan = _policy_plan(w, policy, maintenance, hold)
+    ticker = _new_ticker(app, w, engine, outbox, policy_plan, policy_lock)
+    return _PolicyParts(policy_plan, ticker, maintenance, hang, lambda: policy_plan.classified)
 
 
 def _new_outbox(engine: Engine, w: _Wiring) -> Outbox:
@@ -363,21 +400,21 @@ def _new_outbox(engine: Engine, w: _Wiring) -> Outbox:
     )
 
 
-def _add_policy_worker_and_ack(
-    gateway: Gateway, w: _Wiring, plan: PlanHook, policy_lock: asyncio.Lock
-) -> None:
+def _new_policy_worker_and_ack(
+    app: web.Application, w: _Wiring, engine: Engine, plan: PlanHook, policy_lock: asyncio.Lock
+) -> tuple[PolicyWorker, AckService]:
     """The policy worker and the ack service, both under `policy_lock`; the Feishu channels
     find an ack's card to redraw through the ack service."""
-    gateway.policy_worker = PolicyWorker(
-        gateway.engine,
+    worker = PolicyWorker(
+        engine,
         plan,
-        on_planned=lambda changes, written: _record_planned(gateway, changes, written),
+        on_planned=lambda changes, written: _record_planned(app[GATEWAY_KEY], changes, written),
         on_set_aside=lambda _change: w.metrics.policy_failed.inc(),
         clock=w.clock,
         lock=policy_lock,
     )
-    ack = gateway.ack = AckService(
-        gateway.engine,
+    ack = AckService(
+        engine,
         channels=tuple(w.notifiers),
         clock=w.clock,
         paging=w.paging,
@@ -388,15 +425,16 @@ def _add_policy_worker_and_ack(
     for notifier in w.notifiers.values():  # an ack finds its card to redraw as it is sent
         if isinstance(notifier, FeishuAppNotifier | FeishuJobNotifier):
             notifier.find_card = ack.card_message
+    return worker, ack
 
 
-def _add_maintenance(
-    gateway: Gateway, w: _Wiring, policy: Policy, policy_lock: asyncio.Lock
-) -> None:
+def _new_maintenance(
+    engine: Engine, w: _Wiring, policy: Policy, policy_lock: asyncio.Lock
+) -> MaintenanceService:
     """The maintenance windows the real policy mutes by (one service, shared by the
     gateway's API and the policy's mute step), over its chat and phone channels."""
-    gateway.maintenance = MaintenanceService(
-        gateway.engine,
+    return MaintenanceService(
+        engine,
         w.maintenance,
         policy=policy,
         channels=frozenset(w.notifiers) - ARCHIVE_CHANNELS,
@@ -405,53 +443,76 @@ def _add_maintenance(
     )
 
 
-def _add_oncall(gateway: Gateway, oncall: OncallConfig, w: _Wiring) -> None:
+def _new_oncall(
+    engine: Engine, oncall: OncallConfig, w: _Wiring, outbox: Outbox
+) -> tuple[OncallService, HandoffNotices]:
     """The on-call rota and its handoff notices (checked every 30 ticks)."""
-    gateway.oncall = OncallService(gateway.engine, oncall, clock=w.clock, on_change=reschedule)
-    gateway.handoffs = HandoffNotices(
-        gateway.engine,
-        gateway.oncall,
+    service = OncallService(engine, oncall, clock=w.clock, on_change=reschedule)
+    handoffs = HandoffNotices(
+        engine,
+        service,
         tuple(w.notifiers),
         clock=w.clock,
         interval=30 * w.tick_interval,
-        on_drafts=gateway.outbox.wake,
+        on_drafts=outbox.wake,
     )
+    return service, handoffs
+
+
+def _new_cordon(engine: Engine, w: _Wiring, outbox: Outbox) -> Cordoner | None:
+    """Cordon recommendations, where `remediation.cordon` is on and the real policy runs."""
+    remediation, policy = w.remediation, w.policy
+    if remediation is None or remediation.cordon is Mode.OFF or policy is None:
+        return None
+    return Cordoner(
+        engine, remediation, policy, w.kube_api or default_api_client,
+        tuple(w.notifiers), approvers=w.approvers, topology=w.topology, clock=w.clock,
+        on_drafts=outbox.wake,
+    )  # fmt: skip
 
 
 def _new_ticker(
-    gateway: Gateway, w: _Wiring, policy_plan: PolicyPlan, policy_lock: asyncio.Lock
+    app: web.Application,
+    w: _Wiring,
+    engine: Engine,
+    outbox: Outbox,
+    policy_plan: PolicyPlan,
+    policy_lock: asyncio.Lock,
 ) -> Ticker:
     """The ticker that fires the real policy's timers and expires stale alerts."""
     return Ticker(
-        gateway.engine,
+        engine,
         policy_plan,
         interval=w.tick_interval,
         stale_after=w.settings.stale_after_seconds,
-        on_drafts=gateway.outbox.wake,
-        on_expired=lambda changes, written: _record_planned(gateway, changes, written),
+        on_drafts=outbox.wake,
+        on_expired=lambda changes, written: _record_planned(app[GATEWAY_KEY], changes, written),
         clock=w.clock,
         lock=policy_lock,
     )
 
 
-async def _add_hang_diagnosis(
-    gateway: Gateway,
+def _hang_triggers(
+    app: web.Application,
+    w: _Wiring,
     diagnosis: Diagnosis,
-    paging: Paging | None,
+    engine: Engine,
+    writer: IntakeWriter,
+    outbox: Outbox,
     policy_lock: asyncio.Lock,
-) -> None:
+) -> HangTriggers:
     """The hang diagnosis (the policy's hold step holds hang alerts for it); the probes'
     triggers are accepted."""
-    engine = gateway.engine
-    gateway.diagnoser = HangDiagnoser(
+    clock = w.clock
+    diagnoser = HangDiagnoser(
         engine,
         diagnosis.settings,
         diagnosis.resolver,
         diagnosis.probe_token,
-        clock=gateway.clock,
-        on_release=gateway.outbox.wake,
-        on_verdict=lambda change, verdict: _record_verdict(gateway, change, verdict),
-        paging=paging,
+        clock=clock,
+        on_release=outbox.wake,
+        on_verdict=lambda change, verdict: _record_verdict(app[GATEWAY_KEY], change, verdict),
+        paging=w.paging,
         lock=policy_lock,
     )
 
@@ -460,18 +521,17 @@ async def _add_hang_diagnosis(
             return await firing_occurrence(conn, fingerprint)
 
     async def submit(body: bytes) -> int:
-        receipt = parse_webhook(body, received_at=gateway.clock())
-        return (await gateway.writer.submit(receipt)).new
+        receipt = parse_webhook(body, received_at=clock())
+        return (await writer.submit(receipt)).new
 
-    gateway.hangs = JobHangs(
-        firing, submit, writes_per_minute=diagnosis.settings.trigger_writes_per_minute
-    )
-    gateway.diagnoser.evidence = gateway.hangs.evidence
-    gateway.trigger_sources = TriggerSources(gateway.diagnoser.rank_hosts)
-    gateway.diagnoser.warm_up()
+    hangs = JobHangs(firing, submit, writes_per_minute=diagnosis.settings.trigger_writes_per_minute)
+    diagnoser.evidence = hangs.evidence
+    sources = TriggerSources(diagnoser.rank_hosts)
+    diagnoser.warm_up()
+    return HangTriggers(diagnoser, hangs, sources)
 
 
-async def _start(app: web.Application, gateway: Gateway) -> None:
+async def _start(gateway: Gateway) -> None:
     """Starts the stages; the outbox last, after the leases an earlier run left."""
     if gateway.topology is not None:
         gateway.topology.start()
@@ -479,17 +539,13 @@ async def _start(app: web.Application, gateway: Gateway) -> None:
         gateway.ticker.start()
     if gateway.job_alerting is not None:
         gateway.job_alerting.start(gateway.metrics)
-    app[GATEWAY_KEY] = gateway
-    if gateway.expander is not None:
-        await gateway.expander.start()  # before the intake: what an earlier run journaled
+    await gateway.expander.start()  # before the intake: what an earlier run journaled
     gateway.writer.start()
-    assert gateway.policy_worker is not None
     gateway.policy_worker.start()
     # Before the worker and anything else can claim: rows an earlier run left in flight.
     await gateway.outbox.release_leases_of_earlier_runs()
     gateway.outbox.start()
-    if gateway.retention is not None:
-        gateway.retention.start()
+    gateway.retention.start()
     if gateway.handoffs is not None:
         gateway.handoffs.start()
     if gateway.cordon is not None:
@@ -505,15 +561,12 @@ async def _start(app: web.Application, gateway: Gateway) -> None:
 
 async def _stop(gateway: Gateway) -> None:
     """Stops the stages in pipeline order, then closes the store."""
-    if gateway.retention is not None:
-        await gateway.retention.stop()
+    await gateway.retention.stop()
     await gateway.writer.stop()
-    if gateway.expander is not None:
-        await gateway.expander.stop()
-    if gateway.policy_worker is not None:
-        await gateway.policy_worker.stop()
-    if gateway.diagnoser is not None:
-        await gateway.diagnoser.stop()
+    await gateway.expander.stop()
+    await gateway.policy_worker.stop()
+    if gateway.hang is not None:
+        await gateway.hang.stop()
     if gateway.job_status is not None:
         await gateway.job_status.stop()
     if gateway.job_alerting is not None:

@@ -169,7 +169,7 @@ async def now_part(request: web.Request, who: auth.Viewer) -> NowPart:
     async with gateway.engine.connect() as conn:
         marker = await store.change_marker(conn)
     env = request.app[TEMPLATES_KEY]
-    can_act = who.can_act and read_token(gateway.settings) is not None and gateway.ack is not None
+    can_act = who.can_act and read_token(gateway.settings) is not None
     key = (*filters.query().items(), ("can_act", str(can_act)))
     return await cache.get(
         key, marker, lambda: _build_now(gateway, env, filters, can_act), asked_at

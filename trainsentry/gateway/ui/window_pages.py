@@ -71,7 +71,7 @@ async def _draw(
         events = await store.silences_made(conn, since=since, limit=MAX_SILENCES)
     made = silences(events, now)
     states = None
-    if gateway.ack is not None and made:  # Alertmanager's word on the newest (bounded)
+    if made:  # Alertmanager's word on the newest (bounded)
         states = await gateway.ack.silence_states([row.silence_id for row in made])
     return render(
         request, who, "silences.html.j2", status=status, windows=found,
