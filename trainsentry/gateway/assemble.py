@@ -24,6 +24,7 @@ from trainsentry.alerts import AlertChange, Priority, utcnow
 from trainsentry.config import GatewaySettings, MaintenanceSettings, Settings
 from trainsentry.config.diagnosis import DiagnosisSettings
 from trainsentry.config.remediation import CordonSettings, Mode
+from trainsentry.gateway.absent import JobAlertingOff, JobStatusOff, TickerOff, TopologyOff
 from trainsentry.gateway.api.app import (
     HANG_TRIGGER_PATH,
     CardCallbackSettings,
@@ -126,7 +127,7 @@ def _record_expanded(gateway: Gateway, outcomes: Sequence[ReceiptOutcome]) -> No
 
 def _record_verdict(gateway: Gateway, change: AlertChange, verdict: HangVerdict) -> None:
     """A hang's diagnosis reaches the job's status (lastAlert.diagnosis: which rank)."""
-    if gateway.job_status is None or verdict.verdict not in ("hang", "mismatch"):
+    if verdict.verdict not in ("hang", "mismatch"):
         return
     priority = Priority(gateway.classified().get(change.alert_id, "P0"))
     gateway.job_status.feed_verdict(change, priority, verdict.summary, verdict.culprit_ranks)
@@ -138,8 +139,7 @@ def _record_planned(gateway: Gateway, changes: Sequence[AlertChange], written: i
     gateway.expander.wake()  # room ahead of the planner: the next chunk may go
     if gateway.hang is not None:
         gateway.hang.diagnose(changes)
-    if gateway.job_status is not None:
-        gateway.job_status.feed(changes, gateway.classified())
+    gateway.job_status.feed(changes, gateway.classified())
     if written:
         gateway.outbox.wake()
 
@@ -294,7 +294,7 @@ class _PolicyParts:
     when a test's plan replaces it)."""
 
     plan: PlanHook
-    ticker: Ticker | None
+    ticker: Ticker | TickerOff
     maintenance: MaintenanceService | None
     hang: HangTriggers | None
     classified: Callable[[], Mapping[int, str]]
@@ -340,12 +340,12 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
         hang=parts.hang,
         job_status=(
             JobStatusFeeder(w.kube_api or default_api_client)
-            if settings.trainingjob_status else None
+            if settings.trainingjob_status else JobStatusOff()
         ),
         escalator=w.paging.escalator if w.paging is not None else None,
         maintenance=parts.maintenance,
-        job_alerting=w.job_alerting,
-        topology=w.topology,
+        job_alerting=w.job_alerting if w.job_alerting is not None else JobAlertingOff(),
+        topology=w.topology if w.topology is not None else TopologyOff(),
         policy=policy,
         oncall=oncall,
         handoffs=handoffs,
@@ -371,7 +371,7 @@ async def _policy_parts(
     policy = w.policy
     if policy is None:
         assert w.plan is not None  # create_app: a test's plan, or the real policy's rules
-        return _PolicyParts(w.plan, None, None, None, dict)
+        return _PolicyParts(w.plan, TickerOff(), None, None, dict)
     maintenance = _new_maintenance(engine, w, policy, policy_lock)
     hang = None
     if w.diagnosis is not None and w.diagnosis.settings.enabled:
@@ -533,12 +533,9 @@ def _hang_triggers(
 
 async def _start(gateway: Gateway) -> None:
     """Starts the stages; the outbox last, after the leases an earlier run left."""
-    if gateway.topology is not None:
-        gateway.topology.start()
-    if gateway.ticker is not None:
-        gateway.ticker.start()
-    if gateway.job_alerting is not None:
-        gateway.job_alerting.start(gateway.metrics)
+    gateway.topology.start()
+    gateway.ticker.start()
+    gateway.job_alerting.start(gateway.metrics)
     await gateway.expander.start()  # before the intake: what an earlier run journaled
     gateway.writer.start()
     gateway.policy_worker.start()
@@ -567,19 +564,15 @@ async def _stop(gateway: Gateway) -> None:
     await gateway.policy_worker.stop()
     if gateway.hang is not None:
         await gateway.hang.stop()
-    if gateway.job_status is not None:
-        await gateway.job_status.stop()
-    if gateway.job_alerting is not None:
-        await gateway.job_alerting.stop()
-    if gateway.ticker is not None:
-        await gateway.ticker.stop()
+    await gateway.job_status.stop()
+    await gateway.job_alerting.stop()
+    await gateway.ticker.stop()
     if gateway.handoffs is not None:
         await gateway.handoffs.stop()
     if gateway.cordon is not None:
         await gateway.cordon.stop()
     await gateway.outbox.aclose()
-    if gateway.topology is not None:
-        await gateway.topology.stop()
+    await gateway.topology.stop()
     for task in list(gateway.background):
         task.cancel()
     # before the engine goes: a cancelled task may still be giving its connection back

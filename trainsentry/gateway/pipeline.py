@@ -19,6 +19,7 @@ from aiohttp import web
 
 from trainsentry.alerts import AlertChange
 from trainsentry.config import GatewaySettings
+from trainsentry.gateway.absent import JobAlertingOff, JobStatusOff, TickerOff, TopologyOff
 from trainsentry.gateway.metrics import GatewayMetrics
 from trainsentry.gateway.policy.escalation import Escalator
 from trainsentry.gateway.policy.rules import Policy
@@ -72,13 +73,13 @@ class Gateway:
     policy_worker: PolicyWorker
     ack: AckService
     retention: Retention  # off the pipeline: deletes finished rows, measures the store
-    ticker: Ticker | None
+    ticker: Ticker | TickerOff  # the real policy's timers
     hang: HangTriggers | None
-    job_status: JobStatusFeeder | None
+    job_status: JobStatusFeeder | JobStatusOff
     escalator: Escalator | None  # the phone escalation's roster (who is on call)
     maintenance: MaintenanceService | None  # windows (the real policy only)
-    job_alerting: JobAlerting | None
-    topology: TopologySource | None  # where each node stands (stages/services/topology.py)
+    job_alerting: JobAlerting | JobAlertingOff
+    topology: TopologySource | TopologyOff  # where each node stands (stages/services/topology.py)
     policy: Policy | None  # the alert policy (node health reads its weights)
     oncall: OncallService | None  # with an `oncall:` section: schedules, overrides
     handoffs: HandoffNotices | None
@@ -95,8 +96,7 @@ class Gateway:
         await self.writer.flush()  # the counts of resends answered from the store
         await self.expander.drain()
         await self.policy_worker.drain()
-        if self.ticker is not None:
-            await self.ticker.run_once()
+        await self.ticker.run_once()
         if self.handoffs is not None:
             await self.handoffs.run_once()
         if self.cordon is not None:

@@ -32,7 +32,7 @@ async def ranked_nodes(gateway: Gateway) -> tuple[list[NodeHealth], Topology | N
     async with gateway.engine.connect() as conn:
         rows = await node_occurrences(conn, since)
     ranked = score_nodes((row.alert() for row in rows if trusted(row.labels)), policy, now)
-    topology = gateway.topology.current() if gateway.topology is not None else None
+    topology = gateway.topology.current()
     if topology is not None:  # placed nodes without a fault are healthy: score 0
         seen = {health.node for health in ranked}
         ranked += [NodeHealth(node) for node in sorted(topology.places) if node not in seen]

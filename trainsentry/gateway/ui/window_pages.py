@@ -92,7 +92,7 @@ async def _open_rows(gateway: Gateway) -> tuple[list[tuple[AlertRow, dict[str, s
     async with gateway.engine.connect() as conn:
         rows = await store.open_alerts(conn, limit=MAX_CHECKED)
         counts = await store.open_counts(conn, max_choices=0)
-    topology = gateway.topology.current() if gateway.topology is not None else None
+    topology = gateway.topology.current()
 
     def seen(row: AlertRow) -> dict[str, str]:
         place: dict[str, Any] = {"topology": topology.place(row.node)} if topology else {}
