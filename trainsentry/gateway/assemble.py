@@ -24,7 +24,13 @@ from trainsentry.alerts import AlertChange, Priority, utcnow
 from trainsentry.config import GatewaySettings, MaintenanceSettings, Settings
 from trainsentry.config.diagnosis import DiagnosisSettings
 from trainsentry.config.remediation import CordonSettings, Mode
-from trainsentry.gateway.absent import JobAlertingOff, JobStatusOff, TickerOff, TopologyOff
+from trainsentry.gateway.absent import (
+    HangsOff,
+    JobAlertingOff,
+    JobStatusOff,
+    TickerOff,
+    TopologyOff,
+)
 from trainsentry.gateway.api.app import (
     HANG_TRIGGER_PATH,
     CardCallbackSettings,
@@ -137,8 +143,7 @@ def _record_planned(gateway: Gateway, changes: Sequence[AlertChange], written: i
     """After the policy's commit: what follows a decided change, then wake the outbox."""
     gateway.metrics.policy_planned.inc(len(changes))
     gateway.expander.wake()  # room ahead of the planner: the next chunk may go
-    if gateway.hang is not None:
-        gateway.hang.diagnose(changes)
+    gateway.hang.diagnose(changes)
     gateway.job_status.feed(changes, gateway.classified())
     if written:
         gateway.outbox.wake()
@@ -296,7 +301,7 @@ class _PolicyParts:
     plan: PlanHook
     ticker: Ticker | TickerOff
     maintenance: MaintenanceService | None
-    hang: HangTriggers | None
+    hang: HangTriggers | HangsOff
     classified: Callable[[], Mapping[int, str]]
 
 
@@ -371,12 +376,13 @@ async def _policy_parts(
     policy = w.policy
     if policy is None:
         assert w.plan is not None  # create_app: a test's plan, or the real policy's rules
-        return _PolicyParts(w.plan, TickerOff(), None, None, dict)
+        return _PolicyParts(w.plan, TickerOff(), None, HangsOff(), dict)
     maintenance = _new_maintenance(engine, w, policy, policy_lock)
-    hang = None
+    hang: HangTriggers | HangsOff = HangsOff()
+    hold = None  # the policy's hold step: hang pages wait for their diagnosis
     if w.diagnosis is not None and w.diagnosis.settings.enabled:
         hang = _hang_triggers(app, w, w.diagnosis, engine, writer, outbox, policy_lock)
-    hold = hang.diagnoser if hang is not None else None
+        hold = hang.diagnoser
     policy_plan = _policy_plan(w, policy, maintenance, hold)
     ticker = _new_ticker(app, w, engine, outbox, policy_plan, policy_lock)
     return _PolicyParts(policy_plan, ticker, maintenance, hang, lambda: policy_plan.classified)
@@ -562,8 +568,7 @@ async def _stop(gateway: Gateway) -> None:
     await gateway.writer.stop()
     await gateway.expander.stop()
     await gateway.policy_worker.stop()
-    if gateway.hang is not None:
-        await gateway.hang.stop()
+    await gateway.hang.stop()
     await gateway.job_status.stop()
     await gateway.job_alerting.stop()
     await gateway.ticker.stop()

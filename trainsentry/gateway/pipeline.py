@@ -19,7 +19,13 @@ from aiohttp import web
 
 from trainsentry.alerts import AlertChange
 from trainsentry.config import GatewaySettings
-from trainsentry.gateway.absent import JobAlertingOff, JobStatusOff, TickerOff, TopologyOff
+from trainsentry.gateway.absent import (
+    HangsOff,
+    JobAlertingOff,
+    JobStatusOff,
+    TickerOff,
+    TopologyOff,
+)
 from trainsentry.gateway.metrics import GatewayMetrics
 from trainsentry.gateway.policy.escalation import Escalator
 from trainsentry.gateway.policy.rules import Policy
@@ -74,7 +80,7 @@ class Gateway:
     ack: AckService
     retention: Retention  # off the pipeline: deletes finished rows, measures the store
     ticker: Ticker | TickerOff  # the real policy's timers
-    hang: HangTriggers | None
+    hang: HangTriggers | HangsOff
     job_status: JobStatusFeeder | JobStatusOff
     escalator: Escalator | None  # the phone escalation's roster (who is on call)
     maintenance: MaintenanceService | None  # windows (the real policy only)

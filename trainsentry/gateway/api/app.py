@@ -24,6 +24,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from trainsentry.alerts import JobRef, Priority, utcnow
+from trainsentry.gateway.absent import Off
 from trainsentry.gateway.acting import (
     alert_target,
     api_actor,
@@ -143,7 +144,7 @@ async def receive_hang_trigger(request: web.Request) -> web.Response:
     later triggers are answered from memory ("hang": "known")."""
     gateway = request.app[GATEWAY_KEY]
     hang = gateway.hang
-    if hang is None:
+    if isinstance(hang, Off):
         return _error(404, "hang triggers are off: this gateway has no hang diagnosis configured")
     given = _bearer(request)
     if given is None:
