@@ -28,6 +28,7 @@ from trainsentry.gateway.absent import (
     HangsOff,
     JobAlertingOff,
     JobStatusOff,
+    MaintenanceOff,
     TickerOff,
     TopologyOff,
 )
@@ -300,7 +301,7 @@ class _PolicyParts:
 
     plan: PlanHook
     ticker: Ticker | TickerOff
-    maintenance: MaintenanceService | None
+    maintenance: MaintenanceService | MaintenanceOff
     hang: HangTriggers | HangsOff
     classified: Callable[[], Mapping[int, str]]
 
@@ -376,7 +377,7 @@ async def _policy_parts(
     policy = w.policy
     if policy is None:
         assert w.plan is not None  # create_app: a test's plan, or the real policy's rules
-        return _PolicyParts(w.plan, TickerOff(), None, HangsOff(), dict)
+        return _PolicyParts(w.plan, TickerOff(), MaintenanceOff(), HangsOff(), dict)
     maintenance = _new_maintenance(engine, w, policy, policy_lock)
     hang: HangTriggers | HangsOff = HangsOff()
     hold = None  # the policy's hold step: hang pages wait for their diagnosis

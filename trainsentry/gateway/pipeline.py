@@ -23,6 +23,7 @@ from trainsentry.gateway.absent import (
     HangsOff,
     JobAlertingOff,
     JobStatusOff,
+    MaintenanceOff,
     TickerOff,
     TopologyOff,
 )
@@ -83,7 +84,7 @@ class Gateway:
     hang: HangTriggers | HangsOff
     job_status: JobStatusFeeder | JobStatusOff
     escalator: Escalator | None  # the phone escalation's roster (who is on call)
-    maintenance: MaintenanceService | None  # windows (the real policy only)
+    maintenance: MaintenanceService | MaintenanceOff  # windows (the real policy only)
     job_alerting: JobAlerting | JobAlertingOff
     topology: TopologySource | TopologyOff  # where each node stands (stages/services/topology.py)
     policy: Policy | None  # the alert policy (node health reads its weights)
