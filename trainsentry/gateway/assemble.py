@@ -25,10 +25,12 @@ from trainsentry.config import GatewaySettings, MaintenanceSettings, Settings
 from trainsentry.config.diagnosis import DiagnosisSettings
 from trainsentry.config.remediation import CordonSettings, Mode
 from trainsentry.gateway.absent import (
+    HandoffsOff,
     HangsOff,
     JobAlertingOff,
     JobStatusOff,
     MaintenanceOff,
+    OncallOff,
     TickerOff,
     TopologyOff,
 )
@@ -336,7 +338,9 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
     )
     parts = await _policy_parts(app, w, engine, outbox, writer, policy_lock)
     worker, ack = _new_policy_worker_and_ack(app, w, engine, parts.plan, policy_lock)
-    oncall, handoffs = _new_oncall(engine, w.oncall, w, outbox) if w.oncall else (None, None)
+    oncall, handoffs = (
+        _new_oncall(engine, w.oncall, w, outbox) if w.oncall else (OncallOff(), HandoffsOff())
+    )
     gateway = Gateway(
         settings, engine, w.metrics, writer, outbox, expander, worker, ack,
         retention=Retention(
@@ -550,8 +554,7 @@ async def _start(gateway: Gateway) -> None:
     await gateway.outbox.release_leases_of_earlier_runs()
     gateway.outbox.start()
     gateway.retention.start()
-    if gateway.handoffs is not None:
-        gateway.handoffs.start()
+    gateway.handoffs.start()
     if gateway.cordon is not None:
         gateway.cordon.start()
     log.info(
@@ -573,8 +576,7 @@ async def _stop(gateway: Gateway) -> None:
     await gateway.job_status.stop()
     await gateway.job_alerting.stop()
     await gateway.ticker.stop()
-    if gateway.handoffs is not None:
-        await gateway.handoffs.stop()
+    await gateway.handoffs.stop()
     if gateway.cordon is not None:
         await gateway.cordon.stop()
     await gateway.outbox.aclose()

@@ -20,10 +20,12 @@ from aiohttp import web
 from trainsentry.alerts import AlertChange
 from trainsentry.config import GatewaySettings
 from trainsentry.gateway.absent import (
+    HandoffsOff,
     HangsOff,
     JobAlertingOff,
     JobStatusOff,
     MaintenanceOff,
+    OncallOff,
     TickerOff,
     TopologyOff,
 )
@@ -88,8 +90,8 @@ class Gateway:
     job_alerting: JobAlerting | JobAlertingOff
     topology: TopologySource | TopologyOff  # where each node stands (stages/services/topology.py)
     policy: Policy | None  # the alert policy (node health reads its weights)
-    oncall: OncallService | None  # with an `oncall:` section: schedules, overrides
-    handoffs: HandoffNotices | None
+    oncall: OncallService | OncallOff  # with an `oncall:` section: schedules, overrides
+    handoffs: HandoffNotices | HandoffsOff
     cordon: Cordoner | None  # `remediation.cordon` (stages/services/cordon.py)
     # Feishu open_id -> the oncall.people name: who a card's button press is (acting.py)
     feishu_people: Mapping[str, str]
@@ -104,8 +106,7 @@ class Gateway:
         await self.expander.drain()
         await self.policy_worker.drain()
         await self.ticker.run_once()
-        if self.handoffs is not None:
-            await self.handoffs.run_once()
+        await self.handoffs.run_once()
         if self.cordon is not None:
             await self.cordon.run_once()
         await self.outbox.drain()

@@ -212,8 +212,9 @@ async def _build_now(
 async def _on_call(gateway: Gateway) -> Any:
     """The `oncall:` schedules' answer (as GET /api/v1/oncall) where the gateway has any,
     else the inline escalation roster's layers."""
-    if gateway.oncall is not None and gateway.oncall.schedule_names():
-        return schedules_on_call(await gateway.oncall.who(None, None))
+    oncall = gateway.oncall
+    if not isinstance(oncall, Off) and oncall.schedule_names():
+        return schedules_on_call(await oncall.who(None, None))
     return on_call(gateway.escalator, _now(gateway))
 
 
