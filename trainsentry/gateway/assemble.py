@@ -25,6 +25,7 @@ from trainsentry.config import GatewaySettings, MaintenanceSettings, Settings
 from trainsentry.config.diagnosis import DiagnosisSettings
 from trainsentry.config.remediation import CordonSettings, Mode
 from trainsentry.gateway.absent import (
+    CordonOff,
     HandoffsOff,
     HangsOff,
     JobAlertingOff,
@@ -470,11 +471,11 @@ def _new_oncall(
     return service, handoffs
 
 
-def _new_cordon(engine: Engine, w: _Wiring, outbox: Outbox) -> Cordoner | None:
+def _new_cordon(engine: Engine, w: _Wiring, outbox: Outbox) -> Cordoner | CordonOff:
     """Cordon recommendations, where `remediation.cordon` is on and the real policy runs."""
     remediation, policy = w.remediation, w.policy
     if remediation is None or remediation.cordon is Mode.OFF or policy is None:
-        return None
+        return CordonOff()
     return Cordoner(
         engine, remediation, policy, w.kube_api or default_api_client,
         tuple(w.notifiers), approvers=w.approvers, topology=w.topology, clock=w.clock,
@@ -555,8 +556,7 @@ async def _start(gateway: Gateway) -> None:
     gateway.outbox.start()
     gateway.retention.start()
     gateway.handoffs.start()
-    if gateway.cordon is not None:
-        gateway.cordon.start()
+    gateway.cordon.start()
     log.info(
         "gateway started db=%s listen=%s", gateway.engine.dialect.name, gateway.settings.listen
     )
@@ -577,8 +577,7 @@ async def _stop(gateway: Gateway) -> None:
     await gateway.job_alerting.stop()
     await gateway.ticker.stop()
     await gateway.handoffs.stop()
-    if gateway.cordon is not None:
-        await gateway.cordon.stop()
+    await gateway.cordon.stop()
     await gateway.outbox.aclose()
     await gateway.topology.stop()
     for task in list(gateway.background):

@@ -20,6 +20,7 @@ from aiohttp import web
 from trainsentry.alerts import AlertChange
 from trainsentry.config import GatewaySettings
 from trainsentry.gateway.absent import (
+    CordonOff,
     HandoffsOff,
     HangsOff,
     JobAlertingOff,
@@ -92,7 +93,7 @@ class Gateway:
     policy: Policy | None  # the alert policy (node health reads its weights)
     oncall: OncallService | OncallOff  # with an `oncall:` section: schedules, overrides
     handoffs: HandoffNotices | HandoffsOff
-    cordon: Cordoner | None  # `remediation.cordon` (stages/services/cordon.py)
+    cordon: Cordoner | CordonOff  # `remediation.cordon` (stages/services/cordon.py)
     # Feishu open_id -> the oncall.people name: who a card's button press is (acting.py)
     feishu_people: Mapping[str, str]
     classified: Callable[[], Mapping[int, str]]  # the real policy's priorities, by alert id
@@ -107,8 +108,7 @@ class Gateway:
         await self.policy_worker.drain()
         await self.ticker.run_once()
         await self.handoffs.run_once()
-        if self.cordon is not None:
-            await self.cordon.run_once()
+        await self.cordon.run_once()
         await self.outbox.drain()
 
 
