@@ -26,6 +26,7 @@ from trainsentry.config.diagnosis import DiagnosisSettings
 from trainsentry.config.remediation import CordonSettings, Mode
 from trainsentry.gateway.absent import (
     CordonOff,
+    EscalationOff,
     HandoffsOff,
     HangsOff,
     JobAlertingOff,
@@ -353,11 +354,12 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
             JobStatusFeeder(w.kube_api or default_api_client)
             if settings.trainingjob_status else JobStatusOff()
         ),
-        escalator=w.paging.escalator if w.paging is not None else None,
+        escalator=w.paging.escalator if w.paging is not None else EscalationOff(),
         maintenance=parts.maintenance,
         job_alerting=w.job_alerting if w.job_alerting is not None else JobAlertingOff(),
         topology=w.topology if w.topology is not None else TopologyOff(),
-        policy=policy,
+        # a test's plan runs without the real policy: node health reads the policy file's
+        policy=policy if policy is not None else load_policy(settings.policy_file),
         oncall=oncall,
         handoffs=handoffs,
         cordon=_new_cordon(engine, w, outbox),

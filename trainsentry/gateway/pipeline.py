@@ -21,6 +21,7 @@ from trainsentry.alerts import AlertChange
 from trainsentry.config import GatewaySettings
 from trainsentry.gateway.absent import (
     CordonOff,
+    EscalationOff,
     HandoffsOff,
     HangsOff,
     JobAlertingOff,
@@ -86,11 +87,11 @@ class Gateway:
     ticker: Ticker | TickerOff  # the real policy's timers
     hang: HangTriggers | HangsOff
     job_status: JobStatusFeeder | JobStatusOff
-    escalator: Escalator | None  # the phone escalation's roster (who is on call)
+    escalator: Escalator | EscalationOff  # the phone escalation's roster (who is on call)
     maintenance: MaintenanceService | MaintenanceOff  # windows (the real policy only)
     job_alerting: JobAlerting | JobAlertingOff
     topology: TopologySource | TopologyOff  # where each node stands (stages/services/topology.py)
-    policy: Policy | None  # the alert policy (node health reads its weights)
+    policy: Policy  # the alert policy's rules (node health reads its weights)
     oncall: OncallService | OncallOff  # with an `oncall:` section: schedules, overrides
     handoffs: HandoffNotices | HandoffsOff
     cordon: Cordoner | CordonOff  # `remediation.cordon` (stages/services/cordon.py)

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
+from trainsentry.gateway.absent import Off
 from trainsentry.gateway.access import Actor
 from trainsentry.gateway.pipeline import Gateway
 from trainsentry.gateway.stages.services.ack import EscalationRefused
@@ -142,7 +143,7 @@ ACTIONS: dict[str, Action] = {
             "escalate",
             "Escalate now",
             _escalate,
-            lambda g: g.escalator is not None,
+            lambda g: not isinstance(g.escalator, Off),
             comment=False,
         ),
     )
