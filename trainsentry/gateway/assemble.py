@@ -6,6 +6,10 @@ settings, then `create_app`. `create_app` opens the store when the app starts an
 stages in pipeline order; tests call it directly and may inject a `plan` (any PlanHook) in
 place of the policy: then the policy's timers, the classification record and the hang hold
 (which belong to the real policy, `PolicyPlan`) are left out.
+
+The `Gateway` is constructed once, in `_open`, every part given: a feature that is off is
+its absent part (absent.py: `CordonOff`, `OncallOff`, ...), never `None`; nothing assigns to
+the Gateway afterwards (tests/architecture/test_gateway_whole.py).
 """
 
 from __future__ import annotations
@@ -299,8 +303,23 @@ class _Wiring:
 
 
 @dataclass(frozen=True)
+class _Core:
+    """What the later parts are built over: the app (the stages' callbacks find the Gateway
+    in it), the store, the outbox, the intake writer and the one policy lock."""
+
+    app: web.Application
+    engine: Engine
+    outbox: Outbox
+    writer: IntakeWriter
+    lock: asyncio.Lock  # one policy transaction at a time in this process
+
+    def record_planned(self, changes: Sequence[AlertChange], written: int) -> None:
+        _record_planned(self.app[GATEWAY_KEY], changes, written)
+
+
+@dataclass(frozen=True)
 class _PolicyParts:
-    """The plan the policy worker runs, and the parts that belong to the real policy (none
+    """The plan the policy worker runs, and the parts that belong to the real policy (off
     when a test's plan replaces it)."""
 
     plan: PlanHook
@@ -319,11 +338,9 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
     settings, clock, policy = w.settings, w.clock, w.policy
     engine = create_engine(settings.db)
     await migrate(engine)
-    outbox = _new_outbox(engine, w)
     # the one resolution of an alert's node: the store records it, every part reads it
     node_labels = policy.node_labels if policy is not None else NODE_LABELS
-    # One policy transaction at a time in this process; the expander's chunks take it too.
-    policy_lock = asyncio.Lock()
+    policy_lock = asyncio.Lock()  # the expander's chunks take it too
     expander = Expander(
         engine,
         lambda body: parse_webhook(body.encode()).alerts,
@@ -338,13 +355,12 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
         node_labels=node_labels,
         expander=expander,
     )
-    parts = await _policy_parts(app, w, engine, outbox, writer, policy_lock)
-    worker, ack = _new_policy_worker_and_ack(app, w, engine, parts.plan, policy_lock)
-    oncall, handoffs = (
-        _new_oncall(engine, w.oncall, w, outbox) if w.oncall else (OncallOff(), HandoffsOff())
-    )
+    core = _Core(app, engine, _new_outbox(engine, w), writer, policy_lock)
+    parts = await _policy_parts(w, core)
+    worker, ack = _new_policy_worker_and_ack(w, core, parts.plan)
+    oncall, handoffs = _new_oncall(w, core, w.oncall) if w.oncall else (OncallOff(), HandoffsOff())
     gateway = Gateway(
-        settings, engine, w.metrics, writer, outbox, expander, worker, ack,
+        settings, engine, w.metrics, writer, core.outbox, expander, worker, ack,
         retention=Retention(
             engine, settings.retention, metrics=w.metrics, clock=clock, lock=policy_lock
         ),
@@ -362,7 +378,7 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
         policy=policy if policy is not None else load_policy(settings.policy_file),
         oncall=oncall,
         handoffs=handoffs,
-        cordon=_new_cordon(engine, w, outbox),
+        cordon=_new_cordon(w, core),
         feishu_people=w.feishu_people,
         classified=parts.classified,
         clock=clock,
@@ -371,28 +387,25 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
     return gateway
 
 
-async def _policy_parts(
-    app: web.Application,
-    w: _Wiring,
-    engine: Engine,
-    outbox: Outbox,
-    writer: IntakeWriter,
-    policy_lock: asyncio.Lock,
-) -> _PolicyParts:
+async def _policy_parts(w: _Wiring, core: _Core) -> _PolicyParts:
     """The real policy, built whole over its maintenance windows and hang hold, and its
     ticker; or a test's plan, without them."""
     policy = w.policy
     if policy is None:
         assert w.plan is not None  # create_app: a test's plan, or the real policy's rules
         return _PolicyParts(w.plan, TickerOff(), MaintenanceOff(), HangsOff(), dict)
-    maintenance = _new_maintenance(engine, w, policy, policy_lock)
+    maintenance = _new_maintenance(w, core, policy)
     hang: HangTriggers | HangsOff = HangsOff()
     hold = None  # the policy's hold step: hang pages wait for their diagnosis
     if w.diagnosis is not None and w.diagnosis.settings.enabled:
-        hang = _hang_triggers(app, w, w.diagnosis, engine, writer, outbox, policy_lock)
+        hang = _hang_triggers(w, core, w.diagnosis)
         hold = hang.diagnoser
     policy_plan = _policy_plan(w, policy, maintenance, hold)
-    ticker = _new_ticker(app, w, engine, outbox, policy_plan, policy_lock)
+    ticker = Ticker(  # fires the real policy's timers and expires stale alerts
+        core.engine, policy_plan, interval=w.tick_interval,
+        stale_after=w.settings.stale_after_seconds, on_drafts=core.outbox.wake,
+        on_expired=core.record_planned, clock=w.clock, lock=core.lock,
+    )  # fmt: skip
     return _PolicyParts(policy_plan, ticker, maintenance, hang, lambda: policy_plan.classified)
 
 
@@ -415,120 +428,68 @@ def _new_outbox(engine: Engine, w: _Wiring) -> Outbox:
 
 
 def _new_policy_worker_and_ack(
-    app: web.Application, w: _Wiring, engine: Engine, plan: PlanHook, policy_lock: asyncio.Lock
+    w: _Wiring, core: _Core, plan: PlanHook
 ) -> tuple[PolicyWorker, AckService]:
-    """The policy worker and the ack service, both under `policy_lock`; the Feishu channels
-    find an ack's card to redraw through the ack service."""
+    """The policy worker and the ack service, both under the policy lock; the Feishu
+    channels find an ack's card to redraw through the ack service."""
     worker = PolicyWorker(
-        engine,
-        plan,
-        on_planned=lambda changes, written: _record_planned(app[GATEWAY_KEY], changes, written),
+        core.engine, plan, on_planned=core.record_planned,
         on_set_aside=lambda _change: w.metrics.policy_failed.inc(),
-        clock=w.clock,
-        lock=policy_lock,
-    )
+        clock=w.clock, lock=core.lock,
+    )  # fmt: skip
     ack = AckService(
-        engine,
-        channels=tuple(w.notifiers),
-        clock=w.clock,
-        paging=w.paging,
-        silences=w.silences,
-        lock=policy_lock,
-        ackers=w.ackers,
-    )
+        core.engine, channels=tuple(w.notifiers), clock=w.clock, paging=w.paging,
+        silences=w.silences, lock=core.lock, ackers=w.ackers,
+    )  # fmt: skip
     for notifier in w.notifiers.values():  # an ack finds its card to redraw as it is sent
         if isinstance(notifier, FeishuAppNotifier | FeishuJobNotifier):
             notifier.find_card = ack.card_message
     return worker, ack
 
 
-def _new_maintenance(
-    engine: Engine, w: _Wiring, policy: Policy, policy_lock: asyncio.Lock
-) -> MaintenanceService:
+def _new_maintenance(w: _Wiring, core: _Core, policy: Policy) -> MaintenanceService:
     """The maintenance windows the real policy mutes by (one service, shared by the
     gateway's API and the policy's mute step), over its chat and phone channels."""
     return MaintenanceService(
-        engine,
-        w.maintenance,
-        policy=policy,
-        channels=frozenset(w.notifiers) - ARCHIVE_CHANNELS,
-        clock=w.clock,
-        lock=policy_lock,
-    )
+        core.engine, w.maintenance, policy=policy,
+        channels=frozenset(w.notifiers) - ARCHIVE_CHANNELS, clock=w.clock, lock=core.lock,
+    )  # fmt: skip
 
 
 def _new_oncall(
-    engine: Engine, oncall: OncallConfig, w: _Wiring, outbox: Outbox
+    w: _Wiring, core: _Core, oncall: OncallConfig
 ) -> tuple[OncallService, HandoffNotices]:
     """The on-call rota and its handoff notices (checked every 30 ticks)."""
-    service = OncallService(engine, oncall, clock=w.clock, on_change=reschedule)
+    service = OncallService(core.engine, oncall, clock=w.clock, on_change=reschedule)
     handoffs = HandoffNotices(
-        engine,
-        service,
-        tuple(w.notifiers),
-        clock=w.clock,
-        interval=30 * w.tick_interval,
-        on_drafts=outbox.wake,
-    )
+        core.engine, service, tuple(w.notifiers), clock=w.clock,
+        interval=30 * w.tick_interval, on_drafts=core.outbox.wake,
+    )  # fmt: skip
     return service, handoffs
 
 
-def _new_cordon(engine: Engine, w: _Wiring, outbox: Outbox) -> Cordoner | CordonOff:
+def _new_cordon(w: _Wiring, core: _Core) -> Cordoner | CordonOff:
     """Cordon recommendations, where `remediation.cordon` is on and the real policy runs."""
     remediation, policy = w.remediation, w.policy
     if remediation is None or remediation.cordon is Mode.OFF or policy is None:
         return CordonOff()
     return Cordoner(
-        engine, remediation, policy, w.kube_api or default_api_client,
+        core.engine, remediation, policy, w.kube_api or default_api_client,
         tuple(w.notifiers), approvers=w.approvers, topology=w.topology, clock=w.clock,
-        on_drafts=outbox.wake,
+        on_drafts=core.outbox.wake,
     )  # fmt: skip
 
 
-def _new_ticker(
-    app: web.Application,
-    w: _Wiring,
-    engine: Engine,
-    outbox: Outbox,
-    policy_plan: PolicyPlan,
-    policy_lock: asyncio.Lock,
-) -> Ticker:
-    """The ticker that fires the real policy's timers and expires stale alerts."""
-    return Ticker(
-        engine,
-        policy_plan,
-        interval=w.tick_interval,
-        stale_after=w.settings.stale_after_seconds,
-        on_drafts=outbox.wake,
-        on_expired=lambda changes, written: _record_planned(app[GATEWAY_KEY], changes, written),
-        clock=w.clock,
-        lock=policy_lock,
-    )
-
-
-def _hang_triggers(
-    app: web.Application,
-    w: _Wiring,
-    diagnosis: Diagnosis,
-    engine: Engine,
-    writer: IntakeWriter,
-    outbox: Outbox,
-    policy_lock: asyncio.Lock,
-) -> HangTriggers:
+def _hang_triggers(w: _Wiring, core: _Core, diagnosis: Diagnosis) -> HangTriggers:
     """The hang diagnosis (the policy's hold step holds hang alerts for it); the probes'
     triggers are accepted."""
-    clock = w.clock
+    engine, clock, app = core.engine, w.clock, core.app
     diagnoser = HangDiagnoser(
-        engine,
-        diagnosis.settings,
-        diagnosis.resolver,
-        diagnosis.probe_token,
-        clock=clock,
-        on_release=outbox.wake,
+        engine, diagnosis.settings, diagnosis.resolver, diagnosis.probe_token,
+        clock=clock, on_release=core.outbox.wake,
         on_verdict=lambda change, verdict: _record_verdict(app[GATEWAY_KEY], change, verdict),
-        paging=w.paging,
-        lock=policy_lock,
-    )
+        paging=w.paging, lock=core.lock,
+    )  # fmt: skip
 
     async def firing(fingerprint: str) -> tuple[datetime, dict[str, str]] | None:
         async with engine.connect() as conn:
@@ -536,7 +497,7 @@ def _hang_triggers(
 
     async def submit(body: bytes) -> int:
         receipt = parse_webhook(body, received_at=clock())
-        return (await writer.submit(receipt)).new
+        return (await core.writer.submit(receipt)).new
 
     hangs = JobHangs(firing, submit, writes_per_minute=diagnosis.settings.trigger_writes_per_minute)
     diagnoser.evidence = hangs.evidence

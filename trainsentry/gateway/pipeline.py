@@ -70,7 +70,7 @@ class HangTriggers:
         await self.diagnoser.stop()
 
 
-@dataclass
+@dataclass(frozen=True)
 class Gateway:
     """Everything the handlers share; stored in the app under GATEWAY_KEY. assemble.py
     constructs it once, every part given."""
