@@ -6,6 +6,10 @@ settings, then `create_app`. `create_app` opens the store when the app starts an
 stages in pipeline order; tests call it directly and may inject a `plan` (any PlanHook) in
 place of the policy: then the policy's timers, the classification record and the hang hold
 (which belong to the real policy, `PolicyPlan`) are left out.
+
+The `Gateway` is constructed once, in `_open`, every part given: a feature that is off is
+its absent part (absent.py: `CordonOff`, `OncallOff`, ...), never `None`; nothing assigns to
+the Gateway afterwards (tests/architecture/test_gateway_whole.py).
 """
 
 from __future__ import annotations
@@ -24,6 +28,18 @@ from trainsentry.alerts import AlertChange, Priority, utcnow
 from trainsentry.config import GatewaySettings, MaintenanceSettings, Settings
 from trainsentry.config.diagnosis import DiagnosisSettings
 from trainsentry.config.remediation import CordonSettings, Mode
+from trainsentry.gateway.absent import (
+    CordonOff,
+    EscalationOff,
+    HandoffsOff,
+    HangsOff,
+    JobAlertingOff,
+    JobStatusOff,
+    MaintenanceOff,
+    OncallOff,
+    TickerOff,
+    TopologyOff,
+)
 from trainsentry.gateway.api.app import (
     HANG_TRIGGER_PATH,
     CardCallbackSettings,
@@ -34,7 +50,7 @@ from trainsentry.gateway.api.auth import open_endpoints
 from trainsentry.gateway.api.limits import BodyLimits, ReaderPool, body_limits
 from trainsentry.gateway.channels import build
 from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
-from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
+from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway, HangTriggers
 from trainsentry.gateway.policy.escalation import Escalator
 from trainsentry.gateway.policy.outbox_retry import DeliveryRules
 from trainsentry.gateway.policy.route import ARCHIVE_CHANNELS
@@ -120,13 +136,13 @@ def _record_expanded(gateway: Gateway, outcomes: Sequence[ReceiptOutcome]) -> No
         for change in outcome.changes:
             metrics.alert_changes.labels(change.kind.value).inc()
         queued = queued or bool(outcome.changes)
-    if queued and gateway.policy_worker is not None:
+    if queued:
         gateway.policy_worker.wake()
 
 
 def _record_verdict(gateway: Gateway, change: AlertChange, verdict: HangVerdict) -> None:
     """A hang's diagnosis reaches the job's status (lastAlert.diagnosis: which rank)."""
-    if gateway.job_status is None or verdict.verdict not in ("hang", "mismatch"):
+    if verdict.verdict not in ("hang", "mismatch"):
         return
     priority = Priority(gateway.classified().get(change.alert_id, "P0"))
     gateway.job_status.feed_verdict(change, priority, verdict.summary, verdict.culprit_ranks)
@@ -135,12 +151,9 @@ def _record_verdict(gateway: Gateway, change: AlertChange, verdict: HangVerdict)
 def _record_planned(gateway: Gateway, changes: Sequence[AlertChange], written: int) -> None:
     """After the policy's commit: what follows a decided change, then wake the outbox."""
     gateway.metrics.policy_planned.inc(len(changes))
-    if gateway.expander is not None:
-        gateway.expander.wake()  # room ahead of the planner: the next chunk may go
-    if gateway.diagnoser is not None:
-        gateway.diagnoser.start(changes)
-    if gateway.job_status is not None:
-        gateway.job_status.feed(changes, gateway.classified())
+    gateway.expander.wake()  # room ahead of the planner: the next chunk may go
+    gateway.hang.diagnose(changes)
+    gateway.job_status.feed(changes, gateway.classified())
     if written:
         gateway.outbox.wake()
 
@@ -202,7 +215,7 @@ def create_app(
 
     async def lifecycle(app: web.Application) -> Any:
         gateway = await _open(app, wiring)
-        await _start(app, gateway)
+        await _start(gateway)
         yield
         await _stop(gateway)
 
@@ -212,7 +225,9 @@ def create_app(
     return app
 
 
-def _policy_plan(gateway: Gateway, w: _Wiring, policy: Policy) -> PolicyPlan:
+def _policy_plan(
+    w: _Wiring, policy: Policy, maintenance: MaintenanceService, hold: HangDiagnoser | None
+) -> PolicyPlan:
     """The real policy over the gateway's channels, built whole with its steps (the
     gateway's maintenance windows, paging and hang hold, where it has them); incidents'
     cards are redrawn in place on the channels that can, and TrainingJobs' own routes are
@@ -221,7 +236,7 @@ def _policy_plan(gateway: Gateway, w: _Wiring, policy: Policy) -> PolicyPlan:
     return PolicyPlan(
         policy,
         channels=tuple(w.notifiers),
-        steps=plan_steps(maintenance=gateway.maintenance, paging=w.paging, hold=gateway.diagnoser),
+        steps=plan_steps(maintenance=maintenance, paging=w.paging, hold=hold),
         metrics=PolicyMetrics(w.metrics.registry),
         topology=w.topology.current if w.topology is not None else None,
         job_routes=job_alerting.routes if job_alerting is not None else None,
@@ -287,17 +302,45 @@ class _Wiring:
     ackers: Ackers | None = None
 
 
+@dataclass(frozen=True)
+class _Core:
+    """What the later parts are built over: the app (the stages' callbacks find the Gateway
+    in it), the store, the outbox, the intake writer and the one policy lock."""
+
+    app: web.Application
+    engine: Engine
+    outbox: Outbox
+    writer: IntakeWriter
+    lock: asyncio.Lock  # one policy transaction at a time in this process
+
+    def record_planned(self, changes: Sequence[AlertChange], written: int) -> None:
+        _record_planned(self.app[GATEWAY_KEY], changes, written)
+
+
+@dataclass(frozen=True)
+class _PolicyParts:
+    """The plan the policy worker runs, and the parts that belong to the real policy (off
+    when a test's plan replaces it)."""
+
+    plan: PlanHook
+    ticker: Ticker | TickerOff
+    maintenance: MaintenanceService | MaintenanceOff
+    hang: HangTriggers | HangsOff
+    classified: Callable[[], Mapping[int, str]]
+
+
 async def _open(app: web.Application, w: _Wiring) -> Gateway:
-    """The store, then the stages in pipeline order (none started yet); the real policy is
-    built whole after the parts it steps through (maintenance windows, the hang hold)."""
+    """The store, then the stages in pipeline order (none started yet), then the `Gateway`,
+    constructed once with every part; the real policy is built whole after the parts it
+    steps through (maintenance windows, the hang hold). The app holds the Gateway under
+    GATEWAY_KEY from here on: the stages' callbacks find it there (none runs before
+    `_start`)."""
     settings, clock, policy = w.settings, w.clock, w.policy
     engine = create_engine(settings.db)
     await migrate(engine)
-    outbox = _new_outbox(engine, w)
     # the one resolution of an alert's node: the store records it, every part reads it
     node_labels = policy.node_labels if policy is not None else NODE_LABELS
-    # One policy transaction at a time in this process; the expander's chunks take it too.
-    policy_lock = asyncio.Lock()
+    policy_lock = asyncio.Lock()  # the expander's chunks take it too
     expander = Expander(
         engine,
         lambda body: parse_webhook(body.encode()).alerts,
@@ -312,37 +355,58 @@ async def _open(app: web.Application, w: _Wiring) -> Gateway:
         node_labels=node_labels,
         expander=expander,
     )
-    gateway = Gateway(settings, engine, w.metrics, writer, outbox, expander, clock=clock)
-    gateway.feishu_people = w.feishu_people
-    gateway.topology = w.topology
-    gateway.policy = policy
-    gateway.escalator = w.paging.escalator if w.paging is not None else None
-    plan = w.plan
-    if policy is not None:
-        _add_maintenance(gateway, w, policy, policy_lock)
-        if w.diagnosis is not None and w.diagnosis.settings.enabled:
-            await _add_hang_diagnosis(gateway, w.diagnosis, w.paging, policy_lock)
-        plan = policy_plan = _policy_plan(gateway, w, policy)
-        gateway.classified = lambda: policy_plan.classified
-        gateway.ticker = _new_ticker(gateway, w, policy_plan, policy_lock)
-    assert plan is not None  # create_app: a test's plan, or the real policy's rules
-    _add_policy_worker_and_ack(gateway, w, plan, policy_lock)
-    if w.oncall is not None:
-        _add_oncall(gateway, w.oncall, w)
-    if w.remediation is not None and w.remediation.cordon is not Mode.OFF and policy:
-        gateway.cordon = Cordoner(
-            engine, w.remediation, policy, w.kube_api or default_api_client,
-            tuple(w.notifiers), approvers=w.approvers, topology=w.topology, clock=clock,
-            on_drafts=outbox.wake,
-        )  # fmt: skip
-    if settings.trainingjob_status:
-        gateway.job_status = JobStatusFeeder(w.kube_api or default_api_client)
-    gateway.job_alerting = w.job_alerting
-    # Off the pipeline: deletes finished rows, measures the store (store/retention.py).
-    gateway.retention = Retention(
-        engine, settings.retention, metrics=w.metrics, clock=clock, lock=policy_lock
-    )
+    core = _Core(app, engine, _new_outbox(engine, w), writer, policy_lock)
+    parts = await _policy_parts(w, core)
+    worker, ack = _new_policy_worker_and_ack(w, core, parts.plan)
+    oncall, handoffs = _new_oncall(w, core, w.oncall) if w.oncall else (OncallOff(), HandoffsOff())
+    gateway = Gateway(
+        settings, engine, w.metrics, writer, core.outbox, expander, worker, ack,
+        retention=Retention(
+            engine, settings.retention, metrics=w.metrics, clock=clock, lock=policy_lock
+        ),
+        ticker=parts.ticker,
+        hang=parts.hang,
+        job_status=(
+            JobStatusFeeder(w.kube_api or default_api_client)
+            if settings.trainingjob_status else JobStatusOff()
+        ),
+        escalator=w.paging.escalator if w.paging is not None else EscalationOff(),
+        maintenance=parts.maintenance,
+        job_alerting=w.job_alerting if w.job_alerting is not None else JobAlertingOff(),
+        topology=w.topology if w.topology is not None else TopologyOff(),
+        # a test's plan runs without the real policy: node health reads the policy file's
+        policy=policy if policy is not None else load_policy(settings.policy_file),
+        oncall=oncall,
+        handoffs=handoffs,
+        cordon=_new_cordon(w, core),
+        feishu_people=w.feishu_people,
+        classified=parts.classified,
+        clock=clock,
+    )  # fmt: skip
+    app[GATEWAY_KEY] = gateway
     return gateway
+
+
+async def _policy_parts(w: _Wiring, core: _Core) -> _PolicyParts:
+    """The real policy, built whole over its maintenance windows and hang hold, and its
+    ticker; or a test's plan, without them."""
+    policy = w.policy
+    if policy is None:
+        assert w.plan is not None  # create_app: a test's plan, or the real policy's rules
+        return _PolicyParts(w.plan, TickerOff(), MaintenanceOff(), HangsOff(), dict)
+    maintenance = _new_maintenance(w, core, policy)
+    hang: HangTriggers | HangsOff = HangsOff()
+    hold = None  # the policy's hold step: hang pages wait for their diagnosis
+    if w.diagnosis is not None and w.diagnosis.settings.enabled:
+        hang = _hang_triggers(w, core, w.diagnosis)
+        hold = hang.diagnoser
+    policy_plan = _policy_plan(w, policy, maintenance, hold)
+    ticker = Ticker(  # fires the real policy's timers and expires stale alerts
+        core.engine, policy_plan, interval=w.tick_interval,
+        stale_after=w.settings.stale_after_seconds, on_drafts=core.outbox.wake,
+        on_expired=core.record_planned, clock=w.clock, lock=core.lock,
+    )  # fmt: skip
+    return _PolicyParts(policy_plan, ticker, maintenance, hang, lambda: policy_plan.classified)
 
 
 def _new_outbox(engine: Engine, w: _Wiring) -> Outbox:
@@ -363,138 +427,100 @@ def _new_outbox(engine: Engine, w: _Wiring) -> Outbox:
     )
 
 
-def _add_policy_worker_and_ack(
-    gateway: Gateway, w: _Wiring, plan: PlanHook, policy_lock: asyncio.Lock
-) -> None:
-    """The policy worker and the ack service, both under `policy_lock`; the Feishu channels
-    find an ack's card to redraw through the ack service."""
-    gateway.policy_worker = PolicyWorker(
-        gateway.engine,
-        plan,
-        on_planned=lambda changes, written: _record_planned(gateway, changes, written),
+def _new_policy_worker_and_ack(
+    w: _Wiring, core: _Core, plan: PlanHook
+) -> tuple[PolicyWorker, AckService]:
+    """The policy worker and the ack service, both under the policy lock; the Feishu
+    channels find an ack's card to redraw through the ack service."""
+    worker = PolicyWorker(
+        core.engine, plan, on_planned=core.record_planned,
         on_set_aside=lambda _change: w.metrics.policy_failed.inc(),
-        clock=w.clock,
-        lock=policy_lock,
-    )
-    ack = gateway.ack = AckService(
-        gateway.engine,
-        channels=tuple(w.notifiers),
-        clock=w.clock,
-        paging=w.paging,
-        silences=w.silences,
-        lock=policy_lock,
-        ackers=w.ackers,
+        clock=w.clock, lock=core.lock,
+    )  # fmt: skip
+    ack = AckService(
+        core.engine, channels=tuple(w.notifiers), clock=w.clock, paging=w.paging,
+        silences=w.silences, lock=core.lock, ackers=w.ackers,
         node_labels=w.policy.node_labels if w.policy is not None else NODE_LABELS,
-    )
+    )  # fmt: skip
     for notifier in w.notifiers.values():  # an ack finds its card to redraw as it is sent
         if isinstance(notifier, FeishuAppNotifier | FeishuJobNotifier):
             notifier.find_card = ack.card_message
+    return worker, ack
 
 
-def _add_maintenance(
-    gateway: Gateway, w: _Wiring, policy: Policy, policy_lock: asyncio.Lock
-) -> None:
+def _new_maintenance(w: _Wiring, core: _Core, policy: Policy) -> MaintenanceService:
     """The maintenance windows the real policy mutes by (one service, shared by the
     gateway's API and the policy's mute step), over its chat and phone channels."""
-    gateway.maintenance = MaintenanceService(
-        gateway.engine,
-        w.maintenance,
-        policy=policy,
-        channels=frozenset(w.notifiers) - ARCHIVE_CHANNELS,
-        clock=w.clock,
-        lock=policy_lock,
-    )
+    return MaintenanceService(
+        core.engine, w.maintenance, policy=policy,
+        channels=frozenset(w.notifiers) - ARCHIVE_CHANNELS, clock=w.clock, lock=core.lock,
+    )  # fmt: skip
 
 
-def _add_oncall(gateway: Gateway, oncall: OncallConfig, w: _Wiring) -> None:
+def _new_oncall(
+    w: _Wiring, core: _Core, oncall: OncallConfig
+) -> tuple[OncallService, HandoffNotices]:
     """The on-call rota and its handoff notices (checked every 30 ticks)."""
-    gateway.oncall = OncallService(gateway.engine, oncall, clock=w.clock, on_change=reschedule)
-    gateway.handoffs = HandoffNotices(
-        gateway.engine,
-        gateway.oncall,
-        tuple(w.notifiers),
-        clock=w.clock,
-        interval=30 * w.tick_interval,
-        on_drafts=gateway.outbox.wake,
-    )
+    service = OncallService(core.engine, oncall, clock=w.clock, on_change=reschedule)
+    handoffs = HandoffNotices(
+        core.engine, service, tuple(w.notifiers), clock=w.clock,
+        interval=30 * w.tick_interval, on_drafts=core.outbox.wake,
+    )  # fmt: skip
+    return service, handoffs
 
 
-def _new_ticker(
-    gateway: Gateway, w: _Wiring, policy_plan: PolicyPlan, policy_lock: asyncio.Lock
-) -> Ticker:
-    """The ticker that fires the real policy's timers and expires stale alerts."""
-    return Ticker(
-        gateway.engine,
-        policy_plan,
-        interval=w.tick_interval,
-        stale_after=w.settings.stale_after_seconds,
-        on_drafts=gateway.outbox.wake,
-        on_expired=lambda changes, written: _record_planned(gateway, changes, written),
-        clock=w.clock,
-        lock=policy_lock,
-    )
+def _new_cordon(w: _Wiring, core: _Core) -> Cordoner | CordonOff:
+    """Cordon recommendations, where `remediation.cordon` is on and the real policy runs."""
+    remediation, policy = w.remediation, w.policy
+    if remediation is None or remediation.cordon is Mode.OFF or policy is None:
+        return CordonOff()
+    return Cordoner(
+        core.engine, remediation, policy, w.kube_api or default_api_client,
+        tuple(w.notifiers), approvers=w.approvers, topology=w.topology, clock=w.clock,
+        on_drafts=core.outbox.wake,
+    )  # fmt: skip
 
 
-async def _add_hang_diagnosis(
-    gateway: Gateway,
-    diagnosis: Diagnosis,
-    paging: Paging | None,
-    policy_lock: asyncio.Lock,
-) -> None:
+def _hang_triggers(w: _Wiring, core: _Core, diagnosis: Diagnosis) -> HangTriggers:
     """The hang diagnosis (the policy's hold step holds hang alerts for it); the probes'
     triggers are accepted."""
-    engine = gateway.engine
-    gateway.diagnoser = HangDiagnoser(
-        engine,
-        diagnosis.settings,
-        diagnosis.resolver,
-        diagnosis.probe_token,
-        clock=gateway.clock,
-        on_release=gateway.outbox.wake,
-        on_verdict=lambda change, verdict: _record_verdict(gateway, change, verdict),
-        paging=paging,
-        lock=policy_lock,
-    )
+    engine, clock, app = core.engine, w.clock, core.app
+    diagnoser = HangDiagnoser(
+        engine, diagnosis.settings, diagnosis.resolver, diagnosis.probe_token,
+        clock=clock, on_release=core.outbox.wake,
+        on_verdict=lambda change, verdict: _record_verdict(app[GATEWAY_KEY], change, verdict),
+        paging=w.paging, lock=core.lock,
+    )  # fmt: skip
 
     async def firing(fingerprint: str) -> tuple[datetime, dict[str, str]] | None:
         async with engine.connect() as conn:
             return await firing_occurrence(conn, fingerprint)
 
     async def submit(body: bytes) -> int:
-        receipt = parse_webhook(body, received_at=gateway.clock())
-        return (await gateway.writer.submit(receipt)).new
+        receipt = parse_webhook(body, received_at=clock())
+        return (await core.writer.submit(receipt)).new
 
-    gateway.hangs = JobHangs(
-        firing, submit, writes_per_minute=diagnosis.settings.trigger_writes_per_minute
-    )
-    gateway.diagnoser.evidence = gateway.hangs.evidence
-    gateway.trigger_sources = TriggerSources(gateway.diagnoser.rank_hosts)
-    gateway.diagnoser.warm_up()
+    hangs = JobHangs(firing, submit, writes_per_minute=diagnosis.settings.trigger_writes_per_minute)
+    diagnoser.evidence = hangs.evidence
+    sources = TriggerSources(diagnoser.rank_hosts)
+    diagnoser.warm_up()
+    return HangTriggers(diagnoser, hangs, sources)
 
 
-async def _start(app: web.Application, gateway: Gateway) -> None:
+async def _start(gateway: Gateway) -> None:
     """Starts the stages; the outbox last, after the leases an earlier run left."""
-    if gateway.topology is not None:
-        gateway.topology.start()
-    if gateway.ticker is not None:
-        gateway.ticker.start()
-    if gateway.job_alerting is not None:
-        gateway.job_alerting.start(gateway.metrics)
-    app[GATEWAY_KEY] = gateway
-    if gateway.expander is not None:
-        await gateway.expander.start()  # before the intake: what an earlier run journaled
+    gateway.topology.start()
+    gateway.ticker.start()
+    gateway.job_alerting.start(gateway.metrics)
+    await gateway.expander.start()  # before the intake: what an earlier run journaled
     gateway.writer.start()
-    assert gateway.policy_worker is not None
     gateway.policy_worker.start()
     # Before the worker and anything else can claim: rows an earlier run left in flight.
     await gateway.outbox.release_leases_of_earlier_runs()
     gateway.outbox.start()
-    if gateway.retention is not None:
-        gateway.retention.start()
-    if gateway.handoffs is not None:
-        gateway.handoffs.start()
-    if gateway.cordon is not None:
-        gateway.cordon.start()
+    gateway.retention.start()
+    gateway.handoffs.start()
+    gateway.cordon.start()
     log.info(
         "gateway started db=%s listen=%s", gateway.engine.dialect.name, gateway.settings.listen
     )
@@ -506,28 +532,18 @@ async def _start(app: web.Application, gateway: Gateway) -> None:
 
 async def _stop(gateway: Gateway) -> None:
     """Stops the stages in pipeline order, then closes the store."""
-    if gateway.retention is not None:
-        await gateway.retention.stop()
+    await gateway.retention.stop()
     await gateway.writer.stop()
-    if gateway.expander is not None:
-        await gateway.expander.stop()
-    if gateway.policy_worker is not None:
-        await gateway.policy_worker.stop()
-    if gateway.diagnoser is not None:
-        await gateway.diagnoser.stop()
-    if gateway.job_status is not None:
-        await gateway.job_status.stop()
-    if gateway.job_alerting is not None:
-        await gateway.job_alerting.stop()
-    if gateway.ticker is not None:
-        await gateway.ticker.stop()
-    if gateway.handoffs is not None:
-        await gateway.handoffs.stop()
-    if gateway.cordon is not None:
-        await gateway.cordon.stop()
+    await gateway.expander.stop()
+    await gateway.policy_worker.stop()
+    await gateway.hang.stop()
+    await gateway.job_status.stop()
+    await gateway.job_alerting.stop()
+    await gateway.ticker.stop()
+    await gateway.handoffs.stop()
+    await gateway.cordon.stop()
     await gateway.outbox.aclose()
-    if gateway.topology is not None:
-        await gateway.topology.stop()
+    await gateway.topology.stop()
     for task in list(gateway.background):
         task.cancel()
     # before the engine goes: a cancelled task may still be giving its connection back

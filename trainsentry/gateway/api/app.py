@@ -24,6 +24,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from trainsentry.alerts import JobRef, Priority, utcnow
+from trainsentry.gateway.absent import Off
 from trainsentry.gateway.acting import (
     alert_target,
     api_actor,
@@ -142,8 +143,8 @@ async def receive_hang_trigger(request: web.Request) -> web.Response:
     hang alert before the answer, then diagnosed and paged like any hang alert; the job's
     later triggers are answered from memory ("hang": "known")."""
     gateway = request.app[GATEWAY_KEY]
-    diagnoser, hangs, sources = gateway.diagnoser, gateway.hangs, gateway.trigger_sources
-    if diagnoser is None or hangs is None or sources is None:
+    hang = gateway.hang
+    if isinstance(hang, Off):
         return _error(404, "hang triggers are off: this gateway has no hang diagnosis configured")
     given = _bearer(request)
     if given is None:
@@ -156,19 +157,19 @@ async def receive_hang_trigger(request: web.Request) -> web.Response:
     except TriggerRejected as exc:
         gateway.metrics.receipts.labels("rejected").inc()
         return _error(400, str(exc))
-    if not trigger_token_ok(given, diagnoser.token, trigger):  # the job's token, or the master
+    if not trigger_token_ok(given, hang.diagnoser.token, trigger):  # the job's token, or the master
         gateway.metrics.receipts.labels("unauthorized").inc()
         return _unauthorized()
     job = JobRef(trigger.namespace, trigger.trainingjob)
     try:
-        allowed = await asyncio.wait_for(sources.allowed(job, request.remote), timeout=5)
+        allowed = await asyncio.wait_for(hang.sources.allowed(job, request.remote), timeout=5)
     except Exception as exc:  # the cluster API is down: say so, the probe retries
         return _error(503, f"cannot check the job's ranks now: {type(exc).__name__}")
     if not allowed:
         gateway.metrics.receipts.labels("unauthorized").inc()
         return _error(403, f"{request.remote} is not a rank of TrainingJob {job}")
     try:
-        answer = await hangs.take(trigger, request.remote, gateway.clock())
+        answer = await hang.hangs.take(trigger, request.remote, gateway.clock())
     except (StoreUnavailable, DatabaseError) as exc:
         gateway.metrics.receipts.labels("unavailable").inc()
         return _error(503, f"store unavailable, retry: {type(exc).__name__}")
@@ -228,7 +229,6 @@ async def card_ack(gateway: Gateway, action: CardAction) -> dict[str, Any] | Non
     says why and nothing changes."""
     if action.node is not None:  # the cordon card's Approve / Dismiss (cordon.py)
         return await card_cordon(gateway, action)
-    assert gateway.ack is not None
     silence = timedelta(seconds=action.duration_s) if action.duration_s else None
     event_id = action.event_id
     try:

@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from trainsentry.gateway.absent import Off
 from trainsentry.gateway.acting import api_actor, named, node_target, refusal
 from trainsentry.gateway.api.auth import error_response
 from trainsentry.gateway.api.request_body import BodyRejected, read_json
@@ -39,7 +40,7 @@ MAX_BODY_BYTES = 4096
 async def card_cordon(gateway: Gateway, action: CardAction) -> dict[str, Any]:
     """Approve / Dismiss pressed on a cordon card."""
     stage = gateway.cordon
-    if stage is None or action.node is None:
+    if isinstance(stage, Off) or action.node is None:
         return {"toast": {"type": "error", "content": "cordon is off on this gateway"}}
     event_id = action.event_id
     try:
@@ -92,7 +93,8 @@ async def post_uncordon(request: web.Request) -> web.Response:
     node = request.match_info["node"]
     if subdomain_problems(node):  # Kubernetes' rule for a node's name
         return error_response(400, "the node is not a node name")
-    if gateway.cordon is None:
+    cordon = gateway.cordon
+    if isinstance(cordon, Off):
         return error_response(409, "remediation.cordon is off on this gateway")
     try:
         body = await read_json(request, MAX_BODY_BYTES)
@@ -108,7 +110,7 @@ async def post_uncordon(request: web.Request) -> web.Response:
     if (refused := refusal(gateway, actor, node_target(node))) is not None:
         return refused
     try:
-        outcome = await gateway.cordon.uncordon(node, actor.audit_name)
+        outcome = await cordon.uncordon(node, actor.audit_name)
     except STORE_FAILURES as exc:
         return error_response(503, f"store unavailable, retry: {type(exc).__name__}")
     log.info(

@@ -107,7 +107,6 @@ async def post_incident_ack(request: web.Request) -> web.Response:
         incident_id = path_incident_id(request)
     except web.HTTPBadRequest as exc:
         return error_response(400, exc.reason)
-    assert gateway.ack is not None
     try:
         target = await incident_target(gateway, incident_id)
         if target is None:

@@ -15,6 +15,7 @@ import re
 
 from aiohttp import web
 
+from trainsentry.gateway.absent import Off
 from trainsentry.gateway.access import Actor
 from trainsentry.gateway.acting import api_actor, named, refusal, window_target
 from trainsentry.gateway.api.auth import authorized, error_response, read_token, unauthorized
@@ -32,8 +33,12 @@ MAINTENANCE_PATH = "/api/v1/maintenance"
 _WINDOW_ID = re.compile(r"^mw-[0-9a-f]{1,32}$")
 
 
-def _service(gateway: Gateway) -> MaintenanceService | None:
-    return gateway.maintenance
+def _service(gateway: Gateway) -> MaintenanceService | web.Response:
+    """The gateway's maintenance windows, or the 404 that says they are off."""
+    service = gateway.maintenance
+    if isinstance(service, Off):
+        return error_response(404, "maintenance windows need the gateway's policy")
+    return service
 
 
 def _caller(request: web.Request) -> Actor | web.Response:
@@ -64,8 +69,8 @@ async def post_window(request: web.Request) -> web.Response:
         return actor
     gateway = request.app[GATEWAY_KEY]
     service = _service(gateway)
-    if service is None:
-        return error_response(404, "maintenance windows need the gateway's policy")
+    if isinstance(service, web.Response):
+        return service
     try:
         body = await _json_body(request)
         if isinstance(body, dict) and actor.via != "api-token":
@@ -93,8 +98,8 @@ async def get_windows(request: web.Request) -> web.Response:
     if not authorized(request, read_token(gateway.settings)):
         return unauthorized()
     service = _service(gateway)
-    if service is None:
-        return error_response(404, "maintenance windows need the gateway's policy")
+    if isinstance(service, web.Response):
+        return service
     include_past = request.query.get("all", "") in ("1", "true", "yes")
     try:
         items = await service.windows(include_past=include_past)
@@ -111,8 +116,8 @@ async def delete_window(request: web.Request) -> web.Response:
         return actor
     gateway = request.app[GATEWAY_KEY]
     service = _service(gateway)
-    if service is None:
-        return error_response(404, "maintenance windows need the gateway's policy")
+    if isinstance(service, web.Response):
+        return service
     window_id = request.match_info["window_id"]
     if not _WINDOW_ID.match(window_id):
         return error_response(400, "window id must look like mw-0123abcd")

@@ -15,7 +15,7 @@ from aiohttp import web
 from trainsentry.gateway.api.read import query_choice, query_int, read_guard
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.health import NodeHealth, score_nodes
-from trainsentry.gateway.policy.rules import Policy, load_policy
+from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.tenancy import trusted
 from trainsentry.gateway.policy.topology import Topology
 from trainsentry.store.node_health import node_occurrences
@@ -26,13 +26,13 @@ async def ranked_nodes(gateway: Gateway) -> tuple[list[NodeHealth], Topology | N
     horizon, then (with a topology) the placed nodes without one, healthy (score 0); the
     topology they were placed by and the policy that scored them. What `GET /api/v1/nodes`
     and the console's Nodes page show."""
-    policy = gateway.policy or load_policy(gateway.settings.policy_file)
+    policy = gateway.policy
     now = gateway.clock()
     since = now - timedelta(seconds=policy.node_health.horizon)
     async with gateway.engine.connect() as conn:
         rows = await node_occurrences(conn, since)
     ranked = score_nodes((row.alert() for row in rows if trusted(row.labels)), policy, now)
-    topology = gateway.topology.current() if gateway.topology is not None else None
+    topology = gateway.topology.current()
     if topology is not None:  # placed nodes without a fault are healthy: score 0
         seen = {health.node for health in ranked}
         ranked += [NodeHealth(node) for node in sorted(topology.places) if node not in seen]

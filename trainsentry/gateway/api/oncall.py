@@ -31,6 +31,7 @@ from aiohttp import web
 from pydantic import SecretStr
 
 from trainsentry.credentials import secrets_equal
+from trainsentry.gateway.absent import Off
 from trainsentry.gateway.access import Actor
 from trainsentry.gateway.acting import api_actor, authorize, named, schedule_target
 from trainsentry.gateway.api.auth import authorized, error_response, read_token, unauthorized
@@ -105,7 +106,7 @@ def _guard(*, change: bool, feed: bool = False) -> Callable[[Handler], Handler]:
 
 def _service(request: web.Request) -> OncallService:
     oncall = request.app[GATEWAY_KEY].oncall
-    if oncall is None:
+    if isinstance(oncall, Off):
         raise _Bad(404, "no on-call schedules: the gateway's configuration has no oncall: section")
     return oncall
 

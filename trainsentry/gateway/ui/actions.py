@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
+from trainsentry.gateway.absent import Off
 from trainsentry.gateway.access import Actor
 from trainsentry.gateway.pipeline import Gateway
 from trainsentry.gateway.stages.services.ack import EscalationRefused
@@ -72,7 +73,7 @@ class Action:
     name: str
     label: str
     run: Run
-    available: Callable[[Gateway], bool]
+    available: Callable[[Gateway], bool] = lambda _gateway: True
     comment: bool = True  # the form has a comment field
 
 
@@ -95,7 +96,6 @@ def _minutes(form: Mapping[str, str]) -> int:
 async def _ack(
     gateway: Gateway, alert_id: int, who: Actor, form: Mapping[str, str]
 ) -> Outcome | None:
-    assert gateway.ack is not None
     result = await gateway.ack.acknowledge(
         alert_id, who.acting_name, None, comment=_comment(form), via=who.via
     )
@@ -109,7 +109,6 @@ async def _ack(
 async def _silence(
     gateway: Gateway, alert_id: int, who: Actor, form: Mapping[str, str]
 ) -> Outcome | None:
-    assert gateway.ack is not None
     minutes = _minutes(form)
     result = await gateway.ack.acknowledge(
         alert_id, who.acting_name, timedelta(minutes=minutes), comment=_comment(form), via=who.via
@@ -125,7 +124,6 @@ async def _escalate(
     gateway: Gateway, alert_id: int, who: Actor, _form: Mapping[str, str]
 ) -> Outcome | None:
     """The next step of the running escalation is called now (409: none is running)."""
-    assert gateway.ack is not None
     try:
         await gateway.ack.escalate_now(alert_id, who.acting_name, via=who.via)
     except EscalationRefused as exc:
@@ -139,13 +137,13 @@ async def _escalate(
 ACTIONS: dict[str, Action] = {
     action.name: action
     for action in (
-        Action("ack", "Acknowledge", _ack, lambda g: g.ack is not None),
-        Action("silence", "Silence", _silence, lambda g: g.ack is not None),
+        Action("ack", "Acknowledge", _ack),
+        Action("silence", "Silence", _silence),
         Action(
             "escalate",
             "Escalate now",
             _escalate,
-            lambda g: g.ack is not None and g.escalator is not None,
+            lambda g: not isinstance(g.escalator, Off),
             comment=False,
         ),
     )

@@ -20,6 +20,7 @@ import jinja2
 from aiohttp import web
 from markupsafe import Markup
 
+from trainsentry.gateway.absent import Off
 from trainsentry.gateway.acting import alert_target, window_target
 from trainsentry.gateway.api.auth import read_token
 from trainsentry.gateway.api.path_ids import id_problem, parse_id
@@ -169,7 +170,7 @@ async def now_part(request: web.Request, who: auth.Viewer) -> NowPart:
     async with gateway.engine.connect() as conn:
         marker = await store.change_marker(conn)
     env = request.app[TEMPLATES_KEY]
-    can_act = who.can_act and read_token(gateway.settings) is not None and gateway.ack is not None
+    can_act = who.can_act and read_token(gateway.settings) is not None
     key = (*filters.query().items(), ("can_act", str(can_act)))
     return await cache.get(
         key, marker, lambda: _build_now(gateway, env, filters, can_act), asked_at
@@ -211,8 +212,9 @@ async def _build_now(
 async def _on_call(gateway: Gateway) -> Any:
     """The `oncall:` schedules' answer (as GET /api/v1/oncall) where the gateway has any,
     else the inline escalation roster's layers."""
-    if gateway.oncall is not None and gateway.oncall.schedule_names():
-        return schedules_on_call(await gateway.oncall.who(None, None))
+    oncall = gateway.oncall
+    if not isinstance(oncall, Off) and oncall.schedule_names():
+        return schedules_on_call(await oncall.who(None, None))
     return on_call(gateway.escalator, _now(gateway))
 
 
@@ -220,7 +222,8 @@ async def _on_call(gateway: Gateway) -> Any:
 async def now_page(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
     part = await now_part(request, who)
     gateway = request.app[GATEWAY_KEY]
-    found = None if gateway.maintenance is None else windows(await gateway.maintenance.windows())
+    maintenance = gateway.maintenance
+    found = None if isinstance(maintenance, Off) else windows(await maintenance.windows())
     view = replace(part.view, oncall=await _on_call(gateway), windows=found)
     return _render(
         request, who, "now.html.j2", view=view, marker=part.marker,
@@ -230,7 +233,7 @@ async def now_page(request: web.Request, who: auth.Viewer) -> web.StreamResponse
 
 
 def _can_end(gateway: Gateway) -> bool:
-    return gateway.maintenance is not None and gateway.settings.api_token is not None
+    return not isinstance(gateway.maintenance, Off) and gateway.settings.api_token is not None
 
 
 @page(fragment=True)
@@ -333,10 +336,10 @@ async def post_end_window(request: web.Request, who: auth.Viewer) -> web.StreamR
     async def target(_form: object) -> Any:
         if not WINDOW_ID.match(window_id):
             raise BadQuery("window id must look like mw-0123abcd")
-        window = None if service is None else await service.window(window_id)
+        window = None if isinstance(service, Off) else await service.window(window_id)
         return None if window is None else window_target(window, window_id)
 
-    if service is None or gateway.settings.api_token is None:
+    if isinstance(service, Off) or gateway.settings.api_token is None:
         fields = await action_form(request, who)
         if isinstance(fields, web.Response):
             return fields

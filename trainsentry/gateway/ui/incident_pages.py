@@ -163,8 +163,6 @@ async def post_job_ack(request: web.Request, who: auth.Viewer) -> web.StreamResp
     done = await acting(request, who, target)
     if isinstance(done, web.Response):
         return done
-    if gateway.ack is None:
-        return render(request, who, "error.html.j2", status=404, message="no such action")
     namespace = text_param(done.fields.get("namespace"), "namespace")
     name = text_param(done.fields.get("name"), "name")
     incident_ids, alert_ids = found[0]

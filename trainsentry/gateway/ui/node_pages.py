@@ -23,6 +23,7 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
+from trainsentry.gateway.absent import Off
 from trainsentry.gateway.access import Target
 from trainsentry.gateway.acting import node_target
 from trainsentry.gateway.api.nodes import ranked_nodes
@@ -82,13 +83,14 @@ async def nodes(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
         infra = _infra(await store.states_in_scope(conn, INFRA_SCOPE))
     places = {node: topology.place(node) for node in names} if topology is not None else {}
     cordon = gateway.cordon
+    mode, threshold, approver = "off", None, False
+    if not isinstance(cordon, Off):
+        mode, threshold = cordon.settings.cordon.value, cordon.settings.threshold
+        approver = who.name is not None and bool(cordon.approver_id(who.name))
     view = nodes_page(
         ranked, places, decisions, incidents_on, summaries, infra,
-        half_life_s=policy.node_health.half_life,
-        cordon=cordon.settings.cordon.value if cordon is not None else "off",
-        threshold=cordon.settings.threshold if cordon is not None else None,
+        half_life_s=policy.node_health.half_life, cordon=mode, threshold=threshold,
     )  # fmt: skip
-    approver = cordon is not None and who.name is not None and cordon.approver_id(who.name)
     return render(
         request, who, "nodes.html.j2", view=view,
         notice=NOTICES.get(request.query.get("done", "")),
@@ -98,7 +100,7 @@ async def nodes(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
 
 
 def _can_uncordon(gateway: Gateway) -> bool:
-    return gateway.cordon is not None and gateway.settings.api_token is not None
+    return not isinstance(gateway.cordon, Off) and gateway.settings.api_token is not None
 
 
 def _node(request: web.Request) -> str:
@@ -130,12 +132,13 @@ async def post_uncordon(request: web.Request, who: auth.Viewer) -> web.StreamRes
             message="uncordon needs TRAINSENTRY_API_TOKEN on the gateway",
         )  # fmt: skip
     node = _node(request)
-    if gateway.cordon is None:
+    cordon = gateway.cordon
+    if isinstance(cordon, Off):
         return render(
             request, who, "error.html.j2", status=409,
             message="remediation.cordon is off on this gateway",
         )  # fmt: skip
-    outcome = await gateway.cordon.uncordon(node, done.actor.audit_name)
+    outcome = await cordon.uncordon(node, done.actor.audit_name)
     log.info("event=node_uncordoned node=%s by=%s ok=%s", node, done.actor.audit_name, outcome.ok)
     if not outcome.ok:
         return render(request, who, "error.html.j2", status=409, message=outcome.message)
@@ -155,7 +158,7 @@ async def post_decision(request: web.Request, who: auth.Viewer) -> web.StreamRes
         return render(request, who, "error.html.j2", status=404, message="no such action")
     node = _node(request)
     cordon = gateway.cordon
-    if cordon is None:
+    if isinstance(cordon, Off):
         return render(
             request, who, "error.html.j2", status=409,
             message="remediation.cordon is off on this gateway",

@@ -22,12 +22,17 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
+from trainsentry.gateway.absent import Off
 from trainsentry.gateway.access import Target
 from trainsentry.gateway.acting import schedule_target
 from trainsentry.gateway.api.path_ids import id_problem, parse_id
 from trainsentry.gateway.pipeline import GATEWAY_KEY
 from trainsentry.gateway.stages.intake import text_problem
-from trainsentry.gateway.stages.services.oncall import OncallConfigError, UnknownSchedule
+from trainsentry.gateway.stages.services.oncall import (
+    OncallConfigError,
+    OncallService,
+    UnknownSchedule,
+)
 from trainsentry.gateway.ui import auth
 from trainsentry.gateway.ui.acting import acting
 from trainsentry.gateway.ui.actions import NOTICES
@@ -54,7 +59,7 @@ async def _draw(
     gateway = request.app[GATEWAY_KEY]
     service = gateway.oncall
     now = now_of(gateway)
-    if service is None or not service.schedule_names():
+    if isinstance(service, Off) or not service.schedule_names():
         view = OncallPage([], [], on_call(gateway.escalator, now))
     else:
         async with gateway.engine.connect() as conn:
@@ -64,7 +69,7 @@ async def _draw(
     return render(
         request, who, "oncall.html.j2", status=status, view=view, error=error,
         form=dict(form or {}), notice=NOTICES.get(request.query.get("done", "")),
-        can_change=service is not None and who.can_act,
+        can_change=not isinstance(service, Off) and who.can_act,
     )  # fmt: skip
 
 
@@ -73,21 +78,24 @@ async def oncall_page(request: web.Request, who: auth.Viewer) -> web.StreamRespo
     return await _draw(request, who)
 
 
-def _refused(request: web.Request, who: auth.Viewer) -> web.Response | None:
-    if request.app[GATEWAY_KEY].oncall is None:
+def _service(request: web.Request, who: auth.Viewer) -> OncallService | web.Response:
+    """The gateway's on-call schedules, or the 404 page that says it has none."""
+    service = request.app[GATEWAY_KEY].oncall
+    if isinstance(service, Off):
         return render(
             request, who, "error.html.j2", status=404,
             message="no on-call schedules: the gateway's configuration has no oncall: section",
         )  # fmt: skip
-    return None
+    return service
 
 
 @page()
 async def post_override(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
     """POST /ui/oncall/overrides (form fields `csrf`, `schedule`, `kind` override|swap,
     `who`, `replaces` for a swap, `start`, `end` local to the schedule, `reason`)."""
-    if (refusal := _refused(request, who)) is not None:
-        return refusal
+    service = _service(request, who)
+    if isinstance(service, web.Response):
+        return service
 
     async def target(fields: Mapping[str, str]) -> Target:  # the schedule it changes
         return schedule_target(fields.get("schedule", "").strip())
@@ -95,8 +103,7 @@ async def post_override(request: web.Request, who: auth.Viewer) -> web.StreamRes
     done = await acting(request, who, target)
     if isinstance(done, web.Response):
         return done
-    fields, service = done.fields, request.app[GATEWAY_KEY].oncall
-    assert service is not None
+    fields = done.fields
     try:
         schedule, body, reason = override_request(fields)
         if len(reason) > MAX_REASON or text_problem(reason) is not None:
@@ -114,10 +121,9 @@ async def post_override(request: web.Request, who: auth.Viewer) -> web.StreamRes
 @page()
 async def post_remove_override(request: web.Request, who: auth.Viewer) -> web.StreamResponse:
     """POST /ui/oncall/overrides/{change_id}/remove (form field `csrf`)."""
-    if (refusal := _refused(request, who)) is not None:
-        return refusal
-    service = request.app[GATEWAY_KEY].oncall
-    assert service is not None
+    service = _service(request, who)
+    if isinstance(service, web.Response):
+        return service
     raw = request.match_info["change_id"]
     if (change_id := parse_id(raw)) is None:
         raise BadQuery(id_problem("override"))

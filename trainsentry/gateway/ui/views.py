@@ -9,6 +9,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+from trainsentry.gateway.absent import EscalationOff
 from trainsentry.gateway.access import VIA_TEXT
 from trainsentry.gateway.policy.escalation import Escalator
 from trainsentry.gateway.ui.model import (
@@ -184,10 +185,10 @@ def _storm(storms: Mapping[str, Any], namespace: str, job: str) -> Storm | None:
     return None
 
 
-def on_call(escalator: Escalator | None, now: datetime) -> OnCall | None:
+def on_call(escalator: Escalator | EscalationOff, now: datetime) -> OnCall | None:
     """Pure: who the phone escalation would call now, layer by layer (None: the gateway has
     no escalation configured, so it does not know who is on call)."""
-    if escalator is None:
+    if isinstance(escalator, EscalationOff):
         return None
     layers = [
         (layer.name, [person.name for person in layer.on_call(now)])

@@ -25,6 +25,7 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
+from trainsentry.gateway.absent import Off
 from trainsentry.gateway.access import Target
 from trainsentry.gateway.acting import window_target
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
@@ -50,7 +51,9 @@ MAX_CHECKED = 5000  # open alerts a preview checks, the most urgent first
 
 def _can_make(gateway: Gateway, who: auth.Viewer) -> bool:
     return (
-        gateway.maintenance is not None and gateway.settings.api_token is not None and (who.can_act)
+        not isinstance(gateway.maintenance, Off)
+        and gateway.settings.api_token is not None
+        and who.can_act
     )
 
 
@@ -65,13 +68,14 @@ async def _draw(
 ) -> web.Response:
     gateway = request.app[GATEWAY_KEY]
     now = now_of(gateway)
-    found = None if gateway.maintenance is None else windows(await gateway.maintenance.windows())
+    maintenance = gateway.maintenance
+    found = None if isinstance(maintenance, Off) else windows(await maintenance.windows())
     async with gateway.engine.connect() as conn:
         since = now - timedelta(days=MAX_SILENCE_DAYS)
         events = await store.silences_made(conn, since=since, limit=MAX_SILENCES)
     made = silences(events, now)
     states = None
-    if gateway.ack is not None and made:  # Alertmanager's word on the newest (bounded)
+    if made:  # Alertmanager's word on the newest (bounded)
         states = await gateway.ack.silence_states([row.silence_id for row in made])
     return render(
         request, who, "silences.html.j2", status=status, windows=found,
@@ -92,7 +96,7 @@ async def _open_rows(gateway: Gateway) -> tuple[list[tuple[AlertRow, dict[str, s
     async with gateway.engine.connect() as conn:
         rows = await store.open_alerts(conn, limit=MAX_CHECKED)
         counts = await store.open_counts(conn, max_choices=0)
-    topology = gateway.topology.current() if gateway.topology is not None else None
+    topology = gateway.topology.current()
 
     def seen(row: AlertRow) -> dict[str, str]:
         place: dict[str, Any] = {"topology": topology.place(row.node)} if topology else {}
@@ -110,7 +114,7 @@ async def post_window(request: web.Request, who: auth.Viewer) -> web.StreamRespo
     async def target(fields: Mapping[str, str]) -> Target:  # the namespaces it would mute
         service, now = gateway.maintenance, now_of(gateway)
         try:
-            if service is None:
+            if isinstance(service, Off):
                 raise BadQuery("no maintenance windows here")
             window = validate_request(
                 window_request(fields, "-", now), window_id="mw-preview", now=now,
@@ -125,7 +129,7 @@ async def post_window(request: web.Request, who: auth.Viewer) -> web.StreamRespo
         return done
     fields = done.fields
     service = gateway.maintenance
-    if service is None or gateway.settings.api_token is None:
+    if isinstance(service, Off) or gateway.settings.api_token is None:
         return render(
             request, who, "error.html.j2", status=403,
             message="maintenance windows need the gateway's policy and TRAINSENTRY_API_TOKEN",
