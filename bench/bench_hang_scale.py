@@ -25,9 +25,15 @@ stop on "known", so the rate holds), posted by `--posters` processes; meanwhile 
 team's P0 webhook is posted and its answer timed. Measured: every try's status, the time
 until the last post was accepted, the answers' latency, the gateway's CPU per post and
 peak RSS, and the kernel's listen-queue overflows during the run (system-wide).
+`--pool N`: the posts go over N kept-alive connections instead (a pod's ranks on their
+pod's connection, from its address), so the gateway's work per trigger is measured rather
+than the TCP handshake's; the other team's card is timed too (a webhook channel), and the
+triggers answered while its webhook waited counted. `--bare`: a bare aiohttp handler
+instead of the gateway (the floor). `--profile FILE`: the gateway runs under cProfile.
 
     .venv/bin/python -m bench.bench_hang_scale [--ranks 1024 4096 16384] [--runs 3]
     .venv/bin/python -m bench.bench_hang_scale --flood 25000 --within 5 --ranks 16384
+    .venv/bin/python -m bench.bench_hang_scale --flood 25000 --within 5 --ranks 16384 --pool 256
 
 16,384 ranks need 16,384 listening sockets and as many trigger connections: the bench
 raises its file limit (and the gateway's, which inherits it) to 65,536 where it may, else
