@@ -25,9 +25,15 @@ stop on "known", so the rate holds), posted by `--posters` processes; meanwhile 
 team's P0 webhook is posted and its answer timed. Measured: every try's status, the time
 until the last post was accepted, the answers' latency, the gateway's CPU per post and
 peak RSS, and the kernel's listen-queue overflows during the run (system-wide).
+`--pool N`: the posts go over N kept-alive connections instead (a pod's ranks on their
+pod's connection, from its address), so the gateway's work per trigger is measured rather
+than the TCP handshake's; the other team's card is timed too (a webhook channel), and the
+triggers answered while its webhook waited counted. `--bare`: a bare aiohttp handler
+instead of the gateway (the floor). `--profile FILE`: the gateway runs under cProfile.
 
     .venv/bin/python -m bench.bench_hang_scale [--ranks 1024 4096 16384] [--runs 3]
     .venv/bin/python -m bench.bench_hang_scale --flood 25000 --within 5 --ranks 16384
+    .venv/bin/python -m bench.bench_hang_scale --flood 25000 --within 5 --ranks 16384 --pool 256
 
 16,384 ranks need 16,384 listening sockets and as many trigger connections: the bench
 raises its file limit (and the gateway's, which inherits it) to 65,536 where it may, else
@@ -168,8 +174,9 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, object]:
 
 
 def _posts(layout: Layout, count: int, start: float, within_s: float) -> list[tuple[Any, ...]]:
-    """`count` triggers of the job's waiting ranks, each (when, source, body): rank i % N's
-    stall, a later collective of its group for each round past the first (a new key)."""
+    """`count` triggers of the job's waiting ranks, each (when, source, body), in time
+    order: rank i % N's stall, a later collective of its group for each round past the
+    first (a new key)."""
     job = HungJob(layout, culprit_of(layout), t0=start - 20.0)
     waiting = [r for r in range(layout.world) if job.waits(r)]
     rng = random.Random(7)
@@ -181,7 +188,7 @@ def _posts(layout: Layout, count: int, start: float, within_s: float) -> list[tu
         port = BASE_PORT + rank % layout.tp
         body = trigger_body(job, rank, wait, port, 21.0, 20.0)
         posts.append((start + rng.uniform(0, within_s), pod_ip(layout.pod(rank)), body))
-    return posts
+    return sorted(posts, key=lambda post: post[0])
 
 
 def _poster(gateway: tuple[str, int], posts: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -213,6 +220,97 @@ def _poster(gateway: tuple[str, int], posts: list[tuple[Any, ...]]) -> list[tupl
     return asyncio.run(main())
 
 
+async def _keepalive_post(
+    streams: list[Any], gateway: tuple[str, int], source: str, body: bytes, timeout_s: float
+) -> int:
+    """One POST of a trigger on the connection held in `streams` (opened from `source` when
+    there is none, dropped when the gateway closes it): its status (-1: timed out, 0: the
+    connection failed)."""
+    host, port = gateway
+    try:
+        if not streams:
+            streams[:] = await asyncio.wait_for(
+                asyncio.open_connection(host, port, local_addr=(source, 0)), timeout_s
+            )
+        reader, writer = streams
+        head = (
+            f"POST /api/v1/hang-triggers HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Content-Type: application/json\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        writer.write(head.encode() + body)
+        headers = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout_s)
+        fields = dict(
+            line.split(": ", 1) for line in headers.decode().split("\r\n")[1:] if ": " in line
+        )
+        fields = {name.lower(): value for name, value in fields.items()}
+        await asyncio.wait_for(reader.readexactly(int(fields.get("content-length", 0))), timeout_s)
+        if fields.get("connection", "").lower() == "close":
+            writer.close()
+            streams.clear()
+        return int(headers.split(b" ", 2)[1])
+    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+        status = 0
+    except TimeoutError:
+        status = -1
+    if streams:
+        streams[1].close()
+        streams.clear()
+    return status
+
+
+def _pooled_poster(
+    gateway: tuple[str, int], connections: list[list[tuple[Any, ...]]]
+) -> list[tuple[Any, ...]]:
+    """One poster process holding one kept-alive connection per item of `connections` (the
+    posts it carries, in time order, from the first post's source address): each post at
+    its time (or as soon as the connection is free), retried on it as the probe retries;
+    per post as `_poster`."""
+
+    async def connection(posts: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        streams: list[Any] = []
+        source = posts[0][1]
+        done = []
+        for at, _, body in posts:
+            await asyncio.sleep(max(0.0, at - time.time()))
+            statuses, delay = [], 1.0
+            for attempt in range(4):
+                statuses.append(await _keepalive_post(streams, gateway, source, body, 5.0))
+                status = statuses[-1]
+                if 200 <= status < 300 or (400 <= status < 500 and status != 429):
+                    break
+                if attempt < 3:
+                    await asyncio.sleep(delay)
+                    delay *= 2
+            done.append((at, time.time(), statuses[-1], statuses))
+        if streams:
+            streams[1].close()
+        return done
+
+    async def main() -> list[tuple[Any, ...]]:
+        answered = await asyncio.gather(*(connection(posts) for posts in connections if posts))
+        return [post for one in answered for post in one]
+
+    raise_file_limit()
+    return asyncio.run(main())
+
+
+def _shares(
+    posts: list[tuple[Any, ...]], posters: int, pool: int
+) -> list[list[list[tuple[Any, ...]]]] | list[list[tuple[Any, ...]]]:
+    """Pure: the posts each poster process sends: every `posters`-th post (pool 0: one new
+    connection per post), or `pool` connections dealt round robin over the posters, each
+    carrying the posts of its sources (a pod's ranks post on their pod's connection)."""
+    if pool <= 0:
+        return [posts[i::posters] for i in range(posters)]
+    sources = sorted({source for _, source, _ in posts})
+    lane = {source: i % pool for i, source in enumerate(sources)}
+    connections: list[list[tuple[Any, ...]]] = [[] for _ in range(pool)]
+    for post in posts:
+        connections[lane[post[1]]].append(post)
+    return [connections[i::posters] for i in range(posters)]
+
+
 def _cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -227,84 +325,166 @@ def _listen_overflows() -> int:
     return 0
 
 
-async def flood(world: int, count: int, within_s: float, posters: int) -> dict[str, object]:
-    """The trigger endpoint under `count` posts within `within_s` (module docstring)."""
+async def flood(
+    world: int,
+    count: int,
+    within_s: float,
+    posters: int,
+    pool: int = 0,
+    profile: Path | None = None,
+    bare: bool = False,
+) -> dict[str, object]:
+    """The trigger endpoint under `count` posts within `within_s` (module docstring);
+    `pool` > 0: over that many kept-alive connections; `profile`: the gateway runs under
+    cProfile, its stats written there when it stops; `bare`: a bare aiohttp handler
+    instead of the gateway (the floor: HTTP alone), without the other team's webhook."""
     import yaml
 
     from tests.support.gateway_process import start_gateway
+    from tests.support.receiver import Receiver
     from tests.support.webhook_factory import encode, make_alert, make_body
 
     layout = Layout(world, tp=8, pp=16)
     endpoints = Probes(HungJob(layout, 0, 0.0), "", BASE_PORT).endpoints()  # nothing listens
+    receiver = Receiver()
+    await receiver.start()
     with tempfile.TemporaryDirectory(prefix="bench-hang-flood-") as folder:
         tmp = Path(folder)
         config = tmp / "gateway.yaml"
         config.write_text(
-            yaml.safe_dump({"diagnosis": {"static_endpoints": {"team-a/gpt": endpoints}}})
+            yaml.safe_dump(
+                {
+                    "webhooks": {"feishu": {"url": receiver.url}},
+                    "diagnosis": {"static_endpoints": {"team-a/gpt": endpoints}},
+                }
+            )
         )
-        gw = await asyncio.to_thread(
-            start_gateway,
-            tmp,
-            f"sqlite:///{tmp / 'gw.db'}",
-            token="bench-api",
-            config=config,
-            env={"TRAINSENTRY_PROBE_TOKEN": TOKEN},
-        )
+        if bare:
+            gw = await asyncio.to_thread(start_bare, tmp)
+        else:
+            gw = await asyncio.to_thread(
+                start_gateway,
+                tmp,
+                f"sqlite:///{tmp / 'gw.db'}",
+                token="bench-api",
+                config=config,
+                env={"TRAINSENTRY_PROBE_TOKEN": TOKEN},
+                python_args=("-m", "cProfile", "-o", str(profile)) if profile else (),
+            )
         try:
             await asyncio.sleep(3.0)  # the analyzer's import (warm_up) is over
             host, port = gw.address.rsplit(":", 1)
             start = time.time() + 3.0
             posts = _posts(layout, count, start, within_s)
-            shares = [posts[i::posters] for i in range(posters)]
+            shares = _shares(posts, posters, pool)
+            poster = _pooled_poster if pool > 0 else _poster
             cpu, overflows = _cpu_s(gw.process.pid), _listen_overflows()
             context = multiprocessing.get_context("fork")
-            with context.Pool(posters) as pool:
-                waiting = pool.starmap_async(_poster, [((host, int(port)), s) for s in shares])
+            with context.Pool(posters) as workers:
+                waiting = workers.starmap_async(poster, [((host, int(port)), s) for s in shares])
                 await asyncio.sleep(max(0.0, start + within_s / 2 - time.time()))
                 other = encode(make_body([make_alert(1, name="GPUFellOffBus", labels=TEAM_B)]))
-                webhook_ms = await asyncio.to_thread(_post_webhook, gw.url, other)
+                webhook, card_ms = (
+                    await asyncio.gather(
+                        asyncio.to_thread(_post_webhook, gw.url, other), _card_ms(receiver)
+                    )
+                    if not bare
+                    else (None, None)
+                )
                 results = [r for share in await asyncio.to_thread(waiting.get) for r in share]
             cpu, overflows = _cpu_s(gw.process.pid) - cpu, _listen_overflows() - overflows
             peak = peak_rss(gw.process.pid)
         finally:
             await asyncio.to_thread(gw.stop)
+            await receiver.stop()
     tries = Counter(status for *_, statuses in results for status in statuses)
     final = Counter(status for _, _, status, _ in results)
-    accepted = [done - at for at, done, status, _ in results if 200 <= status < 300]
+    accepted = sorted(done - at for at, done, status, _ in results if 200 <= status < 300)
     last = max((done for _, done, status, _ in results if 200 <= status < 300), default=start)
-    accepted.sort()
+    answered = max((done for _, done, status, _ in results if status > 0), default=start)
+    if webhook is not None:  # the triggers answered while the webhook waited for its answer
+        began, ended = webhook.pop("between")
+        webhook["triggers_answered_meanwhile"] = sum(began <= r[1] <= ended for r in results)
     return {
         "ranks": world,
+        "server": "bare aiohttp" if bare else "gateway",
         "posts": count,
         "within_s": within_s,
         "posters": posters,
+        "pool": pool,
         "final": dict(final),
         "every_try": dict(tries),
         "tries": sum(tries.values()),
+        "last_answered_s": round(answered - start, 1),
         "last_accepted_s": round(last - start, 1),
-        "accepted_latency_p50_s": round(accepted[len(accepted) // 2], 2) if accepted else None,
-        "accepted_latency_p99_s": round(accepted[int(len(accepted) * 0.99)], 2)
+        "accepted_latency_p50_s": round(accepted[len(accepted) // 2], 3) if accepted else None,
+        "accepted_latency_p99_s": round(accepted[int(len(accepted) * 0.99)], 3)
         if accepted
         else None,
-        "gateway_cpu_s": round(cpu, 1),
+        "gateway_cpu_s": round(cpu, 2),
         "gateway_cpu_us_per_try": round(cpu / max(1, sum(tries.values())) * 1e6),
         "gateway_peak_rss_mb": round(peak / 2**20),
         "listen_overflows": overflows,
-        "other_teams_webhook_ms": webhook_ms,
+        "other_teams_webhook_ms": webhook,
+        "other_teams_card_ms": card_ms,
         "load_average": os.getloadavg()[0],
     }
+
+
+async def _card_ms(receiver: Any, within_s: float = 60.0) -> int | None:
+    """Milliseconds until the other team's card reached the webhook channel (None: not
+    within `within_s`)."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < within_s:
+        if any(
+            (x.get("payload") or {}).get("alertname") == "GPUFellOffBus" for x in receiver.bodies
+        ):
+            return round((time.perf_counter() - started) * 1000)
+        await asyncio.sleep(0.01)
+    return None
+
+
+def start_bare(tmp: Path) -> Any:
+    """A bare aiohttp server (`serve_bare`) on a free port, as the gateway is started."""
+    from tests.support.realservers import start_server
+
+    def argv(port: int, _workdir: Path) -> list[str]:
+        return [sys.executable, "-m", "bench.bench_hang_scale", "--serve-bare", str(port)]
+
+    return start_server(tmp, "bare", argv, ready_path="/readyz")
+
+
+def serve_bare(port: int) -> None:
+    """The floor: answers each trigger post as the gateway answers a known one, having read
+    its body, with the gateway's server settings (no access log, listen queue 1,024)."""
+    from aiohttp import web
+
+    known = json.dumps({"status": "known", "hang": "known", "first": False, "new": 0})
+
+    async def trigger(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response(text=known)
+
+    async def ready(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ready"})
+
+    app = web.Application()
+    app.router.add_post("/api/v1/hang-triggers", trigger)
+    app.router.add_get("/readyz", ready)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=1024)
 
 
 TEAM_B = {"alertname": "GPUFellOffBus", "priority": "P0", "namespace": "team-b", "node": "gpu-9"}
 
 
-def _post_webhook(url: str, body: bytes) -> dict[str, object]:
+def _post_webhook(url: str, body: bytes) -> dict[str, Any]:
     """Another team's webhook during the flood, retried every 0.5 s as long as it is
-    refused: every answer's status, and the milliseconds until it was stored (200)."""
+    refused: every answer's status, the milliseconds until it was stored (200), and the
+    wall-clock times it was posted and stored (`between`)."""
     import urllib.error
     import urllib.request
 
-    started, statuses = time.perf_counter(), []
+    started, statuses, wall = time.perf_counter(), [], time.time()
     while time.perf_counter() - started < 60:
         request = urllib.request.Request(f"{url}/api/v1/alertmanager", data=body, method="POST")
         request.add_header("Authorization", "Bearer bench-api")
@@ -319,7 +499,11 @@ def _post_webhook(url: str, body: bytes) -> dict[str, object]:
         if statuses[-1] == 200:
             break
         time.sleep(0.5)
-    return {"statuses": statuses, "stored_ms": round((time.perf_counter() - started) * 1000)}
+    return {
+        "statuses": statuses,
+        "stored_ms": round((time.perf_counter() - started) * 1000),
+        "between": [wall, time.time()],
+    }
 
 
 def main() -> None:
@@ -331,14 +515,24 @@ def main() -> None:
     parser.add_argument("--flood", type=int, default=0, help="posts: the trigger flood alone")
     parser.add_argument("--within", type=float, default=5.0)
     parser.add_argument("--posters", type=int, default=2)
+    parser.add_argument("--pool", type=int, default=0, help="flood: kept-alive connections")
+    parser.add_argument("--profile", type=Path, help="flood: the gateway's cProfile stats")
+    parser.add_argument("--bare", action="store_true", help="flood: a bare aiohttp handler")
+    parser.add_argument("--serve-bare", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--keep", type=Path, help="keep each run's gateway log under this folder")
     args = parser.parse_args()
+    if args.serve_bare:
+        serve_bare(args.serve_bare)
+        return
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
     raise_file_limit()
     for world in args.ranks:
         if args.flood:
-            print(json.dumps(asyncio.run(flood(world, args.flood, args.within, args.posters))))
+            flooded = flood(
+                world, args.flood, args.within, args.posters, args.pool, args.profile, args.bare
+            )
+            print(json.dumps(asyncio.run(flooded)), flush=True)
             continue
         processes = args.probe_processes
         if processes is None:

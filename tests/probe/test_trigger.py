@@ -18,10 +18,12 @@ TOKEN = "probe-secret-token-9f3"
 
 
 class Gateway:
-    """Records (path, authorization, body) of every POST; answers `answers` in turn, then 202."""
+    """Records (path, authorization, body) of every POST; answers `answers` in turn, then 202,
+    with the bodies of `said` in turn, then `{}`."""
 
     def __init__(self, answers: list[int] | None = None) -> None:
         self.answers = list(answers or [])
+        self.said: list[bytes] = []
         self.seen: list[tuple[str, str, dict[str, Any]]] = []
         self.senders: list[str] = []
         gateway = self
@@ -36,10 +38,12 @@ class Gateway:
                 gateway.seen.append((self.path, self.headers.get("Authorization", ""), body))
                 gateway.senders.append(self.client_address[0])
                 code = gateway.answers.pop(0) if gateway.answers else 202
+                said = gateway.said.pop(0) if gateway.said else b"{}"
                 self.send_response(code)
-                self.send_header("Content-Length", "2")
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(said)))
                 self.end_headers()
-                self.wfile.write(b"{}")
+                self.wfile.write(said)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
@@ -102,6 +106,32 @@ def test_rate_limited_answers_are_retried(gateway: Gateway) -> None:
     gateway.answers = [429]
     assert client(gateway.url).send(BODY) is True
     assert len(gateway.seen) == 2
+
+
+def test_a_probe_told_its_jobs_hang_is_known_stops_posting_stalls(gateway: Gateway) -> None:
+    """The gateway answers a trigger of a known hang with its pre-encoded `KNOWN_BODY`:
+    the probe sends none of its later stall triggers (until one of its stalls ends); told
+    "pending" (the hang is being stored), it keeps posting."""
+    from trainsentry.gateway.stages.hang.trigger import KNOWN_BODY, PENDING
+
+    gateway.answers = [200, 200]
+    gateway.said = [json.dumps(PENDING).encode(), KNOWN_BODY]
+    trigger = client(gateway.url)
+    assert trigger.send(BODY) and not trigger.known
+    assert trigger.send({**BODY, "seq": 21}) and trigger.known
+    for seq in (22, 23, 24):
+        trigger.submit({**BODY, "seq": seq})
+    trigger.submit({**BODY, "seq": 21, "resolved": True})  # a stall ended: sent, re-armed
+    deadline = time.monotonic() + 5
+    while len(gateway.seen) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    trigger.stop()
+    assert [(body["seq"], body.get("resolved")) for _, _, body in gateway.seen] == [
+        (20, None),
+        (21, None),
+        (21, True),
+    ]
+    assert trigger.stats.suppressed == 3 and not trigger.known
 
 
 def test_an_unreachable_gateway_never_raises_nor_logs_the_token(

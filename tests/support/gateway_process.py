@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +27,25 @@ def start_gateway(
     env: Mapping[str, str] | None = None,
     console_file: Path | None = None,
     log_level: str | None = None,
+    python_args: Sequence[str] = (),
 ) -> RunningServer:
+    """`python_args`: the interpreter's own options before `-m trainsentry` (e.g. a
+    profiler's)."""
     full_env = dict(env or {})
     if token:
         full_env["TRAINSENTRY_WEBHOOK_TOKEN"] = token
         full_env.setdefault("TRAINSENTRY_API_TOKEN", token)
 
     def argv(port: int, _workdir: Path) -> list[str]:
-        args = [sys.executable, "-m", "trainsentry", "gateway", "--listen", f"127.0.0.1:{port}"]
+        args = [
+            sys.executable,
+            *python_args,
+            "-m",
+            "trainsentry",
+            "gateway",
+            "--listen",
+            f"127.0.0.1:{port}",
+        ]
         args += ["--db", db_url]
         if config is not None:
             args += ["--config", str(config)]

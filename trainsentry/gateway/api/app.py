@@ -54,6 +54,7 @@ from trainsentry.gateway.api.request_body import BodyRejected, read_body, read_j
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.policy.outbox_retry import parse_retry_request
 from trainsentry.gateway.stages.hang.trigger import (
+    KNOWN_BODY,
     MAX_TRIGGER_BYTES,
     TriggerRejected,
     parse_trigger,
@@ -141,7 +142,8 @@ async def receive_webhook(request: web.Request) -> web.Response:
 async def receive_hang_trigger(request: web.Request) -> web.Response:
     """A stalled rank's probe (`hang/trigger.py`): a job's first trigger is stored as its one
     hang alert before the answer, then diagnosed and paged like any hang alert; the job's
-    later triggers are answered from memory ("hang": "known")."""
+    later triggers are answered from memory ("hang": "known"), within the job's turns of the
+    event loop (`LoopTurns`), after the same checks (token, sender, body bounds)."""
     gateway = request.app[GATEWAY_KEY]
     hang = gateway.hang
     if isinstance(hang, Off):
@@ -161,13 +163,18 @@ async def receive_hang_trigger(request: web.Request) -> web.Response:
         gateway.metrics.receipts.labels("unauthorized").inc()
         return _unauthorized()
     job = JobRef(trigger.namespace, trigger.trainingjob)
-    try:
-        allowed = await asyncio.wait_for(hang.sources.allowed(job, request.remote), timeout=5)
-    except Exception as exc:  # the cluster API is down: say so, the probe retries
-        return _error(503, f"cannot check the job's ranks now: {type(exc).__name__}")
+    allowed = hang.sources.cached(job, request.remote)  # memory; None: the job's ranks are asked
+    if allowed is None:
+        try:
+            allowed = await asyncio.wait_for(hang.sources.allowed(job, request.remote), timeout=5)
+        except Exception as exc:  # the cluster API is down: say so, the probe retries
+            return _error(503, f"cannot check the job's ranks now: {type(exc).__name__}")
     if not allowed:
         gateway.metrics.receipts.labels("unauthorized").inc()
         return _error(403, f"{request.remote} is not a rank of TrainingJob {job}")
+    await hang.hangs.turns.turn(job)  # one job's flood takes a few of each turn, not all of it
+    if hang.hangs.known(trigger, request.remote):  # memory only: no store, no task, no await
+        return web.Response(body=KNOWN_BODY, content_type="application/json")
     try:
         answer = await hang.hangs.take(trigger, request.remote, gateway.clock())
     except (StoreUnavailable, DatabaseError) as exc:

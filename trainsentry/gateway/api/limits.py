@@ -120,7 +120,14 @@ async def _within_deadline(
     request: web.Request, handler: Handler, read_timeout_s: float
 ) -> web.StreamResponse:
     """The handler's response, or 408 (the connection closed) when the body has not fully
-    arrived `read_timeout_s` after the handler started; 400 when the client went away."""
+    arrived `read_timeout_s` after the handler started; 400 when the client went away. A
+    body that has fully arrived when the handler starts (a small one, in the packet of its
+    headers: a hang trigger) has no deadline to keep, and gets no timer."""
+    if request.content.is_eof():
+        try:
+            return await handler(request)
+        except ConnectionError as exc:
+            return _went_away(request, exc)
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(None) as scope:
@@ -145,11 +152,15 @@ async def _within_deadline(
         await _send_and_close(request, response)
         return response
     except ConnectionError as exc:
-        log.debug(
-            "client went away mid-request: %s %s from %s (%s)",
-            request.method, request.path, request.remote, type(exc).__name__,
-        )  # fmt: skip
-        return _refused(400, "connection lost")
+        return _went_away(request, exc)
     if not request.content.is_eof() and not response.prepared:
         await _send_and_close(request, response)  # answered before the body was read
     return response
+
+
+def _went_away(request: web.Request, exc: ConnectionError) -> web.Response:
+    log.debug(
+        "client went away mid-request: %s %s from %s (%s)",
+        request.method, request.path, request.remote, type(exc).__name__,
+    )  # fmt: skip
+    return _refused(400, "connection lost")

@@ -19,6 +19,15 @@ Invariants:
   the end of a stall never stored is ignored (no alert is made from it).
 - Per-job budget: at most `writes_per_minute` store writes per job (new hangs and ends);
   beyond, 429 with Retry-After. Triggers of a known hang cost no write and no budget.
+- A trigger of a known hang is answered in the turn of the event loop that handles it
+  (`JobHangs.known`, `TriggerSources.cached`): no store transaction, no task, no await, no
+  diagnosis work beyond noting its evidence (bounded, `evidence.py`), and a pre-encoded
+  answer (`KNOWN_BODY`).
+- Per-job turns (`LoopTurns`): at most `per_turn` triggers of one job are handled in one
+  turn of the event loop; the job's others wait for the next turns, in order (none is
+  refused). Every connection's request is otherwise handled in the turn its bytes arrive
+  in, so a job's 25,000 triggers made each turn long and every other job's webhook, whose
+  store writes take a turn each, waited behind thousands of them per write.
 - No trigger waits on another's write: those that arrive while the job's first trigger is
   being looked up or stored are noted as that hang's evidence and answered at once
   (`"hang": "pending"`: not "known", so the probe keeps posting its later stalls). If that
@@ -41,8 +50,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
@@ -215,6 +224,63 @@ class _Hang:
 
 KNOWN = {"status": "known", "hang": "known", "first": False, "new": 0}
 PENDING = {"status": "noted", "hang": "pending", "first": False, "new": 0}
+#: The answer to a trigger of a known hang, encoded once (the probe stops posting on it).
+KNOWN_BODY = json.dumps(KNOWN).encode()
+#: A job's triggers handled in one turn of the event loop (`LoopTurns`).
+TRIGGERS_PER_TURN = 32
+
+
+class LoopTurns:
+    """A per-key budget of work per turn of the running event loop: `turn(key)` returns at
+    once for the first `per_turn` callers of a key in a turn, and later callers of that key
+    wait for later turns, `per_turn` of them a turn, first come first served (none is
+    refused; one cancelled while waiting gives up its place). Other keys never wait on a
+    key's queue. Idle, it schedules nothing; busy, one callback a turn."""
+
+    def __init__(self, per_turn: int = TRIGGERS_PER_TURN) -> None:
+        self.per_turn = per_turn
+        self._used: dict[Hashable, int] = {}
+        self._waiting: dict[Hashable, deque[asyncio.Future[None]]] = {}
+        self._ticking = False
+
+    async def turn(self, key: Hashable) -> None:
+        """Returns when `key` may be worked on (see the class invariants)."""
+        used = self._used.get(key, 0)
+        if used < self.per_turn and key not in self._waiting:
+            self._used[key] = used + 1
+            self._tick_soon()
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(key, deque()).append(future)
+        self._tick_soon()
+        await future
+
+    def waiting(self, key: Hashable) -> int:
+        """How many callers of `key` wait for a turn now."""
+        return len(self._waiting.get(key, ()))
+
+    def _tick_soon(self) -> None:
+        if not self._ticking:
+            self._ticking = True
+            asyncio.get_running_loop().call_soon(self._tick)
+
+    def _tick(self) -> None:
+        """A new turn: every key's budget back, spent first on the keys' waiting callers."""
+        self._ticking = False
+        self._used.clear()
+        for key, queue in list(self._waiting.items()):
+            released = 0
+            while queue and released < self.per_turn:
+                future = queue.popleft()
+                if not future.done():  # a cancelled waiter gives its place up
+                    future.set_result(None)
+                    released += 1
+            if released:
+                self._used[key] = released
+            if not queue:
+                del self._waiting[key]
+        if self._used or self._waiting:
+            self._tick_soon()
 
 
 def _since(trigger: HangTrigger, wall: float) -> float:
@@ -255,18 +321,30 @@ class JobHangs:
         # the evidence of each job whose first trigger is being looked up or stored
         self._pending: dict[JobRef, JobEvidence] = {}
         self._buckets: OrderedDict[JobRef, tuple[float, float]] = OrderedDict()
+        #: Each job's triggers a turn of the event loop (module invariants).
+        self.turns = LoopTurns()
 
     def evidence(self, job: JobRef) -> HangEvidence | None:
         """What the job's triggers said so far (None: no hang of it in memory)."""
         hang = self._hangs.get(job)
         return hang.evidence.snapshot() if hang is not None else None
 
+    def known(self, trigger: HangTrigger, remote: str | None) -> bool:
+        """Whether `trigger` (authenticated, from an address of its job's ranks) is a stall
+        of its job's open hang; if so it is noted as that hang's evidence, and its answer is
+        200 `KNOWN_BODY`. Memory only: no store, no await."""
+        if trigger.resolved:
+            return False
+        hang = self._open(JobRef(trigger.namespace, trigger.trainingjob))
+        if hang is None:
+            return False
+        self._note(hang.evidence, trigger, remote)
+        return True
+
     async def take(self, trigger: HangTrigger, remote: str | None, now: datetime) -> TriggerAnswer:
         """One authenticated trigger from an address of its job's ranks."""
         job = JobRef(trigger.namespace, trigger.trainingjob)
-        hang = self._open(job)
-        if hang is not None and not trigger.resolved:  # the cheap path: memory only
-            self._note(hang.evidence, trigger, remote)
+        if self.known(trigger, remote):  # the cheap path: memory only
             return TriggerAnswer(200, dict(KNOWN))
         pending = self._pending.get(job)
         if pending is not None and not trigger.resolved:  # memory only too (invariants)
@@ -415,14 +493,20 @@ class TriggerSources:
         self._hosts: OrderedDict[JobRef, tuple[float, frozenset[str]]] = OrderedDict()
         self._resolving: dict[JobRef, asyncio.Future[frozenset[str]]] = {}
 
+    def cached(self, job: JobRef, remote: str | None) -> bool | None:
+        """Whether `remote` is one of the job's rank hosts, from memory; None when the
+        job's hosts are not remembered within `ttl_s` (then ask `allowed`)."""
+        cached = self._hosts.get(job)
+        if cached is None or self._clock() - cached[0] > self._ttl_s:
+            return None
+        return remote is not None and remote in cached[1]
+
     async def allowed(self, job: JobRef, remote: str | None) -> bool:
         """Whether `remote` (the sender's address) is one of the job's rank hosts."""
-        now = self._clock()
-        cached = self._hosts.get(job)
-        if cached is None or now - cached[0] > self._ttl_s:
-            hosts = await self._hosts_of(job, now)
-        else:
-            hosts = cached[1]
+        known = self.cached(job, remote)
+        if known is not None:
+            return known
+        hosts = await self._hosts_of(job, self._clock())
         return remote is not None and remote in hosts
 
     async def _hosts_of(self, job: JobRef, now: float) -> frozenset[str]:
