@@ -118,6 +118,7 @@ class IncidentInfo(TypedDict, total=False):
     opened_at: str  # ISO 8601
     resolved_at: str
     note: str
+    spent: str  # why it resolved while jobs' alerts of it fired on (incident.py `_retire`)
     url: str  # the incident's page (policy.grouping.url)
     story: str  # its alerts in order, with times and the job impact (policy/story.py)
     jobs: list[str]  # the jobs its alerts belong to (the first `names_shown`)

@@ -45,7 +45,9 @@ class IncidentSummary:
     nodes: int  # nodes its firing alerts are on (counted by name up to grouping.max_tracked)
     gpus: int
     page_alert_id: int | None  # the alert its phone escalation is keyed by, when it paged
-    note: str  # why it pages on its own during a storm ("" when not)
+    # why it pages on its own during a storm, or why it resolved (spent) while jobs' alerts
+    # of it fired on ("" when neither)
+    note: str
     alertname: str  # its cause alert's (`cause` cannot say: an alertname may hold a "/")
 
     def to_json(self) -> dict[str, Any]:
@@ -110,7 +112,8 @@ def _summary(row: Any) -> IncidentSummary:
         nodes=len(state.get("nodes") or {}),
         gpus=len(state.get("gpus") or {}),
         page_alert_id=int(page) if isinstance(page, int) else None,
-        note=str(state.get("storm_note") or ""),
+        # why it pages on its own (a storm), or why it resolved while jobs' alerts fired on
+        note=str(state.get("storm_note") or state.get("spent") or ""),
         alertname=str(lead.get("alertname") or (row.cause or "").rsplit("/", 1)[0]),
     )
 

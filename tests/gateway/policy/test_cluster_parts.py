@@ -20,6 +20,9 @@ from trainsentry.gateway.policy.decide import decide_tick
 from trainsentry.gateway.policy.incident import CLUSTER_REALM, IncidentBook, IncidentState
 from trainsentry.gateway.policy.route import JOB_CHANNEL, JobRoute, routed_apart
 from trainsentry.gateway.policy.rules import Policy, load_policy
+from trainsentry.gateway.stages.planning.incidents import resolved_pages
+from trainsentry.notifiers.feishu.card import build_card
+from trainsentry.notifiers.payload_contract import parse_payload
 
 POLICY = load_policy()
 CHANNELS = {"feishu_bot", "phone", "console"}
@@ -161,9 +164,9 @@ def test_the_nodes_resolution_leaves_a_parts_alerts_firing_in_the_part() -> None
 
 def test_a_joined_alert_outliving_the_evidence_leaves_the_incident_capturing_nothing() -> None:
     """team-b (the gateway's route) joined the node's incident; the cluster's evidence
-    resolves while team-b's alert fires on: the incident stays open on it (shown firing), but
-    is no failure domain's nor key's any more, so the node's next fault opens an incident of
-    its own, which pages."""
+    resolves while team-b's alert fires on: the incident is spent (resolved, no failure
+    domain's nor key's any more), so the node's next fault opens an incident of its own,
+    which pages."""
     gw = Cluster()
     fault = change(0, "GPUFellOffBus", GPU)
     joined = on_faulty_node(10, "team-b", "bert")
@@ -176,10 +179,40 @@ def test_a_joined_alert_outliving_the_evidence_leaves_the_incident_capturing_not
     gw.book.changed = {}
     gw.book.wake([node])
     decide_tick([], [], policy=POLICY, now=at(confirmed), channels=CHANNELS, incidents=gw.book)
-    assert node.status == "firing" and node.firing == node.strangers == 1
+    assert node.status == "resolved" and node.firing == node.strangers == 0
     assert node.key.endswith(f"|spent={node.id}")
     pages = len(gw.pages())
     again = change(confirmed + 5, "GPUFellOffBus", {**GPU, "gpu": "5"}, started=confirmed + 5)
     gw.send(again)
     assert gw.incident_of(again) is not node
     assert len(gw.pages()) == pages + 1, "the node's next fault pages"
+
+
+def test_a_spent_incident_resolves_and_ends_its_escalation() -> None:
+    """Issue 43: team-b (the gateway's route) hangs on the node; the node's incident paged
+    (nobody acknowledged it). The cluster's evidence resolves while team-b's hang fires on:
+    the incident is spent: RESOLVED on its card (saying why), its escalation ended, and
+    team-b's later resolve changes nothing (no second RESOLVED, no page)."""
+    gw = Cluster()
+    fault = change(0, "GPUFellOffBus", GPU)
+    joined, hung = on_faulty_node(10, "team-b", "bert"), hang(60, "team-b", "bert")
+    for one in (fault, joined, hung):
+        gw.send(one)
+    node = gw.incident_of(fault)
+    assert gw.incident_of(hung) is node and node.paged and node.page_alert_id == fault.alert_id
+    gw.send(change(100, "GPUFellOffBus", GPU, resolved=True))
+    confirmed = at(101 + POLICY.correlation.confirm_resolved)
+    gw.book.changed = {}
+    gw.book.wake([node])
+    tick = decide_tick([], [], policy=POLICY, now=confirmed, channels=CHANNELS, incidents=gw.book)
+    assert node.status == "resolved" and node.resolved_at == confirmed
+    assert "2 alerts of the jobs it hit fired on" in node.spent, node.spent
+    assert resolved_pages(gw.book) == [fault.alert_id], "its escalation ends"
+    [card] = [d for d in tick.drafts if d.channel == "feishu_bot"]
+    assert card.payload["status"] == "resolved" and card.payload["incident"]["spent"]
+    assert "Spent" in str(build_card("alert", parse_payload(dict(card.payload))))
+    before = len(gw.drafts)
+    gw.send(change(200, "TrainingJobHang", labels("team-b", "bert", priority="P0"),
+                   started=60, resolved=True))  # fmt: skip
+    assert gw.drafts[before:] == [], "a job's alert the spent incident left changes nothing"
+    assert node.status == "resolved"

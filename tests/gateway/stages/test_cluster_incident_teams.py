@@ -309,3 +309,55 @@ async def test_a_teams_alert_that_outlives_the_clusters_evidence_captures_no_lat
     second = await incident_holding(running, f"{6:016x}")
     assert second["id"] != first["id"] and second["acked_by"] is None, second
     assert rung(feishu) == ["ou_gus", "ou_gus"], "the node's next fault pages"
+
+
+async def test_a_spent_cluster_incident_shows_resolved_and_stops_paging(
+    teams: tuple[Running, Clock], feishu: FeishuContractServer
+) -> None:
+    """Issue 43: a job of the gateway's own route (team-a's `solo`: no TrainingJob, so no
+    route of its own) runs on the node and hangs; its alerts join the node's incident, which
+    paged gus. Nobody acknowledges it. The GPU comes back (believed a minute later) while the
+    job's alerts fire on: the incident is spent. The incident API and the console show it
+    resolved, saying why, the gateway's chat gets its RESOLVED card, and its escalation ends:
+    gil (the second layer, 5 minutes on) is never called. Before: it showed firing and its
+    escalation went on (gil was called)."""
+    running, clock = teams
+    await running.post(gpu_fell_off())
+    solo = {"namespace": "team-a", "trainingjob": "solo", "component": "training"}
+    placed = make_alert(
+        7, name="TrainingJobOnFaultyNode", labels={**solo, "node": NODE, "priority": "P3"}
+    )
+    hung = make_alert(8, name="TrainingJobHang", labels={**solo, "priority": "P0"})
+    for alert in (placed, hung):
+        del alert["labels"]["gpu"]
+    del hung["labels"]["node"]
+    await running.post(placed)
+    await running.post(hung)
+    first = await incident_holding(running, f"{1:016x}")
+    fingerprints = {a["fingerprint"] for a in first["alerts"]}
+    assert fingerprints == {f"{1:016x}", f"{7:016x}", f"{8:016x}"}, "the job joined it"
+    assert rung(feishu) == ["ou_gus"]
+    clock.now += timedelta(seconds=10)
+    await running.post(gpu_fell_off("resolved"))
+    clock.now += timedelta(seconds=61)  # the fault's resolution is confirmed
+    await running.gateway.settle()
+    spent = await incident(running, first["id"])
+    assert spent["status"] == "resolved" and spent["resolved_at"], spent
+    assert "2 alerts of the jobs it hit fired on" in spent["note"], spent
+    headers = {"X-Forwarded-User": "sam", "X-Forwarded-Groups": "sre"}
+    async with aiohttp.ClientSession(headers=headers) as session:
+        async with session.get(running.server.make_url(f"/ui/incidents/{first['id']}")) as r:
+            assert r.status == 200
+            page = await r.text()
+    assert 'class="status s-resolved"' in page and "fired on" in page
+    [card] = shown(feishu, GLOBAL_CHAT)
+    assert "RESOLVED" in card and "Spent" in card, card
+    clock.now += timedelta(minutes=10)
+    await running.gateway.settle()
+    assert rung(feishu) == ["ou_gus"], "its escalation ended with it: gil is never called"
+    over = make_alert(8, status="resolved", name="TrainingJobHang", labels=hung["labels"])
+    del over["labels"]["gpu"], over["labels"]["node"]
+    await running.post(over)  # the job's hang resolves later: nothing of the incident moves
+    await running.gateway.settle()
+    assert (await incident(running, first["id"]))["status"] == "resolved"
+    assert feishu.rejections == []

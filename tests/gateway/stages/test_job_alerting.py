@@ -28,7 +28,8 @@ from tests.support.kube_emulator import KubeEmulator
 from tests.support.ports import free_port
 from tests.support.webhook_factory import make_alert
 from trainsentry.config import Settings
-from trainsentry.gateway.assemble import build_job_alerting, create_app
+from trainsentry.config.topology import TopologySettings
+from trainsentry.gateway.assemble import build_job_alerting, build_topology, create_app
 from trainsentry.gateway.channels import Channels, build
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
 from trainsentry.gateway.sections import default_escalator, oncall_of
@@ -135,12 +136,14 @@ async def gateway_with(
     escalation: list[dict[str, Any]] | None = None,
     gateway: dict[str, Any] | None = None,
     clock: Callable[[], datetime] | None = None,
+    topology: dict[str, Any] | None = None,
 ) -> AsyncIterator[Any]:
     """(start, an unreachable bot URL prefix) of a gateway with job alerting and the global
     Feishu chat; `policy` is a policy file merged over the shipped one, `oncall` the
     gateway's `oncall:` section, `job_alerting` more keys of its `job_alerting:` section,
     `escalation` the global escalation's layers (default: gus alone), `gateway` more keys
-    of its `gateway:` section, `clock` the gateway's clock."""
+    of its `gateway:` section, `clock` the gateway's clock, `topology` its `topology:`
+    section."""
     unreachable = f"http://127.0.0.1:{free_port()}/open-apis/bot/v2/hook/"
     gateway_settings: dict[str, Any] = {"db": f"sqlite:///{tmp_path / 'gw.db'}", **(gateway or {})}
     if policy is not None:
@@ -188,6 +191,11 @@ async def gateway_with(
         job_alerting=stage,
         oncall=oncall_of(settings),
         **({"clock": clock} if clock is not None else {}),
+        **(
+            {"topology": build_topology(TopologySettings.model_validate(topology))}
+            if topology is not None
+            else {}
+        ),
     )
     server = TestServer(app, host="127.0.0.1")
 

@@ -16,13 +16,14 @@ from trainsentry.gateway.policy.dedup import Decision
 from trainsentry.gateway.policy.incident import FIRING, RESOLVED, IncidentBook
 from trainsentry.gateway.policy.incident_cards import headline, incident_drafts
 from trainsentry.gateway.policy.infra import INFRA_KIND, InfraFold, InfraMessage
+from trainsentry.gateway.policy.infra_payload import InfraMessageKind
 from trainsentry.gateway.policy.payload_build import (
     ALERT_KIND,
     STORM_KIND,
     idempotency_key,
     storm_payload,
 )
-from trainsentry.gateway.policy.route import JobRoute, routed, routed_apart
+from trainsentry.gateway.policy.route import JobRoute, escalation_for, routed, routed_apart
 from trainsentry.gateway.policy.rules import Policy
 from trainsentry.gateway.policy.storm import StormMessage
 from trainsentry.notifiers.payload_contract import JobRoutePayload
@@ -73,6 +74,29 @@ class Drafts:
             alert.labels, self.policy, configured=self.channels, job_routes=self.job_routes
         )
 
+    def _pager(self, priority: Priority, labels: Mapping[str, str]) -> str | None:
+        """Who a page of `priority` routed by `labels` calls: its job's roster
+        (`roster:<job>`), else the escalation policy its route follows (`policy:<name>`,
+        "" for the default layers); None when the route has no paging channel."""
+        decision, extra = routed(
+            priority, labels, self.policy, configured=self.channels, job_routes=self.job_routes
+        )
+        if not set(decision.channels) & set(self.policy.routing.paging_channels):
+            return None
+        if extra is not None and extra.get("roster"):
+            return f"roster:{extra.get('job', '')}"
+        return f"policy:{escalation_for(decision.route_id, priority, self.policy)}"
+
+    def pages_apart(
+        self, priority: Priority, labels: Mapping[str, str], incident: Mapping[str, str]
+    ) -> bool:
+        """`infra.PagesApart`: whether a page of `priority` about the job of `labels` calls
+        other people than the infrastructure incident's page (routed by `incident`): its
+        job's roster, or another escalation policy. A job of the gateway's own route calls
+        whom the incident's page calls: no second page."""
+        mine = self._pager(priority, labels)
+        return mine is not None and mine != self._pager(priority, incident)
+
     def incident_route(
         self, priority: Priority, labels: Mapping[str, str], paging: bool
     ) -> tuple[tuple[str, ...], str, dict[str, Any]]:
@@ -115,6 +139,8 @@ class Drafts:
                 message.priority, message.labels, paging=message.paging
             )
             extra = {"job_route": self.job_extra} if self.job_extra is not None else {}
+            if message.kind is InfraMessageKind.JOB_PAGE:  # its notice told the chats
+                channels = tuple(c for c in channels if c in self.policy.routing.paging_channels)
             for channel in channels:
                 payload = dict(message.payload, route=route_id, **extra)
                 self.drafts.append(

@@ -26,8 +26,10 @@ Invariants:
   trusted evidence's incidents). A job with a route of its own (`place`'s `own_route`)
   never joins one either: its alerts take its job's part of it (`_part`: an incident of
   the job's realm, `part_of` the other), whose card, page and ack are its job's alone.
-  Jobs' alerts that joined one (`strangers`) never keep it capturing: once its own alerts
-  all resolved it stays open on them but leaves its key and failure domain (`_retire`).
+  Jobs' alerts that joined one (`strangers`) never keep it open: once its own alerts all
+  resolved it is spent (`_retire`): resolved, its escalation ended, its key and failure
+  domain left; the jobs' alerts still firing are no longer counted, and their resolves
+  later change nothing (`resolve`).
 - A cluster-wide alert and its job-scoped copy (twins.py) are one alert: the copy joins the
   incident of the first (`twins`), counts as no new firing alert, and the alert resolves
   when both have, or when the copy of the incident's realm has (a stranger's copy that
@@ -88,6 +90,7 @@ TWIN_ROLE = "twin"  # a job-scoped (or cluster-wide) copy of an alert of the inc
 TWIN_DOMAIN = "twin="  # failure-domain index: a twin identity -> the incident of its alert
 CLUSTER = job_title("cluster")  # the job of an alert of no job
 COPIED, UNKNOWN, RESOLVED_NOW = "copy", "unknown", "resolved"  # what `resolve` did
+LEFT = "left"  # `resolve`: a job's alert a spent incident left firing; its resolve is nothing
 STANDBY_MAX = 8  # firing alerts kept as the lead's successors (newest; older ones forgotten)
 INCIDENT_CONTEXT = "incident"  # fingerprint context: the occurrence's incident and status
 SPENT = "|spent="  # ends the key of an incident whose own evidence is over (`_retire`)
@@ -199,6 +202,8 @@ class IncidentState:
     # evidence; only alerts of that realm lead it, blind it or index it (`_evidence`)
     realm: str = CLUSTER_REALM
     strangers: int = 0  # of `firing`, alerts of another realm (a job's, in the cluster's)
+    # why it resolved though jobs' alerts of it still fired (`_retire`); "" when it did not
+    spent: str = ""
     # a job's part of an incident of trusted evidence (`IncidentBook.place`): that incident
     part_of: int | None = None
     # for this batch only (not stored)
@@ -282,6 +287,7 @@ class IncidentState:
             "realm": self.realm,
             "part_of": self.part_of,
             "strangers": self.strangers,
+            "spent": self.spent,
         }
 
     @classmethod
@@ -335,6 +341,7 @@ class IncidentState:
             ),
             part_of=data.get("part_of"),
             strangers=int(data.get("strangers", 0)),
+            spent=str(data.get("spent", "")),
         )
 
 
@@ -811,7 +818,10 @@ class IncidentBook:
         it resolves, the alert resolves, whatever copies of other realms still fire (a
         team's copy of a cluster-wide alert may be its decoy, which never resolves): they
         are dropped, and their own resolves later change nothing. A stranger's copy that
-        resolves while another copy fires changes nothing either."""
+        resolves while another copy fires changes nothing either. LEFT: a job's alert that a
+        spent incident left firing (`_retire`) resolved: nothing changes."""
+        if state.spent and state.status != FIRING and not _evidence(state, alert):
+            return LEFT
         ident = twin_identity(alert)
         copies = state.twins.get(ident)
         evidence = _evidence(state, alert)
@@ -908,26 +918,44 @@ class IncidentBook:
         if lead.get("fingerprint") == alert.fingerprint and state.firing > 0 and state.standby:
             self._move_lead(state)
         if state.firing == 0 and state.status == FIRING:
-            state.status = RESOLVED
-            state.resolved_at = at
-            if self.open.get(state.key) is state:
-                del self.open[state.key]
-        elif state.realm == CLUSTER_REALM and state.firing <= state.strangers:
-            self._retire(state)
+            self._close(state, at)
+        elif (
+            state.status == FIRING
+            and state.realm == CLUSTER_REALM
+            and state.firing <= state.strangers
+        ):
+            self._retire(state, at)
         self.touch(state, at)
 
-    def _retire(self, state: IncidentState) -> None:
-        """An incident of trusted evidence whose own alerts all resolved while jobs' alerts
-        that joined it fire on: it stays open on them (shown firing), yet is no failure
-        domain's nor key's any more: renamed `<key>|spent=<id>`, its index entries name it
-        no more (`_indexed`), so a later fault of its node or group, or another job's
-        alert, opens an incident of its own and pages; no team's alert keeps it capturing."""
-        if SPENT in state.key:
-            return
+    def _close(self, state: IncidentState, at: datetime) -> None:
+        """It resolves: no longer open under its key (its escalation ends with it:
+        stages/planning/incidents.py `resolved_pages`)."""
+        state.status = RESOLVED
+        state.resolved_at = at
         if self.open.get(state.key) is state:
             del self.open[state.key]
-        state.key = f"{state.key}{SPENT}{state.id}"
-        self.open[state.key] = state
+
+    def _retire(self, state: IncidentState, at: datetime) -> None:
+        """An incident of trusted evidence whose own alerts all resolved while jobs' alerts
+        that joined it (jobs of the gateway's own route) fire on: it is spent. It resolves
+        (its RESOLVED card, shown resolved in the console and the API, its escalation ended,
+        acknowledged or not) and says why (`spent`); the jobs' alerts still firing are no
+        longer counted in it and their resolves change nothing (`resolve`: LEFT). Renamed
+        `<key>|spent=<id>`, it is no failure domain's nor key's any more, so a later fault of
+        its node or group, or another job's alert, opens an incident of its own and pages;
+        no team's alert keeps it open or capturing."""
+        left = state.firing
+        if SPENT not in state.key:
+            if self.open.get(state.key) is state:
+                del self.open[state.key]
+            state.key = f"{state.key}{SPENT}{state.id}"
+        alerts = "alert" if left == 1 else "alerts"
+        state.spent = (
+            f"Its own alerts resolved; {left} {alerts} of the jobs it hit fired on, "
+            "followed here no more."
+        )
+        state.firing = state.strangers = 0
+        self._close(state, at)
 
     def _move_lead(self, state: IncidentState) -> None:
         """The lead resolved while other alerts of the incident fire: the best of them (the

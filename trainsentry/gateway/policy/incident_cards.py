@@ -90,6 +90,8 @@ def incident_block(state: IncidentState, policy: Policy) -> dict[str, Any]:
         block["resolved_at"] = state.resolved_at.isoformat()
     if state.storm_note:
         block["note"] = state.storm_note
+    if state.spent:  # resolved though jobs' alerts of it fired on (incident.py `_retire`)
+        block["spent"] = state.spent
     if line := story_line(state.domain, state.story):
         block["story"] = line
     if gone := culprits(state.story):

@@ -15,6 +15,11 @@ the incident instead of sent as its own card:
   once then;
 - each affected job gets one short notice per incident, routed like the job's own alerts
   (never paging), that points at the incident;
+- a job hit whose own route pages other people than the incident's page (its on-call
+  roster, or another escalation policy: `PagesApart`) gets its own page, once per incident,
+  through its route's paging channels, tied to the job's alert that owed it (so its team's
+  ack of its job's alerts stops it, and no other escalation); the jobs of the gateway's own
+  route are covered by the incident's page (no second call to the same people);
 - resolves of folded alerts fold into it too; when the last one resolves, one closing card
   goes to the infrastructure route with everything the incident gathered.
 
@@ -43,20 +48,21 @@ idempotency of each message depends only on (element, episode, kind, job or numb
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 from trainsentry.alerts import Alert, Priority
 from trainsentry.gateway.policy.classify import Classification, xid_code
+from trainsentry.gateway.policy.infra_payload import (
+    MAX_LISTED,
+    InfraMessageKind,
+    payload_of,
+    summary_of,
+)
 from trainsentry.gateway.policy.infra_words import (
     PLACEMENT,
-    consequence_words,
-    counted,
-    lead_line,
-    likely_cause,
     stronger,
 )
 from trainsentry.gateway.policy.rules import Policy
@@ -67,8 +73,11 @@ from trainsentry.userregex import full_match
 
 INFRA_KIND = "infra"  # NotificationDraft.kind of an incident's card and of its job notices
 INFRA_ALERTNAME = "InfrastructureIncident"
-MAX_LISTED = 200  # nodes, jobs and firing alerts kept per incident
 _JOB_NOTICE_LABELS = frozenset({"namespace", "trainingjob", "job_name", "priority"})
+# (priority, a job's alert's labels, the incident's labels) -> whether a page of that
+# priority about the job calls other people than the incident's page does (its job's
+# roster, another escalation policy); drafts.py `Drafts.pages_apart`.
+PagesApart = Callable[[Priority, Mapping[str, str], Mapping[str, str]], bool]
 
 
 def hardware_component(alert: Alert, policy: Policy) -> str:
@@ -183,6 +192,7 @@ class InfraState:
     ports: tuple[str, ...] = ()  # "node device port" of the fabric alerts folded
     consequences: Mapping[str, str] = field(default_factory=dict)  # job -> alertname
     updated: tuple[str, ...] = ()  # jobs whose consequence the incident told this episode
+    job_paged: tuple[str, ...] = ()  # jobs paged on their own route this episode
     peak: Priority = Priority.P3
     paged: bool = False
     incidents: int = 0  # incidents this element has had
@@ -209,6 +219,7 @@ class InfraState:
             "ports": list(self.ports),
             "consequences": dict(self.consequences),
             "updated": list(self.updated),
+            "job_paged": list(self.job_paged),
             "peak": self.peak.value,
             "paged": self.paged,
             "incidents": self.incidents,
@@ -234,18 +245,11 @@ class InfraState:
             ports=tuple(data.get("ports", ())),
             consequences=dict(data.get("consequences") or {}),
             updated=tuple(data.get("updated", ())),
+            job_paged=tuple(data.get("job_paged", ())),
             peak=Priority(data.get("peak", "P3")),
             paged=bool(data.get("paged", False)),
             incidents=int(data.get("incidents", 0)),
         )
-
-
-class InfraMessageKind(enum.StrEnum):
-    OPENED = "infra_opened"
-    PAGE = "infra_page"  # a P0 reached an incident that had not paged yet
-    JOB_NOTICE = "infra_job_notice"
-    UPDATE = "infra_update"  # a job's first consequence, told on the incident (never paging)
-    RESOLVED = "infra_resolved"
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,96 +275,6 @@ class InfraMessage:
         return (INFRA_KIND, self.kind.value, self.key, self.episode, self.job or self.about)
 
 
-def _summary(state: InfraState, policy: Policy, sighting: Sighting) -> dict[str, Any]:
-    nodes = sorted(set(state.nodes) | sighting.nodes)[:MAX_LISTED]
-    jobs = sorted(set(state.jobs) | sighting.jobs)[:MAX_LISTED]
-    ports = sorted(set(state.ports) | sighting.ports)[:MAX_LISTED]
-    return {
-        "key": state.key,
-        "level": state.level,
-        "element": state.element,
-        "episode": state.episode,
-        "lead": lead_line(state.element, len(nodes), len(ports), state.consequences),
-        "nodes": nodes,
-        "jobs": jobs,
-        "ports": len(ports),
-        "port_names": ports[:20],
-        "consequences": dict(sorted(state.consequences.items())),
-        "firing": len(state.firing),
-        "folded": state.folded,
-        "components": dict(sorted(state.components.items())),
-        "alertnames": dict(sorted(state.alertnames.items(), key=lambda kv: (-kv[1], kv[0]))),
-        "likely_cause": likely_cause(state.level, state.element, state.components),
-        "window_s": int(policy.infrastructure.window),
-        "threshold": policy.infrastructure.nodes,
-    }
-
-
-def _words(
-    kind: InfraMessageKind, state: InfraState, summary: dict[str, Any], job: str, about: str
-) -> tuple[str, str]:
-    """Pure: the card's title (the element first; a job notice's title leaves the job to
-    the card, which names it) and its summary line."""
-    nodes, jobs = summary["nodes"], summary["jobs"]
-    where = f"{state.level} {state.element}"
-    if kind is InfraMessageKind.JOB_NOTICE:
-        title = lead_line(state.element, len(nodes), summary["ports"])
-        return title, (
-            f"{job} is hit by the failure at {where}: the hardware alerts of its nodes are "
-            f"followed on the incident's card, not paged here (so far: hardware alerts on "
-            f"{counted(len(nodes), 'node')}, {counted(len(jobs), 'job')} hit)."
-        )
-    title = summary["lead"]
-    if kind is InfraMessageKind.UPDATE:
-        said = consequence_words(state.consequences.get(about, ""))
-        return title, f"{about} {said}: followed on this incident, not paged again."
-    what = {
-        InfraMessageKind.RESOLVED: "over",
-        InfraMessageKind.PAGE: f"raised to {state.peak.value}",
-    }.get(kind, "opened")
-    of_jobs = f" of {counted(len(jobs), 'job')}" if jobs else ""
-    return title, (
-        f"Infrastructure incident at {where} {what}: hardware alerts on "
-        f"{counted(len(nodes), 'node')}{of_jobs}"
-    )
-
-
-def _payload(
-    kind: InfraMessageKind,
-    state: InfraState,
-    summary: dict[str, Any],
-    at: datetime,
-    job: str,
-    about: str = "",
-) -> dict[str, Any]:
-    where = f"{state.level} {state.element}"
-    nodes, jobs = summary["nodes"], summary["jobs"]
-    resolved = kind is InfraMessageKind.RESOLVED
-    title, text = _words(kind, state, summary, job, about)
-    ports = f"Ports: {summary['ports']}\n" if summary["ports"] else ""
-    description = (
-        f"Nodes: {', '.join(nodes)}\n{ports}Jobs: {', '.join(jobs) or '(none named)'}\n"
-        f"Likely cause: {summary['likely_cause']}"
-    )
-    payload: dict[str, Any] = {
-        "priority": state.peak.value,
-        "status": "resolved" if resolved else "firing",
-        "event": kind.value,
-        "alertname": title,
-        "annotations": {"summary": text, "description": description},
-        # the rule, not the cause again (the description's last line says it)
-        "reason": f"Hardware alerts on {counted(len(nodes), 'node')} under {where}; "
-        f"{summary['threshold']} within {summary['window_s']} s make one incident.",
-        "rule_id": "infrastructure",
-        "topology": {state.level: state.element},
-        "infrastructure": summary,
-        "at": at.isoformat(),
-    }
-    if job:
-        payload["job"] = job
-    return payload
-
-
 class InfraFold:
     """The incident side of one `decide` call: given the states of the alert's elements and
     what the store saw under them, folds the alert's notices into an incident. Holds the
@@ -383,6 +297,7 @@ class InfraFold:
         self.changed: dict[str, InfraState] = {}
         self.messages: list[InfraMessage] = []
         self.taken = ""  # the key of the incident the last fold went to
+        self.paged_job = ""  # the job the last `fold_consequence` paged on its own route
 
     def _key(self, level: str) -> str:
         return element_key(level, self.place[level])
@@ -444,6 +359,7 @@ class InfraFold:
                 ports=tuple(sorted(sighting.ports))[:MAX_LISTED],
                 consequences={},
                 updated=(),
+                job_paged=(),
                 noticed=(),
                 firing={},
                 components={},
@@ -489,7 +405,7 @@ class InfraFold:
 
     def fold_consequence(
         self, key: str, alert: Alert, alert_id: int | None, classification: Classification,
-        at: datetime,
+        at: datetime, pages_apart: PagesApart | None = None,
     ) -> bool:  # fmt: skip
         """Folds a firing alert of an incident (incident.py) that the open incident `key`
         speaks for: a job's consequence of the failure (its RAS errors, stall, hang) or a
@@ -497,7 +413,11 @@ class InfraFold:
         first consequence is told once on the incident (`infra_update`, never paging); a
         P0 pages only if the incident has not paged yet. The job's `PLACEMENT` alert (its
         pods are on the failed nodes) names the job only: no consequence yet, no update.
+        `pages_apart`: given for an alert of its job's own incident (a job of a route of
+        its own: incident.py `_part`), not acknowledged; once the incident is P0, the job's
+        page is owed when it says the job's route calls other people (`_job_page_owed`).
         False when `key` is not open."""
+        self.paged_job = ""
         state = self.states.get(key)
         if not self.policy.infrastructure.enabled or state is None or not state.open:
             return False
@@ -521,13 +441,32 @@ class InfraFold:
         if priority is Priority.P0 and not state.paged:
             state = replace(state, paged=True)
             self._emit(InfraMessageKind.PAGE, state, at, paging=True, alert_id=alert_id)
+        paging = self._job_page_owed(state, job, pages_apart)
+        if paging:
+            state = replace(state, job_paged=(*state.job_paged, job))
         state = self._notice(state, job, at)
+        if paging:
+            self.paged_job = job
+            kind = InfraMessageKind.JOB_PAGE
+            self._emit(kind, state, at, paging=True, job=job, alert_id=alert_id)
         if job in consequences and job not in state.updated and len(state.updated) < MAX_LISTED:
             state = replace(state, updated=(*state.updated, job))
             self._emit(InfraMessageKind.UPDATE, state, at, paging=False, about=job)
         self.taken = state.key
         self._keep(state)
         return True
+
+    def _job_page_owed(self, state: InfraState, job: str, pages_apart: PagesApart | None) -> bool:
+        """Whether the job's own page is owed now: the incident is P0, the job was not paged
+        this episode, and its route calls other people than the incident's page."""
+        return (
+            pages_apart is not None
+            and bool(job)
+            and state.peak is Priority.P0
+            and job not in state.job_paged
+            and len(state.job_paged) < MAX_LISTED
+            and pages_apart(state.peak, self.job_labels, self.incident_labels(state))
+        )
 
     def fold_resolved(self, alert: Alert, at: datetime) -> bool:
         """Folds the resolve of an alert an open incident took; False when none did."""
@@ -559,13 +498,13 @@ class InfraFold:
         alert_id: int | None = None,
         about: str = "",
     ) -> None:
-        summary = _summary(state, self.policy, self.seen.get(state.key, Sighting()))
-        payload = _payload(kind, state, summary, at, job, about)
+        summary = summary_of(state, self.policy, self.seen.get(state.key, Sighting()))
+        payload = payload_of(kind, state, summary, at, job, about)
         if alert_id is not None:
             payload["alert_id"] = alert_id
         labels = dict(self.job_labels) if job else self.incident_labels(state)
         priority = state.peak
-        if kind is InfraMessageKind.JOB_NOTICE:
+        if kind in (InfraMessageKind.JOB_NOTICE, InfraMessageKind.JOB_PAGE):
             # shown: what names the job and the incident, not the one alert that told of it
             # (its node and HCA are one of many: the incident's card lists them)
             payload["labels"] = {

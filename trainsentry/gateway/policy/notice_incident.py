@@ -20,7 +20,11 @@ from trainsentry.gateway.policy import infra_hold
 from trainsentry.gateway.policy.classify import Classification
 from trainsentry.gateway.policy.dedup import Decision, FingerprintState, Notice
 from trainsentry.gateway.policy.drafts import Drafts
-from trainsentry.gateway.policy.incident import INCIDENT_CONTEXT, RESOLVED_NOW, IncidentState
+from trainsentry.gateway.policy.incident import (
+    INCIDENT_CONTEXT,
+    RESOLVED_NOW,
+    IncidentState,
+)
 from trainsentry.gateway.policy.incident_cards import headline
 from trainsentry.gateway.policy.storm import StormEntry, Verdict, job_title
 from trainsentry.gateway.policy.storm_fold import (
@@ -29,6 +33,7 @@ from trainsentry.gateway.policy.storm_fold import (
     collapse_any,
     verdict_any,
 )
+from trainsentry.gateway.policy.tenancy import CLUSTER_REALM
 
 INFRA_FOLDED = "infra_folded"  # fingerprint context: its resolve went to an incident
 
@@ -144,16 +149,29 @@ def _fold_infra(
     element whose incident opens or is open (infra.py `fold_firing`; the alert's incident
     then remembers the element), or any alert joining an incident whose hardware alerts it
     took (the failure's consequences: `fold_consequence`), so such an incident never opens a
-    card or an escalation of its own; one held for its element (infra_hold.py) stays quiet."""
+    card or an escalation of its own; one held for its element (infra_hold.py) stays quiet.
+    A job's own incident (a part of the cluster's) that owes its job's page (infra.py
+    `fold_consequence`) is paged by it: keyed by this alert, so an ack of the part stops it, and
+    its resolve ends it."""
     infra = out.infra
     if infra is None:
         return False
+    # a job's own incident (its part of the cluster's: its route of its own), not acked yet,
+    # may owe its job's own page
+    own = incident.realm != CLUSTER_REALM and not incident.acked_by
     if infra.fold_firing(alert, alert_id, classification, decision.at):
         incident.infra = incident.infra or infra.taken
     elif not incident.infra or not infra.fold_consequence(
-        incident.infra, alert, alert_id, classification, decision.at
+        incident.infra,
+        alert,
+        alert_id,
+        classification,
+        decision.at,
+        out.pages_apart if own else None,
     ):
         return False
+    if infra.paged_job:  # the job's page, tied to this alert: its team's ack stops it
+        incident.paged, incident.page_alert_id = True, alert_id
     infra_hold.take(incident)  # held for the element's incident, which now speaks for it
     return True
 

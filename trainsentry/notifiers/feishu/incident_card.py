@@ -82,6 +82,8 @@ def incident_fields(payload: NotificationPayload) -> list[tuple[str, str]]:
         pairs.append(("Jobs", ", ".join(info.get("jobs") or ())))
     if info.get("note"):
         pairs.append(("Pages on its own", info.get("note", "")))
+    if info.get("spent"):
+        pairs.append(("Spent", info.get("spent", "")))
     if not _spread(payload):
         return pairs
     alerts, firing = info.get("alerts", 0), info.get("firing", 0)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -172,6 +172,19 @@ class EscalationRefused(Exception):
         super().__init__(reason)
         self.status = status
         self.reason = reason
+
+
+async def job_notices(conn: Connection, state: Mapping[str, Any]) -> list[CardRow]:
+    """The cards that told a job of its incident when the incident had none of its own: a
+    job's own incident folded into an infrastructure incident (infra.py: its job's notice
+    and page, outbox group `infra:<element>`), newest first; never the infrastructure
+    incident's own cards nor another job's, so a team's ack is shown where its job was told.
+    Empty for the cluster's incidents (realm "") and incidents of no element."""
+    element, job = state.get("infra"), state.get("job")
+    if not element or not job or not state.get("realm"):
+        return []
+    rows = await group_cards(conn, f"infra:{element}", ("infra",))
+    return [row for row in rows if (row.payload or {}).get("job") == job]
 
 
 class AckService:
@@ -341,7 +354,7 @@ class AckService:
             paged = incident.state.get("page_alert_id")
             stopped = await self._paging.acknowledge(conn, int(paged or row.id), who, now)
         group = f"incident:{incident.id}"
-        cards = await group_cards(conn, group)
+        cards = await group_cards(conn, group) or await job_notices(conn, incident.state)
         shown = next((c.payload for c in cards if c.payload and c.status != "cancelled"), None)
         base: dict[str, Any] = dict(shown or self._payload(row, str(acked_by), now, None))
         payload = cast(NotificationPayload, base)
