@@ -97,11 +97,9 @@ def hang(index: int, team: str) -> dict[str, Any]:
     return job_alert(index, team, "TrainingJobHang", "P0", node=False)
 
 
-@pytest.fixture
-async def teams(
-    cluster: KubeEmulator, feishu: FeishuContractServer, tmp_path: Path
-) -> AsyncIterator[tuple[Running, Clock]]:
-    """The gateway with both teams' jobs, rosters and the proxy's people."""
+async def create_team_jobs(cluster: KubeEmulator, feishu: FeishuContractServer) -> None:
+    """Both teams' rosters (a ConfigMap each) and TrainingJobs: team-a's job `a` with its
+    owner, its own chat and roster; team-b's job `b` with its own bot and roster."""
     for team in ("team-a", "team-b"):
         await create(
             cluster,
@@ -115,6 +113,14 @@ async def teams(
     await create(cluster, tj_path("team-a"), trainingjob("team-a", "a", team_a))
     bot = {"webhookSecretRef": {"name": "bot", "key": "url", "secretKey": "sign"}}
     await create(cluster, tj_path("team-b"), trainingjob("team-b", "b", {"feishu": bot, **roster}))
+
+
+@pytest.fixture
+async def teams(
+    cluster: KubeEmulator, feishu: FeishuContractServer, tmp_path: Path
+) -> AsyncIterator[tuple[Running, Clock]]:
+    """The gateway with both teams' jobs, rosters and the proxy's people."""
+    await create_team_jobs(cluster, feishu)
     clock = Clock()
     gateway = {
         "api_token": TOKEN,

@@ -24,11 +24,11 @@ import pytest
 from tests.gateway.stages.test_cluster_incident_teams import (
     ACCESS,
     GLOBAL_LAYERS,
-    ROSTERS,
     TOKEN,
     ack_as,
     alert_id,
     bot_cards,
+    create_team_jobs,
     rung,
     shown,
 )
@@ -36,12 +36,8 @@ from tests.gateway.stages.test_job_alerting import (
     GLOBAL_CHAT,
     Running,
     cluster,
-    create,
-    create_bot_secret,
     feishu,
     gateway_with,
-    tj_path,
-    trainingjob,
 )
 from tests.support.clock import Clock
 from tests.support.feishu_server import FeishuContractServer
@@ -88,19 +84,7 @@ async def leaf(
     cluster: KubeEmulator, feishu: FeishuContractServer, tmp_path: Path
 ) -> AsyncIterator[tuple[Running, Clock]]:
     """The gateway with the topology, both teams' jobs and rosters and the proxy's people."""
-    for team in ("team-a", "team-b"):
-        await create(
-            cluster,
-            f"/api/v1/namespaces/{team}/configmaps",
-            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "oncall"},
-             "data": {"roster.yaml": ROSTERS[team]}},
-        )  # fmt: skip
-    await create_bot_secret(cluster, feishu)
-    roster = {"onCallRosterRef": {"name": "oncall", "key": "roster.yaml"}}
-    team_a = {"owners": ["ou_bob"], "feishu": {"chatId": "oc_team_a"}, **roster}
-    await create(cluster, tj_path("team-a"), trainingjob("team-a", "a", team_a))
-    bot = {"webhookSecretRef": {"name": "bot", "key": "url", "secretKey": "sign"}}
-    await create(cluster, tj_path("team-b"), trainingjob("team-b", "b", {"feishu": bot, **roster}))
+    await create_team_jobs(cluster, feishu)
     clock = Clock(BASE_TIME)
     gateway = {
         "api_token": TOKEN,
