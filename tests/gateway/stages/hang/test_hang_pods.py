@@ -16,7 +16,7 @@ from tests.operator.operator_harness import NS, pod, post, trainingjob
 from tests.support.kube_emulator import KubeEmulator
 from trainsentry.alerts import JobRef
 from trainsentry.gateway.stages.hang.diagnosis import KubernetesEndpoints
-from trainsentry.gateway.stages.hang.pods import rank_order
+from trainsentry.gateway.stages.hang.pods import REPLICA_INDEX, rank_order
 
 
 def meta(name: str, labels: dict[str, str], annotations: dict[str, str] | None = None) -> Any:
@@ -39,6 +39,17 @@ def test_a_pytorchjobs_master_is_rank_0_then_its_workers_by_index() -> None:
 
     pods = [replica("master", 0)] + [replica("worker", i) for i in range(12)]
     assert in_order(pods) == ["llama-master-0"] + [f"llama-worker-{i}" for i in range(12)]
+
+
+def test_an_mpijobs_launcher_runs_no_rank_and_comes_after_its_workers() -> None:
+    """mpi-operator labels the launcher `replica-type: launcher`; it runs mpirun, and the
+    workers (replica-index 0..) run the ranks, so worker 0's pod is rank 0's."""
+    labels = {"training.kubeflow.org/replica-type": "launcher"}
+    pods = [meta("bert-launcher", labels)]
+    for i in range(3):
+        worker = {"training.kubeflow.org/replica-type": "worker"}
+        pods.append(meta(f"bert-worker-{i}", {**worker, REPLICA_INDEX: str(i)}))
+    assert in_order(pods) == ["bert-worker-0", "bert-worker-1", "bert-worker-2", "bert-launcher"]
 
 
 def test_jobset_pods_by_their_job_then_their_index() -> None:

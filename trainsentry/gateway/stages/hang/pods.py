@@ -6,8 +6,10 @@ its address: with the pods in rank order, rank r's probe is endpoint r (a pod's 
 its index × `ranksPerPod` + LOCAL_RANK; locate.py `_status_targets`). The Kubernetes
 API lists pods in no such order (by name, or as stored), so they are sorted by:
 - Kubeflow's training-operator (PyTorchJob, MPIJob): `training.kubeflow.org/replica-type`
-  (`master` first: a PyTorchJob's master is rank 0, worker i is rank i + 1), then
-  `training.kubeflow.org/replica-index`;
+  (`master` first: a PyTorchJob's master is rank 0, worker i is rank i + 1; an MPIJob's
+  `launcher` last: it runs `mpirun`, not a rank, so its workers are ranks from 0 (with
+  mpi-operator's `runLauncherAsWorker` it runs one too, and each guess is off by one pod:
+  one `/status` more, below)), then `training.kubeflow.org/replica-index`;
 - JobSet: `jobset.sigs.k8s.io/job-index` (the replicated Job), then the Job's index;
 - an Indexed Job: `batch.kubernetes.io/job-completion-index` (a label since Kubernetes 1.28,
   an annotation before);
@@ -26,7 +28,8 @@ REPLICA_TYPE = "training.kubeflow.org/replica-type"
 REPLICA_INDEX = "training.kubeflow.org/replica-index"
 JOBSET_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-_FIRST_TYPES = ("master", "launcher")  # a job's rank 0 (PyTorchJob), MPIJob's launcher
+_FIRST_TYPES = ("master",)  # a PyTorchJob's rank 0
+_LAST_TYPES = ("launcher",)  # an MPIJob's mpirun host: no rank
 _NUMBER = re.compile(r"(\d+)")
 
 
@@ -49,7 +52,7 @@ def rank_order(pod: Mapping[str, Any]) -> tuple[Any, ...]:
     metadata = pod.get("metadata") or {}
     kind = str((metadata.get("labels") or {}).get(REPLICA_TYPE) or "").lower()
     return (
-        0 if kind in _FIRST_TYPES else 1,
+        0 if kind in _FIRST_TYPES else 2 if kind in _LAST_TYPES else 1,
         _index(metadata, JOBSET_JOB_INDEX),
         _index(metadata, REPLICA_INDEX),
         _index(metadata, COMPLETION_INDEX),
