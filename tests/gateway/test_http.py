@@ -312,6 +312,55 @@ async def test_metrics_show_how_long_notifications_wait_by_priority(
     assert gauge(text, f'{age}{{priority="P1"}}') == gauge(text, f'{age}{{priority="P2"}}') == 0
 
 
+class ChannelStuck:
+    """A channel whose sends never finish (a provider that accepts the connection and never
+    answers): each row stays `sending` for the whole test."""
+
+    name = "down"
+
+    async def send(self, notification: OutboundNotification) -> Receipt:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_a_notification_stuck_mid_send_still_ages(
+    db_url: str, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """A notification being sent is not sent yet: its age counts (it read 0 while `sending`,
+    so a P0 whose every try hangs kept TrainsentryUrgentNotificationsLate from firing)."""
+
+    async def plan_p0(conn: AsyncConnection, changes: Sequence[AlertChange], now: datetime) -> int:
+        drafts = [
+            NotificationDraft(
+                channel="down",
+                kind="alert",
+                priority=Priority.P0,
+                idempotency_key=f"stuck-{change.alert_id}",
+                payload={},
+                alert_id=change.alert_id,
+            )
+            for change in changes
+            if change.alert.labels["priority"] == "P0"
+        ]
+        return await insert_notifications(conn, drafts, now)
+
+    sending = 'trainsentry_outbox_depth{channel="down",status="sending"}'
+    text = await metrics_after_one_webhook(
+        db_url,
+        tmp_path,
+        http,
+        1.5,
+        lambda text: f"{sending} 1.0" in text.splitlines(),
+        plan=plan_p0,
+        notifiers={"down": ChannelStuck()},
+    )
+    assert gauge(text, sending) == 1
+    assert 1.0 <= gauge(text, 'trainsentry_outbox_oldest_pending_age_seconds{priority="P0"}') < 60
+
+
 fuzz_bodies = st.one_of(
     st.binary(max_size=2048),
     st.builds(

@@ -26,6 +26,7 @@ from trainsentry.store.dialect import is_sqlite
 from trainsentry.store.schema import notifications
 
 PENDING, SENDING, SENT, DEAD = "pending", "sending", "sent", "dead"
+UNSENT = frozenset({PENDING, SENDING})  # written, not yet sent: what the outbox ages count
 # A notification withdrawn before it went out (a stopped escalation's call): final, no failure.
 CANCELLED = "cancelled"
 

@@ -71,6 +71,7 @@ from trainsentry.store.callbacks import first_delivery, forget_delivery
 from trainsentry.store.errors import STORE_FAILURES, DatabaseError, StoreUnavailable
 from trainsentry.store.inbox import inbox_waiting
 from trainsentry.store.journal import journal_waiting
+from trainsentry.store.outbox import UNSENT
 from trainsentry.store.queries import (
     outbox_depth,
 )
@@ -364,7 +365,7 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
         pending_since: dict[str, datetime] = {}
         for group in depth:
             counts[group.channel, group.status] += group.count
-            if group.status == "pending":
+            if group.status in UNSENT:  # mid-send is not sent: a hung try still ages
                 earliest = pending_since.get(group.priority, group.oldest_created_at)
                 pending_since[group.priority] = min(earliest, group.oldest_created_at)
         metrics.outbox_depth.clear()
