@@ -106,7 +106,8 @@ class GatewayMetrics:
         )
         self.outbox_oldest_age = Gauge(
             "trainsentry_outbox_oldest_pending_age_seconds",
-            "Age of the oldest notification not yet sent (pending or mid-send), by its priority (0 when none)",
+            "Age of the oldest notification not yet sent (pending or mid-send), by its priority "
+            "(0 when none)",
             ["priority"],
             registry=r,
         )
