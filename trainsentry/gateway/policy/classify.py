@@ -164,8 +164,8 @@ def classify(alert: Alert, policy: Policy, *, distinct_nodes_in_window: int) -> 
     labels, annotations = alert.labels, alert.annotations
     raises = blast.enabled and distinct_nodes_in_window >= blast.nodes
     key = (
-        tuple(labels.get(name) for name in names),
-        tuple(annotations.get(name) for name in rules.xid_labels),
+        tuple(map(labels.get, names)),
+        tuple(map(annotations.get, rules.xid_labels)),
         distinct_nodes_in_window if raises else 0,
     )
     found = memo.get(key)

@@ -78,7 +78,7 @@ def job_key(labels: Mapping[str, str]) -> str:
     """Pure: the storm unit an alert belongs to: its TrainingJob's `JobRef.key`, else its
     scrape job's ("job:namespace/job"), else "cluster". Memoised by the labels it reads
     (`_JOB_LABELS`), which changes no answer."""
-    held = tuple(labels.get(name) for name in _JOB_LABELS)
+    held = tuple(map(labels.get, _JOB_LABELS))
     found = _KEYS.get(held)
     if found is None:
         found = _job_key(labels)
