@@ -22,7 +22,7 @@ Bounds, so that one match takes milliseconds at most (tests/test_userregex.py me
 - a value is matched on its first MAX_VALUE_CHARS characters (a label value longer than
   that matches as if cut there).
 
-Pure: no I/O; compiled patterns are memoised, which changes no answer.
+Pure: no I/O; compiled patterns and their answers are memoised, which changes no answer.
 """
 
 from __future__ import annotations

@@ -7,6 +7,11 @@ planning transaction, so a change and its incident commit together or not at all
 decisions are the pure policy's (gateway/policy/incident.py). The failure-domain index
 (correlate.py: node, job and twin identity -> the incident their alerts join) is kept as
 policy state (scope `correlation`), loaded and written in the same transaction.
+
+The ledger keeps the states it wrote, with their text (issue 46: a storm's incident is a
+megabyte of JSON that every batch read again): a row that still holds exactly that text is
+not decoded, its kept state is taken. Invariant: a batch plans with the same states either
+way (tests/gateway/stages/planning/test_incident_kept.py).
 """
 
 from __future__ import annotations
