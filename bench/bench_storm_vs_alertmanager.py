@@ -15,7 +15,10 @@ gateway works off the storm), one P0 alert of another job is posted; its latency
 POST to the receiver seeing it (the P0 is recorded before the answer and claimed before the
 storm's P2 backlog). "planned" waits for the policy inbox and the intake journal to be empty.
 Rounds alternate (Alertmanager, gateway, ...), medians are reported with the ratios
-gateway/Alertmanager. The issue's targets: intake ≥ 0.5×, planned ≥ 0.25×, P0 < 500 ms.
+gateway/Alertmanager. The issue's targets: intake ≥ 0.5×, planned ≥ 0.25×, P0 < 500 ms. Each
+round also prints the gateway process's CPU per storm alert (all its threads, from /proc:
+Linux) and the load average: on a shared machine the rates swing with the load, the CPU
+per alert much less.
 
     .venv/bin/python -m bench.bench_storm_vs_alertmanager [--alerts 20000] [--rounds 3] [--db URL]
         [--p0-delay SECONDS] [--journal-max-alerts N]   (0: the intake without its journal)
@@ -142,6 +145,16 @@ def start_gateway(
     return proc, url
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system, all its threads) process `pid` used so far; 0.0 where
+    /proc is not there (not Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def alertmanager_round(tmp: Path, posts: list[bytes], concurrency: int) -> float:
     """Alerts/s a fresh Alertmanager ingests `posts` at."""
     config = {"route": {"receiver": "null"}, "receivers": [{"name": "null"}]}
@@ -182,7 +195,10 @@ async def _gateway_round(
     start: datetime,
     p0_delay: float = 0.0,
     journal: int | None = None,
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, float]:
+    """Intake and planned rates (alerts/s), the P0's latency (s), and the gateway process's
+    CPU seconds per storm alert (from the warm-up planned to the storm planned: the intake,
+    the expansion, the policy and the /metrics polls, every thread)."""
     receiver = Receiver()
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/hook", receiver.handle)
@@ -195,19 +211,21 @@ async def _gateway_round(
     try:
         await load(url + "/api/v1/alertmanager", warm, 4)
         await asyncio.to_thread(wait_planned, url)
+        cpu_before = cpu_seconds(proc.pid)
         started = time.perf_counter()
         elapsed, _ = await load(url + "/api/v1/alertmanager", posts, concurrency)
         await asyncio.sleep(p0_delay)
         latency = await _p0_latency(url, receiver, start)
         await asyncio.to_thread(wait_planned, url)
         planned_s = time.perf_counter() - started
+        cpu = cpu_seconds(proc.pid) - cpu_before
         assert await asyncio.to_thread(inbox_depth, url) == 0
     finally:
         proc.terminate()
         await asyncio.to_thread(proc.wait, 30)
         await runner.cleanup()
     alerts = len(posts) * PER_POST
-    return alerts / elapsed, alerts / planned_s, latency
+    return alerts / elapsed, alerts / planned_s, latency, cpu / alerts
 
 
 def main() -> int:
@@ -233,6 +251,7 @@ def main() -> int:
     intake: list[float] = []
     planned: list[float] = []
     p0: list[float] = []
+    cpu: list[float] = []
     with tempfile.TemporaryDirectory() as folder:
         for round_no in range(args.rounds):
             tmp = Path(folder) / f"round-{round_no}"
@@ -256,10 +275,12 @@ def main() -> int:
             intake.append(rates[0])
             planned.append(rates[1])
             p0.append(rates[2])
+            cpu.append(rates[3])
             print(
                 f"round {round_no}: alertmanager {am_rates[-1]:8.0f}/s  gateway intake "
                 f"{rates[0]:8.0f}/s  planned {rates[1]:8.0f}/s  P0 behind it "
-                f"{rates[2] * 1e3:6.0f} ms",
+                f"{rates[2] * 1e3:6.0f} ms  gateway CPU {rates[3] * 1e6:4.0f} µs/alert "
+                f"(load {os.getloadavg()[0]:.1f})",
                 flush=True,
             )
     am, gi, gp = (statistics.median(v) for v in (am_rates, intake, planned))
@@ -275,6 +296,10 @@ def main() -> int:
         f"  P0 behind the storm {statistics.median(p0) * 1e3:9.0f} ms  "
         f"({args.p0_delay:g} s after its last answer) "
         f"(each: {', '.join(f'{v * 1e3:.0f}' for v in p0)}; target < 500)"
+    )
+    print(
+        f"  gateway CPU         {statistics.median(cpu) * 1e6:9.0f} µs per storm alert "
+        "(intake, expansion, policy, /metrics polls; the process, every thread)"
     )
     return 0
 

@@ -22,7 +22,7 @@ Bounds, so that one match takes milliseconds at most (tests/test_userregex.py me
 - a value is matched on its first MAX_VALUE_CHARS characters (a label value longer than
   that matches as if cut there).
 
-Pure: no I/O; compiled patterns are memoised, which changes no answer.
+Pure: no I/O; compiled patterns and their answers are memoised, which changes no answer.
 """
 
 from __future__ import annotations
@@ -112,7 +112,22 @@ def check_user_regex(pattern: str) -> str:
     return pattern
 
 
+# (pattern, value) -> whether it matches: the policy asks the same few questions of every
+# alert of a storm (its alertname against each rule). Bounded; values longer than
+# MAX_VALUE_CHARS are never kept (they are matched on their first MAX_VALUE_CHARS anyway).
+_ANSWERS: dict[tuple[str, str], bool] = {}
+_ANSWERS_MAX = 8192
+
+
 def full_match(pattern: str, value: str) -> bool:
     """Pure: `value` fully matches `pattern`, which must compile (validated where it was
-    read): RegexRefused otherwise."""
-    return compile_user_regex(pattern).fullmatch(value)
+    read): RegexRefused otherwise. Answers are memoised (bounded), which changes none."""
+    key = (pattern, value)
+    found = _ANSWERS.get(key)
+    if found is None:
+        found = compile_user_regex(pattern).fullmatch(value)
+        if len(value) <= MAX_VALUE_CHARS:
+            if len(_ANSWERS) >= _ANSWERS_MAX:
+                _ANSWERS.clear()
+            _ANSWERS[key] = found
+    return found

@@ -42,12 +42,15 @@ def key_hash(key: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class StoredIncident:
-    """An incident row: the policy's state, and who acknowledged it."""
+    """An incident row: the policy's state, and who acknowledged it. `known`: the state as
+    stored is exactly the text the caller said it knew (`load_incidents`' `known`), so it
+    was not decoded (`state` is empty): the caller holds it already."""
 
     id: int
     state: dict[str, Any]
     acked_by: str | None
     acked_at: datetime | None
+    known: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,20 +100,29 @@ async def reserve_ids(conn: AsyncConnection, count: int) -> list[int]:
 _COLUMNS = "id, state, acked_by, acked_at"
 
 
-def _stored(row: Sequence[Any]) -> StoredIncident:
+def _stored(row: Sequence[Any], known: Mapping[int, str]) -> StoredIncident:
+    incident_id, text = int(row[0]), row[1]
+    same = isinstance(text, str) and known.get(incident_id) == text
     return StoredIncident(
-        int(row[0]),
-        dict(decode_json(row[1])),
+        incident_id,
+        {} if same else dict(decode_json(text)),
         row[2],
         decode_time(row[3]) if row[3] is not None else None,
+        known=same,
     )
 
 
 async def load_incidents(
-    conn: AsyncConnection, keys: Iterable[str], alert_ids: Iterable[int]
+    conn: AsyncConnection,
+    keys: Iterable[str],
+    alert_ids: Iterable[int],
+    known: Mapping[int, str] | None = None,
 ) -> tuple[list[StoredIncident], dict[int, int]]:
     """The open incidents of `keys` and the incidents `alert_ids` are in (locked on
-    PostgreSQL), and alert id -> incident id for those of `alert_ids` in one."""
+    PostgreSQL), and alert id -> incident id for those of `alert_ids` in one. `known`:
+    incident id -> the state's text as the caller last wrote it (`save_incidents`' answer):
+    a row whose stored text is exactly that is not decoded (`StoredIncident.known`); a
+    storm's incident of 20,000 alerts is a megabyte of JSON, read again by every batch."""
     members: dict[int, int] = {}
     wanted_alerts = sorted(set(alert_ids))
     for start in range(0, len(wanted_alerts), 5000):
@@ -134,7 +146,7 @@ async def load_incidents(
             params += part_i
         sql = f"SELECT {_COLUMNS} FROM incidents WHERE {' OR '.join(where)}{lock}"
         for row in await fetch(conn, sql, params):
-            found[int(row[0])] = _stored(row)
+            found[int(row[0])] = _stored(row, known or {})
     return [found[i] for i in sorted(found)], members
 
 
@@ -183,10 +195,14 @@ _MEMBER_COLUMNS = ("alert_id", "incident_id", "role", "group_key", "joined_at")
 
 async def save_incidents(
     conn: AsyncConnection, rows: Sequence[IncidentRow], members: Sequence[MemberRow]
-) -> None:
-    """Upserts the incidents, then adds the memberships (an alert already in one keeps it)."""
+) -> dict[int, str]:
+    """Upserts the incidents, then adds the memberships (an alert already in one keeps it).
+    Returns incident id -> the state's text as written (what `load_incidents` reads back
+    until someone writes the row again)."""
     enc = encoder(conn)
+    texts: dict[int, str] = {}
     if rows:
+        texts = {r.id: enc.json(r.state) for r in rows}
         values = [
             (
                 r.id,
@@ -203,7 +219,7 @@ async def save_incidents(
                 enc.time(r.updated_at),
                 enc.time(r.resolved_at),
                 enc.time(r.due_at),
-                enc.json(r.state),
+                texts[r.id],
             )
             for r in sorted(rows, key=lambda r: r.id)
         ]
@@ -220,6 +236,7 @@ async def save_incidents(
             tail="ON CONFLICT (alert_id) DO NOTHING",
         )
         await _ack_joined(conn, members)
+    return texts
 
 
 async def _ack_joined(conn: AsyncConnection, members: Sequence[MemberRow]) -> None:

@@ -230,3 +230,46 @@ def test_the_policy_keeps_the_priority_of_our_own_rules() -> None:
         if "priority" in labels and result.priority != Priority(labels["priority"]):
             changed.append((alertname, labels["priority"], result.priority.value, result.rule_id))
     assert changed == []
+
+
+LABEL_VALUES = {
+    "alertname": ("DCGMXidError", "GPUFellOffBus", "Watchdog", "NodeNICDown", "GPUHot"),
+    "priority": ("P0", "P2", "urgent"),
+    "severity": ("critical", "warning", "bogus"),
+    "xid": ("13", "79", "92", "79.0"),
+    "ecc": ("uncorrectable", "1"),
+    "node": ("gpu-1", "gpu-2"),
+    "gpu": ("0", "7"),
+}
+
+
+@st.composite
+def classified_alerts(draw: st.DrawFn) -> tuple[dict[str, str], dict[str, str], int]:
+    labels = {
+        name: draw(st.sampled_from(values))
+        for name, values in LABEL_VALUES.items()
+        if draw(st.booleans())
+    }
+    annotations = {"xid": draw(st.sampled_from(("13", "79", "95")))} if draw(st.booleans()) else {}
+    return labels, annotations, draw(st.integers(1, 12))
+
+
+@given(st.lists(classified_alerts(), min_size=1, max_size=30))
+def test_memoised_classification_is_the_one_worked_out_afresh(
+    cases: list[tuple[dict[str, str], dict[str, str], int]],
+) -> None:
+    """A storm's alerts are classified by what classification reads (issue 46): the answers
+    of one policy, asked over and over, are those of a fresh copy of it asked once each; and
+    another policy (here: another blast radius) is never answered from the first's."""
+    other = merge_policy(POLICY, {"blast_radius": {"nodes": 3, "raise_by": 2}})
+    # each alert also without its annotations, and on another node: what differs is asked
+    asked = [(make_alert(labels, annotations=notes), n) for labels, notes, n in cases] + [
+        (make_alert({**labels, "node": "gpu-9"}), n + 1) for labels, _, n in cases
+    ]
+    for policy in (POLICY, other, POLICY):
+        memoised = [classify(alert, policy, distinct_nodes_in_window=n) for alert, n in asked]
+        afresh = [
+            classify(alert, policy.model_copy(deep=True), distinct_nodes_in_window=n)
+            for alert, n in asked
+        ]
+        assert memoised == afresh

@@ -8,10 +8,12 @@ from collections import Counter, defaultdict, deque
 from datetime import datetime
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.gateway.policy.factory import at, fire, make_alert, resolve
 from tests.gateway.policy.planned import decide
-from trainsentry.alerts import AlertChange, AlertStatus, NotificationDraft, Priority
+from trainsentry.alerts import AlertChange, AlertStatus, JobRef, NotificationDraft, Priority
 from trainsentry.gateway.policy.decide import decide_tick
 from trainsentry.gateway.policy.dedup import FingerprintState
 from trainsentry.gateway.policy.incident import IncidentBook
@@ -499,3 +501,30 @@ def test_a_storm_summary_counts_no_hca_as_a_gpu() -> None:
     assert not [key for key in summary["by_gpu"] if "mlx5" in key], summary["by_gpu"]
     assert all(not item.get("gpu") for item in summary["items"])
     assert len(summary["by_node"]) == 6
+
+
+JOB_LABEL_VALUES = st.sampled_from(("", "ml", "llama-70b", "node-exporter"))
+
+
+@given(
+    st.lists(
+        st.dictionaries(
+            st.sampled_from(("namespace", "trainingjob", "job_name", "job", "node")),
+            JOB_LABEL_VALUES,
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_job_key_memoised_is_the_job_worked_out(cases: list[dict[str, str]]) -> None:
+    """`job_key` is memoised by the labels it reads (issue 46: asked several times per alert);
+    each answer is the one its labels make, asked twice or once."""
+
+    def worked_out(labels: dict[str, str]) -> str:
+        if (job := JobRef.from_labels(labels)) is not None:
+            return job.key
+        namespace, scrape = labels.get("namespace", ""), labels.get("job", "")
+        return f"job:{namespace}/{scrape}" if namespace or scrape else "cluster"
+
+    for labels in cases + cases:
+        assert job_key(labels) == worked_out(labels)

@@ -13,7 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainsentry.alerts import Alert, Priority, parse_priority
-from trainsentry.gateway.policy.rules import AlertnameRule, Policy
+from trainsentry.gateway.policy.rules import (
+    AlertnameRule,
+    BlastRadiusPolicy,
+    ClassificationPolicy,
+    Policy,
+)
 from trainsentry.userregex import full_match
 
 
@@ -131,10 +136,49 @@ def _hardware(alert: Alert, policy: Policy) -> list[Step]:
     return found
 
 
+def _read_labels(rules: ClassificationPolicy) -> tuple[str, ...]:
+    """Pure: the label names classification reads (the XID names also among annotations)."""
+    names = {"priority", "alertname", "severity", *rules.xid_labels}
+    for rule in (*rules.alertname_rules, *rules.hardware_rules):
+        names.update(rule.labels)
+    return tuple(sorted(names))
+
+
+# The classification rules and blast radius last classified by, the label names they read,
+# and what they made of what those labels held: a storm's alerts differ in their node and
+# GPU, which classification never reads. Policies are frozen; bounded (cleared when full).
+_Memo = tuple[ClassificationPolicy, BlastRadiusPolicy, tuple[str, ...], dict[Any, Any]]
+_MEMO: list[_Memo] = []
+_MEMO_MAX = 4096
+
+
 def classify(alert: Alert, policy: Policy, *, distinct_nodes_in_window: int) -> Classification:
     """The priority of `alert` and why. `distinct_nodes_in_window`: how many distinct nodes of
     the alert's job had the same alertname within `policy.blast_radius.window` (the gateway
-    counts them, this one included)."""
+    counts them, this one included). Memoised by what it reads (`_read_labels`, the XID
+    annotations, the count where it raises), which changes no answer."""
+    rules, blast = policy.classification, policy.blast_radius
+    if not _MEMO or _MEMO[0][0] is not rules or _MEMO[0][1] is not blast:
+        _MEMO[:] = [(rules, blast, _read_labels(rules), {})]
+    _, _, names, memo = _MEMO[0]
+    labels, annotations = alert.labels, alert.annotations
+    raises = blast.enabled and distinct_nodes_in_window >= blast.nodes
+    key = (
+        tuple(map(labels.get, names)),
+        tuple(map(annotations.get, rules.xid_labels)),
+        distinct_nodes_in_window if raises else 0,
+    )
+    found = memo.get(key)
+    if found is None:
+        found = _classify(alert, policy, distinct_nodes_in_window)
+        if len(memo) >= _MEMO_MAX:
+            memo.clear()
+        memo[key] = found
+    return found
+
+
+def _classify(alert: Alert, policy: Policy, distinct_nodes_in_window: int) -> Classification:
+    """`classify`, worked out."""
     base = _base(alert, policy)
     steps = [base]
     decided = base

@@ -22,7 +22,26 @@ from trainsentry.alerts import Alert
 JOB_LABELS = frozenset({"namespace", "trainingjob"})
 
 
+# id(alert) -> (alert, its identity): the planner asks it three times per alert (the batch's
+# index keys, its incident, its correlation). The alert is kept with its entry, so its id is
+# not reused while the entry lives; alerts are frozen. Bounded (cleared when full).
+_KNOWN: dict[int, tuple[Alert, str]] = {}
+_KNOWN_MAX = 4096
+
+
 def twin_identity(alert: Alert) -> str:
+    """Pure: `identity_of(alert)`, memoised per alert object (bounded)."""
+    entry = _KNOWN.get(id(alert))
+    if entry is not None and entry[0] is alert:
+        return entry[1]
+    found = identity_of(alert)
+    if len(_KNOWN) >= _KNOWN_MAX:
+        _KNOWN.clear()
+    _KNOWN[id(alert)] = (alert, found)
+    return found
+
+
+def identity_of(alert: Alert) -> str:
     """Pure: what a cluster-wide alert and its job-scoped copy share: the alertname and every
     label but the job's (`JOB_LABELS`), as a digest ("" for an alert that names no node:
     only node-scoped rules have copies). Invariant: equal for the two copies, whichever has

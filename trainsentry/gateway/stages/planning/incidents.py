@@ -7,6 +7,11 @@ planning transaction, so a change and its incident commit together or not at all
 decisions are the pure policy's (gateway/policy/incident.py). The failure-domain index
 (correlate.py: node, job and twin identity -> the incident their alerts join) is kept as
 policy state (scope `correlation`), loaded and written in the same transaction.
+
+The ledger keeps the states it wrote, with their text (issue 46: a storm's incident is a
+megabyte of JSON that every batch read again): a row that still holds exactly that text is
+not decoded, its kept state is taken. Invariant: a batch plans with the same states either
+way (tests/gateway/stages/planning/test_incident_kept.py).
 """
 
 from __future__ import annotations
@@ -46,6 +51,21 @@ def state_of(stored: StoredIncident) -> IncidentState:
     return IncidentState.from_json(stored.state, acked_by=stored.acked_by)
 
 
+def as_loaded(state: IncidentState, acked_by: str | None) -> IncidentState:
+    """`state`, as written, made what `state_of` gives for its row: the batch-only fields
+    (not stored) cleared and the ack's column taken. Invariant: for a state the planner
+    saved, equal to `state_of` of the row read back (`IncidentState.to_json` is plain JSON:
+    tests/gateway/stages/planning/test_incident_kept.py)."""
+    state.trigger, state.trigger_alert_id = "", None
+    state.page_due = state.dirty = False
+    state.acked_by = acked_by
+    return state
+
+
+# Incidents whose state the ledger keeps as it wrote them, at most (the newest written).
+KEPT_MAX = 64
+
+
 def row_of(state: IncidentState) -> IncidentRow:
     return IncidentRow(
         id=state.id,
@@ -70,6 +90,36 @@ class IncidentLedger:
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
+        # incident id -> (its state's text as this ledger last wrote it, that state): a
+        # batch that finds the row still holding that text takes the state instead of
+        # decoding it (a storm's incident is a megabyte of JSON). Taken out while a batch
+        # holds it, put back by `save`: a batch that fails leaves nothing here it changed,
+        # and a row written by anyone else (another replica) holds another text.
+        self._kept: dict[int, tuple[str, IncidentState]] = {}
+        self.kept_hits = 0  # states taken from `_kept` instead of decoded (tests, benches)
+
+    def _states(self, stored: Sequence[StoredIncident]) -> list[IncidentState]:
+        """The policy's incidents of `stored` (`load_incidents` given `_kept`'s texts)."""
+        states = []
+        for row in stored:
+            kept = self._kept.pop(row.id, None)
+            if row.known and kept is not None:
+                self.kept_hits += 1
+                states.append(as_loaded(kept[1], row.acked_by))
+            else:
+                states.append(state_of(row))
+        return states
+
+    def kept(self) -> dict[int, IncidentState]:
+        """The states kept as written, by incident id (tests, benches)."""
+        return {incident_id: state for incident_id, (_, state) in self._kept.items()}
+
+    def forget(self) -> None:
+        """Drops the kept states: the next batch decodes every row it reads."""
+        self._kept.clear()
+
+    def _known(self) -> dict[int, str]:
+        return {incident_id: text for incident_id, (text, _) in self._kept.items()}
 
     async def book(
         self,
@@ -96,7 +146,7 @@ class IncidentLedger:
         entries = await load_states(conn, CORRELATION_SCOPE, domains)
         keys.update(str(entry["key"]) for entry in entries.values())
         alert_ids = [c.alert_id for c in changes] + list(prior)
-        stored, members = await load_incidents(conn, keys, alert_ids)
+        stored, members = await load_incidents(conn, keys, alert_ids, self._known())
         candidates = {
             (
                 base_key(c.alert, c.group_key, self.policy, apart.get(c.alert_id, "")),
@@ -106,7 +156,7 @@ class IncidentLedger:
             if c.alert_id not in members
         }
         ids = await reserve_ids(conn, 2 * len(candidates))
-        states = [state_of(s) for s in stored]
+        states = self._states(stored)
         return IncidentBook(
             self.policy, states, members, ids, apart, rebuild=False, domains=entries
         )
@@ -116,20 +166,30 @@ class IncidentLedger:
     ) -> IncidentBook:
         """The incidents of the alerts whose held resolutions the ticker releases, and those
         whose follow-up is due (`IncidentBook.wake`)."""
-        stored, members = await load_incidents(conn, (), alert_ids)
+        stored, members = await load_incidents(conn, (), alert_ids, self._known())
         ids = await reserve_ids(conn, len([a for a in alert_ids if a not in members]))
-        states = [state_of(s) for s in stored]
+        states = self._states(stored)
         book = IncidentBook(self.policy, states, members, ids, rebuild=False)
-        book.wake(state_of(s) for s in await due_incidents(conn, now) if s.id not in book.by_id)
+        woken = [s for s in await due_incidents(conn, now) if s.id not in book.by_id]
+        for row in woken:
+            self._kept.pop(row.id, None)  # decoded here: the batch may change it
+        book.wake(state_of(s) for s in woken)
         return book
 
-    @staticmethod
-    async def save(conn: Connection, book: IncidentBook, now: datetime) -> None:
-        rows = [row_of(state) for state in book.changed.values()]
+    async def save(self, conn: Connection, book: IncidentBook, now: datetime) -> None:
+        """Writes the book's changed incidents, its memberships and failure-domain entries;
+        keeps the states written with their text (`_kept`)."""
+        changed = list(book.changed.values())
         members = [
             MemberRow(m.alert_id, m.incident_id, m.role, m.group_key, m.at) for m in book.joined
         ]
-        await save_incidents(conn, rows, members)
+        texts = await save_incidents(conn, [row_of(state) for state in changed], members)
+        for state in changed:
+            self._kept.pop(state.id, None)
+            if (text := texts.get(state.id)) is not None:
+                self._kept[state.id] = (text, state)
+        while len(self._kept) > KEPT_MAX:
+            del self._kept[next(iter(self._kept))]
         entries = {key: (book.domains[key], None) for key in book.domains_changed}
         await save_states(conn, CORRELATION_SCOPE, entries, now)
 
