@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from trainsentry.labels import NAMESPACE_LABEL, job_name_of, node_of
+from trainsentry.labels import NAMESPACE_LABEL, SCRAPE_JOB_LABEL, job_name_of, node_of
 
 # Alertmanager writes this for "no end time" (Go's zero time.Time).
 GO_ZERO_TIME = datetime(1, 1, 1, tzinfo=UTC)
@@ -81,6 +81,19 @@ class JobRef:
     @property
     def key(self) -> str:
         return f"{JOB_KEY_PREFIX}{self.namespace}/{self.name}"
+
+
+def job_key(labels: Mapping[str, str]) -> str:
+    """Pure: the storm unit an alert belongs to: its TrainingJob's `JobRef.key`, else its
+    scrape job's ("job:namespace/job"), else "cluster". Here, with `JobRef`, because the
+    policy's storms and the store's inbox partitions (store/inbox.py) both key by it."""
+    if training := JobRef.from_labels(labels):
+        return training.key
+    namespace = labels.get(NAMESPACE_LABEL, "")
+    job = labels.get(SCRAPE_JOB_LABEL, "")
+    if namespace or job:
+        return f"job:{namespace}/{job}"
+    return "cluster"
 
 
 class _Unset:

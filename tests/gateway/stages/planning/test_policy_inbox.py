@@ -328,8 +328,11 @@ async def test_upgrading_a_version_1_store_adds_the_inbox_as_a_new_store_has_it(
         async with engine.connect() as conn:
             assert upgraded == await inbox_shape(conn)
         assert upgraded == (
-            [("event_id", False), ("urgency", False)],
-            [("ix_policy_inbox_claim", ("urgency", "event_id"))],
+            [("event_id", False), ("urgency", False), ("part", False)],
+            [
+                ("ix_policy_inbox_claim", ("urgency", "event_id")),
+                ("ix_policy_inbox_part", ("part", "urgency", "event_id")),
+            ],
         )
     finally:
         await engine.dispose()
