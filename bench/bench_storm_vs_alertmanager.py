@@ -27,7 +27,8 @@ local PostgreSQL per round (tests/support/pg_databases.py), or `--db URL` on tha
 `--replicas 1,2,3` runs, in every round, 1, 2 and 3 gateway processes on it (in an order
 that rotates per round), the posts spread over them round-robin, and `--sqlite-too` adds a
 SQLite run to each round. Per setup: medians, ratios to one replica, and how the batches
-(`trainsentry_policy_batches_total`) and changes split between the replicas.
+(`trainsentry_policy_batches_total`) and changes split between the replicas, and how many
+database sessions waited for a lock during the storm (mean of samples every 20 ms).
 
     .venv/bin/python -m bench.bench_storm_vs_alertmanager [--alerts 20000] [--rounds 3] [--db URL]
         [--p0-delay SECONDS] [--journal-max-alerts N]   (0: the intake without its journal)
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -53,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import asyncpg
 import yaml
 from aiohttp import web
 
@@ -254,6 +257,45 @@ def counters(url: str) -> tuple[float, float]:
     return found["trainsentry_policy_batches_total"], found["trainsentry_policy_planned_total"]
 
 
+class LockWaits:
+    """Samples, every 20 ms while it runs, how many sessions of the gateway's PostgreSQL
+    database wait for a lock (`pg_stat_activity.wait_event_type = 'Lock'`: a row lock of
+    another replica's planning, say): the serialisation the replicas' planning meets."""
+
+    def __init__(self, db: str) -> None:
+        self.db = db
+        self.samples: list[int] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _sample(self) -> None:
+        conn = await asyncpg.connect(self.db)
+        try:
+            while True:
+                self.samples.append(
+                    int(
+                        await conn.fetchval(
+                            "SELECT count(*) FROM pg_stat_activity "
+                            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                        )
+                    )
+                )
+                await asyncio.sleep(0.02)
+        finally:
+            await conn.close()
+
+    def start(self) -> None:
+        if self.db.startswith("postgresql"):
+            self._task = asyncio.create_task(self._sample())
+
+    async def stop(self) -> float:
+        """The mean number of sessions waiting for a lock (0 on SQLite)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        return statistics.fmean(self.samples) if self.samples else 0.0
+
+
 @dataclass
 class Outcome:
     """One gateway round: rates, the P0's latency, and per replica (batches, changes)."""
@@ -262,6 +304,7 @@ class Outcome:
     planned: float
     p0: float
     split: list[tuple[int, int]]
+    lock_waiters: float  # sessions waiting for a lock, mean over the storm (`LockWaits`)
 
 
 async def _gateway_round(
@@ -295,6 +338,8 @@ async def _gateway_round(
         await load(urls[0] + "/api/v1/alertmanager", warm, 4)
         await asyncio.to_thread(wait_planned, urls[0])
         before = [await asyncio.to_thread(counters, url) for url in urls]
+        waits = LockWaits(db)
+        waits.start()
         started = time.perf_counter()
         elapsed = await load_spread([u + "/api/v1/alertmanager" for u in urls], posts, concurrency)
         await asyncio.sleep(p0_delay)
@@ -302,6 +347,7 @@ async def _gateway_round(
         for url in urls:
             await asyncio.to_thread(wait_planned, url)
         planned_s = time.perf_counter() - started
+        lock_waiters = await waits.stop()
         assert await asyncio.to_thread(inbox_depth, urls[0]) == 0
         after = [await asyncio.to_thread(counters, url) for url in urls]
     finally:
@@ -312,7 +358,7 @@ async def _gateway_round(
         await runner.cleanup()
     alerts = len(posts) * PER_POST
     split = [(int(a[0] - b[0]), int(a[1] - b[1])) for a, b in zip(after, before, strict=True)]
-    return Outcome(alerts / elapsed, alerts / planned_s, latency, split)
+    return Outcome(alerts / elapsed, alerts / planned_s, latency, split, lock_waiters)
 
 
 @dataclass
@@ -414,7 +460,8 @@ def main() -> int:
                 print(
                     f"  {setup.name:14s} intake {outcome.intake:8.0f}/s  planned "
                     f"{outcome.planned:8.0f}/s  P0 {outcome.p0 * 1e3:6.0f} ms  "
-                    f"split: {split}  (load {loads[-1]:.1f})",
+                    f"split: {split}  lock waiters {outcome.lock_waiters:.2f}  "
+                    f"(load {loads[-1]:.1f})",
                     flush=True,
                 )
     am = statistics.median(am_rates)
@@ -431,11 +478,12 @@ def main() -> int:
         gi = statistics.median(o.intake for o in setup.rounds)
         gp = statistics.median(o.planned for o in setup.rounds)
         p0 = [o.p0 for o in setup.rounds]
-        versus = f"  ×{gp / base_planned:.2f} one replica" if base_planned else ""
+        versus = f"  ×{gp / base_planned:.2f} PostgreSQL ×1" if base_planned else ""
+        waiting = statistics.median(o.lock_waiters for o in setup.rounds)
         print(
             f"  {setup.name:14s} intake {gi:8.0f}/s ({gi / am:.2f}×)  planned {gp:8.0f}/s "
             f"({gp / am:.2f}×){versus}  P0 {statistics.median(p0) * 1e3:.0f} ms "
-            f"(each: {', '.join(f'{v * 1e3:.0f}' for v in p0)})"
+            f"(each: {', '.join(f'{v * 1e3:.0f}' for v in p0)})  lock waiters {waiting:.2f}"
         )
         if setup.replicas > 1:
             for number, outcome in enumerate(setup.rounds):

@@ -159,3 +159,26 @@ async def test_the_intake_writes_each_change_with_its_alerts_partition(
     assert len(rows) == 6
     assert all(part == partition_of(labels) for part, labels in rows)
     assert len({part for part, _ in rows}) == 3
+
+
+async def test_cluster_alerts_are_partitioned_by_node(engine: AsyncEngine) -> None:
+    """60 cluster-wide alerts on 60 nodes: 60 partitions of one row; two claims of 25 each
+    take disjoint nodes and a full batch."""
+    only_postgresql(engine)
+    cluster = {"trainingjob": "", "namespace": ""}
+    await intake(
+        engine, [make_alert(n, name="KubeNodeNotReady", labels=cluster) for n in range(60)]
+    )
+    async with engine.connect() as first, engine.connect() as second:
+        await first.begin()
+        mine = await claim_inbox(first, 25)
+        await second.begin()
+        theirs = await claim_inbox(second, 25)
+        nodes = [{c.alert.labels["node"] for c in claimed.changes} for claimed in (mine, theirs)]
+        assert len(nodes[0]) == len(nodes[1]) == 25
+        assert not nodes[0] & nodes[1]
+        assert {partition_key(c.alert.labels) for c in mine.changes} == {
+            f"node:{node}" for node in nodes[0]
+        }
+        await first.rollback()
+        await second.rollback()

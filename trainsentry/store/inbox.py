@@ -120,7 +120,14 @@ _HEAD_POSTGRESQL = (
     "ORDER BY urgency, event_id LIMIT ?) AS head GROUP BY part "
     "ORDER BY min(urgency), min(event_id)"
 )
-_TRY_PARTITION = "SELECT pg_try_advisory_xact_lock(?, ?)"
+# Tries the locks of several partitions in one round trip (their numbers inlined: integers
+# the head query returned); answers the partitions taken.
+_TRY_PARTITIONS = (
+    "SELECT p FROM (VALUES {}) AS candidate(p) "
+    f"WHERE pg_try_advisory_xact_lock({_PARTITION_LOCK}, p)"
+)
+# How far down the inbox a claim looks for partitions, in batches.
+_HEAD_BATCHES = 4
 # PostgreSQL replicas claim side by side, each in the partitions it holds, skipping rows
 # another replica holds. A change whose fingerprint has an earlier change still in the inbox
 # (held by another replica, or not yet planned) waits, so no replica plans an alert's resolve
@@ -132,23 +139,31 @@ _CLAIM_POSTGRESQL = (
     + _ORDER
     + " FOR UPDATE OF i SKIP LOCKED"
 )
-# How far down the inbox a claim looks for partitions, in batches.
-_HEAD_BATCHES = 4
 
 
 async def _hold_partitions(conn: AsyncConnection, limit: int) -> list[int]:
     """The partitions this transaction now holds (advisory locks), taken at the head of the
     inbox in the order of their most urgent row until they have `limit` rows there; those
-    another replica holds are skipped."""
+    another replica holds are skipped. Each round trip tries the fewest next partitions
+    that would complete the batch (a storm of single-alert partitions, a node each, takes
+    one or two, not one per partition)."""
+    head = [
+        (int(p), int(n)) for p, n in await fetch(conn, _HEAD_POSTGRESQL, (_HEAD_BATCHES * limit,))
+    ]
     held: list[int] = []
     rows_held = 0
-    for part, count in await fetch(conn, _HEAD_POSTGRESQL, (_HEAD_BATCHES * limit,)):
-        ((locked,),) = await fetch(conn, _TRY_PARTITION, (_PARTITION_LOCK, part))
-        if locked:
+    rows_of = dict(head)
+    start = 0
+    while start < len(head) and rows_held < limit:
+        end, wanted = start, 0
+        while end < len(head) and rows_held + wanted < limit:
+            wanted += head[end][1]
+            end += 1
+        values = ",".join(f"({part})" for part, _ in head[start:end])
+        for (part,) in await fetch(conn, _TRY_PARTITIONS.format(values)):
             held.append(int(part))
-            rows_held += int(count)
-            if rows_held >= limit:
-                break
+            rows_held += rows_of[int(part)]
+        start = end
     return held
 
 
