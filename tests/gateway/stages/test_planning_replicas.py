@@ -79,14 +79,14 @@ def counter(server: RunningServer, name: str) -> float:
 
 
 async def post_spread(
-    urls: list[str], bodies: list[bytes], victim: RunningServer | None = None
-) -> tuple[set[int], float]:
+    urls: list[str], bodies: list[bytes], victim: RunningServer | None = None, db_url: str = ""
+) -> tuple[set[int], float, int]:
     """Posts the bodies round-robin to `urls`, 4 at a time per gateway; the indexes of the
-    bodies answered 200, and what the `victim` had planned when last seen. `victim`: killed
-    with SIGKILL once it has committed two planning batches (its posts after that fail,
-    unanswered)."""
+    bodies answered 200, what the `victim` had planned when last seen, and the changes and
+    alerts waiting in `db_url` right after the kill. `victim`: killed with SIGKILL once it
+    has committed two planning batches (its posts after that fail, unanswered)."""
     answered: set[int] = set()
-    seen = [0.0]  # the victim's planned changes, as last read before the kill
+    seen = [0.0, 0.0]  # the victim's planned changes before the kill; what waited after it
     queues: list[asyncio.Queue[int]] = [asyncio.Queue() for _ in urls]
     for index in range(len(bodies)):
         queues[index % len(urls)].put_nowait(index)
@@ -110,6 +110,7 @@ async def post_spread(
         await eventually(planning, 60, 0.01, what="the victim planning")
         seen[0] = await asyncio.to_thread(counter, victim, "trainsentry_policy_planned_total")
         os.kill(victim.process.pid, signal.SIGKILL)
+        seen[1] = (await store_counts(db_url))["waiting"]
 
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
@@ -119,7 +120,7 @@ async def post_spread(
             for _ in range(4)
         ]
         await asyncio.gather(*workers, *([killer(victim)] if victim is not None else []))
-    return answered, seen[0]
+    return answered, seen[0], int(seen[1])
 
 
 async def store_counts(db_url: str) -> dict[str, int]:
@@ -174,7 +175,7 @@ async def test_two_replicas_plan_one_storm_each_change_once(db_url: str, tmp_pat
             start_gateway(tmp_path / "a", db_url, token=TOKEN, config=cfg) as a,
             start_gateway(tmp_path / "b", db_url, token=TOKEN, config=cfg) as b,
         ):
-            answered, _ = await post_spread([a.url, b.url], bodies)
+            answered, _, _ = await post_spread([a.url, b.url], bodies)
             assert answered == set(range(len(bodies)))
             counts = await eventually(
                 lambda: all_planned(db_url, JOBS * 200), 120, 0.2, what="the storm planned"
@@ -204,10 +205,12 @@ async def test_a_replica_killed_mid_storm_loses_and_repeats_no_change(
             start_gateway(tmp_path / "a", db_url, token=TOKEN, config=cfg) as a,
             start_gateway(tmp_path / "b", db_url, token=TOKEN, config=cfg) as b,
         ):
-            answered, victim_planned = await post_spread([a.url, b.url], bodies, victim=a)
+            answered, victim_planned, waiting = await post_spread(
+                [a.url, b.url], bodies, victim=a, db_url=db_url
+            )
             a.process.wait(timeout=10)
             assert a.process.returncode == -signal.SIGKILL
-            assert len(answered) < len(bodies), "the kill should land mid-storm"
+            assert waiting > 0, "the kill should land mid-storm"
             counts = await eventually(
                 lambda: all_planned(db_url, len(answered) * PER_POST),
                 180,
