@@ -16,18 +16,34 @@ POST to the receiver seeing it (the P0 is recorded before the answer and claimed
 storm's P2 backlog). "planned" waits for the policy inbox and the intake journal to be empty.
 Rounds alternate (Alertmanager, gateway, ...), medians are reported with the ratios
 gateway/Alertmanager. The issue's targets: intake ≥ 0.5×, planned ≥ 0.25×, P0 < 500 ms. Each
-round also prints the gateway process's CPU per storm alert (all its threads, from /proc:
-Linux) and the load average: on a shared machine the rates swing with the load, the CPU
-per alert much less.
+round also prints the gateway processes' CPU per storm alert (all their threads, summed over
+the replicas, from /proc: Linux) and the load average: on a shared machine the rates swing
+with the load, the CPU per alert much less.
+
+Each job's alerts come in their own Alertmanager group (`groupKey` per alertname, namespace
+and trainingjob, as the shipped route groups them: rules/alertmanager-inhibit.yaml);
+`--one-group` sends the whole storm as one group (one incident for every job, as this bench
+did before issue 46 part 3).
+
+Replicas (issue 46): `--db postgresql` runs the gateway on a fresh scratch database of the
+local PostgreSQL per round (tests/support/pg_databases.py), or `--db URL` on that one;
+`--replicas 1,2,3` runs, in every round, 1, 2 and 3 gateway processes on it (in an order
+that rotates per round), the posts spread over them round-robin, and `--sqlite-too` adds a
+SQLite run to each round. Per setup: medians, ratios to one replica, and how the batches
+(`trainsentry_policy_batches_total`) and changes split between the replicas, and how many
+database sessions waited for a lock during the storm (mean of samples every 20 ms).
 
     .venv/bin/python -m bench.bench_storm_vs_alertmanager [--alerts 20000] [--rounds 3] [--db URL]
         [--p0-delay SECONDS] [--journal-max-alerts N]   (0: the intake without its journal)
+        [--replicas 1,2,3] [--sqlite-too] [--one-group]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import itertools
 import json
 import os
 import statistics
@@ -35,16 +51,20 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import asyncpg
 import yaml
 from aiohttp import web
 
 from bench.bench_intake import inbox_depth, wait_planned, wait_ready
 from bench.bench_intake import load as intake_load
+from tests.support.pg_databases import drop_pg_database, make_pg_database
 from tests.support.ports import free_port
 from tests.support.realservers import start_alertmanager
 
@@ -56,6 +76,19 @@ NODES = 1000
 async def load(url: str, payloads: list[bytes], concurrency: int) -> tuple[float, list[float]]:
     """bench_intake's client, posting JSON (Alertmanager refuses other content types)."""
     return await intake_load(url, payloads, concurrency, {"Content-Type": "application/json"})
+
+
+async def load_spread(urls: list[str], payloads: list[bytes], concurrency: int) -> float:
+    """Posts `payloads` over `concurrency` connections spread round-robin over `urls` (the
+    replicas); the seconds until the last answer."""
+    started = time.perf_counter()
+    await asyncio.gather(
+        *(
+            load(url, payloads[i :: len(urls)], max(1, concurrency // len(urls)))
+            for i, url in enumerate(urls)
+        )
+    )
+    return time.perf_counter() - started
 
 
 def storm_alerts(count: int, start: datetime) -> list[dict[str, Any]]:
@@ -88,7 +121,7 @@ def alertmanager_posts(alerts: list[dict[str, Any]]) -> list[bytes]:
     return [json.dumps(alerts[i : i + PER_POST]).encode() for i in range(0, len(alerts), PER_POST)]
 
 
-def webhook(alerts: list[dict[str, Any]], offset: int) -> bytes:
+def webhook(alerts: list[dict[str, Any]], offset: int, group_key: str = "storm") -> bytes:
     """Pure: one Alertmanager webhook body (version 4) carrying `alerts`."""
     items = [
         {
@@ -100,14 +133,53 @@ def webhook(alerts: list[dict[str, Any]], offset: int) -> bytes:
         for i, alert in enumerate(alerts)
     ]
     return json.dumps(
-        {"version": "4", "groupKey": "storm", "truncatedAlerts": 0, "status": "firing",
+        {"version": "4", "groupKey": group_key, "truncatedAlerts": 0, "status": "firing",
          "receiver": "trainsentry", "groupLabels": {}, "commonLabels": {},
          "commonAnnotations": {}, "externalURL": "http://am", "alerts": items}
     ).encode()  # fmt: skip
 
 
-def gateway_posts(alerts: list[dict[str, Any]], offset: int) -> list[bytes]:
-    return [webhook(alerts[i : i + PER_POST], offset + i) for i in range(0, len(alerts), PER_POST)]
+def group_of(labels: dict[str, str]) -> str:
+    """Pure: the groupKey the shipped route gives an alert (group_by alertname, namespace,
+    trainingjob)."""
+    return (
+        f'{{}}:{{alertname="{labels["alertname"]}", namespace="{labels["namespace"]}", '
+        f'trainingjob="{labels["trainingjob"]}"}}'
+    )
+
+
+def gateway_posts(
+    alerts: list[dict[str, Any]], offset: int, one_group: bool = False
+) -> list[bytes]:
+    """Pure: the storm as webhooks of PER_POST alerts. One group per job (each post one
+    job's), the jobs' posts interleaved as the storm goes; `one_group`: consecutive alerts
+    (every job in each post) in one group, "storm". Fingerprints: `offset` + the alert's
+    index in `alerts`."""
+    if one_group:
+        return [
+            webhook(alerts[i : i + PER_POST], offset + i) for i in range(0, len(alerts), PER_POST)
+        ]
+    by_group: dict[str, list[int]] = {}
+    for index, alert in enumerate(alerts):
+        by_group.setdefault(group_of(alert["labels"]), []).append(index)
+    posts: list[list[bytes]] = []
+    for group, indexes in by_group.items():
+        posts.append([])
+        for i in range(0, len(indexes), PER_POST):
+            chunk = indexes[i : i + PER_POST]
+            items = [{**alerts[n], "fingerprint": f"{offset + n:016x}"} for n in chunk]
+            posts[-1].append(_webhook_items(items, group))
+    return [post for row in itertools.zip_longest(*posts) for post in row if post is not None]
+
+
+def _webhook_items(items: list[dict[str, Any]], group_key: str) -> bytes:
+    """Pure: one webhook body of alerts that carry their fingerprints."""
+    alerts = [{"status": "firing", **a, "endsAt": "0001-01-01T00:00:00Z"} for a in items]
+    return json.dumps(
+        {"version": "4", "groupKey": group_key, "truncatedAlerts": 0, "status": "firing",
+         "receiver": "trainsentry", "groupLabels": {}, "commonLabels": {},
+         "commonAnnotations": {}, "externalURL": "http://am", "alerts": alerts}
+    ).encode()  # fmt: skip
 
 
 class Receiver:
@@ -145,16 +217,6 @@ def start_gateway(
     return proc, url
 
 
-def cpu_seconds(pid: int) -> float:
-    """The CPU time (user + system, all its threads) process `pid` used so far; 0.0 where
-    /proc is not there (not Linux)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def alertmanager_round(tmp: Path, posts: list[bytes], concurrency: int) -> float:
     """Alerts/s a fresh Alertmanager ingests `posts` at."""
     config = {"route": {"receiver": "null"}, "receivers": [{"name": "null"}]}
@@ -186,6 +248,79 @@ async def _p0_latency(gateway: str, receiver: Receiver, start: datetime) -> floa
     return receiver.arrivals[key] - sent
 
 
+def counters(url: str) -> tuple[float, float]:
+    """(trainsentry_policy_batches_total, trainsentry_policy_planned_total) of one gateway."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found = {"trainsentry_policy_batches_total": 0.0, "trainsentry_policy_planned_total": 0.0}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in found:
+            found[name] = float(value)
+    return found["trainsentry_policy_batches_total"], found["trainsentry_policy_planned_total"]
+
+
+class LockWaits:
+    """Samples, every 20 ms while it runs, how many sessions of the gateway's PostgreSQL
+    database wait for a lock (`pg_stat_activity.wait_event_type = 'Lock'`: a row lock of
+    another replica's planning, say): the serialisation the replicas' planning meets."""
+
+    def __init__(self, db: str) -> None:
+        self.db = db
+        self.samples: list[int] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _sample(self) -> None:
+        conn = await asyncpg.connect(self.db)
+        try:
+            while True:
+                self.samples.append(
+                    int(
+                        await conn.fetchval(
+                            "SELECT count(*) FROM pg_stat_activity "
+                            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                        )
+                    )
+                )
+                await asyncio.sleep(0.02)
+        finally:
+            await conn.close()
+
+    def start(self) -> None:
+        if self.db.startswith("postgresql"):
+            self._task = asyncio.create_task(self._sample())
+
+    async def stop(self) -> float:
+        """The mean number of sessions waiting for a lock (0 on SQLite)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        return statistics.fmean(self.samples) if self.samples else 0.0
+
+
+@dataclass
+class Outcome:
+    """One gateway round: rates, the P0's latency, and per replica (batches, changes)."""
+
+    intake: float
+    planned: float
+    p0: float
+    split: list[tuple[int, int]]
+    lock_waiters: float  # sessions waiting for a lock, mean over the storm (`LockWaits`)
+    cpu: float  # the gateways' CPU seconds per storm alert (`cpu_seconds`, all replicas)
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system, all its threads) process `pid` used so far; 0.0 where
+    /proc is not there (not Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def _gateway_round(
     tmp: Path,
     db: str,
@@ -195,10 +330,8 @@ async def _gateway_round(
     start: datetime,
     p0_delay: float = 0.0,
     journal: int | None = None,
-) -> tuple[float, float, float, float]:
-    """Intake and planned rates (alerts/s), the P0's latency (s), and the gateway process's
-    CPU seconds per storm alert (from the warm-up planned to the storm planned: the intake,
-    the expansion, the policy and the /metrics polls, every thread)."""
+    replicas: int = 1,
+) -> Outcome:
     receiver = Receiver()
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/hook", receiver.handle)
@@ -207,25 +340,73 @@ async def _gateway_round(
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     hook = f"http://127.0.0.1:{runner.addresses[0][1]}/hook"
-    proc, url = await asyncio.to_thread(start_gateway, tmp, db, hook, journal)
+    started_gateways: list[subprocess.Popen[bytes]] = []
     try:
-        await load(url + "/api/v1/alertmanager", warm, 4)
-        await asyncio.to_thread(wait_planned, url)
-        cpu_before = cpu_seconds(proc.pid)
+        urls = []
+        for index in range(replicas):  # one after the other: the first migrates the store
+            folder = tmp / f"replica-{index}"
+            folder.mkdir(exist_ok=True)
+            proc, url = await asyncio.to_thread(start_gateway, folder, db, hook, journal)
+            started_gateways.append(proc)
+            urls.append(url)
+        await load(urls[0] + "/api/v1/alertmanager", warm, 4)
+        await asyncio.to_thread(wait_planned, urls[0])
+        before = [await asyncio.to_thread(counters, url) for url in urls]
+        waits = LockWaits(db)
+        waits.start()
+        cpu_before = sum(cpu_seconds(proc.pid) for proc in started_gateways)
         started = time.perf_counter()
-        elapsed, _ = await load(url + "/api/v1/alertmanager", posts, concurrency)
+        elapsed = await load_spread([u + "/api/v1/alertmanager" for u in urls], posts, concurrency)
         await asyncio.sleep(p0_delay)
-        latency = await _p0_latency(url, receiver, start)
-        await asyncio.to_thread(wait_planned, url)
+        latency = await _p0_latency(urls[0], receiver, start)
+        for url in urls:
+            await asyncio.to_thread(wait_planned, url)
         planned_s = time.perf_counter() - started
-        cpu = cpu_seconds(proc.pid) - cpu_before
-        assert await asyncio.to_thread(inbox_depth, url) == 0
+        lock_waiters = await waits.stop()
+        cpu = sum(cpu_seconds(proc.pid) for proc in started_gateways) - cpu_before
+        assert await asyncio.to_thread(inbox_depth, urls[0]) == 0
+        after = [await asyncio.to_thread(counters, url) for url in urls]
     finally:
-        proc.terminate()
-        await asyncio.to_thread(proc.wait, 30)
+        for proc in started_gateways:
+            proc.terminate()
+        for proc in started_gateways:
+            await asyncio.to_thread(proc.wait, 30)
         await runner.cleanup()
     alerts = len(posts) * PER_POST
-    return alerts / elapsed, alerts / planned_s, latency, cpu / alerts
+    split = [(int(a[0] - b[0]), int(a[1] - b[1])) for a, b in zip(after, before, strict=True)]
+    return Outcome(alerts / elapsed, alerts / planned_s, latency, split, lock_waiters, cpu / alerts)
+
+
+@dataclass
+class Setup:
+    """A gateway setup measured in each round: its store and replica count."""
+
+    name: str
+    backend: str  # "sqlite", "postgresql" (a scratch database per round) or a URL
+    replicas: int
+    rounds: list[Outcome] = field(default_factory=list)
+
+
+def _setups(args: argparse.Namespace) -> list[Setup]:
+    counts = [int(n) for n in args.replicas.split(",")]
+    if args.db is None:
+        if counts != [1]:
+            raise SystemExit("--replicas needs --db postgresql (or a PostgreSQL URL)")
+        return [Setup("sqlite", "sqlite", 1)]
+    setups = [Setup("sqlite", "sqlite", 1)] if args.sqlite_too else []
+    backend = args.db.split(":", 1)[0]
+    setups += [Setup(f"{backend} ×{n}", args.db, n) for n in counts]
+    return setups
+
+
+def _database(setup: Setup, tmp: Path) -> tuple[str, str | None]:
+    """The database URL of a setup's round, and a scratch database to drop after it."""
+    if setup.backend == "sqlite":
+        return f"sqlite:///{tmp / 'gateway.db'}", None
+    if setup.backend == "postgresql":
+        url = make_pg_database()
+        return url, url
+    return setup.backend, None
 
 
 def main() -> int:
@@ -233,7 +414,11 @@ def main() -> int:
     parser.add_argument("--alerts", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--db", help="gateway database URL (default: a fresh SQLite per round)")
+    parser.add_argument(
+        "--db",
+        help="gateway database: 'postgresql' (a scratch database per round) or a URL "
+        "(default: a fresh SQLite per round)",
+    )
     parser.add_argument(
         "--p0-delay", type=float, default=0.0, help="seconds after the storm's last answer"
     )
@@ -242,65 +427,86 @@ def main() -> int:
         type=int,
         help="the gateway's journal_max_alerts (0: no journal; default: the gateway's)",
     )
+    parser.add_argument("--replicas", default="1", help="gateway processes, e.g. 1,2,3")
+    parser.add_argument("--sqlite-too", action="store_true", help="a SQLite run in each round")
+    parser.add_argument("--one-group", action="store_true", help="the storm as one group")
     args = parser.parse_args()
 
     start = datetime.now(UTC) - timedelta(minutes=5)
     alerts = storm_alerts(args.alerts, start)
     am_posts = alertmanager_posts(alerts)
     am_rates: list[float] = []
-    intake: list[float] = []
-    planned: list[float] = []
-    p0: list[float] = []
-    cpu: list[float] = []
+    setups = _setups(args)
+    loads: list[float] = []
     with tempfile.TemporaryDirectory() as folder:
         for round_no in range(args.rounds):
             tmp = Path(folder) / f"round-{round_no}"
             tmp.mkdir()
             am_rates.append(alertmanager_round(tmp, am_posts, args.concurrency))
-            db = args.db or f"sqlite:///{tmp / 'gateway.db'}"
-            offset = (round_no + 1) * 10**7  # fresh fingerprints if --db is reused
-            warm = gateway_posts(storm_alerts(200, start - timedelta(hours=1)), offset - 10**6)
-            rates = asyncio.run(
-                _gateway_round(
-                    tmp,
-                    db,
-                    gateway_posts(alerts, offset),
-                    warm,
-                    args.concurrency,
-                    start,
-                    args.p0_delay,
-                    args.journal_max_alerts,
+            print(f"round {round_no}: alertmanager {am_rates[-1]:8.0f}/s", flush=True)
+            shift = round_no % len(setups)  # each setup goes first in some round
+            for setup in setups[shift:] + setups[:shift]:
+                where = tmp / setup.name.replace(" ", "-")
+                where.mkdir()
+                db, scratch = _database(setup, where)
+                offset = (round_no + 1) * 10**7  # fresh fingerprints if --db is reused
+                warm = gateway_posts(
+                    storm_alerts(200, start - timedelta(hours=1)), offset - 10**6, args.one_group
                 )
-            )
-            intake.append(rates[0])
-            planned.append(rates[1])
-            p0.append(rates[2])
-            cpu.append(rates[3])
-            print(
-                f"round {round_no}: alertmanager {am_rates[-1]:8.0f}/s  gateway intake "
-                f"{rates[0]:8.0f}/s  planned {rates[1]:8.0f}/s  P0 behind it "
-                f"{rates[2] * 1e3:6.0f} ms  gateway CPU {rates[3] * 1e6:4.0f} µs/alert "
-                f"(load {os.getloadavg()[0]:.1f})",
-                flush=True,
-            )
-    am, gi, gp = (statistics.median(v) for v in (am_rates, intake, planned))
-    backend = (args.db or "sqlite").split(":", 1)[0]
+                loads.append(os.getloadavg()[0])
+                try:
+                    outcome = asyncio.run(
+                        _gateway_round(
+                            where,
+                            db,
+                            gateway_posts(alerts, offset, args.one_group),
+                            warm,
+                            args.concurrency,
+                            start,
+                            args.p0_delay,
+                            args.journal_max_alerts,
+                            setup.replicas,
+                        )
+                    )
+                finally:
+                    if scratch is not None:
+                        drop_pg_database(scratch)
+                setup.rounds.append(outcome)
+                split = " ".join(f"{b} batches/{c} changes" for b, c in outcome.split)
+                print(
+                    f"  {setup.name:14s} intake {outcome.intake:8.0f}/s  planned "
+                    f"{outcome.planned:8.0f}/s  P0 {outcome.p0 * 1e3:6.0f} ms  "
+                    f"split: {split}  lock waiters {outcome.lock_waiters:.2f}  "
+                    f"CPU {outcome.cpu * 1e6:4.0f} µs/alert  (load {loads[-1]:.1f})",
+                    flush=True,
+                )
+    am = statistics.median(am_rates)
     print(
         f"\nmedian of {args.rounds} rounds, {args.alerts} alerts, {args.concurrency} clients, "
-        f"gateway on {backend} (cpu count {os.cpu_count()})"
+        f"{'one group' if args.one_group else 'one group per job'} (cpu count "
+        f"{os.cpu_count()}, load average at the rounds' starts "
+        f"{min(loads):.1f}–{max(loads):.1f})"
     )
     print(f"  alertmanager ingest {am:9.0f} alerts/s")
-    print(f"  gateway intake      {gi:9.0f} alerts/s  ratio {gi / am:.2f}  (target >= 0.5)")
-    print(f"  gateway planned     {gp:9.0f} alerts/s  ratio {gp / am:.2f}  (target >= 0.25)")
-    print(
-        f"  P0 behind the storm {statistics.median(p0) * 1e3:9.0f} ms  "
-        f"({args.p0_delay:g} s after its last answer) "
-        f"(each: {', '.join(f'{v * 1e3:.0f}' for v in p0)}; target < 500)"
-    )
-    print(
-        f"  gateway CPU         {statistics.median(cpu) * 1e6:9.0f} µs per storm alert "
-        "(intake, expansion, policy, /metrics polls; the process, every thread)"
-    )
+    base = next((s for s in setups if s.backend != "sqlite" and s.replicas == 1), None)
+    base_planned = statistics.median(o.planned for o in base.rounds) if base else None
+    for setup in setups:
+        gi = statistics.median(o.intake for o in setup.rounds)
+        gp = statistics.median(o.planned for o in setup.rounds)
+        p0 = [o.p0 for o in setup.rounds]
+        versus = f"  ×{gp / base_planned:.2f} PostgreSQL ×1" if base_planned else ""
+        waiting = statistics.median(o.lock_waiters for o in setup.rounds)
+        print(
+            f"  {setup.name:14s} intake {gi:8.0f}/s ({gi / am:.2f}×)  planned {gp:8.0f}/s "
+            f"({gp / am:.2f}×){versus}  P0 {statistics.median(p0) * 1e3:.0f} ms "
+            f"(each: {', '.join(f'{v * 1e3:.0f}' for v in p0)})  lock waiters {waiting:.2f}"
+            f"  CPU {statistics.median(o.cpu for o in setup.rounds) * 1e6:.0f} µs/alert"
+        )
+        if setup.replicas > 1:
+            for number, outcome in enumerate(setup.rounds):
+                shares = ", ".join(f"{b} batches / {c} changes" for b, c in outcome.split)
+                print(f"      round {number}: {shares}")
+    print("  targets: intake >= 0.5×, planned >= 0.25×, P0 < 500 ms; 2 replicas >= 1.3× one")
     return 0
 
 

@@ -8,7 +8,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from trainsentry.labels import NAMESPACE_LABEL, job_name_of, node_of
+from trainsentry.labels import (
+    JOB_NAME_LABELS,
+    NAMESPACE_LABEL,
+    SCRAPE_JOB_LABEL,
+    job_name_of,
+    node_of,
+)
 
 # Alertmanager writes this for "no end time" (Go's zero time.Time).
 GO_ZERO_TIME = datetime(1, 1, 1, tzinfo=UTC)
@@ -81,6 +87,39 @@ class JobRef:
     @property
     def key(self) -> str:
         return f"{JOB_KEY_PREFIX}{self.namespace}/{self.name}"
+
+
+# what the labels `job_key` reads hold -> the key they make: the policy asks it of every
+# alert several times (its storm, its realm, its incident); bounded (cleared when full).
+_JOB_KEY_LABELS = (NAMESPACE_LABEL, *JOB_NAME_LABELS, SCRAPE_JOB_LABEL)
+_JOB_KEYS: dict[tuple[str | None, ...], str] = {}
+_JOB_KEYS_MAX = 4096
+
+
+def job_key(labels: Mapping[str, str]) -> str:
+    """Pure: the storm unit an alert belongs to: its TrainingJob's `JobRef.key`, else its
+    scrape job's ("job:namespace/job"), else "cluster". Here, with `JobRef`, because the
+    policy's storms and the store's inbox partitions (store/inbox.py) both key by it.
+    Memoised by the labels it reads, which changes no answer."""
+    held = tuple(map(labels.get, _JOB_KEY_LABELS))
+    found = _JOB_KEYS.get(held)
+    if found is None:
+        found = _job_key(labels)
+        if len(_JOB_KEYS) >= _JOB_KEYS_MAX:
+            _JOB_KEYS.clear()
+        _JOB_KEYS[held] = found
+    return found
+
+
+def _job_key(labels: Mapping[str, str]) -> str:
+    """`job_key`, worked out."""
+    if training := JobRef.from_labels(labels):
+        return training.key
+    namespace = labels.get(NAMESPACE_LABEL, "")
+    job = labels.get(SCRAPE_JOB_LABEL, "")
+    if namespace or job:
+        return f"job:{namespace}/{job}"
+    return "cluster"
 
 
 class _Unset:

@@ -68,8 +68,8 @@ async def test_a_migration_failing_half_way_leaves_the_store_as_it_was(
         assert await migrate(engine) == SCHEMA_VERSION
         versions, columns, indexes = await store_shape(engine)
         assert versions == list(range(2, SCHEMA_VERSION + 1))
-        assert columns == ["event_id", "urgency"]
-        assert indexes == ["ix_policy_inbox_claim"]
+        assert columns == ["event_id", "urgency", "part"]
+        assert indexes == ["ix_policy_inbox_claim", "ix_policy_inbox_part"]
     finally:
         await engine.dispose()
 
@@ -90,7 +90,7 @@ async def test_concurrent_migrators_all_succeed_and_migrate_once(db_url: str, st
         assert versions == (
             [SCHEMA_VERSION] if start == "new" else list(range(2, SCHEMA_VERSION + 1))
         )
-        assert columns == ["event_id", "urgency"]
+        assert columns == ["event_id", "urgency", "part"]
     finally:
         for e in engines:
             await e.dispose()

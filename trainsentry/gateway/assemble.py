@@ -151,6 +151,7 @@ def _record_verdict(gateway: Gateway, change: AlertChange, verdict: HangVerdict)
 def _record_planned(gateway: Gateway, changes: Sequence[AlertChange], written: int) -> None:
     """After the policy's commit: what follows a decided change, then wake the outbox."""
     gateway.metrics.policy_planned.inc(len(changes))
+    gateway.metrics.policy_batches.inc()
     gateway.expander.wake()  # room ahead of the planner: the next chunk may go
     gateway.hang.diagnose(changes)
     gateway.job_status.feed(changes, gateway.classified())

@@ -89,6 +89,12 @@ class GatewayMetrics:
             "Alert changes handled by the alert policy (classified, deduplicated, routed)",
             registry=r,
         )
+        self.policy_batches = Counter(
+            "trainsentry_policy_batches_total",
+            "Planning transactions this gateway committed (with PostgreSQL replicas: how a "
+            "storm's batches split between them)",
+            registry=r,
+        )
         self.policy_failed = Counter(
             "trainsentry_policy_failed_total",
             "Alert changes the alert policy failed on repeatedly and set aside: stored, but "

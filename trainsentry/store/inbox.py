@@ -12,10 +12,35 @@ of one fingerprint share its labels, hence one urgency, so each alert's changes 
 planned in the order they happened. The label is only a hint for the order: the policy's
 classification still decides the priority (an XID in an unlabelled alert is P0 all the same,
 just not planned early).
+
+**Partitions** (PostgreSQL replicas, issue 46). Each row carries its alert's planning
+partition (`partition_of`): the alert's job (`alerts.job_key`: its TrainingJob, else its
+scrape job), else, for a cluster-wide alert, its node, else "cluster". Why the job: the
+state a change's planning loads and locks (`FOR UPDATE`) is keyed by it — the job's storm
+state (one per `job_key`), its incidents (grouped per job and alertname, or per
+Alertmanager group, which the shipped route cuts by `trainingjob`), its failure-domain
+entry (`job=`) — besides the fingerprint's own state, which any key derived from the labels
+keeps in one partition. A cluster-wide alert has no job; its incident and failure domain
+are its node's. So two replicas planning different partitions rarely wait for each other's
+row locks, where two claiming a storm's rows side by side (250 rows spread over every job)
+each locked every job's storm state and ran one after the other.
+
+A claim first looks at the head of the inbox (the `4 * limit` most urgent rows), takes a
+transaction-scoped advisory lock (`pg_try_advisory_xact_lock`) on its partitions in the
+order of their most urgent row, skipping those another replica holds, until the partitions
+held have `limit` rows there, and claims only rows of those, most urgent first. Invariants:
+- a partition is planned by one replica at a time (the lock lasts the planning transaction);
+- a P0 waits for another replica's partition at most one batch: it heads the inbox, so the
+  next claim after that batch's commit (by any replica) takes its partition first;
+- the partition is a hint for who plans what, never for correctness: row locks still guard
+  every state, a hash collision only merges two partitions, and rows written before the
+  column (version 15) are all partition 0.
+SQLite (one process, one policy transaction at a time) ignores the column.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -29,8 +54,10 @@ from trainsentry.alerts import (
     AlertStatus,
     ChangeKind,
     Priority,
+    job_key,
     parse_priority,
 )
+from trainsentry.labels import node_of
 from trainsentry.store.bulk import decode_json, decode_time, fetch
 from trainsentry.store.dialect import is_sqlite
 from trainsentry.store.schema import alert_events, policy_inbox
@@ -45,6 +72,26 @@ def urgency(labels: Mapping[str, str]) -> int:
     label = labels.get("priority")
     parsed = parse_priority(label) if label is not None else None
     return parsed.level if parsed is not None else UNLABELLED_URGENCY
+
+
+# The advisory-lock class of planning partitions (the migration lock is 7412001, the
+# expander's 7412002).
+_PARTITION_LOCK = 7412003
+
+
+def partition_key(labels: Mapping[str, str]) -> str:
+    """Pure: the planning partition an alert's changes go to: its job's `job_key`, else
+    "node:<node>" for a cluster-wide alert on a node, else "cluster" (module docstring)."""
+    key = job_key(labels)
+    if key == "cluster" and (node := node_of(labels)):
+        return f"node:{node}"
+    return key
+
+
+def partition_of(labels: Mapping[str, str]) -> int:
+    """Pure: `partition_key` as the inbox stores it, a signed 32-bit hash (the advisory
+    lock's key). Stable across processes and versions (CRC-32)."""
+    return zlib.crc32(partition_key(labels).encode("utf-8")) - 2**31
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +113,27 @@ _ORDER = "ORDER BY i.urgency, i.event_id LIMIT ?"
 # SQLite: one gateway, one policy transaction at a time (gateway/stages/planning/
 # worker.py), batches in order.
 _CLAIM_SQLITE = _SELECT + _ORDER
-# PostgreSQL replicas claim side by side, skipping rows another replica holds. A change whose
-# fingerprint has an earlier change still in the inbox (held by another replica, or not yet
-# planned) waits, so no replica plans an alert's resolve before another has planned its firing.
+# PostgreSQL: the partitions at the head of the inbox, most urgent first, with their rows
+# there (`claim_inbox`).
+_HEAD_POSTGRESQL = (
+    "SELECT part, count(*) FROM (SELECT part, urgency, event_id FROM policy_inbox "
+    "ORDER BY urgency, event_id LIMIT ?) AS head GROUP BY part "
+    "ORDER BY min(urgency), min(event_id)"
+)
+# Tries the locks of several partitions in one round trip (their numbers inlined: integers
+# the head query returned); answers the partitions taken.
+_TRY_PARTITIONS = (
+    "SELECT p FROM (VALUES {}) AS candidate(p) "
+    f"WHERE pg_try_advisory_xact_lock({_PARTITION_LOCK}, p)"
+)
+# How far down the inbox a claim looks for partitions, in batches.
+_HEAD_BATCHES = 4
+# PostgreSQL replicas claim side by side, each in the partitions it holds, skipping rows
+# another replica holds. A change whose fingerprint has an earlier change still in the inbox
+# (held by another replica, or not yet planned) waits, so no replica plans an alert's resolve
+# before another has planned its firing.
 _CLAIM_POSTGRESQL = (
-    _SELECT + "WHERE NOT EXISTS (SELECT 1 FROM policy_inbox i2 "
+    _SELECT + "WHERE i.part IN ({}) AND NOT EXISTS (SELECT 1 FROM policy_inbox i2 "
     "JOIN alert_events e2 ON e2.id = i2.event_id JOIN alerts a2 ON a2.id = e2.alert_id "
     "WHERE a2.fingerprint = a.fingerprint AND i2.event_id < i.event_id) "
     + _ORDER
@@ -78,10 +141,43 @@ _CLAIM_POSTGRESQL = (
 )
 
 
+async def _hold_partitions(conn: AsyncConnection, limit: int) -> list[int]:
+    """The partitions this transaction now holds (advisory locks), taken at the head of the
+    inbox in the order of their most urgent row until they have `limit` rows there; those
+    another replica holds are skipped. Each round trip tries the fewest next partitions
+    that would complete the batch (a storm of single-alert partitions, a node each, takes
+    one or two, not one per partition)."""
+    head = [
+        (int(p), int(n)) for p, n in await fetch(conn, _HEAD_POSTGRESQL, (_HEAD_BATCHES * limit,))
+    ]
+    held: list[int] = []
+    rows_held = 0
+    rows_of = dict(head)
+    start = 0
+    while start < len(head) and rows_held < limit:
+        end, wanted = start, 0
+        while end < len(head) and rows_held + wanted < limit:
+            wanted += head[end][1]
+            end += 1
+        values = ",".join(f"({part})" for part, _ in head[start:end])
+        for (part,) in await fetch(conn, _TRY_PARTITIONS.format(values)):
+            held.append(int(part))
+            rows_held += rows_of[int(part)]
+        start = end
+    return held
+
+
 async def claim_inbox(conn: AsyncConnection, limit: int) -> Claimed:
     """The `limit` most urgent waiting changes (oldest first within an urgency), locked for
-    this transaction. On PostgreSQL at most the oldest waiting change per fingerprint."""
-    sql = _CLAIM_SQLITE if is_sqlite(conn) else _CLAIM_POSTGRESQL
+    this transaction. On PostgreSQL only changes of the partitions this transaction holds
+    (`_hold_partitions`), and at most the oldest waiting change per fingerprint."""
+    if is_sqlite(conn):
+        sql = _CLAIM_SQLITE
+    else:
+        held = await _hold_partitions(conn, limit)
+        if not held:
+            return Claimed([], [])
+        sql = _CLAIM_POSTGRESQL.format(",".join(str(part) for part in held))
     # Read through the driver (bulk.decode_*): this runs once per alert change.
     rows = await fetch(conn, sql, (limit,))
     event_ids: list[int] = []

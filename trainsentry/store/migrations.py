@@ -269,4 +269,10 @@ MIGRATIONS: dict[int, list[Step]] = {
     # 14: journal-first intake: a receipt is answered once stored, its alerts recorded after
     # (issue 46)
     14: [_create_intake_journal_v14],
+    # 15: the inbox is partitioned by job (or node), so PostgreSQL replicas plan a storm's
+    # partitions side by side (store/inbox.py; issue 46)
+    15: [
+        "ALTER TABLE policy_inbox ADD COLUMN part INTEGER NOT NULL DEFAULT 0",
+        "CREATE INDEX ix_policy_inbox_part ON policy_inbox (part, urgency, event_id)",
+    ],
 }

@@ -51,7 +51,7 @@ from sqlalchemy.types import TypeDecorator
 
 from trainsentry.store.dialect import is_sqlite
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -190,8 +190,12 @@ policy_inbox = Table(
     metadata,
     Column("event_id", Id, ForeignKey("alert_events.id"), primary_key=True, autoincrement=False),
     Column("urgency", SmallInteger, nullable=False, server_default="2"),
+    # The planning partition of the change's alert (store/inbox.py `partition_of`): on
+    # PostgreSQL a replica claims only rows of partitions it holds an advisory lock on.
+    Column("part", Integer, nullable=False, server_default="0"),
 )
 Index("ix_policy_inbox_claim", policy_inbox.c.urgency, policy_inbox.c.event_id)
+Index("ix_policy_inbox_part", policy_inbox.c.part, policy_inbox.c.urgency, policy_inbox.c.event_id)
 
 notifications = Table(
     "notifications",

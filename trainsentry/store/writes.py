@@ -34,7 +34,7 @@ from trainsentry.store.bulk import (
     update_steps,
 )
 from trainsentry.store.dialect import is_sqlite
-from trainsentry.store.inbox import urgency
+from trainsentry.store.inbox import partition_of, urgency
 from trainsentry.store.schema import (
     alert_events,
     alerts,
@@ -417,25 +417,30 @@ def _apply_statuses_steps(
 
 
 def _event_steps(outcomes: list[ReceiptOutcome], enc: Encoder) -> Steps[None]:
-    """One alert event per change, and one policy inbox row per event with the urgency of
-    its alert: every change waits in the inbox until the policy has handled it."""
-    # An occurrence's changes share its labels, hence one urgency (store/inbox.py).
+    """One alert event per change, and one policy inbox row per event with the urgency and
+    the planning partition of its alert: every change waits in the inbox until the policy
+    has handled it."""
+    # An occurrence's changes share its labels, hence one urgency and one partition
+    # (store/inbox.py).
     events: list[tuple[Any, ...]] = []
-    urgencies: dict[int, int] = {}
+    # alert id -> (urgency, planning partition) of its changes
+    claim_keys: dict[int, tuple[int, int]] = {}
     for outcome in outcomes:
         for change in outcome.changes:
             events.append(
                 (change.alert_id, change.kind.value, enc.time(change.at), outcome.receipt_id)
             )
-            urgencies[change.alert_id] = urgency(change.alert.labels)
+            if change.alert_id not in claim_keys:
+                labels = change.alert.labels
+                claim_keys[change.alert_id] = (urgency(labels), partition_of(labels))
     if not events:
         return
     columns = ("alert_id", "kind", "at", "receipt_id")
     returned = yield from insert_returning_steps(
         "alert_events", columns, events, returning=("id", "alert_id"), sqlite=enc.sqlite
     )
-    inbox = [(event_id, urgencies[alert_id]) for event_id, alert_id in returned]
-    yield from insert_steps("policy_inbox", ("event_id", "urgency"), inbox)
+    inbox = [(event_id, *claim_keys[alert_id]) for event_id, alert_id in returned]
+    yield from insert_steps("policy_inbox", ("event_id", "urgency", "part"), inbox)
 
 
 _NOTIFICATION_COLUMNS = (

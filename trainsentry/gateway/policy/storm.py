@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from trainsentry.alerts import JOB_KEY_PREFIX, JobRef, Priority
+from trainsentry.alerts import JOB_KEY_PREFIX, Priority, job_key
 from trainsentry.gateway.policy.rules import Policy, StormPolicy
 from trainsentry.gateway.policy.storm_tally import (
     OTHER,
@@ -66,37 +66,6 @@ PAGED_CAUSES = 50
 # Sliding-window resolution: the window is counted in this many buckets.
 BUCKETS_PER_WINDOW = 30
 _JOB_LABELS = (NAMESPACE_LABEL, *JOB_NAME_LABELS, SCRAPE_JOB_LABEL)
-
-
-# what the labels of `_JOB_LABELS` hold -> the key they make: the policy asks it of every
-# alert several times (its storm, its realm, its incident); bounded (cleared when full).
-_KEYS: dict[tuple[str | None, ...], str] = {}
-_KEYS_MAX = 4096
-
-
-def job_key(labels: Mapping[str, str]) -> str:
-    """Pure: the storm unit an alert belongs to: its TrainingJob's `JobRef.key`, else its
-    scrape job's ("job:namespace/job"), else "cluster". Memoised by the labels it reads
-    (`_JOB_LABELS`), which changes no answer."""
-    held = tuple(map(labels.get, _JOB_LABELS))
-    found = _KEYS.get(held)
-    if found is None:
-        found = _job_key(labels)
-        if len(_KEYS) >= _KEYS_MAX:
-            _KEYS.clear()
-        _KEYS[held] = found
-    return found
-
-
-def _job_key(labels: Mapping[str, str]) -> str:
-    """`job_key`, worked out."""
-    if training := JobRef.from_labels(labels):
-        return training.key
-    namespace = labels.get(NAMESPACE_LABEL, "")
-    job = labels.get(SCRAPE_JOB_LABEL, "")
-    if namespace or job:
-        return f"job:{namespace}/{job}"
-    return "cluster"
 
 
 def job_title(key: str) -> str:
