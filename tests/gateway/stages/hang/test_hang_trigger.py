@@ -467,7 +467,9 @@ async def test_a_probe_stall_the_dumps_do_not_confirm_is_not_paged(
         listen="127.0.0.1:0", db=f"sqlite:///{tmp_path / 'gw.db'}", webhook_token=SecretStr("w")
     )
     diagnosis = Diagnosis(
-        DiagnosisSettings(hold_seconds=3, deadline_seconds=2, request_timeout_seconds=1),
+        # the shipped deadline (4 s): with 2 s, a loaded CI machine read the dumps late, and a
+        # late diagnosis pages unconfirmed (as it must), failing the "ok" case
+        DiagnosisSettings(hold_seconds=5, deadline_seconds=4, request_timeout_seconds=1),
         StaticEndpoints({"team-a/llama": probes}),
         "probe-token",
     )
@@ -478,7 +480,7 @@ async def test_a_probe_stall_the_dumps_do_not_confirm_is_not_paged(
     await server.start_server()
     try:
         assert (await _post(server, probe_body(1, 21.0)))[0] == 202
-        await asyncio.sleep(4.5)  # past the hold: a page would have gone out
+        await asyncio.sleep(6.5)  # past the hold: a page would have gone out
         assert bool(receiver.bodies) is paged, receiver.bodies
     finally:
         await close_in_process(server)
