@@ -30,20 +30,17 @@ from tests.support.node_death import (
     JOB,
     NAMESPACE,
     TOKEN,
-    Message,
     Recording,
     Scaled,
     TimedPhoneServer,
     Timeline,
-    _card_text,
-    _query,
     alertmanager_config,
     feishu_hooks,
     gateway_config,
     job_rule_groups,
-    loaded_alerts,
     prometheus_config,
-    seconds,
+    prometheus_query,
+    wait_healthy,
     write_rule_files,
 )
 from tests.support.node_death_exporter import GPUS_PER_NODE, Scenario
@@ -56,7 +53,6 @@ from tests.support.realservers import (
     start_alertmanager,
     start_prometheus,
     start_server,
-    wait_for,
 )
 from trainsentry.operator.spec import JobIdentity, TrainingJobSpec
 
@@ -251,18 +247,7 @@ async def run(
         with logs_on_error(prometheus, alertmanager, gateway, *exporters):
             targets = 2 * len(nodes) + len(parts) + len(nodes) * GPUS_PER_NODE
 
-            def ready() -> bool:
-                up = _query(prometheus.url, "up == 1")
-                members = _query(prometheus.url, "trainsentry:job_node:info")
-                return len(up) == targets and len(members) == len(nodes)
-
-            await asyncio.to_thread(wait_for, ready, 90, f"{targets} targets up and membership")
-            recording.rule_groups = await asyncio.to_thread(loaded_alerts, prometheus.url)
-            await asyncio.sleep(4 * seconds(scaled.time("30s")))
-            recording.before_start = {
-                r["metric"]["alertname"]
-                for r in _query(prometheus.url, 'ALERTS{alertstate="firing"}')
-            }
+            await wait_healthy(recording, prometheus.url, scaled, targets, len(nodes), 90)
             t0_wall, t0 = time.time(), time.monotonic()
             for exporter in exporters:
                 http_json(f"{exporter.url}/start", {"t0": t0_wall})
@@ -270,7 +255,7 @@ async def run(
             while (now := time.monotonic()) < end:
                 at = (now - t0) * factor
                 firing = await asyncio.to_thread(
-                    _query, prometheus.url, 'ALERTS{alertstate="firing"}'
+                    prometheus_query, prometheus.url, 'ALERTS{alertstate="firing"}'
                 )
                 for result in firing:
                     name = result["metric"]["alertname"]
@@ -282,16 +267,5 @@ async def run(
                 http_json, f"{gateway.url}/api/v1/alerts?limit=500", None, TOKEN
             )
             recording.gateway_alerts = items["items"]
-        for hook, accepted in feishu.accepted.items():
-            for arrived, body in accepted:
-                title, text = _card_text(body)
-                recording.messages.append(
-                    Message((arrived - t0) * factor, f"feishu:{hook}", title, text)
-                )
-        arrivals = getattr(phones, "arrivals", [])
-        for arrived, (headers, body) in zip(arrivals, phones.gateway_calls, strict=True):
-            text = json.loads(body["TtsParam"])["text"]
-            recording.messages.append(Message((arrived - t0) * factor, "phone", text[:120], text))
-            recording.call_keys.append(headers.get("Idempotency-Key", ""))
-    recording.messages.sort(key=lambda m: m.at)
+        recording.add_deliveries(feishu, phones, t0)
     return recording

@@ -469,6 +469,24 @@ class Recording:
     def as_json(self) -> str:
         return json.dumps({**asdict(self), "before_start": sorted(self.before_start)}, indent=1)
 
+    def add_deliveries(
+        self, feishu: FeishuContractServer, phones: TimedPhoneServer, t0: float
+    ) -> None:
+        """What the people received, as messages at scenario time (seconds since `t0`, the
+        monotonic start, × the factor), in time order: every Feishu message each hook
+        accepted and every call, with the calls' idempotency keys."""
+        for hook, accepted in feishu.accepted.items():
+            for arrived, body in accepted:
+                title, text = _card_text(body)
+                at = (arrived - t0) * self.factor
+                self.messages.append(Message(at, f"feishu:{hook}", title, text))
+        arrivals = getattr(phones, "arrivals", [])
+        for arrived, (headers, body) in zip(arrivals, phones.gateway_calls, strict=True):
+            text = json.loads(body["TtsParam"])["text"]
+            self.messages.append(Message((arrived - t0) * self.factor, "phone", text[:120], text))
+            self.call_keys.append(headers.get("Idempotency-Key", ""))
+        self.messages.sort(key=lambda m: m.at)
+
 
 class TimedPhoneServer(PhoneContractServer):
     """The phone contract server, noting when each voice-gateway call arrived."""
@@ -495,12 +513,38 @@ def _card_text(body: dict[str, Any]) -> tuple[str, str]:
     return content[:120], content
 
 
-def _query(prometheus_url: str, expr: str) -> list[dict[str, Any]]:
+def prometheus_query(prometheus_url: str, expr: str) -> list[dict[str, Any]]:
     url = f"{prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
     answer = http_json(url)
     assert answer["status"] == "success", (expr, answer)
     result: list[dict[str, Any]] = answer["data"]["result"]
     return result
+
+
+async def wait_healthy(
+    recording: Recording,
+    prometheus_url: str,
+    scaled: Scaled,
+    targets: int,
+    nodes: int,
+    timeout_s: float,
+) -> None:
+    """Waits until Prometheus has `targets` targets up and the job membership of `nodes`
+    nodes, notes the alerts it loaded, lets it evaluate a healthy cluster a few times
+    (GPUMissing needs its usual count), and notes what fires before the scenario starts."""
+
+    def ready() -> bool:
+        up = prometheus_query(prometheus_url, "up == 1")
+        members = prometheus_query(prometheus_url, "trainsentry:job_node:info")
+        return len(up) == targets and len(members) == nodes
+
+    await asyncio.to_thread(wait_for, ready, timeout_s, f"{targets} targets up and membership")
+    recording.rule_groups = await asyncio.to_thread(loaded_alerts, prometheus_url)
+    await asyncio.sleep(4 * seconds(scaled.time("30s")))
+    recording.before_start = {
+        r["metric"]["alertname"]
+        for r in prometheus_query(prometheus_url, 'ALERTS{alertstate="firing"}')
+    }
 
 
 async def run(timeline: Timeline, tmp: Path, factor: float) -> Recording:
@@ -546,26 +590,14 @@ async def run(timeline: Timeline, tmp: Path, factor: float) -> Recording:
         with logs_on_error(prometheus, alertmanager, gateway, exporter):
             targets = 2 * len(NODES) + 1 + len(NODES) * GPUS_PER_NODE
 
-            def ready() -> bool:
-                up = _query(prometheus.url, "up == 1")
-                members = _query(prometheus.url, "trainsentry:job_node:info")
-                return len(up) == targets and len(members) == len(NODES)
-
-            await asyncio.to_thread(wait_for, ready, 60, f"{targets} targets up and membership")
-            recording.rule_groups = await asyncio.to_thread(loaded_alerts, prometheus.url)
-            # Healthy for a few evaluations before the XID (GPUMissing needs its usual count).
-            await asyncio.sleep(4 * seconds(scaled.time("30s")))
-            recording.before_start = {
-                r["metric"]["alertname"]
-                for r in _query(prometheus.url, 'ALERTS{alertstate="firing"}')
-            }
+            await wait_healthy(recording, prometheus.url, scaled, targets, len(NODES), 60)
             t0_wall, t0 = time.time(), time.monotonic()
             http_json(f"{exporter.url}/start", {"t0": t0_wall})
             end = t0 + timeline.end / factor
             while (now := time.monotonic()) < end:
                 at = (now - t0) * factor
                 firing = await asyncio.to_thread(
-                    _query, prometheus.url, 'ALERTS{alertstate="firing"}'
+                    prometheus_query, prometheus.url, 'ALERTS{alertstate="firing"}'
                 )
                 for result in firing:
                     name = result["metric"]["alertname"]
@@ -589,16 +621,5 @@ async def run(timeline: Timeline, tmp: Path, factor: float) -> Recording:
                 http_json, f"{gateway.url}/api/v1/alerts?limit=500", None, TOKEN
             )
             recording.gateway_alerts = items["items"]
-        for hook, accepted in feishu.accepted.items():
-            for arrived, body in accepted:
-                title, text = _card_text(body)
-                recording.messages.append(
-                    Message((arrived - t0) * factor, f"feishu:{hook}", title, text)
-                )
-        arrivals = getattr(phones, "arrivals", [])
-        for arrived, (headers, body) in zip(arrivals, phones.gateway_calls, strict=True):
-            text = json.loads(body["TtsParam"])["text"]
-            recording.messages.append(Message((arrived - t0) * factor, "phone", text[:120], text))
-            recording.call_keys.append(headers.get("Idempotency-Key", ""))
-    recording.messages.sort(key=lambda m: m.at)
+        recording.add_deliveries(feishu, phones, t0)
     return recording
