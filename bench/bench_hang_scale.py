@@ -60,6 +60,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bench.process_stats import cpu_seconds
 from tests.support.megatron_probes import (
     HangRun,
     HungJob,
@@ -311,11 +312,6 @@ def _shares(
     return [connections[i::posters] for i in range(posters)]
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _listen_overflows() -> int:
     lines = Path("/proc/net/netstat").read_text().splitlines()
     for names, values in zip(lines[::2], lines[1::2], strict=True):
@@ -378,7 +374,7 @@ async def flood(
             posts = _posts(layout, count, start, within_s)
             shares = _shares(posts, posters, pool)
             poster = _pooled_poster if pool > 0 else _poster
-            cpu, overflows = _cpu_s(gw.process.pid), _listen_overflows()
+            cpu, overflows = cpu_seconds(gw.process.pid), _listen_overflows()
             context = multiprocessing.get_context("fork")
             with context.Pool(posters) as workers:
                 waiting = workers.starmap_async(poster, [((host, int(port)), s) for s in shares])
@@ -392,7 +388,7 @@ async def flood(
                     else (None, None)
                 )
                 results = [r for share in await asyncio.to_thread(waiting.get) for r in share]
-            cpu, overflows = _cpu_s(gw.process.pid) - cpu, _listen_overflows() - overflows
+            cpu, overflows = cpu_seconds(gw.process.pid) - cpu, _listen_overflows() - overflows
             peak = peak_rss(gw.process.pid)
         finally:
             await asyncio.to_thread(gw.stop)

@@ -64,6 +64,7 @@ from aiohttp import web
 
 from bench.bench_intake import inbox_depth, wait_planned, wait_ready
 from bench.bench_intake import load as intake_load
+from bench.process_stats import cpu_seconds
 from tests.support.pg_databases import drop_pg_database, make_pg_database
 from tests.support.ports import free_port
 from tests.support.realservers import start_alertmanager
@@ -309,16 +310,6 @@ class Outcome:
     split: list[tuple[int, int]]
     lock_waiters: float  # sessions waiting for a lock, mean over the storm (`LockWaits`)
     cpu: float  # the gateways' CPU seconds per storm alert (`cpu_seconds`, all replicas)
-
-
-def cpu_seconds(pid: int) -> float:
-    """The CPU time (user + system, all its threads) process `pid` used so far; 0.0 where
-    /proc is not there (not Linux)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _gateway_round(
