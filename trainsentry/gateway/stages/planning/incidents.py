@@ -183,7 +183,17 @@ class IncidentLedger:
         members = [
             MemberRow(m.alert_id, m.incident_id, m.role, m.group_key, m.at) for m in book.joined
         ]
-        texts = await save_incidents(conn, [row_of(state) for state in changed], members)
+        # Only an alert joining an acknowledged incident is acknowledged as it joins: the
+        # book holds every incident it adds a member to, read with its ack in this
+        # transaction (locked on PostgreSQL, where an ack waits for the commit), so the
+        # others need no look.
+        maybe_acked = [
+            m
+            for m in members
+            if (state := book.by_id.get(m.incident_id)) is None or state.acked_by is not None
+        ]
+        rows = [row_of(state) for state in changed]
+        texts = await save_incidents(conn, rows, members, maybe_acked)
         for state in changed:
             self._kept.pop(state.id, None)
             if (text := texts.get(state.id)) is not None:
