@@ -194,9 +194,15 @@ _MEMBER_COLUMNS = ("alert_id", "incident_id", "role", "group_key", "joined_at")
 
 
 async def save_incidents(
-    conn: AsyncConnection, rows: Sequence[IncidentRow], members: Sequence[MemberRow]
+    conn: AsyncConnection,
+    rows: Sequence[IncidentRow],
+    members: Sequence[MemberRow],
+    maybe_acked: Sequence[MemberRow] | None = None,
 ) -> dict[int, str]:
     """Upserts the incidents, then adds the memberships (an alert already in one keeps it).
+    `maybe_acked`: of `members`, those that may join an acknowledged incident (None: any
+    of them), acknowledged as they join; the caller leaves out only members of incidents it
+    holds locked and knows unacknowledged (issue 46: one query per batch saved in a storm).
     Returns incident id -> the state's text as written (what `load_incidents` reads back
     until someone writes the row again)."""
     enc = encoder(conn)
@@ -235,7 +241,8 @@ async def save_incidents(
             joined,
             tail="ON CONFLICT (alert_id) DO NOTHING",
         )
-        await _ack_joined(conn, members)
+        if check := (members if maybe_acked is None else maybe_acked):
+            await _ack_joined(conn, check)
     return texts
 
 

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.gateway.policy.factory import at, expire, fire, resolve
 from trainsentry.alerts import AlertChange, AlertStatus
@@ -188,3 +192,44 @@ def test_suppression_reasons_are_stable_strings() -> None:
         "held",
         "resolve-unseen",
     }
+
+
+@given(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "collapsed": st.booleans(),
+            "alert_id": st.none() | st.integers(0, 10**9),
+            "context": st.dictionaries(st.text(max_size=4), st.integers(), max_size=3),
+        },
+    )
+)
+def test_amended_is_replace_for_every_field(changes: dict[str, Any]) -> None:
+    """`FingerprintState.amended` (issue 46: decide.py's copy per firing change) is
+    `dataclasses.replace`: every field set off its default is kept (a field added to the
+    state and not to `amended` fails here), the changed ones taken."""
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    state = FingerprintState(
+        fingerprint="fp",
+        status=AlertStatus.RESOLVED,
+        occurrence=start,
+        changed_at=start + timedelta(seconds=1),
+        resolved_at=start + timedelta(seconds=2),
+        recurrences=3,
+        transitions=(start, start + timedelta(seconds=1)),
+        flapping=True,
+        hold_until=start + timedelta(seconds=3),
+        expired=True,
+        collapsed=True,
+        alert_id=7,
+        context={"alert": {"fingerprint": "fp"}},
+    )
+    before = start - timedelta(days=1)
+    defaults = FingerprintState("x", AlertStatus.FIRING, before, before)
+    assert all(
+        getattr(state, f.name) != getattr(defaults, f.name)
+        for f in fields(FingerprintState)
+        if f.name != "fingerprint"
+    )
+    assert state.amended(changes) == replace(state, **changes)
+    assert state.amended({**changes, "recurrences": 9}) == replace(state, **changes, recurrences=9)

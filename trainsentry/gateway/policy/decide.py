@@ -18,7 +18,7 @@ The payload builders are in payload_build.py; `PolicyMetrics` (gateway/metrics.p
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -126,7 +126,7 @@ def _apply(
         changes["context"] = context
     if decision.notice is not None:
         storm = deliver(decision, fp, storm, alert, alert_id, classification, out, changes)
-    return (replace(fp, **changes) if changes else fp), storm
+    return (fp.amended(changes) if changes else fp), storm
 
 
 def _release(

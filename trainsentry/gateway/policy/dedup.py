@@ -89,6 +89,28 @@ class FingerprintState:
     alert_id: int | None = None
     context: Mapping[str, Any] = field(default_factory=dict)
 
+    def amended(self, changes: Mapping[str, Any]) -> FingerprintState:
+        """Pure: `dataclasses.replace(self, **changes)`, without its generic walk over the
+        fields when `changes` names only what decide.py changes (`AMENDED`): a third of
+        its cost, once per firing change of a storm (issue 46)."""
+        if not changes.keys() <= AMENDED:
+            return replace(self, **changes)
+        return FingerprintState(
+            self.fingerprint,
+            self.status,
+            self.occurrence,
+            self.changed_at,
+            self.resolved_at,
+            self.recurrences,
+            self.transitions,
+            self.flapping,
+            self.hold_until,
+            self.expired,
+            changes.get("collapsed", self.collapsed),
+            changes.get("alert_id", self.alert_id),
+            changes.get("context", self.context),
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "fingerprint": self.fingerprint,
@@ -125,6 +147,8 @@ class FingerprintState:
         )
 
 
+# The fields decide.py sets on a state (`FingerprintState.amended`).
+AMENDED = frozenset({"collapsed", "alert_id", "context"})
 _RANK = {AlertStatus.FIRING: 0, AlertStatus.RESOLVED: 1}
 
 

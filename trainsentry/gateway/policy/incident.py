@@ -543,12 +543,15 @@ class IncidentBook:
         cause = cause_of(alert)
         correlation = self.policy.correlation
         level = rank(alert, classification, self.policy)
+        ranked: int | None = level
         if correlation.enabled and not apart and level < FOREIGN:
             state = self._domain_of(alert, at)
             if state is not None and _apart(state, alert, own_route):
                 return self._part(state, alert_id, alert, classification, group_key, at, level)
             if state is not None:
-                self._join(state, alert_id, alert, classification, group_key, at, MEMBER_ROLE)
+                self._join(
+                    state, alert_id, alert, classification, group_key, at, MEMBER_ROLE, level
+                )
                 self._correlate(state, alert, alert_id, level, at)
                 return state, False
             if alert.name == PLACEMENT:
@@ -558,6 +561,7 @@ class IncidentBook:
                 # priority (it is on each of the job's faulty nodes by design: no blast radius)
                 level = FOREIGN
                 classification = without_blast_radius(classification)
+                ranked = None  # its rank as a member: of the classification it joins with
         base = base_key(alert, group_key, self.policy, apart)
         split = f"{base}|cause={cause}"
         state = self.open.get(split)
@@ -572,7 +576,7 @@ class IncidentBook:
             state = self._open(base, cause, alert, alert_id, classification, group_key, at)
             new = True
         elif not new:
-            self._join(state, alert_id, alert, classification, group_key, at, MEMBER_ROLE)
+            self._join(state, alert_id, alert, classification, group_key, at, MEMBER_ROLE, ranked)
         self._correlate(state, alert, alert_id, level, at, index=not apart)
         return state, new
 
@@ -603,7 +607,7 @@ class IncidentBook:
                 if not step.get("job"):  # the cluster's own steps, never another job's
                     state.story.setdefault(step_key, dict(step))
         else:
-            self._join(state, alert_id, alert, classification, group_key, at, MEMBER_ROLE)
+            self._join(state, alert_id, alert, classification, group_key, at, MEMBER_ROLE, level)
         self._correlate(state, alert, alert_id, level, at)
         if level == CONSEQUENCE and self.policy.correlation.enabled:
             note(whole.story, alert, level, at)
@@ -769,16 +773,20 @@ class IncidentBook:
         group_key: str,
         at: datetime,
         role: str,
+        level: int | None = None,
     ) -> None:
+        """`level`: `rank(alert, classification, policy)` when the caller has it."""
         if alert_id is not None:
             self.members[alert_id] = state.id
             self.joined.append(Membership(alert_id, state.id, role, group_key, at))
+        evidence = _evidence(state, alert)
         state.total += 1
         state.firing += 1
-        state.strangers += 0 if _evidence(state, alert) else 1
+        state.strangers += 0 if evidence else 1
         self._count(state, alert, +1)
-        if role != CAUSE_ROLE and _evidence(state, alert):  # may lead it later
-            level = rank(alert, classification, self.policy)
+        if role != CAUSE_ROLE and evidence:  # may lead it later
+            if level is None:
+                level = rank(alert, classification, self.policy)
             _add_standby(state, alert_to_json(alert), alert_id, level)
         if classification.priority.level < state.priority.level:
             state.priority = classification.priority

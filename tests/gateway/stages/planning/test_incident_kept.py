@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from tests.gateway.stages.planning.test_incident_property import POLICIES, webhooks
 from tests.support.webhook_factory import BASE_TIME, encode, make_alert, make_body
@@ -26,7 +26,7 @@ from trainsentry.gateway.stages.planning.worker import PolicyWorker
 from trainsentry.store import create_engine, migrate
 from trainsentry.store.engine import Engine
 from trainsentry.store.incidents import StoredIncident, acknowledge_incident
-from trainsentry.store.schema import incident_alerts, incidents, notifications
+from trainsentry.store.schema import alert_events, alerts, incident_alerts, incidents, notifications
 from trainsentry.store.writes import record_receipts
 
 
@@ -146,3 +146,53 @@ async def test_a_storm_incident_is_decoded_once_and_an_ack_is_read_from_its_colu
     assert decoded == []
     assert plan.incidents.kept_hits == 2
     assert state.acked_by == "alice"
+
+
+async def test_alerts_joining_an_acked_incident_are_acked_and_others_cost_no_ack_query(
+    tmp_path: Path,
+) -> None:
+    """Issue 46: a batch whose alerts join only incidents it read unacknowledged asks the
+    store for no joined acks (one query per storm batch saved); once the incident is
+    acknowledged, the alerts that join it are acknowledged as they join, by its
+    acknowledger, each with its `acked` event."""
+    engine = create_engine(f"sqlite:///{tmp_path / 'acks.db'}")
+    await migrate(engine)
+    plan = PolicyPlan(load_policy(), channels=("console",))
+    asked: list[int] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if "incidents.acked_at IS NOT NULL" in statement:
+            asked.append(1)
+
+    event.listen(engine.sync_engine, "before_cursor_execute", count)
+    per_batch = []
+    try:
+        for batch in range(4):
+            at = BASE_TIME + timedelta(seconds=10 * batch)
+            body = make_body(
+                [make_alert(batch * 10 + i, name="DiskFull") for i in range(10)],
+                group_key="storm",
+            )
+            async with engine.begin() as conn:
+                await record_receipts(conn, [parse_webhook(encode(body), at)])
+            await PolicyWorker(engine, plan, clock=lambda at=at: at).drain()
+            per_batch.append(len(asked))
+            if batch == 1:
+                (incident_id,) = plan.incidents.kept()
+                async with engine.begin() as conn:
+                    await acknowledge_incident(conn, incident_id, "alice", at)
+        async with engine.connect() as conn:
+            acked = dict(
+                (await conn.execute(select(alerts.c.fingerprint, alerts.c.acked_by))).all()
+            )
+            joined = (
+                await conn.execute(
+                    select(alert_events.c.detail).where(alert_events.c.kind == "acked")
+                )
+            ).scalars()
+            joined_acks = [d for d in joined if d.get("joined")]
+    finally:
+        await engine.dispose()
+    assert per_batch == [0, 0, 1, 2]  # no look until the incident was acknowledged
+    assert all(who == "alice" for who in acked.values()), acked
+    assert len(joined_acks) == 20  # the 20 alerts of batches 2 and 3

@@ -137,9 +137,12 @@ class IncidentLedger:
         occurrence resolves there)."""
         keys: set[str] = set()
         domains: set[str] = set()
+        placed: list[tuple[str, str]] = []  # each change's incident key and cause, once
         for c in changes:
             base = base_key(c.alert, c.group_key, self.policy, apart.get(c.alert_id, ""))
-            keys.update((base, f"{base}|cause={cause_of(c.alert)}"))
+            cause = cause_of(c.alert)
+            placed.append((base, cause))
+            keys.update((base, f"{base}|cause={cause}"))
             domains.update(domain_keys(c.alert))
             if ident := twin_identity(c.alert):
                 domains.add(TWIN_DOMAIN + ident)
@@ -148,12 +151,7 @@ class IncidentLedger:
         alert_ids = [c.alert_id for c in changes] + list(prior)
         stored, members = await load_incidents(conn, keys, alert_ids, self._known())
         candidates = {
-            (
-                base_key(c.alert, c.group_key, self.policy, apart.get(c.alert_id, "")),
-                cause_of(c.alert),
-            )
-            for c in changes
-            if c.alert_id not in members
+            found for c, found in zip(changes, placed, strict=True) if c.alert_id not in members
         }
         ids = await reserve_ids(conn, 2 * len(candidates))
         states = self._states(stored)
@@ -183,7 +181,17 @@ class IncidentLedger:
         members = [
             MemberRow(m.alert_id, m.incident_id, m.role, m.group_key, m.at) for m in book.joined
         ]
-        texts = await save_incidents(conn, [row_of(state) for state in changed], members)
+        # Only an alert joining an acknowledged incident is acknowledged as it joins: the
+        # book holds every incident it adds a member to, read with its ack in this
+        # transaction (locked on PostgreSQL, where an ack waits for the commit), so the
+        # others need no look.
+        maybe_acked = [
+            m
+            for m in members
+            if (state := book.by_id.get(m.incident_id)) is None or state.acked_by is not None
+        ]
+        rows = [row_of(state) for state in changed]
+        texts = await save_incidents(conn, rows, members, maybe_acked)
         for state in changed:
             self._kept.pop(state.id, None)
             if (text := texts.get(state.id)) is not None:
