@@ -22,7 +22,10 @@ Invariants:
 - A trigger of a known hang is answered in the turn of the event loop that handles it
   (`JobHangs.known`, `TriggerSources.cached`): no store transaction, no task, no await, no
   diagnosis work beyond noting its evidence (bounded, `evidence.py`), and a pre-encoded
-  answer (`KNOWN_BODY`).
+  answer (`KNOWN_BODY`). Those two are thread-safe (each holds its memory's lock, the
+  evidence its own): the trigger port's thread calls them (`api/trigger_listener.py`)
+  while the gateway's loop stores, adopts and ends hangs; everything else here runs on the
+  gateway's loop.
 - Per-job turns (`LoopTurns`): at most `per_turn` triggers of one job are handled in one
   turn of the event loop; the job's others wait for the next turns, in order (none is
   refused). Every connection's request is otherwise handled in the turn its bytes arrive
@@ -49,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
@@ -317,6 +321,7 @@ class JobHangs:
         self._clock = clock
         self._wall = wall
         self._hangs: OrderedDict[JobRef, _Hang] = OrderedDict()
+        self._memory = threading.Lock()  # `_hangs`: `known` is called from another thread too
         self._locks: dict[JobRef, asyncio.Lock] = {}
         # the evidence of each job whose first trigger is being looked up or stored
         self._pending: dict[JobRef, JobEvidence] = {}
@@ -326,13 +331,13 @@ class JobHangs:
 
     def evidence(self, job: JobRef) -> HangEvidence | None:
         """What the job's triggers said so far (None: no hang of it in memory)."""
-        hang = self._hangs.get(job)
+        hang = self._held(job)
         return hang.evidence.snapshot() if hang is not None else None
 
     def known(self, trigger: HangTrigger, remote: str | None) -> bool:
         """Whether `trigger` (authenticated, from an address of its job's ranks) is a stall
         of its job's open hang; if so it is noted as that hang's evidence, and its answer is
-        200 `KNOWN_BODY`. Memory only: no store, no await."""
+        200 `KNOWN_BODY`. Memory only: no store, no await; thread-safe."""
         if trigger.resolved:
             return False
         hang = self._open(JobRef(trigger.namespace, trigger.trainingjob))
@@ -357,7 +362,7 @@ class JobHangs:
             if hang is not None:
                 self._note(hang.evidence, trigger, remote)
                 return TriggerAnswer(200, dict(KNOWN))
-            old = self._hangs.get(job)
+            old = self._held(job)
             evidence = old.evidence if old is not None else JobEvidence(self._wall())
             self._pending[job] = evidence
             try:
@@ -399,11 +404,20 @@ class JobHangs:
         if not self._spend(job):
             return _over_budget()
         await self._submit(trigger_webhook(trigger, hang.starts_at, now))
-        self._hangs.pop(job, None)
+        self._forget(job)
         return TriggerAnswer(202, {"status": "stored", "resolved": True, "first": False, "new": 0})
 
+    def _held(self, job: JobRef) -> _Hang | None:
+        """The job's hang in memory, checked against the store lately or not."""
+        with self._memory:
+            return self._hangs.get(job)
+
+    def _forget(self, job: JobRef) -> None:
+        with self._memory:
+            self._hangs.pop(job, None)
+
     def _open(self, job: JobRef) -> _Hang | None:
-        hang = self._hangs.get(job)
+        hang = self._held(job)
         if hang is None or self._clock() - hang.checked > self._window_s:
             return None
         return hang
@@ -415,23 +429,24 @@ class JobHangs:
         labels |= {"priority": "P0", "component": "training", "source": "probe"}
         found = await self._lookup(label_fingerprint(labels))
         if found is None:
-            self._hangs.pop(job, None)
+            self._forget(job)
             return None
         starts_at, annotations = found
         seq = str(annotations.get("seq", ""))
         key = (str(annotations["pg"]), int(seq)) if "pg" in annotations and seq.isdigit() else None
         if evidence is None:
-            old = self._hangs.get(job)
+            old = self._held(job)
             evidence = old.evidence if old is not None else JobEvidence(self._wall())
         hang = _Hang(starts_at, key, self._clock(), evidence)
         self._remember(job, hang)
         return hang
 
     def _remember(self, job: JobRef, hang: _Hang) -> None:
-        self._hangs[job] = hang
-        self._hangs.move_to_end(job)
-        while len(self._hangs) > _REMEMBERED:
-            self._hangs.popitem(last=False)
+        with self._memory:
+            self._hangs[job] = hang
+            self._hangs.move_to_end(job)
+            while len(self._hangs) > _REMEMBERED:
+                self._hangs.popitem(last=False)
 
     def _note(self, evidence: JobEvidence, trigger: HangTrigger, remote: str | None) -> None:
         waiter = Waiter(
@@ -478,7 +493,8 @@ class TriggerSources:
     """Which addresses may post a trigger for a job: the hosts of its ranks' probe endpoints
     (`resolve`, e.g. the TrainingJob's running pods), remembered for `ttl_s` per job. One
     resolution per job at a time: the triggers that arrive during it share its answer (a
-    16,384-rank job's first triggers would each list the job's pods otherwise)."""
+    16,384-rank job's first triggers would each list the job's pods otherwise). `cached` is
+    thread-safe (the trigger port's thread asks it); the rest runs on the gateway's loop."""
 
     def __init__(
         self,
@@ -491,12 +507,14 @@ class TriggerSources:
         self._ttl_s = ttl_s
         self._clock = clock
         self._hosts: OrderedDict[JobRef, tuple[float, frozenset[str]]] = OrderedDict()
+        self._memory = threading.Lock()  # `_hosts`: `cached` is asked from another thread
         self._resolving: dict[JobRef, asyncio.Future[frozenset[str]]] = {}
 
     def cached(self, job: JobRef, remote: str | None) -> bool | None:
         """Whether `remote` is one of the job's rank hosts, from memory; None when the
         job's hosts are not remembered within `ttl_s` (then ask `allowed`)."""
-        cached = self._hosts.get(job)
+        with self._memory:
+            cached = self._hosts.get(job)
         if cached is None or self._clock() - cached[0] > self._ttl_s:
             return None
         return remote is not None and remote in cached[1]
@@ -519,10 +537,11 @@ class TriggerSources:
                     hosts = frozenset(await self._resolve(job))
                 finally:
                     self._resolving.pop(job, None)
-                self._hosts[job] = (now, hosts)
-                self._hosts.move_to_end(job)
-                while len(self._hosts) > _REMEMBERED:
-                    self._hosts.popitem(last=False)
+                with self._memory:
+                    self._hosts[job] = (now, hosts)
+                    self._hosts.move_to_end(job)
+                    while len(self._hosts) > _REMEMBERED:
+                        self._hosts.popitem(last=False)
                 return hosts
 
             running = self._resolving[job] = asyncio.ensure_future(resolve())
