@@ -51,11 +51,12 @@ from trainsentry.gateway.api.read import (
     get_notifications,
 )
 from trainsentry.gateway.api.request_body import BodyRejected, read_body, read_json_object
-from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
+from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway, HangTriggers
 from trainsentry.gateway.policy.outbox_retry import parse_retry_request
 from trainsentry.gateway.stages.hang.trigger import (
     KNOWN_BODY,
     MAX_TRIGGER_BYTES,
+    HangTrigger,
     TriggerRejected,
     parse_trigger,
     trigger_token_ok,
@@ -144,11 +145,27 @@ async def receive_hang_trigger(request: web.Request) -> web.Response:
     """A stalled rank's probe (`hang/trigger.py`): a job's first trigger is stored as its one
     hang alert before the answer, then diagnosed and paged like any hang alert; the job's
     later triggers are answered from memory ("hang": "known"), within the job's turns of the
-    event loop (`LoopTurns`), after the same checks (token, sender, body bounds)."""
+    event loop (`LoopTurns`), after the same checks (token, sender, body bounds). The
+    trigger port (`api/trigger_listener.py`) answers the same, from a thread of its own."""
     gateway = request.app[GATEWAY_KEY]
     hang = gateway.hang
     if isinstance(hang, Off):
-        return _error(404, "hang triggers are off: this gateway has no hang diagnosis configured")
+        return triggers_off()
+    trigger = await checked_trigger(gateway, hang, request)
+    if isinstance(trigger, web.Response):
+        return trigger
+    return await answer_trigger(gateway, hang, trigger, request.remote)
+
+
+def triggers_off() -> web.Response:
+    return _error(404, "hang triggers are off: this gateway has no hang diagnosis configured")
+
+
+async def checked_trigger(
+    gateway: Gateway, hang: HangTriggers, request: web.Request
+) -> HangTrigger | web.Response:
+    """The request's trigger, once its bearer token, body size, schema and the job's token
+    are checked; else the refusal to answer. Memory only: runs on any thread's loop."""
     given = _bearer(request)
     if given is None:
         gateway.metrics.receipts.labels("unauthorized").inc()
@@ -163,21 +180,35 @@ async def receive_hang_trigger(request: web.Request) -> web.Response:
     if not trigger_token_ok(given, hang.diagnoser.token, trigger):  # the job's token, or the master
         gateway.metrics.receipts.labels("unauthorized").inc()
         return _unauthorized()
+    return trigger
+
+
+def not_a_rank(gateway: Gateway, job: JobRef, remote: str | None) -> web.Response:
+    """The answer to a trigger whose sender is not one of its job's rank hosts."""
+    gateway.metrics.receipts.labels("unauthorized").inc()
+    return _error(403, f"{remote} is not a rank of TrainingJob {job}")
+
+
+async def answer_trigger(
+    gateway: Gateway, hang: HangTriggers, trigger: HangTrigger, remote: str | None
+) -> web.Response:
+    """A checked trigger's answer (`checked_trigger`), from `remote`: the sender checked
+    against the job's ranks, then the known hang's answer from memory, or the job's hang
+    taken (stored, adopted, ended). Runs on the gateway's event loop."""
     job = JobRef(trigger.namespace, trigger.trainingjob)
-    allowed = hang.sources.cached(job, request.remote)  # memory; None: the job's ranks are asked
+    allowed = hang.sources.cached(job, remote)  # memory; None: the job's ranks are asked
     if allowed is None:
         try:
-            allowed = await asyncio.wait_for(hang.sources.allowed(job, request.remote), timeout=5)
+            allowed = await asyncio.wait_for(hang.sources.allowed(job, remote), timeout=5)
         except Exception as exc:  # the cluster API is down: say so, the probe retries
             return _error(503, f"cannot check the job's ranks now: {type(exc).__name__}")
     if not allowed:
-        gateway.metrics.receipts.labels("unauthorized").inc()
-        return _error(403, f"{request.remote} is not a rank of TrainingJob {job}")
+        return not_a_rank(gateway, job, remote)
     await hang.hangs.turns.turn(job)  # one job's flood takes a few of each turn, not all of it
-    if hang.hangs.known(trigger, request.remote):  # memory only: no store, no task, no await
-        return web.Response(body=KNOWN_BODY, content_type="application/json")
+    if hang.hangs.known(trigger, remote):  # memory only: no store, no task, no await
+        return known_answer()
     try:
-        answer = await hang.hangs.take(trigger, request.remote, gateway.clock())
+        answer = await hang.hangs.take(trigger, remote, gateway.clock())
     except (StoreUnavailable, DatabaseError) as exc:
         gateway.metrics.receipts.labels("unavailable").inc()
         return _error(503, f"store unavailable, retry: {type(exc).__name__}")
@@ -194,6 +225,11 @@ async def receive_hang_trigger(request: web.Request) -> web.Response:
         )
     headers = {"Retry-After": f"{answer.retry_after_s:.0f}"} if answer.retry_after_s else None
     return web.json_response(answer.body, status=answer.status, headers=headers)
+
+
+def known_answer() -> web.Response:
+    """200 with the pre-encoded "known" body: the probe stops posting on it."""
+    return web.Response(body=KNOWN_BODY, content_type="application/json")
 
 
 def _complete_truncated(gateway: Gateway, receipt: IncomingReceipt) -> None:
