@@ -153,5 +153,5 @@ def test_the_trigger_port_is_off_unless_set_and_set_by_file_environment_or_flag(
     config.write_text(yaml.safe_dump({"gateway": {"trigger_listen": ""}}))
     assert load_settings(config, env={}).gateway.trigger_address is None
     config.write_text(yaml.safe_dump({"gateway": {"trigger_listen": "9096"}}))
-    with pytest.raises(ConfigError, match="gateway.trigger_listen"):
+    with pytest.raises(ConfigError, match=r"gateway\.trigger_listen"):
         load_settings(config, env={})
