@@ -18,15 +18,12 @@ Invariants:
 - `JobEvidence.snapshot()` is an immutable copy: the diagnosis reads it while triggers keep
   arriving. It is rebuilt only when a trigger changed something, and then only the keys
   that changed (a diagnosis polls it while a 16,384-rank job's triggers arrive).
-- Thread-safe: the trigger port's thread notes triggers (`api/trigger_listener.py`) while
-  the gateway's loop notes, ends and snapshots; each call holds the evidence's lock.
 """
 
 from __future__ import annotations
 
 import bisect
 import re
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -127,7 +124,6 @@ class JobEvidence:
         self._noted = 0
         self._frozen: dict[tuple[str, int], StalledKey] = {}  # each unchanged key's copy
         self._snapshot: HangEvidence | None = None
-        self._lock = threading.Lock()  # the trigger port's thread notes too
 
     def note(
         self,
@@ -142,20 +138,6 @@ class JobEvidence:
         world_size: int,
     ) -> None:
         """One trigger's content (validated by the caller); beyond the bounds, dropped."""
-        with self._lock:
-            self._note(pg, seq, pg_desc, op, since, members, waiter, world_size)
-
-    def _note(
-        self,
-        pg: str,
-        seq: int,
-        pg_desc: str,
-        op: str,
-        since: float,
-        members: str,
-        waiter: Waiter,
-        world_size: int,
-    ) -> None:
         if self._noted >= MAX_WAITERS:
             return
         self._noted += 1
@@ -175,16 +157,11 @@ class JobEvidence:
 
     def ended(self, pg: str, seq: int) -> None:
         """The group moved past `seq`: that key is no stall any more."""
-        with self._lock:
-            self._keys.pop((pg, seq), None)
-            self._frozen.pop((pg, seq), None)
-            self._snapshot = None
+        self._keys.pop((pg, seq), None)
+        self._frozen.pop((pg, seq), None)
+        self._snapshot = None
 
     def snapshot(self) -> HangEvidence:
-        with self._lock:
-            return self._snapshot_locked()
-
-    def _snapshot_locked(self) -> HangEvidence:
         if self._snapshot is None:
             keys = tuple(
                 self._frozen.get(at) or self._freeze(at, k) for at, k in self._keys.items()

@@ -22,10 +22,11 @@ Invariants:
 - A trigger of a known hang is answered in the turn of the event loop that handles it
   (`JobHangs.known`, `TriggerSources.cached`): no store transaction, no task, no await, no
   diagnosis work beyond noting its evidence (bounded, `evidence.py`), and a pre-encoded
-  answer (`KNOWN_BODY`). Those two are thread-safe (each holds its memory's lock, the
-  evidence its own): the trigger port's thread calls them (`api/trigger_listener.py`)
-  while the gateway's loop stores, adopts and ends hangs; everything else here runs on the
-  gateway's loop.
+  answer (`KNOWN_BODY`). The trigger port's process answers them from its own copy of that
+  memory (`api/trigger_listener.py`): `JobHangs.known_for` and `TriggerSources.remembered` say
+  for how long the gateway itself would answer from memory, `JobHangs.noted` takes the
+  evidence of the triggers it answered, `JobHangs.on_forget` says when a hang stops being
+  known (ended, not found in the store, evicted).
 - Per-job turns (`LoopTurns`): at most `per_turn` triggers of one job are handled in one
   turn of the event loop; the job's others wait for the next turns, in order (none is
   refused). Every connection's request is otherwise handled in the turn its bytes arrive
@@ -52,7 +53,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
@@ -321,23 +321,47 @@ class JobHangs:
         self._clock = clock
         self._wall = wall
         self._hangs: OrderedDict[JobRef, _Hang] = OrderedDict()
-        self._memory = threading.Lock()  # `_hangs`: `known` is called from another thread too
         self._locks: dict[JobRef, asyncio.Lock] = {}
         # the evidence of each job whose first trigger is being looked up or stored
         self._pending: dict[JobRef, JobEvidence] = {}
         self._buckets: OrderedDict[JobRef, tuple[float, float]] = OrderedDict()
+        self._watchers: list[Callable[[JobRef], None]] = []
         #: Each job's triggers a turn of the event loop (module invariants).
         self.turns = LoopTurns()
 
+    def on_forget(self, watcher: Callable[[JobRef], None]) -> Callable[[], None]:
+        """Calls `watcher(job)` whenever a job's hang leaves memory (its stall ended, the
+        store has it no longer, or it was evicted); returns the call that stops it."""
+        self._watchers.append(watcher)
+        return lambda: self._watchers.remove(watcher)
+
+    def known_for(self, job: JobRef) -> float | None:
+        """For how many more seconds the job's later stall triggers are answered "known"
+        from memory (`known`) before the store is asked again; None: not now."""
+        hang = self._open(job)
+        if hang is None:
+            return None
+        return max(0.0, self._window_s - (self._clock() - hang.checked))
+
+    def noted(self, trigger: HangTrigger, remote: str | None) -> bool:
+        """A trigger answered "known" elsewhere (the trigger port's process) noted as its
+        job's hang's evidence, as `known` notes it; False when no hang of the job is in
+        memory any more (then it is dropped)."""
+        hang = self._hangs.get(JobRef(trigger.namespace, trigger.trainingjob))
+        if hang is None or trigger.resolved:
+            return False
+        self._note(hang.evidence, trigger, remote)
+        return True
+
     def evidence(self, job: JobRef) -> HangEvidence | None:
         """What the job's triggers said so far (None: no hang of it in memory)."""
-        hang = self._held(job)
+        hang = self._hangs.get(job)
         return hang.evidence.snapshot() if hang is not None else None
 
     def known(self, trigger: HangTrigger, remote: str | None) -> bool:
         """Whether `trigger` (authenticated, from an address of its job's ranks) is a stall
         of its job's open hang; if so it is noted as that hang's evidence, and its answer is
-        200 `KNOWN_BODY`. Memory only: no store, no await; thread-safe."""
+        200 `KNOWN_BODY`. Memory only: no store, no await."""
         if trigger.resolved:
             return False
         hang = self._open(JobRef(trigger.namespace, trigger.trainingjob))
@@ -362,7 +386,7 @@ class JobHangs:
             if hang is not None:
                 self._note(hang.evidence, trigger, remote)
                 return TriggerAnswer(200, dict(KNOWN))
-            old = self._held(job)
+            old = self._hangs.get(job)
             evidence = old.evidence if old is not None else JobEvidence(self._wall())
             self._pending[job] = evidence
             try:
@@ -407,17 +431,8 @@ class JobHangs:
         self._forget(job)
         return TriggerAnswer(202, {"status": "stored", "resolved": True, "first": False, "new": 0})
 
-    def _held(self, job: JobRef) -> _Hang | None:
-        """The job's hang in memory, checked against the store lately or not."""
-        with self._memory:
-            return self._hangs.get(job)
-
-    def _forget(self, job: JobRef) -> None:
-        with self._memory:
-            self._hangs.pop(job, None)
-
     def _open(self, job: JobRef) -> _Hang | None:
-        hang = self._held(job)
+        hang = self._hangs.get(job)
         if hang is None or self._clock() - hang.checked > self._window_s:
             return None
         return hang
@@ -435,18 +450,25 @@ class JobHangs:
         seq = str(annotations.get("seq", ""))
         key = (str(annotations["pg"]), int(seq)) if "pg" in annotations and seq.isdigit() else None
         if evidence is None:
-            old = self._held(job)
+            old = self._hangs.get(job)
             evidence = old.evidence if old is not None else JobEvidence(self._wall())
         hang = _Hang(starts_at, key, self._clock(), evidence)
         self._remember(job, hang)
         return hang
 
     def _remember(self, job: JobRef, hang: _Hang) -> None:
-        with self._memory:
-            self._hangs[job] = hang
-            self._hangs.move_to_end(job)
-            while len(self._hangs) > _REMEMBERED:
-                self._hangs.popitem(last=False)
+        self._hangs[job] = hang
+        self._hangs.move_to_end(job)
+        while len(self._hangs) > _REMEMBERED:
+            self._tell(self._hangs.popitem(last=False)[0])
+
+    def _forget(self, job: JobRef) -> None:
+        if self._hangs.pop(job, None) is not None:
+            self._tell(job)
+
+    def _tell(self, job: JobRef) -> None:
+        for watcher in list(self._watchers):
+            watcher(job)
 
     def _note(self, evidence: JobEvidence, trigger: HangTrigger, remote: str | None) -> None:
         waiter = Waiter(
@@ -493,8 +515,7 @@ class TriggerSources:
     """Which addresses may post a trigger for a job: the hosts of its ranks' probe endpoints
     (`resolve`, e.g. the TrainingJob's running pods), remembered for `ttl_s` per job. One
     resolution per job at a time: the triggers that arrive during it share its answer (a
-    16,384-rank job's first triggers would each list the job's pods otherwise). `cached` is
-    thread-safe (the trigger port's thread asks it); the rest runs on the gateway's loop."""
+    16,384-rank job's first triggers would each list the job's pods otherwise)."""
 
     def __init__(
         self,
@@ -507,17 +528,24 @@ class TriggerSources:
         self._ttl_s = ttl_s
         self._clock = clock
         self._hosts: OrderedDict[JobRef, tuple[float, frozenset[str]]] = OrderedDict()
-        self._memory = threading.Lock()  # `_hosts`: `cached` is asked from another thread
         self._resolving: dict[JobRef, asyncio.Future[frozenset[str]]] = {}
 
     def cached(self, job: JobRef, remote: str | None) -> bool | None:
         """Whether `remote` is one of the job's rank hosts, from memory; None when the
         job's hosts are not remembered within `ttl_s` (then ask `allowed`)."""
-        with self._memory:
-            cached = self._hosts.get(job)
+        cached = self._hosts.get(job)
         if cached is None or self._clock() - cached[0] > self._ttl_s:
             return None
         return remote is not None and remote in cached[1]
+
+    def remembered(self, job: JobRef) -> tuple[frozenset[str], float] | None:
+        """The job's rank hosts in memory and for how many more seconds they are (`ttl_s`);
+        None when they are not remembered within `ttl_s`."""
+        cached = self._hosts.get(job)
+        if cached is None:
+            return None
+        left = self._ttl_s - (self._clock() - cached[0])
+        return (cached[1], left) if left >= 0 else None
 
     async def allowed(self, job: JobRef, remote: str | None) -> bool:
         """Whether `remote` (the sender's address) is one of the job's rank hosts."""
@@ -537,11 +565,10 @@ class TriggerSources:
                     hosts = frozenset(await self._resolve(job))
                 finally:
                     self._resolving.pop(job, None)
-                with self._memory:
-                    self._hosts[job] = (now, hosts)
-                    self._hosts.move_to_end(job)
-                    while len(self._hosts) > _REMEMBERED:
-                        self._hosts.popitem(last=False)
+                self._hosts[job] = (now, hosts)
+                self._hosts.move_to_end(job)
+                while len(self._hosts) > _REMEMBERED:
+                    self._hosts.popitem(last=False)
                 return hosts
 
             running = self._resolving[job] = asyncio.ensure_future(resolve())
