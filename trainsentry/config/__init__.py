@@ -117,7 +117,7 @@ class GatewaySettings(BaseModel):
 
     listen: str = "0.0.0.0:9095"
     # The probes' hang triggers on a port of their own, HOST:PORT (docs/gateway.md, "Hang
-    # triggers"): answered from a thread with its own event loop, so a job's trigger flood
+    # triggers"): answered by a child process of the gateway, so a job's trigger flood
     # does not share the loop that stores and sends every other team's alerts. Unset: the
     # triggers are taken on `listen` only (they are taken there in any case).
     trigger_listen: str | None = None

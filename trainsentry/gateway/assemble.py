@@ -44,9 +44,8 @@ from trainsentry.gateway.api.app import (
     HANG_TRIGGER_PATH,
     CardCallbackSettings,
     add_routes,
-    json_errors,
 )
-from trainsentry.gateway.api.auth import open_endpoints
+from trainsentry.gateway.api.auth import json_errors, open_endpoints
 from trainsentry.gateway.api.limits import BodyLimits, ReaderPool, body_limits
 from trainsentry.gateway.api.trigger_listener import TRIGGER_LISTENER_KEY, serving, trigger_listener
 from trainsentry.gateway.channels import build

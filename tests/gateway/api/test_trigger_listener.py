@@ -1,20 +1,27 @@
 """The probes' hang triggers on a port of their own (`gateway.trigger_listen`,
-api/trigger_listener.py; issue 42, "other jobs' intake unaffected").
+api/trigger_listener.py, api/trigger_process.py; issue 42, "other jobs' intake unaffected").
 
-A known hang's triggers are answered by the listener's own thread and loop, from memory:
-the tests post them while the gateway's event loop is blocked outright and still get the
-"known" answers, noted as the hang's evidence. What needs the store or the cluster API (a
-job's first trigger, an unremembered sender) is handed to the gateway's loop: the first
-trigger is stored once, however many ranks post it at once. Every refusal is the gateway
-port's, byte for byte. The listener starts with the gateway and its thread ends with it.
+A known hang's triggers are answered by the gateway's child process, from its memory: the
+tests post them while the gateway's event loop is blocked outright and still get the
+"known" answers, which reach the gateway's `JobHangs` as the hang's evidence once the loop
+runs again. What needs the store or the cluster API (a job's first trigger, an unremembered
+sender, a stall's end) is handed to the gateway: the first trigger is stored once, however
+many ranks post it at once to either port, and a hang the gateway ends is no longer
+answered "known" by the child. Every refusal is the gateway port's, byte for byte. The
+child starts with the gateway, is started again when it dies, and ends with the gateway,
+also when the gateway is killed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
+import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
@@ -25,10 +32,12 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestServer
 
+from tests.support.eventually import eventually, eventually_sync
 from tests.support.gateway_process import close_in_process
+from tests.support.gateway_process import start_gateway as start_gateway_process
 from trainsentry.alerts import JobRef
 from trainsentry.gateway.api.app import HANG_TRIGGER_PATH
-from trainsentry.gateway.api.trigger_listener import THREAD_NAME, TRIGGER_LISTENER_KEY
+from trainsentry.gateway.api.trigger_listener import CHILD, TRIGGER_LISTENER_KEY
 from trainsentry.gateway.pipeline import GATEWAY_KEY, HangTriggers
 from trainsentry.gateway.stages.hang.trigger import KNOWN_BODY, MAX_TRIGGER_BYTES
 from trainsentry.probe.token import job_token
@@ -107,8 +116,29 @@ async def gateway(tmp_path: Path) -> AsyncIterator[TestServer]:
         await close_in_process(server)
 
 
-def listener_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
+def children(parent: int | None = None) -> set[int]:
+    """The trigger port's processes whose parent is `parent` (this process by default)."""
+    parent = os.getpid() if parent is None else parent
+    found = set()
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                ppid = int(stat.read().rpartition(")")[2].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                argv = cmdline.read().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if ppid == parent and CHILD.encode() in argv:
+            found.add(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 async def test_known_triggers_are_answered_while_the_gateways_loop_is_blocked(
@@ -116,7 +146,8 @@ async def test_known_triggers_are_answered_while_the_gateways_loop_is_blocked(
 ) -> None:
     """The job's first trigger is stored (202, through the gateway's loop); then the gateway's
     loop is blocked (a synchronous wait inside it) while 200 of the job's triggers are
-    posted to the trigger port: every one is answered "known", and noted as evidence."""
+    posted to the trigger port: every one is answered "known" (by the child), and noted as
+    the hang's evidence in the gateway's `JobHangs` (the child's batches)."""
     _, triggers = urls(gateway)
     first = await asyncio.to_thread(post, triggers, trigger(0))
     assert first[0] == 202 and json.loads(first[1])["first"] is True, first
@@ -134,9 +165,14 @@ async def test_known_triggers_are_answered_while_the_gateways_loop_is_blocked(
     assert set(answers) == {(200, KNOWN_BODY)}
     hang = gateway.app[GATEWAY_KEY].hang
     assert isinstance(hang, HangTriggers)
+
+    def noted() -> bool:  # the child's batches, read once the gateway's loop runs again
+        evidence = hang.hangs.evidence(JOB)
+        return evidence is not None and len(evidence.keys) == 201
+
+    await eventually(noted, within=10, what="the known triggers noted as evidence")
     evidence = hang.hangs.evidence(JOB)
     assert evidence is not None and set(evidence.waiters) == set(range(64))
-    assert len(evidence.keys) == 201  # each trigger's (pg, seq), the first's too
 
 
 async def test_a_jobs_first_trigger_is_stored_once_whichever_port_its_ranks_post_to(
@@ -221,40 +257,90 @@ async def test_without_diagnosis_the_trigger_port_says_triggers_are_off(tmp_path
     assert answers[0] == answers[1] and answers[0][0] == 404
 
 
-async def test_the_listener_starts_with_the_gateway_and_its_thread_ends_with_it(
-    tmp_path: Path,
-) -> None:
-    before = listener_threads()
+async def test_the_child_starts_with_the_gateway_and_ends_with_it(tmp_path: Path) -> None:
+    before = children()
     server = await start_gateway(tmp_path, ["127.0.0.1"])
-    port = server.app[TRIGGER_LISTENER_KEY].port
-    assert port and len(listener_threads()) == len(before) + 1
+    listener = server.app[TRIGGER_LISTENER_KEY]
+    port, pid = listener.port, listener.pid
+    assert port and pid and children() == before | {pid}
     _, triggers = urls(server)
     assert (await asyncio.to_thread(post, triggers, trigger(0)))[0] == 202
     await close_in_process(server)
-    assert listener_threads() == before
+    assert not alive(pid) and children() == before
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
         pass
 
 
-async def test_a_trigger_port_in_use_fails_the_gateways_start_and_leaves_no_thread(
+async def test_a_trigger_port_in_use_fails_the_gateways_start_and_leaves_no_child(
     tmp_path: Path,
 ) -> None:
-    before = listener_threads()
+    before = children()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(OSError):
+        with pytest.raises(OSError, match=r"gateway\.trigger_listen"):
             await start_gateway(tmp_path, ["127.0.0.1"], f"127.0.0.1:{port}")
-    assert listener_threads() == before
+    assert children() == before
 
 
 async def test_without_a_trigger_port_the_gateway_runs_no_listener(tmp_path: Path) -> None:
-    before = listener_threads()
+    before = children()
     server = await start_gateway(tmp_path, ["127.0.0.1"], None)
     try:
-        assert TRIGGER_LISTENER_KEY not in server.app and listener_threads() == before
+        assert TRIGGER_LISTENER_KEY not in server.app and children() == before
         main = str(server.make_url(HANG_TRIGGER_PATH))
         assert (await asyncio.to_thread(post, main, trigger(0)))[0] == 202
     finally:
         await close_in_process(server)
+
+
+async def test_a_killed_child_is_started_again_on_the_same_port(gateway: TestServer) -> None:
+    """SIGKILL to the child: the gateway logs it and starts another (after a backoff) on the
+    port it kept bound; the job's triggers are answered there again, "known" as before."""
+    listener = gateway.app[TRIGGER_LISTENER_KEY]
+    _, triggers = urls(gateway)
+    assert (await asyncio.to_thread(post, triggers, trigger(0)))[0] == 202
+    killed = listener.pid
+    assert killed is not None
+    os.kill(killed, signal.SIGKILL)
+    await eventually(lambda: listener.restarts == 1, within=20, what="the child restarted")
+    assert listener.pid not in (None, killed) and children() == {listener.pid}
+    for rank in (1, 2):  # the new child asks the gateway once, then knows the hang itself
+        assert await asyncio.to_thread(post, triggers, trigger(rank)) == (200, KNOWN_BODY)
+
+
+async def test_a_hang_the_gateway_ends_is_not_answered_known_by_the_child(
+    gateway: TestServer,
+) -> None:
+    """The child answers the job's stall "known"; the stall's end reaches the gateway on its
+    own port (202, resolved): the gateway tells the child, whose next answer to a stall of
+    the job is the gateway's again (a new hang stored: 202, first)."""
+    main, triggers = urls(gateway)
+    assert (await asyncio.to_thread(post, triggers, trigger(0)))[0] == 202
+    assert await asyncio.to_thread(post, triggers, trigger(1)) == (200, KNOWN_BODY)
+    ended = await asyncio.to_thread(post, main, trigger(0, resolved=True))
+    assert ended[0] == 202 and json.loads(ended[1])["resolved"] is True, ended
+    again = await asyncio.to_thread(post, triggers, trigger(2, seq=300))
+    assert again[0] == 202 and json.loads(again[1])["first"] is True, again
+
+
+def test_the_child_ends_when_the_gateway_is_killed(tmp_path: Path) -> None:
+    """The real gateway (`trainsentry gateway`, a trigger port set) killed with SIGKILL: its
+    child sees the control socket close and exits; no orphan keeps the port."""
+    env = {"TRAINSENTRY_TRIGGER_LISTEN": "127.0.0.1:0", "PYTHONPATH": os.pathsep.join(sys.path)}
+    server = start_gateway_process(tmp_path, f"sqlite:///{tmp_path / 'gw.db'}", env=env)
+    pid = 0
+    try:
+        gateway = server.process.pid
+        child = eventually_sync(lambda: children(gateway), within=20, what="the child")
+        (pid,) = child
+        os.kill(gateway, signal.SIGKILL)
+        server.process.wait(timeout=10)
+        started = time.monotonic()
+        eventually_sync(lambda: not alive(pid), within=10, what="the child's exit")
+        assert time.monotonic() - started < 5
+    finally:
+        server.stop()
+        if pid and alive(pid):  # an orphan: not left behind by the test
+            os.kill(pid, signal.SIGKILL)

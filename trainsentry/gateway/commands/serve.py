@@ -14,8 +14,8 @@ Runs the alert gateway: POST /api/v1/alertmanager takes Alertmanager webhooks (v
 every alert before answering, and sends notifications through the durable outbox.
 
 With --trigger-listen (TRAINSENTRY_TRIGGER_LISTEN, gateway.trigger_listen) the probes' hang
-triggers are also taken on a port of their own, answered from a thread with its own event
-loop (docs/gateway.md, "Hang triggers").
+triggers are also taken on a port of their own, answered by a child process of the gateway
+(docs/gateway.md, "Hang triggers").
 
 Settings: flags > TRAINSENTRY_* environment > --config FILE > defaults.
 Secrets only from the environment: TRAINSENTRY_WEBHOOK_TOKEN (bearer token Alertmanager
@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trigger-listen",
         metavar="HOST:PORT",
-        help="the probes' hang triggers also on this port, from a thread of its own (unset)",
+        help="the probes' hang triggers also on this port, from a process of its own (unset)",
     )
     parser.add_argument("--db", metavar="URL", help="sqlite:///PATH (default) or postgresql://...")
     parser.add_argument("--config", metavar="FILE", type=Path, help="YAML settings file")
