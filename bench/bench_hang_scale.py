@@ -23,13 +23,14 @@ issue's 25,000 in 5 s: a 16,384-rank job's ranks all post within one poll interv
 the job's ranks' addresses, each retried as the probe retries (4 tries, 1 s doubling; no
 stop on "known", so the rate holds), posted by `--posters` processes; meanwhile another
 team's P0 webhook is posted and its answer timed. Measured: every try's status, the time
-until the last post was accepted, the answers' latency, the gateway's CPU per post and
-peak RSS, and the kernel's listen-queue overflows during the run (system-wide).
+until the last post was accepted, the answers' latency, the CPU per post of the gateway
+and of its child processes (its trigger port's), its peak RSS, and the kernel's
+listen-queue overflows during the run (system-wide).
 `--pool N`: the posts go over N kept-alive connections instead (a pod's ranks on their
 pod's connection, from its address), so the gateway's work per trigger is measured rather
 than the TCP handshake's; the other team's card is timed too (a webhook channel), and the
 triggers answered while its webhook waited counted. The gateway runs with its trigger port
-(`gateway.trigger_listen`, api/trigger_listener.py) and the posts go there (`--to
+(`gateway.trigger_listen`: a child process, api/trigger_listener.py) and the posts go there (`--to
 triggers`, the default), or to the gateway's own port (`--to main`: the baseline, as a
 probe pointed at the gateway's port posts), or to a bare handler in a process of its own
 beside the gateway (`--to beside`: the floor of a listener process, evidence hand-over
@@ -67,7 +68,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.process_stats import cpu_seconds
+from bench.process_stats import children_cpu_seconds, cpu_seconds
 from tests.support.megatron_probes import (
     HangRun,
     HungJob,
@@ -396,6 +397,7 @@ async def flood(
             shares = _shares(posts, posters, pool)
             poster = _pooled_poster if pool > 0 else _poster
             cpu, overflows = cpu_seconds(gw.process.pid), _listen_overflows()
+            child_cpu = children_cpu_seconds(gw.process.pid)  # the trigger port's process
             context = multiprocessing.get_context("fork")
             with context.Pool(posters) as workers:
                 waiting = workers.starmap_async(poster, [((host, int(port)), s) for s in shares])
@@ -410,6 +412,11 @@ async def flood(
                 )
                 results = [r for share in await asyncio.to_thread(waiting.get) for r in share]
             cpu, overflows = cpu_seconds(gw.process.pid) - cpu, _listen_overflows() - overflows
+            child_cpu = {
+                pid: used - child_cpu.get(pid, 0.0)
+                for pid, used in children_cpu_seconds(gw.process.pid).items()
+            }
+            children_cpu = sum(child_cpu.values())
             peak = peak_rss(gw.process.pid)
         finally:
             await asyncio.to_thread(gw.stop)
@@ -443,6 +450,9 @@ async def flood(
         else None,
         "gateway_cpu_s": round(cpu, 2),
         "gateway_cpu_us_per_try": round(cpu / max(1, sum(tries.values())) * 1e6),
+        # the gateway's child processes (its trigger port's), live at the end of the run
+        "children_cpu_s": round(children_cpu, 2),
+        "total_cpu_us_per_try": round((cpu + children_cpu) / max(1, sum(tries.values())) * 1e6),
         "gateway_peak_rss_mb": round(peak / 2**20),
         "listen_overflows": overflows,
         "other_teams_webhook_ms": webhook,
