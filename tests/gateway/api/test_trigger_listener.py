@@ -38,6 +38,7 @@ from tests.support.gateway_process import start_gateway as start_gateway_process
 from trainsentry.alerts import JobRef
 from trainsentry.gateway.api.app import HANG_TRIGGER_PATH
 from trainsentry.gateway.api.trigger_listener import CHILD, TRIGGER_LISTENER_KEY
+from trainsentry.gateway.api.trigger_process import NICENESS
 from trainsentry.gateway.pipeline import GATEWAY_KEY, HangTriggers
 from trainsentry.gateway.stages.hang.trigger import KNOWN_BODY, MAX_TRIGGER_BYTES
 from trainsentry.probe.token import job_token
@@ -263,6 +264,9 @@ async def test_the_child_starts_with_the_gateway_and_ends_with_it(tmp_path: Path
     listener = server.app[TRIGGER_LISTENER_KEY]
     port, pid = listener.port, listener.pid
     assert port and pid and children() == before | {pid}
+    # the flood's process yields the CPU to the gateway's own work
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, mine + NICENESS)
     _, triggers = urls(server)
     assert (await asyncio.to_thread(post, triggers, trigger(0)))[0] == 202
     await close_in_process(server)

@@ -24,6 +24,8 @@ Invariants:
 - The triggers answered "known" are sent to the parent every `BATCH_S` (at most `MAX_BATCH`
   a message; beyond, or while the parent does not read, they are dropped and counted), with
   the refusals counted here: the diagnosis reads them from the gateway's `JobHangs`.
+- It runs at a lower CPU priority than the gateway (`NICENESS`): a flood of triggers waits
+  for the CPU behind every other team's alerts, not the other way round.
 - It ends when the parent says so (SIGTERM: the requests in flight are answered within the
   configured shutdown time) or when the parent is gone (the control socket closes): never
   an orphan. SIGINT is the parent's to handle.
@@ -35,6 +37,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import signal
 import socket
 import sys
@@ -71,6 +74,9 @@ BATCH_S = 0.05
 HAND_TIMEOUT_S = 30.0
 #: Jobs remembered (their hang, their hosts), least recently used forgotten first.
 REMEMBERED = 4096
+#: The child's niceness above the gateway's: under a flood the gateway's own work (every
+#: other team's alerts) gets the CPU first, the flood's "known" answers what is left.
+NICENESS = 5
 
 
 class Memory:
@@ -271,6 +277,8 @@ async def serve(listen_fd: int, control_fd: int) -> None:
 
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the gateway: it stops us
+    with contextlib.suppress(OSError):
+        os.nice(NICENESS)
     listen_fd, control_fd = int(argv[0]), int(argv[1])
     asyncio.run(serve(listen_fd, control_fd))
     return 0
