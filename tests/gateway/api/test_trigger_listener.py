@@ -221,14 +221,31 @@ CASES = {
 
 async def test_every_refusal_is_the_gateway_ports_own(gateway: TestServer) -> None:
     """Token, schema, size, sender: the trigger port answers each as the gateway's port
-    does (status and body), before the job's hang exists and after (remembered)."""
+    does (status and body), before the job's hang exists and after (remembered), and each
+    is counted in the gateway's receipts metric as the gateway's port counts it."""
     main, triggers = urls(gateway)
+    registry = gateway.app[GATEWAY_KEY].metrics.registry
+
+    def counted() -> tuple[float, ...]:  # the refusals in the gateway's receipts metric
+        name = "trainsentry_webhook_receipts_total"
+        return tuple(
+            registry.get_sample_value(name, {"outcome": label}) or 0.0
+            for label in ("unauthorized", "rejected")
+        )
+
     for stage in ("before the hang", "after"):
         for case, (body, token) in CASES.items():
+            before = counted()
             here = await asyncio.to_thread(post, main, body, token)
+            mid = counted()
             there = await asyncio.to_thread(post, triggers, body, token)
             assert there == here, (stage, case)
             assert here[0] in (400, 401, 403, 413), (stage, case, here)
+            # the child's refusals reach the gateway's metric too (in its batches)
+            wanted = tuple(2 * m - b for m, b in zip(mid, before, strict=True))
+            await eventually(
+                lambda wanted=wanted: counted() == wanted, within=5, what=f"{case} counted"
+            )
         if stage == "before the hang":
             assert (await asyncio.to_thread(post, triggers, trigger(0)))[0] == 202
 
