@@ -23,17 +23,25 @@ issue's 25,000 in 5 s: a 16,384-rank job's ranks all post within one poll interv
 the job's ranks' addresses, each retried as the probe retries (4 tries, 1 s doubling; no
 stop on "known", so the rate holds), posted by `--posters` processes; meanwhile another
 team's P0 webhook is posted and its answer timed. Measured: every try's status, the time
-until the last post was accepted, the answers' latency, the gateway's CPU per post and
-peak RSS, and the kernel's listen-queue overflows during the run (system-wide).
+until the last post was accepted, the answers' latency, the CPU per post of the gateway
+and of its child processes (its trigger port's), its peak RSS, and the kernel's
+listen-queue overflows during the run (system-wide).
 `--pool N`: the posts go over N kept-alive connections instead (a pod's ranks on their
 pod's connection, from its address), so the gateway's work per trigger is measured rather
 than the TCP handshake's; the other team's card is timed too (a webhook channel), and the
-triggers answered while its webhook waited counted. `--bare`: a bare aiohttp handler
-instead of the gateway (the floor). `--profile FILE`: the gateway runs under cProfile.
+triggers answered while its webhook waited counted. The gateway runs with its trigger port
+(`gateway.trigger_listen`: a child process, api/trigger_listener.py) and the posts go there (`--to
+triggers`, the default), or to the gateway's own port (`--to main`: the baseline, as a
+probe pointed at the gateway's port posts), or to a bare handler in a process of its own
+beside the gateway (`--to beside`: the floor of a listener process, evidence hand-over
+aside). `--bare`: a bare aiohttp handler instead of the gateway (the floor). `--profile
+FILE`: the gateway runs under cProfile.
 
     .venv/bin/python -m bench.bench_hang_scale [--ranks 1024 4096 16384] [--runs 3]
     .venv/bin/python -m bench.bench_hang_scale --flood 25000 --within 5 --ranks 16384
     .venv/bin/python -m bench.bench_hang_scale --flood 25000 --within 5 --ranks 16384 --pool 256
+    .venv/bin/python -m bench.bench_hang_scale --flood 25000 --within 5 --ranks 16384 --pool 256 \
+        --to main
 
 16,384 ranks need 16,384 listening sockets and as many trigger connections: the bench
 raises its file limit (and the gateway's, which inherits it) to 65,536 where it may, else
@@ -60,7 +68,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.process_stats import cpu_seconds
+from bench.process_stats import children_cpu_seconds, cpu_seconds
 from tests.support.megatron_probes import (
     HangRun,
     HungJob,
@@ -329,11 +337,15 @@ async def flood(
     pool: int = 0,
     profile: Path | None = None,
     bare: bool = False,
+    to: str = "triggers",
 ) -> dict[str, object]:
     """The trigger endpoint under `count` posts within `within_s` (module docstring);
     `pool` > 0: over that many kept-alive connections; `profile`: the gateway runs under
     cProfile, its stats written there when it stops; `bare`: a bare aiohttp handler
-    instead of the gateway (the floor: HTTP alone), without the other team's webhook."""
+    instead of the gateway (the floor: HTTP alone), without the other team's webhook;
+    `to`: "triggers" posts to the gateway's trigger port, "main" to its own port, "beside"
+    to a bare handler in a process of its own next to the gateway (the floor of a trigger
+    listener in its own process: the gateway then sees none of the flood)."""
     import yaml
 
     from tests.support.gateway_process import start_gateway
@@ -347,9 +359,11 @@ async def flood(
     with tempfile.TemporaryDirectory(prefix="bench-hang-flood-") as folder:
         tmp = Path(folder)
         config = tmp / "gateway.yaml"
+        trigger_port = free_port()
         config.write_text(
             yaml.safe_dump(
                 {
+                    "gateway": {"trigger_listen": f"127.0.0.1:{trigger_port}"},
                     "webhooks": {"feishu": {"url": receiver.url}},
                     "diagnosis": {"static_endpoints": {"team-a/gpt": endpoints}},
                 }
@@ -367,14 +381,23 @@ async def flood(
                 env={"TRAINSENTRY_PROBE_TOKEN": TOKEN},
                 python_args=("-m", "cProfile", "-o", str(profile)) if profile else (),
             )
+        beside = None
+        if to == "beside" and not bare:
+            (tmp / "beside").mkdir()
+            beside = await asyncio.to_thread(start_bare, tmp / "beside")
         try:
             await asyncio.sleep(3.0)  # the analyzer's import (warm_up) is over
             host, port = gw.address.rsplit(":", 1)
+            if to == "triggers" and not bare:
+                port = str(trigger_port)
+            if beside is not None:
+                host, port = beside.address.rsplit(":", 1)
             start = time.time() + 3.0
             posts = _posts(layout, count, start, within_s)
             shares = _shares(posts, posters, pool)
             poster = _pooled_poster if pool > 0 else _poster
             cpu, overflows = cpu_seconds(gw.process.pid), _listen_overflows()
+            child_cpu = children_cpu_seconds(gw.process.pid)  # the trigger port's process
             context = multiprocessing.get_context("fork")
             with context.Pool(posters) as workers:
                 waiting = workers.starmap_async(poster, [((host, int(port)), s) for s in shares])
@@ -389,9 +412,16 @@ async def flood(
                 )
                 results = [r for share in await asyncio.to_thread(waiting.get) for r in share]
             cpu, overflows = cpu_seconds(gw.process.pid) - cpu, _listen_overflows() - overflows
+            child_cpu = {
+                pid: used - child_cpu.get(pid, 0.0)
+                for pid, used in children_cpu_seconds(gw.process.pid).items()
+            }
+            children_cpu = sum(child_cpu.values())
             peak = peak_rss(gw.process.pid)
         finally:
             await asyncio.to_thread(gw.stop)
+            if beside is not None:
+                await asyncio.to_thread(beside.stop)
             await receiver.stop()
     tries = Counter(status for *_, statuses in results for status in statuses)
     final = Counter(status for _, _, status, _ in results)
@@ -404,6 +434,7 @@ async def flood(
     return {
         "ranks": world,
         "server": "bare aiohttp" if bare else "gateway",
+        "to": "bare" if bare else to,
         "posts": count,
         "within_s": within_s,
         "posters": posters,
@@ -419,6 +450,9 @@ async def flood(
         else None,
         "gateway_cpu_s": round(cpu, 2),
         "gateway_cpu_us_per_try": round(cpu / max(1, sum(tries.values())) * 1e6),
+        # the gateway's child processes (its trigger port's), live at the end of the run
+        "children_cpu_s": round(children_cpu, 2),
+        "total_cpu_us_per_try": round((cpu + children_cpu) / max(1, sum(tries.values())) * 1e6),
         "gateway_peak_rss_mb": round(peak / 2**20),
         "listen_overflows": overflows,
         "other_teams_webhook_ms": webhook,
@@ -438,6 +472,16 @@ async def _card_ms(receiver: Any, within_s: float = 60.0) -> int | None:
             return round((time.perf_counter() - started) * 1000)
         await asyncio.sleep(0.01)
     return None
+
+
+def free_port() -> int:
+    """A port nothing listens on now (the kernel's pick)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
 
 
 def start_bare(tmp: Path) -> Any:
@@ -514,6 +558,12 @@ def main() -> None:
     parser.add_argument("--pool", type=int, default=0, help="flood: kept-alive connections")
     parser.add_argument("--profile", type=Path, help="flood: the gateway's cProfile stats")
     parser.add_argument("--bare", action="store_true", help="flood: a bare aiohttp handler")
+    parser.add_argument(
+        "--to",
+        choices=("triggers", "main", "beside"),
+        default="triggers",
+        help="flood: the gateway's trigger port (default) or its own port (the baseline)",
+    )
     parser.add_argument("--serve-bare", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--keep", type=Path, help="keep each run's gateway log under this folder")
     args = parser.parse_args()
@@ -526,7 +576,14 @@ def main() -> None:
     for world in args.ranks:
         if args.flood:
             flooded = flood(
-                world, args.flood, args.within, args.posters, args.pool, args.profile, args.bare
+                world,
+                args.flood,
+                args.within,
+                args.posters,
+                args.pool,
+                args.profile,
+                args.bare,
+                args.to,
             )
             print(json.dumps(asyncio.run(flooded)), flush=True)
             continue

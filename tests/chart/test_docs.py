@@ -72,20 +72,22 @@ def _default_release() -> list[Any]:
 
 def test_every_gateway_url_in_the_docs_uses_the_gateways_service_port() -> None:
     """docs/probe.md once said :8080 (the operator's health port): every URL naming the
-    gateway's Service, in the docs and the READMEs, now says the Service's port."""
+    gateway's Service, in the docs and the READMEs, now says one of the Service's ports, and
+    the probes' (docs/probe.md) its trigger port."""
     objs = _default_release()
     service = next(
         o
         for o in objs
         if o["kind"] == "Service" and str(o["metadata"]["name"]).endswith("-gateway")
     )
-    port = service["spec"]["ports"][0]["port"]
+    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
     pages = [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md", CHART / "README.md"]
     found = []
     for page in pages:
         for match in re.finditer(r"https?://[a-z0-9.-]*gateway[a-z0-9.-]*:(\d+)", page.read_text()):
             found.append((page.name, match.group(0)))
-            assert int(match.group(1)) == port, f"{page.name}: {match.group(0)}"
+            expected = ports["triggers"] if page.name == "probe.md" else ports["http"]
+            assert int(match.group(1)) == expected, f"{page.name}: {match.group(0)}"
     assert found  # the pattern still finds the docs' URLs
 
 
@@ -123,8 +125,9 @@ def test_the_manual_pod_template_works_with_a_default_release() -> None:
     objs = _default_release()
     service = next(o for o in objs if o["kind"] == "Service"
                    and str(o["metadata"]["name"]).endswith("-gateway"))  # fmt: skip
-    name, port = service["metadata"]["name"], service["spec"]["ports"][0]["port"]
-    assert config.gateway_url == f"http://{name}.trainsentry.svc:{port}"
+    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+    name, port = service["metadata"]["name"], ports["triggers"]
+    assert config.gateway_url == f"http://{name}.trainsentry.svc:{port}"  # the trigger port
     ref = env["TRAINSENTRY_PROBE_TOKEN"]["valueFrom"]["secretKeyRef"]
     assert ref == {"name": token_secret_name("llama"), "key": TOKEN_KEY}
     assert template["metadata"]["labels"][JOB_LABEL] == "llama"

@@ -130,9 +130,12 @@ def test_the_gateway_takes_alertmanager_prometheus_and_labelled_training_pods_on
     policies = find(objs, "NetworkPolicy")
     gateway = pod_of(one(objs, "Deployment", "-gateway"))
     port = one(objs, "Deployment", "-gateway")["spec"]["template"]["spec"]["containers"][0]
-    http = port["ports"][0]["containerPort"]
-    assert allowed(policies, source, gateway, http) is expected
-    assert not allowed(policies, source, gateway, http + 1)  # no other port, for anyone
+    ports = {p["name"]: p["containerPort"] for p in port["ports"]}
+    assert allowed(policies, source, gateway, ports["http"]) is expected
+    # the trigger port: the training pods only
+    training = expected and source not in (ALERTMANAGER, PROMETHEUS)
+    assert allowed(policies, source, gateway, ports["triggers"]) is training
+    assert not allowed(policies, source, gateway, 9999)  # no other port, for anyone
 
 
 def test_with_operator_namespaces_hang_triggers_come_from_those_only() -> None:

@@ -52,6 +52,7 @@ REJECTED: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ),
     ("unknown access key", {"gateway": {"access": {"admins": ["sre"]}}}, ("admins",)),
     ("unknown console key", {"gateway": {"console": {"proxies": ["10.0.0.1"]}}}, ("proxies",)),
+    ("trigger port out of range", {"gateway": {"triggerPort": 70000}}, ("triggerPort",)),
 ]
 
 
@@ -210,3 +211,21 @@ def test_diagnosis_takes_the_probes_token_from_the_auth_secret(
         import base64
 
         assert base64.b64decode(auth["data"]["probe-token"]).decode() == given
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"gateway": {"triggerPort": 9095}}, "gateway.triggerPort must differ from gateway.port"),
+        (
+            {"gateway": {"service": {"triggerPort": 9095}}},
+            "gateway.service.triggerPort must differ from gateway.service.port",
+        ),
+    ],
+)
+def test_the_trigger_port_is_not_the_gateways_own(
+    values: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    with pytest.raises(HelmFailed) as failed:
+        template(overrides=values, tmp=tmp_path)
+    assert message in failed.value.stderr

@@ -75,9 +75,10 @@ def test_the_operator_flags_parse_and_name_the_image_and_the_gateways_service() 
     image = one(objs, "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]
     assert serving.settings.image == image["image"]
     gateway = one(objs, "Service", "-gateway")
-    url = f"http://{gateway['metadata']['name']}.{NAMESPACE}.svc:{gateway['spec']['ports'][0]['port']}"
+    ports = {p["name"]: p["port"] for p in gateway["spec"]["ports"]}
+    url = f"http://{gateway['metadata']['name']}.{NAMESPACE}.svc:{ports['triggers']}"
     assert serving.settings.gateway_url == url
-    assert url.endswith(":9095")  # the gateway Service's port, not the operator's health port
+    assert url.endswith(":9096")  # the Service's trigger port, not the operator's health port
     # The operator keeps the credentials in the chart's Secret, the configuration's caBundle
     # and path, and serves the files from a memory-backed folder it writes.
     credentials = serving.credentials

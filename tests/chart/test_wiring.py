@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import re
+import socket
 import sys
 import urllib.error
 import urllib.request
@@ -407,6 +408,10 @@ def test_real_gateway_runs_with_the_rendered_config_and_token(values: str, tmp_p
         env["TRAINSENTRY_LISTEN"] = f"127.0.0.1:{port}"
         return [sys.executable, "-m", "trainsentry", *container["args"]]
 
+    trigger_port = _free_port()  # the trigger port the config names, on loopback
+    assert "trigger_listen: 0.0.0.0:9096" in config_file.read_text()
+    env["TRAINSENTRY_TRIGGER_LISTEN"] = f"127.0.0.1:{trigger_port}"
+
     probe_paths = {
         container["readinessProbe"]["httpGet"]["path"],
         container["livenessProbe"]["httpGet"]["path"],
@@ -426,6 +431,45 @@ def test_real_gateway_runs_with_the_rendered_config_and_token(values: str, tmp_p
         for path in [*probe_paths, "/metrics"]:
             with urllib.request.urlopen(f"{gateway.url}{path}", timeout=10) as response:
                 assert response.status == 200, path
+        # the trigger port answers a trigger without a token as the gateway's port does
+        trigger = b'{"namespace": "team-a"}'
+        here = _post(f"{gateway.url}/api/v1/hang-triggers", trigger, None)
+        there = _post(f"http://127.0.0.1:{trigger_port}/api/v1/hang-triggers", trigger, None)
+        assert here == there == 401
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def test_the_probes_are_pointed_at_the_trigger_port(tmp_path: Path) -> None:
+    """gateway.triggerPort (9096): the gateway listens there (`trigger_listen`), its container
+    and Service name the port, the operator gives the probes the Service's trigger port as
+    TRAINSENTRY_GATEWAY_URL; 0: none of that, the probes post to the gateway's port."""
+    for values, expected in (({}, 9096), ({"gateway": {"triggerPort": 0}}, None)):
+        folder = tmp_path / str(expected)
+        folder.mkdir()
+        objs = template("defaults", values, folder)
+        config = yaml.safe_load(one(objs, "ConfigMap", "-config")["data"]["config.yaml"])
+        gateway = _container(one(objs, "Deployment", "-gateway"))
+        ports = {p["name"]: p["containerPort"] for p in gateway["ports"]}
+        service = one(objs, "Service", "-gateway")
+        served = {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]}
+        operator = _container(one(objs, "Deployment", "-operator"))
+        (url,) = [a.split("=", 1)[1] for a in operator["args"] if a.startswith("--gateway-url=")]
+        name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
+        if expected is None:
+            assert "trigger_listen" not in config["gateway"]
+            assert set(ports) == {"http"} and set(served) == {"http"}
+            assert url == f"http://{name}.{namespace}.svc:{served['http'][0]}"
+            continue
+        assert config["gateway"]["trigger_listen"] == f"0.0.0.0:{expected}"
+        assert ports == {"http": 9095, "triggers": expected}
+        assert served["triggers"] == (9096, "triggers") and served["http"] == (9095, "http")
+        assert url == f"http://{name}.{namespace}.svc:9096"
 
 
 def test_channels_example_of_docs_channels_md_installs(tmp_path: Path) -> None:

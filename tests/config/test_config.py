@@ -132,3 +132,26 @@ def test_a_diagnosis_deadline_not_below_its_hold_is_refused(tmp_path: Path) -> N
     # Left unset, the deadline follows a short hold (two thirds of it).
     config.write_text(yaml.safe_dump({"diagnosis": {"hold_seconds": 3}}))
     assert load_settings(config, env={}).diagnosis.deadline_seconds == 2
+
+
+def test_the_trigger_port_is_off_unless_set_and_set_by_file_environment_or_flag(
+    tmp_path: Path,
+) -> None:
+    """`gateway.trigger_listen` (docs/gateway.md, "Hang triggers"): unset, blank or set by
+    the file, TRAINSENTRY_TRIGGER_LISTEN, or `--trigger-listen`, in that rising order."""
+    assert load_settings(env={}).gateway.trigger_address is None
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({"gateway": {"trigger_listen": "0.0.0.0:9096"}}))
+    assert load_settings(config, env={}).gateway.trigger_address == ("0.0.0.0", 9096)
+    env = {"TRAINSENTRY_TRIGGER_LISTEN": "[::]:9097"}
+    assert load_settings(config, env=env).gateway.trigger_address == ("::", 9097)
+    flag = {"gateway": {"trigger_listen": "127.0.0.1:0"}}
+    assert load_settings(config, env=env, overrides=flag).gateway.trigger_address == (
+        "127.0.0.1",
+        0,
+    )
+    config.write_text(yaml.safe_dump({"gateway": {"trigger_listen": ""}}))
+    assert load_settings(config, env={}).gateway.trigger_address is None
+    config.write_text(yaml.safe_dump({"gateway": {"trigger_listen": "9096"}}))
+    with pytest.raises(ConfigError, match=r"gateway\.trigger_listen"):
+        load_settings(config, env={})

@@ -24,6 +24,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -115,6 +116,11 @@ class GatewaySettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     listen: str = "0.0.0.0:9095"
+    # The probes' hang triggers on a port of their own, HOST:PORT (docs/gateway.md, "Hang
+    # triggers"): answered by a child process of the gateway, so a job's trigger flood
+    # does not share the loop that stores and sends every other team's alerts. Unset: the
+    # triggers are taken on `listen` only (they are taken there in any case).
+    trigger_listen: str | None = None
     db: str = "sqlite:///trainsentry.db"
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     # A request's whole body must arrive within this (else 408 and the connection closes),
@@ -175,12 +181,14 @@ class GatewaySettings(BaseModel):
         stripped = value.get_secret_value().strip()
         return SecretStr(stripped) if stripped else None
 
-    @field_validator("listen")
+    @field_validator("listen", "trigger_listen")
     @classmethod
-    def _check_listen(cls, value: str) -> str:
+    def _check_listen(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None or (info.field_name == "trigger_listen" and not value.strip()):
+            return None  # blank: no trigger port
         _host, sep, port = value.rpartition(":")
         if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise ValueError(f"listen must be HOST:PORT, got {value!r}")
+            raise ValueError(f"{info.field_name} must be HOST:PORT, got {value!r}")
         return value
 
     @field_validator("give_up_after_seconds")
@@ -203,6 +211,14 @@ class GatewaySettings(BaseModel):
     @property
     def port(self) -> int:
         return int(self.listen.rpartition(":")[2])
+
+    @property
+    def trigger_address(self) -> tuple[str, int] | None:
+        """The trigger port's (host, port), or None when there is none."""
+        if self.trigger_listen is None:
+            return None
+        host, _, port = self.trigger_listen.rpartition(":")
+        return host.strip("[]") or "0.0.0.0", int(port)
 
     @property
     def loopback_only(self) -> bool:
@@ -343,6 +359,7 @@ class Settings(BaseModel):
 # Environment variables that map onto settings (non-secret and secret).
 _ENV_MAP: dict[str, tuple[str, str]] = {
     "TRAINSENTRY_LISTEN": ("gateway", "listen"),
+    "TRAINSENTRY_TRIGGER_LISTEN": ("gateway", "trigger_listen"),
     "TRAINSENTRY_DB": ("gateway", "db"),
     "TRAINSENTRY_CONSOLE_FILE": ("gateway", "console_file"),
     "TRAINSENTRY_ALERTMANAGER_URL": ("gateway", "alertmanager_url"),

@@ -44,10 +44,10 @@ from trainsentry.gateway.api.app import (
     HANG_TRIGGER_PATH,
     CardCallbackSettings,
     add_routes,
-    json_errors,
 )
-from trainsentry.gateway.api.auth import open_endpoints
+from trainsentry.gateway.api.auth import json_errors, open_endpoints
 from trainsentry.gateway.api.limits import BodyLimits, ReaderPool, body_limits
+from trainsentry.gateway.api.trigger_listener import TRIGGER_LISTENER_KEY, serving, trigger_listener
 from trainsentry.gateway.channels import build
 from trainsentry.gateway.metrics import GatewayMetrics, PolicyMetrics
 from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway, HangTriggers
@@ -214,11 +214,18 @@ def create_app(
     )
     app = _bounded_app(settings)
 
+    listener = trigger_listener(settings, lambda: app[GATEWAY_KEY])  # the trigger port
+    if listener is not None:
+        app[TRIGGER_LISTENER_KEY] = listener
+
     async def lifecycle(app: web.Application) -> Any:
         gateway = await _open(app, wiring)
         await _start(gateway)
-        yield
-        await _stop(gateway)
+        try:
+            async with serving(listener):  # after the stages it hands to, stopped before them
+                yield
+        finally:
+            await _stop(gateway)
 
     app.cleanup_ctx.append(lifecycle)
     add_routes(app, card_callback)

@@ -245,6 +245,12 @@ affinity:
 {{- if and $g.database.postgresql.existingSecret $g.database.postgresql.url -}}
 {{- fail "set gateway.database.postgresql.existingSecret or .url, not both" -}}
 {{- end -}}
+{{- if eq (int $g.triggerPort) (int $g.port) -}}
+{{- fail "gateway.triggerPort must differ from gateway.port (0: no trigger port)" -}}
+{{- end -}}
+{{- if and (gt (int $g.triggerPort) 0) (eq (int $g.service.triggerPort) (int $g.service.port)) -}}
+{{- fail "gateway.service.triggerPort must differ from gateway.service.port" -}}
+{{- end -}}
 {{- if and .Values.channels.existingSecret .Values.channels.secretEnv -}}
 {{- fail "set channels.existingSecret or channels.secretEnv, not both" -}}
 {{- end -}}
@@ -306,9 +312,12 @@ matchLabels:
 {{- end -}}
 {{- end -}}
 
-{{/* The gateway's address as training pods reach it (its Service, the Service's port). */}}
+{{/* The gateway's address as training pods reach it (their TRAINSENTRY_GATEWAY_URL, for hang
+     triggers): its Service, on the trigger port (gateway.triggerPort), else the gateway's. */}}
 {{- define "trainsentry.gatewayUrl" -}}
-{{- printf "http://%s.%s.svc:%d" (include "trainsentry.componentName" (dict "ctx" . "component" "gateway")) .Release.Namespace (int .Values.gateway.service.port) -}}
+{{- $g := .Values.gateway -}}
+{{- $port := ternary $g.service.triggerPort $g.service.port (gt (int $g.triggerPort) 0) -}}
+{{- printf "http://%s.%s.svc:%d" (include "trainsentry.componentName" (dict "ctx" . "component" "gateway")) .Release.Namespace (int $port) -}}
 {{- end -}}
 
 {{/* Alertmanager matchers in text form (name="v", name=~"re", and the older match /

@@ -37,7 +37,6 @@ from trainsentry.gateway.acting import (
 from trainsentry.gateway.api.ack import add_ack_routes
 from trainsentry.gateway.api.auth import WEBHOOK_PATH as WEBHOOK_PATH
 from trainsentry.gateway.api.auth import authorized as _authorized
-from trainsentry.gateway.api.auth import bearer as _bearer
 from trainsentry.gateway.api.auth import error_response as _error
 from trainsentry.gateway.api.auth import unauthorized as _unauthorized
 from trainsentry.gateway.api.cordon import add_cordon_routes, card_cordon
@@ -51,15 +50,17 @@ from trainsentry.gateway.api.read import (
     get_notifications,
 )
 from trainsentry.gateway.api.request_body import BodyRejected, read_body, read_json_object
-from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway
-from trainsentry.gateway.policy.outbox_retry import parse_retry_request
-from trainsentry.gateway.stages.hang.trigger import (
-    KNOWN_BODY,
-    MAX_TRIGGER_BYTES,
-    TriggerRejected,
-    parse_trigger,
-    trigger_token_ok,
+from trainsentry.gateway.api.trigger_checks import HANG_TRIGGER_PATH as HANG_TRIGGER_PATH
+from trainsentry.gateway.api.trigger_checks import (
+    Count,
+    checked_trigger,
+    known_answer,
+    not_a_rank,
+    triggers_off,
 )
+from trainsentry.gateway.pipeline import GATEWAY_KEY, Gateway, HangTriggers
+from trainsentry.gateway.policy.outbox_retry import parse_retry_request
+from trainsentry.gateway.stages.hang.trigger import HangTrigger
 from trainsentry.gateway.stages.intake import IntakeRejected, parse_webhook
 from trainsentry.gateway.stages.truncated import fetch_group
 from trainsentry.gateway.ui import add_ui_routes
@@ -78,8 +79,6 @@ from trainsentry.store.queries import (
 from trainsentry.store.writes import IncomingReceipt
 
 log = logging.getLogger("trainsentry.gateway")
-
-HANG_TRIGGER_PATH = "/api/v1/hang-triggers"
 
 
 @dataclass(frozen=True)
@@ -144,40 +143,38 @@ async def receive_hang_trigger(request: web.Request) -> web.Response:
     """A stalled rank's probe (`hang/trigger.py`): a job's first trigger is stored as its one
     hang alert before the answer, then diagnosed and paged like any hang alert; the job's
     later triggers are answered from memory ("hang": "known"), within the job's turns of the
-    event loop (`LoopTurns`), after the same checks (token, sender, body bounds)."""
+    event loop (`LoopTurns`), after the same checks (token, sender, body bounds). The
+    trigger port (`api/trigger_listener.py`) answers the same, from a process of its own."""
     gateway = request.app[GATEWAY_KEY]
     hang = gateway.hang
     if isinstance(hang, Off):
-        return _error(404, "hang triggers are off: this gateway has no hang diagnosis configured")
-    given = _bearer(request)
-    if given is None:
-        gateway.metrics.receipts.labels("unauthorized").inc()
-        return _unauthorized()
-    try:
-        trigger = parse_trigger(await read_body(request, MAX_TRIGGER_BYTES))
-    except BodyRejected as exc:
-        return _error(exc.status, exc.reason)
-    except TriggerRejected as exc:
-        gateway.metrics.receipts.labels("rejected").inc()
-        return _error(400, str(exc))
-    if not trigger_token_ok(given, hang.diagnoser.token, trigger):  # the job's token, or the master
-        gateway.metrics.receipts.labels("unauthorized").inc()
-        return _unauthorized()
+        return triggers_off()
+    trigger = await checked_trigger(hang.diagnoser.token, request, receipts(gateway))
+    if isinstance(trigger, web.Response):
+        return trigger
+    return await answer_trigger(gateway, hang, trigger, request.remote)
+
+
+async def answer_trigger(
+    gateway: Gateway, hang: HangTriggers, trigger: HangTrigger, remote: str | None
+) -> web.Response:
+    """A checked trigger's answer (`checked_trigger`), from `remote`: the sender checked
+    against the job's ranks, then the known hang's answer from memory, or the job's hang
+    taken (stored, adopted, ended). Runs on the gateway's event loop."""
     job = JobRef(trigger.namespace, trigger.trainingjob)
-    allowed = hang.sources.cached(job, request.remote)  # memory; None: the job's ranks are asked
+    allowed = hang.sources.cached(job, remote)  # memory; None: the job's ranks are asked
     if allowed is None:
         try:
-            allowed = await asyncio.wait_for(hang.sources.allowed(job, request.remote), timeout=5)
+            allowed = await asyncio.wait_for(hang.sources.allowed(job, remote), timeout=5)
         except Exception as exc:  # the cluster API is down: say so, the probe retries
             return _error(503, f"cannot check the job's ranks now: {type(exc).__name__}")
     if not allowed:
-        gateway.metrics.receipts.labels("unauthorized").inc()
-        return _error(403, f"{request.remote} is not a rank of TrainingJob {job}")
+        return not_a_rank(job, remote, receipts(gateway))
     await hang.hangs.turns.turn(job)  # one job's flood takes a few of each turn, not all of it
-    if hang.hangs.known(trigger, request.remote):  # memory only: no store, no task, no await
-        return web.Response(body=KNOWN_BODY, content_type="application/json")
+    if hang.hangs.known(trigger, remote):  # memory only: no store, no task, no await
+        return known_answer()
     try:
-        answer = await hang.hangs.take(trigger, request.remote, gateway.clock())
+        answer = await hang.hangs.take(trigger, remote, gateway.clock())
     except (StoreUnavailable, DatabaseError) as exc:
         gateway.metrics.receipts.labels("unavailable").inc()
         return _error(503, f"store unavailable, retry: {type(exc).__name__}")
@@ -194,6 +191,11 @@ async def receive_hang_trigger(request: web.Request) -> web.Response:
         )
     headers = {"Retry-After": f"{answer.retry_after_s:.0f}"} if answer.retry_after_s else None
     return web.json_response(answer.body, status=answer.status, headers=headers)
+
+
+def receipts(gateway: Gateway) -> Count:
+    """Counts a refusal in the gateway's receipts metric."""
+    return lambda label: gateway.metrics.receipts.labels(label).inc()
 
 
 def _complete_truncated(gateway: Gateway, receipt: IncomingReceipt) -> None:
@@ -380,18 +382,6 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
     return web.Response(
         body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )
-
-
-@web.middleware
-async def json_errors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status >= 400:
-            return _error(exc.status, exc.reason)
-        raise
 
 
 def add_routes(app: web.Application, card_callback: CardCallbackSettings | None = None) -> None:

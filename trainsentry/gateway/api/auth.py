@@ -5,6 +5,7 @@ when a token is unset (docs/gateway.md, "Who may call what")."""
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -20,6 +21,18 @@ MAX_NAME = 100
 
 def error_response(status: int, reason: str, **extra: Any) -> web.Response:
     return web.json_response({"error": reason, **extra}, status=status)
+
+
+@web.middleware
+async def json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            return error_response(exc.status, exc.reason)
+        raise
 
 
 def bearer(request: web.Request) -> str | None:

@@ -13,6 +13,10 @@ DESCRIPTION = """\
 Runs the alert gateway: POST /api/v1/alertmanager takes Alertmanager webhooks (v4), stores
 every alert before answering, and sends notifications through the durable outbox.
 
+With --trigger-listen (TRAINSENTRY_TRIGGER_LISTEN, gateway.trigger_listen) the probes' hang
+triggers are also taken on a port of their own, answered by a child process of the gateway
+(docs/gateway.md, "Hang triggers").
+
 Settings: flags > TRAINSENTRY_* environment > --config FILE > defaults.
 Secrets only from the environment: TRAINSENTRY_WEBHOOK_TOKEN (bearer token Alertmanager
 must send), TRAINSENTRY_API_TOKEN (read and ack API).
@@ -25,6 +29,11 @@ database URL no driver takes, a SQLite database whose folder does not exist).
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", metavar="HOST:PORT", help="address to listen on (0.0.0.0:9095)")
+    parser.add_argument(
+        "--trigger-listen",
+        metavar="HOST:PORT",
+        help="the probes' hang triggers also on this port, from a process of its own (unset)",
+    )
     parser.add_argument("--db", metavar="URL", help="sqlite:///PATH (default) or postgresql://...")
     parser.add_argument("--config", metavar="FILE", type=Path, help="YAML settings file")
     parser.add_argument(
@@ -70,7 +79,12 @@ def run(args: argparse.Namespace) -> int:
         settings = load_settings(
             args.config,
             overrides={
-                "gateway": {"listen": args.listen, "db": args.db, "console_file": args.console_file}
+                "gateway": {
+                    "listen": args.listen,
+                    "trigger_listen": args.trigger_listen,
+                    "db": args.db,
+                    "console_file": args.console_file,
+                }
             },
         )
         gateway = settings.gateway

@@ -533,3 +533,63 @@ def test_the_probes_member_list_reads_back_at_the_gateway(ranks: list[int]) -> N
     text = compact_ranks(ranks)
     assert len(text) < 40 and sorted(parse_ranks(text)) == sorted(ranks)
     assert parse_ranks("0-99999999") == () and parse_ranks("3-1") == () and parse_ranks("x") == ()
+
+
+def test_what_the_trigger_ports_process_is_told_of_a_jobs_hang_and_hosts() -> None:
+    """`known_for`: the rest of the hang's window (the child answers "known" that long);
+    `noted`: a trigger answered elsewhere becomes the hang's evidence; `on_forget`: the
+    hang's end is told at once; `TriggerSources.remembered`: the hosts and their freshness."""
+    from trainsentry.gateway.stages.hang.trigger import TriggerSources
+
+    firing: dict[str, tuple[datetime, dict[str, str]]] = {}
+    now = [0.0]
+
+    async def lookup(fingerprint: str) -> tuple[datetime, dict[str, str]] | None:
+        return firing.get(fingerprint)
+
+    async def submit(body: bytes) -> int:
+        (alert,) = parse_webhook(body, received_at=NOW).alerts
+        if alert.status.value == "firing":
+            firing[alert.fingerprint] = (alert.starts_at, dict(alert.annotations))
+        else:
+            firing.pop(alert.fingerprint, None)
+        return 1
+
+    def trigger(rank: int, *, resolved: bool = False) -> HangTrigger:
+        body = json.loads(probe_body(rank, 21.0)) | {"resolved": resolved}
+        return parse_trigger(json.dumps(body).encode())
+
+    async def resolve(job: JobRef) -> list[str]:
+        return ["10.0.0.1", "10.0.0.2"]
+
+    async def scenario() -> None:
+        job = JobRef("team-a", "llama")
+        hangs = JobHangs(lookup, submit, window_s=600.0, clock=lambda: now[0])
+        forgotten: list[JobRef] = []
+        stop = hangs.on_forget(forgotten.append)
+        assert hangs.known_for(job) is None and not hangs.noted(trigger(1), "10.0.0.2")
+        assert (await hangs.take(trigger(0), "10.0.0.1", NOW)).status == 202
+        assert hangs.known_for(job) == 600.0
+        now[0] = 100.0
+        assert hangs.known_for(job) == 500.0
+        assert hangs.noted(trigger(3), "10.0.0.2")
+        evidence = hangs.evidence(job)
+        assert evidence is not None and set(evidence.waiters) == {0, 3}
+        assert (await hangs.take(trigger(0, resolved=True), "10.0.0.1", NOW)).status == 202
+        assert forgotten == [job] and hangs.known_for(job) is None
+        stop()
+        assert (await hangs.take(trigger(0), "10.0.0.1", NOW)).status == 202
+        assert (await hangs.take(trigger(0, resolved=True), "10.0.0.1", NOW)).status == 202
+        assert forgotten == [job]  # no longer watched
+        now[0] = 700.0
+        assert hangs.known_for(job) is None  # past its window: the store is asked again
+
+        sources = TriggerSources(resolve, ttl_s=30.0, clock=lambda: now[0])
+        assert sources.remembered(job) is None
+        assert await sources.allowed(job, "10.0.0.1")
+        now[0] = 710.0
+        assert sources.remembered(job) == (frozenset({"10.0.0.1", "10.0.0.2"}), 20.0)
+        now[0] = 731.0
+        assert sources.remembered(job) is None
+
+    asyncio.run(scenario())

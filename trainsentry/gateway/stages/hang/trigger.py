@@ -22,7 +22,11 @@ Invariants:
 - A trigger of a known hang is answered in the turn of the event loop that handles it
   (`JobHangs.known`, `TriggerSources.cached`): no store transaction, no task, no await, no
   diagnosis work beyond noting its evidence (bounded, `evidence.py`), and a pre-encoded
-  answer (`KNOWN_BODY`).
+  answer (`KNOWN_BODY`). The trigger port's process answers them from its own copy of that
+  memory (`api/trigger_listener.py`): `JobHangs.known_for` and `TriggerSources.remembered` say
+  for how long the gateway itself would answer from memory, `JobHangs.noted` takes the
+  evidence of the triggers it answered, `JobHangs.on_forget` says when a hang stops being
+  known (ended, not found in the store, evicted).
 - Per-job turns (`LoopTurns`): at most `per_turn` triggers of one job are handled in one
   turn of the event loop; the job's others wait for the next turns, in order (none is
   refused). Every connection's request is otherwise handled in the turn its bytes arrive
@@ -321,8 +325,33 @@ class JobHangs:
         # the evidence of each job whose first trigger is being looked up or stored
         self._pending: dict[JobRef, JobEvidence] = {}
         self._buckets: OrderedDict[JobRef, tuple[float, float]] = OrderedDict()
+        self._watchers: list[Callable[[JobRef], None]] = []
         #: Each job's triggers a turn of the event loop (module invariants).
         self.turns = LoopTurns()
+
+    def on_forget(self, watcher: Callable[[JobRef], None]) -> Callable[[], None]:
+        """Calls `watcher(job)` whenever a job's hang leaves memory (its stall ended, the
+        store has it no longer, or it was evicted); returns the call that stops it."""
+        self._watchers.append(watcher)
+        return lambda: self._watchers.remove(watcher)
+
+    def known_for(self, job: JobRef) -> float | None:
+        """For how many more seconds the job's later stall triggers are answered "known"
+        from memory (`known`) before the store is asked again; None: not now."""
+        hang = self._open(job)
+        if hang is None:
+            return None
+        return max(0.0, self._window_s - (self._clock() - hang.checked))
+
+    def noted(self, trigger: HangTrigger, remote: str | None) -> bool:
+        """A trigger answered "known" elsewhere (the trigger port's process) noted as its
+        job's hang's evidence, as `known` notes it; False when no hang of the job is in
+        memory any more (then it is dropped)."""
+        hang = self._hangs.get(JobRef(trigger.namespace, trigger.trainingjob))
+        if hang is None or trigger.resolved:
+            return False
+        self._note(hang.evidence, trigger, remote)
+        return True
 
     def evidence(self, job: JobRef) -> HangEvidence | None:
         """What the job's triggers said so far (None: no hang of it in memory)."""
@@ -399,7 +428,7 @@ class JobHangs:
         if not self._spend(job):
             return _over_budget()
         await self._submit(trigger_webhook(trigger, hang.starts_at, now))
-        self._hangs.pop(job, None)
+        self._forget(job)
         return TriggerAnswer(202, {"status": "stored", "resolved": True, "first": False, "new": 0})
 
     def _open(self, job: JobRef) -> _Hang | None:
@@ -415,7 +444,7 @@ class JobHangs:
         labels |= {"priority": "P0", "component": "training", "source": "probe"}
         found = await self._lookup(label_fingerprint(labels))
         if found is None:
-            self._hangs.pop(job, None)
+            self._forget(job)
             return None
         starts_at, annotations = found
         seq = str(annotations.get("seq", ""))
@@ -431,7 +460,15 @@ class JobHangs:
         self._hangs[job] = hang
         self._hangs.move_to_end(job)
         while len(self._hangs) > _REMEMBERED:
-            self._hangs.popitem(last=False)
+            self._tell(self._hangs.popitem(last=False)[0])
+
+    def _forget(self, job: JobRef) -> None:
+        if self._hangs.pop(job, None) is not None:
+            self._tell(job)
+
+    def _tell(self, job: JobRef) -> None:
+        for watcher in list(self._watchers):
+            watcher(job)
 
     def _note(self, evidence: JobEvidence, trigger: HangTrigger, remote: str | None) -> None:
         waiter = Waiter(
@@ -500,6 +537,15 @@ class TriggerSources:
         if cached is None or self._clock() - cached[0] > self._ttl_s:
             return None
         return remote is not None and remote in cached[1]
+
+    def remembered(self, job: JobRef) -> tuple[frozenset[str], float] | None:
+        """The job's rank hosts in memory and for how many more seconds they are (`ttl_s`);
+        None when they are not remembered within `ttl_s`."""
+        cached = self._hosts.get(job)
+        if cached is None:
+            return None
+        left = self._ttl_s - (self._clock() - cached[0])
+        return (cached[1], left) if left >= 0 else None
 
     async def allowed(self, job: JobRef, remote: str | None) -> bool:
         """Whether `remote` (the sender's address) is one of the job's rank hosts."""
