@@ -279,17 +279,23 @@ class Cluster:
         config.write_text(one(self.objs, "ConfigMap", "-config")["data"]["config.yaml"])
         env = self.component_env(deployment)
         port = free_port()
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        # the chart's trigger port (gateway.triggerPort) on a free local port too, as the
+        # Service's `triggers` port leads there (the probes post their triggers to it)
+        trigger_port = free_port() if "triggers" in ports else None
         env.update(
             TRAINSENTRY_CONFIG=str(config),
             TRAINSENTRY_DB=f"sqlite:///{folder / 'gateway.db'}",
             TRAINSENTRY_LISTEN=f"127.0.0.1:{port}",
+            **({"TRAINSENTRY_TRIGGER_LISTEN": f"127.0.0.1:{trigger_port}"} if trigger_port else {}),
             **(env_extra or {}),
         )
         process = spawn("gateway", [sys.executable, "-m", "trainsentry", *container["args"]],
                         env, folder)  # fmt: skip
         self.processes.append(process)
-        http = next(p for p in container["ports"] if p["name"] == "http")["containerPort"]
-        self.serve("-gateway", http, port)
+        self.serve("-gateway", ports["http"], port)
+        if trigger_port is not None:
+            self.serve("-gateway", ports["triggers"], trigger_port)
         return process
 
     def start_operator(self) -> Process:
