@@ -89,9 +89,10 @@ class JobRef:
         return f"{JOB_KEY_PREFIX}{self.namespace}/{self.name}"
 
 
+#: The labels `job_key` reads (and storms keep of a job's alerts).
+JOB_KEY_LABELS = (NAMESPACE_LABEL, *JOB_NAME_LABELS, SCRAPE_JOB_LABEL)
 # what the labels `job_key` reads hold -> the key they make: the policy asks it of every
 # alert several times (its storm, its realm, its incident); bounded (cleared when full).
-_JOB_KEY_LABELS = (NAMESPACE_LABEL, *JOB_NAME_LABELS, SCRAPE_JOB_LABEL)
 _JOB_KEYS: dict[tuple[str | None, ...], str] = {}
 _JOB_KEYS_MAX = 4096
 
@@ -101,7 +102,7 @@ def job_key(labels: Mapping[str, str]) -> str:
     scrape job's ("job:namespace/job"), else "cluster". Here, with `JobRef`, because the
     policy's storms and the store's inbox partitions (store/inbox.py) both key by it.
     Memoised by the labels it reads, which changes no answer."""
-    held = tuple(map(labels.get, _JOB_KEY_LABELS))
+    held = tuple(map(labels.get, JOB_KEY_LABELS))
     found = _JOB_KEYS.get(held)
     if found is None:
         found = _job_key(labels)

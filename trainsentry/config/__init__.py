@@ -112,6 +112,13 @@ class ConsoleSettings(BaseModel):
         return value
 
 
+def _host_port(address: str) -> tuple[str, int]:
+    """Pure: a checked HOST:PORT (`GatewaySettings._check_listen`) as (host, port): an IPv6
+    host without its brackets, an empty host as 0.0.0.0."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
 class GatewaySettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -206,19 +213,16 @@ class GatewaySettings(BaseModel):
 
     @property
     def host(self) -> str:
-        return self.listen.rpartition(":")[0].strip("[]") or "0.0.0.0"
+        return _host_port(self.listen)[0]
 
     @property
     def port(self) -> int:
-        return int(self.listen.rpartition(":")[2])
+        return _host_port(self.listen)[1]
 
     @property
     def trigger_address(self) -> tuple[str, int] | None:
         """The trigger port's (host, port), or None when there is none."""
-        if self.trigger_listen is None:
-            return None
-        host, _, port = self.trigger_listen.rpartition(":")
-        return host.strip("[]") or "0.0.0.0", int(port)
+        return None if self.trigger_listen is None else _host_port(self.trigger_listen)
 
     @property
     def loopback_only(self) -> bool:

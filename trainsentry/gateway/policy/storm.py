@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from trainsentry.alerts import JOB_KEY_PREFIX, Priority, job_key
+from trainsentry.alerts import JOB_KEY_LABELS, JOB_KEY_PREFIX, Priority, job_key
 from trainsentry.gateway.policy.rules import Policy, StormPolicy
 from trainsentry.gateway.policy.storm_tally import (
     OTHER,
@@ -30,11 +30,6 @@ from trainsentry.gateway.policy.storm_tally import (
     Tally,
     build_summary,
     render_summary,
-)
-from trainsentry.labels import (
-    JOB_NAME_LABELS,
-    NAMESPACE_LABEL,
-    SCRAPE_JOB_LABEL,
 )
 
 # The tally's names, as the storm's own (callers read them from here).
@@ -65,7 +60,6 @@ __all__ = [
 PAGED_CAUSES = 50
 # Sliding-window resolution: the window is counted in this many buckets.
 BUCKETS_PER_WINDOW = 30
-_JOB_LABELS = (NAMESPACE_LABEL, *JOB_NAME_LABELS, SCRAPE_JOB_LABEL)
 
 
 def job_title(key: str) -> str:
@@ -86,7 +80,7 @@ def _dt(value: str | None) -> datetime | None:
 
 def job_labels(labels: Mapping[str, str]) -> dict[str, str]:
     """The labels that identify the job (what a storm summary is routed by)."""
-    return {name: labels[name] for name in _JOB_LABELS if labels.get(name)}
+    return {name: labels[name] for name in JOB_KEY_LABELS if labels.get(name)}
 
 
 class StormMessageKind(enum.StrEnum):
