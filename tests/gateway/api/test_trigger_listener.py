@@ -35,6 +35,7 @@ from aiohttp.test_utils import TestServer
 from tests.support.eventually import eventually, eventually_sync
 from tests.support.gateway_process import close_in_process
 from tests.support.gateway_process import start_gateway as start_gateway_process
+from tests.support.hang_triggers import trigger_json
 from trainsentry.alerts import JobRef
 from trainsentry.gateway.api.app import HANG_TRIGGER_PATH
 from trainsentry.gateway.api.trigger_listener import CHILD, TRIGGER_LISTENER_KEY
@@ -48,20 +49,7 @@ JOB = JobRef("team-a", "llama")
 
 
 def trigger(rank: int, seq: int = 100, **changes: Any) -> bytes:
-    body = {
-        "namespace": JOB.namespace,
-        "trainingjob": JOB.name,
-        "rank": rank,
-        "local_rank": rank % 8,
-        "port": 9401 + rank % 8,
-        "pg": str(rank % 7),
-        "seq": seq,
-        "op": "all_reduce",
-        "waited_s": 21.0,
-        "threshold_s": 20.0,
-    }
-    body.update(changes)
-    return json.dumps(body).encode()
+    return trigger_json(JOB.namespace, JOB.name, rank, seq, **changes)
 
 
 def post(url: str, body: bytes, token: str | None = PROBE_TOKEN) -> tuple[int, bytes]:

@@ -116,23 +116,32 @@ def test_unknown_keys_never_become_labels() -> None:
     assert "team" not in alert.labels and alert.labels["priority"] == "P0"
 
 
+class HangStore:
+    """The store as `JobHangs` sees it (`lookup`, `submit`): the hang alerts it was sent
+    (`written`) and the firing ones by fingerprint, with their startsAt and annotations."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.firing: dict[str, tuple[datetime, dict[str, str]]] = {}
+
+    async def lookup(self, fingerprint: str) -> tuple[datetime, dict[str, str]] | None:
+        return self.firing.get(fingerprint)
+
+    async def submit(self, body: bytes) -> int:
+        self.written.append(body)
+        (alert,) = parse_webhook(body, received_at=NOW).alerts
+        if alert.status.value == "firing":
+            self.firing[alert.fingerprint] = (alert.starts_at, dict(alert.annotations))
+        else:
+            self.firing.pop(alert.fingerprint, None)
+        return 1
+
+
 def test_a_jobs_later_triggers_join_its_hang_without_a_write_also_after_a_restart() -> None:
     """The first trigger is stored; every later one of the job, whatever its (pg, seq), is
     answered "known" from memory; after a restart the store's firing hang is adopted once."""
-    written: list[bytes] = []
-    firing: dict[str, tuple[datetime, dict[str, str]]] = {}
-
-    async def lookup(fingerprint: str) -> tuple[datetime, dict[str, str]] | None:
-        return firing.get(fingerprint)
-
-    async def submit(body: bytes) -> int:
-        written.append(body)
-        (alert,) = parse_webhook(body, received_at=NOW).alerts
-        if alert.status.value == "firing":
-            firing[alert.fingerprint] = (alert.starts_at, dict(alert.annotations))
-        else:
-            firing.pop(alert.fingerprint, None)
-        return 1
+    store = HangStore()
+    written, firing, lookup, submit = store.written, store.firing, store.lookup, store.submit
 
     def trigger(rank: int, pg: str, seq: int, *, resolved: bool = False) -> HangTrigger:
         body = json.loads(probe_body(rank, 21.0))
@@ -541,19 +550,9 @@ def test_what_the_trigger_ports_process_is_told_of_a_jobs_hang_and_hosts() -> No
     hang's end is told at once; `TriggerSources.remembered`: the hosts and their freshness."""
     from trainsentry.gateway.stages.hang.trigger import TriggerSources
 
-    firing: dict[str, tuple[datetime, dict[str, str]]] = {}
+    store = HangStore()
+    lookup, submit = store.lookup, store.submit
     now = [0.0]
-
-    async def lookup(fingerprint: str) -> tuple[datetime, dict[str, str]] | None:
-        return firing.get(fingerprint)
-
-    async def submit(body: bytes) -> int:
-        (alert,) = parse_webhook(body, received_at=NOW).alerts
-        if alert.status.value == "firing":
-            firing[alert.fingerprint] = (alert.starts_at, dict(alert.annotations))
-        else:
-            firing.pop(alert.fingerprint, None)
-        return 1
 
     def trigger(rank: int, *, resolved: bool = False) -> HangTrigger:
         body = json.loads(probe_body(rank, 21.0)) | {"resolved": resolved}

@@ -9,9 +9,9 @@ is measured is what the trigger stage does while they are slow.
 from __future__ import annotations
 
 import asyncio
-import json
 from datetime import UTC, datetime
 
+from tests.support.hang_triggers import trigger_json
 from trainsentry.alerts import JobRef
 from trainsentry.gateway.stages.hang.trigger import (
     HangTrigger,
@@ -25,20 +25,17 @@ JOB = JobRef("team-a", "llama")
 
 
 def trigger(rank: int, seq: int = 4812) -> HangTrigger:
-    body = {
-        "namespace": JOB.namespace,
-        "trainingjob": JOB.name,
-        "rank": rank,
-        "local_rank": rank % 8,
-        "port": 9401 + rank % 8,
-        "pg": str(1 + rank // 8),
-        "seq": seq,
-        "op": "all_reduce",
-        "waited_s": 21.0,
-        "threshold_s": 20.0,
-        "group_ranks": f"{rank // 8 * 8}-{rank // 8 * 8 + 7}",
-    }
-    return parse_trigger(json.dumps(body).encode())
+    group = rank // 8 * 8
+    return parse_trigger(
+        trigger_json(
+            JOB.namespace,
+            JOB.name,
+            rank,
+            seq,
+            pg=str(1 + rank // 8),
+            group_ranks=f"{group}-{group + 7}",
+        )
+    )
 
 
 async def test_triggers_during_the_first_ones_store_write_are_answered_at_once() -> None:

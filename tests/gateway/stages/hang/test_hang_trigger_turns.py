@@ -24,6 +24,7 @@ from aiohttp.streams import StreamReader
 from aiohttp.test_utils import TestServer, make_mocked_request
 
 from tests.support.gateway_process import close_in_process
+from tests.support.hang_triggers import trigger_json
 from trainsentry.gateway.api.app import HANG_TRIGGER_PATH, receive_hang_trigger
 from trainsentry.gateway.stages.hang.trigger import (
     KNOWN_BODY,
@@ -59,20 +60,7 @@ async def test_a_key_gets_its_budget_a_turn_in_order_and_other_keys_never_wait()
 
 
 def _trigger(namespace: str, rank: int, seq: int) -> bytes:
-    return json.dumps(
-        {
-            "namespace": namespace,
-            "trainingjob": "llama",
-            "rank": rank,
-            "local_rank": rank % 8,
-            "port": 9401 + rank % 8,
-            "pg": str(rank % 7),
-            "seq": seq,
-            "op": "all_reduce",
-            "waited_s": 21.0,
-            "threshold_s": 20.0,
-        }
-    ).encode()
+    return trigger_json(namespace, "llama", rank, seq)
 
 
 def _arrived(app: web.Application, body: bytes) -> web.Request:
