@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,19 @@ async def _replay(
         await engine.dispose()
 
 
+async def _plan_storm_batch(engine: Engine, plan: PolicyPlan, batch: int) -> datetime:
+    """Batch `batch` of a storm of one Alertmanager group: 10 new DiskFull alerts recorded,
+    10 s after the batch before, then planned; returns its time."""
+    at = BASE_TIME + timedelta(seconds=10 * batch)
+    body = make_body(
+        [make_alert(batch * 10 + i, name="DiskFull") for i in range(10)], group_key="storm"
+    )
+    async with engine.begin() as conn:
+        await record_receipts(conn, [parse_webhook(encode(body), at)])
+    await PolicyWorker(engine, plan, clock=lambda: at).drain()
+    return at
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(webhooks())
 def test_kept_incidents_write_what_decoded_ones_write(
@@ -127,14 +140,7 @@ async def test_a_storm_incident_is_decoded_once_and_an_ack_is_read_from_its_colu
     try:
         ledger_module.state_of = counting  # type: ignore[assignment]
         for batch in range(3):
-            at = BASE_TIME + timedelta(seconds=10 * batch)
-            body = make_body(
-                [make_alert(batch * 10 + i, name="DiskFull") for i in range(10)],
-                group_key="storm",
-            )
-            async with engine.begin() as conn:
-                await record_receipts(conn, [parse_webhook(encode(body), at)])
-            await PolicyWorker(engine, plan, clock=lambda at=at: at).drain()
+            at = await _plan_storm_batch(engine, plan, batch)
             if batch == 0:
                 (incident_id,) = plan.incidents.kept()
                 async with engine.begin() as conn:
@@ -168,14 +174,7 @@ async def test_alerts_joining_an_acked_incident_are_acked_and_others_cost_no_ack
     per_batch = []
     try:
         for batch in range(4):
-            at = BASE_TIME + timedelta(seconds=10 * batch)
-            body = make_body(
-                [make_alert(batch * 10 + i, name="DiskFull") for i in range(10)],
-                group_key="storm",
-            )
-            async with engine.begin() as conn:
-                await record_receipts(conn, [parse_webhook(encode(body), at)])
-            await PolicyWorker(engine, plan, clock=lambda at=at: at).drain()
+            at = await _plan_storm_batch(engine, plan, batch)
             per_batch.append(len(asked))
             if batch == 1:
                 (incident_id,) = plan.incidents.kept()
